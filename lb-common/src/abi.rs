@@ -1,0 +1,375 @@
+//! Every map key and value, with its exact layout.
+//!
+//! All types are `#[repr(C)]`, `Copy`, padded explicitly, and free of `bool`,
+//! `Option` and Rust enums. Addresses are network-order bytes stored as `u32`
+//! words exactly as a little-endian load from the packet gives them, so the
+//! XDP program copies words without swapping. Ports are network order too.
+//! A `const` assertion pins every size; `tests` below pins every offset.
+
+use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use crate::consts::{BACKEND_INDEX_MASK, CT_WAYS, FAMILY_V4, FAMILY_V6, TABLE_CHUNK_SLOTS};
+
+/// An IPv4 or IPv6 address as the datapath stores it: four words of
+/// network-order bytes. IPv4 uses word 0 and leaves the rest zero.
+pub type AddrWords = [u32; 4];
+
+/// Converts an address to the datapath's word form and family tag.
+pub fn addr_to_words(addr: IpAddr) -> (AddrWords, u8) {
+    match addr {
+        IpAddr::V4(v4) => ([u32::from_ne_bytes(v4.octets()), 0, 0, 0], FAMILY_V4),
+        IpAddr::V6(v6) => {
+            let o = v6.octets();
+            let w = |i: usize| u32::from_ne_bytes([o[i], o[i + 1], o[i + 2], o[i + 3]]);
+            ([w(0), w(4), w(8), w(12)], FAMILY_V6)
+        }
+    }
+}
+
+/// Converts the datapath's word form back to an address; `None` for an
+/// unknown family tag.
+pub fn words_to_addr(words: &AddrWords, family: u8) -> Option<IpAddr> {
+    match family {
+        FAMILY_V4 => Some(IpAddr::V4(Ipv4Addr::from(words[0].to_ne_bytes()))),
+        FAMILY_V6 => {
+            let mut o = [0u8; 16];
+            for (i, w) in words.iter().enumerate() {
+                o[i * 4..i * 4 + 4].copy_from_slice(&w.to_ne_bytes());
+            }
+            Some(IpAddr::V6(Ipv6Addr::from(o)))
+        }
+        _ => None,
+    }
+}
+
+/// Key of `LB_VIPS`: one service, `{address, port, protocol}`. Port 0 is an
+/// all-ports VIP, tried when the exact port has no entry.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct VipKey {
+    pub addr: AddrWords,
+    /// Destination port, network order; 0 for all ports.
+    pub port: u16,
+    pub proto: u8,
+    pub family: u8,
+}
+
+impl VipKey {
+    /// `port` is in host order.
+    pub fn new(addr: IpAddr, port: u16, proto: u8) -> Self {
+        let (addr, family) = addr_to_words(addr);
+        Self {
+            addr,
+            port: port.to_be(),
+            proto,
+            family,
+        }
+    }
+
+    pub fn ip(&self) -> Option<IpAddr> {
+        words_to_addr(&self.addr, self.family)
+    }
+
+    /// Port in host order.
+    pub fn port(&self) -> u16 {
+        u16::from_be(self.port)
+    }
+}
+
+/// Value of `LB_VIPS`. Replaced as a whole (the map is `BPF_F_NO_PREALLOC`,
+/// so a reader never sees a half-written value); flipping `table_base` to the
+/// other half of the VIP's table region is the atomic table swap.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VipMeta {
+    /// Index into `LB_VIP_STATS`.
+    pub vip_id: u32,
+    /// First chunk of the active Maglev table half in `LB_TABLES`.
+    pub table_base: u32,
+    /// `VIP_F_*` bits.
+    pub flags: u16,
+    /// `ENCAP_*`.
+    pub encap: u8,
+    pub _pad0: u8,
+    pub _reserved: u32,
+}
+
+/// Value of `LB_BACKENDS`, indexed by the low 16 bits of a backend handle.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BackendDef {
+    /// Tunnel destination.
+    pub addr: AddrWords,
+    /// The handle of the backend that occupies this index now. A table slot
+    /// or connection-table entry whose handle differs is stale.
+    pub handle: u32,
+    /// `BACKEND_F_*` bits.
+    pub flags: u8,
+    pub family: u8,
+    pub _pad: [u8; 2],
+}
+
+impl BackendDef {
+    pub fn index(&self) -> u32 {
+        self.handle & BACKEND_INDEX_MASK
+    }
+
+    pub fn ip(&self) -> Option<IpAddr> {
+        words_to_addr(&self.addr, self.family)
+    }
+}
+
+/// The single element of `LB_CONFIG`: what the datapath needs besides the
+/// per-VIP and per-backend maps, plus the layout the maps were created with
+/// (checked when `lbd` adopts pinned maps).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DatapathConfig {
+    /// `CFG_F_*` bits.
+    pub flags: u32,
+    /// Maglev table size M (prime), the same for every VIP.
+    pub table_size: u32,
+    /// Chunks of [`TABLE_CHUNK_SLOTS`] per table half: `ceil(M / 1024)`.
+    pub table_chunks: u32,
+    /// Connection-table buckets minus one (bucket count is a power of two).
+    pub ct_mask: u32,
+    /// Secret mixed into the connection-table index so that flows cannot be
+    /// aimed at one bucket from outside. Random when the maps are created,
+    /// kept when they are adopted.
+    pub ct_seed: u64,
+    /// Destination MAC of every forwarded frame (the next-hop router).
+    pub gw_mac: [u8; 6],
+    pub _pad0: [u8; 2],
+    /// Outer source address for IPv4 tunnels.
+    pub src_v4: u32,
+    pub _pad1: u32,
+    /// Outer source address for IPv6 tunnels.
+    pub src_v6: AddrWords,
+}
+
+/// One chunk of a Maglev table: slot `s` of a table that starts at chunk
+/// `base` is `LB_TABLES[base + s / 1024].slots[s % 1024]`, a backend handle
+/// (0: no backend).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TableChunk {
+    pub slots: [u32; TABLE_CHUNK_SLOTS as usize],
+}
+
+impl Default for TableChunk {
+    fn default() -> Self {
+        Self {
+            slots: [0; TABLE_CHUNK_SLOTS as usize],
+        }
+    }
+}
+
+/// A flow's 5-tuple, the input of the flow hash ([`crate::flow`]). The
+/// datapath hashes the same words straight from the packet; userspace builds
+/// a `FlowKey` to predict what the datapath will do (`lbctl simulate`, tests).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct FlowKey {
+    pub src: AddrWords,
+    pub dst: AddrWords,
+    /// Source port, network order.
+    pub sport: u16,
+    /// Destination port, network order.
+    pub dport: u16,
+    pub proto: u8,
+    pub family: u8,
+    pub _pad: [u8; 2],
+}
+
+impl FlowKey {
+    /// Ports in host order. Panics in debug if the families differ; the
+    /// datapath never sees such a flow.
+    pub fn new(src: IpAddr, dst: IpAddr, proto: u8, sport: u16, dport: u16) -> Self {
+        let (src, family) = addr_to_words(src);
+        let (dst, _) = addr_to_words(dst);
+        Self {
+            src,
+            dst,
+            sport: sport.to_be(),
+            dport: dport.to_be(),
+            proto,
+            family,
+            _pad: [0; 2],
+        }
+    }
+
+    /// The ports as the datapath loads them: the first four bytes of the TCP
+    /// or UDP header read as one little-endian word.
+    pub fn ports_word(&self) -> u32 {
+        let s = self.sport.to_ne_bytes();
+        let d = self.dport.to_ne_bytes();
+        u32::from_le_bytes([s[0], s[1], d[0], d[1]])
+    }
+}
+
+/// One connection-table entry: `tag << 32 | backend handle`, written and read
+/// as one 8-byte word so that a reader on another CPU sees either the old
+/// entry or the new one, never half of each. 0 is an empty way.
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlowEntry(pub u64);
+
+impl FlowEntry {
+    pub const EMPTY: FlowEntry = FlowEntry(0);
+
+    #[inline(always)]
+    pub const fn new(tag: u32, handle: u32) -> Self {
+        Self(((tag as u64) << 32) | handle as u64)
+    }
+
+    #[inline(always)]
+    pub const fn tag(self) -> u32 {
+        (self.0 >> 32) as u32
+    }
+
+    #[inline(always)]
+    pub const fn handle(self) -> u32 {
+        self.0 as u32
+    }
+}
+
+/// One bucket of the connection table `LB_FLOWS`: one cache line holding
+/// [`CT_WAYS`] entries and their last-seen stamps (coarse clock ticks,
+/// wrapping). A flow lives in the bucket its seeded hash selects; a new flow
+/// takes an empty way or evicts the way seen longest ago.
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlowBucket {
+    pub entries: [FlowEntry; CT_WAYS],
+    pub stamps: [u16; CT_WAYS],
+    pub _pad: [u8; 4],
+}
+
+/// Packets and bytes, the value of every counter map (per CPU).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CounterValue {
+    pub packets: u64,
+    pub bytes: u64,
+}
+
+impl core::ops::AddAssign for CounterValue {
+    fn add_assign(&mut self, rhs: Self) {
+        self.packets = self.packets.wrapping_add(rhs.packets);
+        self.bytes = self.bytes.wrapping_add(rhs.bytes);
+    }
+}
+
+const _: () = {
+    assert!(core::mem::size_of::<VipKey>() == 20);
+    assert!(core::mem::size_of::<VipMeta>() == 16);
+    assert!(core::mem::size_of::<BackendDef>() == 24);
+    assert!(core::mem::size_of::<DatapathConfig>() == 56);
+    assert!(core::mem::size_of::<TableChunk>() == 4 * TABLE_CHUNK_SLOTS as usize);
+    assert!(core::mem::size_of::<FlowKey>() == 40);
+    assert!(core::mem::size_of::<FlowEntry>() == 8);
+    assert!(core::mem::size_of::<FlowBucket>() == 64);
+    assert!(core::mem::align_of::<FlowBucket>() == 64);
+    assert!(core::mem::size_of::<CounterValue>() == 16);
+};
+
+#[cfg(feature = "user")]
+mod pod {
+    use super::*;
+
+    // SAFETY: every type below is `#[repr(C)]` (or transparent over a u64),
+    // `Copy`, has no padding that is not an explicit field, and is valid for
+    // any bit pattern.
+    unsafe impl aya::Pod for VipKey {}
+    unsafe impl aya::Pod for VipMeta {}
+    unsafe impl aya::Pod for BackendDef {}
+    unsafe impl aya::Pod for DatapathConfig {}
+    unsafe impl aya::Pod for TableChunk {}
+    unsafe impl aya::Pod for FlowKey {}
+    unsafe impl aya::Pod for FlowEntry {}
+    unsafe impl aya::Pod for FlowBucket {}
+    unsafe impl aya::Pod for CounterValue {}
+}
+
+#[cfg(test)]
+mod tests {
+    use core::mem::offset_of;
+
+    use super::*;
+
+    #[test]
+    fn layouts_are_pinned() {
+        assert_eq!(offset_of!(VipKey, port), 16);
+        assert_eq!(offset_of!(VipKey, proto), 18);
+        assert_eq!(offset_of!(VipKey, family), 19);
+
+        assert_eq!(offset_of!(VipMeta, table_base), 4);
+        assert_eq!(offset_of!(VipMeta, flags), 8);
+        assert_eq!(offset_of!(VipMeta, encap), 10);
+        assert_eq!(offset_of!(VipMeta, _reserved), 12);
+
+        assert_eq!(offset_of!(BackendDef, handle), 16);
+        assert_eq!(offset_of!(BackendDef, flags), 20);
+        assert_eq!(offset_of!(BackendDef, family), 21);
+
+        assert_eq!(offset_of!(DatapathConfig, table_size), 4);
+        assert_eq!(offset_of!(DatapathConfig, ct_mask), 12);
+        assert_eq!(offset_of!(DatapathConfig, ct_seed), 16);
+        assert_eq!(offset_of!(DatapathConfig, gw_mac), 24);
+        assert_eq!(offset_of!(DatapathConfig, src_v4), 32);
+        assert_eq!(offset_of!(DatapathConfig, src_v6), 40);
+
+        assert_eq!(offset_of!(FlowKey, dst), 16);
+        assert_eq!(offset_of!(FlowKey, sport), 32);
+        assert_eq!(offset_of!(FlowKey, dport), 34);
+        assert_eq!(offset_of!(FlowKey, proto), 36);
+        assert_eq!(offset_of!(FlowKey, family), 37);
+
+        assert_eq!(offset_of!(FlowBucket, stamps), 48);
+        assert_eq!(offset_of!(CounterValue, bytes), 8);
+    }
+
+    #[test]
+    fn addresses_round_trip_in_network_order() {
+        let v4: IpAddr = "10.1.2.3".parse().unwrap();
+        let (w, f) = addr_to_words(v4);
+        assert_eq!(f, FAMILY_V4);
+        assert_eq!(w[0].to_ne_bytes(), [10, 1, 2, 3]);
+        assert_eq!(words_to_addr(&w, f), Some(v4));
+
+        let v6: IpAddr = "2001:db8::1".parse().unwrap();
+        let (w, f) = addr_to_words(v6);
+        assert_eq!(f, FAMILY_V6);
+        assert_eq!(w[0].to_ne_bytes(), [0x20, 0x01, 0x0d, 0xb8]);
+        assert_eq!(words_to_addr(&w, f), Some(v6));
+        assert_eq!(words_to_addr(&w, 9), None);
+    }
+
+    #[test]
+    fn vip_key_port_is_network_order() {
+        let k = VipKey::new("10.0.0.1".parse().unwrap(), 80, 6);
+        assert_eq!(k.port.to_ne_bytes(), [0, 80]);
+        assert_eq!(k.port(), 80);
+    }
+
+    #[test]
+    fn flow_entry_packs_tag_and_handle() {
+        let e = FlowEntry::new(0xdead_beef, 0x0001_0002);
+        assert_eq!(e.tag(), 0xdead_beef);
+        assert_eq!(e.handle(), 0x0001_0002);
+        assert_ne!(e, FlowEntry::EMPTY);
+    }
+
+    #[test]
+    fn ports_word_matches_a_little_endian_load() {
+        let k = FlowKey::new(
+            "1.1.1.1".parse().unwrap(),
+            "2.2.2.2".parse().unwrap(),
+            6,
+            0x1234,
+            80,
+        );
+        // TCP header bytes: 12 34 00 50
+        assert_eq!(k.ports_word(), u32::from_le_bytes([0x12, 0x34, 0x00, 0x50]));
+    }
+}

@@ -1,0 +1,104 @@
+//! Map names, sizes, flag bits and protocol numbers shared by both sides.
+//!
+//! Flag values are part of the pinned-map ABI: a bit keeps its meaning forever;
+//! a retired bit is left unused, never recycled.
+
+/// Address family tags stored in [`crate::VipKey`] and [`crate::BackendDef`].
+pub const FAMILY_V4: u8 = 4;
+pub const FAMILY_V6: u8 = 6;
+
+/// IP protocol numbers (IANA).
+pub const PROTO_ICMP: u8 = 1;
+pub const PROTO_IPIP: u8 = 4;
+pub const PROTO_TCP: u8 = 6;
+pub const PROTO_UDP: u8 = 17;
+pub const PROTO_IPV6: u8 = 41;
+pub const PROTO_GRE: u8 = 47;
+pub const PROTO_ICMPV6: u8 = 58;
+
+/// Ethertypes, host order.
+pub const ETH_P_IPV4: u16 = 0x0800;
+pub const ETH_P_IPV6: u16 = 0x86DD;
+pub const ETH_P_8021Q: u16 = 0x8100;
+pub const ETH_P_8021AD: u16 = 0x88A8;
+
+/// Encapsulation of a VIP's packets toward its backends ([`crate::VipMeta::encap`]).
+/// The outer family is always the backend's family; the inner packet is untouched.
+/// IP-in-IP: 4in4 (protocol 4), 6in6 (next header 41), 4in6 (next header 4), 6in4 (protocol 41).
+pub const ENCAP_IPIP: u8 = 0;
+/// GRE (RFC 2784) without key, checksum or sequence number: a 4-byte header after the outer IP header.
+pub const ENCAP_GRE: u8 = 1;
+
+/// Outer header sizes.
+pub const IPV4_HDR_LEN: usize = 20;
+pub const IPV6_HDR_LEN: usize = 40;
+pub const GRE_HDR_LEN: usize = 4;
+pub const ETH_HDR_LEN: usize = 14;
+pub const VLAN_HDR_LEN: usize = 4;
+
+/// Outer header fields the balancer writes.
+pub const OUTER_TTL: u8 = 64;
+
+/// [`crate::VipMeta::flags`]: do not use the connection table for this VIP
+/// (every packet is hashed through the Maglev table; UDP VIPs may opt out).
+pub const VIP_F_NO_CONNTRACK: u16 = 1 << 0;
+/// [`crate::VipMeta::flags`]: the VIP has no usable backend; its packets are
+/// dropped and counted as `drop_no_backend`. The table halves are not read.
+pub const VIP_F_NO_BACKENDS: u16 = 1 << 1;
+
+/// [`crate::BackendDef::flags`]: connection-table entries pointing at this
+/// backend are honoured (the backend is active, slow-starting or draining).
+/// Without it (down, removed) an entry is a miss and the flow is re-picked.
+pub const BACKEND_F_USABLE: u8 = 1 << 0;
+
+/// [`crate::DatapathConfig::flags`]: drop malformed or unsupported packets
+/// (default: pass them to the kernel's stack, which makes its own decision).
+pub const CFG_F_DROP_MALFORMED: u32 = 1 << 0;
+/// [`crate::DatapathConfig::flags`]: at least one all-ports VIP (port 0) exists,
+/// so a miss on `{addr, port, proto}` retries `{addr, 0, proto}`.
+pub const CFG_F_ALL_PORTS_VIPS: u32 = 1 << 1;
+
+/// Maglev tables live in `LB_TABLES` as chunks of this many slots: one map
+/// element per chunk keeps memory at 4 bytes per slot (an array of `u32` would
+/// round every element up to 8 bytes) and makes a whole-table write a few
+/// dozen map updates instead of 65,537.
+pub const TABLE_CHUNK_SLOTS: u32 = 1024;
+
+/// Ways per connection-table bucket: six 8-byte entries and six 2-byte stamps
+/// fill one 64-byte cache line.
+pub const CT_WAYS: usize = 6;
+
+/// A backend handle is `generation << 16 | index`. The index addresses
+/// `LB_BACKENDS` and `LB_BACKEND_STATS`; the generation changes whenever an
+/// index is given to a different backend, so a stale connection-table entry
+/// can never reach the new occupant. Generation 0 is never used, so handle 0
+/// means "no backend".
+pub const BACKEND_INDEX_BITS: u32 = 16;
+pub const BACKEND_INDEX_MASK: u32 = (1 << BACKEND_INDEX_BITS) - 1;
+/// Largest number of backend slots the handle format can address.
+pub const MAX_BACKENDS: u32 = 1 << BACKEND_INDEX_BITS;
+
+/// Map names in the object file and under the pin directory.
+pub const MAP_CONFIG: &str = "LB_CONFIG";
+pub const MAP_VIPS: &str = "LB_VIPS";
+pub const MAP_BACKENDS: &str = "LB_BACKENDS";
+pub const MAP_TABLES: &str = "LB_TABLES";
+pub const MAP_FLOWS: &str = "LB_FLOWS";
+pub const MAP_COUNTERS: &str = "LB_COUNTERS";
+pub const MAP_VIP_STATS: &str = "LB_VIP_STATS";
+pub const MAP_BACKEND_STATS: &str = "LB_BACKEND_STATS";
+
+/// Every map of the balancer object, in a stable order.
+pub const ALL_MAPS: [&str; 8] = [
+    MAP_CONFIG,
+    MAP_VIPS,
+    MAP_BACKENDS,
+    MAP_TABLES,
+    MAP_FLOWS,
+    MAP_COUNTERS,
+    MAP_VIP_STATS,
+    MAP_BACKEND_STATS,
+];
+
+/// Name of the balancer's XDP program in the object file.
+pub const PROG_LB: &str = "lb_xdp";

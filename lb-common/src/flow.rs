@@ -1,0 +1,149 @@
+//! The flow hash: one function, computed identically by the XDP program and
+//! by userspace.
+//!
+//! It decides two things. `slot = hash % M` picks the Maglev slot, so every
+//! balancer with the same backends sends a flow to the same backend: the hash
+//! is unseeded and must never change between versions that run side by side.
+//! The connection-table bucket and tag come from the hash mixed with a secret
+//! per-map seed ([`ct_position`]), so that outsiders cannot aim flows at one
+//! bucket.
+//!
+//! Inputs are words as the datapath loads them from the packet (see
+//! [`crate::abi`]): addresses as network-order words, the ports as the first
+//! four bytes of the L4 header read little-endian.
+
+use crate::abi::FlowKey;
+use crate::consts::FAMILY_V6;
+
+const K_LANE: u64 = 0x9E37_79B9_7F4A_7C15;
+const SEED_V4: u64 = 0x243F_6A88_85A3_08D3;
+const SEED_V6: u64 = 0x1319_8A2E_0370_7344;
+
+/// MurmurHash3's 64-bit finaliser: full avalanche in two multiplications.
+#[inline(always)]
+pub const fn fmix64(mut h: u64) -> u64 {
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^= h >> 33;
+    h
+}
+
+#[inline(always)]
+const fn lane(h: u64, w: u64) -> u64 {
+    (h ^ w).wrapping_mul(K_LANE).rotate_left(31)
+}
+
+#[inline(always)]
+const fn pair(hi: u32, lo: u32) -> u64 {
+    ((hi as u64) << 32) | lo as u64
+}
+
+/// Hash of an IPv4 5-tuple.
+#[inline(always)]
+pub const fn hash_v4(src: u32, dst: u32, ports: u32, proto: u8) -> u64 {
+    let h = lane(SEED_V4, pair(src, dst));
+    fmix64(lane(h, pair(ports, proto as u32)))
+}
+
+/// Hash of an IPv6 5-tuple.
+#[inline(always)]
+pub const fn hash_v6(src: &[u32; 4], dst: &[u32; 4], ports: u32, proto: u8) -> u64 {
+    let mut h = lane(SEED_V6, pair(src[0], src[1]));
+    h = lane(h, pair(src[2], src[3]));
+    h = lane(h, pair(dst[0], dst[1]));
+    h = lane(h, pair(dst[2], dst[3]));
+    fmix64(lane(h, pair(ports, proto as u32)))
+}
+
+/// The Maglev slot of a flow hash in a table of `m` slots.
+#[inline(always)]
+pub const fn maglev_slot(hash: u64, m: u32) -> u32 {
+    (hash as u32) % m
+}
+
+/// Connection-table position of a flow hash: `(bucket, tag)`. The bucket is
+/// masked by the caller with the table's `ct_mask`; the tag identifies the
+/// flow inside the bucket.
+#[inline(always)]
+pub const fn ct_position(hash: u64, seed: u64) -> (u32, u32) {
+    let h = fmix64(hash ^ seed);
+    (h as u32, (h >> 32) as u32)
+}
+
+impl FlowKey {
+    /// The flow hash the datapath computes for this 5-tuple.
+    pub fn hash(&self) -> u64 {
+        if self.family == FAMILY_V6 {
+            hash_v6(&self.src, &self.dst, self.ports_word(), self.proto)
+        } else {
+            hash_v4(self.src[0], self.dst[0], self.ports_word(), self.proto)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(src: &str, dst: &str, sport: u16) -> FlowKey {
+        FlowKey::new(src.parse().unwrap(), dst.parse().unwrap(), 6, sport, 80)
+    }
+
+    #[test]
+    fn hash_is_pinned() {
+        // The hash is part of the contract between balancers that run side by
+        // side: if this value changes, mixed versions send flows to different
+        // backends. Change it only on purpose.
+        let k = key("192.0.2.1", "198.51.100.7", 40000);
+        assert_eq!(k.hash(), 0xbcd2_6174_a377_c616, "got {:#018x}", k.hash());
+    }
+
+    #[test]
+    fn every_field_changes_the_hash() {
+        let base = key("192.0.2.1", "198.51.100.7", 40000);
+        let mut other = base;
+        other.dport = 81u16.to_be();
+        assert_ne!(base.hash(), other.hash());
+        let mut other = base;
+        other.proto = 17;
+        assert_ne!(base.hash(), other.hash());
+        assert_ne!(base.hash(), key("192.0.2.2", "198.51.100.7", 40000).hash());
+        assert_ne!(base.hash(), key("192.0.2.1", "198.51.100.8", 40000).hash());
+        assert_ne!(base.hash(), key("192.0.2.1", "198.51.100.7", 40001).hash());
+        assert_ne!(
+            key("2001:db8::1", "2001:db8::2", 1).hash(),
+            key("2001:db8::1", "2001:db8::3", 1).hash()
+        );
+    }
+
+    #[test]
+    fn slots_spread_evenly() {
+        // 100k flows over 101 slots: every slot within 15% of the mean.
+        const M: u32 = 101;
+        let mut counts = [0u32; M as usize];
+        for i in 0..100_000u32 {
+            let src = core::net::Ipv4Addr::from(0x0a00_0000 + (i / 50_000)).into();
+            let k = FlowKey::new(
+                src,
+                "10.9.9.9".parse().unwrap(),
+                6,
+                (i % 50_000) as u16,
+                443,
+            );
+            counts[maglev_slot(k.hash(), M) as usize] += 1;
+        }
+        let mean = 100_000.0 / M as f64;
+        for (slot, &c) in counts.iter().enumerate() {
+            let dev = (c as f64 - mean).abs() / mean;
+            assert!(dev < 0.15, "slot {slot}: {c} vs mean {mean:.0}");
+        }
+    }
+
+    #[test]
+    fn seed_moves_the_bucket() {
+        let h = key("192.0.2.1", "198.51.100.7", 40000).hash();
+        assert_ne!(ct_position(h, 1), ct_position(h, 2));
+    }
+}

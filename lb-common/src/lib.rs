@@ -1,0 +1,18 @@
+//! Everything the XDP program and userspace must agree on, and nothing else.
+//!
+//! `lb-common` is `no_std` so the kernel side can use it. It owns the layout of
+//! every map key and value ([`abi`]), map names and flag bits ([`consts`]), the
+//! flow hash that both sides compute ([`flow`]), and the counter ids
+//! ([`counters`]). It does no I/O and makes no syscalls.
+//!
+//! ABI discipline (as in Cilium's pinned maps): a field of a pinned map value
+//! is never reused for something else; a retired field becomes `_reserved`.
+#![cfg_attr(not(test), no_std)]
+
+pub mod abi;
+pub mod consts;
+pub mod counters;
+pub mod flow;
+
+pub use abi::*;
+pub use counters::Counter;
