@@ -1,0 +1,46 @@
+//! The balancer's maps. Sizes here are placeholders: `lbd` (and the tests)
+//! set every size at load time from the configuration.
+
+use aya_ebpf::{
+    bindings::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC},
+    macros::map,
+    maps::{Array, HashMap, PerCpuArray},
+};
+use lb_common::{
+    BackendDef, CounterValue, DatapathConfig, FlowBucket, TableChunk, VipKey, VipMeta,
+    counters::COUNTER_SLOTS,
+};
+
+/// One element: the global datapath configuration.
+#[map]
+pub static LB_CONFIG: Array<DatapathConfig> = Array::with_max_entries(1, 0);
+
+/// `{address, port, protocol}` → VIP. Not preallocated, so that replacing a
+/// value (the table swap) never lets a reader see a recycled element.
+#[map]
+pub static LB_VIPS: HashMap<VipKey, VipMeta> = HashMap::with_max_entries(64, BPF_F_NO_PREALLOC);
+
+/// Backend index (low 16 bits of a handle) → tunnel endpoint.
+#[map]
+pub static LB_BACKENDS: Array<BackendDef> = Array::with_max_entries(256, 0);
+
+/// Maglev table chunks: two halves per VIP.
+#[map]
+pub static LB_TABLES: Array<TableChunk> = Array::with_max_entries(2, 0);
+
+/// The connection table: one cache line per bucket. Mmapable so that the
+/// value area is page aligned and no bucket straddles two cache lines.
+#[map]
+pub static LB_FLOWS: Array<FlowBucket> = Array::with_max_entries(1, BPF_F_MMAPABLE);
+
+/// Outcome and event counters, per CPU.
+#[map]
+pub static LB_COUNTERS: PerCpuArray<CounterValue> = PerCpuArray::with_max_entries(COUNTER_SLOTS, 0);
+
+/// Per-VIP packets and bytes (every packet that matched the VIP), per CPU.
+#[map]
+pub static LB_VIP_STATS: PerCpuArray<CounterValue> = PerCpuArray::with_max_entries(64, 0);
+
+/// Per-backend packets and bytes forwarded, per CPU.
+#[map]
+pub static LB_BACKEND_STATS: PerCpuArray<CounterValue> = PerCpuArray::with_max_entries(256, 0);

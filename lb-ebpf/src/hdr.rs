@@ -1,0 +1,101 @@
+//! Packet headers as the XDP programs read and write them.
+//!
+//! Fields keep their RFC names and natural alignment so that a field access
+//! is one load or store. Multi-byte fields hold network-order bytes as a
+//! little-endian load gives them: compare against [`be16`]/[`be32`] of a
+//! host-order constant, never swap in the fast path.
+
+/// A host-order constant as it reads from the packet.
+#[inline(always)]
+pub const fn be16(x: u16) -> u16 {
+    x.to_be()
+}
+
+#[inline(always)]
+pub const fn be32(x: u32) -> u32 {
+    x.to_be()
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct EthHdr {
+    pub h_dest: [u16; 3],
+    pub h_source: [u16; 3],
+    pub h_proto: u16,
+}
+
+/// The 4 bytes after an 802.1Q/802.1ad TPID.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct VlanHdr {
+    pub tci: u16,
+    pub encapsulated_proto: u16,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Ipv4Hdr {
+    pub version_ihl: u8,
+    pub tos: u8,
+    pub tot_len: u16,
+    pub id: u16,
+    pub frag_off: u16,
+    pub ttl: u8,
+    pub protocol: u8,
+    pub check: u16,
+    pub saddr: u32,
+    pub daddr: u32,
+}
+
+/// `frag_off` bits, host order.
+pub const IP_DF: u16 = 0x4000;
+pub const IP_MF: u16 = 0x2000;
+pub const IP_OFFSET: u16 = 0x1fff;
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Ipv6Hdr {
+    /// Version (4 bits), traffic class (8), flow label (20).
+    pub vtc_flow: u32,
+    pub payload_len: u16,
+    pub nexthdr: u8,
+    pub hop_limit: u8,
+    pub saddr: [u32; 4],
+    pub daddr: [u32; 4],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct TcpHdr {
+    pub source: u16,
+    pub dest: u16,
+    pub seq: u32,
+    pub ack_seq: u32,
+    pub doff_res: u8,
+    pub flags: u8,
+    pub window: u16,
+    pub check: u16,
+    pub urg_ptr: u16,
+}
+
+pub const TCP_FIN: u8 = 0x01;
+pub const TCP_SYN: u8 = 0x02;
+pub const TCP_RST: u8 = 0x04;
+pub const TCP_ACK: u8 = 0x10;
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct UdpHdr {
+    pub source: u16,
+    pub dest: u16,
+    pub len: u16,
+    pub check: u16,
+}
+
+/// RFC 2784 GRE without optional fields.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct GreHdr {
+    pub flags_version: u16,
+    pub protocol: u16,
+}

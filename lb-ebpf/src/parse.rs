@@ -1,0 +1,241 @@
+//! The packet parser: Ethernet (one optional 802.1Q/802.1ad tag), IPv4 or
+//! IPv6, then the TCP or UDP ports.
+//!
+//! It decides nothing about VIPs. Either it returns a [`Packet`] (a TCP or UDP
+//! packet whose headers are complete and consistent), or the counter that
+//! names why not: a `Pass*` counter for traffic that is simply not ours, a
+//! `Malformed*` counter for packets the entry point passes or drops by policy.
+//! [`ptr_at`] is the only code in the programs that computes packet pointers.
+
+use aya_ebpf::programs::XdpContext;
+use lb_common::{
+    Counter,
+    consts::{
+        ETH_HDR_LEN, ETH_P_8021AD, ETH_P_8021Q, ETH_P_IPV4, ETH_P_IPV6, FAMILY_V4, FAMILY_V6,
+        IPV6_HDR_LEN, PROTO_TCP, PROTO_UDP, VLAN_HDR_LEN,
+    },
+};
+
+use crate::hdr::{EthHdr, IP_MF, IP_OFFSET, Ipv4Hdr, Ipv6Hdr, TcpHdr, UdpHdr, VlanHdr, be16};
+
+/// A bounds-checked pointer to a `T` at byte `off` of the packet.
+#[inline(always)]
+pub fn ptr_at<T>(ctx: &XdpContext, off: usize) -> Option<*mut T> {
+    let start = ctx.data();
+    let end = ctx.data_end();
+    if start + off + core::mem::size_of::<T>() > end {
+        return None;
+    }
+    Some((start + off) as *mut T)
+}
+
+/// A TCP or UDP packet, parsed. Addresses and ports are raw packet words.
+#[derive(Clone, Copy)]
+pub struct Packet {
+    /// Bytes from the Ethernet header to the end of the frame.
+    pub frame_len: u32,
+    /// Ethernet header plus the VLAN tag if any: 14 or 18.
+    pub l2_len: u32,
+    /// The VLAN tag (TCI) if `l2_len == 18`.
+    pub vlan_tci: u16,
+    /// The tag's TPID (802.1Q or 802.1ad), network order.
+    pub vlan_tpid: u16,
+    pub family: u8,
+    pub proto: u8,
+    /// TCP flags, 0 for UDP.
+    pub tcp_flags: u8,
+    /// IPv4 TOS or IPv6 traffic class, copied to the outer header.
+    pub tos: u8,
+    /// Length of the IP packet (header included) per its own header: what
+    /// gets encapsulated. Ethernet padding after it is not counted.
+    pub ip_len: u32,
+    /// Source and destination: word 0 only for IPv4.
+    pub src: [u32; 4],
+    pub dst: [u32; 4],
+    /// First four bytes of the L4 header (source port, destination port).
+    pub ports: u32,
+}
+
+impl Packet {
+    /// Destination port, network order.
+    #[inline(always)]
+    pub fn dport(&self) -> u16 {
+        (self.ports >> 16) as u16
+    }
+}
+
+/// Why a frame is not a [`Packet`].
+#[derive(Clone, Copy)]
+pub enum Reject {
+    /// Well-formed, but not TCP or UDP over IP: not the balancer's business.
+    NotOurs(Counter),
+    /// Malformed or unsupported: the entry point applies the global policy.
+    Malformed(Counter),
+}
+
+use Reject::{Malformed, NotOurs};
+
+/// Parses `ctx` down to the ports.
+#[inline(always)]
+pub fn parse(ctx: &XdpContext) -> Result<Packet, Reject> {
+    let frame_len = (ctx.data_end() - ctx.data()) as u32;
+    let eth: *const EthHdr = ptr_at(ctx, 0).ok_or(Malformed(Counter::MalformedEth))?;
+    // SAFETY: `ptr_at` checked that the whole header is inside the packet.
+    let mut proto = unsafe { (*eth).h_proto };
+    let mut l2_len = ETH_HDR_LEN;
+    let mut vlan_tci = 0;
+    let mut vlan_tpid = 0;
+    if proto == be16(ETH_P_8021Q) || proto == be16(ETH_P_8021AD) {
+        let vlan: *const VlanHdr =
+            ptr_at(ctx, ETH_HDR_LEN).ok_or(Malformed(Counter::MalformedVlan))?;
+        vlan_tpid = proto;
+        // SAFETY: bounds checked by `ptr_at`.
+        unsafe {
+            vlan_tci = (*vlan).tci;
+            proto = (*vlan).encapsulated_proto;
+        }
+        if proto == be16(ETH_P_8021Q) || proto == be16(ETH_P_8021AD) {
+            return Err(Malformed(Counter::MalformedVlan));
+        }
+        l2_len += VLAN_HDR_LEN;
+    }
+
+    let mut pkt = Packet {
+        frame_len,
+        l2_len: l2_len as u32,
+        vlan_tci,
+        vlan_tpid,
+        family: 0,
+        proto: 0,
+        tcp_flags: 0,
+        tos: 0,
+        ip_len: 0,
+        src: [0; 4],
+        dst: [0; 4],
+        ports: 0,
+    };
+    let l3_room = frame_len as usize - l2_len;
+    let l4_off = if proto == be16(ETH_P_IPV4) {
+        parse_ipv4(ctx, l2_len, l3_room, &mut pkt)?
+    } else if proto == be16(ETH_P_IPV6) {
+        parse_ipv6(ctx, l2_len, l3_room, &mut pkt)?
+    } else {
+        return Err(NotOurs(Counter::PassNotIp));
+    };
+    parse_l4(ctx, l4_off, l2_len + pkt.ip_len as usize, &mut pkt)?;
+    Ok(pkt)
+}
+
+/// Returns the offset of the L4 header.
+#[inline(always)]
+fn parse_ipv4(
+    ctx: &XdpContext,
+    off: usize,
+    room: usize,
+    pkt: &mut Packet,
+) -> Result<usize, Reject> {
+    let ip: *const Ipv4Hdr = ptr_at(ctx, off).ok_or(Malformed(Counter::MalformedIpv4Truncated))?;
+    // SAFETY: bounds checked by `ptr_at`.
+    let ip = unsafe { &*ip };
+    if ip.version_ihl >> 4 != 4 {
+        return Err(Malformed(Counter::MalformedIpv4Header));
+    }
+    let ihl = ((ip.version_ihl & 0x0f) as usize) * 4;
+    if ihl < 20 {
+        return Err(Malformed(Counter::MalformedIpv4Header));
+    }
+    let tot_len = u16::from_be(ip.tot_len) as usize;
+    if tot_len < ihl || tot_len > room {
+        return Err(Malformed(Counter::MalformedIpv4Len));
+    }
+    if ip.frag_off & be16(IP_MF | IP_OFFSET) != 0 {
+        return Err(Malformed(Counter::MalformedIpv4Frag));
+    }
+    pkt.family = FAMILY_V4;
+    pkt.proto = ip.protocol;
+    pkt.tos = ip.tos;
+    pkt.ip_len = tot_len as u32;
+    pkt.src[0] = ip.saddr;
+    pkt.dst[0] = ip.daddr;
+    if pkt.proto != PROTO_TCP && pkt.proto != PROTO_UDP {
+        return Err(NotOurs(Counter::PassNotL4));
+    }
+    Ok(off + ihl)
+}
+
+/// Extension headers that may precede TCP/UDP and that this parser does not
+/// walk (hop-by-hop, routing, destination options, AH, mobility, HIP, shim6,
+/// experimental). Anything else that is not TCP/UDP is another L4 protocol.
+#[inline(always)]
+fn is_ipv6_ext(nexthdr: u8) -> bool {
+    matches!(nexthdr, 0 | 43 | 51 | 60 | 135 | 139 | 140 | 253 | 254)
+}
+
+const IPV6_FRAGMENT: u8 = 44;
+
+#[inline(always)]
+fn parse_ipv6(
+    ctx: &XdpContext,
+    off: usize,
+    room: usize,
+    pkt: &mut Packet,
+) -> Result<usize, Reject> {
+    let ip: *const Ipv6Hdr = ptr_at(ctx, off).ok_or(Malformed(Counter::MalformedIpv6Truncated))?;
+    // SAFETY: bounds checked by `ptr_at`.
+    let ip = unsafe { &*ip };
+    let vtc = u32::from_be(ip.vtc_flow);
+    if vtc >> 28 != 6 {
+        return Err(Malformed(Counter::MalformedIpv6Header));
+    }
+    let ip_len = IPV6_HDR_LEN + u16::from_be(ip.payload_len) as usize;
+    if ip_len > room {
+        return Err(Malformed(Counter::MalformedIpv6Len));
+    }
+    let nexthdr = ip.nexthdr;
+    if nexthdr == IPV6_FRAGMENT {
+        return Err(Malformed(Counter::MalformedIpv6Frag));
+    }
+    if is_ipv6_ext(nexthdr) {
+        return Err(Malformed(Counter::MalformedIpv6Ext));
+    }
+    pkt.family = FAMILY_V6;
+    pkt.proto = nexthdr;
+    pkt.tos = (vtc >> 20) as u8;
+    pkt.ip_len = ip_len as u32;
+    pkt.src = ip.saddr;
+    pkt.dst = ip.daddr;
+    if nexthdr != PROTO_TCP && nexthdr != PROTO_UDP {
+        return Err(NotOurs(Counter::PassNotL4));
+    }
+    Ok(off + IPV6_HDR_LEN)
+}
+
+#[inline(always)]
+fn parse_l4(ctx: &XdpContext, off: usize, ip_end: usize, pkt: &mut Packet) -> Result<(), Reject> {
+    let l4_min = if pkt.proto == PROTO_TCP {
+        core::mem::size_of::<TcpHdr>()
+    } else {
+        core::mem::size_of::<UdpHdr>()
+    };
+    // The header must fit inside the IP packet, not just inside the frame
+    // (which may carry Ethernet padding after it).
+    if off + l4_min > ip_end {
+        return Err(Malformed(Counter::MalformedL4));
+    }
+    if pkt.proto == PROTO_TCP {
+        let tcp: *const TcpHdr = ptr_at(ctx, off).ok_or(Malformed(Counter::MalformedL4))?;
+        // SAFETY: bounds checked by `ptr_at`.
+        let tcp = unsafe { &*tcp };
+        if tcp.doff_res >> 4 < 5 {
+            return Err(Malformed(Counter::MalformedL4));
+        }
+        pkt.tcp_flags = tcp.flags;
+        pkt.ports = u32::from(tcp.source) | u32::from(tcp.dest) << 16;
+    } else {
+        let udp: *const UdpHdr = ptr_at(ctx, off).ok_or(Malformed(Counter::MalformedL4))?;
+        // SAFETY: bounds checked by `ptr_at`.
+        let udp = unsafe { &*udp };
+        pkt.ports = u32::from(udp.source) | u32::from(udp.dest) << 16;
+    }
+    Ok(())
+}
