@@ -1,0 +1,179 @@
+//! An in-memory [`Dataplane`] for unit tests of the logic above the maps
+//! (reconciler, API). It stores what is written and returns it; it does not
+//! forward packets. It can be told to fail writes, to test error paths.
+
+use std::collections::HashMap;
+
+use lb_common::{
+    BackendDef, CounterValue, DatapathConfig, FlowBucket, VipKey, VipMeta,
+    consts::TABLE_CHUNK_SLOTS, counters::COUNTER_SLOTS,
+};
+
+use super::{Counters, Dataplane, DataplaneError, Layout, Result};
+
+#[derive(Debug)]
+pub struct FakeDataplane {
+    layout: Layout,
+    config: DatapathConfig,
+    vips: HashMap<VipKey, VipMeta>,
+    backends: Vec<BackendDef>,
+    tables: Vec<u32>,
+    flows: Vec<FlowBucket>,
+    /// Counter values tests may set to exercise readers.
+    pub counters: Vec<CounterValue>,
+    pub vip_stats: Vec<CounterValue>,
+    pub backend_stats: Vec<CounterValue>,
+    /// When set, every write fails with this message.
+    pub fail_writes: Option<String>,
+    /// Number of successful map writes (element updates), for "writes only
+    /// what changed" tests.
+    pub writes: usize,
+}
+
+impl FakeDataplane {
+    pub fn new(layout: Layout) -> Self {
+        Self {
+            layout,
+            config: DatapathConfig::default(),
+            vips: HashMap::new(),
+            backends: vec![BackendDef::default(); layout.max_backends as usize],
+            tables: vec![0; (layout.table_map_entries() * TABLE_CHUNK_SLOTS) as usize],
+            flows: vec![FlowBucket::default(); layout.ct_buckets as usize],
+            counters: vec![CounterValue::default(); COUNTER_SLOTS as usize],
+            vip_stats: vec![CounterValue::default(); layout.max_vips as usize],
+            backend_stats: vec![CounterValue::default(); layout.max_backends as usize],
+            fail_writes: None,
+            writes: 0,
+        }
+    }
+
+    fn write(&mut self, n: usize) -> Result<()> {
+        if let Some(msg) = &self.fail_writes {
+            return Err(DataplaneError::Io(std::io::Error::other(msg.clone())));
+        }
+        self.writes += n;
+        Ok(())
+    }
+}
+
+fn range(what: &'static str, index: u32, limit: usize) -> Result<usize> {
+    if (index as usize) < limit {
+        Ok(index as usize)
+    } else {
+        Err(DataplaneError::OutOfRange {
+            what,
+            index,
+            limit: limit as u32,
+        })
+    }
+}
+
+impl Dataplane for FakeDataplane {
+    fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    fn config(&self) -> Result<DatapathConfig> {
+        Ok(self.config)
+    }
+
+    fn set_config(&mut self, cfg: &DatapathConfig) -> Result<()> {
+        self.write(1)?;
+        self.config = *cfg;
+        Ok(())
+    }
+
+    fn vips(&self) -> Result<Vec<(VipKey, VipMeta)>> {
+        Ok(self.vips.iter().map(|(k, v)| (*k, *v)).collect())
+    }
+
+    fn vip(&self, key: &VipKey) -> Result<Option<VipMeta>> {
+        Ok(self.vips.get(key).copied())
+    }
+
+    fn upsert_vip(&mut self, key: &VipKey, meta: &VipMeta) -> Result<()> {
+        if !self.vips.contains_key(key) && self.vips.len() >= self.layout.max_vips as usize {
+            return Err(DataplaneError::OutOfRange {
+                what: "VIP count",
+                index: self.vips.len() as u32,
+                limit: self.layout.max_vips,
+            });
+        }
+        self.write(1)?;
+        self.vips.insert(*key, *meta);
+        Ok(())
+    }
+
+    fn remove_vip(&mut self, key: &VipKey) -> Result<()> {
+        self.write(1)?;
+        self.vips.remove(key);
+        Ok(())
+    }
+
+    fn backend(&self, index: u32) -> Result<BackendDef> {
+        Ok(self.backends[range("backend", index, self.backends.len())?])
+    }
+
+    fn set_backend(&mut self, index: u32, def: &BackendDef) -> Result<()> {
+        let i = range("backend", index, self.backends.len())?;
+        self.write(1)?;
+        self.backends[i] = *def;
+        Ok(())
+    }
+
+    fn write_table(&mut self, base: u32, slots: &[u32]) -> Result<()> {
+        let start = range(
+            "table chunk",
+            base,
+            self.layout.table_map_entries() as usize,
+        )? * TABLE_CHUNK_SLOTS as usize;
+        let chunks = slots.len().div_ceil(TABLE_CHUNK_SLOTS as usize);
+        let end = start + chunks * TABLE_CHUNK_SLOTS as usize;
+        if end > self.tables.len() {
+            return Err(DataplaneError::OutOfRange {
+                what: "table chunk",
+                index: base + chunks as u32,
+                limit: self.layout.table_map_entries(),
+            });
+        }
+        self.write(chunks)?;
+        self.tables[start..end].fill(0);
+        self.tables[start..start + slots.len()].copy_from_slice(slots);
+        Ok(())
+    }
+
+    fn read_table(&self, base: u32, len: u32) -> Result<Vec<u32>> {
+        let start = base as usize * TABLE_CHUNK_SLOTS as usize;
+        self.tables
+            .get(start..start + len as usize)
+            .map(<[u32]>::to_vec)
+            .ok_or(DataplaneError::OutOfRange {
+                what: "table chunk",
+                index: base,
+                limit: self.layout.table_map_entries(),
+            })
+    }
+
+    fn counters(&self) -> Result<Counters> {
+        Ok(self.counters.clone())
+    }
+
+    fn vip_stats(&self, vip_id: u32) -> Result<CounterValue> {
+        Ok(self.vip_stats[range("VIP id", vip_id, self.vip_stats.len())?])
+    }
+
+    fn backend_stats(&self, index: u32) -> Result<CounterValue> {
+        Ok(self.backend_stats[range("backend", index, self.backend_stats.len())?])
+    }
+
+    fn flow_bucket(&self, index: u32) -> Result<FlowBucket> {
+        Ok(self.flows[range("bucket", index, self.flows.len())?])
+    }
+
+    fn set_flow_bucket(&mut self, index: u32, bucket: &FlowBucket) -> Result<()> {
+        let i = range("bucket", index, self.flows.len())?;
+        self.write(1)?;
+        self.flows[i] = *bucket;
+        Ok(())
+    }
+}

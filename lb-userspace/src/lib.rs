@@ -1,0 +1,7 @@
+//! The lb userspace library: everything `lbd` and `lbctl` share.
+#![deny(unsafe_code)]
+
+pub mod dataplane;
+pub mod maglev;
+pub mod objects;
+pub mod predict;

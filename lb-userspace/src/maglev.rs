@@ -1,0 +1,439 @@
+//! The Maglev table builder (Eisenbud et al., NSDI 2016), weighted: pure
+//! computation, no I/O.
+//!
+//! Given backends (address, weight) and a prime table size `M`, it fills `M`
+//! slots so that each backend owns a share of slots proportional to its
+//! weight, and a change of one backend moves few other slots.
+//!
+//! Determinism is the point: every balancer that sees the same set of
+//! backends must build the identical table, so that a flow moved to another
+//! balancer by ECMP lands on the same backend. So:
+//! - each backend's permutation comes from a fixed hash of its address
+//!   (never its position in the config, never a randomly seeded hasher);
+//! - backends are processed in address order, so input order is irrelevant;
+//! - all arithmetic is integer.
+//!
+//! Weights use the credit scheme of weighted Maglev (as in Katran's v2): each
+//! round every backend earns its weight in credit and claims one slot per
+//! `max_weight` of credit, so the heaviest backend claims one slot per round
+//! and the others proportionally fewer.
+
+use std::net::IpAddr;
+
+use thiserror::Error;
+
+/// The default table size: prime, and ≥ 100 × 655 backends.
+pub const DEFAULT_TABLE_SIZE: u32 = 65_537;
+
+/// Largest accepted weight; keeps credit arithmetic far from overflow.
+pub const MAX_WEIGHT: u32 = 1_000_000;
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum MaglevError {
+    #[error("table size {0} is not prime (Maglev needs a prime M; e.g. 65537, 131071, 262147)")]
+    NotPrime(u32),
+    #[error(
+        "table size {m} is smaller than the number of backends ({n}); M must be at least N (and should be ≥ 100·N)"
+    )]
+    TooSmall { m: u32, n: usize },
+    #[error("backend {0} appears twice")]
+    DuplicateBackend(IpAddr),
+    #[error("backend {addr} has weight {weight}; the maximum is {MAX_WEIGHT}")]
+    WeightTooLarge { addr: IpAddr, weight: u32 },
+}
+
+/// One backend as the builder sees it. Weight 0 means "not in the table".
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MaglevBackend {
+    pub addr: IpAddr,
+    pub weight: u32,
+}
+
+/// A built table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MaglevTable {
+    /// No backend has a positive weight: nothing to forward to.
+    Empty,
+    /// `slots[s]` is the position, in the builder's input slice, of the
+    /// backend that owns slot `s`.
+    Slots(Vec<u32>),
+}
+
+impl MaglevTable {
+    pub fn slots(&self) -> Option<&[u32]> {
+        match self {
+            MaglevTable::Empty => None,
+            MaglevTable::Slots(s) => Some(s),
+        }
+    }
+
+    /// Slots owned by each input position (`n` = number of inputs).
+    pub fn shares(&self, n: usize) -> Vec<u32> {
+        let mut counts = vec![0u32; n];
+        for &i in self.slots().unwrap_or_default() {
+            counts[i as usize] += 1;
+        }
+        counts
+    }
+}
+
+/// Deterministic primality test for u32 (trial division; M is small).
+pub fn is_prime(n: u32) -> bool {
+    if n < 2 {
+        return false;
+    }
+    if n.is_multiple_of(2) {
+        return n == 2;
+    }
+    let mut d = 3u32;
+    while (d as u64) * (d as u64) <= n as u64 {
+        if n.is_multiple_of(d) {
+            return false;
+        }
+        d += 2;
+    }
+    true
+}
+
+/// Checks a table size against a backend count.
+pub fn check_table_size(m: u32, n: usize) -> Result<(), MaglevError> {
+    if !is_prime(m) {
+        return Err(MaglevError::NotPrime(m));
+    }
+    if (m as usize) < n {
+        return Err(MaglevError::TooSmall { m, n });
+    }
+    Ok(())
+}
+
+/// Fixed 64-bit hash of an address with a salt: FNV-1a over the octets,
+/// finished with MurmurHash3's mixer. Stable across machines and versions.
+fn addr_hash(addr: &IpAddr, salt: u64) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64 ^ salt;
+    let mut eat = |b: u8| {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    };
+    match addr {
+        IpAddr::V4(a) => a.octets().into_iter().for_each(&mut eat),
+        IpAddr::V6(a) => a.octets().into_iter().for_each(&mut eat),
+    }
+    lb_common::flow::fmix64(h)
+}
+
+/// `(offset, skip)` of a backend's permutation of `0..m`.
+fn permutation(addr: &IpAddr, m: u32) -> (u32, u32) {
+    let offset = (addr_hash(addr, 0x6f66_6673_6574) % m as u64) as u32;
+    let skip = (addr_hash(addr, 0x736b_6970) % (m as u64 - 1)) as u32 + 1;
+    (offset, skip)
+}
+
+/// Builds the table for `backends` with `m` slots.
+pub fn build(backends: &[MaglevBackend], m: u32) -> Result<MaglevTable, MaglevError> {
+    let mut order: Vec<usize> = (0..backends.len())
+        .filter(|&i| backends[i].weight > 0)
+        .collect();
+    order.sort_by_key(|&i| backends[i].addr);
+    for pair in order.windows(2) {
+        if backends[pair[0]].addr == backends[pair[1]].addr {
+            return Err(MaglevError::DuplicateBackend(backends[pair[0]].addr));
+        }
+    }
+    if let Some(b) = backends.iter().find(|b| b.weight > MAX_WEIGHT) {
+        return Err(MaglevError::WeightTooLarge {
+            addr: b.addr,
+            weight: b.weight,
+        });
+    }
+    if order.is_empty() {
+        return Ok(MaglevTable::Empty);
+    }
+    check_table_size(m, order.len())?;
+
+    struct Walker {
+        input: u32,
+        weight: u64,
+        credit: u64,
+        next: u32,
+        skip: u32,
+    }
+    let mut walkers: Vec<Walker> = order
+        .iter()
+        .map(|&i| {
+            let (offset, skip) = permutation(&backends[i].addr, m);
+            Walker {
+                input: i as u32,
+                weight: backends[i].weight as u64,
+                credit: 0,
+                next: offset,
+                skip,
+            }
+        })
+        .collect();
+    let max_weight = walkers.iter().map(|w| w.weight).max().unwrap_or(1);
+
+    // Occupancy as a bitmap: 8 KiB for M = 65537, so the probing that
+    // dominates the build stays in L1.
+    let mut taken = vec![0u64; (m as usize).div_ceil(64)];
+    let mut slots = vec![0u32; m as usize];
+    let mut filled = 0u32;
+    'rounds: loop {
+        for w in walkers.iter_mut() {
+            w.credit += w.weight;
+            while w.credit >= max_weight {
+                w.credit -= max_weight;
+                loop {
+                    let c = w.next;
+                    w.next += w.skip;
+                    if w.next >= m {
+                        w.next -= m;
+                    }
+                    let (word, bit) = ((c / 64) as usize, 1u64 << (c % 64));
+                    if taken[word] & bit == 0 {
+                        taken[word] |= bit;
+                        slots[c as usize] = w.input;
+                        break;
+                    }
+                }
+                filled += 1;
+                if filled == m {
+                    break 'rounds;
+                }
+            }
+        }
+    }
+    Ok(MaglevTable::Slots(slots))
+}
+
+/// Number of slots whose owner differs, comparing owners by address.
+pub fn moved_slots(
+    old: &MaglevTable,
+    old_backends: &[MaglevBackend],
+    new: &MaglevTable,
+    new_backends: &[MaglevBackend],
+) -> usize {
+    match (old.slots(), new.slots()) {
+        (Some(a), Some(b)) => a
+            .iter()
+            .zip(b)
+            .filter(|(x, y)| old_backends[**x as usize].addr != new_backends[**y as usize].addr)
+            .count(),
+        (None, None) => 0,
+        (Some(a), None) | (None, Some(a)) => a.len(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
+    use super::*;
+
+    fn backends(n: u32, weight: impl Fn(u32) -> u32) -> Vec<MaglevBackend> {
+        (0..n)
+            .map(|i| MaglevBackend {
+                addr: IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + i)),
+                weight: weight(i),
+            })
+            .collect()
+    }
+
+    /// Largest relative deviation of a backend's slot count from its
+    /// weight share.
+    fn spread(table: &MaglevTable, bs: &[MaglevBackend], m: u32) -> f64 {
+        let total: u64 = bs.iter().map(|b| b.weight as u64).sum();
+        let shares = table.shares(bs.len());
+        bs.iter()
+            .zip(shares)
+            .filter(|(b, _)| b.weight > 0)
+            .map(|(b, got)| {
+                let want = m as f64 * b.weight as f64 / total as f64;
+                (got as f64 - want).abs() / want
+            })
+            .fold(0.0, f64::max)
+    }
+
+    #[test]
+    fn primes_are_recognised() {
+        for p in [2, 3, 13, 251, 65_537, 131_071, 262_147, 655_373] {
+            assert!(is_prime(p), "{p}");
+        }
+        for c in [0, 1, 4, 9, 65_536, 65_535, 262_145] {
+            assert!(!is_prime(c), "{c}");
+        }
+    }
+
+    #[test]
+    fn rejects_bad_table_sizes() {
+        assert_eq!(
+            build(&backends(3, |_| 1), 65_536),
+            Err(MaglevError::NotPrime(65_536))
+        );
+        assert_eq!(
+            build(&backends(20, |_| 1), 13),
+            Err(MaglevError::TooSmall { m: 13, n: 20 })
+        );
+        let msg = build(&backends(3, |_| 1), 100).unwrap_err().to_string();
+        assert!(msg.contains("not prime"), "{msg}");
+    }
+
+    #[test]
+    fn every_slot_filled_with_a_live_backend() {
+        let bs = backends(7, |i| if i == 3 { 0 } else { 1 + i % 3 });
+        let t = build(&bs, 251).unwrap();
+        let slots = t.slots().unwrap();
+        assert_eq!(slots.len(), 251);
+        assert!(
+            slots
+                .iter()
+                .all(|&s| (s as usize) < bs.len() && bs[s as usize].weight > 0)
+        );
+    }
+
+    #[test]
+    fn equal_weights_share_within_one_percent() {
+        for (n, m) in [(10, 65_537), (100, 65_537), (655, 65_537)] {
+            let bs = backends(n, |_| 1);
+            let t = build(&bs, m).unwrap();
+            let s = spread(&t, &bs, m);
+            assert!(s <= 0.01, "N={n} M={m}: spread {:.3}%", s * 100.0);
+        }
+    }
+
+    #[test]
+    fn weighted_shares_follow_weights_within_one_percent() {
+        let bs = backends(100, |i| 1 + i % 4);
+        let m = 65_537;
+        let t = build(&bs, m).unwrap();
+        let s = spread(&t, &bs, m);
+        assert!(s <= 0.01, "spread {:.3}%", s * 100.0);
+    }
+
+    #[test]
+    fn order_does_not_matter() {
+        let bs = backends(50, |i| 1 + i % 3);
+        let mut rev = bs.clone();
+        rev.reverse();
+        let a = build(&bs, 4_099).unwrap();
+        let b = build(&rev, 4_099).unwrap();
+        let by_addr = |t: &MaglevTable, bs: &[MaglevBackend]| -> Vec<IpAddr> {
+            t.slots()
+                .unwrap()
+                .iter()
+                .map(|&i| bs[i as usize].addr)
+                .collect()
+        };
+        assert_eq!(by_addr(&a, &bs), by_addr(&b, &rev));
+    }
+
+    #[test]
+    fn table_is_pinned_across_machines_and_versions() {
+        // Balancers running side by side must build the same table. This
+        // pins a small one: change it only with a plan for mixed versions.
+        let bs = [
+            MaglevBackend {
+                addr: "10.0.0.1".parse().unwrap(),
+                weight: 1,
+            },
+            MaglevBackend {
+                addr: "10.0.0.2".parse().unwrap(),
+                weight: 2,
+            },
+            MaglevBackend {
+                addr: "2001:db8::3".parse().unwrap(),
+                weight: 1,
+            },
+        ];
+        let t = build(&bs, 13).unwrap();
+        assert_eq!(t.slots().unwrap(), &[2, 0, 1, 1, 0, 1, 1, 0, 1, 1, 2, 2, 1]);
+    }
+
+    #[test]
+    fn weight_zero_means_absent() {
+        let mut bs = backends(5, |_| 1);
+        bs[2].weight = 0;
+        let with_zero = build(&bs, 251).unwrap();
+        let without: Vec<_> = bs.iter().copied().filter(|b| b.weight > 0).collect();
+        let t = build(&without, 251).unwrap();
+        assert_eq!(moved_slots(&with_zero, &bs, &t, &without), 0);
+        assert!(!with_zero.slots().unwrap().contains(&2));
+    }
+
+    #[test]
+    fn empty_set_is_explicit() {
+        assert_eq!(build(&[], 251), Ok(MaglevTable::Empty));
+        assert_eq!(build(&backends(3, |_| 0), 251), Ok(MaglevTable::Empty));
+        assert_eq!(MaglevTable::Empty.slots(), None);
+    }
+
+    #[test]
+    fn duplicates_are_rejected() {
+        let mut bs = backends(3, |_| 1);
+        bs[2].addr = bs[0].addr;
+        assert_eq!(
+            build(&bs, 251),
+            Err(MaglevError::DuplicateBackend(bs[0].addr))
+        );
+    }
+
+    #[test]
+    fn ipv6_backends_work() {
+        let bs: Vec<_> = (1..=4u16)
+            .map(|i| MaglevBackend {
+                addr: IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, i)),
+                weight: 1,
+            })
+            .collect();
+        let t = build(&bs, 251).unwrap();
+        assert!(
+            t.shares(4).iter().all(|&c| (62..=63).contains(&c)),
+            "{:?}",
+            t.shares(4)
+        );
+    }
+
+    /// Removing backend `victim` of `bs`: (slots moved in all, slots moved
+    /// that the victim did not own).
+    fn disruption(bs: &[MaglevBackend], victim: usize, m: u32) -> (usize, usize) {
+        let before = build(bs, m).unwrap();
+        let mut after_bs = bs.to_vec();
+        after_bs.remove(victim);
+        let after = build(&after_bs, m).unwrap();
+        let a = before.slots().unwrap();
+        let b = after.slots().unwrap();
+        let mut moved = 0;
+        let mut collateral = 0;
+        for (x, y) in a.iter().zip(b) {
+            if bs[*x as usize].addr != after_bs[*y as usize].addr {
+                moved += 1;
+                if *x as usize != victim {
+                    collateral += 1;
+                }
+            }
+        }
+        (moved, collateral)
+    }
+
+    #[test]
+    fn removing_one_of_100_moves_its_slots_and_little_else() {
+        let m = 65_537;
+        let bs = backends(100, |_| 1);
+        let (moved, collateral) = disruption(&bs, 42, m);
+        let own = build(&bs, m).unwrap().shares(100)[42] as usize;
+        assert_eq!(moved, own + collateral);
+        // Maglev's known figure for this size is about 1.6% of slots.
+        let frac = moved as f64 / m as f64;
+        assert!(frac <= 0.016, "moved {:.3}% of slots", frac * 100.0);
+    }
+
+    #[test]
+    fn adding_one_of_100_moves_few_slots() {
+        let m = 65_537;
+        let bs = backends(101, |_| 1);
+        let before = build(&bs[..100], m).unwrap();
+        let after = build(&bs, m).unwrap();
+        let moved = moved_slots(&before, &bs[..100], &after, &bs);
+        let frac = moved as f64 / m as f64;
+        assert!(frac <= 0.016, "moved {:.3}% of slots", frac * 100.0);
+    }
+}

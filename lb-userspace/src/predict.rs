@@ -1,0 +1,108 @@
+//! What will the datapath do with this flow? The userspace model of the XDP
+//! program's decision (VIP lookup, connection table, Maglev), computed from
+//! the maps through a [`Dataplane`] with the same hash as the kernel.
+//!
+//! `lbctl simulate` answers operators with it; the datapath tests use it as
+//! the reference the kernel's output must match.
+
+use lb_common::{
+    BackendDef, FlowKey, VipKey, VipMeta,
+    consts::{
+        BACKEND_F_USABLE, BACKEND_INDEX_MASK, CFG_F_ALL_PORTS_VIPS, TABLE_CHUNK_SLOTS,
+        VIP_F_NO_BACKENDS, VIP_F_NO_CONNTRACK,
+    },
+    flow::{ct_position, maglev_slot},
+};
+
+use crate::dataplane::{Dataplane, Result};
+
+/// How the backend was chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Via {
+    /// An existing connection-table entry.
+    ConnTrack,
+    /// The Maglev table (a new flow, a SYN, or a VIP without connection table).
+    Maglev,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Prediction {
+    pub vip: VipKey,
+    pub meta: VipMeta,
+    pub hash: u64,
+    /// Maglev slot `hash % M`.
+    pub slot: u32,
+    /// `None`: the VIP has no usable backend, the packet is dropped.
+    pub backend: Option<BackendDef>,
+    pub via: Via,
+}
+
+/// The VIP a packet of `flow` matches, as the datapath looks it up.
+pub fn find_vip(dp: &dyn Dataplane, flow: &FlowKey) -> Result<Option<(VipKey, VipMeta)>> {
+    let mut key = VipKey {
+        addr: flow.dst,
+        port: flow.dport,
+        proto: flow.proto,
+        family: flow.family,
+    };
+    if let Some(meta) = dp.vip(&key)? {
+        return Ok(Some((key, meta)));
+    }
+    if dp.config()?.flags & CFG_F_ALL_PORTS_VIPS == 0 {
+        return Ok(None);
+    }
+    key.port = 0;
+    Ok(dp.vip(&key)?.map(|meta| (key, meta)))
+}
+
+fn live_backend(dp: &dyn Dataplane, handle: u32) -> Result<Option<BackendDef>> {
+    if handle == 0 {
+        return Ok(None);
+    }
+    let def = dp.backend(handle & BACKEND_INDEX_MASK)?;
+    Ok((def.handle == handle).then_some(def))
+}
+
+/// Predicts the datapath's choice for a packet of `flow`; `syn` is a TCP
+/// SYN without ACK. `None` if the flow's destination is not a VIP.
+pub fn predict(dp: &dyn Dataplane, flow: &FlowKey, syn: bool) -> Result<Option<Prediction>> {
+    let Some((vip, meta)) = find_vip(dp, flow)? else {
+        return Ok(None);
+    };
+    let cfg = dp.config()?;
+    let hash = flow.hash();
+    let slot = if cfg.table_size == 0 {
+        0
+    } else {
+        maglev_slot(hash, cfg.table_size)
+    };
+    let mut p = Prediction {
+        vip,
+        meta,
+        hash,
+        slot,
+        backend: None,
+        via: Via::Maglev,
+    };
+    if meta.flags & VIP_F_NO_BACKENDS != 0 {
+        return Ok(Some(p));
+    }
+    if meta.flags & VIP_F_NO_CONNTRACK == 0 && !syn {
+        let (bucket, tag) = ct_position(hash, cfg.ct_seed);
+        let bucket = dp.flow_bucket(bucket & cfg.ct_mask)?;
+        let entry = bucket.entries.iter().find(|e| e.0 != 0 && e.tag() == tag);
+        if let Some(e) = entry
+            && let Some(def) = live_backend(dp, e.handle())?
+            && def.flags & BACKEND_F_USABLE != 0
+        {
+            p.backend = Some(def);
+            p.via = Via::ConnTrack;
+            return Ok(Some(p));
+        }
+    }
+    let chunk = meta.table_base + slot / TABLE_CHUNK_SLOTS;
+    let within = slot % TABLE_CHUNK_SLOTS;
+    let handle = dp.read_table(chunk, within + 1)?[within as usize];
+    p.backend = live_backend(dp, handle)?;
+    Ok(Some(p))
+}
