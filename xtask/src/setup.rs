@@ -1,0 +1,148 @@
+//! Prerequisites, installed idempotently: Debian packages, the nightly
+//! toolchain's `rust-src`, `bpf-linker` 0.10.3, a mounted bpffs. Each step
+//! checks first and only acts when something is missing.
+
+use std::{path::Path, process::Command};
+
+use anyhow::{Context as _, Result, bail};
+
+use crate::run as sh;
+
+/// Debian packages the tests and the demo use.
+const PACKAGES: &[&str] = &[
+    "iproute2",
+    "iputils-ping",
+    "tcpdump",
+    "ethtool",
+    "bpftool",
+    "procps",
+];
+
+/// The linker known to work with the machine's nightly (see TOOLCHAIN.md):
+/// 0.11+ wants a system LLVM 23.
+const BPF_LINKER_VERSION: &str = "0.10.3";
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// `cargo xtask setup`: check everything, report each step.
+    Always,
+    /// Before tests: act quietly, only where something is missing.
+    IfMissing,
+}
+
+pub fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+fn output(cmd: &mut Command) -> Option<String> {
+    let out = cmd.output().ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+pub fn run(mode: Mode) -> Result<()> {
+    let say = |msg: &str| {
+        if mode == Mode::Always {
+            eprintln!("setup: {msg}");
+        }
+    };
+    packages(&say)?;
+    rust_src(&say)?;
+    bpf_linker(&say)?;
+    bpffs(&say)?;
+    Ok(())
+}
+
+fn packages(say: &dyn Fn(&str)) -> Result<()> {
+    let missing: Vec<&str> = PACKAGES
+        .iter()
+        .copied()
+        .filter(|p| {
+            output(Command::new("dpkg-query").args(["-W", "-f=${Status}", p]))
+                .is_none_or(|s| !s.contains("install ok installed"))
+        })
+        .collect();
+    if missing.is_empty() {
+        say("Debian packages present");
+        return Ok(());
+    }
+    if !is_root() {
+        bail!(
+            "missing Debian packages {missing:?}; run `cargo xtask setup` as root to install them"
+        );
+    }
+    eprintln!("setup: installing {missing:?}");
+    sh(Command::new("apt-get").args(["update", "-q"]))?;
+    sh(Command::new("apt-get")
+        .args(["install", "-y", "-q", "--no-install-recommends"])
+        .args(&missing)
+        .env("DEBIAN_FRONTEND", "noninteractive"))
+}
+
+fn rust_src(say: &dyn Fn(&str)) -> Result<()> {
+    let toolchains = output(Command::new("rustup").args(["toolchain", "list"]))
+        .context("rustup is required (the eBPF build uses the nightly toolchain)")?;
+    if !toolchains.lines().any(|l| l.starts_with("nightly")) {
+        eprintln!("setup: installing the nightly toolchain");
+        sh(Command::new("rustup").args([
+            "toolchain",
+            "install",
+            "nightly",
+            "--profile",
+            "minimal",
+        ]))?;
+    }
+    let installed = output(Command::new("rustup").args([
+        "component",
+        "list",
+        "--toolchain",
+        "nightly",
+        "--installed",
+    ]))
+    .unwrap_or_default();
+    if installed.lines().any(|l| l.starts_with("rust-src")) {
+        say("nightly rust-src present");
+        return Ok(());
+    }
+    eprintln!("setup: adding rust-src to the nightly toolchain");
+    sh(Command::new("rustup").args(["component", "add", "rust-src", "--toolchain", "nightly"]))
+}
+
+fn bpf_linker(say: &dyn Fn(&str)) -> Result<()> {
+    let version = output(Command::new("bpf-linker").arg("--version")).unwrap_or_default();
+    if version.contains(BPF_LINKER_VERSION) {
+        say(&format!("bpf-linker {BPF_LINKER_VERSION} present"));
+        return Ok(());
+    }
+    eprintln!("setup: installing bpf-linker {BPF_LINKER_VERSION} (takes a few minutes)");
+    sh(Command::new("cargo")
+        .args(["+nightly", "install", "--locked", "--force"])
+        .arg(format!("bpf-linker@{BPF_LINKER_VERSION}"))
+        .env_remove("RUSTC")
+        .env_remove("CARGO"))
+}
+
+fn bpffs(say: &dyn Fn(&str)) -> Result<()> {
+    let mounts = std::fs::read_to_string("/proc/mounts").context("reading /proc/mounts")?;
+    if mounts
+        .lines()
+        .any(|l| l.split_whitespace().nth(1) == Some("/sys/fs/bpf") && l.contains(" bpf "))
+    {
+        say("bpffs mounted at /sys/fs/bpf");
+        return Ok(());
+    }
+    if !is_root() {
+        eprintln!("setup: /sys/fs/bpf is not a bpffs and we are not root; pinning will fail");
+        return Ok(());
+    }
+    if !Path::new("/sys/fs/bpf").exists() {
+        std::fs::create_dir_all("/sys/fs/bpf").context("creating /sys/fs/bpf")?;
+    }
+    eprintln!("setup: mounting bpffs at /sys/fs/bpf");
+    sh(Command::new("mount").args(["-t", "bpf", "bpf", "/sys/fs/bpf"]))
+}
