@@ -105,8 +105,12 @@ pub struct BackendDef {
     pub handle: u32,
     /// `BACKEND_F_*` bits.
     pub flags: u8,
+    /// `FAMILY_*`; 0 marks a free index (its `handle` keeps the last
+    /// generation so the next occupant gets a new one).
     pub family: u8,
-    pub _pad: [u8; 2],
+    /// The VIP this backend serves (userspace bookkeeping, so that `lbd`
+    /// can rebuild its view from pinned maps after a restart).
+    pub vip_id: u16,
 }
 
 impl BackendDef {
@@ -311,6 +315,7 @@ mod tests {
         assert_eq!(offset_of!(BackendDef, handle), 16);
         assert_eq!(offset_of!(BackendDef, flags), 20);
         assert_eq!(offset_of!(BackendDef, family), 21);
+        assert_eq!(offset_of!(BackendDef, vip_id), 22);
 
         assert_eq!(offset_of!(DatapathConfig, table_size), 4);
         assert_eq!(offset_of!(DatapathConfig, ct_mask), 12);

@@ -2,6 +2,7 @@
 #![deny(unsafe_code)]
 
 pub mod dataplane;
+pub mod decap;
 pub mod maglev;
 pub mod objects;
 pub mod predict;

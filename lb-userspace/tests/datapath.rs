@@ -140,7 +140,7 @@ impl Rig {
             handle: handle_of(i),
             flags,
             family,
-            _pad: [0; 2],
+            vip_id: 0,
         };
         self.dp
             .set_backend(handle_of(i) & BACKEND_INDEX_MASK, &def)
@@ -994,7 +994,7 @@ fn a_reused_backend_index_does_not_inherit_flows() {
         handle: (2 << 16) | index,
         flags: BACKEND_F_USABLE,
         family,
-        _pad: [0; 2],
+        vip_id: 0,
     };
     rig.dp.set_backend(index, &newcomer).expect("write backend");
     rig.republish(&vips.tcp4, &[1, 2]);

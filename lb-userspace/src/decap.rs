@@ -1,0 +1,1 @@
+//! Backend-side decapsulation: loading, attaching and pinning `lb_decap` (being written).
