@@ -264,6 +264,33 @@ impl core::ops::AddAssign for CounterValue {
     }
 }
 
+/// Key of `LB_DECAP_ADDRS`: one of the backend's own addresses. The decap
+/// program strips a tunnel header only from packets addressed to one of
+/// these; the map's value (a `u32`, written as 1) is not read.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct DecapAddr {
+    pub addr: AddrWords,
+    /// `FAMILY_*`.
+    pub family: u8,
+    pub _pad: [u8; 3],
+}
+
+impl DecapAddr {
+    pub fn new(addr: IpAddr) -> Self {
+        let (addr, family) = addr_to_words(addr);
+        Self {
+            addr,
+            family,
+            _pad: [0; 3],
+        }
+    }
+
+    pub fn ip(&self) -> Option<IpAddr> {
+        words_to_addr(&self.addr, self.family)
+    }
+}
+
 const _: () = {
     assert!(core::mem::size_of::<VipKey>() == 20);
     assert!(core::mem::size_of::<VipMeta>() == 16);
@@ -275,6 +302,7 @@ const _: () = {
     assert!(core::mem::size_of::<FlowBucket>() == 64);
     assert!(core::mem::align_of::<FlowBucket>() == 64);
     assert!(core::mem::size_of::<CounterValue>() == 16);
+    assert!(core::mem::size_of::<DecapAddr>() == 20);
 };
 
 #[cfg(feature = "user")]
@@ -293,6 +321,7 @@ mod pod {
     unsafe impl aya::Pod for FlowEntry {}
     unsafe impl aya::Pod for FlowBucket {}
     unsafe impl aya::Pod for CounterValue {}
+    unsafe impl aya::Pod for DecapAddr {}
 }
 
 #[cfg(test)]
@@ -332,6 +361,9 @@ mod tests {
 
         assert_eq!(offset_of!(FlowBucket, stamps), 48);
         assert_eq!(offset_of!(CounterValue, bytes), 8);
+
+        assert_eq!(offset_of!(DecapAddr, family), 16);
+        assert_eq!(offset_of!(DecapAddr, _pad), 17);
     }
 
     #[test]
@@ -355,6 +387,16 @@ mod tests {
         let k = VipKey::new("10.0.0.1".parse().unwrap(), 80, 6);
         assert_eq!(k.port.to_ne_bytes(), [0, 80]);
         assert_eq!(k.port(), 80);
+    }
+
+    #[test]
+    fn decap_addr_round_trips() {
+        for s in ["192.0.2.1", "2001:db8::2"] {
+            let a: IpAddr = s.parse().unwrap();
+            let k = DecapAddr::new(a);
+            assert_eq!(k._pad, [0; 3]);
+            assert_eq!(k.ip(), Some(a));
+        }
     }
 
     #[test]

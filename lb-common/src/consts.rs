@@ -102,3 +102,20 @@ pub const ALL_MAPS: [&str; 8] = [
 
 /// Name of the balancer's XDP program in the object file.
 pub const PROG_LB: &str = "lb_xdp";
+
+/// The backend-side decapsulation object (`lb_decap`): its maps and programs.
+/// Map names are also the file names under the decap pin directory.
+pub const MAP_DECAP_ADDRS: &str = "LB_DECAP_ADDRS";
+pub const MAP_DECAP_COUNTERS: &str = "LB_DECAP_COUNTERS";
+
+/// Every map of the decap object, in a stable order.
+pub const ALL_DECAP_MAPS: [&str; 2] = [MAP_DECAP_ADDRS, MAP_DECAP_COUNTERS];
+
+/// Most local addresses `LB_DECAP_ADDRS` holds.
+pub const DECAP_MAX_ADDRS: u32 = 256;
+
+/// Name of the decapsulation XDP program in the object file.
+pub const PROG_DECAP: &str = "lb_decap";
+/// Name of the trivial `XDP_PASS` program in the same object (for the peer
+/// of a veth that receives `XDP_TX` frames).
+pub const PROG_PASS: &str = "lb_pass";

@@ -4,6 +4,9 @@
 //!
 //! Ids index `LB_COUNTERS` and are part of the pinned-map ABI: a new counter
 //! takes a new id at the end; a retired one keeps its id and name.
+//!
+//! [`DecapCounter`] is the backend decap program's own set (`LB_DECAP_COUNTERS`),
+//! with the same rules.
 
 /// What the datapath does with a packet that matches `outcome`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,32 +23,38 @@ pub enum Kind {
     Event,
 }
 
+/// Defines a counter-id enum `$name` whose variants carry a stable name and
+/// a kind of type `$kind_ty`.
 macro_rules! counters {
-    ($( $(#[doc = $doc:literal])* $variant:ident = $id:literal, $name:literal, $kind:ident; )*) => {
-        /// A counter id (index into `LB_COUNTERS`).
+    ($(#[doc = $tdoc:literal])* enum $name:ident: $kind_ty:ident {
+        $( $(#[doc = $doc:literal])* $variant:ident = $id:literal, $cname:literal, $kind:ident; )*
+    }) => {
+        $(#[doc = $tdoc])*
         #[repr(u32)]
         #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-        pub enum Counter {
+        pub enum $name {
             $( $(#[doc = $doc])* $variant = $id, )*
         }
 
-        impl Counter {
+        impl $name {
             /// Every counter, in id order.
-            pub const ALL: &'static [Counter] = &[$(Counter::$variant),*];
+            pub const ALL: &'static [$name] = &[$($name::$variant),*];
 
-            /// Stable snake_case name used by `lbctl stats` and metrics.
+            /// Stable snake_case name used by `lbctl` and metrics.
             pub const fn name(self) -> &'static str {
-                match self { $(Counter::$variant => $name,)* }
+                match self { $($name::$variant => $cname,)* }
             }
 
-            pub const fn kind(self) -> Kind {
-                match self { $(Counter::$variant => Kind::$kind,)* }
+            pub const fn kind(self) -> $kind_ty {
+                match self { $($name::$variant => $kind_ty::$kind,)* }
             }
         }
     };
 }
 
 counters! {
+    /// A counter id (index into `LB_COUNTERS`).
+    enum Counter: Kind {
     /// Not IPv4 or IPv6 (ARP, LLDP, ...).
     PassNotIp = 0, "pass_not_ip", Pass;
     /// IP, but the protocol is neither TCP nor UDP.
@@ -90,6 +99,7 @@ counters! {
     CtEvicted = 20, "ct_evicted", Event;
     /// Event: a connection-table hit pointed at a backend that is down or gone; re-picked.
     CtStale = 21, "ct_stale_backend", Event;
+    }
 }
 
 /// Number of counter ids in use.
@@ -110,6 +120,74 @@ mod tests {
         for (i, c) in Counter::ALL.iter().enumerate() {
             assert_eq!(*c as u32, i as u32, "{c:?}");
             for d in &Counter::ALL[i + 1..] {
+                assert_ne!(c.name(), d.name());
+            }
+        }
+    }
+}
+
+/// What the decap program does with a packet that matches a [`DecapCounter`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecapKind {
+    /// The tunnel headers were stripped; the inner packet goes to the stack.
+    Decap,
+    /// Handed to the kernel's stack unchanged.
+    Pass,
+    /// Dropped.
+    Drop,
+}
+
+counters! {
+    /// A decap counter id (index into `LB_DECAP_COUNTERS`). Every packet
+    /// `lb_decap` sees ends in exactly one of them.
+    enum DecapCounter: DecapKind {
+    /// IP in IP (4in4, 6in6, 4in6, 6in4) addressed to us: outer header stripped.
+    DecapIpip = 0, "decap_ipip", Decap;
+    /// GRE addressed to us: outer and GRE headers stripped.
+    DecapGre = 1, "decap_gre", Decap;
+    /// Not IPv4/IPv6 whose protocol (next header, without extension headers)
+    /// is 4, 41 or 47: other traffic, or an outer IP header cut short.
+    PassNotTunnel = 2, "pass_not_tunnel", Pass;
+    /// A tunnel protocol, but to an address that is not in `LB_DECAP_ADDRS`.
+    PassNotLocal = 3, "pass_not_local", Pass;
+    /// An IPv4 fragment of a tunnel packet to us (the balancer sets DF, so
+    /// this means someone else's tunnel or a broken path); the stack
+    /// reassembles or discards it, the program does not.
+    PassOuterFragment = 4, "pass_outer_fragment", Pass;
+    /// Well-formed GRE to us that lb never sends: checksum, key or sequence
+    /// flags, a version other than 0, or a payload other than IPv4/IPv6.
+    PassGreUnsupported = 5, "pass_gre_unsupported", Pass;
+    /// Tunnel packet to us with a broken outer header: IPv4 IHL below 5,
+    /// total length shorter than the header or longer than the frame, IPv6
+    /// payload length past the frame, GRE header cut short.
+    MalformedOuter = 6, "malformed_outer", Drop;
+    /// Tunnel packet to us whose inner packet is cut short, is not the IP
+    /// version the outer header announces, has a bad IPv4 header length, or
+    /// claims more bytes than the outer packet carries.
+    MalformedInner = 7, "malformed_inner", Drop;
+    /// `bpf_xdp_adjust_head` refused to shrink the frame.
+    DropAdjustFailed = 8, "drop_adjust_failed", Drop;
+    }
+}
+
+/// Number of decap counter ids in use.
+pub const DECAP_COUNTER_COUNT: u32 = DecapCounter::ALL.len() as u32;
+
+/// Size of `LB_DECAP_COUNTERS`: room for new counters without recreating the
+/// pinned map.
+pub const DECAP_COUNTER_SLOTS: u32 = 32;
+
+const _: () = assert!(DECAP_COUNTER_COUNT <= DECAP_COUNTER_SLOTS);
+
+#[cfg(test)]
+mod decap_tests {
+    use super::*;
+
+    #[test]
+    fn decap_ids_are_dense_and_names_unique() {
+        for (i, c) in DecapCounter::ALL.iter().enumerate() {
+            assert_eq!(*c as u32, i as u32, "{c:?}");
+            for d in &DecapCounter::ALL[i + 1..] {
                 assert_ne!(c.name(), d.name());
             }
         }

@@ -1,1 +1,528 @@
-//! Backend-side decapsulation: loading, attaching and pinning `lb_decap` (being written).
+//! Backend-side decapsulation: loading the embedded `lb_decap` object,
+//! telling it the backend's own addresses, attaching it to an interface and
+//! pinning it there, reading its counters. Also [`PassProgram`], the trivial
+//! `lb_pass` program that test rigs put on the peer of a veth receiving the
+//! balancer's `XDP_TX` frames.
+//!
+//! [`attach`] pins the XDP link and both maps under one directory on bpffs,
+//! so the program stays attached after the process exits; [`detach`]
+//! removes the pins, which detaches it. The directory's layout:
+//!
+//! ```text
+//! <pin_dir>/link               the bpf_link (XDP on one interface)
+//! <pin_dir>/LB_DECAP_ADDRS     the local addresses
+//! <pin_dir>/LB_DECAP_COUNTERS  per-CPU outcome counters (DecapCounter ids)
+//! ```
+//!
+//! It does not follow address changes on the interface (call [`attach`]
+//! again: it replaces the program and the address set in place) and it does
+//! not configure the VIPs on `lo`.
+
+use std::{
+    collections::HashSet,
+    ffi::CStr,
+    io,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{HashMap, Map, MapData, MapError, PerCpuArray},
+    pin::PinError,
+    programs::{
+        ProgramError, Xdp, XdpMode,
+        links::{FdLink, LinkError, PinnedLink},
+        xdp::XdpLink,
+    },
+};
+use lb_common::{
+    CounterValue, DecapAddr,
+    consts::{
+        ALL_DECAP_MAPS, DECAP_MAX_ADDRS, MAP_DECAP_ADDRS, MAP_DECAP_COUNTERS, PROG_DECAP, PROG_PASS,
+    },
+    counters::DECAP_COUNTER_SLOTS,
+};
+use thiserror::Error;
+
+use crate::objects;
+
+/// File name of the pinned XDP link under the pin directory.
+pub const LINK_PIN: &str = "link";
+
+#[derive(Debug, Error)]
+pub enum DecapError {
+    #[error("loading the decap object failed: {0}")]
+    Load(#[source] Box<aya::EbpfError>),
+    #[error("program {name}: {source}")]
+    Program {
+        name: &'static str,
+        #[source]
+        source: Box<ProgramError>,
+    },
+    #[error("map {name}: {source}")]
+    Map {
+        name: &'static str,
+        #[source]
+        source: Box<MapError>,
+    },
+    #[error("map {0} missing from the object")]
+    MissingMap(&'static str),
+    #[error("pinned link {path}: {source}")]
+    Link {
+        path: PathBuf,
+        #[source]
+        source: Box<LinkError>,
+    },
+    #[error("pinning {path}: {source}")]
+    Pin {
+        path: PathBuf,
+        #[source]
+        source: Box<PinError>,
+    },
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("listing interface addresses (getifaddrs): {0}")]
+    Interfaces(#[source] io::Error),
+    #[error("no interface {iface} in this network namespace")]
+    UnknownInterface { iface: String },
+    #[error("no local address to decapsulate for: none given and {iface} has none")]
+    NoAddresses { iface: String },
+    #[error("{count} local addresses, {map} holds at most {max}")]
+    TooManyAddresses {
+        count: usize,
+        map: &'static str,
+        max: u32,
+    },
+    #[error(
+        "the link pinned at {path} is attached to interface index {pinned}, not to {iface} \
+         (index {wanted}); use another pin directory per interface"
+    )]
+    PinnedElsewhere {
+        path: PathBuf,
+        iface: String,
+        pinned: u32,
+        wanted: u32,
+    },
+    #[error(
+        "XDP on {iface} was attached through netlink, not a bpf_link (kernel before 5.9?): \
+         it cannot be pinned"
+    )]
+    NotALink { iface: String },
+}
+
+pub type Result<T, E = DecapError> = std::result::Result<T, E>;
+
+fn map_err(name: &'static str) -> impl FnOnce(MapError) -> DecapError {
+    move |e| DecapError::Map {
+        name,
+        source: Box::new(e),
+    }
+}
+
+fn prog_err(name: &'static str) -> impl FnOnce(ProgramError) -> DecapError {
+    move |e| DecapError::Program {
+        name,
+        source: Box::new(e),
+    }
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> DecapError + '_ {
+    move |source| DecapError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn link_err(path: &Path) -> impl FnOnce(LinkError) -> DecapError + '_ {
+    move |e| DecapError::Link {
+        path: path.to_path_buf(),
+        source: Box::new(e),
+    }
+}
+
+/// Loads the decap object and one of its programs. With `pin_dir`, each map
+/// is adopted from `pin_dir/<map name>` if pinned there, else created and
+/// pinned there.
+fn load_object(program: &'static str, pin_dir: Option<&Path>) -> Result<Ebpf> {
+    let mut loader = EbpfLoader::new();
+    if let Some(dir) = pin_dir {
+        for name in ALL_DECAP_MAPS {
+            loader.map_pin_path(name, dir.join(name));
+        }
+    }
+    let mut ebpf = loader
+        .load(objects::LB_DECAP)
+        .map_err(|e| DecapError::Load(Box::new(e)))?;
+    xdp_program(&mut ebpf, program)?
+        .load()
+        .map_err(prog_err(program))?;
+    Ok(ebpf)
+}
+
+fn xdp_program<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut Xdp> {
+    ebpf.program_mut(name)
+        .ok_or_else(|| prog_err(name)(ProgramError::NotLoaded))?
+        .try_into()
+        .map_err(prog_err(name))
+}
+
+/// Sums a per-CPU counter map over CPUs: one value per slot.
+fn sum_counters(map: &Map) -> Result<Vec<CounterValue>> {
+    let map: PerCpuArray<&MapData, CounterValue> =
+        PerCpuArray::try_from(map).map_err(map_err(MAP_DECAP_COUNTERS))?;
+    (0..DECAP_COUNTER_SLOTS)
+        .map(|i| {
+            let values = map.get(&i, 0).map_err(map_err(MAP_DECAP_COUNTERS))?;
+            let mut sum = CounterValue::default();
+            for v in values.iter() {
+                sum += *v;
+            }
+            Ok(sum)
+        })
+        .collect()
+}
+
+/// The loaded `lb_decap` program and its maps.
+pub struct Decap {
+    ebpf: Ebpf,
+}
+
+impl Decap {
+    /// Loads the program with fresh, unpinned maps and no local address
+    /// (tests; [`attach`] for real use).
+    pub fn load() -> Result<Self> {
+        Self::load_with(None)
+    }
+
+    fn load_with(pin_dir: Option<&Path>) -> Result<Self> {
+        Ok(Self {
+            ebpf: load_object(PROG_DECAP, pin_dir)?,
+        })
+    }
+
+    /// Replaces the set of local addresses: the ones not in `addrs` are
+    /// removed first, then the new ones added, so an address in both sets
+    /// is never missing, even for a moment.
+    pub fn set_local_addrs(&mut self, addrs: &[IpAddr]) -> Result<()> {
+        let want: HashSet<DecapAddr> = addrs.iter().map(|a| DecapAddr::new(*a)).collect();
+        if want.len() > DECAP_MAX_ADDRS as usize {
+            return Err(DecapError::TooManyAddresses {
+                count: want.len(),
+                map: MAP_DECAP_ADDRS,
+                max: DECAP_MAX_ADDRS,
+            });
+        }
+        let mut map: HashMap<&mut MapData, DecapAddr, u32> = HashMap::try_from(
+            self.ebpf
+                .map_mut(MAP_DECAP_ADDRS)
+                .ok_or(DecapError::MissingMap(MAP_DECAP_ADDRS))?,
+        )
+        .map_err(map_err(MAP_DECAP_ADDRS))?;
+        let have = map
+            .keys()
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(map_err(MAP_DECAP_ADDRS))?;
+        for stale in have.iter().filter(|k| !want.contains(k)) {
+            match map.remove(stale) {
+                Ok(()) | Err(MapError::KeyNotFound) => {}
+                Err(e) => return Err(map_err(MAP_DECAP_ADDRS)(e)),
+            }
+        }
+        for key in &want {
+            map.insert(key, 1, 0).map_err(map_err(MAP_DECAP_ADDRS))?;
+        }
+        Ok(())
+    }
+
+    /// The local addresses the program decapsulates for.
+    pub fn local_addrs(&self) -> Result<Vec<IpAddr>> {
+        let map: HashMap<&MapData, DecapAddr, u32> = HashMap::try_from(
+            self.ebpf
+                .map(MAP_DECAP_ADDRS)
+                .ok_or(DecapError::MissingMap(MAP_DECAP_ADDRS))?,
+        )
+        .map_err(map_err(MAP_DECAP_ADDRS))?;
+        let keys = map
+            .keys()
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(map_err(MAP_DECAP_ADDRS))?;
+        Ok(keys.iter().filter_map(DecapAddr::ip).collect())
+    }
+
+    /// The loaded `lb_decap` program (attach it, or drive it with `TestRun`).
+    pub fn program(&mut self) -> &mut Xdp {
+        xdp_program(&mut self.ebpf, PROG_DECAP).expect("loaded in load_with")
+    }
+
+    /// Packets and bytes per outcome, summed over CPUs, indexed by
+    /// `DecapCounter` id (`DECAP_COUNTER_SLOTS` entries).
+    pub fn counters(&self) -> Result<Vec<CounterValue>> {
+        sum_counters(
+            self.ebpf
+                .map(MAP_DECAP_COUNTERS)
+                .ok_or(DecapError::MissingMap(MAP_DECAP_COUNTERS))?,
+        )
+    }
+}
+
+/// Attaches `lb_decap` to `iface` and pins it and its maps under `pin_dir`
+/// (created if missing), so it stays attached after this process exits.
+///
+/// The program decapsulates tunnel packets addressed to `local`, or, if
+/// `local` is empty, to every address `iface` has now in the current network
+/// namespace. If `pin_dir` already holds our link on `iface`, the program is
+/// replaced atomically inside that link (no packet sees no program), the
+/// pinned maps are kept (counters continue) and the address set is replaced;
+/// `mode` then has no effect, as a link keeps the mode it was created with.
+pub fn attach(iface: &str, mode: XdpMode, local: &[IpAddr], pin_dir: &Path) -> Result<()> {
+    let info = interface(iface)?;
+    let addrs = if local.is_empty() {
+        info.addrs
+    } else {
+        local.to_vec()
+    };
+    if addrs.is_empty() {
+        return Err(DecapError::NoAddresses {
+            iface: iface.to_string(),
+        });
+    }
+    std::fs::create_dir_all(pin_dir).map_err(io_err(pin_dir))?;
+    let link_path = pin_dir.join(LINK_PIN);
+    let existing = pinned_link(&link_path, iface, info.index)?;
+    let replacing = existing.is_some();
+
+    let result = load_and_attach(iface, mode, &addrs, pin_dir, existing);
+
+    match &result {
+        Ok(()) => tracing::info!(
+            iface,
+            ?mode,
+            replaced = replacing,
+            addrs = ?addrs,
+            pin_dir = %pin_dir.display(),
+            "decap program attached"
+        ),
+        Err(e) => {
+            // A fresh attach that failed leaves nothing behind; a failed
+            // replacement leaves the old program running on its link.
+            if !replacing {
+                remove_pins(pin_dir).ok();
+            }
+            tracing::warn!(iface, error = %e, "attaching the decap program failed");
+        }
+    }
+    result
+}
+
+/// The part of [`attach`] that pins things: loads the object (adopting or
+/// pinning the maps), writes the addresses, then either swaps the program
+/// into `existing` or attaches and pins a new link.
+fn load_and_attach(
+    iface: &str,
+    mode: XdpMode,
+    addrs: &[IpAddr],
+    pin_dir: &Path,
+    existing: Option<FdLink>,
+) -> Result<()> {
+    let link_path = pin_dir.join(LINK_PIN);
+    let mut decap = Decap::load_with(Some(pin_dir))?;
+    decap.set_local_addrs(addrs)?;
+    let prog = decap.program();
+    match existing {
+        Some(link) => {
+            let link = XdpLink::try_from(link).map_err(link_err(&link_path))?;
+            prog.attach_to_link(link).map_err(prog_err(PROG_DECAP))?;
+        }
+        None => {
+            let id = prog.attach(iface, mode).map_err(prog_err(PROG_DECAP))?;
+            let link = prog.take_link(id).map_err(prog_err(PROG_DECAP))?;
+            let link = FdLink::try_from(link).map_err(|_| DecapError::NotALink {
+                iface: iface.to_string(),
+            })?;
+            link.pin(&link_path).map_err(|e| DecapError::Pin {
+                path: link_path.clone(),
+                source: Box::new(e),
+            })?;
+        }
+    }
+    // Dropping `decap` closes our descriptors; the pins keep the link, the
+    // program and the maps alive.
+    Ok(())
+}
+
+/// The link pinned at `path`, if any and still attached to `iface`. A link
+/// whose interface is gone is unpinned and forgotten.
+fn pinned_link(path: &Path, iface: &str, index: u32) -> Result<Option<FdLink>> {
+    if !path.try_exists().map_err(io_err(path))? {
+        return Ok(None);
+    }
+    let link = FdLink::from(PinnedLink::from_pin(path).map_err(link_err(path))?);
+    let link_id = link.info().map_err(link_err(path))?.id();
+    match link_ifindex(link_id) {
+        Some(0) => {
+            tracing::info!(
+                path = %path.display(),
+                "pinned decap link lost its interface; attaching a new one"
+            );
+            std::fs::remove_file(path).map_err(io_err(path))?;
+            Ok(None)
+        }
+        Some(pinned) if pinned != index => Err(DecapError::PinnedElsewhere {
+            path: path.to_path_buf(),
+            iface: iface.to_string(),
+            pinned,
+            wanted: index,
+        }),
+        // Same interface, or a kernel that does not say (then trust the pin).
+        _ => Ok(Some(link)),
+    }
+}
+
+/// The interface index of the XDP link `link_id`, as the kernel shows it in
+/// the fdinfo of our descriptor for it (0: its interface is gone). `None` if
+/// no open descriptor of ours names that link or the kernel does not print
+/// an interface.
+fn link_ifindex(link_id: u32) -> Option<u32> {
+    let want = format!("link_id:\t{link_id}");
+    for entry in std::fs::read_dir("/proc/self/fdinfo").ok()? {
+        let Ok(text) = std::fs::read_to_string(entry.ok()?.path()) else {
+            continue;
+        };
+        if !text.lines().any(|l| l == want) {
+            continue;
+        }
+        return text
+            .lines()
+            .find_map(|l| l.strip_prefix("ifindex:"))
+            .and_then(|v| v.trim().parse().ok());
+    }
+    None
+}
+
+/// Removes the link and map pins under `pin_dir`, then the directory.
+/// Missing pins are fine (detaching twice is not an error); a directory that
+/// holds anything else is left in place and reported.
+fn remove_pins(pin_dir: &Path) -> Result<()> {
+    for name in std::iter::once(LINK_PIN).chain(ALL_DECAP_MAPS) {
+        let path = pin_dir.join(name);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err(&path)(e)),
+        }
+    }
+    match std::fs::remove_dir(pin_dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io_err(pin_dir)(e)),
+    }
+}
+
+/// Detaches the program [`attach`] pinned under `pin_dir` by removing the
+/// pins (the link first), and removes the directory. Nothing pinned there is
+/// not an error.
+pub fn detach(pin_dir: &Path) -> Result<()> {
+    remove_pins(pin_dir)?;
+    tracing::info!(pin_dir = %pin_dir.display(), "decap program detached");
+    Ok(())
+}
+
+/// The pinned counters under `pin_dir`, summed over CPUs and indexed by
+/// `DecapCounter` id.
+pub fn counters_pinned(pin_dir: &Path) -> Result<Vec<CounterValue>> {
+    let path = pin_dir.join(MAP_DECAP_COUNTERS);
+    let data = MapData::from_pin(&path).map_err(map_err(MAP_DECAP_COUNTERS))?;
+    let map = Map::from_map_data(data).map_err(map_err(MAP_DECAP_COUNTERS))?;
+    sum_counters(&map)
+}
+
+/// `lb_pass` (a bare `XDP_PASS`) attached to one interface for as long as
+/// the value lives; nothing is pinned. Test rigs put it on the peer of a
+/// veth whose other end sends `XDP_TX` frames, which veth only delivers to
+/// a peer with an XDP program.
+pub struct PassProgram {
+    /// Owns the program and its link: dropping it detaches.
+    _ebpf: Ebpf,
+}
+
+impl PassProgram {
+    pub fn attach(iface: &str) -> Result<PassProgram> {
+        let mut ebpf = load_object(PROG_PASS, None)?;
+        xdp_program(&mut ebpf, PROG_PASS)?
+            .attach(iface, XdpMode::default())
+            .map_err(prog_err(PROG_PASS))?;
+        Ok(PassProgram { _ebpf: ebpf })
+    }
+}
+
+/// An interface as `getifaddrs(3)` shows it.
+struct Interface {
+    index: u32,
+    addrs: Vec<IpAddr>,
+}
+
+/// The index and IP addresses of `iface` in the current network namespace.
+#[expect(
+    unsafe_code,
+    reason = "getifaddrs(3) is the only way to list an interface's addresses without an async \
+              netlink client; the raw list is walked and freed here and nowhere else"
+)]
+fn interface(iface: &str) -> Result<Interface> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: `head` is a valid place for the list pointer; on success the
+    // list is freed below, exactly once.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return Err(DecapError::Interfaces(io::Error::last_os_error()));
+    }
+    let mut index = None;
+    let mut addrs = Vec::new();
+    let mut cur = head;
+    while !cur.is_null() {
+        // SAFETY: `cur` is a node of the list getifaddrs returned, not freed yet.
+        let ifa = unsafe { &*cur };
+        cur = ifa.ifa_next;
+        if ifa.ifa_name.is_null() || ifa.ifa_addr.is_null() {
+            continue;
+        }
+        // SAFETY: `ifa_name` is a NUL-terminated string owned by the list.
+        if unsafe { CStr::from_ptr(ifa.ifa_name) }.to_bytes() != iface.as_bytes() {
+            continue;
+        }
+        // SAFETY: `ifa_addr` is non-null and points at a socket address,
+        // which always starts with its family.
+        let family = i32::from(unsafe { (*ifa.ifa_addr).sa_family });
+        match family {
+            libc::AF_INET => {
+                // SAFETY: an AF_INET address is a `sockaddr_in`.
+                let sin = unsafe { &*ifa.ifa_addr.cast::<libc::sockaddr_in>() };
+                addrs.push(IpAddr::V4(Ipv4Addr::from(
+                    sin.sin_addr.s_addr.to_ne_bytes(),
+                )));
+            }
+            libc::AF_INET6 => {
+                // SAFETY: an AF_INET6 address is a `sockaddr_in6`.
+                let sin6 = unsafe { &*ifa.ifa_addr.cast::<libc::sockaddr_in6>() };
+                addrs.push(IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr)));
+            }
+            libc::AF_PACKET => {
+                // SAFETY: glibc reports each link once as AF_PACKET with a
+                // `sockaddr_ll`, which carries the interface index.
+                let sll = unsafe { &*ifa.ifa_addr.cast::<libc::sockaddr_ll>() };
+                index = u32::try_from(sll.sll_ifindex).ok();
+            }
+            _ => {}
+        }
+    }
+    // SAFETY: `head` came from a successful getifaddrs and is freed once;
+    // nothing borrowed from the list outlives this call.
+    unsafe { libc::freeifaddrs(head) };
+    let index = index.ok_or_else(|| DecapError::UnknownInterface {
+        iface: iface.to_string(),
+    })?;
+    Ok(Interface { index, addrs })
+}

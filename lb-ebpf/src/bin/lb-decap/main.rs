@@ -1,12 +1,65 @@
-//! `lb_decap`: the backend-side decapsulation program (placeholder, being written).
+//! `lb_decap`: the backend side of lb's tunnels. The balancer wraps each
+//! packet in IP-in-IP (4in4, 6in6, 4in6, 6in4) or GRE toward the backend;
+//! the kernels we run on have no ipip/gre/fou modules, so this program strips
+//! the outer headers in XDP and passes the inner packet (addressed to a VIP
+//! on the backend's `lo`) to the stack, as if it had arrived bare.
+//!
+//! Only packets addressed to one of the backend's own addresses
+//! (`LB_DECAP_ADDRS`, written by `lb::decap`) are touched; everything else
+//! passes unchanged. A tunnel packet to us that is malformed (outer or inner
+//! header broken or cut short) is dropped: it is ours, nothing else on the
+//! host can use it (no tunnel driver), and passing it would only show the
+//! stack a protocol-4/41/47 packet it answers with ICMP "protocol
+//! unreachable" toward the balancer. Every packet ends in exactly one
+//! `DecapCounter`, incremented here and nowhere else.
+//!
+//! `lb_pass` (a bare `XDP_PASS`) lives in the same object for test rigs: on
+//! veth, the peer of an interface that sends `XDP_TX` frames only receives
+//! them with an XDP program attached.
 #![no_std]
 #![no_main]
 
+mod decap;
+mod maps;
+mod tunnel;
+
 use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
+use lb_common::counters::{DecapCounter, DecapKind};
+use maps::LB_DECAP_COUNTERS;
 
 #[xdp]
-pub fn lb_decap(_ctx: XdpContext) -> u32 {
-    xdp_action::XDP_PASS
+pub fn lb_decap(ctx: XdpContext) -> u32 {
+    let frame_len = (ctx.data_end() - ctx.data()) as u32;
+    let outcome = run(&ctx);
+    count(outcome, frame_len);
+    match outcome.kind() {
+        DecapKind::Decap | DecapKind::Pass => xdp_action::XDP_PASS,
+        DecapKind::Drop => xdp_action::XDP_DROP,
+    }
+}
+
+#[inline(always)]
+fn run(ctx: &XdpContext) -> DecapCounter {
+    let tunnel = match tunnel::parse(ctx) {
+        Ok(t) => t,
+        Err(outcome) => return outcome,
+    };
+    match decap::strip(ctx, &tunnel) {
+        Ok(()) => tunnel.outcome,
+        Err(decap::StripError) => DecapCounter::DropAdjustFailed,
+    }
+}
+
+/// The packet's one outcome: the only write to `LB_DECAP_COUNTERS`.
+#[inline(always)]
+fn count(outcome: DecapCounter, bytes: u32) {
+    if let Some(v) = LB_DECAP_COUNTERS.get_ptr_mut(outcome as u32) {
+        // SAFETY: a per-CPU array element, written only by this CPU.
+        unsafe {
+            (*v).packets += 1;
+            (*v).bytes += bytes as u64;
+        }
+    }
 }
 
 #[xdp]

@@ -1,0 +1,1099 @@
+//! Decap tests: the real `lb_decap` program in the kernel, its local
+//! addresses written through `lb::decap`, packets run with
+//! `BPF_PROG_TEST_RUN` (aya `TestRun`). Every tunnel the balancer emits must
+//! come out as exactly the frame the client's packet would have been on the
+//! backend's wire: same MACs, same VLAN tag, inner ethertype, inner packet
+//! byte-identical. Everything else passes untouched or is dropped, each with
+//! exactly one counter.
+//!
+//! The last tests attach the program for real (`lb::decap::attach`) to a veth
+//! in a private network namespace, send tunnelled frames through it with an
+//! AF_PACKET socket and receive the inner datagrams on sockets bound to VIPs
+//! on `lo`; they also replace the program in its pinned link and detach it.
+//!
+//! Needs root and a kernel that runs XDP test runs (≥ 5.15) and a bpffs at
+//! `/sys/fs/bpf`. Without them every test fails with a message saying so;
+//! none is skipped.
+
+use std::{
+    ffi::CString,
+    io,
+    net::{IpAddr, UdpSocket},
+    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    path::{Path, PathBuf},
+    process::Command,
+    time::Duration,
+};
+
+use aya::programs::{TestRun, TestRunOptions, XdpMode};
+use etherparse::{
+    EtherType, Ethernet2Header, IpNumber, Ipv4Header, Ipv6FlowLabel, Ipv6Header, PacketBuilder,
+    VlanId,
+};
+use lb::decap::{self, Decap, DecapError, PassProgram};
+use lb_common::{
+    CounterValue,
+    counters::{DECAP_COUNTER_SLOTS, DecapCounter, DecapKind},
+};
+
+const XDP_DROP: u32 = 1;
+const XDP_PASS: u32 = 2;
+
+const LB_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x0a];
+const BACKEND_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x0b];
+/// Outer sources (the balancer).
+const LB_V4: &str = "10.255.0.1";
+const LB_V6: &str = "fd00:ff::1";
+/// The backend's own addresses (the tunnel endpoints).
+const BACKEND_V4: &str = "10.1.0.1";
+const BACKEND_V6: &str = "fd00:1::1";
+/// Another backend's addresses.
+const OTHER_V4: &str = "10.1.0.2";
+const OTHER_V6: &str = "fd00:1::2";
+/// The client and the VIPs (inner packets).
+const CLIENT_V4: &str = "192.0.2.7";
+const CLIENT_V6: &str = "2001:db8:c::7";
+const VIP_V4: &str = "10.0.0.10";
+const VIP_V6: &str = "2001:db8::10";
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().expect("test address")
+}
+
+fn v4(s: &str) -> [u8; 4] {
+    match ip(s) {
+        IpAddr::V4(a) => a.octets(),
+        IpAddr::V6(_) => panic!("{s} is not IPv4"),
+    }
+}
+
+fn v6(s: &str) -> [u8; 16] {
+    match ip(s) {
+        IpAddr::V6(a) => a.octets(),
+        IpAddr::V4(_) => panic!("{s} is not IPv6"),
+    }
+}
+
+fn require_root() {
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(
+        euid, 0,
+        "decap tests load XDP programs and use BPF_PROG_TEST_RUN: they need root \
+         (run `cargo xtask test` as root)"
+    );
+}
+
+/// The loaded program with the backend's two addresses.
+struct Rig {
+    decap: Decap,
+}
+
+impl Rig {
+    fn new() -> Rig {
+        require_root();
+        let mut decap = Decap::load().unwrap_or_else(|e| {
+            panic!("loading lb_decap failed (kernel without XDP/BTF support?): {e:#}")
+        });
+        decap
+            .set_local_addrs(&[ip(BACKEND_V4), ip(BACKEND_V6)])
+            .expect("write local addresses");
+        Rig { decap }
+    }
+
+    fn counters(&self) -> Vec<CounterValue> {
+        self.decap.counters().expect("read counters")
+    }
+
+    /// Runs one frame through the program: `(action, output frame)`.
+    fn run(&mut self, input: &[u8]) -> (u32, Vec<u8>) {
+        let mut out = vec![0u8; input.len() + 256];
+        let result = self
+            .decap
+            .program()
+            .test_run(TestRunOptions {
+                data_in: Some(input),
+                data_out: Some(&mut out),
+                ..TestRunOptions::new()
+            })
+            .expect("BPF_PROG_TEST_RUN failed");
+        out.truncate(result.data_size_out as usize);
+        (result.return_value, out)
+    }
+
+    /// Runs `input` and asserts that exactly one counter moved, by one
+    /// packet and the input frame's bytes, that it is `want`, and that the
+    /// action is the one `want`'s kind implies.
+    fn run_counted(&mut self, name: &str, input: &[u8], want: DecapCounter) -> (u32, Vec<u8>) {
+        let before = self.counters();
+        let (action, out) = self.run(input);
+        let after = self.counters();
+        assert_eq!(after.len(), DECAP_COUNTER_SLOTS as usize);
+        let mut moved = vec![];
+        for c in DecapCounter::ALL {
+            let (b, a) = (before[*c as usize], after[*c as usize]);
+            if a == b {
+                continue;
+            }
+            assert_eq!(a.packets - b.packets, 1, "{name}: {c:?} packets");
+            assert_eq!(a.bytes - b.bytes, input.len() as u64, "{name}: {c:?} bytes");
+            moved.push(*c);
+        }
+        assert_eq!(moved, vec![want], "{name}: counters that moved");
+        for (i, (b, a)) in before
+            .iter()
+            .zip(&after)
+            .enumerate()
+            .skip(DecapCounter::ALL.len())
+        {
+            assert_eq!(a, b, "{name}: unused counter slot {i} moved");
+        }
+        let want_action = match want.kind() {
+            DecapKind::Decap | DecapKind::Pass => XDP_PASS,
+            DecapKind::Drop => XDP_DROP,
+        };
+        assert_eq!(action, want_action, "{name}: action");
+        (action, out)
+    }
+}
+
+// ---------------------------------------------------------------- packets
+
+#[derive(Clone, Copy, Debug)]
+enum Vlan {
+    Untagged,
+    Dot1q(u16),
+    Dot1ad(u16),
+}
+
+#[derive(Clone, Copy, Debug)]
+enum L4 {
+    Tcp,
+    Udp,
+}
+
+/// The client's packet as the backend should see it after decapsulation:
+/// Ethernet from the balancer to the backend (tagged if asked), IPv4 or IPv6
+/// from the client to a VIP, then TCP or UDP.
+fn inner_frame(inner_v6: bool, l4: L4, vlan: Vlan, payload: &[u8]) -> Vec<u8> {
+    let eth = PacketBuilder::ethernet2(LB_MAC, BACKEND_MAC);
+    let mut out = vec![];
+    macro_rules! finish {
+        ($b:expr) => {{
+            let b = $b;
+            match (inner_v6, l4) {
+                (false, L4::Tcp) => b
+                    .ipv4(v4(CLIENT_V4), v4(VIP_V4), 64)
+                    .tcp(40000, 80, 1000, 65535)
+                    .ack(2000)
+                    .write(&mut out, payload),
+                (false, L4::Udp) => b
+                    .ipv4(v4(CLIENT_V4), v4(VIP_V4), 64)
+                    .udp(5353, 53)
+                    .write(&mut out, payload),
+                (true, L4::Tcp) => b
+                    .ipv6(v6(CLIENT_V6), v6(VIP_V6), 64)
+                    .tcp(40000, 80, 1000, 65535)
+                    .ack(2000)
+                    .write(&mut out, payload),
+                (true, L4::Udp) => b
+                    .ipv6(v6(CLIENT_V6), v6(VIP_V6), 64)
+                    .udp(5353, 53)
+                    .write(&mut out, payload),
+            }
+            .expect("build packet")
+        }};
+    }
+    match vlan {
+        Vlan::Untagged => finish!(eth),
+        Vlan::Dot1q(id) | Vlan::Dot1ad(id) => {
+            finish!(eth.single_vlan(VlanId::try_new(id).expect("vlan id")))
+        }
+    }
+    if let Vlan::Dot1ad(_) = vlan {
+        out[12..14].copy_from_slice(&0x88a8u16.to_be_bytes());
+    }
+    out
+}
+
+fn l2_len(frame: &[u8]) -> usize {
+    match u16::from_be_bytes([frame[12], frame[13]]) {
+        0x8100 | 0x88a8 => 18,
+        _ => 14,
+    }
+}
+
+/// How to wrap an inner frame.
+#[derive(Clone, Copy)]
+struct Outer<'a> {
+    /// Tunnel destination: its family is the outer family.
+    dst: &'a str,
+    gre: bool,
+    /// IPv4 options (a multiple of 4 bytes) in the outer header.
+    options: &'a [u8],
+}
+
+impl<'a> Outer<'a> {
+    fn ipip(dst: &'a str) -> Self {
+        Outer {
+            dst,
+            gre: false,
+            options: &[],
+        }
+    }
+
+    fn gre(dst: &'a str) -> Self {
+        Outer {
+            dst,
+            gre: true,
+            options: &[],
+        }
+    }
+}
+
+/// Wraps the IP packet of `inner` (a frame) as the balancer does: the L2
+/// header is kept with the outer ethertype, then the outer IPv4 or IPv6
+/// header from the balancer to `outer.dst`, the GRE header if asked, and the
+/// inner packet unchanged.
+fn encap(inner: &[u8], outer: Outer) -> Vec<u8> {
+    let l2 = l2_len(inner);
+    let packet = &inner[l2..];
+    let inner_v6 = packet[0] >> 4 == 6;
+    let mut payload = vec![];
+    if outer.gre {
+        payload.extend_from_slice(&[0, 0]);
+        payload.extend_from_slice(if inner_v6 {
+            &[0x86, 0xdd]
+        } else {
+            &[0x08, 0x00]
+        });
+    }
+    payload.extend_from_slice(packet);
+    let proto = IpNumber(if outer.gre {
+        47
+    } else if inner_v6 {
+        41
+    } else {
+        4
+    });
+    let mut out = inner[..l2].to_vec();
+    match ip(outer.dst) {
+        IpAddr::V4(dst) => {
+            out[l2 - 2..l2].copy_from_slice(&EtherType::IPV4.0.to_be_bytes());
+            let mut h = Ipv4Header::new(payload.len() as u16, 64, proto, v4(LB_V4), dst.octets())
+                .expect("outer ipv4");
+            h.options = outer.options.try_into().expect("ipv4 options");
+            h.total_len = (h.header_len() + payload.len()) as u16;
+            h.write(&mut out).expect("outer ipv4");
+        }
+        IpAddr::V6(dst) => {
+            out[l2 - 2..l2].copy_from_slice(&EtherType::IPV6.0.to_be_bytes());
+            Ipv6Header {
+                traffic_class: 0,
+                flow_label: Ipv6FlowLabel::try_new(0x12345).expect("flow label"),
+                payload_length: payload.len() as u16,
+                next_header: proto,
+                hop_limit: 64,
+                source: v6(LB_V6),
+                destination: dst.octets(),
+            }
+            .write(&mut out)
+            .expect("outer ipv6");
+        }
+    }
+    out.extend_from_slice(&payload);
+    out
+}
+
+fn tcp4_plain(dst: &str) -> Vec<u8> {
+    let b = PacketBuilder::ethernet2(LB_MAC, BACKEND_MAC)
+        .ipv4(v4(CLIENT_V4), v4(dst), 64)
+        .tcp(40000, 22, 1, 65535)
+        .syn();
+    let mut out = vec![];
+    b.write(&mut out, b"").expect("build packet");
+    out
+}
+
+fn tcp6_plain(dst: &str) -> Vec<u8> {
+    let b = PacketBuilder::ethernet2(LB_MAC, BACKEND_MAC)
+        .ipv6(v6(CLIENT_V6), v6(dst), 64)
+        .tcp(40000, 22, 1, 65535)
+        .syn();
+    let mut out = vec![];
+    b.write(&mut out, b"").expect("build packet");
+    out
+}
+
+fn icmp4(dst: &str) -> Vec<u8> {
+    let b = PacketBuilder::ethernet2(LB_MAC, BACKEND_MAC)
+        .ipv4(v4(CLIENT_V4), v4(dst), 64)
+        .icmpv4_echo_request(1, 1);
+    let mut out = vec![];
+    b.write(&mut out, b"ping").expect("build packet");
+    out
+}
+
+fn arp() -> Vec<u8> {
+    let mut out = vec![];
+    Ethernet2Header {
+        source: LB_MAC,
+        destination: [0xff; 6],
+        ether_type: EtherType::ARP,
+    }
+    .write(&mut out)
+    .expect("eth");
+    out.extend_from_slice(&[0u8; 28]);
+    out
+}
+
+/// Sets a big-endian u16 at `off`.
+fn put16(frame: &mut [u8], off: usize, v: u16) {
+    frame[off..off + 2].copy_from_slice(&v.to_be_bytes());
+}
+
+fn get16(frame: &[u8], off: usize) -> u16 {
+    u16::from_be_bytes([frame[off], frame[off + 1]])
+}
+
+/// Recomputes the IPv4 header checksum at `off` (after a fixture edit, so
+/// that only the edited field is wrong).
+fn fix_ipv4_checksum(frame: &mut [u8], off: usize) {
+    let ihl = ((frame[off] & 0x0f) as usize * 4).max(20);
+    frame[off + 10..off + 12].fill(0);
+    let mut sum = 0u32;
+    for i in (0..ihl).step_by(2) {
+        sum += u32::from(get16(frame, off + i));
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    put16(frame, off + 10, !(sum as u16));
+}
+
+// ---------------------------------------------------------------- fixtures
+
+enum Expect {
+    /// Decapsulated (`XDP_PASS`) to exactly this frame.
+    Decap(Vec<u8>, DecapCounter),
+    /// Passed unchanged.
+    Pass(DecapCounter),
+    /// Dropped.
+    Drop(DecapCounter),
+}
+
+struct Fixture {
+    name: String,
+    packet: Vec<u8>,
+    expect: Expect,
+}
+
+fn fixture(name: impl Into<String>, packet: Vec<u8>, expect: Expect) -> Fixture {
+    Fixture {
+        name: name.into(),
+        packet,
+        expect,
+    }
+}
+
+/// Every tunnel the balancer emits: name, outer, inner family, counter.
+fn tunnels() -> [(&'static str, Outer<'static>, bool, DecapCounter); 8] {
+    use DecapCounter::{DecapGre, DecapIpip};
+    [
+        ("4in4", Outer::ipip(BACKEND_V4), false, DecapIpip),
+        ("6in6", Outer::ipip(BACKEND_V6), true, DecapIpip),
+        ("4in6", Outer::ipip(BACKEND_V6), false, DecapIpip),
+        ("6in4", Outer::ipip(BACKEND_V4), true, DecapIpip),
+        (
+            "gre ipv4 over ipv4",
+            Outer::gre(BACKEND_V4),
+            false,
+            DecapGre,
+        ),
+        ("gre ipv6 over ipv4", Outer::gre(BACKEND_V4), true, DecapGre),
+        (
+            "gre ipv4 over ipv6",
+            Outer::gre(BACKEND_V6),
+            false,
+            DecapGre,
+        ),
+        ("gre ipv6 over ipv6", Outer::gre(BACKEND_V6), true, DecapGre),
+    ]
+}
+
+/// Round trips: every tunnel × VLAN tagging × TCP/UDP, plus shapes the
+/// balancer does not emit but the program must handle.
+fn round_trips() -> Vec<Fixture> {
+    use DecapCounter::*;
+    let mut out = vec![];
+    for (tunnel, outer, inner_v6, counter) in tunnels() {
+        for vlan in [Vlan::Untagged, Vlan::Dot1q(42), Vlan::Dot1ad(7)] {
+            for l4 in [L4::Tcp, L4::Udp] {
+                let inner = inner_frame(inner_v6, l4, vlan, b"hello, backend");
+                out.push(fixture(
+                    format!("{tunnel}, {l4:?}, {vlan:?}"),
+                    encap(&inner, outer),
+                    Expect::Decap(inner, counter),
+                ));
+            }
+        }
+    }
+
+    let big = inner_frame(false, L4::Tcp, Vlan::Untagged, &[0x5a; 1400]);
+    out.push(fixture(
+        "4in4, 1400-byte payload",
+        encap(&big, Outer::ipip(BACKEND_V4)),
+        Expect::Decap(big, DecapIpip),
+    ));
+
+    // Outer IPv4 options: the overhead is the IHL, not 20.
+    let inner = inner_frame(false, L4::Udp, Vlan::Dot1q(5), b"options");
+    let with_options = Outer {
+        options: &[1, 1, 1, 0, 1, 1, 1, 0],
+        ..Outer::gre(BACKEND_V4)
+    };
+    let packet = encap(&inner, with_options);
+    assert_eq!(packet[18] & 0x0f, 7, "outer IHL with 8 bytes of options");
+    out.push(fixture(
+        "gre over ipv4 with outer options, tagged",
+        packet,
+        Expect::Decap(inner, DecapGre),
+    ));
+
+    // Ethernet padding after the outer packet stays after the inner one
+    // (the stack trims it by the inner IP length).
+    let inner = inner_frame(false, L4::Udp, Vlan::Untagged, b"");
+    let mut packet = encap(&inner, Outer::ipip(BACKEND_V4));
+    packet.extend_from_slice(&[0; 6]);
+    let mut want = inner;
+    want.extend_from_slice(&[0; 6]);
+    out.push(fixture(
+        "4in4 with ethernet padding",
+        packet,
+        Expect::Decap(want, DecapIpip),
+    ));
+
+    // An inner fragment is the stack's to reassemble: decapsulated.
+    let mut inner = inner_frame(false, L4::Udp, Vlan::Untagged, b"fragment");
+    inner[20] |= 0x20; // MF
+    fix_ipv4_checksum(&mut inner, 14);
+    out.push(fixture(
+        "4in4 carrying an inner fragment",
+        encap(&inner, Outer::ipip(BACKEND_V4)),
+        Expect::Decap(inner, DecapIpip),
+    ));
+    out
+}
+
+/// Frames that are not ours to strip, or that are broken.
+fn rejects() -> Vec<Fixture> {
+    use DecapCounter::*;
+    use Expect::{Drop, Pass};
+    let udp4 = || inner_frame(false, L4::Udp, Vlan::Untagged, b"payload");
+    let udp6 = || inner_frame(true, L4::Udp, Vlan::Untagged, b"payload");
+    // Untagged 4in4 / 6in6 / GRE: outer header at 14, inner after it.
+    let ipip4 = || encap(&udp4(), Outer::ipip(BACKEND_V4));
+    let ipip6 = || encap(&udp6(), Outer::ipip(BACKEND_V6));
+    let gre4 = || encap(&udp4(), Outer::gre(BACKEND_V4));
+
+    let mut out = vec![
+        fixture("arp", arp(), Pass(PassNotTunnel)),
+        fixture(
+            "plain tcp to us",
+            tcp4_plain(BACKEND_V4),
+            Pass(PassNotTunnel),
+        ),
+        fixture(
+            "plain tcp over ipv6 to us",
+            tcp6_plain(BACKEND_V6),
+            Pass(PassNotTunnel),
+        ),
+        fixture("icmp echo to us", icmp4(BACKEND_V4), Pass(PassNotTunnel)),
+        fixture(
+            "plain udp to a vip",
+            inner_frame(false, L4::Udp, Vlan::Dot1q(3), b"x"),
+            Pass(PassNotTunnel),
+        ),
+        fixture(
+            "4in4 to another address",
+            encap(&udp4(), Outer::ipip(OTHER_V4)),
+            Pass(PassNotLocal),
+        ),
+        fixture(
+            "6in6 to another address",
+            encap(&udp6(), Outer::ipip(OTHER_V6)),
+            Pass(PassNotLocal),
+        ),
+        fixture(
+            "gre over ipv6 to another address, tagged",
+            encap(
+                &inner_frame(false, L4::Tcp, Vlan::Dot1q(9), b"x"),
+                Outer::gre(OTHER_V6),
+            ),
+            Pass(PassNotLocal),
+        ),
+        fixture(
+            "4in4 to a vip (not a tunnel endpoint)",
+            encap(&udp4(), Outer::ipip(VIP_V4)),
+            Pass(PassNotLocal),
+        ),
+    ];
+
+    // IPv6 with a hop-by-hop header before the tunnel protocol.
+    let mut hbh = ipip6();
+    hbh[20] = 0; // next header: hop-by-hop
+    hbh.splice(54..54, [41u8, 0, 0, 0, 0, 0, 0, 0]);
+    let plen = get16(&hbh, 18) + 8;
+    put16(&mut hbh, 18, plen);
+    out.push(fixture(
+        "6in6 behind a hop-by-hop header",
+        hbh,
+        Pass(PassNotTunnel),
+    ));
+
+    // Two VLAN tags: the program reads one.
+    let mut qinq = encap(
+        &inner_frame(false, L4::Udp, Vlan::Dot1q(5), b"x"),
+        Outer::ipip(BACKEND_V4),
+    );
+    qinq.splice(12..12, [0x88, 0xa8, 0x00, 0x07]);
+    out.push(fixture(
+        "4in4 with two vlan tags",
+        qinq,
+        Pass(PassNotTunnel),
+    ));
+
+    let mut frag_mf = ipip4();
+    frag_mf[20] = 0x20; // MF, DF clear
+    fix_ipv4_checksum(&mut frag_mf, 14);
+    out.push(fixture(
+        "4in4 outer first fragment (MF)",
+        frag_mf,
+        Pass(PassOuterFragment),
+    ));
+    let mut frag_off = gre4();
+    put16(&mut frag_off, 20, 0x0010); // offset 16×8
+    fix_ipv4_checksum(&mut frag_off, 14);
+    out.push(fixture(
+        "gre outer later fragment (offset)",
+        frag_off,
+        Pass(PassOuterFragment),
+    ));
+    let mut frag_other = encap(&udp4(), Outer::ipip(OTHER_V4));
+    frag_other[20] = 0x20;
+    fix_ipv4_checksum(&mut frag_other, 14);
+    out.push(fixture(
+        "4in4 fragment to another address",
+        frag_other,
+        Pass(PassNotLocal),
+    ));
+
+    // GRE that lb never sends. With the key flag the header is 8 bytes.
+    let mut gre_key = gre4();
+    put16(&mut gre_key, 34, 0x2000);
+    gre_key.splice(38..38, [0, 0, 0, 42]);
+    let tot = get16(&gre_key, 16) + 4;
+    put16(&mut gre_key, 16, tot);
+    fix_ipv4_checksum(&mut gre_key, 14);
+    out.push(fixture(
+        "gre with the key flag",
+        gre_key,
+        Pass(PassGreUnsupported),
+    ));
+    let mut gre_v1 = gre4();
+    put16(&mut gre_v1, 34, 0x0001);
+    out.push(fixture("gre version 1", gre_v1, Pass(PassGreUnsupported)));
+    let mut gre_teb = gre4();
+    put16(&mut gre_teb, 36, 0x6558); // transparent Ethernet bridging
+    out.push(fixture(
+        "gre carrying ethernet",
+        gre_teb,
+        Pass(PassGreUnsupported),
+    ));
+
+    // Broken outer headers of tunnel packets to us.
+    let mut ihl4 = ipip4();
+    ihl4[14] = 0x44;
+    out.push(fixture("4in4 outer ihl 4", ihl4, Drop(MalformedOuter)));
+    let mut outer_long = ipip4();
+    let tot = get16(&outer_long, 16) + 1;
+    put16(&mut outer_long, 16, tot);
+    fix_ipv4_checksum(&mut outer_long, 14);
+    out.push(fixture(
+        "4in4 outer total length past the frame",
+        outer_long,
+        Drop(MalformedOuter),
+    ));
+    let mut outer_short = ipip4();
+    put16(&mut outer_short, 16, 19);
+    fix_ipv4_checksum(&mut outer_short, 14);
+    out.push(fixture(
+        "4in4 outer total length below the header",
+        outer_short,
+        Drop(MalformedOuter),
+    ));
+    let mut v6_long = ipip6();
+    let plen = get16(&v6_long, 18) + 1;
+    put16(&mut v6_long, 18, plen);
+    out.push(fixture(
+        "6in6 outer payload length past the frame",
+        v6_long,
+        Drop(MalformedOuter),
+    ));
+    let mut gre_cut = gre4();
+    gre_cut.truncate(14 + 20 + 2);
+    put16(&mut gre_cut, 16, 22);
+    fix_ipv4_checksum(&mut gre_cut, 14);
+    out.push(fixture(
+        "gre header cut short",
+        gre_cut,
+        Drop(MalformedOuter),
+    ));
+
+    // Broken inner packets of tunnel packets to us.
+    let mut wrong_version = ipip4();
+    wrong_version[34] = 0x65;
+    out.push(fixture(
+        "4in4 whose inner version is 6",
+        wrong_version,
+        Drop(MalformedInner),
+    ));
+    // Protocol 41 (IPv6 inside) around an IPv4 packet.
+    let mut v4_as_v6 = ipip4();
+    v4_as_v6[14 + 9] = 41;
+    fix_ipv4_checksum(&mut v4_as_v6, 14);
+    out.push(fixture(
+        "6in4 whose inner packet is ipv4",
+        v4_as_v6,
+        Drop(MalformedInner),
+    ));
+    let mut gre_mismatch = gre4();
+    put16(&mut gre_mismatch, 36, 0x86dd);
+    out.push(fixture(
+        "gre saying ipv6 around ipv4",
+        gre_mismatch,
+        Drop(MalformedInner),
+    ));
+    let mut inner_long = ipip4();
+    let tot = get16(&inner_long, 36) + 1;
+    put16(&mut inner_long, 36, tot);
+    fix_ipv4_checksum(&mut inner_long, 34);
+    out.push(fixture(
+        "4in4 inner total length past the frame",
+        inner_long,
+        Drop(MalformedInner),
+    ));
+    let mut inner_long6 = ipip6();
+    let plen = get16(&inner_long6, 54 + 4) + 1;
+    put16(&mut inner_long6, 54 + 4, plen);
+    out.push(fixture(
+        "6in6 inner payload length past the frame",
+        inner_long6,
+        Drop(MalformedInner),
+    ));
+    // The frame holds the inner packet (as padding) but the outer packet
+    // does not: the outer length wins.
+    let mut inner_past_outer = ipip4();
+    let tot = get16(&inner_past_outer, 16) - 4;
+    put16(&mut inner_past_outer, 16, tot);
+    fix_ipv4_checksum(&mut inner_past_outer, 14);
+    out.push(fixture(
+        "4in4 inner packet longer than the outer packet",
+        inner_past_outer,
+        Drop(MalformedInner),
+    ));
+    let mut inner_cut = ipip6();
+    inner_cut.truncate(14 + 40 + 30);
+    put16(&mut inner_cut, 18, 30);
+    out.push(fixture(
+        "6in6 inner header cut short",
+        inner_cut,
+        Drop(MalformedInner),
+    ));
+    let mut inner_ihl = ipip4();
+    inner_ihl[34] = 0x44;
+    out.push(fixture("4in4 inner ihl 4", inner_ihl, Drop(MalformedInner)));
+    out
+}
+
+fn run_fixtures(rig: &mut Rig, fixtures: Vec<Fixture>) {
+    for fx in fixtures {
+        let name = fx.name.as_str();
+        match fx.expect {
+            Expect::Decap(want, counter) => {
+                let (_, out) = rig.run_counted(name, &fx.packet, counter);
+                assert_eq!(
+                    out.len(),
+                    want.len(),
+                    "{name}: frame shrank by exactly the tunnel headers"
+                );
+                let l2 = l2_len(&want);
+                assert_eq!(out[0..12], want[0..12], "{name}: MACs kept");
+                if l2 == 18 {
+                    assert_eq!(out[12..16], want[12..16], "{name}: VLAN TPID and TCI kept");
+                }
+                assert_eq!(out[l2 - 2..l2], want[l2 - 2..l2], "{name}: inner ethertype");
+                assert_eq!(out[l2..], want[l2..], "{name}: inner packet byte-identical");
+                assert_eq!(out, want, "{name}: the inner frame");
+            }
+            Expect::Pass(counter) => {
+                let (_, out) = rig.run_counted(name, &fx.packet, counter);
+                assert_eq!(out, fx.packet, "{name}: passed untouched");
+            }
+            Expect::Drop(counter) => {
+                rig.run_counted(name, &fx.packet, counter);
+            }
+        }
+    }
+}
+
+#[test]
+fn every_tunnel_decapsulates_to_the_inner_frame() {
+    let mut rig = Rig::new();
+    let fixtures = round_trips();
+    assert!(fixtures.len() >= 48, "8 tunnels × 3 taggings × 2 protocols");
+    run_fixtures(&mut rig, fixtures);
+}
+
+#[test]
+fn other_traffic_passes_and_broken_tunnels_drop() {
+    let mut rig = Rig::new();
+    run_fixtures(&mut rig, rejects());
+}
+
+#[test]
+fn local_addresses_are_replaced_not_merged() {
+    let mut rig = Rig::new();
+    let packet = encap(
+        &inner_frame(false, L4::Udp, Vlan::Untagged, b"x"),
+        Outer::ipip(BACKEND_V4),
+    );
+    rig.run_counted("before", &packet, DecapCounter::DecapIpip);
+
+    rig.decap
+        .set_local_addrs(&[ip(BACKEND_V6), ip(OTHER_V4)])
+        .expect("replace addresses");
+    let mut now = rig.decap.local_addrs().expect("read addresses");
+    now.sort();
+    assert_eq!(now, vec![ip(OTHER_V4), ip(BACKEND_V6)]);
+    let (_, out) = rig.run_counted("after removal", &packet, DecapCounter::PassNotLocal);
+    assert_eq!(out, packet);
+    let moved = encap(
+        &inner_frame(false, L4::Udp, Vlan::Untagged, b"x"),
+        Outer::ipip(OTHER_V4),
+    );
+    rig.run_counted("new address", &moved, DecapCounter::DecapIpip);
+
+    let too_many: Vec<IpAddr> = (0..=lb_common::consts::DECAP_MAX_ADDRS)
+        .map(|i| IpAddr::from([10, 9, (i >> 8) as u8, i as u8]))
+        .collect();
+    assert!(matches!(
+        rig.decap.set_local_addrs(&too_many),
+        Err(DecapError::TooManyAddresses { .. })
+    ));
+}
+
+// ---------------------------------------------------------------- attached
+
+/// Runs `f` on a new thread in a new network namespace of its own, which
+/// disappears with the thread (and with it every interface made there).
+fn in_private_netns<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    require_root();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // SAFETY: unshare(2) with a flag only changes this thread's
+            // network namespace; children it spawns inherit it.
+            let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+            assert_eq!(
+                rc,
+                0,
+                "unshare(CLONE_NEWNET): {}",
+                io::Error::last_os_error()
+            );
+            f()
+        })
+        .join()
+        .unwrap_or_else(|e| std::panic::resume_unwind(e))
+    })
+}
+
+/// Runs `ip ARGS` and asserts that it succeeded.
+fn ip_cmd(args: &str) -> String {
+    let out = Command::new("ip")
+        .args(args.split_whitespace())
+        .output()
+        .expect("run ip (iproute2)");
+    assert!(
+        out.status.success(),
+        "ip {args}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The id of the XDP program attached to `iface`, if any.
+fn xdp_prog_id(iface: &str) -> Option<u64> {
+    let json = ip_cmd(&format!("-j -d link show dev {iface}"));
+    let links: serde_json::Value = serde_json::from_str(&json).expect("ip -j output");
+    links[0]["xdp"]["prog"]["id"].as_u64()
+}
+
+/// A veth pair: `dcp-a` (the wire, LB_MAC) and `dcp-b` (the backend's NIC,
+/// BACKEND_MAC, with the backend's addresses); VIPs on `lo`.
+fn backend_netns_setup() {
+    ip_cmd("link set lo up");
+    ip_cmd(&format!(
+        "link add dcp-a address {} type veth peer name dcp-b address {}",
+        mac(LB_MAC),
+        mac(BACKEND_MAC)
+    ));
+    ip_cmd(&format!("addr add {BACKEND_V4}/24 dev dcp-b"));
+    ip_cmd(&format!("-6 addr add {BACKEND_V6}/64 dev dcp-b nodad"));
+    ip_cmd("link set dcp-a up");
+    ip_cmd("link set dcp-b up");
+    ip_cmd(&format!("addr add {VIP_V4}/32 dev lo"));
+    ip_cmd(&format!("-6 addr add {VIP_V6}/128 dev lo"));
+    ip_cmd("route add default dev dcp-b");
+}
+
+fn mac(m: [u8; 6]) -> String {
+    m.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// Sends `frame` out of `iface` as is.
+fn send_frame(iface: &str, frame: &[u8]) {
+    let name = CString::new(iface).expect("interface name");
+    // SAFETY: `name` is a valid NUL-terminated string.
+    let index = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    assert_ne!(index, 0, "no interface {iface}");
+    // SAFETY: socket(2) has no memory preconditions.
+    let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0) };
+    assert!(fd >= 0, "AF_PACKET socket: {}", io::Error::last_os_error());
+    // SAFETY: `fd` is a descriptor we just opened and own.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mut sll_addr = [0u8; 8];
+    sll_addr[..6].copy_from_slice(&frame[..6]);
+    let addr = libc::sockaddr_ll {
+        sll_family: libc::AF_PACKET as u16,
+        sll_protocol: 0,
+        sll_ifindex: index as i32,
+        sll_hatype: 0,
+        sll_pkttype: 0,
+        sll_halen: 6,
+        sll_addr,
+    };
+    // SAFETY: the buffer and the address are valid for the lengths given.
+    let sent = unsafe {
+        libc::sendto(
+            fd.as_raw_fd(),
+            frame.as_ptr().cast(),
+            frame.len(),
+            0,
+            (&raw const addr).cast(),
+            std::mem::size_of::<libc::sockaddr_ll>() as u32,
+        )
+    };
+    assert_eq!(
+        sent,
+        frame.len() as isize,
+        "sendto: {}",
+        io::Error::last_os_error()
+    );
+}
+
+/// A UDP socket bound to `addr:port`, with a short receive timeout.
+fn udp_listener(addr: &str, port: u16) -> UdpSocket {
+    let sock = UdpSocket::bind((ip(addr), port)).expect("bind udp listener");
+    sock.set_read_timeout(Some(Duration::from_millis(500)))
+        .expect("timeout");
+    sock
+}
+
+fn received(sock: &UdpSocket) -> Option<Vec<u8>> {
+    let mut buf = [0u8; 2048];
+    match sock.recv(&mut buf) {
+        Ok(n) => Some(buf[..n].to_vec()),
+        Err(e)
+            if matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ) =>
+        {
+            None
+        }
+        Err(e) => panic!("recv: {e}"),
+    }
+}
+
+/// A pin directory on the host's bpffs, removed (with whatever is pinned in
+/// it) when dropped, so that a failing test leaves nothing attached.
+struct PinDir(PathBuf);
+
+impl PinDir {
+    fn new(test: &str) -> PinDir {
+        let bpffs = Path::new("/sys/fs/bpf");
+        assert!(
+            bpffs.is_dir(),
+            "no bpffs at /sys/fs/bpf (mount -t bpf bpf /sys/fs/bpf)"
+        );
+        let dir = bpffs.join(format!("lb-test-decap-{}-{test}", std::process::id()));
+        decap::detach(&dir).expect("clear a leftover pin directory");
+        PinDir(dir)
+    }
+}
+
+impl Drop for PinDir {
+    fn drop(&mut self) {
+        decap::detach(&self.0).ok();
+    }
+}
+
+fn counter(values: &[CounterValue], c: DecapCounter) -> u64 {
+    values[c as usize].packets
+}
+
+#[test]
+fn attached_program_decapsulates_for_the_stack_and_survives_replacement() {
+    in_private_netns(|| {
+        backend_netns_setup();
+        let pins = PinDir::new("attach");
+        let dir = pins.0.as_path();
+        // No addresses given: the program takes dcp-b's own.
+        decap::attach("dcp-b", XdpMode::Driver, &[], dir).expect("attach");
+        let first = xdp_prog_id("dcp-b").expect("an XDP program on dcp-b");
+        assert!(dir.join(decap::LINK_PIN).exists(), "link pinned");
+        // Everything we loaded is closed: only the pins keep it attached.
+
+        let sock4 = udp_listener(VIP_V4, 53);
+        let sock6 = udp_listener(VIP_V6, 53);
+        let cases = [
+            ("4in4", Outer::ipip(BACKEND_V4), false),
+            ("6in6", Outer::ipip(BACKEND_V6), true),
+            ("gre ipv6 over ipv4", Outer::gre(BACKEND_V4), true),
+            ("gre ipv4 over ipv6", Outer::gre(BACKEND_V6), false),
+        ];
+        for (name, outer, inner_v6) in cases {
+            let payload = format!("datagram {name}");
+            let inner = inner_frame(inner_v6, L4::Udp, Vlan::Untagged, payload.as_bytes());
+            send_frame("dcp-a", &encap(&inner, outer));
+            let sock = if inner_v6 { &sock6 } else { &sock4 };
+            assert_eq!(
+                received(sock).as_deref(),
+                Some(payload.as_bytes()),
+                "{name}: the inner datagram reaches the socket on the VIP"
+            );
+        }
+        // To another backend: passed to the stack, which has no use for it.
+        let stray = inner_frame(false, L4::Udp, Vlan::Untagged, b"stray");
+        send_frame("dcp-a", &encap(&stray, Outer::ipip(OTHER_V4)));
+        assert_eq!(
+            received(&sock4),
+            None,
+            "not decapsulated for another address"
+        );
+
+        let c = decap::counters_pinned(dir).expect("pinned counters");
+        assert_eq!(c.len(), DECAP_COUNTER_SLOTS as usize);
+        assert_eq!(counter(&c, DecapCounter::DecapIpip), 2);
+        assert_eq!(counter(&c, DecapCounter::DecapGre), 2);
+        assert_eq!(counter(&c, DecapCounter::PassNotLocal), 1);
+
+        // Attach again, IPv4 only: the program is replaced inside the pinned
+        // link, the counters carry on, the address set is replaced.
+        decap::attach("dcp-b", XdpMode::Driver, &[ip(BACKEND_V4)], dir).expect("re-attach");
+        let second = xdp_prog_id("dcp-b").expect("still an XDP program on dcp-b");
+        assert_ne!(first, second, "a new program in the link");
+        let inner = inner_frame(false, L4::Udp, Vlan::Untagged, b"after replace");
+        send_frame("dcp-a", &encap(&inner, Outer::ipip(BACKEND_V4)));
+        assert_eq!(received(&sock4).as_deref(), Some(&b"after replace"[..]));
+        let inner = inner_frame(true, L4::Udp, Vlan::Untagged, b"v6 gone");
+        send_frame("dcp-a", &encap(&inner, Outer::ipip(BACKEND_V6)));
+        assert_eq!(received(&sock6), None, "{BACKEND_V6} no longer local");
+        let c = decap::counters_pinned(dir).expect("pinned counters");
+        assert_eq!(counter(&c, DecapCounter::DecapIpip), 3);
+        assert_eq!(counter(&c, DecapCounter::PassNotLocal), 2);
+
+        // The same pin directory cannot take over another interface.
+        match decap::attach("dcp-a", XdpMode::Driver, &[ip(BACKEND_V4)], dir) {
+            Err(DecapError::PinnedElsewhere { .. }) => {}
+            other => panic!("attach to dcp-a with dcp-b's pins: {other:?}"),
+        }
+        assert_eq!(xdp_prog_id("dcp-a"), None);
+        assert_eq!(xdp_prog_id("dcp-b"), Some(second));
+
+        decap::detach(dir).expect("detach");
+        assert!(!dir.exists(), "pin directory removed");
+        assert_eq!(xdp_prog_id("dcp-b"), None, "detached");
+        let inner = inner_frame(false, L4::Udp, Vlan::Untagged, b"after detach");
+        send_frame("dcp-a", &encap(&inner, Outer::ipip(BACKEND_V4)));
+        assert_eq!(received(&sock4), None, "no decapsulation once detached");
+        decap::detach(dir).expect("detaching twice is fine");
+    });
+}
+
+#[test]
+fn attach_errors_leave_nothing_behind() {
+    in_private_netns(|| {
+        ip_cmd("link add dcp-a type veth peer name dcp-b");
+        let pins = PinDir::new("errors");
+        let dir = pins.0.as_path();
+        match decap::attach("nope0", XdpMode::Skb, &[], dir) {
+            Err(DecapError::UnknownInterface { .. }) => {}
+            other => panic!("attach to a missing interface: {other:?}"),
+        }
+        // Down, so not even a link-local address.
+        match decap::attach("dcp-b", XdpMode::Skb, &[], dir) {
+            Err(DecapError::NoAddresses { .. }) => {}
+            other => panic!("attach without addresses: {other:?}"),
+        }
+        assert!(!dir.exists(), "nothing pinned");
+
+        // An XDP program that is not ours is in the way.
+        let _pass = PassProgram::attach("dcp-b").expect("attach lb_pass");
+        let err = decap::attach("dcp-b", XdpMode::Skb, &[ip(BACKEND_V4)], dir)
+            .expect_err("dcp-b is taken");
+        assert!(
+            matches!(err, DecapError::Program { .. }),
+            "unexpected error {err:?}"
+        );
+        assert!(!dir.exists(), "a failed attach unpins what it pinned");
+    });
+}
+
+#[test]
+fn pass_program_is_attached_while_it_lives() {
+    in_private_netns(|| {
+        ip_cmd("link add dcp-a type veth peer name dcp-b");
+        assert_eq!(xdp_prog_id("dcp-a"), None);
+        let pass = PassProgram::attach("dcp-a").expect("attach lb_pass");
+        assert!(xdp_prog_id("dcp-a").is_some(), "attached");
+        drop(pass);
+        assert_eq!(xdp_prog_id("dcp-a"), None, "detached on drop");
+    });
+}
+
+#[test]
+fn a_pinned_link_whose_interface_is_gone_is_replaced() {
+    in_private_netns(|| {
+        let pins = PinDir::new("stale");
+        let dir = pins.0.as_path();
+        let setup = || {
+            ip_cmd("link add dcp-a type veth peer name dcp-b");
+            ip_cmd("link set dcp-b up");
+        };
+        setup();
+        decap::attach("dcp-b", XdpMode::Driver, &[ip(BACKEND_V4)], dir).expect("attach");
+        // Deleting the interface leaves a pinned link attached to nothing.
+        ip_cmd("link del dcp-a");
+        setup();
+        assert_eq!(xdp_prog_id("dcp-b"), None);
+        decap::attach("dcp-b", XdpMode::Driver, &[ip(BACKEND_V4)], dir)
+            .expect("attach over a stale pin");
+        assert!(xdp_prog_id("dcp-b").is_some(), "attached to the new dcp-b");
+        decap::detach(dir).expect("detach");
+        assert_eq!(xdp_prog_id("dcp-b"), None);
+    });
+}
