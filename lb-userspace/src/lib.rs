@@ -1,8 +1,13 @@
 //! The lb userspace library: everything `lbd` and `lbctl` share.
 #![deny(unsafe_code)]
 
+pub mod api;
+pub mod config;
 pub mod dataplane;
 pub mod decap;
 pub mod maglev;
+pub mod net;
 pub mod objects;
 pub mod predict;
+pub mod reconcile;
+pub mod state;

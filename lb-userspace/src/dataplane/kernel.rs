@@ -7,7 +7,11 @@ use std::path::Path;
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap, Map, MapData, PerCpuArray},
-    programs::Xdp,
+    programs::{
+        Xdp, XdpMode,
+        links::{FdLink, PinnedLink},
+        xdp::XdpLink,
+    },
 };
 use lb_common::{
     BackendDef, CounterValue, DatapathConfig, FlowBucket, TableChunk, VipKey, VipMeta,
@@ -75,6 +79,71 @@ impl KernelDataplane {
         Ok(Self { ebpf, layout })
     }
 
+    /// Loads the program with its maps pinned under `dir`, adopting maps a
+    /// previous `lbd` pinned there (the connection table and tables carry
+    /// on). Returns whether maps were adopted. Pinned maps whose sizes do
+    /// not match `layout` are refused with [`DataplaneError::LayoutMismatch`]
+    /// rather than silently reused.
+    pub fn open_pinned(layout: Layout, dir: &Path) -> Result<(Self, bool)> {
+        layout.validate()?;
+        let adopted = dir.join(MAP_CONFIG).exists();
+        if adopted {
+            check_pinned_layout(&layout, dir)?;
+        }
+        std::fs::create_dir_all(dir)?;
+        let dp = Self::load_with(layout, Some(dir))?;
+        Ok((dp, adopted))
+    }
+
+    /// Attaches the program to `iface` through a bpf_link pinned at
+    /// `dir/link-<iface>`, so it stays attached when `lbd` exits. If that
+    /// link exists (a previous `lbd`), the program in it is replaced
+    /// atomically instead: no packet goes unprocessed. Returns whether the
+    /// attachment was adopted.
+    pub fn attach(&mut self, iface: &str, mode: XdpMode, dir: &Path) -> Result<bool> {
+        let path = dir.join(format!("link-{iface}"));
+        let prog = self.program();
+        if path.exists() {
+            let pinned = PinnedLink::from_pin(&path).map_err(|e| {
+                DataplaneError::Io(std::io::Error::other(format!(
+                    "opening pinned link {}: {e}",
+                    path.display()
+                )))
+            })?;
+            let link = XdpLink::try_from(FdLink::from(pinned)).map_err(|e| {
+                DataplaneError::Io(std::io::Error::other(format!(
+                    "{} is not an XDP link: {e}",
+                    path.display()
+                )))
+            })?;
+            prog.attach_to_link(link).map_err(prog_err)?;
+            return Ok(true);
+        }
+        let id = prog.attach(iface, mode).map_err(prog_err)?;
+        let link = prog.take_link(id).map_err(prog_err)?;
+        let fd_link = FdLink::try_from(link).map_err(|e| {
+            DataplaneError::Io(std::io::Error::other(format!(
+                "attached to {iface} without a bpf_link ({e}); the kernel is too old to keep the program attached across restarts"
+            )))
+        })?;
+        fd_link.pin(&path).map_err(|e| {
+            DataplaneError::Io(std::io::Error::other(format!(
+                "pinning the XDP link at {}: {e}",
+                path.display()
+            )))
+        })?;
+        Ok(false)
+    }
+
+    /// Detaches from `iface` (removes the pinned link). Idempotent.
+    pub fn detach(iface: &str, dir: &Path) -> Result<()> {
+        match std::fs::remove_file(dir.join(format!("link-{iface}"))) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// The loaded `lb_xdp` program (attach it, or drive it with `TestRun`).
     pub fn program(&mut self) -> &mut Xdp {
         self.ebpf
@@ -117,6 +186,56 @@ impl KernelDataplane {
         }
         Ok(sum)
     }
+}
+
+/// Sizes of each map for `layout`: (name, max entries, value size).
+fn expected_maps(layout: &Layout) -> [(&'static str, u32, u32); 8] {
+    use std::mem::size_of;
+    let v = |n: usize| n as u32;
+    [
+        (MAP_CONFIG, 1, v(size_of::<lb_common::DatapathConfig>())),
+        (MAP_VIPS, layout.max_vips, v(size_of::<VipMeta>())),
+        (
+            MAP_BACKENDS,
+            layout.max_backends,
+            v(size_of::<BackendDef>()),
+        ),
+        (
+            MAP_TABLES,
+            layout.table_map_entries(),
+            v(size_of::<TableChunk>()),
+        ),
+        (MAP_FLOWS, layout.ct_buckets, v(size_of::<FlowBucket>())),
+        (MAP_COUNTERS, COUNTER_SLOTS, v(size_of::<CounterValue>())),
+        (MAP_VIP_STATS, layout.max_vips, v(size_of::<CounterValue>())),
+        (
+            MAP_BACKEND_STATS,
+            layout.max_backends,
+            v(size_of::<CounterValue>()),
+        ),
+    ]
+}
+
+fn check_pinned_layout(layout: &Layout, dir: &Path) -> Result<()> {
+    for (name, entries, value_size) in expected_maps(layout) {
+        let path = dir.join(name);
+        if !path.exists() {
+            continue;
+        }
+        let info = aya::maps::MapInfo::from_pin(&path).map_err(map_err(name))?;
+        if info.max_entries() != entries || info.value_size() != value_size {
+            return Err(DataplaneError::LayoutMismatch {
+                dir: dir.display().to_string(),
+                found: format!(
+                    "{name} with {} entries of {} bytes",
+                    info.max_entries(),
+                    info.value_size()
+                ),
+                wanted: format!("{entries} entries of {value_size} bytes"),
+            });
+        }
+    }
+    Ok(())
 }
 
 impl Dataplane for KernelDataplane {

@@ -1,0 +1,310 @@
+//! The control API between `lbctl` and `lbd`: JSON over a Unix socket.
+//!
+//! One request per connection: the client writes one JSON object and a
+//! newline, the daemon answers with one JSON object and a newline, then
+//! closes. Requests are a tagged enum ([`Request`]); every answer is a
+//! [`Response`] whose `data` has the shape documented on each request. The
+//! socket is created with mode 0600: only root talks to the balancer.
+//!
+//! This module owns the wire types and the blocking client; the daemon's
+//! server loop lives in [`crate::daemon`].
+
+use std::{
+    io::{BufRead as _, BufReader, Write as _},
+    net::IpAddr,
+    os::unix::net::UnixStream,
+    path::Path,
+    time::Duration,
+};
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::config::{Protocol, VipConfig, VipId};
+
+/// Largest request or response line accepted.
+pub const MAX_MESSAGE: usize = 4 << 20;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    /// → [`Status`]
+    Status,
+    /// → `Vec<`[`VipInfo`]`>`
+    VipList,
+    /// → `null`
+    VipAdd { vip: VipConfig },
+    /// → `null`
+    VipDel { vip: VipId },
+    /// → `null`
+    BackendAdd {
+        vip: VipId,
+        address: IpAddr,
+        weight: u32,
+    },
+    /// → `null`
+    BackendDel { vip: VipId, address: IpAddr },
+    /// → `null`
+    BackendWeight {
+        vip: VipId,
+        address: IpAddr,
+        weight: u32,
+    },
+    /// → [`Stats`]
+    Stats,
+    /// → [`TableInfo`]
+    Table { vip: VipId },
+    /// → [`Simulation`]
+    Simulate {
+        src: IpAddr,
+        dst: IpAddr,
+        protocol: Protocol,
+        sport: u16,
+        dport: u16,
+        /// Treat the packet as a TCP SYN (a new connection).
+        #[serde(default)]
+        syn: bool,
+    },
+    /// Re-read the configuration file → `Vec<String>` (warnings).
+    Reload,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Response {
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(default)]
+    pub data: serde_json::Value,
+}
+
+impl Response {
+    pub fn ok(data: impl Serialize) -> Self {
+        Self {
+            ok: true,
+            error: None,
+            data: serde_json::to_value(data).unwrap_or(serde_json::Value::Null),
+        }
+    }
+
+    pub fn err(message: impl Into<String>) -> Self {
+        Self {
+            ok: false,
+            error: Some(message.into()),
+            data: serde_json::Value::Null,
+        }
+    }
+}
+
+/// One interface the program is attached to.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct InterfaceInfo {
+    pub name: String,
+    /// `native`, `generic` or `auto`.
+    pub mode: String,
+    /// The attachment was adopted from a previous `lbd` (not re-created).
+    pub adopted: bool,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Status {
+    pub instance: String,
+    pub pid: u32,
+    pub uptime_secs: u64,
+    pub config_file: String,
+    pub interfaces: Vec<InterfaceInfo>,
+    pub gateway_mac: String,
+    pub pin_dir: String,
+    /// Maps were adopted from a previous `lbd` at start.
+    pub maps_adopted: bool,
+    pub vips: usize,
+    pub backends: usize,
+    pub table_size: u32,
+    pub ct_buckets: u32,
+    pub max_vips: u32,
+    pub max_backends: u32,
+    /// Bytes of map memory by map name.
+    pub map_bytes: Vec<(String, u64)>,
+    /// Runtime changes on top of the configuration file are present.
+    pub api_changes: bool,
+    pub last_reload: Option<String>,
+    pub warnings: Vec<String>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct BackendInfo {
+    pub address: IpAddr,
+    pub weight: u32,
+    /// Receives flows (in the table, or honoured in the connection table).
+    pub usable: bool,
+    pub handle: u32,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct VipInfo {
+    pub vip: VipId,
+    pub encap: String,
+    pub conntrack: bool,
+    pub backends: Vec<BackendInfo>,
+}
+
+/// A counter value and its rate over the last sampling interval.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Rate {
+    pub packets: u64,
+    pub bytes: u64,
+    pub pps: f64,
+    pub bps: f64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct CounterInfo {
+    pub name: String,
+    /// `pass`, `forward`, `drop`, `malformed` or `event`.
+    pub kind: String,
+    #[serde(flatten)]
+    pub value: Rate,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct BackendStats {
+    pub address: IpAddr,
+    #[serde(flatten)]
+    pub value: Rate,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct VipStats {
+    pub vip: VipId,
+    #[serde(flatten)]
+    pub value: Rate,
+    pub backends: Vec<BackendStats>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Stats {
+    /// Seconds the rates are measured over.
+    pub interval_secs: f64,
+    pub counters: Vec<CounterInfo>,
+    pub vips: Vec<VipStats>,
+    /// `pass` or `drop`: what happens to the malformed counters' packets.
+    pub malformed_policy: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TableShare {
+    pub address: IpAddr,
+    pub weight: u32,
+    pub slots: u32,
+    /// Fraction of slots owned.
+    pub share: f64,
+    /// Fraction of the VIP's total weight (of backends in the table).
+    pub weight_share: f64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TableInfo {
+    pub vip: VipId,
+    pub table_size: u32,
+    /// Which of the VIP's two table halves is live.
+    pub active_half: u32,
+    pub backends: Vec<TableShare>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Simulation {
+    /// `None` if the destination is not a VIP.
+    pub vip: Option<VipId>,
+    pub hash: String,
+    pub slot: u32,
+    /// `None`: dropped (no usable backend) or not a VIP.
+    pub backend: Option<IpAddr>,
+    /// `connection table` or `maglev`.
+    pub via: String,
+}
+
+#[derive(Debug, Error)]
+pub enum ClientError {
+    #[error("cannot connect to lbd at {path}: {source} (is lbd running, and are you root?)")]
+    Connect {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("talking to lbd: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("bad answer from lbd: {0}")]
+    Decode(#[from] serde_json::Error),
+    #[error("lbd: {0}")]
+    Daemon(String),
+}
+
+/// Sends one request and returns the `data` of a successful answer.
+pub fn call(socket: &Path, request: &Request) -> Result<serde_json::Value, ClientError> {
+    let mut stream = UnixStream::connect(socket).map_err(|source| ClientError::Connect {
+        path: socket.display().to_string(),
+        source,
+    })?;
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let mut line = serde_json::to_vec(request)?;
+    line.push(b'\n');
+    stream.write_all(&line)?;
+    let mut reader = BufReader::new(stream);
+    let mut answer = String::new();
+    reader.read_line(&mut answer)?;
+    let response: Response = serde_json::from_str(&answer)?;
+    if response.ok {
+        Ok(response.data)
+    } else {
+        Err(ClientError::Daemon(
+            response.error.unwrap_or_else(|| "unknown error".into()),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_have_a_stable_wire_form() {
+        let r = Request::BackendWeight {
+            vip: "10.0.0.1:80/tcp".parse().unwrap(),
+            address: "10.1.0.1".parse().unwrap(),
+            weight: 3,
+        };
+        let text = serde_json::to_string(&r).unwrap();
+        assert_eq!(
+            text,
+            r#"{"op":"backend_weight","vip":"10.0.0.1:80/tcp","address":"10.1.0.1","weight":3}"#
+        );
+        assert_eq!(serde_json::from_str::<Request>(&text).unwrap(), r);
+        let add: Request = serde_json::from_str(
+            r#"{"op":"vip_add","vip":{"address":"10.0.0.2","port":53,"protocol":"udp","backends":[{"address":"10.1.0.1"}]}}"#,
+        )
+        .unwrap();
+        let Request::VipAdd { vip } = add else {
+            panic!("vip_add")
+        };
+        assert_eq!(vip.id.to_string(), "10.0.0.2:53/udp");
+        assert_eq!(vip.backends[0].weight, 1);
+    }
+
+    #[test]
+    fn bad_requests_are_rejected_with_a_reason() {
+        for (text, want) in [
+            (r#"{"op":"explode"}"#, "unknown variant `explode`"),
+            (r#"{"op":"vip_del","vip":"10.0.0.1"}"#, "is not a VIP"),
+            (
+                r#"{"op":"backend_add","vip":"10.0.0.1:80/tcp","address":"x","weight":1}"#,
+                "invalid IP address",
+            ),
+            (r#"{"op":"status","extra":1}"#, "unknown field `extra`"),
+        ] {
+            let err = serde_json::from_str::<Request>(text)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(want), "{text}: {err}");
+        }
+    }
+}

@@ -1,0 +1,591 @@
+//! `lbctl`: the operator's CLI. Talks to `lbd` over its control socket
+//! (every command but `decap`, which installs the backend-side program on
+//! this machine). Human-readable tables by default, `-o json` for scripts.
+
+use std::{net::IpAddr, path::PathBuf};
+
+use anyhow::{Context as _, Result, bail};
+use clap::{Parser, Subcommand, ValueEnum};
+use lb::{
+    api::{self, Request, Simulation, Stats, Status, TableInfo, VipInfo},
+    config::{BackendConfig, Encap, Protocol, VipConfig, VipId},
+};
+use serde::de::DeserializeOwned;
+
+#[derive(Parser)]
+#[command(version, about = "Control an lb balancer (lbd)")]
+struct Args {
+    /// lbd's control socket (default: /run/lb/<instance>.sock).
+    #[arg(short, long, global = true)]
+    socket: Option<PathBuf>,
+    /// Instance name, used to find the socket.
+    #[arg(short, long, global = true, default_value = "default")]
+    instance: String,
+    /// Output format.
+    #[arg(short, long, global = true, value_enum, default_value_t = Output::Table)]
+    output: Output,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// The daemon: interfaces, maps, limits, last reload.
+    Status,
+    /// VIPs.
+    #[command(subcommand)]
+    Vip(VipCommand),
+    /// Backends of a VIP.
+    #[command(subcommand)]
+    Backend(BackendCommand),
+    /// Counters and rates: outcomes, drop reasons, per VIP and backend.
+    Stats,
+    /// A VIP's Maglev table: slots per backend, share against weight.
+    Table { vip: VipId },
+    /// Which backend a flow gets, and why.
+    Simulate {
+        src: IpAddr,
+        dst: IpAddr,
+        protocol: Protocol,
+        sport: u16,
+        dport: u16,
+        /// As a TCP SYN (a new connection: skips the connection table).
+        #[arg(long)]
+        syn: bool,
+    },
+    /// Re-read the configuration file (an invalid file is rejected and the
+    /// running configuration stays).
+    Reload,
+    /// The backend-side decapsulation program on this machine.
+    #[command(subcommand)]
+    Decap(DecapCommand),
+}
+
+#[derive(Subcommand)]
+enum VipCommand {
+    List,
+    /// Add a VIP, e.g. `vip add 10.0.0.1:80/tcp --backend 10.1.0.1 --backend 10.1.0.2=2`.
+    Add {
+        vip: VipId,
+        /// ADDRESS or ADDRESS=WEIGHT; repeat for each backend.
+        #[arg(short, long = "backend")]
+        backends: Vec<String>,
+        #[arg(long, value_enum, default_value_t = EncapArg::Ipip)]
+        encap: EncapArg,
+        /// Hash every packet; keep no per-flow state.
+        #[arg(long)]
+        no_conntrack: bool,
+    },
+    Del {
+        vip: VipId,
+    },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum EncapArg {
+    Ipip,
+    Gre,
+}
+
+#[derive(Subcommand)]
+enum BackendCommand {
+    Add {
+        vip: VipId,
+        address: IpAddr,
+        #[arg(short, long, default_value_t = 1)]
+        weight: u32,
+    },
+    Del {
+        vip: VipId,
+        address: IpAddr,
+    },
+    Weight {
+        vip: VipId,
+        address: IpAddr,
+        weight: u32,
+    },
+}
+
+#[derive(Subcommand)]
+enum DecapCommand {
+    /// Attach the decapsulation program to IFACE (stays attached after exit).
+    Attach {
+        iface: String,
+        #[arg(long, value_enum, default_value_t = ModeArg::Native)]
+        mode: ModeArg,
+        /// Tunnel endpoint addresses to accept (default: IFACE's addresses).
+        #[arg(long = "local")]
+        local: Vec<IpAddr>,
+    },
+    /// Detach it from IFACE.
+    Detach { iface: String },
+    /// Its counters on IFACE.
+    Stats { iface: String },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ModeArg {
+    Native,
+    Generic,
+    Auto,
+}
+
+fn main() {
+    if let Err(e) = run(Args::parse()) {
+        eprintln!("lbctl: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn parse_backend(s: &str) -> Result<BackendConfig> {
+    let (addr, weight) = match s.split_once('=') {
+        Some((a, w)) => (a, w.parse().with_context(|| format!("weight in `{s}`"))?),
+        None => (s, 1),
+    };
+    Ok(BackendConfig {
+        address: addr
+            .parse()
+            .with_context(|| format!("`{addr}` is not an IP address"))?,
+        weight,
+    })
+}
+
+fn run(args: Args) -> Result<()> {
+    let socket = args
+        .socket
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("/run/lb/{}.sock", args.instance)));
+    let call = |r: Request| api::call(&socket, &r).map_err(anyhow::Error::from);
+    let json = args.output == Output::Json;
+    let show = |value: serde_json::Value, table: &dyn Fn(serde_json::Value) -> Result<()>| {
+        if json {
+            println!("{}", serde_json::to_string_pretty(&value)?);
+            Ok(())
+        } else {
+            table(value)
+        }
+    };
+    let done = |value: serde_json::Value, what: &str| -> Result<()> {
+        if json {
+            println!("{}", serde_json::to_string_pretty(&value)?);
+        } else {
+            println!("{what}");
+        }
+        Ok(())
+    };
+    match args.command {
+        Command::Status => show(call(Request::Status)?, &|v| print_status(decode(v)?)),
+        Command::Vip(VipCommand::List) => {
+            show(call(Request::VipList)?, &|v| print_vips(decode(v)?))
+        }
+        Command::Vip(VipCommand::Add {
+            vip,
+            backends,
+            encap,
+            no_conntrack,
+        }) => {
+            let backends = backends
+                .iter()
+                .map(|b| parse_backend(b))
+                .collect::<Result<Vec<_>>>()?;
+            let config = VipConfig {
+                id: vip,
+                encap: match encap {
+                    EncapArg::Ipip => Encap::Ipip,
+                    EncapArg::Gre => Encap::Gre,
+                },
+                conntrack: !no_conntrack,
+                backends,
+            };
+            done(
+                call(Request::VipAdd { vip: config })?,
+                &format!("added VIP {vip}"),
+            )
+        }
+        Command::Vip(VipCommand::Del { vip }) => done(
+            call(Request::VipDel { vip })?,
+            &format!("deleted VIP {vip}"),
+        ),
+        Command::Backend(BackendCommand::Add {
+            vip,
+            address,
+            weight,
+        }) => done(
+            call(Request::BackendAdd {
+                vip,
+                address,
+                weight,
+            })?,
+            &format!("added backend {address} (weight {weight}) to {vip}"),
+        ),
+        Command::Backend(BackendCommand::Del { vip, address }) => done(
+            call(Request::BackendDel { vip, address })?,
+            &format!("deleted backend {address} from {vip}"),
+        ),
+        Command::Backend(BackendCommand::Weight {
+            vip,
+            address,
+            weight,
+        }) => done(
+            call(Request::BackendWeight {
+                vip,
+                address,
+                weight,
+            })?,
+            &format!("backend {address} of {vip} now has weight {weight}"),
+        ),
+        Command::Stats => show(call(Request::Stats)?, &|v| print_stats(decode(v)?)),
+        Command::Table { vip } => show(call(Request::Table { vip })?, &|v| print_table(decode(v)?)),
+        Command::Simulate {
+            src,
+            dst,
+            protocol,
+            sport,
+            dport,
+            syn,
+        } => show(
+            call(Request::Simulate {
+                src,
+                dst,
+                protocol,
+                sport,
+                dport,
+                syn,
+            })?,
+            &|v| print_simulation(decode(v)?),
+        ),
+        Command::Reload => {
+            let warnings: Vec<String> = decode(call(Request::Reload)?)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&warnings)?);
+            } else {
+                for w in &warnings {
+                    println!("warning: {w}");
+                }
+                println!("reloaded");
+            }
+            Ok(())
+        }
+        Command::Decap(cmd) => decap(cmd, json),
+    }
+}
+
+fn decode<T: DeserializeOwned>(v: serde_json::Value) -> Result<T> {
+    serde_json::from_value(v).context("unexpected answer from lbd (version mismatch?)")
+}
+
+fn decap_dir(iface: &str) -> PathBuf {
+    // Interfaces of the same name may exist in several network namespaces:
+    // key the pins by the namespace too.
+    let ns = std::fs::read_link("/proc/self/ns/net")
+        .map(|p| {
+            p.to_string_lossy()
+                .trim_start_matches("net:[")
+                .trim_end_matches(']')
+                .to_string()
+        })
+        .unwrap_or_else(|_| "0".into());
+    PathBuf::from(format!("/sys/fs/bpf/lb/decap/{ns}-{iface}"))
+}
+
+fn decap(cmd: DecapCommand, json: bool) -> Result<()> {
+    use aya::programs::XdpMode;
+    match cmd {
+        DecapCommand::Attach { iface, mode, local } => {
+            let mode = match mode {
+                ModeArg::Native => XdpMode::Driver,
+                ModeArg::Generic => XdpMode::Skb,
+                ModeArg::Auto => XdpMode::Default,
+            };
+            lb::decap::attach(&iface, mode, &local, &decap_dir(&iface))
+                .with_context(|| format!("attaching the decap program to {iface}"))?;
+            println!("decap attached to {iface}");
+        }
+        DecapCommand::Detach { iface } => {
+            lb::decap::detach(&decap_dir(&iface))
+                .with_context(|| format!("detaching from {iface}"))?;
+            println!("decap detached from {iface}");
+        }
+        DecapCommand::Stats { iface } => {
+            let counters = lb::decap::counters_pinned(&decap_dir(&iface))
+                .with_context(|| format!("no decap program attached to {iface} by lbctl?"))?;
+            let rows: Vec<(String, u64, u64)> = lb_common::counters::DecapCounter::ALL
+                .iter()
+                .map(|c| {
+                    let v = counters.get(*c as usize).copied().unwrap_or_default();
+                    (c.name().to_string(), v.packets, v.bytes)
+                })
+                .collect();
+            if json {
+                let map: serde_json::Map<String, serde_json::Value> = rows
+                    .iter()
+                    .map(|(n, p, b)| (n.clone(), serde_json::json!({"packets": p, "bytes": b})))
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&map)?);
+            } else {
+                print_rows(
+                    &["counter", "packets", "bytes"],
+                    rows.iter()
+                        .map(|(n, p, b)| vec![n.clone(), p.to_string(), b.to_string()])
+                        .collect(),
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Prints rows under a header, columns aligned (numbers to the right).
+fn print_rows(header: &[&str], rows: Vec<Vec<String>>) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let numeric: Vec<bool> = (0..header.len())
+        .map(|col| {
+            !rows.is_empty()
+                && rows.iter().all(|r| {
+                    r.get(col).is_some_and(|c| {
+                        c.chars()
+                            .all(|ch| ch.is_ascii_digit() || ".%kMG-".contains(ch))
+                    })
+                })
+        })
+        .collect();
+    let line = |cells: Vec<String>| {
+        let parts: Vec<String> = cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                if numeric[i] {
+                    format!("{c:>w$}", w = widths[i])
+                } else {
+                    format!("{c:<w$}", w = widths[i])
+                }
+            })
+            .collect();
+        println!("{}", parts.join("  ").trim_end());
+    };
+    line(header.iter().map(|h| h.to_uppercase()).collect());
+    for row in rows {
+        line(row);
+    }
+}
+
+fn si(x: f64) -> String {
+    match x {
+        x if x >= 1e9 => format!("{:.1}G", x / 1e9),
+        x if x >= 1e6 => format!("{:.1}M", x / 1e6),
+        x if x >= 1e3 => format!("{:.1}k", x / 1e3),
+        x => format!("{x:.0}"),
+    }
+}
+
+fn bytes(b: u64) -> String {
+    match b {
+        b if b >= 1 << 30 => format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64),
+        b if b >= 1 << 20 => format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64),
+        b if b >= 1 << 10 => format!("{:.1} KiB", b as f64 / 1024.0),
+        b => format!("{b} B"),
+    }
+}
+
+fn print_status(s: Status) -> Result<()> {
+    let ifaces: Vec<String> = s
+        .interfaces
+        .iter()
+        .map(|i| {
+            format!(
+                "{} ({}{})",
+                i.name,
+                i.mode,
+                if i.adopted { ", adopted" } else { "" }
+            )
+        })
+        .collect();
+    let (h, m, sec) = (
+        s.uptime_secs / 3600,
+        s.uptime_secs / 60 % 60,
+        s.uptime_secs % 60,
+    );
+    let total: u64 = s.map_bytes.iter().map(|(_, b)| b).sum();
+    println!(
+        "instance      {} (pid {}, up {h}h{m:02}m{sec:02}s)",
+        s.instance, s.pid
+    );
+    println!(
+        "config        {}{}",
+        s.config_file,
+        if s.api_changes {
+            " + runtime changes"
+        } else {
+            ""
+        }
+    );
+    println!("interfaces    {}", ifaces.join(", "));
+    println!("gateway MAC   {}", s.gateway_mac);
+    println!(
+        "pinned maps   {}{}",
+        s.pin_dir,
+        if s.maps_adopted {
+            " (adopted at start)"
+        } else {
+            ""
+        }
+    );
+    println!("VIPs          {} of {}", s.vips, s.max_vips);
+    println!("backends      {} of {}", s.backends, s.max_backends);
+    println!(
+        "tables        M = {}; connection table {} buckets ({} flows)",
+        s.table_size,
+        s.ct_buckets,
+        s.ct_buckets as u64 * lb_common::consts::CT_WAYS as u64
+    );
+    let maps: Vec<String> = s
+        .map_bytes
+        .iter()
+        .map(|(n, b)| format!("{n} {}", bytes(*b)))
+        .collect();
+    println!("map memory    {} ({})", bytes(total), maps.join(", "));
+    println!(
+        "last reload   {}",
+        s.last_reload.as_deref().unwrap_or("none since start")
+    );
+    for w in &s.warnings {
+        println!("warning       {w}");
+    }
+    Ok(())
+}
+
+fn print_vips(vips: Vec<VipInfo>) -> Result<()> {
+    let mut rows = Vec::new();
+    for v in vips {
+        if v.backends.is_empty() {
+            rows.push(vec![
+                v.vip.to_string(),
+                v.encap.clone(),
+                if v.conntrack { "yes" } else { "no" }.into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+            ]);
+        }
+        for b in &v.backends {
+            rows.push(vec![
+                v.vip.to_string(),
+                v.encap.clone(),
+                if v.conntrack { "yes" } else { "no" }.into(),
+                b.address.to_string(),
+                b.weight.to_string(),
+                if b.usable { "active" } else { "down" }.into(),
+            ]);
+        }
+    }
+    print_rows(
+        &["vip", "encap", "conntrack", "backend", "weight", "state"],
+        rows,
+    );
+    Ok(())
+}
+
+fn print_stats(s: Stats) -> Result<()> {
+    println!(
+        "rates over the last {:.1}s; malformed packets are {}ed",
+        s.interval_secs, s.malformed_policy
+    );
+    println!();
+    let rows = s
+        .counters
+        .iter()
+        .filter(|c| c.value.packets > 0 || c.kind == "forward")
+        .map(|c| {
+            vec![
+                c.name.clone(),
+                c.kind.clone(),
+                c.value.packets.to_string(),
+                c.value.bytes.to_string(),
+                si(c.value.pps),
+            ]
+        })
+        .collect();
+    print_rows(&["counter", "kind", "packets", "bytes", "pps"], rows);
+    println!();
+    let mut rows = Vec::new();
+    for v in &s.vips {
+        rows.push(vec![
+            v.vip.to_string(),
+            "(all)".into(),
+            v.value.packets.to_string(),
+            v.value.bytes.to_string(),
+            si(v.value.pps),
+            si(v.value.bps),
+        ]);
+        for b in &v.backends {
+            rows.push(vec![
+                String::new(),
+                b.address.to_string(),
+                b.value.packets.to_string(),
+                b.value.bytes.to_string(),
+                si(b.value.pps),
+                si(b.value.bps),
+            ]);
+        }
+    }
+    print_rows(&["vip", "backend", "packets", "bytes", "pps", "bps"], rows);
+    Ok(())
+}
+
+fn print_table(t: TableInfo) -> Result<()> {
+    println!(
+        "{}: M = {}, active half {}",
+        t.vip, t.table_size, t.active_half
+    );
+    let rows = t
+        .backends
+        .iter()
+        .map(|b| {
+            vec![
+                b.address.to_string(),
+                b.weight.to_string(),
+                b.slots.to_string(),
+                format!("{:.2}%", b.share * 100.0),
+                format!("{:.2}%", b.weight_share * 100.0),
+            ]
+        })
+        .collect();
+    print_rows(
+        &["backend", "weight", "slots", "share", "weight share"],
+        rows,
+    );
+    Ok(())
+}
+
+fn print_simulation(s: Simulation) -> Result<()> {
+    match s.vip {
+        None => println!(
+            "not a VIP: the packet is passed to the kernel (hash {})",
+            s.hash
+        ),
+        Some(vip) => {
+            println!("vip       {vip}");
+            println!("hash      {} (slot {})", s.hash, s.slot);
+            match s.backend {
+                Some(b) => println!("backend   {b}"),
+                None => println!("backend   none"),
+            }
+            println!("via       {}", s.via);
+        }
+    }
+    if s.vip.is_some() && s.backend.is_none() {
+        bail!("no backend for this flow");
+    }
+    Ok(())
+}

@@ -1,0 +1,84 @@
+//! `lbd`: the balancer daemon. Loads and pins the XDP program, owns the
+//! configuration, programs the maps through the reconciler, and serves the
+//! control API that `lbctl` speaks.
+//!
+//! `lbd --config FILE` runs it; `lbd --config FILE teardown` detaches the
+//! program and removes every pinned object of the instance (this drops the
+//! connection table).
+
+mod daemon;
+mod server;
+
+use std::path::PathBuf;
+
+use anyhow::{Context as _, Result};
+use clap::{Parser, Subcommand};
+use lb::{config::Config, dataplane::kernel::KernelDataplane};
+use tracing_subscriber::EnvFilter;
+
+#[derive(Parser)]
+#[command(version, about = "lb: XDP layer-4 load balancer daemon")]
+struct Args {
+    /// Configuration file (YAML).
+    #[arg(short, long, default_value = "/etc/lb/lb.yaml")]
+    config: PathBuf,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the balancer (the default).
+    Run,
+    /// Check the configuration file and exit.
+    Check,
+    /// Detach the program from the configured interfaces and remove every
+    /// pinned map and link of this instance (drops the connection table).
+    Teardown,
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_target(false)
+        .init();
+    let args = Args::parse();
+    match args.command.unwrap_or(Command::Run) {
+        Command::Check => {
+            let config = Config::load(&args.config)?;
+            for w in &config.warnings {
+                println!("warning: {w}");
+            }
+            println!("{}: ok", args.config.display());
+            Ok(())
+        }
+        Command::Teardown => teardown(&args.config),
+        Command::Run => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .context("starting the async runtime")?
+            .block_on(daemon::run(args.config)),
+    }
+}
+
+fn teardown(path: &std::path::Path) -> Result<()> {
+    let config = Config::load(path)?;
+    let dir = config.pin_dir();
+    for iface in &config.interfaces {
+        KernelDataplane::detach(iface, &dir)?;
+    }
+    match std::fs::remove_dir_all(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("removing {}", dir.display())),
+    }
+    println!(
+        "detached from {} and removed {}",
+        config.interfaces.join(", "),
+        dir.display()
+    );
+    Ok(())
+}

@@ -1,0 +1,1068 @@
+//! The YAML configuration, parsed into a validated [`Config`].
+//!
+//! Parse, don't validate later: everything downstream takes a `Config` and
+//! can rely on it. Field-level mistakes (unknown field, bad address, a port
+//! out of range) are reported by serde with the field's path and line;
+//! cross-field rules (duplicates, table size against backend count, address
+//! families against outer sources) are checked here and reported with the
+//! field's path. All problems are reported at once, not just the first.
+//!
+//! This module does no I/O beyond reading the file it is given.
+
+use std::{
+    collections::BTreeSet,
+    fmt,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    path::{Path, PathBuf},
+    str::FromStr,
+};
+
+use lb_common::{
+    VipKey,
+    consts::{ENCAP_GRE, ENCAP_IPIP, PROTO_TCP, PROTO_UDP},
+};
+use serde::{Deserialize, Deserializer, Serialize, Serializer, de};
+
+use crate::{dataplane::Layout, maglev};
+
+/// Largest weight accepted in a configuration.
+pub const MAX_WEIGHT: u32 = 10_000;
+
+/// One problem in a configuration: where, and what.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    /// Dotted path of the field, e.g. `vips[1].backends[0].weight`; empty
+    /// when serde could not say.
+    pub field: String,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.field.is_empty() {
+            write!(f, "{}", self.message)
+        } else {
+            write!(f, "{}: {}", self.field, self.message)
+        }
+    }
+}
+
+/// Every problem found in one configuration.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub struct ConfigErrors {
+    /// The file, if the configuration came from one.
+    pub source_name: Option<String>,
+    pub errors: Vec<ConfigError>,
+}
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.source_name {
+            Some(name) => write!(f, "invalid configuration {name}:")?,
+            None => write!(f, "invalid configuration:")?,
+        }
+        for e in &self.errors {
+            write!(f, "\n  {e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl ConfigErrors {
+    fn one(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            source_name: None,
+            errors: vec![ConfigError {
+                field: field.into(),
+                message: message.into(),
+            }],
+        }
+    }
+
+    fn named(mut self, name: &Path) -> Self {
+        self.source_name = Some(name.display().to_string());
+        self
+    }
+}
+
+/// L4 protocol of a VIP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    Tcp,
+    Udp,
+}
+
+impl Protocol {
+    pub fn number(self) -> u8 {
+        match self {
+            Protocol::Tcp => PROTO_TCP,
+            Protocol::Udp => PROTO_UDP,
+        }
+    }
+
+    pub fn from_number(n: u8) -> Option<Self> {
+        match n {
+            PROTO_TCP => Some(Protocol::Tcp),
+            PROTO_UDP => Some(Protocol::Udp),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+        })
+    }
+}
+
+impl FromStr for Protocol {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "tcp" => Ok(Protocol::Tcp),
+            "udp" => Ok(Protocol::Udp),
+            _ => Err(format!("unknown protocol `{s}`, expected `tcp` or `udp`")),
+        }
+    }
+}
+
+/// Tunnel toward the backends.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Encap {
+    /// IP-in-IP: 4in4, 6in6, 4in6 or 6in4 by the families involved.
+    #[default]
+    Ipip,
+    /// GRE (RFC 2784, no options) over IPv4 or IPv6.
+    Gre,
+}
+
+impl Encap {
+    pub fn code(self) -> u8 {
+        match self {
+            Encap::Ipip => ENCAP_IPIP,
+            Encap::Gre => ENCAP_GRE,
+        }
+    }
+
+    pub fn from_code(code: u8) -> Option<Self> {
+        match code {
+            ENCAP_IPIP => Some(Encap::Ipip),
+            ENCAP_GRE => Some(Encap::Gre),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Encap {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Encap::Ipip => "ipip",
+            Encap::Gre => "gre",
+        })
+    }
+}
+
+/// The identity of a VIP: `{address, port, protocol}`; port 0 is all ports.
+/// Written `10.0.0.1:80/tcp`, `[2001:db8::1]:443/tcp`, `10.0.0.1:*/udp`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct VipId {
+    pub addr: IpAddr,
+    pub port: u16,
+    pub proto: Protocol,
+}
+
+impl VipId {
+    pub fn key(&self) -> VipKey {
+        VipKey::new(self.addr, self.port, self.proto.number())
+    }
+
+    pub fn from_key(key: &VipKey) -> Option<Self> {
+        Some(Self {
+            addr: key.ip()?,
+            port: key.port(),
+            proto: Protocol::from_number(key.proto)?,
+        })
+    }
+}
+
+impl fmt::Display for VipId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.addr {
+            IpAddr::V4(a) => write!(f, "{a}")?,
+            IpAddr::V6(a) => write!(f, "[{a}]")?,
+        }
+        if self.port == 0 {
+            write!(f, ":*/{}", self.proto)
+        } else {
+            write!(f, ":{}/{}", self.port, self.proto)
+        }
+    }
+}
+
+impl FromStr for VipId {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let usage = || {
+            format!(
+                "`{s}` is not a VIP; write ADDRESS:PORT/PROTO, e.g. 10.0.0.1:80/tcp, [2001:db8::1]:443/tcp or 10.0.0.1:*/udp"
+            )
+        };
+        let (hostport, proto) = s.rsplit_once('/').ok_or_else(usage)?;
+        let proto: Protocol = proto.parse()?;
+        let (host, port) = hostport.rsplit_once(':').ok_or_else(usage)?;
+        let host = host
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(host);
+        let addr: IpAddr = host
+            .parse()
+            .map_err(|_| format!("`{host}` is not an IP address"))?;
+        let port = match port {
+            "*" | "all" => 0,
+            p => p
+                .parse::<u16>()
+                .map_err(|_| format!("`{p}` is not a port (0-65535 or *)"))?,
+        };
+        Ok(Self { addr, port, proto })
+    }
+}
+
+impl Serialize for VipId {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for VipId {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        from_str_field(d, "a VIP such as 10.0.0.1:80/tcp")
+    }
+}
+
+/// Deserializes a `FromStr` type from a string, failing inside the
+/// deserializer so that serde_yaml reports the field's path and line.
+fn from_str_field<'de, D, T>(d: D, expecting: &'static str) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: FromStr<Err = String>,
+{
+    struct V<T>(&'static str, std::marker::PhantomData<T>);
+    impl<T: FromStr<Err = String>> de::Visitor<'_> for V<T> {
+        type Value = T;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str(self.0)
+        }
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<T, E> {
+            v.parse().map_err(E::custom)
+        }
+    }
+    d.deserialize_str(V(expecting, std::marker::PhantomData))
+}
+
+/// A port: a number, or `all` / `*` (stored as 0).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct PortSpec(u16);
+
+impl<'de> Deserialize<'de> for PortSpec {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl de::Visitor<'_> for V {
+            type Value = PortSpec;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a port number 1-65535, or `all`")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<PortSpec, E> {
+                u16::try_from(v)
+                    .map(PortSpec)
+                    .map_err(|_| E::custom(format!("port {v} is out of range 0-65535")))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<PortSpec, E> {
+                u64::try_from(v)
+                    .map_err(|_| E::custom(format!("port {v} is out of range 0-65535")))
+                    .and_then(|v| self.visit_u64(v))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<PortSpec, E> {
+                match v {
+                    "all" | "*" => Ok(PortSpec(0)),
+                    _ => v
+                        .parse::<u16>()
+                        .map(PortSpec)
+                        .map_err(|_| E::custom(format!("`{v}` is not a port (1-65535 or `all`)"))),
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A MAC address `aa:bb:cc:dd:ee:ff`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Mac(pub [u8; 6]);
+
+impl fmt::Display for Mac {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let m = self.0;
+        write!(
+            f,
+            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
+            m[0], m[1], m[2], m[3], m[4], m[5]
+        )
+    }
+}
+
+impl FromStr for Mac {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let parts: Vec<&str> = s.split(':').collect();
+        let bad = || format!("`{s}` is not a MAC address (aa:bb:cc:dd:ee:ff)");
+        if parts.len() != 6 {
+            return Err(bad());
+        }
+        let mut mac = [0u8; 6];
+        for (b, p) in mac.iter_mut().zip(parts) {
+            if p.len() != 2 {
+                return Err(bad());
+            }
+            *b = u8::from_str_radix(p, 16).map_err(|_| bad())?;
+        }
+        Ok(Mac(mac))
+    }
+}
+
+/// Where forwarded frames go at layer 2.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Gateway {
+    /// Resolve the default route's next hop in the kernel's neighbour table.
+    #[default]
+    Auto,
+    Mac(Mac),
+}
+
+impl FromStr for Gateway {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "auto" {
+            return Ok(Gateway::Auto);
+        }
+        s.parse()
+            .map(Gateway::Mac)
+            .map_err(|e| format!("{e}, or `auto`"))
+    }
+}
+
+impl<'de> Deserialize<'de> for Gateway {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        from_str_field(d, "a MAC address or `auto`")
+    }
+}
+
+/// How the XDP program is attached.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum XdpModeSetting {
+    /// In the driver (fast; the NIC driver must support XDP).
+    #[default]
+    Native,
+    /// Generic (skb) mode: works everywhere, slower.
+    Generic,
+    /// Let the kernel choose (driver mode if supported).
+    Auto,
+}
+
+/// What to do with malformed or unsupported packets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MalformedPolicy {
+    /// Hand them to the kernel's stack (it drops what it cannot use).
+    #[default]
+    Pass,
+    Drop,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendConfig {
+    pub address: IpAddr,
+    #[serde(default = "default_weight")]
+    pub weight: u32,
+}
+
+fn default_weight() -> u32 {
+    1
+}
+
+/// A VIP as configured (in the file or through the API). Serialized in the
+/// same shape as the file (`address`, `port`, `protocol`, ...).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VipConfig {
+    pub id: VipId,
+    pub encap: Encap,
+    /// Use the connection table (default). UDP services whose backends
+    /// keep no per-flow state may turn it off.
+    pub conntrack: bool,
+    pub backends: Vec<BackendConfig>,
+}
+
+/// The VIP as written in YAML or JSON.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawVip {
+    address: IpAddr,
+    port: PortSpec,
+    protocol: Protocol,
+    #[serde(default)]
+    encap: Encap,
+    #[serde(default = "yes")]
+    conntrack: bool,
+    #[serde(default)]
+    backends: Vec<BackendConfig>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl RawVip {
+    fn into_vip(self) -> VipConfig {
+        VipConfig {
+            id: VipId {
+                addr: self.address,
+                port: self.port.0,
+                proto: self.protocol,
+            },
+            encap: self.encap,
+            conntrack: self.conntrack,
+            backends: self.backends,
+        }
+    }
+}
+
+impl Serialize for VipConfig {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Out<'a> {
+            address: IpAddr,
+            port: u16,
+            protocol: Protocol,
+            encap: Encap,
+            conntrack: bool,
+            backends: &'a [BackendConfig],
+        }
+        Out {
+            address: self.id.addr,
+            port: self.id.port,
+            protocol: self.id.proto,
+            encap: self.encap,
+            conntrack: self.conntrack,
+            backends: &self.backends,
+        }
+        .serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for VipConfig {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        RawVip::deserialize(d).map(RawVip::into_vip)
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default = "default_instance")]
+    instance: String,
+    interfaces: Vec<String>,
+    #[serde(default)]
+    xdp_mode: XdpModeSetting,
+    #[serde(default)]
+    gateway_mac: Gateway,
+    outer_source_v4: Option<Ipv4Addr>,
+    outer_source_v6: Option<Ipv6Addr>,
+    #[serde(default = "default_table_size")]
+    table_size: u32,
+    #[serde(default = "default_ct_buckets")]
+    conntrack_buckets: u32,
+    #[serde(default = "default_max_vips")]
+    max_vips: u32,
+    #[serde(default = "default_max_backends")]
+    max_backends: u32,
+    #[serde(default)]
+    malformed: MalformedPolicy,
+    api_socket: Option<PathBuf>,
+    state_file: Option<PathBuf>,
+    #[serde(default = "default_bpffs")]
+    bpffs: PathBuf,
+    #[serde(default)]
+    vips: Vec<VipConfig>,
+}
+
+fn default_instance() -> String {
+    "default".into()
+}
+fn default_table_size() -> u32 {
+    maglev::DEFAULT_TABLE_SIZE
+}
+fn default_ct_buckets() -> u32 {
+    1 << 18
+}
+fn default_max_vips() -> u32 {
+    64
+}
+fn default_max_backends() -> u32 {
+    4096
+}
+fn default_bpffs() -> PathBuf {
+    "/sys/fs/bpf".into()
+}
+
+/// A validated configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Name of this balancer instance: pins live in `<bpffs>/lb/<instance>`.
+    pub instance: String,
+    pub interfaces: Vec<String>,
+    pub xdp_mode: XdpModeSetting,
+    pub gateway: Gateway,
+    pub outer_source_v4: Option<Ipv4Addr>,
+    pub outer_source_v6: Option<Ipv6Addr>,
+    pub layout: Layout,
+    pub malformed: MalformedPolicy,
+    pub api_socket: PathBuf,
+    pub state_file: PathBuf,
+    pub bpffs: PathBuf,
+    pub vips: Vec<VipConfig>,
+    /// Advice that does not stop the configuration from loading.
+    pub warnings: Vec<String>,
+}
+
+impl Config {
+    /// Parses and validates YAML text.
+    pub fn parse(text: &str) -> Result<Config, ConfigErrors> {
+        let raw: RawConfig = serde_yaml::from_str(text).map_err(|e| ConfigErrors {
+            source_name: None,
+            errors: vec![serde_error(&e.to_string())],
+        })?;
+        validate(raw)
+    }
+
+    /// Reads, parses and validates a file; errors name the file.
+    pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            ConfigErrors::one("", format!("cannot read {}: {e}", path.display())).named(path)
+        })?;
+        Self::parse(&text).map_err(|e| e.named(path))
+    }
+
+    /// Pin directory of this instance.
+    pub fn pin_dir(&self) -> PathBuf {
+        self.bpffs.join("lb").join(&self.instance)
+    }
+
+    /// Checks a set of VIPs against this configuration's rules (the API
+    /// uses it for runtime changes). Returns the warnings.
+    pub fn check_vips(&self, vips: &[VipConfig]) -> Result<Vec<String>, ConfigErrors> {
+        let mut errors = Vec::new();
+        let warnings = check_vips(
+            vips,
+            &self.layout,
+            self.outer_source_v4.is_some(),
+            self.outer_source_v6.is_some(),
+            false,
+            &mut errors,
+        );
+        if errors.is_empty() {
+            Ok(warnings)
+        } else {
+            Err(ConfigErrors {
+                source_name: None,
+                errors,
+            })
+        }
+    }
+}
+
+/// Splits serde_yaml's "path: message at line L column C" into a field and
+/// a message (which keeps the position).
+fn serde_error(text: &str) -> ConfigError {
+    match text.split_once(": ") {
+        Some((field, message))
+            if !field.contains(' ') && !field.is_empty() && field != "invalid type" =>
+        {
+            ConfigError {
+                field: field.into(),
+                message: message.into(),
+            }
+        }
+        _ => ConfigError {
+            field: String::new(),
+            message: text.into(),
+        },
+    }
+}
+
+fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
+    let mut errors = Vec::new();
+    let mut err = |field: String, message: String| errors.push(ConfigError { field, message });
+
+    if raw.instance.is_empty()
+        || raw.instance.len() > 32
+        || !raw
+            .instance
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        err(
+            "instance".into(),
+            format!(
+                "`{}` must be 1-32 characters of letters, digits, `-` and `_`",
+                raw.instance
+            ),
+        );
+    }
+    if raw.interfaces.is_empty() {
+        err(
+            "interfaces".into(),
+            "at least one interface is needed".into(),
+        );
+    }
+    let mut seen = BTreeSet::new();
+    for (i, name) in raw.interfaces.iter().enumerate() {
+        if name.is_empty()
+            || name.len() > 15
+            || name.contains('/')
+            || name.chars().any(char::is_whitespace)
+        {
+            err(
+                format!("interfaces[{i}]"),
+                format!("`{name}` is not a valid interface name"),
+            );
+        } else if !seen.insert(name) {
+            err(
+                format!("interfaces[{i}]"),
+                format!("`{name}` is listed twice"),
+            );
+        }
+    }
+    if !maglev::is_prime(raw.table_size) {
+        err(
+            "table_size".into(),
+            format!(
+                "{} is not prime; Maglev needs a prime, e.g. 65537, 131071 or 262147",
+                raw.table_size
+            ),
+        );
+    }
+    if !raw.conntrack_buckets.is_power_of_two() {
+        err(
+            "conntrack_buckets".into(),
+            format!(
+                "{} is not a power of two (each bucket holds 6 flows; e.g. 262144)",
+                raw.conntrack_buckets
+            ),
+        );
+    }
+    if raw.max_vips == 0 || raw.max_vips > 65_535 {
+        err(
+            "max_vips".into(),
+            format!("{} is out of range 1-65535", raw.max_vips),
+        );
+    }
+    if raw.max_backends == 0 || raw.max_backends > lb_common::consts::MAX_BACKENDS {
+        err(
+            "max_backends".into(),
+            format!(
+                "{} is out of range 1-{}",
+                raw.max_backends,
+                lb_common::consts::MAX_BACKENDS
+            ),
+        );
+    }
+    let layout = Layout {
+        table_size: raw.table_size,
+        max_vips: raw.max_vips,
+        max_backends: raw.max_backends,
+        ct_buckets: raw.conntrack_buckets,
+    };
+    let mut warnings = Vec::new();
+    if errors.is_empty() {
+        if let Err(e) = layout.validate() {
+            errors.push(ConfigError {
+                field: String::new(),
+                message: e.to_string(),
+            });
+        }
+        warnings = check_vips(
+            &raw.vips,
+            &layout,
+            raw.outer_source_v4.is_some(),
+            raw.outer_source_v6.is_some(),
+            true,
+            &mut errors,
+        );
+    }
+    if !errors.is_empty() {
+        return Err(ConfigErrors {
+            source_name: None,
+            errors,
+        });
+    }
+    let run = PathBuf::from("/run/lb");
+    Ok(Config {
+        api_socket: raw
+            .api_socket
+            .unwrap_or_else(|| run.join(format!("{}.sock", raw.instance))),
+        state_file: raw.state_file.unwrap_or_else(|| {
+            PathBuf::from("/var/lib/lb").join(format!("{}.state.json", raw.instance))
+        }),
+        instance: raw.instance,
+        interfaces: raw.interfaces,
+        xdp_mode: raw.xdp_mode,
+        gateway: raw.gateway_mac,
+        outer_source_v4: raw.outer_source_v4,
+        outer_source_v6: raw.outer_source_v6,
+        layout,
+        malformed: raw.malformed,
+        bpffs: raw.bpffs,
+        vips: raw.vips,
+        warnings,
+    })
+}
+
+/// Rules for a set of VIPs. `from_file`: an empty backend list is an error
+/// in a file (a VIP that can never forward), but a state the API may reach.
+fn check_vips(
+    vips: &[VipConfig],
+    layout: &Layout,
+    have_v4_source: bool,
+    have_v6_source: bool,
+    from_file: bool,
+    errors: &mut Vec<ConfigError>,
+) -> Vec<String> {
+    let mut warnings = Vec::new();
+    let mut err = |field: String, message: String| errors.push(ConfigError { field, message });
+    if vips.len() > layout.max_vips as usize {
+        err(
+            "vips".into(),
+            format!("{} VIPs, but max_vips is {}", vips.len(), layout.max_vips),
+        );
+    }
+    let total: usize = vips.iter().map(|v| v.backends.len()).sum();
+    if total > layout.max_backends as usize {
+        err(
+            "vips".into(),
+            format!(
+                "{total} backends in all, but max_backends is {}",
+                layout.max_backends
+            ),
+        );
+    }
+    let mut ids = BTreeSet::new();
+    for (i, vip) in vips.iter().enumerate() {
+        let at = format!("vips[{i}]");
+        if !ids.insert(vip.id) {
+            err(at.clone(), format!("VIP {} is defined twice", vip.id));
+        }
+        if vip.id.addr.is_unspecified() || vip.id.addr.is_multicast() {
+            err(
+                format!("{at}.address"),
+                format!("{} cannot be a VIP", vip.id.addr),
+            );
+        }
+        if vip.backends.is_empty() && from_file {
+            err(
+                format!("{at}.backends"),
+                format!("VIP {} has no backends; list at least one", vip.id),
+            );
+        }
+        let mut addrs = BTreeSet::new();
+        for (j, b) in vip.backends.iter().enumerate() {
+            let at = format!("{at}.backends[{j}]");
+            if !addrs.insert(b.address) {
+                err(
+                    format!("{at}.address"),
+                    format!("backend {} is listed twice for VIP {}", b.address, vip.id),
+                );
+            }
+            if b.weight > MAX_WEIGHT {
+                err(
+                    format!("{at}.weight"),
+                    format!("weight {} is out of range 0-{MAX_WEIGHT}", b.weight),
+                );
+            }
+            if b.address.is_unspecified() || b.address.is_multicast() || b.address.is_loopback() {
+                err(
+                    format!("{at}.address"),
+                    format!("{} cannot be a backend", b.address),
+                );
+            }
+            match b.address {
+                IpAddr::V4(_) if !have_v4_source => err(
+                    format!("{at}.address"),
+                    format!(
+                        "IPv4 backend {} needs an IPv4 tunnel source: set outer_source_v4",
+                        b.address
+                    ),
+                ),
+                IpAddr::V6(_) if !have_v6_source => err(
+                    format!("{at}.address"),
+                    format!(
+                        "IPv6 backend {} needs an IPv6 tunnel source: set outer_source_v6",
+                        b.address
+                    ),
+                ),
+                _ => {}
+            }
+        }
+        let live = vip.backends.iter().filter(|b| b.weight > 0).count() as u64;
+        if live > 0 && (layout.table_size as u64) < 100 * live {
+            warnings.push(format!(
+                "{at}: VIP {} has {live} backends; table_size {} is below 100 × {live}, so shares may be off by more than 1%",
+                vip.id, layout.table_size
+            ));
+        }
+    }
+    warnings
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+instance: t1
+interfaces: [eth0]
+gateway_mac: "02:00:00:00:00:01"
+outer_source_v4: 10.0.0.2
+outer_source_v6: fd00::2
+table_size: 4099
+vips:
+  - address: 10.99.0.1
+    port: 80
+    protocol: tcp
+    backends:
+      - address: 10.1.0.1
+        weight: 2
+      - address: 10.1.0.2
+  - address: 2001:db8::1
+    port: all
+    protocol: udp
+    encap: gre
+    conntrack: false
+    backends:
+      - address: fd00:1::1
+"#;
+
+    fn errors(text: &str) -> Vec<String> {
+        Config::parse(text)
+            .expect_err("must be rejected")
+            .errors
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    fn with(replace: &str, by: &str) -> String {
+        assert!(GOOD.contains(replace), "fixture lacks {replace:?}");
+        GOOD.replacen(replace, by, 1)
+    }
+
+    #[test]
+    fn a_good_config_parses_with_defaults() {
+        let c = Config::parse(GOOD).expect("valid");
+        assert_eq!(c.instance, "t1");
+        assert_eq!(c.layout.table_size, 4099);
+        assert_eq!(c.layout.ct_buckets, 1 << 18);
+        assert_eq!(c.xdp_mode, XdpModeSetting::Native);
+        assert_eq!(c.gateway, Gateway::Mac(Mac([2, 0, 0, 0, 0, 1])));
+        assert_eq!(c.api_socket, PathBuf::from("/run/lb/t1.sock"));
+        assert_eq!(c.pin_dir(), PathBuf::from("/sys/fs/bpf/lb/t1"));
+        assert_eq!(c.vips.len(), 2);
+        assert_eq!(c.vips[0].id.to_string(), "10.99.0.1:80/tcp");
+        assert_eq!(c.vips[0].backends[1].weight, 1, "default weight");
+        assert!(c.vips[0].conntrack);
+        assert_eq!(c.vips[1].id.to_string(), "[2001:db8::1]:*/udp");
+        assert_eq!(c.vips[1].encap, Encap::Gre);
+        assert!(!c.vips[1].conntrack);
+        assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+    }
+
+    #[test]
+    fn unknown_field_names_field_and_line() {
+        let e = errors(&with("        weight: 2", "        wieght: 2"));
+        assert_eq!(e.len(), 1);
+        assert!(
+            e[0].starts_with("vips[0].backends[0]: unknown field `wieght`"),
+            "{e:?}"
+        );
+        assert!(e[0].contains("line 14"), "{e:?}");
+    }
+
+    #[test]
+    fn bad_address_names_field_and_line() {
+        let e = errors(&with("address: 10.1.0.2", "address: 10.1.0.300"));
+        assert!(
+            e[0].starts_with("vips[0].backends[1].address: invalid IP address"),
+            "{e:?}"
+        );
+        assert!(e[0].contains("line 15"), "{e:?}");
+    }
+
+    #[test]
+    fn bad_port_protocol_encap_mac_are_named() {
+        assert!(
+            errors(&with("port: 80", "port: 70000"))[0]
+                .starts_with("vips[0].port: port 70000 is out of range")
+        );
+        assert!(
+            errors(&with("port: 80", "port: http"))[0]
+                .starts_with("vips[0].port: `http` is not a port")
+        );
+        assert!(
+            errors(&with("protocol: tcp", "protocol: sctp"))[0]
+                .starts_with("vips[0].protocol: unknown variant `sctp`")
+        );
+        assert!(
+            errors(&with("encap: gre", "encap: vxlan"))[0]
+                .starts_with("vips[1].encap: unknown variant `vxlan`")
+        );
+        assert!(
+            errors(&with("\"02:00:00:00:00:01\"", "\"02:00:00:00:01\""))[0]
+                .starts_with("gateway_mac: `02:00:00:00:01` is not a MAC address")
+        );
+    }
+
+    #[test]
+    fn duplicate_vip_and_backend() {
+        let dup_vip = format!(
+            "{GOOD}  - address: 10.99.0.1\n    port: 80\n    protocol: tcp\n    backends:\n      - address: 10.1.0.9\n"
+        );
+        assert_eq!(
+            errors(&dup_vip),
+            vec!["vips[2]: VIP 10.99.0.1:80/tcp is defined twice"]
+        );
+        let e = errors(&with("address: 10.1.0.2", "address: 10.1.0.1"));
+        assert_eq!(
+            e,
+            vec![
+                "vips[0].backends[1].address: backend 10.1.0.1 is listed twice for VIP 10.99.0.1:80/tcp"
+            ]
+        );
+    }
+
+    #[test]
+    fn table_size_must_be_prime_and_warns_when_small() {
+        assert!(
+            errors(&with("table_size: 4099", "table_size: 4096"))[0]
+                .starts_with("table_size: 4096 is not prime")
+        );
+        let c = Config::parse(&with("table_size: 4099", "table_size: 101")).expect("valid");
+        assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
+        assert!(c.warnings[0].contains("below 100 × 2"), "{:?}", c.warnings);
+    }
+
+    #[test]
+    fn weight_out_of_range() {
+        assert_eq!(
+            errors(&with("weight: 2", "weight: 10001")),
+            vec!["vips[0].backends[0].weight: weight 10001 is out of range 0-10000"]
+        );
+        assert!(
+            errors(&with("weight: 2", "weight: -1"))[0]
+                .starts_with("vips[0].backends[0].weight: invalid type")
+        );
+    }
+
+    #[test]
+    fn empty_vip_is_rejected() {
+        let text = "interfaces: [eth0]\nouter_source_v4: 10.0.0.2\nvips:\n  - address: 10.99.0.1\n    port: 80\n    protocol: tcp\n";
+        assert_eq!(
+            errors(text),
+            vec!["vips[0].backends: VIP 10.99.0.1:80/tcp has no backends; list at least one"]
+        );
+    }
+
+    #[test]
+    fn backend_family_needs_an_outer_source() {
+        let e = errors(&with("outer_source_v6: fd00::2\n", ""));
+        assert_eq!(
+            e,
+            vec![
+                "vips[1].backends[0].address: IPv6 backend fd00:1::1 needs an IPv6 tunnel source: set outer_source_v6"
+            ]
+        );
+    }
+
+    #[test]
+    fn several_errors_are_reported_together() {
+        let text =
+            with("table_size: 4099", "table_size: 4096").replace("weight: 2", "weight: 20000");
+        let e = errors(&text);
+        assert_eq!(e.len(), 1, "layout errors stop before VIP checks: {e:?}");
+        let text =
+            with("weight: 2", "weight: 20000").replace("address: 10.1.0.2", "address: 10.1.0.1");
+        assert_eq!(errors(&text).len(), 2);
+    }
+
+    #[test]
+    fn interfaces_and_instance_are_checked() {
+        assert!(
+            errors(&with("interfaces: [eth0]", "interfaces: []"))[0]
+                .starts_with("interfaces: at least one")
+        );
+        assert!(
+            errors(&with("interfaces: [eth0]", "interfaces: [eth0, eth0]"))[0]
+                .starts_with("interfaces[1]: `eth0` is listed twice")
+        );
+        assert!(
+            errors(&with("instance: t1", "instance: a/b"))[0]
+                .starts_with("instance: `a/b` must be")
+        );
+        assert!(
+            errors(&with(
+                "interfaces: [eth0]",
+                "interfaces: [averyveryverylongname]"
+            ))[0]
+                .starts_with("interfaces[0]")
+        );
+    }
+
+    #[test]
+    fn vip_ids_round_trip() {
+        for s in ["10.0.0.1:80/tcp", "[2001:db8::1]:443/udp", "10.0.0.1:*/tcp"] {
+            assert_eq!(s.parse::<VipId>().expect(s).to_string(), s);
+        }
+        assert_eq!("10.0.0.1:all/tcp".parse::<VipId>().unwrap().port, 0);
+        for bad in [
+            "10.0.0.1:80",
+            "10.0.0.1/tcp",
+            "x:80/tcp",
+            "10.0.0.1:99999/tcp",
+            "10.0.0.1:80/sctp",
+        ] {
+            assert!(bad.parse::<VipId>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn every_example_in_config_dir_loads() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config");
+        let mut n = 0;
+        for entry in std::fs::read_dir(&dir).expect("config/ exists") {
+            let path = entry.expect("entry").path();
+            if path.extension().is_some_and(|e| e == "yaml") {
+                Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
+                n += 1;
+            }
+        }
+        assert!(n >= 2, "expected example configs in {}", dir.display());
+    }
+}

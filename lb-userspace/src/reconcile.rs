@@ -1,0 +1,852 @@
+//! The reconciler: the one owner of the dataplane maps.
+//!
+//! It holds what the maps contain (VIP ids, backend handles, shadow copies
+//! of both halves of every table) and turns a desired state — the VIPs with
+//! their backends and weights, plus the datapath settings — into the fewest
+//! map writes that make the kernel match it:
+//!
+//! - a VIP's table is rebuilt only if its usable backends or weights
+//!   changed, written into the inactive half (only the chunks that differ
+//!   from what that half holds), and swapped in by replacing the VIP's
+//!   metadata: packets see the old table or the new one, never a mix;
+//! - a new backend is written before any table refers to it; a removed one
+//!   is retired only after no table refers to it, keeping its handle so the
+//!   next occupant of its index gets a new generation;
+//! - unchanged VIPs and backends are not written at all.
+//!
+//! [`Reconciler::adopt`] rebuilds this view from maps that already exist
+//! (pinned by a previous `lbd`), so a restart with the same configuration
+//! writes nothing and disturbs no flow.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+};
+
+use lb_common::{
+    BackendDef, CounterValue, DatapathConfig, FlowKey, VipMeta, addr_to_words,
+    consts::{
+        BACKEND_F_USABLE, BACKEND_INDEX_MASK, CFG_F_ALL_PORTS_VIPS, CFG_F_DROP_MALFORMED,
+        TABLE_CHUNK_SLOTS, VIP_F_NO_BACKENDS, VIP_F_NO_CONNTRACK,
+    },
+};
+use thiserror::Error;
+use tracing::{debug, info};
+
+use crate::{
+    config::{Encap, MalformedPolicy, VipConfig, VipId},
+    dataplane::{Dataplane, DataplaneError, Layout},
+    maglev::{self, MaglevBackend, MaglevError, MaglevTable},
+    predict::{self, Prediction},
+};
+
+#[derive(Debug, Error)]
+pub enum ReconcileError {
+    #[error(transparent)]
+    Dataplane(#[from] DataplaneError),
+    #[error("VIP {vip}: {source}")]
+    Maglev {
+        vip: VipId,
+        #[source]
+        source: MaglevError,
+    },
+    #[error("no free VIP id: max_vips ({0}) VIPs are in use")]
+    VipIdsExhausted(u32),
+    #[error("no free backend slot: max_backends ({0}) backends are in use")]
+    BackendsExhausted(u32),
+}
+
+pub type Result<T, E = ReconcileError> = std::result::Result<T, E>;
+
+/// Datapath settings that are not per VIP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DatapathSettings {
+    pub gateway_mac: [u8; 6],
+    pub outer_source_v4: Option<Ipv4Addr>,
+    pub outer_source_v6: Option<Ipv6Addr>,
+    pub malformed: MalformedPolicy,
+}
+
+/// One backend of one VIP as the kernel knows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BackendState {
+    pub handle: u32,
+    pub weight: u32,
+    /// Connection-table entries to it are honoured.
+    pub usable: bool,
+}
+
+/// One VIP as the kernel knows it.
+#[derive(Clone, Debug)]
+pub struct VipState {
+    pub meta: VipMeta,
+    pub encap: Encap,
+    pub conntrack: bool,
+    pub backends: BTreeMap<IpAddr, BackendState>,
+    /// Contents of the active and inactive table halves.
+    active: Vec<u32>,
+    inactive: Vec<u32>,
+}
+
+impl VipState {
+    /// The active table (handles), empty if the VIP has no backend.
+    pub fn table(&self) -> &[u32] {
+        if self.meta.flags & VIP_F_NO_BACKENDS != 0 {
+            &[]
+        } else {
+            &self.active
+        }
+    }
+}
+
+/// What one `apply` changed, for logs and replies.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ApplyReport {
+    pub vips_added: usize,
+    pub vips_removed: usize,
+    pub vips_updated: usize,
+    pub backends_added: usize,
+    pub backends_removed: usize,
+    pub tables_published: usize,
+    pub chunks_written: usize,
+}
+
+impl ApplyReport {
+    pub fn is_noop(&self) -> bool {
+        *self == ApplyReport::default()
+    }
+}
+
+/// A VIP's counter and each of its backends' counters.
+pub type VipCounters = (CounterValue, Vec<(IpAddr, CounterValue)>);
+
+/// Owner of the maps behind a [`Dataplane`].
+pub struct Reconciler<D: Dataplane> {
+    dp: D,
+    layout: Layout,
+    vips: BTreeMap<VipId, VipState>,
+    /// Handle last stored at each backend index (keeps generations), and
+    /// whether the index is occupied.
+    slots: Vec<(u32, bool)>,
+}
+
+fn backend_def(addr: IpAddr, handle: u32, usable: bool, vip_id: u32) -> BackendDef {
+    let (words, family) = addr_to_words(addr);
+    BackendDef {
+        addr: words,
+        handle,
+        flags: if usable { BACKEND_F_USABLE } else { 0 },
+        family,
+        vip_id: vip_id as u16,
+    }
+}
+
+impl<D: Dataplane> Reconciler<D> {
+    /// Takes over `dp`, learning what its maps already hold (nothing, for
+    /// fresh maps).
+    pub fn adopt(dp: D) -> Result<Self> {
+        let layout = dp.layout();
+        let m = layout.table_size;
+        let mut slots = Vec::with_capacity(layout.max_backends as usize);
+        let mut by_vip: BTreeMap<u32, Vec<BackendDef>> = BTreeMap::new();
+        for index in 0..layout.max_backends {
+            let def = dp.backend(index)?;
+            let occupied = def.family != 0 && def.handle != 0;
+            slots.push((def.handle, occupied));
+            if occupied {
+                by_vip.entry(def.vip_id as u32).or_default().push(def);
+            }
+        }
+        let mut vips = BTreeMap::new();
+        for (key, meta) in dp.vips()? {
+            let Some(id) = VipId::from_key(&key) else {
+                continue;
+            };
+            let active_half = layout.active_half(&meta);
+            let active = dp.read_table(layout.half_base(meta.vip_id, active_half), m)?;
+            let inactive = dp.read_table(layout.half_base(meta.vip_id, 1 - active_half), m)?;
+            // Weights are not in the kernel; recover the table's view of
+            // them as "in the table or not" until the desired state says.
+            let in_table: BTreeSet<u32> = active.iter().copied().collect();
+            let backends = by_vip
+                .remove(&meta.vip_id)
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|def| {
+                    let addr = def.ip()?;
+                    let weight = u32::from(
+                        meta.flags & VIP_F_NO_BACKENDS == 0 && in_table.contains(&def.handle),
+                    );
+                    Some((
+                        addr,
+                        BackendState {
+                            handle: def.handle,
+                            weight,
+                            usable: def.flags & BACKEND_F_USABLE != 0,
+                        },
+                    ))
+                })
+                .collect();
+            vips.insert(
+                id,
+                VipState {
+                    meta,
+                    encap: Encap::from_code(meta.encap).unwrap_or_default(),
+                    conntrack: meta.flags & VIP_F_NO_CONNTRACK == 0,
+                    backends,
+                    active,
+                    inactive,
+                },
+            );
+        }
+        // Backends whose VIP is gone (a crash between steps) are freed.
+        let mut r = Self {
+            dp,
+            layout,
+            vips,
+            slots,
+        };
+        for defs in by_vip.into_values() {
+            for def in defs {
+                r.retire_backend(def.handle)?;
+            }
+        }
+        if !r.vips.is_empty() {
+            info!(vips = r.vips.len(), "adopted existing dataplane state");
+        }
+        Ok(r)
+    }
+
+    pub fn dataplane(&self) -> &D {
+        &self.dp
+    }
+
+    pub fn dataplane_mut(&mut self) -> &mut D {
+        &mut self.dp
+    }
+
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    pub fn vips(&self) -> &BTreeMap<VipId, VipState> {
+        &self.vips
+    }
+
+    /// Writes the datapath settings; keeps the connection-table seed of
+    /// adopted maps, picks a random one for fresh maps.
+    pub fn apply_settings(&mut self, s: &DatapathSettings) -> Result<bool> {
+        let old = self.dp.config()?;
+        let mut cfg = old;
+        self.layout.apply_to(&mut cfg);
+        if cfg.ct_seed == 0 {
+            cfg.ct_seed = random_seed();
+        }
+        cfg.gw_mac = s.gateway_mac;
+        cfg.src_v4 = s
+            .outer_source_v4
+            .map(|a| addr_to_words(a.into()).0[0])
+            .unwrap_or(0);
+        cfg.src_v6 = s
+            .outer_source_v6
+            .map(|a| addr_to_words(a.into()).0)
+            .unwrap_or_default();
+        cfg.flags = self.all_ports_flag(cfg.flags);
+        if s.malformed == MalformedPolicy::Drop {
+            cfg.flags |= CFG_F_DROP_MALFORMED;
+        } else {
+            cfg.flags &= !CFG_F_DROP_MALFORMED;
+        }
+        if cfg == old {
+            return Ok(false);
+        }
+        self.dp.set_config(&cfg)?;
+        Ok(true)
+    }
+
+    fn all_ports_flag(&self, flags: u32) -> u32 {
+        if self.vips.keys().any(|id| id.port == 0) {
+            flags | CFG_F_ALL_PORTS_VIPS
+        } else {
+            flags & !CFG_F_ALL_PORTS_VIPS
+        }
+    }
+
+    /// Makes the maps hold exactly `desired` (the VIPs, their backends and
+    /// weights). `usable` says, per VIP and backend address, whether the
+    /// backend may receive flows (health, drain state); absent means yes.
+    pub fn apply(
+        &mut self,
+        desired: &[VipConfig],
+        usable: &dyn Fn(&VipId, &IpAddr) -> bool,
+    ) -> Result<ApplyReport> {
+        let mut report = ApplyReport::default();
+        let wanted: BTreeMap<VipId, &VipConfig> = desired.iter().map(|v| (v.id, v)).collect();
+
+        // Removed VIPs first: frees their ids and backend slots.
+        let gone: Vec<VipId> = self
+            .vips
+            .keys()
+            .filter(|id| !wanted.contains_key(id))
+            .copied()
+            .collect();
+        for id in gone {
+            self.remove_vip(&id)?;
+            report.vips_removed += 1;
+        }
+        for vip in desired {
+            self.apply_vip(vip, usable, &mut report)?;
+        }
+        // The all-ports flag follows the VIP set.
+        let cfg = self.dp.config()?;
+        let flags = self.all_ports_flag(cfg.flags);
+        if flags != cfg.flags {
+            self.dp.set_config(&DatapathConfig { flags, ..cfg })?;
+        }
+        if !report.is_noop() {
+            info!(?report, "dataplane updated");
+        }
+        Ok(report)
+    }
+
+    fn remove_vip(&mut self, id: &VipId) -> Result<()> {
+        let Some(state) = self.vips.remove(id) else {
+            return Ok(());
+        };
+        self.dp.remove_vip(&id.key())?;
+        for b in state.backends.values() {
+            self.retire_backend(b.handle)?;
+        }
+        info!(vip = %id, "VIP removed");
+        Ok(())
+    }
+
+    fn free_vip_id(&self) -> Result<u32> {
+        let used: BTreeSet<u32> = self.vips.values().map(|v| v.meta.vip_id).collect();
+        (0..self.layout.max_vips)
+            .find(|i| !used.contains(i))
+            .ok_or(ReconcileError::VipIdsExhausted(self.layout.max_vips))
+    }
+
+    fn new_backend(&mut self, addr: IpAddr, usable: bool, vip_id: u32) -> Result<u32> {
+        let index = self
+            .slots
+            .iter()
+            .position(|(_, occupied)| !occupied)
+            .ok_or(ReconcileError::BackendsExhausted(self.layout.max_backends))?;
+        let generation = ((self.slots[index].0 >> 16) + 1) & 0xffff;
+        let handle = (generation.max(1) << 16) | index as u32;
+        self.dp
+            .set_backend(index as u32, &backend_def(addr, handle, usable, vip_id))?;
+        self.slots[index] = (handle, true);
+        Ok(handle)
+    }
+
+    /// Frees a backend's index. Its handle stays in the map with no flags,
+    /// so connection-table entries pointing at it are misses.
+    fn retire_backend(&mut self, handle: u32) -> Result<()> {
+        let index = handle & BACKEND_INDEX_MASK;
+        let def = BackendDef {
+            handle,
+            ..Default::default()
+        };
+        self.dp.set_backend(index, &def)?;
+        if let Some(slot) = self.slots.get_mut(index as usize) {
+            *slot = (handle, false);
+        }
+        Ok(())
+    }
+
+    fn apply_vip(
+        &mut self,
+        vip: &VipConfig,
+        usable: &dyn Fn(&VipId, &IpAddr) -> bool,
+        report: &mut ApplyReport,
+    ) -> Result<()> {
+        let id = vip.id;
+        let is_new = !self.vips.contains_key(&id);
+        if is_new {
+            let vip_id = self.free_vip_id()?;
+            let m = self.layout.table_size as usize;
+            self.vips.insert(
+                id,
+                VipState {
+                    meta: VipMeta {
+                        vip_id,
+                        table_base: self.layout.half_base(vip_id, 0),
+                        flags: VIP_F_NO_BACKENDS,
+                        encap: vip.encap.code(),
+                        ..Default::default()
+                    },
+                    encap: vip.encap,
+                    conntrack: vip.conntrack,
+                    backends: BTreeMap::new(),
+                    // Unknown contents: force full writes.
+                    active: vec![u32::MAX; m],
+                    inactive: vec![u32::MAX; m],
+                },
+            );
+            report.vips_added += 1;
+        }
+        let vip_id = self.vips[&id].meta.vip_id;
+
+        // Backends: add new ones (before any table names them), update the
+        // usable flag of existing ones, and note the ones to retire.
+        let wanted: BTreeMap<IpAddr, u32> =
+            vip.backends.iter().map(|b| (b.address, b.weight)).collect();
+        let mut retire = Vec::new();
+        let current: Vec<(IpAddr, BackendState)> = self.vips[&id]
+            .backends
+            .iter()
+            .map(|(a, b)| (*a, *b))
+            .collect();
+        for (addr, state) in &current {
+            if !wanted.contains_key(addr) {
+                retire.push(state.handle);
+                self.vips
+                    .get_mut(&id)
+                    .expect("present")
+                    .backends
+                    .remove(addr);
+                report.backends_removed += 1;
+            }
+        }
+        for (addr, weight) in &wanted {
+            let ok = usable(&id, addr);
+            let existing = self.vips[&id].backends.get(addr).copied();
+            let state = match existing {
+                Some(mut s) => {
+                    if s.usable != ok {
+                        self.dp.set_backend(
+                            s.handle & BACKEND_INDEX_MASK,
+                            &backend_def(*addr, s.handle, ok, vip_id),
+                        )?;
+                        s.usable = ok;
+                    }
+                    s.weight = *weight;
+                    s
+                }
+                None => {
+                    report.backends_added += 1;
+                    BackendState {
+                        handle: self.new_backend(*addr, ok, vip_id)?,
+                        weight: *weight,
+                        usable: ok,
+                    }
+                }
+            };
+            self.vips
+                .get_mut(&id)
+                .expect("present")
+                .backends
+                .insert(*addr, state);
+        }
+
+        // The table from usable backends with positive weight.
+        let members: Vec<(IpAddr, BackendState)> = self.vips[&id]
+            .backends
+            .iter()
+            .filter(|(_, b)| b.usable && b.weight > 0)
+            .map(|(a, b)| (*a, *b))
+            .collect();
+        let input: Vec<MaglevBackend> = members
+            .iter()
+            .map(|(addr, b)| MaglevBackend {
+                addr: *addr,
+                weight: b.weight,
+            })
+            .collect();
+        let table = maglev::build(&input, self.layout.table_size)
+            .map_err(|source| ReconcileError::Maglev { vip: id, source })?;
+        let handles: Option<Vec<u32>> = match table {
+            MaglevTable::Empty => None,
+            MaglevTable::Slots(slots) => Some(
+                slots
+                    .into_iter()
+                    .map(|i| members[i as usize].1.handle)
+                    .collect(),
+            ),
+        };
+
+        let mut meta = self.vips[&id].meta;
+        meta.encap = vip.encap.code();
+        meta.flags &= !VIP_F_NO_CONNTRACK;
+        if !vip.conntrack {
+            meta.flags |= VIP_F_NO_CONNTRACK;
+        }
+        let state = self.vips.get_mut(&id).expect("present");
+        state.encap = vip.encap;
+        state.conntrack = vip.conntrack;
+        let mut swapped = false;
+        match &handles {
+            None => meta.flags |= VIP_F_NO_BACKENDS,
+            Some(h) if meta.flags & VIP_F_NO_BACKENDS == 0 && *h == state.active => {}
+            Some(h) => {
+                // Write the inactive half, chunk by chunk where it differs.
+                let half = 1 - self.layout.active_half(&meta);
+                let base = self.layout.half_base(vip_id, half);
+                for (c, (new, old)) in h
+                    .chunks(TABLE_CHUNK_SLOTS as usize)
+                    .zip(state.inactive.chunks(TABLE_CHUNK_SLOTS as usize))
+                    .enumerate()
+                {
+                    if new != old {
+                        self.dp.write_table(base + c as u32, new)?;
+                        report.chunks_written += 1;
+                    }
+                }
+                meta.table_base = base;
+                meta.flags &= !VIP_F_NO_BACKENDS;
+                let state = self.vips.get_mut(&id).expect("present");
+                state.inactive = std::mem::replace(&mut state.active, h.clone());
+                swapped = true;
+            }
+        }
+        let state = self.vips.get_mut(&id).expect("present");
+        if is_new || meta != state.meta {
+            self.dp.upsert_vip(&id.key(), &meta)?;
+            state.meta = meta;
+            if !is_new {
+                report.vips_updated += 1;
+            }
+            if swapped {
+                report.tables_published += 1;
+                debug!(vip = %id, "table swapped");
+            }
+        }
+        for handle in retire {
+            self.retire_backend(handle)?;
+        }
+        Ok(())
+    }
+
+    /// What the datapath would do with a packet of `flow`.
+    pub fn simulate(&self, flow: &FlowKey, syn: bool) -> Result<Option<Prediction>> {
+        Ok(predict::predict(&self.dp, flow, syn)?)
+    }
+
+    /// The VIP and address of the backend with `handle`, if any.
+    pub fn backend_by_handle(&self, handle: u32) -> Option<(VipId, IpAddr)> {
+        self.vips.iter().find_map(|(id, v)| {
+            v.backends
+                .iter()
+                .find(|(_, b)| b.handle == handle)
+                .map(|(a, _)| (*id, *a))
+        })
+    }
+
+    /// Counters of one VIP and of each of its backends.
+    pub fn vip_counters(&self, id: &VipId) -> Result<Option<VipCounters>> {
+        let Some(v) = self.vips.get(id) else {
+            return Ok(None);
+        };
+        let vip = self.dp.vip_stats(v.meta.vip_id)?;
+        let mut backends = Vec::new();
+        for (addr, b) in &v.backends {
+            backends.push((*addr, self.dp.backend_stats(b.handle & BACKEND_INDEX_MASK)?));
+        }
+        Ok(Some((vip, backends)))
+    }
+}
+
+/// A random 64-bit seed from the kernel.
+fn random_seed() -> u64 {
+    let mut buf = [0u8; 8];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        use std::io::Read;
+        if f.read_exact(&mut buf).is_ok() {
+            return u64::from_ne_bytes(buf) | 1;
+        }
+    }
+    // Fallback: time-based, still unpredictable enough from outside.
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(1);
+    lb_common::flow::fmix64(t ^ u64::from(std::process::id())) | 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        config::{BackendConfig, Protocol},
+        dataplane::fake::FakeDataplane,
+    };
+
+    fn layout() -> Layout {
+        Layout {
+            table_size: 2053,
+            max_vips: 4,
+            max_backends: 16,
+            ct_buckets: 16,
+        }
+    }
+
+    fn vip(addr: &str, port: u16, backends: &[(&str, u32)]) -> VipConfig {
+        VipConfig {
+            id: VipId {
+                addr: addr.parse().unwrap(),
+                port,
+                proto: Protocol::Tcp,
+            },
+            encap: Encap::Ipip,
+            conntrack: true,
+            backends: backends
+                .iter()
+                .map(|(a, w)| BackendConfig {
+                    address: a.parse().unwrap(),
+                    weight: *w,
+                })
+                .collect(),
+        }
+    }
+
+    fn all(_: &VipId, _: &IpAddr) -> bool {
+        true
+    }
+
+    fn owners(r: &Reconciler<FakeDataplane>, id: &VipId) -> BTreeMap<IpAddr, usize> {
+        let state = &r.vips()[id];
+        let meta = r.dataplane().vip(&id.key()).unwrap().unwrap();
+        assert_eq!(meta, state.meta, "kernel metadata matches the shadow");
+        let table = r
+            .dataplane()
+            .read_table(meta.table_base, r.layout().table_size)
+            .unwrap();
+        assert_eq!(table, state.table(), "kernel table matches the shadow");
+        let mut counts = BTreeMap::new();
+        for h in table {
+            let (_, addr) = r.backend_by_handle(h).expect("slot names a known backend");
+            *counts.entry(addr).or_default() += 1;
+        }
+        counts
+    }
+
+    #[test]
+    fn builds_tables_and_swaps_halves() {
+        let mut r = Reconciler::adopt(FakeDataplane::new(layout())).unwrap();
+        let v = vip("10.0.0.1", 80, &[("10.1.0.1", 1), ("10.1.0.2", 1)]);
+        let rep = r.apply(std::slice::from_ref(&v), &all).unwrap();
+        assert_eq!(
+            (rep.vips_added, rep.backends_added, rep.tables_published),
+            (1, 2, 1)
+        );
+        assert_eq!(owners(&r, &v.id).len(), 2);
+        let half = r.layout().active_half(&r.vips()[&v.id].meta);
+
+        let v2 = vip(
+            "10.0.0.1",
+            80,
+            &[("10.1.0.1", 1), ("10.1.0.2", 1), ("10.1.0.3", 2)],
+        );
+        let rep = r.apply(std::slice::from_ref(&v2), &all).unwrap();
+        assert_eq!((rep.backends_added, rep.tables_published), (1, 1));
+        assert_ne!(
+            r.layout().active_half(&r.vips()[&v2.id].meta),
+            half,
+            "halves flipped"
+        );
+        let o = owners(&r, &v2.id);
+        assert!(
+            o[&"10.1.0.3".parse::<IpAddr>().unwrap()] > o[&"10.1.0.1".parse::<IpAddr>().unwrap()]
+        );
+    }
+
+    #[test]
+    fn the_same_state_writes_nothing() {
+        let mut r = Reconciler::adopt(FakeDataplane::new(layout())).unwrap();
+        let vs = [
+            vip("10.0.0.1", 80, &[("10.1.0.1", 1), ("10.1.0.2", 3)]),
+            vip("10.0.0.2", 0, &[("10.1.0.9", 1)]),
+        ];
+        r.apply(&vs, &all).unwrap();
+        let writes = r.dataplane().writes;
+        assert!(r.apply(&vs, &all).unwrap().is_noop());
+        assert_eq!(
+            r.dataplane().writes,
+            writes,
+            "no map writes for an unchanged state"
+        );
+    }
+
+    #[test]
+    fn a_weight_change_writes_only_changed_chunks() {
+        let mut r = Reconciler::adopt(FakeDataplane::new(layout())).unwrap();
+        let backends: Vec<(String, u32)> = (1..=8).map(|i| (format!("10.1.0.{i}"), 1)).collect();
+        let b: Vec<(&str, u32)> = backends.iter().map(|(a, w)| (a.as_str(), *w)).collect();
+        r.apply(&[vip("10.0.0.1", 80, &b)], &all).unwrap();
+        // Second apply fills the other half fully (its contents were unknown).
+        let mut b2 = b.clone();
+        b2[0].1 = 2;
+        r.apply(&[vip("10.0.0.1", 80, &b2)], &all).unwrap();
+        // Third: back to the first table, which the inactive half still holds.
+        let rep = r.apply(&[vip("10.0.0.1", 80, &b)], &all).unwrap();
+        assert_eq!(rep.tables_published, 1);
+        assert_eq!(
+            rep.chunks_written, 0,
+            "the inactive half already held this table"
+        );
+    }
+
+    #[test]
+    fn removing_backends_and_vips_retires_handles_with_new_generations() {
+        let mut r = Reconciler::adopt(FakeDataplane::new(layout())).unwrap();
+        let v = vip("10.0.0.1", 80, &[("10.1.0.1", 1), ("10.1.0.2", 1)]);
+        r.apply(std::slice::from_ref(&v), &all).unwrap();
+        let old = r.vips()[&v.id].backends[&"10.1.0.2".parse::<IpAddr>().unwrap()].handle;
+        let rep = r
+            .apply(&[vip("10.0.0.1", 80, &[("10.1.0.1", 1)])], &all)
+            .unwrap();
+        assert_eq!(rep.backends_removed, 1);
+        let def = r.dataplane().backend(old & BACKEND_INDEX_MASK).unwrap();
+        assert_eq!(
+            (def.handle, def.flags, def.family),
+            (old, 0, 0),
+            "retired, handle kept"
+        );
+        // The freed index is reused with a new generation.
+        r.apply(
+            &[vip("10.0.0.1", 80, &[("10.1.0.1", 1), ("10.1.0.7", 1)])],
+            &all,
+        )
+        .unwrap();
+        let new = r.vips()[&v.id].backends[&"10.1.0.7".parse::<IpAddr>().unwrap()].handle;
+        assert_eq!(new & BACKEND_INDEX_MASK, old & BACKEND_INDEX_MASK);
+        assert_ne!(new, old);
+
+        let rep = r.apply(&[], &all).unwrap();
+        assert_eq!(rep.vips_removed, 1);
+        assert_eq!(r.dataplane().vip(&v.id.key()).unwrap(), None);
+        assert!(
+            r.dataplane()
+                .backend(new & BACKEND_INDEX_MASK)
+                .unwrap()
+                .flags
+                == 0
+        );
+    }
+
+    #[test]
+    fn unusable_and_zero_weight_backends_leave_the_table_but_keep_their_handle() {
+        let mut r = Reconciler::adopt(FakeDataplane::new(layout())).unwrap();
+        let v = vip(
+            "10.0.0.1",
+            80,
+            &[("10.1.0.1", 1), ("10.1.0.2", 1), ("10.1.0.3", 0)],
+        );
+        let down: IpAddr = "10.1.0.2".parse().unwrap();
+        r.apply(std::slice::from_ref(&v), &|_, a| *a != down)
+            .unwrap();
+        let o = owners(&r, &v.id);
+        assert_eq!(
+            o.keys().collect::<Vec<_>>(),
+            vec![&"10.1.0.1".parse::<IpAddr>().unwrap()]
+        );
+        let h = r.vips()[&v.id].backends[&down].handle;
+        assert_eq!(
+            r.dataplane().backend(h & BACKEND_INDEX_MASK).unwrap().flags,
+            0,
+            "not usable"
+        );
+        // Zero weight but usable: out of the table, existing flows honoured.
+        let z = r.vips()[&v.id].backends[&"10.1.0.3".parse::<IpAddr>().unwrap()].handle;
+        assert_eq!(
+            r.dataplane().backend(z & BACKEND_INDEX_MASK).unwrap().flags,
+            BACKEND_F_USABLE
+        );
+    }
+
+    #[test]
+    fn no_backends_is_an_explicit_state() {
+        let mut r = Reconciler::adopt(FakeDataplane::new(layout())).unwrap();
+        let v = vip("10.0.0.1", 80, &[("10.1.0.1", 1)]);
+        r.apply(std::slice::from_ref(&v), &|_, _| false).unwrap();
+        let meta = r.dataplane().vip(&v.id.key()).unwrap().unwrap();
+        assert_ne!(meta.flags & VIP_F_NO_BACKENDS, 0);
+        r.apply(std::slice::from_ref(&v), &all).unwrap();
+        let meta = r.dataplane().vip(&v.id.key()).unwrap().unwrap();
+        assert_eq!(meta.flags & VIP_F_NO_BACKENDS, 0);
+    }
+
+    #[test]
+    fn adopting_existing_maps_restores_the_view_and_changes_nothing() {
+        let mut r = Reconciler::adopt(FakeDataplane::new(layout())).unwrap();
+        let vs = [
+            vip("10.0.0.1", 80, &[("10.1.0.1", 1), ("10.1.0.2", 1)]),
+            vip("10.0.0.2", 443, &[("10.1.0.3", 1)]),
+        ];
+        r.apply(&vs, &all).unwrap();
+        r.apply(&vs[..1], &all).unwrap();
+        r.apply(&vs, &all).unwrap();
+        let before: Vec<_> = r
+            .vips()
+            .iter()
+            .map(|(k, v)| (*k, v.meta, v.backends.clone()))
+            .collect();
+        let dp = std::mem::replace(r.dataplane_mut(), FakeDataplane::new(layout()));
+        let writes = dp.writes;
+        let mut again = Reconciler::adopt(dp).unwrap();
+        let after: Vec<_> = again
+            .vips()
+            .iter()
+            .map(|(k, v)| (*k, v.meta, v.backends.clone()))
+            .collect();
+        assert_eq!(before, after);
+        assert!(again.apply(&vs, &all).unwrap().is_noop());
+        assert_eq!(again.dataplane().writes, writes);
+    }
+
+    #[test]
+    fn limits_are_errors_not_panics() {
+        let mut r = Reconciler::adopt(FakeDataplane::new(layout())).unwrap();
+        let many: Vec<VipConfig> = (0..5)
+            .map(|i| vip(&format!("10.0.0.{i}"), 80, &[("10.1.0.1", 1)]))
+            .collect();
+        assert!(matches!(
+            r.apply(&many, &all),
+            Err(ReconcileError::VipIdsExhausted(4))
+        ));
+        let mut r = Reconciler::adopt(FakeDataplane::new(layout())).unwrap();
+        let backends: Vec<(String, u32)> = (1..=17).map(|i| (format!("10.1.0.{i}"), 1)).collect();
+        let b: Vec<(&str, u32)> = backends.iter().map(|(a, w)| (a.as_str(), *w)).collect();
+        assert!(matches!(
+            r.apply(&[vip("10.0.0.1", 80, &b)], &all),
+            Err(ReconcileError::BackendsExhausted(16))
+        ));
+    }
+
+    #[test]
+    fn failed_writes_surface_as_errors() {
+        let mut r = Reconciler::adopt(FakeDataplane::new(layout())).unwrap();
+        r.dataplane_mut().fail_writes = Some("injected".into());
+        let err = r
+            .apply(&[vip("10.0.0.1", 80, &[("10.1.0.1", 1)])], &all)
+            .unwrap_err();
+        assert!(err.to_string().contains("injected"), "{err}");
+    }
+
+    #[test]
+    fn settings_keep_an_existing_seed() {
+        let mut r = Reconciler::adopt(FakeDataplane::new(layout())).unwrap();
+        let s = DatapathSettings {
+            gateway_mac: [2, 0, 0, 0, 0, 1],
+            outer_source_v4: Some("10.0.0.9".parse().unwrap()),
+            outer_source_v6: None,
+            malformed: MalformedPolicy::Drop,
+        };
+        assert!(r.apply_settings(&s).unwrap());
+        let cfg = r.dataplane().config().unwrap();
+        assert_ne!(cfg.ct_seed, 0);
+        assert_ne!(cfg.flags & CFG_F_DROP_MALFORMED, 0);
+        assert_eq!(cfg.table_size, 2053);
+        assert!(
+            !r.apply_settings(&s).unwrap(),
+            "unchanged settings write nothing"
+        );
+        let dp = std::mem::replace(r.dataplane_mut(), FakeDataplane::new(layout()));
+        let mut again = Reconciler::adopt(dp).unwrap();
+        again.apply_settings(&s).unwrap();
+        assert_eq!(again.dataplane().config().unwrap().ct_seed, cfg.ct_seed);
+    }
+}

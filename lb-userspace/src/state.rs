@@ -1,0 +1,339 @@
+//! Runtime changes made through the API, kept as an overlay on the
+//! configuration file, persisted so that they survive a restart.
+//!
+//! The file stays the operator's base; the overlay records what `lbctl`
+//! added, removed or re-weighted on top of it. The effective VIP set is
+//! `overlay.apply(file)`, recomputed at start and on every reload, so an
+//! edit of the file and earlier API changes both take effect.
+//!
+//! Persistence is crash-safe: write a temporary file, fsync it, rename it
+//! over the old one, fsync the directory. A reader sees the old state or the
+//! new one, never a torn write.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    io::Write as _,
+    net::IpAddr,
+    path::Path,
+};
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::config::{BackendConfig, VipConfig, VipId};
+
+#[derive(Debug, Error)]
+pub enum StateError {
+    #[error("no VIP {0}")]
+    NoSuchVip(VipId),
+    #[error("VIP {0} already exists")]
+    VipExists(VipId),
+    #[error("VIP {vip} has no backend {addr}")]
+    NoSuchBackend { vip: VipId, addr: IpAddr },
+    #[error("VIP {vip} already has backend {addr} (use `backend weight` to change it)")]
+    BackendExists { vip: VipId, addr: IpAddr },
+    #[error("state file {path}: {message}")]
+    File { path: String, message: String },
+}
+
+/// What the API changed relative to the configuration file.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Overlay {
+    /// VIPs defined through the API (complete definitions).
+    #[serde(default)]
+    pub vips_added: BTreeMap<VipId, VipConfig>,
+    /// File VIPs deleted through the API.
+    #[serde(default)]
+    pub vips_deleted: BTreeSet<VipId>,
+    /// Per file VIP: backends added or re-weighted (`Some(weight)`) or
+    /// deleted (`None`).
+    #[serde(default)]
+    pub backends: BTreeMap<VipId, BTreeMap<IpAddr, Option<u32>>>,
+}
+
+impl Overlay {
+    pub fn is_empty(&self) -> bool {
+        self.vips_added.is_empty() && self.vips_deleted.is_empty() && self.backends.is_empty()
+    }
+
+    /// The effective VIPs: `base` (the file) with this overlay applied, in
+    /// VIP order.
+    pub fn apply(&self, base: &[VipConfig]) -> Vec<VipConfig> {
+        let mut vips: BTreeMap<VipId, VipConfig> = base.iter().map(|v| (v.id, v.clone())).collect();
+        for id in &self.vips_deleted {
+            vips.remove(id);
+        }
+        for (id, v) in &self.vips_added {
+            vips.insert(*id, v.clone());
+        }
+        for (id, changes) in &self.backends {
+            let Some(vip) = vips.get_mut(id) else {
+                continue;
+            };
+            if self.vips_added.contains_key(id) {
+                continue;
+            }
+            for (addr, change) in changes {
+                let pos = vip.backends.iter().position(|b| b.address == *addr);
+                match (change, pos) {
+                    (Some(weight), Some(i)) => vip.backends[i].weight = *weight,
+                    (Some(weight), None) => vip.backends.push(BackendConfig {
+                        address: *addr,
+                        weight: *weight,
+                    }),
+                    (None, Some(i)) => {
+                        vip.backends.remove(i);
+                    }
+                    (None, None) => {}
+                }
+            }
+        }
+        vips.into_values().collect()
+    }
+
+    fn effective_vip(&self, base: &[VipConfig], id: &VipId) -> Result<VipConfig, StateError> {
+        self.apply(base)
+            .into_iter()
+            .find(|v| v.id == *id)
+            .ok_or(StateError::NoSuchVip(*id))
+    }
+
+    pub fn add_vip(&mut self, base: &[VipConfig], vip: VipConfig) -> Result<(), StateError> {
+        if self.apply(base).iter().any(|v| v.id == vip.id) {
+            return Err(StateError::VipExists(vip.id));
+        }
+        self.vips_deleted.remove(&vip.id);
+        self.backends.remove(&vip.id);
+        self.vips_added.insert(vip.id, vip);
+        Ok(())
+    }
+
+    pub fn delete_vip(&mut self, base: &[VipConfig], id: &VipId) -> Result<(), StateError> {
+        self.effective_vip(base, id)?;
+        self.vips_added.remove(id);
+        self.backends.remove(id);
+        if base.iter().any(|v| v.id == *id) {
+            self.vips_deleted.insert(*id);
+        }
+        Ok(())
+    }
+
+    fn set_backend(&mut self, id: &VipId, addr: IpAddr, change: Option<u32>) {
+        if let Some(vip) = self.vips_added.get_mut(id) {
+            let pos = vip.backends.iter().position(|b| b.address == addr);
+            match (change, pos) {
+                (Some(w), Some(i)) => vip.backends[i].weight = w,
+                (Some(w), None) => vip.backends.push(BackendConfig {
+                    address: addr,
+                    weight: w,
+                }),
+                (None, Some(i)) => {
+                    vip.backends.remove(i);
+                }
+                (None, None) => {}
+            }
+        } else {
+            self.backends.entry(*id).or_default().insert(addr, change);
+        }
+    }
+
+    pub fn add_backend(
+        &mut self,
+        base: &[VipConfig],
+        id: &VipId,
+        addr: IpAddr,
+        weight: u32,
+    ) -> Result<(), StateError> {
+        let vip = self.effective_vip(base, id)?;
+        if vip.backends.iter().any(|b| b.address == addr) {
+            return Err(StateError::BackendExists { vip: *id, addr });
+        }
+        self.set_backend(id, addr, Some(weight));
+        Ok(())
+    }
+
+    pub fn delete_backend(
+        &mut self,
+        base: &[VipConfig],
+        id: &VipId,
+        addr: IpAddr,
+    ) -> Result<(), StateError> {
+        let vip = self.effective_vip(base, id)?;
+        if !vip.backends.iter().any(|b| b.address == addr) {
+            return Err(StateError::NoSuchBackend { vip: *id, addr });
+        }
+        self.set_backend(id, addr, None);
+        Ok(())
+    }
+
+    pub fn set_weight(
+        &mut self,
+        base: &[VipConfig],
+        id: &VipId,
+        addr: IpAddr,
+        weight: u32,
+    ) -> Result<(), StateError> {
+        let vip = self.effective_vip(base, id)?;
+        if !vip.backends.iter().any(|b| b.address == addr) {
+            return Err(StateError::NoSuchBackend { vip: *id, addr });
+        }
+        self.set_backend(id, addr, Some(weight));
+        Ok(())
+    }
+
+    /// Reads the overlay; a missing file is an empty overlay.
+    pub fn load(path: &Path) -> Result<Overlay, StateError> {
+        let file_err = |message: String| StateError::File {
+            path: path.display().to_string(),
+            message,
+        };
+        match std::fs::read(path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
+                file_err(format!(
+                    "{e}; it holds the changes made with lbctl: fix it, or move it away to start without them"
+                ))
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Overlay::default()),
+            Err(e) => Err(file_err(e.to_string())),
+        }
+    }
+
+    /// Writes the overlay atomically and durably.
+    pub fn save(&self, path: &Path) -> Result<(), StateError> {
+        let file_err = |message: String| StateError::File {
+            path: path.display().to_string(),
+            message,
+        };
+        let dir = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        std::fs::create_dir_all(dir)
+            .map_err(|e| file_err(format!("creating {}: {e}", dir.display())))?;
+        let tmp = path.with_extension("json.tmp");
+        let body = serde_json::to_vec_pretty(self).map_err(|e| file_err(e.to_string()))?;
+        let write = || -> std::io::Result<()> {
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(&body)?;
+            f.write_all(b"\n")?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, path)?;
+            std::fs::File::open(dir)?.sync_all()
+        };
+        write().map_err(|e| file_err(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Encap, Protocol};
+
+    fn id(s: &str) -> VipId {
+        s.parse().unwrap()
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn vip(s: &str, backends: &[(&str, u32)]) -> VipConfig {
+        VipConfig {
+            id: id(s),
+            encap: Encap::Ipip,
+            conntrack: true,
+            backends: backends
+                .iter()
+                .map(|(a, w)| BackendConfig {
+                    address: ip(a),
+                    weight: *w,
+                })
+                .collect(),
+        }
+    }
+
+    fn base() -> Vec<VipConfig> {
+        vec![vip("10.0.0.1:80/tcp", &[("10.1.0.1", 1), ("10.1.0.2", 1)])]
+    }
+
+    #[test]
+    fn empty_overlay_is_the_file() {
+        assert_eq!(Overlay::default().apply(&base()), base());
+    }
+
+    #[test]
+    fn backend_changes_apply_on_top_of_the_file() {
+        let b = base();
+        let v = id("10.0.0.1:80/tcp");
+        let mut o = Overlay::default();
+        o.add_backend(&b, &v, ip("10.1.0.3"), 5).unwrap();
+        o.set_weight(&b, &v, ip("10.1.0.1"), 3).unwrap();
+        o.delete_backend(&b, &v, ip("10.1.0.2")).unwrap();
+        let eff = o.apply(&b);
+        assert_eq!(
+            eff,
+            vec![vip("10.0.0.1:80/tcp", &[("10.1.0.1", 3), ("10.1.0.3", 5)])]
+        );
+        assert!(matches!(
+            o.add_backend(&b, &v, ip("10.1.0.3"), 1),
+            Err(StateError::BackendExists { .. })
+        ));
+        assert!(matches!(
+            o.delete_backend(&b, &v, ip("10.1.0.2")),
+            Err(StateError::NoSuchBackend { .. })
+        ));
+        assert!(matches!(
+            o.set_weight(&b, &id("10.0.0.9:80/tcp"), ip("10.1.0.1"), 1),
+            Err(StateError::NoSuchVip(_))
+        ));
+    }
+
+    #[test]
+    fn vips_added_and_deleted() {
+        let b = base();
+        let mut o = Overlay::default();
+        o.add_vip(&b, vip("10.0.0.2:53/udp", &[("10.1.0.9", 1)]))
+            .unwrap();
+        assert!(matches!(
+            o.add_vip(&b, vip("10.0.0.1:80/tcp", &[])),
+            Err(StateError::VipExists(_))
+        ));
+        o.add_backend(&b, &id("10.0.0.2:53/udp"), ip("10.1.0.8"), 2)
+            .unwrap();
+        o.delete_vip(&b, &id("10.0.0.1:80/tcp")).unwrap();
+        let eff = o.apply(&b);
+        assert_eq!(
+            eff,
+            vec![vip("10.0.0.2:53/udp", &[("10.1.0.9", 1), ("10.1.0.8", 2)])]
+        );
+        assert_eq!(eff[0].id.proto, Protocol::Udp);
+        // Re-adding a deleted file VIP through the API replaces it.
+        o.add_vip(&b, vip("10.0.0.1:80/tcp", &[("10.1.0.5", 1)]))
+            .unwrap();
+        assert_eq!(o.apply(&b).len(), 2);
+    }
+
+    #[test]
+    fn survives_a_round_trip_through_the_file() {
+        let dir = std::env::temp_dir().join(format!("lb-state-test-{}", std::process::id()));
+        let path = dir.join("s.json");
+        let b = base();
+        let mut o = Overlay::default();
+        o.add_vip(&b, vip("[2001:db8::1]:*/tcp", &[("fd00::1", 4)]))
+            .unwrap();
+        o.delete_backend(&b, &id("10.0.0.1:80/tcp"), ip("10.1.0.1"))
+            .unwrap();
+        o.save(&path).unwrap();
+        assert_eq!(Overlay::load(&path).unwrap(), o);
+        assert!(!path.with_extension("json.tmp").exists());
+        std::fs::write(&path, b"{ not json").unwrap();
+        let err = Overlay::load(&path).unwrap_err().to_string();
+        assert!(err.contains("s.json") && err.contains("lbctl"), "{err}");
+        assert_eq!(
+            Overlay::load(&dir.join("missing.json")).unwrap(),
+            Overlay::default()
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
