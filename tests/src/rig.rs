@@ -1,0 +1,368 @@
+//! The single-balancer rig: a client, a router, one balancer and N backends,
+//! each in its own network namespace, wired with veth pairs.
+//!
+//! ```text
+//!  client 10.10.1.2 ── router ── 10.10.2.2 lb (lbd, XDP on eth0)
+//!                        ├──── 10.10.31.2 be1 (decap, VIP on lo, servers)
+//!                        ├──── 10.10.32.2 be2
+//!                        └──── ...
+//! ```
+//!
+//! The router sends the VIP to the balancer; the balancer tunnels to the
+//! backends through the router; backends answer the client directly.
+//! Everything the rig creates (namespaces, pins, processes, files) is
+//! removed when it is dropped, also when a test fails.
+
+use std::{
+    net::{Ipv4Addr, SocketAddrV4},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+use lb::decap::PassProgram;
+
+use crate::{
+    netns::{Netns, sh, unique, veth},
+    traffic::Servers,
+};
+
+pub const VIP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 1);
+pub const TCP_PORT: u16 = 80;
+pub const UDP_PORT: u16 = 53;
+pub const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 10, 1, 2);
+pub const LB_ADDR: Ipv4Addr = Ipv4Addr::new(10, 10, 2, 2);
+/// MTU of the links between router, balancer and backends: room for the
+/// tunnel header on top of the client's 1500.
+pub const INFRA_MTU: u32 = 1600;
+
+/// Path of a binary built next to the running one (`target/<profile>/`).
+pub fn bin_path(name: &str) -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    for dir in exe.ancestors().skip(1).take(2) {
+        let candidate = dir.join(name);
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+    }
+    bail!(
+        "{name} not found next to {}; build the binaries first (`cargo build --bins`, which `cargo xtask test` does)",
+        exe.display()
+    )
+}
+
+pub fn backend_addr(i: usize) -> Ipv4Addr {
+    Ipv4Addr::new(10, 10, 30 + i as u8 + 1, 2)
+}
+
+pub struct Backend {
+    pub name: String,
+    pub addr: Ipv4Addr,
+    pub ns: Netns,
+    decap_pins: PathBuf,
+}
+
+pub struct Rig {
+    pub id: String,
+    /// Scratch directory: configs, sockets, state, logs.
+    pub dir: PathBuf,
+    servers: Vec<Servers>,
+    pass: Option<PassProgram>,
+    pub backends: Vec<Backend>,
+    pub client: Netns,
+    pub lb: Netns,
+    pub router: Netns,
+}
+
+impl Rig {
+    /// Builds the rig with `n` backends, all serving, decap attached.
+    pub fn new(n: usize) -> Result<Rig> {
+        require_root()?;
+        let id = unique("lbt");
+        let dir = std::env::temp_dir().join(&id);
+        std::fs::create_dir_all(&dir)?;
+        let router = Netns::new(&format!("{id}-rt"))?;
+        let client = Netns::new(&format!("{id}-cl"))?;
+        let lb = Netns::new(&format!("{id}-lb"))?;
+        let mut rig = Rig {
+            id: id.clone(),
+            dir,
+            servers: Vec::new(),
+            pass: None,
+            backends: Vec::new(),
+            client,
+            lb,
+            router,
+        };
+        for i in 0..n {
+            let ns = Netns::new(&format!("{id}-be{}", i + 1))?;
+            let decap_pins = PathBuf::from(format!("/sys/fs/bpf/lb/decap/{}-eth0", ns.inode()?));
+            rig.backends.push(Backend {
+                name: format!("be{}", i + 1),
+                addr: backend_addr(i),
+                ns,
+                decap_pins,
+            });
+        }
+        rig.wire().context("wiring the rig")?;
+        Ok(rig)
+    }
+
+    fn wire(&mut self) -> Result<()> {
+        let r = &self.router;
+        r.sysctl("net.ipv4.ip_forward", "1")?;
+        r.sysctl("net.ipv4.conf.all.rp_filter", "0")?;
+        r.sysctl("net.ipv4.conf.default.rp_filter", "0")?;
+
+        veth(&self.client, "eth0", r, "r-cl", 1500)?;
+        self.client
+            .ip(&["addr", "add", "10.10.1.2/24", "dev", "eth0"])?;
+        self.client
+            .ip(&["route", "add", "default", "via", "10.10.1.1"])?;
+        r.ip(&["addr", "add", "10.10.1.1/24", "dev", "r-cl"])?;
+        // The balancer forwards the client's frames as they are: make the
+        // client compute its TCP/UDP checksums (a veth would leave them to
+        // an offload that no longer happens once the frame is tunnelled).
+        self.client.run("ethtool", &["-K", "eth0", "tx", "off"])?;
+
+        veth(&self.lb, "eth0", r, "r-lb", INFRA_MTU)?;
+        self.lb
+            .ip(&["addr", "add", "10.10.2.2/24", "dev", "eth0"])?;
+        self.lb
+            .ip(&["route", "add", "default", "via", "10.10.2.1"])?;
+        r.ip(&["addr", "add", "10.10.2.1/24", "dev", "r-lb"])?;
+        r.ip(&["route", "add", &format!("{VIP}/32"), "via", "10.10.2.2"])?;
+        // veth quirk: XDP_TX frames reach the peer only if it runs XDP too.
+        self.pass = Some(
+            r.within(|| PassProgram::attach("r-lb"))?
+                .context("attaching the pass program to the router's side of the balancer link")?,
+        );
+
+        for (i, b) in self.backends.iter().enumerate() {
+            let net = 30 + i + 1;
+            veth(&b.ns, "eth0", r, &format!("r-be{}", i + 1), INFRA_MTU)?;
+            b.ns.ip(&["addr", "add", &format!("10.10.{net}.2/24"), "dev", "eth0"])?;
+            b.ns.ip(&["route", "add", "default", "via", &format!("10.10.{net}.1")])?;
+            r.ip(&[
+                "addr",
+                "add",
+                &format!("10.10.{net}.1/24"),
+                "dev",
+                &format!("r-be{}", i + 1),
+            ])?;
+            b.ns.ip(&["addr", "add", &format!("{VIP}/32"), "dev", "lo"])?;
+            b.ns.sysctl("net.ipv4.conf.all.rp_filter", "0")?;
+            b.ns.sysctl("net.ipv4.conf.eth0.rp_filter", "0")?;
+            let lbctl = bin_path("lbctl")?;
+            sh(b.ns.command(&lbctl).args(["decap", "attach", "eth0"]))
+                .with_context(|| format!("lbctl decap attach in {}", b.name))?;
+        }
+        for b in &self.backends {
+            self.servers.push(Servers::start(
+                &b.ns,
+                &b.name,
+                TCP_PORT,
+                SocketAddrV4::new(VIP, UDP_PORT),
+            )?);
+        }
+        Ok(())
+    }
+
+    pub fn tcp_vip(&self) -> SocketAddrV4 {
+        SocketAddrV4::new(VIP, TCP_PORT)
+    }
+
+    pub fn udp_vip(&self) -> SocketAddrV4 {
+        SocketAddrV4::new(VIP, UDP_PORT)
+    }
+
+    /// The backend with this name.
+    pub fn backend(&self, name: &str) -> &Backend {
+        self.backends
+            .iter()
+            .find(|b| b.name == name)
+            .unwrap_or_else(|| panic!("no backend {name}"))
+    }
+
+    /// A balancer configuration for this rig: `weights[i]` for backend i,
+    /// `None` leaves a backend out (it still serves, for adding later).
+    pub fn config(&self, weights: &[Option<u32>]) -> String {
+        let backends: String = self
+            .backends
+            .iter()
+            .zip(weights)
+            .filter_map(|(b, w)| {
+                w.map(|w| format!("      - address: {}\n        weight: {w}\n", b.addr))
+            })
+            .collect();
+        let udp_backends: String = self
+            .backends
+            .iter()
+            .zip(weights)
+            .filter_map(|(b, w)| w.map(|_| format!("      - address: {}\n", b.addr)))
+            .collect();
+        format!(
+            "instance: {id}\ninterfaces: [eth0]\nxdp_mode: native\ngateway_mac: auto\nouter_source_v4: {LB_ADDR}\ntable_size: 65537\nconntrack_buckets: 65536\napi_socket: {dir}/lbd.sock\nstate_file: {dir}/state.json\nvips:\n  - address: {VIP}\n    port: {TCP_PORT}\n    protocol: tcp\n    backends:\n{backends}  - address: {VIP}\n    port: {UDP_PORT}\n    protocol: udp\n    backends:\n{udp_backends}",
+            id = self.id,
+            dir = self.dir.display(),
+        )
+    }
+
+    pub fn pin_dir(&self) -> PathBuf {
+        PathBuf::from("/sys/fs/bpf/lb").join(&self.id)
+    }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        self.servers.clear();
+        self.pass = None;
+        for b in &self.backends {
+            let _ = std::fs::remove_dir_all(&b.decap_pins);
+        }
+        let _ = std::fs::remove_dir_all(self.pin_dir());
+        // Leave no empty directories behind either.
+        let _ = std::fs::remove_dir(Path::new("/sys/fs/bpf/lb/decap"));
+        let _ = std::fs::remove_dir(Path::new("/sys/fs/bpf/lb"));
+        let _ = std::fs::remove_dir_all(&self.dir);
+        // Namespaces go with the fields.
+    }
+}
+
+pub fn require_root() -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("namespace rigs need root (network namespaces, XDP): run `cargo xtask test` as root");
+    }
+    Ok(())
+}
+
+/// A running `lbd`, killed when dropped.
+pub struct Lbd {
+    child: Option<Child>,
+    pub config: PathBuf,
+    pub socket: PathBuf,
+    pub log: PathBuf,
+}
+
+impl Lbd {
+    /// Starts `lbd --config <config>` inside the rig's balancer namespace and
+    /// waits until it answers on its socket.
+    pub fn start(rig: &Rig, config: &Path) -> Result<Lbd> {
+        let log = rig.dir.join("lbd.log");
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)?;
+        let child = rig
+            .lb
+            .command(bin_path("lbd")?)
+            .arg("--config")
+            .arg(config)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .spawn()
+            .context("starting lbd")?;
+        let mut lbd = Lbd {
+            child: Some(child),
+            config: config.into(),
+            socket: rig.dir.join("lbd.sock"),
+            log,
+        };
+        lbd.wait_ready()?;
+        Ok(lbd)
+    }
+
+    fn wait_ready(&mut self) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Some(child) = self.child.as_mut()
+                && let Some(status) = child.try_wait()?
+            {
+                bail!(
+                    "lbd exited during start-up ({status}):\n{}",
+                    self.log_text()
+                );
+            }
+            if lb::api::call(&self.socket, &lb::api::Request::Status).is_ok() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        bail!("lbd did not answer within 30 s:\n{}", self.log_text())
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(Child::id).unwrap_or(0)
+    }
+
+    /// `kill -9`: the process dies, its pinned program and maps stay.
+    pub fn kill9(mut self) -> Result<()> {
+        if let Some(mut child) = self.child.take() {
+            child.kill()?;
+            child.wait()?;
+        }
+        Ok(())
+    }
+
+    /// Sends a signal.
+    pub fn signal(&self, sig: libc::c_int) -> Result<()> {
+        // SAFETY: kill(2) on our own child's pid.
+        if unsafe { libc::kill(self.pid() as libc::pid_t, sig) } != 0 {
+            bail!("kill: {}", std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    /// Runs `lbctl --socket <socket> ARGS...` and returns its stdout; fails
+    /// with its stderr.
+    pub fn lbctl(&self, args: &[&str]) -> Result<String> {
+        let out = Command::new(bin_path("lbctl")?)
+            .arg("--socket")
+            .arg(&self.socket)
+            .args(args)
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "lbctl {} failed: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// `lbctl -o json ARGS...`, parsed.
+    pub fn lbctl_json(&self, args: &[&str]) -> Result<serde_json::Value> {
+        let mut all = vec!["-o", "json"];
+        all.extend_from_slice(args);
+        let text = self.lbctl(&all)?;
+        serde_json::from_str(&text).with_context(|| format!("lbctl output: {text}"))
+    }
+
+    /// The balancer's counter `name` (packets).
+    pub fn counter(&self, name: &str) -> Result<u64> {
+        let stats = self.lbctl_json(&["stats"])?;
+        stats["counters"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|c| c["name"] == name))
+            .and_then(|c| c["packets"].as_u64())
+            .with_context(|| format!("no counter {name} in {stats}"))
+    }
+}
+
+impl Drop for Lbd {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
