@@ -299,7 +299,10 @@ mod tests {
                 r#"{"op":"backend_add","vip":"10.0.0.1:80/tcp","address":"x","weight":1}"#,
                 "invalid IP address",
             ),
-            (r#"{"op":"status","extra":1}"#, "unknown field `extra`"),
+            (
+                r#"{"op":"vip_del","vip":"10.0.0.1:80/tcp","extra":1}"#,
+                "unknown field `extra`",
+            ),
         ] {
             let err = serde_json::from_str::<Request>(text)
                 .unwrap_err()

@@ -447,16 +447,38 @@ pub fn counters_pinned(pin_dir: &Path) -> Result<Vec<CounterValue>> {
 /// a peer with an XDP program.
 pub struct PassProgram {
     /// Owns the program and its link: dropping it detaches.
-    _ebpf: Ebpf,
+    ebpf: Ebpf,
+    link: aya::programs::xdp::XdpLinkId,
 }
 
 impl PassProgram {
     pub fn attach(iface: &str) -> Result<PassProgram> {
         let mut ebpf = load_object(PROG_PASS, None)?;
-        xdp_program(&mut ebpf, PROG_PASS)?
+        let link = xdp_program(&mut ebpf, PROG_PASS)?
             .attach(iface, XdpMode::default())
             .map_err(prog_err(PROG_PASS))?;
-        Ok(PassProgram { _ebpf: ebpf })
+        Ok(PassProgram { ebpf, link })
+    }
+
+    /// Keeps the program attached after this value is gone by pinning its
+    /// link at `dir/link` (removing the pin detaches it).
+    pub fn pin(mut self, dir: &Path) -> Result<()> {
+        let link = xdp_program(&mut self.ebpf, PROG_PASS)?
+            .take_link(self.link)
+            .map_err(prog_err(PROG_PASS))?;
+        let fd_link = FdLink::try_from(link).map_err(|_| DecapError::NotALink {
+            iface: "(pass program)".into(),
+        })?;
+        std::fs::create_dir_all(dir).map_err(|source| DecapError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        let path = dir.join("link");
+        fd_link.pin(&path).map_err(|e| DecapError::Pin {
+            path,
+            source: Box::new(e),
+        })?;
+        Ok(())
     }
 }
 

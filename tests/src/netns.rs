@@ -96,6 +96,11 @@ impl Netns {
         Ok(())
     }
 
+    /// Disarms the guard: the namespace stays after this value is gone.
+    pub fn forget(&mut self) {
+        self.name.clear();
+    }
+
     /// Makes the calling thread live in this namespace from now on.
     pub fn enter(&self) -> Result<()> {
         enter_path(&self.path())
@@ -134,6 +139,9 @@ fn enter_path(path: &str) -> Result<()> {
 
 impl Drop for Netns {
     fn drop(&mut self) {
+        if self.name.is_empty() {
+            return;
+        }
         // Best effort: a namespace that cannot be removed is reported, the
         // rest of the cleanup still runs.
         if let Err(e) = ip(&["netns", "del", &self.name]) {

@@ -76,8 +76,23 @@ pub struct Rig {
 }
 
 impl Rig {
-    /// Builds the rig with `n` backends, all serving, decap attached.
+    /// Builds the rig with `n` backends, decap attached, each running the
+    /// TCP and UDP test servers as threads of this process.
     pub fn new(n: usize) -> Result<Rig> {
+        let mut rig = Self::without_servers(n)?;
+        for b in &rig.backends {
+            rig.servers.push(Servers::start(
+                &b.ns.path(),
+                &b.name,
+                TCP_PORT,
+                SocketAddrV4::new(VIP, UDP_PORT),
+            )?);
+        }
+        Ok(rig)
+    }
+
+    /// Builds the rig with `n` backends, decap attached, no servers.
+    pub fn without_servers(n: usize) -> Result<Rig> {
         require_root()?;
         let id = unique("lbt");
         let dir = std::env::temp_dir().join(&id);
@@ -158,15 +173,72 @@ impl Rig {
             sh(b.ns.command(&lbctl).args(["decap", "attach", "eth0"]))
                 .with_context(|| format!("lbctl decap attach in {}", b.name))?;
         }
-        for b in &self.backends {
-            self.servers.push(Servers::start(
-                &b.ns,
-                &b.name,
-                TCP_PORT,
-                SocketAddrV4::new(VIP, UDP_PORT),
-            )?);
-        }
         Ok(())
+    }
+
+    /// Everything this rig created, for removing it later from another
+    /// process (`lb-demo --down`): one path or name per line.
+    pub fn inventory(&self) -> Vec<String> {
+        let mut lines = vec![
+            format!("dir {}", self.dir.display()),
+            format!("pins {}", self.pin_dir().display()),
+        ];
+        for b in &self.backends {
+            lines.push(format!("pins {}", b.decap_pins.display()));
+        }
+        for ns in [&self.client, &self.lb, &self.router] {
+            lines.push(format!("netns {}", ns.name));
+        }
+        for b in &self.backends {
+            lines.push(format!("netns {}", b.ns.name));
+        }
+        lines
+    }
+
+    /// Leaves the rig in place (namespaces, pins, attached programs) and
+    /// returns its inventory. The router's pass program stays attached by
+    /// pinning its link under the scratch directory's pins.
+    pub fn keep(mut self) -> Result<Vec<String>> {
+        if let Some(pass) = self.pass.take() {
+            let dir = PathBuf::from(format!("/sys/fs/bpf/lb/pass-{}", self.id));
+            pass.pin(&dir)?;
+        }
+        let mut inventory = self.inventory();
+        inventory.push(format!("pins /sys/fs/bpf/lb/pass-{}", self.id));
+        self.servers.clear();
+        // Disarm every guard: the namespaces outlive this process.
+        let Rig {
+            client,
+            lb,
+            router,
+            backends,
+            ..
+        } = &mut self;
+        for ns in [client, lb, router] {
+            ns.forget();
+        }
+        for b in backends.iter_mut() {
+            b.ns.forget();
+        }
+        std::mem::forget(self);
+        Ok(inventory)
+    }
+
+    /// Removes what an [`inventory`](Self::inventory) lists.
+    pub fn remove_inventory(lines: &[String]) {
+        for line in lines {
+            match line.split_once(' ') {
+                Some(("netns", name)) => {
+                    let _ = crate::netns::ip(&["netns", "del", name]);
+                }
+                Some(("pins", path)) | Some(("dir", path)) => {
+                    let _ = std::fs::remove_dir_all(path);
+                }
+                _ => {}
+            }
+        }
+        let _ = std::fs::remove_dir(Path::new("/sys/fs/bpf/lb/decap"));
+        let _ = std::fs::remove_dir(Path::new("/sys/fs/bpf/lb"));
     }
 
     pub fn tcp_vip(&self) -> SocketAddrV4 {
@@ -248,8 +320,9 @@ pub struct Lbd {
 
 impl Lbd {
     /// Starts `lbd --config <config>` inside the rig's balancer namespace and
-    /// waits until it answers on its socket.
+    /// waits until it answers on the socket the configuration names.
     pub fn start(rig: &Rig, config: &Path) -> Result<Lbd> {
+        let socket = lb::config::Config::load(config)?.api_socket;
         let log = rig.dir.join("lbd.log");
         let out = std::fs::OpenOptions::new()
             .create(true)
@@ -269,7 +342,7 @@ impl Lbd {
         let mut lbd = Lbd {
             child: Some(child),
             config: config.into(),
-            socket: rig.dir.join("lbd.sock"),
+            socket,
             log,
         };
         lbd.wait_ready()?;

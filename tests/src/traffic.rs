@@ -28,14 +28,20 @@ impl Servers {
     /// A TCP server on `0.0.0.0:tcp_port` that greets each connection with
     /// `name` and echoes lines, and a UDP server on `udp_addr` that answers
     /// each datagram with `name` and the datagram.
-    pub fn start(ns: &Netns, name: &str, tcp_port: u16, udp_addr: SocketAddrV4) -> Result<Servers> {
+    /// The threads run in the network namespace at `ns_path`.
+    pub fn start(
+        ns_path: &str,
+        name: &str,
+        tcp_port: u16,
+        udp_addr: SocketAddrV4,
+    ) -> Result<Servers> {
         let stop = Arc::new(AtomicBool::new(false));
         let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<()>>();
         let mut threads = Vec::new();
         {
             let (stop, name, ready) = (stop.clone(), name.to_string(), ready_tx.clone());
             threads.push(std::thread::spawn({
-                let path = ns.path();
+                let path = ns_path.to_string();
                 move || -> Result<()> {
                     let listener = enter(&path).and_then(|_| {
                         let l = TcpListener::bind(("0.0.0.0", tcp_port))?;
@@ -71,7 +77,7 @@ impl Servers {
         {
             let (stop, name, ready) = (stop.clone(), name.to_string(), ready_tx);
             threads.push(std::thread::spawn({
-                let path = ns.path();
+                let path = ns_path.to_string();
                 move || -> Result<()> {
                     let sock = enter(&path).and_then(|_| {
                         let s = UdpSocket::bind(udp_addr)?;

@@ -27,6 +27,15 @@ enum Task {
     },
     /// rustfmt and clippy, warnings as errors.
     Lint,
+    /// Run lbd in a namespace rig with real connections and print a summary.
+    Demo {
+        /// Leave the rig running afterwards.
+        #[arg(long)]
+        keep: bool,
+        /// Remove a rig left by --keep.
+        #[arg(long)]
+        down: bool,
+    },
 }
 
 fn main() -> Result<()> {
@@ -34,6 +43,7 @@ fn main() -> Result<()> {
         Task::Setup => setup::run(setup::Mode::Always),
         Task::Test { args } => test(&args),
         Task::Lint => lint(),
+        Task::Demo { keep, down } => demo(keep, down),
     }
 }
 
@@ -61,9 +71,31 @@ fn test(args: &[String]) -> Result<()> {
              (they load XDP programs and create network namespaces)"
         );
     }
+    // The end-to-end tests run the real lbd and lbctl binaries.
+    build_bins()?;
     run(cargo()
         .args(["test", "--workspace", "--exclude", "lb-ebpf"])
         .args(args))
+}
+
+fn build_bins() -> Result<()> {
+    run(cargo().args(["build", "--workspace", "--exclude", "lb-ebpf", "--bins"]))
+}
+
+fn demo(keep: bool, down: bool) -> Result<()> {
+    setup::run(setup::Mode::IfMissing)?;
+    if !setup::is_root() {
+        bail!("the demo creates network namespaces and attaches XDP programs: run it as root");
+    }
+    build_bins()?;
+    let mut cmd = Command::new("target/debug/lb-demo");
+    if keep {
+        cmd.arg("--keep");
+    }
+    if down {
+        cmd.arg("--down");
+    }
+    run(&mut cmd)
 }
 
 fn lint() -> Result<()> {

@@ -354,8 +354,9 @@ fn print_rows(header: &[&str], rows: Vec<Vec<String>>) {
             !rows.is_empty()
                 && rows.iter().all(|r| {
                     r.get(col).is_some_and(|c| {
-                        c.chars()
-                            .all(|ch| ch.is_ascii_digit() || ".%kMG-".contains(ch))
+                        c.matches('.').count() <= 1
+                            && c.chars()
+                                .all(|ch| ch.is_ascii_digit() || ".%kMG-".contains(ch))
                     })
                 })
         })
