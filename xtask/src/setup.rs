@@ -16,6 +16,10 @@ const PACKAGES: &[&str] = &[
     "ethtool",
     "bpftool",
     "procps",
+    "util-linux",
+    // Real BGP routers for the interop and active-active tests.
+    "bird2",
+    "frr",
 ];
 
 /// The linker known to work with the machine's nightly (see TOOLCHAIN.md):
