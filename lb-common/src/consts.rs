@@ -78,6 +78,20 @@ pub const BACKEND_INDEX_MASK: u32 = (1 << BACKEND_INDEX_BITS) - 1;
 /// Largest number of backend slots the handle format can address.
 pub const MAX_BACKENDS: u32 = 1 << BACKEND_INDEX_BITS;
 
+/// `SO_MARK` of health probes sent through the tunnel: `PROBE_MARK |
+/// [PROBE_MARK_GRE] | backend index`. The balancer's TC egress program
+/// (`lb_probe_encap`) wraps packets carrying such a mark for that backend,
+/// exactly as `lb_xdp` wraps client packets, so the probe proves the
+/// backend's decapsulation and VIP set-up.
+pub const PROBE_MARK: u32 = 0x4C42_0000;
+pub const PROBE_MARK_MASK: u32 = 0xFFFE_0000;
+pub const PROBE_MARK_GRE: u32 = 0x0001_0000;
+
+/// The mark for a probe of backend `index` (the low 16 bits of its handle).
+pub const fn probe_mark(index: u32, gre: bool) -> u32 {
+    PROBE_MARK | if gre { PROBE_MARK_GRE } else { 0 } | (index & BACKEND_INDEX_MASK)
+}
+
 /// Map names in the object file and under the pin directory.
 pub const MAP_CONFIG: &str = "LB_CONFIG";
 pub const MAP_VIPS: &str = "LB_VIPS";
@@ -102,6 +116,8 @@ pub const ALL_MAPS: [&str; 8] = [
 
 /// Name of the balancer's XDP program in the object file.
 pub const PROG_LB: &str = "lb_xdp";
+/// Name of the TC egress program that tunnels health probes.
+pub const PROG_PROBE_ENCAP: &str = "lb_probe_encap";
 
 /// The backend-side decapsulation object (`lb_decap`): its maps and programs.
 /// Map names are also the file names under the decap pin directory.

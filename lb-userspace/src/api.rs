@@ -20,7 +20,11 @@ use std::{
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::config::{Protocol, VipConfig, VipId};
+use crate::{
+    config::{Protocol, VipConfig, VipId},
+    health::ProbeResult,
+    lifecycle::BackendState,
+};
 
 /// Largest request or response line accepted.
 pub const MAX_MESSAGE: usize = 4 << 20;
@@ -50,6 +54,13 @@ pub enum Request {
         address: IpAddr,
         weight: u32,
     },
+    /// Take a backend out of the table; its connections continue until the
+    /// VIP's `drain_timeout`. Persisted. → `null`
+    BackendDrain { vip: VipId, address: IpAddr },
+    /// → `null`
+    BackendUndrain { vip: VipId, address: IpAddr },
+    /// → `Vec<`[`VipHealth`]`>`
+    Health,
     /// → [`Stats`]
     Stats,
     /// → [`TableInfo`]
@@ -134,10 +145,38 @@ pub struct Status {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct BackendInfo {
     pub address: IpAddr,
+    /// Configured weight.
     pub weight: u32,
-    /// Receives flows (in the table, or honoured in the connection table).
+    pub state: Option<BackendState>,
+    /// Its connection-table entries are honoured.
     pub usable: bool,
     pub handle: u32,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct BackendHealth {
+    pub address: IpAddr,
+    pub state: BackendState,
+    /// `up`, `down` or `unchecked`.
+    pub health: String,
+    /// What is probed, how often.
+    pub check: Option<String>,
+    pub weight: u32,
+    /// The weight in the table now (ramping in slow start, 0 when out).
+    pub effective_weight: f64,
+    pub in_state_secs: f64,
+    pub last_probe: Option<ProbeResult>,
+    pub probes: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct VipHealth {
+    pub vip: VipId,
+    /// Too few backends are healthy: the table uses all of them.
+    pub panic: bool,
+    /// Times panic mode was entered since `lbd` started.
+    pub panic_entered: u64,
+    pub backends: Vec<BackendHealth>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

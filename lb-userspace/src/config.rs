@@ -15,6 +15,7 @@ use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
     path::{Path, PathBuf},
     str::FromStr,
+    time::Duration,
 };
 
 use lb_common::{
@@ -388,12 +389,173 @@ pub enum MalformedPolicy {
     Drop,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// Durations in YAML: a number of seconds, or a string with a unit
+/// (`500ms`, `2s`, `5m`, `1h`). Written back as a string with a unit.
+pub mod duration {
+    use std::time::Duration;
+
+    use serde::{Deserializer, Serializer, de};
+
+    pub fn parse(s: &str) -> Result<Duration, String> {
+        let s = s.trim();
+        let split = s
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(s.len());
+        let (num, unit) = s.split_at(split);
+        let n: f64 = num
+            .parse()
+            .map_err(|_| format!("`{s}` is not a duration (e.g. 500ms, 2s, 5m)"))?;
+        let secs = match unit.trim() {
+            "ms" => n / 1000.0,
+            "s" | "" => n,
+            "m" => n * 60.0,
+            "h" => n * 3600.0,
+            u => return Err(format!("unknown unit `{u}` in `{s}` (use ms, s, m or h)")),
+        };
+        if !(0.0..=86_400.0 * 365.0).contains(&secs) {
+            return Err(format!("`{s}` is out of range"));
+        }
+        Ok(Duration::from_secs_f64(secs))
+    }
+
+    pub fn format(d: &Duration) -> String {
+        if d.subsec_millis() != 0 || d.is_zero() {
+            format!("{}ms", d.as_millis())
+        } else {
+            format!("{}s", d.as_secs())
+        }
+    }
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format(d))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        struct V;
+        impl de::Visitor<'_> for V {
+            type Value = Duration;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a duration: seconds, or a string such as 500ms, 2s, 5m")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Duration, E> {
+                parse(&v.to_string()).map_err(E::custom)
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Duration, E> {
+                parse(&v.to_string()).map_err(E::custom)
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Duration, E> {
+                parse(&v.to_string()).map_err(E::custom)
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Duration, E> {
+                parse(v).map_err(E::custom)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// An HTTP health check: `GET path` must answer with `status`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpCheck {
+    #[serde(default = "default_http_path")]
+    pub path: String,
+    #[serde(default = "default_http_status")]
+    pub status: u16,
+    /// Host header (default: the probed address).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+}
+
+fn default_http_path() -> String {
+    "/".into()
+}
+fn default_http_status() -> u16 {
+    200
+}
+
+/// How a backend is probed. Without `send`, `expect` or `http` it is a TCP
+/// connect check (which also fails a backend that closes the connection
+/// right after accepting it).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HealthCheck {
+    /// Port to probe (default: the VIP's port).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    #[serde(default = "default_interval", with = "duration")]
+    pub interval: Duration,
+    #[serde(default = "default_timeout", with = "duration")]
+    pub timeout: Duration,
+    /// Consecutive successes that bring a backend back.
+    #[serde(default = "default_rise")]
+    pub rise: u32,
+    /// Consecutive failures that take a backend out.
+    #[serde(default = "default_fall")]
+    pub fall: u32,
+    /// Random spread of each interval, in percent, so that the probes of
+    /// many balancers do not synchronise.
+    #[serde(default = "default_jitter")]
+    pub jitter: u32,
+    /// Bytes to send after connecting (escapes `\r`, `\n`, `\t` allowed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub send: Option<String>,
+    /// The reply must start with this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expect: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<HttpCheck>,
+    /// Probe the VIP through the tunnel, exactly as clients reach the
+    /// backend, instead of the backend's own address: proves the backend's
+    /// decapsulation and VIP set-up, not just an open port.
+    #[serde(default)]
+    pub through_tunnel: bool,
+}
+
+fn default_interval() -> Duration {
+    Duration::from_secs(2)
+}
+fn default_timeout() -> Duration {
+    Duration::from_secs(1)
+}
+fn default_rise() -> u32 {
+    2
+}
+fn default_fall() -> u32 {
+    3
+}
+fn default_jitter() -> u32 {
+    10
+}
+
+impl HealthCheck {
+    /// Longest time from a backend's death to its removal: `fall` probes
+    /// at the longest jittered interval, the last one timing out.
+    pub fn detection_bound(&self) -> Duration {
+        let longest = self.interval.mul_f64(1.0 + self.jitter as f64 / 100.0);
+        longest * self.fall + self.timeout
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BackendConfig {
     pub address: IpAddr,
     #[serde(default = "default_weight")]
     pub weight: u32,
+    /// Replaces the VIP's health check for this backend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_check: Option<HealthCheck>,
+}
+
+impl BackendConfig {
+    pub fn new(address: IpAddr, weight: u32) -> Self {
+        Self {
+            address,
+            weight,
+            health_check: None,
+        }
+    }
 }
 
 fn default_weight() -> u32 {
@@ -410,6 +572,43 @@ pub struct VipConfig {
     /// keep no per-flow state may turn it off.
     pub conntrack: bool,
     pub backends: Vec<BackendConfig>,
+    /// Probes for the backends; `None`: no probing, backends count as up.
+    pub health_check: Option<HealthCheck>,
+    /// How long a draining backend keeps its existing connections.
+    pub drain_timeout: Duration,
+    /// A backend that joins or recovers ramps its weight up over this long.
+    pub slow_start: Duration,
+    /// Below this percentage of usable backends, the table is built from
+    /// all of them (fail open).
+    pub panic_threshold: u32,
+}
+
+impl VipConfig {
+    /// A VIP with default settings.
+    pub fn new(id: VipId, backends: Vec<BackendConfig>) -> Self {
+        Self {
+            id,
+            encap: Encap::default(),
+            conntrack: true,
+            backends,
+            health_check: None,
+            drain_timeout: default_drain_timeout(),
+            slow_start: Duration::ZERO,
+            panic_threshold: default_panic_threshold(),
+        }
+    }
+
+    /// The health check of one backend: its own, else the VIP's.
+    pub fn health_check_of<'a>(&'a self, b: &'a BackendConfig) -> Option<&'a HealthCheck> {
+        b.health_check.as_ref().or(self.health_check.as_ref())
+    }
+}
+
+fn default_drain_timeout() -> Duration {
+    Duration::from_secs(60)
+}
+fn default_panic_threshold() -> u32 {
+    50
 }
 
 /// The VIP as written in YAML or JSON.
@@ -425,6 +624,14 @@ pub struct RawVip {
     conntrack: bool,
     #[serde(default)]
     backends: Vec<BackendConfig>,
+    #[serde(default)]
+    health_check: Option<HealthCheck>,
+    #[serde(default = "default_drain_timeout", with = "duration")]
+    drain_timeout: Duration,
+    #[serde(default, with = "duration")]
+    slow_start: Duration,
+    #[serde(default = "default_panic_threshold")]
+    panic_threshold: u32,
 }
 
 fn yes() -> bool {
@@ -442,6 +649,10 @@ impl RawVip {
             encap: self.encap,
             conntrack: self.conntrack,
             backends: self.backends,
+            health_check: self.health_check,
+            drain_timeout: self.drain_timeout,
+            slow_start: self.slow_start,
+            panic_threshold: self.panic_threshold,
         }
     }
 }
@@ -456,6 +667,13 @@ impl Serialize for VipConfig {
             encap: Encap,
             conntrack: bool,
             backends: &'a [BackendConfig],
+            #[serde(skip_serializing_if = "Option::is_none")]
+            health_check: &'a Option<HealthCheck>,
+            #[serde(with = "duration")]
+            drain_timeout: Duration,
+            #[serde(with = "duration")]
+            slow_start: Duration,
+            panic_threshold: u32,
         }
         Out {
             address: self.id.addr,
@@ -464,6 +682,10 @@ impl Serialize for VipConfig {
             encap: self.encap,
             conntrack: self.conntrack,
             backends: &self.backends,
+            health_check: &self.health_check,
+            drain_timeout: self.drain_timeout,
+            slow_start: self.slow_start,
+            panic_threshold: self.panic_threshold,
         }
         .serialize(s)
     }
@@ -737,6 +959,59 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
     })
 }
 
+fn check_health(h: &HealthCheck, vip: &VipConfig, at: &str, err: &mut impl FnMut(String, String)) {
+    if h.interval < Duration::from_millis(100) || h.interval > Duration::from_secs(3600) {
+        err(
+            format!("{at}.interval"),
+            "must be between 100ms and 1h".into(),
+        );
+    }
+    if h.timeout.is_zero() || h.timeout > h.interval {
+        err(
+            format!("{at}.timeout"),
+            format!(
+                "must be above 0 and at most the interval ({})",
+                duration::format(&h.interval)
+            ),
+        );
+    }
+    for (name, v) in [("rise", h.rise), ("fall", h.fall)] {
+        if !(1..=100).contains(&v) {
+            err(format!("{at}.{name}"), format!("{v} is out of range 1-100"));
+        }
+    }
+    if h.jitter > 50 {
+        err(
+            format!("{at}.jitter"),
+            format!("{}% is out of range 0-50", h.jitter),
+        );
+    }
+    if h.http.is_some() && (h.send.is_some() || h.expect.is_some()) {
+        err(
+            at.to_string(),
+            "use either `http` or `send`/`expect`, not both".into(),
+        );
+    }
+    if h.expect.as_deref() == Some("") {
+        err(format!("{at}.expect"), "must not be empty".into());
+    }
+    if h.port.is_none() && vip.id.port == 0 {
+        err(
+            format!("{at}.port"),
+            "the VIP covers all ports: say which port to probe".into(),
+        );
+    }
+    if h.port == Some(0) {
+        err(format!("{at}.port"), "port 0 cannot be probed".into());
+    }
+    if h.through_tunnel && vip.id.proto != Protocol::Tcp {
+        err(
+            format!("{at}.through_tunnel"),
+            "probes through the tunnel are TCP: the VIP must be TCP".into(),
+        );
+    }
+}
+
 /// Rules for a set of VIPs. `from_file`: an empty backend list is an error
 /// in a file (a VIP that can never forward), but a state the API may reach.
 fn check_vips(
@@ -821,6 +1096,42 @@ fn check_vips(
                 ),
                 _ => {}
             }
+        }
+        if let Some(h) = &vip.health_check {
+            check_health(h, vip, &format!("{at}.health_check"), &mut err);
+        }
+        for (j, b) in vip.backends.iter().enumerate() {
+            if let Some(h) = &b.health_check {
+                check_health(
+                    h,
+                    vip,
+                    &format!("{at}.backends[{j}].health_check"),
+                    &mut err,
+                );
+            }
+            if vip.health_check_of(b).is_some_and(|h| h.through_tunnel)
+                && b.address.is_ipv4() != vip.id.addr.is_ipv4()
+            {
+                err(
+                    format!("{at}.backends[{j}].address"),
+                    format!(
+                        "probes through the tunnel need a backend of the VIP's family; {} is not",
+                        b.address
+                    ),
+                );
+            }
+        }
+        if vip.panic_threshold > 100 {
+            err(
+                format!("{at}.panic_threshold"),
+                format!("{}% is out of range 0-100", vip.panic_threshold),
+            );
+        }
+        if vip.slow_start > Duration::from_secs(3600) {
+            err(format!("{at}.slow_start"), "is longer than an hour".into());
+        }
+        if vip.drain_timeout > Duration::from_secs(86_400) {
+            err(format!("{at}.drain_timeout"), "is longer than a day".into());
         }
         let live = vip.backends.iter().filter(|b| b.weight > 0).count() as u64;
         if live > 0 && (layout.table_size as u64) < 100 * live {
@@ -1033,6 +1344,97 @@ vips:
             ))[0]
                 .starts_with("interfaces[0]")
         );
+    }
+
+    #[test]
+    fn health_settings_parse_and_are_checked() {
+        let hc = |body: &str| {
+            with(
+                "    backends:\n      - address: 10.1.0.1",
+                &format!("{body}    backends:\n      - address: 10.1.0.1"),
+            )
+        };
+        let c = Config::parse(&hc("    health_check:\n      interval: 500ms\n      timeout: 0.2\n      http: { path: /h }\n    slow_start: 1m\n    drain_timeout: 90\n")).expect("valid");
+        let v = &c.vips[0];
+        let h = v.health_check.as_ref().expect("check");
+        assert_eq!(
+            (h.interval, h.timeout),
+            (Duration::from_millis(500), Duration::from_millis(200))
+        );
+        assert_eq!((h.rise, h.fall, h.jitter), (2, 3, 10));
+        assert_eq!(
+            h.http.as_ref().map(|h| (h.path.as_str(), h.status)),
+            Some(("/h", 200))
+        );
+        assert_eq!(
+            (v.slow_start, v.drain_timeout),
+            (Duration::from_secs(60), Duration::from_secs(90))
+        );
+        assert_eq!(h.detection_bound(), Duration::from_millis(1850));
+
+        for (body, want) in [
+            (
+                "    health_check:\n      interval: 1s\n      timeout: 2s\n",
+                "vips[0].health_check.timeout: must be above 0 and at most the interval",
+            ),
+            (
+                "    health_check:\n      http: {}\n      expect: x\n",
+                "vips[0].health_check: use either `http` or `send`/`expect`",
+            ),
+            (
+                "    health_check:\n      fall: 0\n",
+                "vips[0].health_check.fall: 0 is out of range",
+            ),
+            (
+                "    health_check:\n      interval: 2 days\n",
+                "vips[0].health_check.interval: unknown unit",
+            ),
+            (
+                "    panic_threshold: 150\n",
+                "vips[0].panic_threshold: 150% is out of range",
+            ),
+        ] {
+            let e = errors(&hc(body));
+            assert!(e[0].starts_with(want), "{body:?}: {e:?}");
+        }
+        // An all-ports VIP must say which port to probe.
+        let e = errors(&with("encap: gre\n", "encap: gre\n    health_check: {}\n"));
+        assert!(
+            e[0].starts_with("vips[1].health_check.port: the VIP covers all ports"),
+            "{e:?}"
+        );
+        // Tunnelled probes need a backend of the VIP's family.
+        let e = errors(&with(
+            "encap: gre\n",
+            "encap: gre\n    health_check: { port: 53, through_tunnel: true }\n",
+        ));
+        assert!(
+            e.iter().any(|e| e.starts_with(
+                "vips[1].health_check.through_tunnel: probes through the tunnel are TCP"
+            )),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn durations_parse_and_print() {
+        for (text, d) in [
+            ("500ms", 500),
+            ("2s", 2000),
+            ("1.5s", 1500),
+            ("3m", 180_000),
+            ("1h", 3_600_000),
+            ("7", 7000),
+        ] {
+            assert_eq!(
+                duration::parse(text),
+                Ok(Duration::from_millis(d)),
+                "{text}"
+            );
+        }
+        assert_eq!(duration::format(&Duration::from_millis(1500)), "1500ms");
+        assert_eq!(duration::format(&Duration::from_secs(30)), "30s");
+        assert!(duration::parse("soon").is_err());
     }
 
     #[test]

@@ -5,6 +5,8 @@ pub mod api;
 pub mod config;
 pub mod dataplane;
 pub mod decap;
+pub mod health;
+pub mod lifecycle;
 pub mod maglev;
 pub mod net;
 pub mod objects;

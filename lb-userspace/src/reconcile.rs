@@ -584,22 +584,16 @@ mod tests {
     }
 
     fn vip(addr: &str, port: u16, backends: &[(&str, u32)]) -> VipConfig {
-        VipConfig {
-            id: VipId {
-                addr: addr.parse().unwrap(),
-                port,
-                proto: Protocol::Tcp,
-            },
-            encap: Encap::Ipip,
-            conntrack: true,
-            backends: backends
-                .iter()
-                .map(|(a, w)| BackendConfig {
-                    address: a.parse().unwrap(),
-                    weight: *w,
-                })
-                .collect(),
-        }
+        let id = VipId {
+            addr: addr.parse().unwrap(),
+            port,
+            proto: Protocol::Tcp,
+        };
+        let backends = backends
+            .iter()
+            .map(|(a, w)| BackendConfig::new(a.parse().unwrap(), *w))
+            .collect();
+        VipConfig::new(id, backends)
     }
 
     fn all(_: &VipId, _: &IpAddr) -> bool {

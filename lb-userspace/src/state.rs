@@ -36,6 +36,19 @@ pub enum StateError {
     File { path: String, message: String },
 }
 
+/// Sets `addr`'s weight (adding it if absent) or, for `None`, removes it.
+fn edit_backend(backends: &mut Vec<BackendConfig>, addr: IpAddr, change: Option<u32>) {
+    let pos = backends.iter().position(|b| b.address == addr);
+    match (change, pos) {
+        (Some(w), Some(i)) => backends[i].weight = w,
+        (Some(w), None) => backends.push(BackendConfig::new(addr, w)),
+        (None, Some(i)) => {
+            backends.remove(i);
+        }
+        (None, None) => {}
+    }
+}
+
 /// What the API changed relative to the configuration file.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -50,11 +63,50 @@ pub struct Overlay {
     /// deleted (`None`).
     #[serde(default)]
     pub backends: BTreeMap<VipId, BTreeMap<IpAddr, Option<u32>>>,
+    /// Backends an operator drained (`lbctl backend drain`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub drained: BTreeMap<VipId, BTreeSet<IpAddr>>,
 }
 
 impl Overlay {
     pub fn is_empty(&self) -> bool {
-        self.vips_added.is_empty() && self.vips_deleted.is_empty() && self.backends.is_empty()
+        self.vips_added.is_empty()
+            && self.vips_deleted.is_empty()
+            && self.backends.is_empty()
+            && self.drained.is_empty()
+    }
+
+    /// The drained backends that exist in `effective`.
+    pub fn drained_in(&self, effective: &[VipConfig]) -> BTreeSet<(VipId, IpAddr)> {
+        effective
+            .iter()
+            .flat_map(|v| v.backends.iter().map(move |b| (v.id, b.address)))
+            .filter(|(id, addr)| self.drained.get(id).is_some_and(|s| s.contains(addr)))
+            .collect()
+    }
+
+    /// Drains (or undrains) one backend: it leaves the table, its existing
+    /// connections continue until the VIP's `drain_timeout`.
+    pub fn set_drained(
+        &mut self,
+        base: &[VipConfig],
+        id: &VipId,
+        addr: IpAddr,
+        drained: bool,
+    ) -> Result<(), StateError> {
+        let vip = self.effective_vip(base, id)?;
+        if !vip.backends.iter().any(|b| b.address == addr) {
+            return Err(StateError::NoSuchBackend { vip: *id, addr });
+        }
+        if drained {
+            self.drained.entry(*id).or_default().insert(addr);
+        } else if let Some(set) = self.drained.get_mut(id) {
+            set.remove(&addr);
+            if set.is_empty() {
+                self.drained.remove(id);
+            }
+        }
+        Ok(())
     }
 
     /// The effective VIPs: `base` (the file) with this overlay applied, in
@@ -75,18 +127,7 @@ impl Overlay {
                 continue;
             }
             for (addr, change) in changes {
-                let pos = vip.backends.iter().position(|b| b.address == *addr);
-                match (change, pos) {
-                    (Some(weight), Some(i)) => vip.backends[i].weight = *weight,
-                    (Some(weight), None) => vip.backends.push(BackendConfig {
-                        address: *addr,
-                        weight: *weight,
-                    }),
-                    (None, Some(i)) => {
-                        vip.backends.remove(i);
-                    }
-                    (None, None) => {}
-                }
+                edit_backend(&mut vip.backends, *addr, *change);
             }
         }
         vips.into_values().collect()
@@ -113,6 +154,7 @@ impl Overlay {
         self.effective_vip(base, id)?;
         self.vips_added.remove(id);
         self.backends.remove(id);
+        self.drained.remove(id);
         if base.iter().any(|v| v.id == *id) {
             self.vips_deleted.insert(*id);
         }
@@ -121,18 +163,7 @@ impl Overlay {
 
     fn set_backend(&mut self, id: &VipId, addr: IpAddr, change: Option<u32>) {
         if let Some(vip) = self.vips_added.get_mut(id) {
-            let pos = vip.backends.iter().position(|b| b.address == addr);
-            match (change, pos) {
-                (Some(w), Some(i)) => vip.backends[i].weight = w,
-                (Some(w), None) => vip.backends.push(BackendConfig {
-                    address: addr,
-                    weight: w,
-                }),
-                (None, Some(i)) => {
-                    vip.backends.remove(i);
-                }
-                (None, None) => {}
-            }
+            edit_backend(&mut vip.backends, addr, change);
         } else {
             self.backends.entry(*id).or_default().insert(addr, change);
         }
@@ -164,6 +195,9 @@ impl Overlay {
             return Err(StateError::NoSuchBackend { vip: *id, addr });
         }
         self.set_backend(id, addr, None);
+        if let Some(set) = self.drained.get_mut(id) {
+            set.remove(&addr);
+        }
         Ok(())
     }
 
@@ -228,7 +262,7 @@ impl Overlay {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Encap, Protocol};
+    use crate::config::Protocol;
 
     fn id(s: &str) -> VipId {
         s.parse().unwrap()
@@ -239,18 +273,11 @@ mod tests {
     }
 
     fn vip(s: &str, backends: &[(&str, u32)]) -> VipConfig {
-        VipConfig {
-            id: id(s),
-            encap: Encap::Ipip,
-            conntrack: true,
-            backends: backends
-                .iter()
-                .map(|(a, w)| BackendConfig {
-                    address: ip(a),
-                    weight: *w,
-                })
-                .collect(),
-        }
+        let backends = backends
+            .iter()
+            .map(|(a, w)| BackendConfig::new(ip(a), *w))
+            .collect();
+        VipConfig::new(id(s), backends)
     }
 
     fn base() -> Vec<VipConfig> {
@@ -312,6 +339,28 @@ mod tests {
         o.add_vip(&b, vip("10.0.0.1:80/tcp", &[("10.1.0.5", 1)]))
             .unwrap();
         assert_eq!(o.apply(&b).len(), 2);
+    }
+
+    #[test]
+    fn drains_are_kept_for_existing_backends_only() {
+        let b = base();
+        let v = id("10.0.0.1:80/tcp");
+        let mut o = Overlay::default();
+        o.set_drained(&b, &v, ip("10.1.0.2"), true).unwrap();
+        assert!(matches!(
+            o.set_drained(&b, &v, ip("10.1.0.9"), true),
+            Err(StateError::NoSuchBackend { .. })
+        ));
+        assert_eq!(
+            o.drained_in(&o.apply(&b)),
+            BTreeSet::from([(v, ip("10.1.0.2"))])
+        );
+        assert!(!o.is_empty());
+        o.delete_backend(&b, &v, ip("10.1.0.2")).unwrap();
+        assert!(o.drained_in(&o.apply(&b)).is_empty());
+        o.set_drained(&b, &v, ip("10.1.0.1"), true).unwrap();
+        o.set_drained(&b, &v, ip("10.1.0.1"), false).unwrap();
+        assert!(o.drained.is_empty());
     }
 
     #[test]

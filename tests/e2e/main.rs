@@ -6,73 +6,14 @@
 //! Tests run one at a time (they share the machine's two cores and the
 //! timing of streaming connections).
 
-use std::{collections::BTreeMap, process::Stdio, sync::Mutex, time::Duration};
+use std::{collections::BTreeMap, process::Stdio, time::Duration};
 
 use anyhow::{Context as _, Result, bail};
 use lb_tests::{
-    rig::{CLIENT, Lbd, Rig, VIP},
-    traffic::{Stream, StreamReport, tcp_request, udp_request},
+    rig::{CLIENT, Lbd, VIP},
+    scenario::{check, finish, predicted, run_streams, serial, setup},
+    traffic::{tcp_request, udp_request},
 };
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// A rig with `n` backends and `lbd` running with `weights`.
-fn setup(n: usize, weights: &[Option<u32>]) -> Result<(Rig, Lbd)> {
-    let rig = Rig::new(n)?;
-    let config = rig.dir.join("lbd.yaml");
-    std::fs::write(&config, rig.config(weights))?;
-    let lbd = Lbd::start(&rig, &config)?;
-    Ok((rig, lbd))
-}
-
-/// The backend `lbctl simulate` predicts for a client flow to the TCP VIP.
-fn predicted(lbd: &Lbd, rig: &Rig, sport: u16) -> Result<String> {
-    let sim = lbd.lbctl_json(&[
-        "simulate",
-        &CLIENT.to_string(),
-        &VIP.to_string(),
-        "tcp",
-        &sport.to_string(),
-        "80",
-        "--syn",
-    ])?;
-    let addr = sim["backend"]
-        .as_str()
-        .context("simulate names a backend")?;
-    rig.backends
-        .iter()
-        .find(|b| b.addr.to_string() == addr)
-        .map(|b| b.name.clone())
-        .with_context(|| format!("simulate named unknown backend {addr}"))
-}
-
-fn run_streams(rig: &Rig, ports: std::ops::Range<u16>) -> Result<Vec<Stream>> {
-    ports
-        .map(|p| {
-            Stream::start(
-                &rig.client,
-                CLIENT,
-                p,
-                rig.tcp_vip(),
-                Duration::from_millis(20),
-            )
-        })
-        .collect()
-}
-
-fn finish(streams: Vec<Stream>) -> Result<Vec<StreamReport>> {
-    streams.into_iter().map(Stream::finish).collect()
-}
-
-fn check(result: Result<()>) {
-    if let Err(e) = result {
-        panic!("{e:#}");
-    }
-}
 
 #[test]
 fn tcp_connections_follow_the_weights_and_bypass_the_balancer() {

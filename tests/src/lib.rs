@@ -1,7 +1,12 @@
 //! Test infrastructure for lb: network-namespace rigs ([`rig`]), namespace
-//! and veth guards ([`netns`]), and real TCP/UDP traffic ([`traffic`]).
-//! Used by the end-to-end tests (`tests/e2e`) and the demo (`lb-demo`).
+//! and veth guards ([`netns`]), real TCP/UDP traffic ([`traffic`]), real
+//! routers (BIRD, FRR: [`routers`]) and lb's BGP speaker in a namespace
+//! ([`speaker`]). Used by the end-to-end tests (`tests/e2e`), the demo
+//! (`lb-demo`) and `lb-bgp-probe`.
 
 pub mod netns;
 pub mod rig;
+pub mod routers;
+pub mod scenario;
+pub mod speaker;
 pub mod traffic;

@@ -25,7 +25,7 @@ use lb::decap::PassProgram;
 
 use crate::{
     netns::{Netns, sh, unique, veth},
-    traffic::Servers,
+    traffic::{Listener, Mode, Servers},
 };
 
 pub const VIP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 1);
@@ -67,7 +67,8 @@ pub struct Rig {
     pub id: String,
     /// Scratch directory: configs, sockets, state, logs.
     pub dir: PathBuf,
-    servers: Vec<Servers>,
+    servers: std::collections::BTreeMap<String, Servers>,
+    health: std::collections::BTreeMap<String, Listener>,
     pass: Option<PassProgram>,
     pub backends: Vec<Backend>,
     pub client: Netns,
@@ -80,13 +81,9 @@ impl Rig {
     /// TCP and UDP test servers as threads of this process.
     pub fn new(n: usize) -> Result<Rig> {
         let mut rig = Self::without_servers(n)?;
-        for b in &rig.backends {
-            rig.servers.push(Servers::start(
-                &b.ns.path(),
-                &b.name,
-                TCP_PORT,
-                SocketAddrV4::new(VIP, UDP_PORT),
-            )?);
+        let names: Vec<String> = rig.backends.iter().map(|b| b.name.clone()).collect();
+        for name in names {
+            rig.start_server(&name, Mode::Echo)?;
         }
         Ok(rig)
     }
@@ -103,7 +100,8 @@ impl Rig {
         let mut rig = Rig {
             id: id.clone(),
             dir,
-            servers: Vec::new(),
+            servers: Default::default(),
+            health: Default::default(),
             pass: None,
             backends: Vec::new(),
             client,
@@ -241,6 +239,39 @@ impl Rig {
         let _ = std::fs::remove_dir(Path::new("/sys/fs/bpf/lb"));
     }
 
+    /// (Re)starts backend `name`'s TCP and UDP servers.
+    pub fn start_server(&mut self, name: &str, mode: Mode) -> Result<()> {
+        self.servers.remove(name);
+        let path = self.backend(name).ns.path();
+        let servers = Servers::start_mode(
+            &path,
+            name,
+            TCP_PORT,
+            SocketAddrV4::new(VIP, UDP_PORT),
+            mode,
+        )?;
+        self.servers.insert(name.to_string(), servers);
+        Ok(())
+    }
+
+    /// Stops backend `name`'s servers: connections to them are refused.
+    pub fn stop_server(&mut self, name: &str) {
+        self.servers.remove(name);
+    }
+
+    /// Starts a bare listener on `port` in backend `name` (a health
+    /// endpoint separate from the service).
+    pub fn start_health_port(&mut self, name: &str, port: u16) -> Result<()> {
+        self.health.remove(name);
+        let l = Listener::start(&self.backend(name).ns.path(), port)?;
+        self.health.insert(name.to_string(), l);
+        Ok(())
+    }
+
+    pub fn stop_health_port(&mut self, name: &str) {
+        self.health.remove(name);
+    }
+
     pub fn tcp_vip(&self) -> SocketAddrV4 {
         SocketAddrV4::new(VIP, TCP_PORT)
     }
@@ -260,6 +291,12 @@ impl Rig {
     /// A balancer configuration for this rig: `weights[i]` for backend i,
     /// `None` leaves a backend out (it still serves, for adding later).
     pub fn config(&self, weights: &[Option<u32>]) -> String {
+        self.config_with(weights, "")
+    }
+
+    /// As [`config`](Self::config), with `tcp_extra` (YAML lines indented
+    /// by four spaces) added to the TCP VIP: health checks, slow start...
+    pub fn config_with(&self, weights: &[Option<u32>], tcp_extra: &str) -> String {
         let backends: String = self
             .backends
             .iter()
@@ -275,7 +312,7 @@ impl Rig {
             .filter_map(|(b, w)| w.map(|_| format!("      - address: {}\n", b.addr)))
             .collect();
         format!(
-            "instance: {id}\ninterfaces: [eth0]\nxdp_mode: native\ngateway_mac: auto\nouter_source_v4: {LB_ADDR}\ntable_size: 65537\nconntrack_buckets: 65536\napi_socket: {dir}/lbd.sock\nstate_file: {dir}/state.json\nvips:\n  - address: {VIP}\n    port: {TCP_PORT}\n    protocol: tcp\n    backends:\n{backends}  - address: {VIP}\n    port: {UDP_PORT}\n    protocol: udp\n    backends:\n{udp_backends}",
+            "instance: {id}\ninterfaces: [eth0]\nxdp_mode: native\ngateway_mac: auto\nouter_source_v4: {LB_ADDR}\ntable_size: 65537\nconntrack_buckets: 65536\napi_socket: {dir}/lbd.sock\nstate_file: {dir}/state.json\nvips:\n  - address: {VIP}\n    port: {TCP_PORT}\n    protocol: tcp\n{tcp_extra}    backends:\n{backends}  - address: {VIP}\n    port: {UDP_PORT}\n    protocol: udp\n    backends:\n{udp_backends}",
             id = self.id,
             dir = self.dir.display(),
         )
@@ -289,6 +326,7 @@ impl Rig {
 impl Drop for Rig {
     fn drop(&mut self) {
         self.servers.clear();
+        self.health.clear();
         self.pass = None;
         for b in &self.backends {
             let _ = std::fs::remove_dir_all(&b.decap_pins);

@@ -18,6 +18,16 @@ use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::netns::Netns;
 
+/// How a test server treats a TCP connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Greet with the backend's name, then echo lines.
+    Echo,
+    /// Accept and close at once, without a byte: a listener whose
+    /// application is gone.
+    AcceptClose,
+}
+
 /// Servers running in one namespace; stopped when dropped.
 pub struct Servers {
     stop: Arc<AtomicBool>,
@@ -27,13 +37,24 @@ pub struct Servers {
 impl Servers {
     /// A TCP server on `0.0.0.0:tcp_port` that greets each connection with
     /// `name` and echoes lines, and a UDP server on `udp_addr` that answers
-    /// each datagram with `name` and the datagram.
-    /// The threads run in the network namespace at `ns_path`.
+    /// each datagram with `name` and the datagram. The threads run in the
+    /// network namespace at `ns_path`.
     pub fn start(
         ns_path: &str,
         name: &str,
         tcp_port: u16,
         udp_addr: SocketAddrV4,
+    ) -> Result<Servers> {
+        Self::start_mode(ns_path, name, tcp_port, udp_addr, Mode::Echo)
+    }
+
+    /// As [`start`](Self::start), with the TCP server behaving as `mode`.
+    pub fn start_mode(
+        ns_path: &str,
+        name: &str,
+        tcp_port: u16,
+        udp_addr: SocketAddrV4,
+        mode: Mode,
     ) -> Result<Servers> {
         let stop = Arc::new(AtomicBool::new(false));
         let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<()>>();
@@ -60,6 +81,7 @@ impl Servers {
                     };
                     while !stop.load(Ordering::Relaxed) {
                         match listener.accept() {
+                            Ok((conn, _)) if mode == Mode::AcceptClose => drop(conn),
                             Ok((conn, _)) => {
                                 let (stop, name) = (stop.clone(), name.clone());
                                 std::thread::spawn(move || serve_tcp(conn, &name, &stop));
@@ -112,6 +134,66 @@ impl Servers {
                 .context("server did not start")??;
         }
         Ok(Servers { stop, threads })
+    }
+}
+
+/// A bare TCP listener (a health endpoint): accepts and holds connections
+/// open until they close; stopped when dropped.
+pub struct Listener {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Listener {
+    pub fn start(ns_path: &str, port: u16) -> Result<Listener> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, rx) = std::sync::mpsc::channel::<Result<()>>();
+        let (flag, path) = (stop.clone(), ns_path.to_string());
+        let thread = std::thread::spawn(move || {
+            let l = enter(&path).and_then(|_| {
+                let l = TcpListener::bind(("0.0.0.0", port))?;
+                l.set_nonblocking(true)?;
+                Ok(l)
+            });
+            let l = match l {
+                Ok(l) => {
+                    let _ = tx.send(Ok(()));
+                    l
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                    return;
+                }
+            };
+            let mut held = Vec::new();
+            while !flag.load(Ordering::Relaxed) {
+                match l.accept() {
+                    Ok((c, _)) => {
+                        held.push(c);
+                        // Keep at most a few: probes close their side.
+                        if held.len() > 64 {
+                            held.remove(0);
+                        }
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        });
+        rx.recv_timeout(Duration::from_secs(5))
+            .context("listener did not start")??;
+        Ok(Listener {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
     }
 }
 

@@ -7,7 +7,7 @@ use std::{net::IpAddr, path::PathBuf};
 use anyhow::{Context as _, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use lb::{
-    api::{self, Request, Simulation, Stats, Status, TableInfo, VipInfo},
+    api::{self, Request, Simulation, Stats, Status, TableInfo, VipHealth, VipInfo},
     config::{BackendConfig, Encap, Protocol, VipConfig, VipId},
 };
 use serde::de::DeserializeOwned;
@@ -46,6 +46,8 @@ enum Command {
     Backend(BackendCommand),
     /// Counters and rates: outcomes, drop reasons, per VIP and backend.
     Stats,
+    /// Backend states and the last probe of each.
+    Health,
     /// A VIP's Maglev table: slots per backend, share against weight.
     Table { vip: VipId },
     /// Which backend a flow gets, and why.
@@ -110,6 +112,16 @@ enum BackendCommand {
         address: IpAddr,
         weight: u32,
     },
+    /// Stop sending it new flows; its connections continue until the VIP's
+    /// drain_timeout.
+    Drain {
+        vip: VipId,
+        address: IpAddr,
+    },
+    Undrain {
+        vip: VipId,
+        address: IpAddr,
+    },
 }
 
 #[derive(Subcommand)]
@@ -148,12 +160,11 @@ fn parse_backend(s: &str) -> Result<BackendConfig> {
         Some((a, w)) => (a, w.parse().with_context(|| format!("weight in `{s}`"))?),
         None => (s, 1),
     };
-    Ok(BackendConfig {
-        address: addr
-            .parse()
+    Ok(BackendConfig::new(
+        addr.parse()
             .with_context(|| format!("`{addr}` is not an IP address"))?,
         weight,
-    })
+    ))
 }
 
 fn run(args: Args) -> Result<()> {
@@ -194,15 +205,12 @@ fn run(args: Args) -> Result<()> {
                 .iter()
                 .map(|b| parse_backend(b))
                 .collect::<Result<Vec<_>>>()?;
-            let config = VipConfig {
-                id: vip,
-                encap: match encap {
-                    EncapArg::Ipip => Encap::Ipip,
-                    EncapArg::Gre => Encap::Gre,
-                },
-                conntrack: !no_conntrack,
-                backends,
+            let mut config = VipConfig::new(vip, backends);
+            config.encap = match encap {
+                EncapArg::Ipip => Encap::Ipip,
+                EncapArg::Gre => Encap::Gre,
             };
+            config.conntrack = !no_conntrack;
             done(
                 call(Request::VipAdd { vip: config })?,
                 &format!("added VIP {vip}"),
@@ -240,6 +248,15 @@ fn run(args: Args) -> Result<()> {
             })?,
             &format!("backend {address} of {vip} now has weight {weight}"),
         ),
+        Command::Backend(BackendCommand::Drain { vip, address }) => done(
+            call(Request::BackendDrain { vip, address })?,
+            &format!("draining backend {address} of {vip}"),
+        ),
+        Command::Backend(BackendCommand::Undrain { vip, address }) => done(
+            call(Request::BackendUndrain { vip, address })?,
+            &format!("backend {address} of {vip} is no longer draining"),
+        ),
+        Command::Health => show(call(Request::Health)?, &|v| print_health(decode(v)?)),
         Command::Stats => show(call(Request::Stats)?, &|v| print_stats(decode(v)?)),
         Command::Table { vip } => show(call(Request::Table { vip })?, &|v| print_table(decode(v)?)),
         Command::Simulate {
@@ -486,7 +503,7 @@ fn print_vips(vips: Vec<VipInfo>) -> Result<()> {
                 if v.conntrack { "yes" } else { "no" }.into(),
                 b.address.to_string(),
                 b.weight.to_string(),
-                if b.usable { "active" } else { "down" }.into(),
+                b.state.map(state_name).unwrap_or("-").into(),
             ]);
         }
     }
@@ -494,6 +511,85 @@ fn print_vips(vips: Vec<VipInfo>) -> Result<()> {
         &["vip", "encap", "conntrack", "backend", "weight", "state"],
         rows,
     );
+    Ok(())
+}
+
+fn state_name(s: lb::lifecycle::BackendState) -> &'static str {
+    use lb::lifecycle::BackendState::*;
+    match s {
+        Active => "active",
+        SlowStart => "slow-start",
+        Draining => "draining",
+        Down => "down",
+    }
+}
+
+fn duration(secs: f64) -> String {
+    let s = secs as u64;
+    match s {
+        s if s >= 3600 => format!("{}h{:02}m", s / 3600, s / 60 % 60),
+        s if s >= 60 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{secs:.1}s"),
+    }
+}
+
+fn print_health(vips: Vec<VipHealth>) -> Result<()> {
+    let mut rows = Vec::new();
+    for v in &vips {
+        for b in &v.backends {
+            let (last, latency) = match &b.last_probe {
+                Some(p) => (
+                    format!("{} {}", if p.ok { "ok" } else { "FAIL" }, p.detail),
+                    format!("{:.1}ms", p.latency_us as f64 / 1000.0),
+                ),
+                None => ("-".into(), "-".into()),
+            };
+            rows.push(vec![
+                v.vip.to_string(),
+                b.address.to_string(),
+                state_name(b.state).into(),
+                b.health.clone(),
+                format!("{:.2}", b.effective_weight),
+                duration(b.in_state_secs),
+                last,
+                latency,
+            ]);
+        }
+    }
+    print_rows(
+        &[
+            "vip",
+            "backend",
+            "state",
+            "health",
+            "weight now",
+            "in state",
+            "last probe",
+            "latency",
+        ],
+        rows,
+    );
+    for v in &vips {
+        if v.panic {
+            println!(
+                "PANIC {}: too few healthy backends, the table uses all of them",
+                v.vip
+            );
+        }
+        if v.panic_entered > 0 {
+            println!(
+                "{}: entered panic mode {} time(s) since lbd started",
+                v.vip, v.panic_entered
+            );
+        }
+    }
+    let checks: std::collections::BTreeSet<String> = vips
+        .iter()
+        .flat_map(|v| v.backends.iter().filter_map(|b| b.check.clone()))
+        .collect();
+    for c in checks {
+        println!("check: {c}");
+    }
     Ok(())
 }
 

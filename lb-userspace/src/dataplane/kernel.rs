@@ -8,7 +8,7 @@ use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, HashMap, Map, MapData, PerCpuArray},
     programs::{
-        Xdp, XdpMode,
+        SchedClassifier, TcAttachType, Xdp, XdpMode,
         links::{FdLink, PinnedLink},
         xdp::XdpLink,
     },
@@ -17,7 +17,7 @@ use lb_common::{
     BackendDef, CounterValue, DatapathConfig, FlowBucket, TableChunk, VipKey, VipMeta,
     consts::{
         ALL_MAPS, MAP_BACKEND_STATS, MAP_BACKENDS, MAP_CONFIG, MAP_COUNTERS, MAP_FLOWS, MAP_TABLES,
-        MAP_VIP_STATS, MAP_VIPS, PROG_LB, TABLE_CHUNK_SLOTS,
+        MAP_VIP_STATS, MAP_VIPS, PROG_LB, PROG_PROBE_ENCAP, TABLE_CHUNK_SLOTS,
     },
     counters::COUNTER_SLOTS,
 };
@@ -76,7 +76,34 @@ impl KernelDataplane {
             .try_into()
             .map_err(prog_err)?;
         prog.load().map_err(prog_err)?;
+        let tc: &mut SchedClassifier = ebpf
+            .program_mut(PROG_PROBE_ENCAP)
+            .ok_or_else(|| prog_err(aya::programs::ProgramError::NotLoaded))?
+            .try_into()
+            .map_err(prog_err)?;
+        tc.load().map_err(prog_err)?;
         Ok(Self { ebpf, layout })
+    }
+
+    /// The TC egress program that tunnels health probes sent with a probe
+    /// mark (drive it with `TestRun`, or attach it).
+    pub fn probe_encap(&mut self) -> &mut SchedClassifier {
+        self.ebpf
+            .program_mut(PROG_PROBE_ENCAP)
+            .expect("loaded in load_with")
+            .try_into()
+            .expect("a classifier")
+    }
+
+    /// Attaches the probe-tunnelling program to `iface`'s egress for as
+    /// long as this value lives (probes only run while `lbd` does).
+    pub fn attach_probe_encap(&mut self, iface: &str) -> Result<()> {
+        // Needed only on kernels without TCX (< 6.6); harmless otherwise.
+        let _ = aya::programs::tc::qdisc_add_clsact(iface);
+        self.probe_encap()
+            .attach(iface, TcAttachType::Egress)
+            .map_err(prog_err)?;
+        Ok(())
     }
 
     /// Loads the program with its maps pinned under `dir`, adopting maps a

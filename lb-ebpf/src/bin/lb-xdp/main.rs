@@ -8,6 +8,7 @@ mod conntrack;
 mod encap;
 mod maglev;
 mod maps;
+mod probe;
 mod stats;
 
 use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};

@@ -14,17 +14,25 @@ use anyhow::{Context as _, Result, bail};
 use aya::programs::XdpMode;
 use lb::{
     api::{
-        BackendInfo, BackendStats, CounterInfo, InterfaceInfo, Rate, Request, Response, Simulation,
-        Stats, Status, TableInfo, TableShare, VipInfo, VipStats,
+        BackendHealth, BackendInfo, BackendStats, CounterInfo, InterfaceInfo, Rate, Request,
+        Response, Simulation, Stats, Status, TableInfo, TableShare, VipHealth, VipInfo, VipStats,
     },
-    config::{Config, Gateway, Mac, MalformedPolicy, VipConfig, VipId, XdpModeSetting},
+    config::{
+        Config, Encap, Gateway, HealthCheck, Mac, MalformedPolicy, VipConfig, VipId, XdpModeSetting,
+    },
     dataplane::{Dataplane, kernel::KernelDataplane},
+    health::{ProbeResult, ProbeTarget, spawn_prober},
+    lifecycle::{Lifecycle, WEIGHT_SCALE},
     net,
     predict::Via,
-    reconcile::{DatapathSettings, Reconciler},
+    reconcile::{ApplyReport, DatapathSettings, Reconciler},
     state::Overlay,
 };
-use lb_common::{Counter, CounterValue, FlowKey, consts::BACKEND_INDEX_MASK, counters::Kind};
+use lb_common::{
+    Counter, CounterValue, FlowKey,
+    consts::{BACKEND_INDEX_MASK, probe_mark},
+    counters::Kind,
+};
 use tokio::{
     signal::unix::{SignalKind, signal},
     sync::mpsc,
@@ -46,6 +54,16 @@ struct Sample {
     vips: BTreeMap<VipId, (CounterValue, BTreeMap<IpAddr, CounterValue>)>,
 }
 
+/// A backend of a VIP: the key of probes and lifecycle entries.
+type BackendKey = (VipId, IpAddr);
+
+/// A running prober and what it probes.
+struct Prober {
+    check: HealthCheck,
+    target: ProbeTarget,
+    task: tokio::task::JoinHandle<()>,
+}
+
 struct Daemon {
     config_path: PathBuf,
     config: Config,
@@ -58,6 +76,11 @@ struct Daemon {
     last_reload: Option<String>,
     previous: Sample,
     latest: Sample,
+    lifecycle: Lifecycle,
+    probers: BTreeMap<BackendKey, Prober>,
+    probe_tx: mpsc::Sender<(BackendKey, ProbeResult)>,
+    /// The last plan changes with time (slow start, drain timers).
+    pending: bool,
 }
 
 fn xdp_mode(m: XdpModeSetting) -> XdpMode {
@@ -123,10 +146,6 @@ fn settings(config: &Config, gateway_mac: [u8; 6]) -> DatapathSettings {
     }
 }
 
-fn all_usable(_: &VipId, _: &IpAddr) -> bool {
-    true
-}
-
 pub async fn run(config_path: PathBuf) -> Result<()> {
     let config = Config::load(&config_path)?;
     for w in &config.warnings {
@@ -150,9 +169,30 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
     let gateway_mac = resolve_gateway(&config).await?;
     let settings = settings(&config, gateway_mac);
     reconciler.apply_settings(&settings)?;
+
+    let (probe_tx, mut probe_rx) = mpsc::channel(1024);
+    let mut daemon = Daemon {
+        config_path,
+        config,
+        overlay,
+        reconciler,
+        settings,
+        interfaces: Vec::new(),
+        started: Instant::now(),
+        maps_adopted,
+        last_reload: None,
+        previous: Sample::default(),
+        latest: Sample::default(),
+        lifecycle: Lifecycle::default(),
+        probers: BTreeMap::new(),
+        probe_tx,
+        pending: false,
+    };
     // Maps first, attachment second: the first packet sees the full state.
-    let report = reconciler.apply(&effective, &all_usable)?;
+    let report = daemon.program(&effective, true)?;
     info!(?report, adopted = maps_adopted, "dataplane programmed");
+    let config = &daemon.config;
+    let reconciler = &mut daemon.reconciler;
 
     let mut interfaces = Vec::new();
     for iface in &config.interfaces {
@@ -166,27 +206,19 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
             mode: mode_name(config.xdp_mode).into(),
             adopted,
         });
+        // Health probes through the tunnel leave by this interface.
+        reconciler
+            .dataplane_mut()
+            .attach_probe_encap(iface)
+            .with_context(|| format!("attaching the probe tunnel program to {iface}"))?;
     }
+    daemon.interfaces = interfaces;
 
-    let listener = server::bind(&config.api_socket)?;
-    let socket = config.api_socket.clone();
+    let listener = server::bind(&daemon.config.api_socket)?;
+    let socket = daemon.config.api_socket.clone();
     let (tx, mut calls) = mpsc::channel::<Call>(64);
     tokio::spawn(server::serve(listener, tx));
-    info!(socket = %socket.display(), instance = %config.instance, "lbd ready");
-
-    let mut daemon = Daemon {
-        config_path,
-        config,
-        overlay,
-        reconciler,
-        settings,
-        interfaces,
-        started: Instant::now(),
-        maps_adopted,
-        last_reload: None,
-        previous: Sample::default(),
-        latest: Sample::default(),
-    };
+    info!(socket = %socket.display(), instance = %daemon.config.instance, "lbd ready");
     daemon.sample();
 
     let mut hup = signal(SignalKind::hangup())?;
@@ -207,7 +239,13 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
                     error!("reload failed, keeping the running configuration: {e:#}");
                 }
             }
-            _ = sample_tick.tick() => daemon.sample(),
+            Some((key, result)) = probe_rx.recv() => daemon.on_probe(key, result),
+            _ = sample_tick.tick() => {
+                daemon.sample();
+                if daemon.pending {
+                    daemon.replan();
+                }
+            }
             _ = gateway_tick.tick() => daemon.refresh_gateway().await,
             _ = term.recv() => break,
             _ = int.recv() => break,
@@ -250,6 +288,131 @@ fn kind_name(k: Kind) -> &'static str {
 impl Daemon {
     fn effective(&self) -> Vec<VipConfig> {
         self.overlay.apply(&self.config.vips)
+    }
+
+    /// Programs the dataplane for `effective`: lifecycle states (health,
+    /// drains, slow start, panic) turn configured weights into effective
+    /// ones, the reconciler writes what changed, probers follow.
+    fn program(&mut self, effective: &[VipConfig], initial: bool) -> Result<ApplyReport> {
+        let now = Instant::now();
+        let drained = self.overlay.drained_in(effective);
+        self.lifecycle.sync(effective, &drained, now, initial);
+        let plan = self.lifecycle.plan(effective, now);
+        for event in &plan.events {
+            warn!("{event}");
+        }
+        self.pending = plan.pending;
+        let usable =
+            |id: &VipId, addr: &IpAddr| plan.usable.get(&(*id, *addr)).copied().unwrap_or(true);
+        let report = self.reconciler.apply(&plan.vips, &usable)?;
+        self.sync_probers(effective);
+        Ok(report)
+    }
+
+    /// Re-plans the running configuration (after a verdict or a timer).
+    fn replan(&mut self) {
+        let effective = self.effective();
+        if let Err(e) = self.program(&effective, false) {
+            error!("updating the dataplane failed: {e:#}");
+        }
+    }
+
+    /// Starts, restarts or stops probers so that each probed backend has
+    /// exactly one, probing what its check says.
+    fn sync_probers(&mut self, effective: &[VipConfig]) {
+        let mut wanted: BTreeMap<BackendKey, (HealthCheck, ProbeTarget)> = BTreeMap::new();
+        for vip in effective {
+            for b in &vip.backends {
+                let Some(check) = vip.health_check_of(b) else {
+                    continue;
+                };
+                let port = check.port.unwrap_or(vip.id.port);
+                let target = if check.through_tunnel {
+                    let Some(handle) = self
+                        .reconciler
+                        .vips()
+                        .get(&vip.id)
+                        .and_then(|v| v.backends.get(&b.address))
+                        .map(|s| s.handle)
+                    else {
+                        continue;
+                    };
+                    ProbeTarget {
+                        addr: (vip.id.addr, port).into(),
+                        mark: Some(probe_mark(
+                            handle & BACKEND_INDEX_MASK,
+                            vip.encap == Encap::Gre,
+                        )),
+                    }
+                } else {
+                    ProbeTarget {
+                        addr: (b.address, port).into(),
+                        mark: None,
+                    }
+                };
+                wanted.insert((vip.id, b.address), (check.clone(), target));
+            }
+        }
+        self.probers.retain(|key, p| {
+            let keep = wanted
+                .get(key)
+                .is_some_and(|(c, t)| *c == p.check && *t == p.target);
+            if !keep {
+                p.task.abort();
+            }
+            keep
+        });
+        for (key, (check, target)) in wanted {
+            if self.probers.contains_key(&key) {
+                continue;
+            }
+            self.lifecycle
+                .reset_health(&key.0, &key.1, check.rise, check.fall);
+            let seed = lb_common::flow::fmix64(
+                self.probers.len() as u64 ^ u64::from(key.1.is_ipv4()) ^ u64::from(key.0.port),
+            );
+            let task = spawn_prober(
+                key,
+                check.clone(),
+                target.clone(),
+                seed,
+                self.probe_tx.clone(),
+            );
+            self.probers.insert(
+                key,
+                Prober {
+                    check,
+                    target,
+                    task,
+                },
+            );
+        }
+    }
+
+    fn on_probe(&mut self, key: BackendKey, result: ProbeResult) {
+        if !self.probers.contains_key(&key) {
+            return; // a prober stopped since it sent this
+        }
+        let (vip, addr) = key;
+        let detail = result.detail.clone();
+        if self
+            .lifecycle
+            .record_probe(&vip, &addr, result, Instant::now())
+        {
+            let up = self
+                .lifecycle
+                .vips
+                .get(&vip)
+                .and_then(|v| v.backends.get(&addr))
+                .and_then(|b| b.health.as_ref())
+                .is_some_and(|t| t.is_up());
+            if up {
+                info!(vip = %vip, backend = %addr, "backend is up: back in the table");
+            } else {
+                warn!(vip = %vip, backend = %addr, reason = %detail, "backend is down: out of the table");
+            }
+            self.replan();
+        }
     }
 
     fn read_sample(&self) -> lb::dataplane::Result<Sample> {
@@ -335,11 +498,12 @@ impl Daemon {
         };
         let settings = settings(&new, gateway_mac);
         self.reconciler.apply_settings(&settings)?;
-        if let Err(e) = self.reconciler.apply(&effective, &all_usable) {
+        if let Err(e) = self.program(&effective, false) {
             // Put the previous state back before giving up.
             let _ = self.reconciler.apply_settings(&self.settings);
-            let _ = self.reconciler.apply(&self.effective(), &all_usable);
-            return Err(e.into());
+            let old = self.effective();
+            let _ = self.program(&old, false);
+            return Err(e);
         }
         for w in &warnings {
             warn!("{w}");
@@ -362,12 +526,16 @@ impl Daemon {
         for w in self.config.check_vips(&effective)? {
             warn!("{w}");
         }
-        self.reconciler.apply(&effective, &all_usable)?;
-        if let Err(e) = overlay.save(&self.config.state_file) {
-            let _ = self.reconciler.apply(&self.effective(), &all_usable);
-            return Err(e.into());
+        let old = std::mem::replace(&mut self.overlay, overlay);
+        let result = self
+            .program(&effective, false)
+            .and_then(|_| Ok(self.overlay.save(&self.config.state_file)?));
+        if let Err(e) = result {
+            self.overlay = old;
+            let previous = self.effective();
+            let _ = self.program(&previous, false);
+            return Err(e);
         }
-        self.overlay = overlay;
         Ok(())
     }
 
@@ -398,6 +566,13 @@ impl Daemon {
             } => self
                 .change(|o, base| Ok(o.set_weight(base, &vip, address, weight)?))
                 .map(|_| serde_json::Value::Null),
+            Request::BackendDrain { vip, address } => self
+                .change(|o, base| Ok(o.set_drained(base, &vip, address, true)?))
+                .map(|_| serde_json::Value::Null),
+            Request::BackendUndrain { vip, address } => self
+                .change(|o, base| Ok(o.set_drained(base, &vip, address, false)?))
+                .map(|_| serde_json::Value::Null),
+            Request::Health => Ok(serde_json::to_value(self.health()).unwrap_or_default()),
             Request::Stats => Ok(serde_json::to_value(self.stats()).unwrap_or_default()),
             Request::Table { vip } => self
                 .table(&vip)
@@ -458,23 +633,72 @@ impl Daemon {
     }
 
     fn vip_list(&self) -> Vec<VipInfo> {
-        self.reconciler
-            .vips()
+        self.effective()
             .iter()
-            .map(|(id, v)| VipInfo {
-                vip: *id,
-                encap: v.encap.to_string(),
-                conntrack: v.conntrack,
-                backends: v
-                    .backends
-                    .iter()
-                    .map(|(addr, b)| BackendInfo {
-                        address: *addr,
-                        weight: b.weight,
-                        usable: b.usable,
-                        handle: b.handle,
-                    })
-                    .collect(),
+            .map(|v| {
+                let kernel = self.reconciler.vips().get(&v.id);
+                let life = self.lifecycle.vips.get(&v.id);
+                VipInfo {
+                    vip: v.id,
+                    encap: v.encap.to_string(),
+                    conntrack: v.conntrack,
+                    backends: v
+                        .backends
+                        .iter()
+                        .map(|b| {
+                            let k = kernel.and_then(|k| k.backends.get(&b.address));
+                            BackendInfo {
+                                address: b.address,
+                                weight: b.weight,
+                                state: life
+                                    .and_then(|l| l.backends.get(&b.address))
+                                    .map(|l| l.state),
+                                usable: k.is_some_and(|k| k.usable),
+                                handle: k.map(|k| k.handle).unwrap_or(0),
+                            }
+                        })
+                        .collect(),
+                }
+            })
+            .collect()
+    }
+
+    fn health(&self) -> Vec<VipHealth> {
+        let now = Instant::now();
+        self.effective()
+            .iter()
+            .map(|v| {
+                let life = self.lifecycle.vips.get(&v.id);
+                VipHealth {
+                    vip: v.id,
+                    panic: life.is_some_and(|l| l.panic),
+                    panic_entered: life.map(|l| l.panic_entered).unwrap_or(0),
+                    backends: v
+                        .backends
+                        .iter()
+                        .filter_map(|b| {
+                            let l = life?.backends.get(&b.address)?;
+                            let check = v.health_check_of(b);
+                            Some(BackendHealth {
+                                address: b.address,
+                                state: l.state,
+                                health: match &l.health {
+                                    None => "unchecked".into(),
+                                    Some(t) if t.is_up() => "up".into(),
+                                    Some(_) => "down".into(),
+                                },
+                                check: check.map(|c| describe_check(c, v, b.address)),
+                                weight: b.weight,
+                                effective_weight: l.effective_weight as f64 / WEIGHT_SCALE as f64,
+                                in_state_secs: now
+                                    .saturating_duration_since(l.state_since)
+                                    .as_secs_f64(),
+                                last_probe: l.health.as_ref().and_then(|t| t.last.clone()),
+                                probes: l.health.as_ref().map(|t| t.probes).unwrap_or(0),
+                            })
+                        })
+                        .collect(),
+                }
             })
             .collect()
     }
@@ -550,12 +774,20 @@ impl Daemon {
             *slots.entry(*h).or_default() += 1;
         }
         let m = self.reconciler.layout().table_size;
+        // The reconciler holds effective weights (scaled, ramped, panic);
+        // the share they give is what the table should show.
         let in_table_weight: u32 = v
             .backends
             .values()
             .filter(|b| slots.contains_key(&b.handle))
             .map(|b| b.weight)
             .sum();
+        let configured: BTreeMap<IpAddr, u32> = self
+            .effective()
+            .into_iter()
+            .find(|c| c.id == *id)
+            .map(|c| c.backends.iter().map(|b| (b.address, b.weight)).collect())
+            .unwrap_or_default();
         Ok(TableInfo {
             vip: *id,
             table_size: m,
@@ -567,7 +799,7 @@ impl Daemon {
                     let n = slots.get(&b.handle).copied().unwrap_or(0);
                     TableShare {
                         address: *addr,
-                        weight: b.weight,
+                        weight: configured.get(addr).copied().unwrap_or(0),
                         slots: n,
                         share: n as f64 / m as f64,
                         weight_share: if n > 0 && in_table_weight > 0 {
@@ -625,6 +857,30 @@ impl Daemon {
             },
         })
     }
+}
+
+/// What a check probes, for `lbctl health`.
+fn describe_check(c: &HealthCheck, vip: &VipConfig, backend: IpAddr) -> String {
+    let port = c.port.unwrap_or(vip.id.port);
+    let what = if let Some(h) = &c.http {
+        format!("http GET {} → {}", h.path, h.status)
+    } else if c.send.is_some() || c.expect.is_some() {
+        "tcp send/expect".to_string()
+    } else {
+        "tcp connect".to_string()
+    };
+    let target = if c.through_tunnel {
+        format!("{}:{port} through the tunnel", vip.id.addr)
+    } else {
+        std::net::SocketAddr::from((backend, port)).to_string()
+    };
+    format!(
+        "{what} {target} every {} (timeout {}, rise {}, fall {})",
+        lb::config::duration::format(&c.interval),
+        lb::config::duration::format(&c.timeout),
+        c.rise,
+        c.fall
+    )
 }
 
 /// `YYYY-MM-DDTHH:MM:SSZ` without a date crate.

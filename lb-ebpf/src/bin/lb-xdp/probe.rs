@@ -1,0 +1,119 @@
+//! `lb_probe_encap`: a TC egress program on the balancer's interfaces that
+//! tunnels `lbd`'s own health probes. A probe through the tunnel is a TCP
+//! connection from the balancer to the VIP whose socket carries
+//! `probe_mark(backend index, gre)`; this program wraps each such packet for
+//! that backend (same outer header as `lb_xdp` writes: IPIP or GRE, outer
+//! source from `LB_CONFIG`, outer family = the packet's, DF set) and lets
+//! it go. Anything else, and any packet it cannot wrap, goes out untouched:
+//! a probe that is not tunnelled fails on its own, which is the right
+//! verdict.
+//!
+//! The backend's reply comes straight back from the VIP (direct server
+//! return) and `lb_xdp` passes it to the stack as non-VIP traffic.
+
+use aya_ebpf::{
+    bindings::{
+        BPF_F_ADJ_ROOM_ENCAP_L3_IPV4, BPF_F_ADJ_ROOM_ENCAP_L3_IPV6, BPF_F_ADJ_ROOM_ENCAP_L4_GRE,
+        TC_ACT_OK,
+    },
+    macros::classifier,
+    programs::TcContext,
+};
+use lb_common::consts::{
+    BACKEND_INDEX_MASK, ETH_HDR_LEN, ETH_P_IPV4, ETH_P_IPV6, FAMILY_V4, FAMILY_V6, GRE_HDR_LEN,
+    IPV4_HDR_LEN, IPV6_HDR_LEN, OUTER_TTL, PROBE_MARK, PROBE_MARK_GRE, PROBE_MARK_MASK, PROTO_GRE,
+    PROTO_IPIP, PROTO_IPV6,
+};
+use lb_ebpf::{
+    csum,
+    hdr::{GreHdr, IP_DF, Ipv4Hdr, Ipv6Hdr, be16, be32},
+};
+
+use crate::maps::{LB_BACKENDS, LB_CONFIG};
+
+/// `bpf_skb_adjust_room` mode: grow right after the MAC header.
+const BPF_ADJ_ROOM_MAC: u32 = 1;
+
+#[classifier]
+pub fn lb_probe_encap(ctx: TcContext) -> i32 {
+    let _ = wrap(&ctx);
+    TC_ACT_OK as i32
+}
+
+#[inline(always)]
+fn wrap(ctx: &TcContext) -> Result<(), ()> {
+    // SAFETY: the context's skb pointer is valid for the program's run.
+    let mark = unsafe { (*ctx.skb.skb).mark };
+    if mark & PROBE_MARK_MASK != PROBE_MARK {
+        return Ok(());
+    }
+    let gre = mark & PROBE_MARK_GRE != 0;
+    let backend = LB_BACKENDS.get(mark & BACKEND_INDEX_MASK).ok_or(())?;
+    let cfg = LB_CONFIG.get(0).ok_or(())?;
+    let ethertype: u16 = ctx.load(12).map_err(|_| ())?;
+    let v4 = ethertype == be16(ETH_P_IPV4);
+    if !v4 && ethertype != be16(ETH_P_IPV6) {
+        return Ok(());
+    }
+    // Only same-family tunnels: the frame keeps its ethertype.
+    if backend.family != if v4 { FAMILY_V4 } else { FAMILY_V6 } {
+        return Ok(());
+    }
+    let gre_len = if gre { GRE_HDR_LEN } else { 0 };
+    let ip_len = if v4 { IPV4_HDR_LEN } else { IPV6_HDR_LEN };
+    let inner_len = ctx.len() as usize - ETH_HDR_LEN;
+    let flags = if v4 {
+        BPF_F_ADJ_ROOM_ENCAP_L3_IPV4
+    } else {
+        BPF_F_ADJ_ROOM_ENCAP_L3_IPV6
+    } as u64
+        | if gre {
+            BPF_F_ADJ_ROOM_ENCAP_L4_GRE as u64
+        } else {
+            0
+        };
+    ctx.adjust_room((ip_len + gre_len) as i32, BPF_ADJ_ROOM_MAC, flags)
+        .map_err(|_| ())?;
+    let next = if gre {
+        PROTO_GRE
+    } else if v4 {
+        PROTO_IPIP
+    } else {
+        PROTO_IPV6
+    };
+    if v4 {
+        let mut ip = Ipv4Hdr {
+            version_ihl: 0x45,
+            tos: 0,
+            tot_len: be16((IPV4_HDR_LEN + gre_len + inner_len) as u16),
+            id: 0,
+            frag_off: be16(IP_DF),
+            ttl: OUTER_TTL,
+            protocol: next,
+            check: 0,
+            saddr: cfg.src_v4,
+            daddr: backend.addr[0],
+        };
+        // SAFETY: `ip` is a 20-byte header on the stack.
+        ip.check = unsafe { csum::ipv4_header(&ip as *const Ipv4Hdr as *const u16) };
+        ctx.store(ETH_HDR_LEN, &ip, 0).map_err(|_| ())?;
+    } else {
+        let ip = Ipv6Hdr {
+            vtc_flow: be32(6 << 28),
+            payload_len: be16((gre_len + inner_len) as u16),
+            nexthdr: next,
+            hop_limit: OUTER_TTL,
+            saddr: cfg.src_v6,
+            daddr: backend.addr,
+        };
+        ctx.store(ETH_HDR_LEN, &ip, 0).map_err(|_| ())?;
+    }
+    if gre {
+        let g = GreHdr {
+            flags_version: 0,
+            protocol: ethertype,
+        };
+        ctx.store(ETH_HDR_LEN + ip_len, &g, 0).map_err(|_| ())?;
+    }
+    Ok(())
+}

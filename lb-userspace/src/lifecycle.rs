@@ -1,0 +1,471 @@
+//! Backend lifecycle: from configured weights, probe verdicts and operator
+//! drains to what the dataplane should hold. Pure bookkeeping, no I/O; the
+//! daemon feeds it events and hands its [`Plan`] to the reconciler.
+//!
+//! States of a backend of a VIP:
+//! - `active`: in the table with its weight;
+//! - `slow-start`: in the table, its weight ramping linearly from almost
+//!   nothing to full over the VIP's `slow_start` after it joined or
+//!   recovered;
+//! - `draining` (operator): out of the table, its existing connections kept
+//!   through the connection table until `drain_timeout`, then cut;
+//! - `down` (probes failed): out of the table, its connection-table entries
+//!   ignored so its clients re-pick at once.
+//!
+//! Panic threshold: when fewer than `panic_threshold`% of a VIP's
+//! candidates (weight > 0, not drained) are healthy, the table is built from
+//! all candidates (fail open: a shared failure of the probes must not take a
+//! service down) until enough are healthy again.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+    time::{Duration, Instant},
+};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    config::{VipConfig, VipId},
+    health::{ProbeResult, Tracker},
+};
+
+/// Configured weights are multiplied by this, so a slow start can ramp in
+/// fine steps while shares stay those of the configured weights.
+pub const WEIGHT_SCALE: u32 = 100;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BackendState {
+    Active,
+    SlowStart,
+    Draining,
+    Down,
+}
+
+/// One backend of one VIP.
+#[derive(Clone, Debug)]
+pub struct BackendLife {
+    /// Start of the slow-start ramp: when it joined or last recovered.
+    pub joined: Instant,
+    pub drained_since: Option<Instant>,
+    /// Probe verdicts; `None` when the backend is not probed.
+    pub health: Option<Tracker>,
+    pub state: BackendState,
+    pub state_since: Instant,
+    /// The weight handed to the dataplane (scaled).
+    pub effective_weight: u32,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct VipLife {
+    pub panic: bool,
+    /// Times this VIP entered panic mode since `lbd` started.
+    pub panic_entered: u64,
+    pub backends: BTreeMap<IpAddr, BackendLife>,
+}
+
+/// What the dataplane should hold now.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Plan {
+    /// The VIPs with effective (scaled) weights: 0 leaves the table.
+    pub vips: Vec<VipConfig>,
+    /// Whether each backend's connection-table entries are honoured.
+    pub usable: BTreeMap<(VipId, IpAddr), bool>,
+    /// Something changes with time alone (a ramp, a drain timer): plan again
+    /// in a second.
+    pub pending: bool,
+    /// Things worth a log line (panic mode entered or left).
+    pub events: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Lifecycle {
+    pub vips: BTreeMap<VipId, VipLife>,
+}
+
+impl Lifecycle {
+    /// Aligns the bookkeeping with the configured VIPs and drains. Backends
+    /// seen for the first time join now, except at start-up (`initial`),
+    /// where they are taken as already serving (no slow start after a
+    /// restart of `lbd`). A changed health check restarts the verdicts.
+    pub fn sync(
+        &mut self,
+        vips: &[VipConfig],
+        drained: &BTreeSet<(VipId, IpAddr)>,
+        now: Instant,
+        initial: bool,
+    ) {
+        let long_ago = now.checked_sub(Duration::from_secs(86_400)).unwrap_or(now);
+        self.vips.retain(|id, _| vips.iter().any(|v| v.id == *id));
+        for vip in vips {
+            let life = self.vips.entry(vip.id).or_default();
+            life.backends
+                .retain(|addr, _| vip.backends.iter().any(|b| b.address == *addr));
+            for b in &vip.backends {
+                let check = vip.health_check_of(b);
+                let entry = life
+                    .backends
+                    .entry(b.address)
+                    .or_insert_with(|| BackendLife {
+                        joined: if initial { long_ago } else { now },
+                        drained_since: None,
+                        health: None,
+                        state: BackendState::Active,
+                        state_since: now,
+                        effective_weight: 0,
+                    });
+                match (check, &entry.health) {
+                    (None, _) => entry.health = None,
+                    (Some(c), None) => entry.health = Some(Tracker::new(c.rise, c.fall)),
+                    (Some(_), Some(_)) => {}
+                }
+                let is_drained = drained.contains(&(vip.id, b.address));
+                match (is_drained, entry.drained_since) {
+                    (true, None) => entry.drained_since = Some(now),
+                    (false, Some(_)) => {
+                        entry.drained_since = None;
+                        entry.joined = now;
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    /// Restarts the probe streaks of a backend whose check changed; its
+    /// current verdict stands until the new check overturns it.
+    pub fn reset_health(&mut self, vip: &VipId, addr: &IpAddr, rise: u32, fall: u32) {
+        if let Some(b) = self.backend_mut(vip, addr) {
+            let up = b.health.as_ref().is_none_or(Tracker::is_up);
+            b.health = Some(Tracker::continuing(rise, fall, up));
+        }
+    }
+
+    fn backend_mut(&mut self, vip: &VipId, addr: &IpAddr) -> Option<&mut BackendLife> {
+        self.vips.get_mut(vip)?.backends.get_mut(addr)
+    }
+
+    /// Records a probe result; `true` if the backend's verdict changed.
+    pub fn record_probe(
+        &mut self,
+        vip: &VipId,
+        addr: &IpAddr,
+        result: ProbeResult,
+        now: Instant,
+    ) -> bool {
+        let Some(b) = self.backend_mut(vip, addr) else {
+            return false;
+        };
+        let Some(t) = b.health.as_mut() else {
+            return false;
+        };
+        match t.record(result) {
+            Some(up) => {
+                if up {
+                    b.joined = now;
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Computes the dataplane input for `vips` at `now`.
+    pub fn plan(&mut self, vips: &[VipConfig], now: Instant) -> Plan {
+        let mut plan = Plan::default();
+        for vip in vips {
+            let Some(life) = self.vips.get_mut(&vip.id) else {
+                continue;
+            };
+            let mut eff = vip.clone();
+            let mut candidates = 0u32;
+            let mut healthy = 0u32;
+            for b in &vip.backends {
+                let Some(l) = life.backends.get(&b.address) else {
+                    continue;
+                };
+                if b.weight > 0 && l.drained_since.is_none() {
+                    candidates += 1;
+                    if l.health.as_ref().is_none_or(Tracker::is_up) {
+                        healthy += 1;
+                    }
+                }
+            }
+            let panic = candidates > 0 && healthy * 100 < vip.panic_threshold * candidates;
+            if panic != life.panic {
+                life.panic = panic;
+                if panic {
+                    life.panic_entered += 1;
+                    plan.events.push(format!(
+                        "VIP {}: only {healthy} of {candidates} backends are healthy (below {}%): panic mode, the table uses all {candidates}",
+                        vip.id, vip.panic_threshold
+                    ));
+                } else {
+                    plan.events.push(format!(
+                        "VIP {}: {healthy} of {candidates} backends healthy again: panic mode over",
+                        vip.id
+                    ));
+                }
+            }
+            for (eb, b) in eff.backends.iter_mut().zip(&vip.backends) {
+                let Some(l) = life.backends.get_mut(&b.address) else {
+                    continue;
+                };
+                let up = l.health.as_ref().is_none_or(Tracker::is_up);
+                let full = b.weight * WEIGHT_SCALE;
+                let (state, weight, usable) = if let Some(since) = l.drained_since {
+                    let keep = now.saturating_duration_since(since) < vip.drain_timeout;
+                    plan.pending |= keep;
+                    (BackendState::Draining, 0, keep)
+                } else if panic && b.weight > 0 {
+                    let state = if up {
+                        BackendState::Active
+                    } else {
+                        BackendState::Down
+                    };
+                    (state, full, true)
+                } else if !up {
+                    (BackendState::Down, 0, false)
+                } else {
+                    let elapsed = now.saturating_duration_since(l.joined);
+                    if !vip.slow_start.is_zero() && elapsed < vip.slow_start && b.weight > 0 {
+                        plan.pending = true;
+                        let frac = elapsed.as_secs_f64() / vip.slow_start.as_secs_f64();
+                        let w = ((full as f64 * frac) as u32).max(1);
+                        (BackendState::SlowStart, w, true)
+                    } else {
+                        (BackendState::Active, full, true)
+                    }
+                };
+                if state != l.state {
+                    l.state = state;
+                    l.state_since = now;
+                }
+                l.effective_weight = weight;
+                eb.weight = weight;
+                plan.usable.insert((vip.id, b.address), usable);
+            }
+            plan.vips.push(eff);
+        }
+        plan
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{BackendConfig, HealthCheck};
+
+    fn check() -> HealthCheck {
+        HealthCheck {
+            port: None,
+            interval: Duration::from_secs(1),
+            timeout: Duration::from_millis(500),
+            rise: 2,
+            fall: 2,
+            jitter: 0,
+            send: None,
+            expect: None,
+            http: None,
+            through_tunnel: false,
+        }
+    }
+
+    fn vip(n: usize) -> VipConfig {
+        let backends = (1..=n)
+            .map(|i| BackendConfig::new(format!("10.1.0.{i}").parse().unwrap(), 1))
+            .collect();
+        let mut v = VipConfig::new("10.0.0.1:80/tcp".parse().unwrap(), backends);
+        v.health_check = Some(check());
+        v
+    }
+
+    fn addr(i: usize) -> IpAddr {
+        format!("10.1.0.{i}").parse().unwrap()
+    }
+
+    fn fail() -> ProbeResult {
+        ProbeResult {
+            ok: false,
+            latency_us: 0,
+            detail: "refused".into(),
+        }
+    }
+
+    fn pass() -> ProbeResult {
+        ProbeResult {
+            ok: true,
+            latency_us: 0,
+            detail: "connected".into(),
+        }
+    }
+
+    fn weights(p: &Plan) -> Vec<u32> {
+        p.vips[0].backends.iter().map(|b| b.weight).collect()
+    }
+
+    #[test]
+    fn a_failing_backend_goes_down_and_comes_back() {
+        let v = vip(3);
+        let now = Instant::now();
+        let mut l = Lifecycle::default();
+        l.sync(std::slice::from_ref(&v), &BTreeSet::new(), now, true);
+        assert_eq!(
+            weights(&l.plan(std::slice::from_ref(&v), now)),
+            vec![100, 100, 100]
+        );
+        assert!(!l.record_probe(&v.id, &addr(2), fail(), now));
+        assert!(l.record_probe(&v.id, &addr(2), fail(), now), "fall = 2");
+        let p = l.plan(std::slice::from_ref(&v), now);
+        assert_eq!(weights(&p), vec![100, 0, 100]);
+        assert!(
+            !p.usable[&(v.id, addr(2))],
+            "down: its flows re-pick at once"
+        );
+        assert_eq!(l.vips[&v.id].backends[&addr(2)].state, BackendState::Down);
+        l.record_probe(&v.id, &addr(2), pass(), now);
+        assert!(l.record_probe(&v.id, &addr(2), pass(), now), "rise = 2");
+        assert_eq!(
+            weights(&l.plan(std::slice::from_ref(&v), now)),
+            vec![100, 100, 100]
+        );
+    }
+
+    #[test]
+    fn drained_backends_keep_their_flows_until_the_timeout() {
+        let mut v = vip(2);
+        v.drain_timeout = Duration::from_secs(10);
+        let t0 = Instant::now();
+        let mut l = Lifecycle::default();
+        let drained = BTreeSet::from([(v.id, addr(1))]);
+        l.sync(std::slice::from_ref(&v), &drained, t0, true);
+        let p = l.plan(std::slice::from_ref(&v), t0 + Duration::from_secs(5));
+        assert_eq!(weights(&p), vec![0, 100]);
+        assert!(p.usable[&(v.id, addr(1))], "existing flows keep going");
+        assert!(p.pending);
+        let p = l.plan(std::slice::from_ref(&v), t0 + Duration::from_secs(11));
+        assert!(
+            !p.usable[&(v.id, addr(1))],
+            "after drain_timeout they are cut"
+        );
+        assert_eq!(
+            l.vips[&v.id].backends[&addr(1)].state,
+            BackendState::Draining
+        );
+        // Undrain: back in, with a slow start if configured.
+        l.sync(
+            std::slice::from_ref(&v),
+            &BTreeSet::new(),
+            t0 + Duration::from_secs(12),
+            false,
+        );
+        assert_eq!(
+            weights(&l.plan(std::slice::from_ref(&v), t0 + Duration::from_secs(12))),
+            vec![100, 100]
+        );
+    }
+
+    #[test]
+    fn slow_start_ramps_a_new_backend_linearly() {
+        let mut v = vip(2);
+        v.slow_start = Duration::from_secs(10);
+        let t0 = Instant::now();
+        let mut l = Lifecycle::default();
+        l.sync(&[vip(1)], &BTreeSet::new(), t0, true);
+        // Backend 2 joins at t0.
+        l.sync(std::slice::from_ref(&v), &BTreeSet::new(), t0, false);
+        let at = |s: u64| {
+            weights(
+                &l.clone()
+                    .plan(std::slice::from_ref(&v), t0 + Duration::from_secs(s)),
+            )
+        };
+        assert_eq!(at(0), vec![100, 1]);
+        assert_eq!(at(2), vec![100, 20]);
+        assert_eq!(at(5), vec![100, 50]);
+        assert_eq!(at(10), vec![100, 100]);
+        let p = l.plan(std::slice::from_ref(&v), t0 + Duration::from_secs(5));
+        assert!(p.pending);
+        assert_eq!(
+            l.vips[&v.id].backends[&addr(2)].state,
+            BackendState::SlowStart
+        );
+        assert_eq!(
+            l.vips[&v.id].backends[&addr(1)].state,
+            BackendState::Active,
+            "no slow start at start-up"
+        );
+    }
+
+    #[test]
+    fn recovery_restarts_the_ramp() {
+        let mut v = vip(2);
+        v.slow_start = Duration::from_secs(10);
+        let t0 = Instant::now();
+        let mut l = Lifecycle::default();
+        l.sync(std::slice::from_ref(&v), &BTreeSet::new(), t0, true);
+        for _ in 0..2 {
+            l.record_probe(&v.id, &addr(1), fail(), t0);
+        }
+        let t1 = t0 + Duration::from_secs(30);
+        for _ in 0..2 {
+            l.record_probe(&v.id, &addr(1), pass(), t1);
+        }
+        assert_eq!(
+            weights(&l.plan(std::slice::from_ref(&v), t1 + Duration::from_secs(5))),
+            vec![50, 100]
+        );
+    }
+
+    #[test]
+    fn panic_mode_fails_open_below_the_threshold() {
+        let v = vip(4);
+        let now = Instant::now();
+        let mut l = Lifecycle::default();
+        l.sync(std::slice::from_ref(&v), &BTreeSet::new(), now, true);
+        let down = |l: &mut Lifecycle, i| {
+            for _ in 0..2 {
+                l.record_probe(&v.id, &addr(i), fail(), now);
+            }
+        };
+        down(&mut l, 1);
+        down(&mut l, 2);
+        // 2 of 4 healthy = 50%: not below the default 50%.
+        let p = l.plan(std::slice::from_ref(&v), now);
+        assert_eq!(weights(&p), vec![0, 0, 100, 100]);
+        assert!(p.events.is_empty());
+        down(&mut l, 3);
+        let p = l.plan(std::slice::from_ref(&v), now);
+        assert_eq!(weights(&p), vec![100, 100, 100, 100], "fail open: all four");
+        assert!(p.usable.values().all(|u| *u));
+        assert_eq!(p.events.len(), 1);
+        assert!(p.events[0].contains("panic mode"), "{:?}", p.events);
+        assert!(l.vips[&v.id].panic);
+        assert!(
+            l.plan(std::slice::from_ref(&v), now).events.is_empty(),
+            "logged once"
+        );
+        for _ in 0..2 {
+            l.record_probe(&v.id, &addr(1), pass(), now);
+        }
+        let p = l.plan(std::slice::from_ref(&v), now);
+        assert_eq!(weights(&p), vec![100, 0, 0, 100]);
+        assert!(p.events[0].contains("over"));
+        assert_eq!(l.vips[&v.id].panic_entered, 1);
+    }
+
+    #[test]
+    fn unprobed_backends_count_as_healthy() {
+        let mut v = vip(2);
+        v.health_check = None;
+        let now = Instant::now();
+        let mut l = Lifecycle::default();
+        l.sync(std::slice::from_ref(&v), &BTreeSet::new(), now, true);
+        assert!(!l.record_probe(&v.id, &addr(1), fail(), now));
+        assert_eq!(
+            weights(&l.plan(std::slice::from_ref(&v), now)),
+            vec![100, 100]
+        );
+    }
+}

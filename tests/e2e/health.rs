@@ -1,0 +1,365 @@
+//! End-to-end tests of health checks and backend states: real probes from
+//! `lbd` against real servers in the namespace rig, the real XDP program,
+//! real client connections. Needs root.
+//!
+//! Detection and recovery times are measured (from the moment a server
+//! stops to the moment its slots leave the kernel table) and printed; the
+//! test checks them against the configured bound with generous slack for a
+//! busy machine — the bound is a functional promise, not a benchmark.
+
+use std::{
+    collections::BTreeMap,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+use lb_tests::{
+    rig::{CLIENT, Lbd, Rig},
+    scenario::{check, finish, run_streams, serial, setup_with},
+    traffic::{Mode, tcp_request},
+};
+
+const VIP: &str = "10.99.0.1:80/tcp";
+
+/// interval 300ms ±10%, timeout 250ms, fall 3: bound 0.33 × 3 + 0.25 s.
+const CHECK: &str = "    health_check:\n      interval: 300ms\n      timeout: 250ms\n      rise: 2\n      fall: 3\n      jitter: 10\n";
+const BOUND: Duration = Duration::from_millis(1240);
+
+/// Slots of backend `addr` in the VIP's table (the kernel's table: the
+/// daemon's view is written back only after the map writes succeed).
+fn slots(lbd: &Lbd, addr: &str) -> Result<u64> {
+    let t = lbd.lbctl_json(&["table", VIP])?;
+    Ok(t["backends"]
+        .as_array()
+        .and_then(|b| b.iter().find(|b| b["address"] == addr))
+        .and_then(|b| b["slots"].as_u64())
+        .unwrap_or(0))
+}
+
+/// Polls (every 20 ms, for at most `limit`) until `cond` holds; returns how
+/// long that took.
+fn wait_for(limit: Duration, mut cond: impl FnMut() -> Result<bool>) -> Result<Duration> {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if cond()? {
+            return Ok(start.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    bail!("condition not reached within {limit:?}")
+}
+
+/// The TCP VIP's entry of `lbctl health`.
+fn vip_health(lbd: &Lbd) -> Result<serde_json::Value> {
+    let h = lbd.lbctl_json(&["health"])?;
+    h.as_array()
+        .and_then(|v| v.iter().find(|v| v["vip"] == VIP))
+        .cloned()
+        .with_context(|| format!("no health entry for {VIP}: {h}"))
+}
+
+fn state(lbd: &Lbd, addr: &str) -> Result<String> {
+    vip_health(lbd)?["backends"]
+        .as_array()
+        .and_then(|b| b.iter().find(|b| b["address"] == addr))
+        .and_then(|b| b["state"].as_str())
+        .map(str::to_string)
+        .with_context(|| format!("no health entry for {addr}"))
+}
+
+/// Makes `n` new connections from ports `first..` and counts them by backend.
+fn new_connections(rig: &Rig, first: u16, n: u16) -> Result<BTreeMap<String, u32>> {
+    let vip = rig.tcp_vip();
+    let got: Vec<Result<String>> = rig.client.within(move || {
+        (first..first + n)
+            .map(|p| tcp_request(CLIENT, p, vip))
+            .collect()
+    })?;
+    let mut split = BTreeMap::new();
+    for g in got {
+        *split.entry(g?).or_default() += 1;
+    }
+    Ok(split)
+}
+
+#[test]
+fn a_dead_backend_leaves_within_the_bound_and_returns_after_rise() {
+    let _serial = serial();
+    check((|| {
+        let (mut rig, lbd) = setup_with(3, &[Some(1), Some(1), Some(1)], CHECK)?;
+        let be2 = "10.10.32.2";
+        wait_for(Duration::from_secs(5), || Ok(state(&lbd, be2)? == "active"))?;
+        let streams = run_streams(&rig, 50_000..50_030)?;
+        std::thread::sleep(Duration::from_millis(500));
+
+        rig.stop_server("be2");
+        let stopped = Instant::now();
+        wait_for(Duration::from_secs(20), || Ok(slots(&lbd, be2)? == 0))?;
+        let detection = stopped.elapsed();
+        eprintln!("detection: {detection:?} from server stop to zero slots (bound {BOUND:?})");
+        if detection > BOUND * 2 + Duration::from_secs(1) {
+            bail!("be2 left the table after {detection:?}, bound {BOUND:?}");
+        }
+        if state(&lbd, be2)? != "down" {
+            bail!("be2 is not reported down");
+        }
+        let split = new_connections(&rig, 51_000, 60)?;
+        if split.contains_key("be2") {
+            bail!("new connections still reach the dead backend: {split:?}");
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        let reports = finish(streams)?;
+        let broken: Vec<_> = reports
+            .iter()
+            .filter(|r| r.backend != "be2" && r.error.is_some())
+            .collect();
+        if !broken.is_empty() {
+            bail!("connections to healthy backends broke: {broken:?}");
+        }
+
+        rig.start_server("be2", Mode::Echo)?;
+        let restarted = Instant::now();
+        wait_for(Duration::from_secs(20), || Ok(slots(&lbd, be2)? > 0))?;
+        let recovery = restarted.elapsed();
+        // rise = 2 probes at ≤ 330 ms intervals.
+        eprintln!("recovery: {recovery:?} from server start to slots back (rise 2 × ≤330ms)");
+        let split = new_connections(&rig, 52_000, 60)?;
+        if !split.contains_key("be2") {
+            bail!("the recovered backend gets no new connection: {split:?}");
+        }
+        Ok(())
+    })());
+}
+
+#[test]
+fn draining_finishes_existing_connections_and_sends_no_new_ones() {
+    let _serial = serial();
+    check((|| {
+        let extra = format!("{CHECK}    drain_timeout: 4s\n");
+        let (rig, lbd) = setup_with(3, &[Some(1), Some(1), Some(1)], &extra)?;
+        let streams = run_streams(&rig, 53_000..53_030)?;
+        let on_be1 = streams.iter().filter(|s| s.backend == "be1").count();
+        if on_be1 == 0 {
+            bail!("no stream on be1");
+        }
+        lbd.lbctl(&["backend", "drain", VIP, "10.10.31.2"])?;
+        if state(&lbd, "10.10.31.2")? != "draining" {
+            bail!("be1 is not draining");
+        }
+        if slots(&lbd, "10.10.31.2")? != 0 {
+            bail!("a draining backend still has slots");
+        }
+        let split = new_connections(&rig, 54_000, 60)?;
+        if split.contains_key("be1") {
+            bail!("new connections reach a draining backend: {split:?}");
+        }
+        // Within drain_timeout, every existing connection keeps going.
+        std::thread::sleep(Duration::from_secs(2));
+        let reports = finish(streams)?;
+        if let Some(r) = reports.iter().find(|r| r.error.is_some()) {
+            bail!("a connection broke while draining: {r:?}");
+        }
+        eprintln!("drain: {on_be1} connections on be1 kept going, 60 new ones avoided it");
+
+        // After drain_timeout, connections still on it are cut (re-picked).
+        lbd.lbctl(&["backend", "undrain", VIP, "10.10.31.2"])?;
+        let streams = run_streams(&rig, 55_000..55_030)?;
+        let streams_be1 = streams.iter().filter(|s| s.backend == "be1").count();
+        if streams_be1 == 0 {
+            bail!("no stream on be1 after undrain");
+        }
+        lbd.lbctl(&["backend", "drain", VIP, "10.10.31.2"])?;
+        std::thread::sleep(Duration::from_secs(6));
+        let reports = finish(streams)?;
+        let cut = reports
+            .iter()
+            .filter(|r| r.backend == "be1" && r.error.is_some())
+            .count();
+        let others = reports
+            .iter()
+            .filter(|r| r.backend != "be1" && r.error.is_some())
+            .count();
+        eprintln!(
+            "drain timeout: {cut} of {streams_be1} connections on be1 cut, {others} others broke"
+        );
+        if others != 0 || cut != streams_be1 {
+            bail!("after drain_timeout: {cut} of {streams_be1} on be1 cut, {others} others broke");
+        }
+        lbd.lbctl(&["backend", "undrain", VIP, "10.10.31.2"])?;
+        if state(&lbd, "10.10.31.2")? == "draining" {
+            bail!("undrain did not take");
+        }
+        Ok(())
+    })());
+}
+
+#[test]
+fn slow_start_ramps_up_a_new_backends_share() {
+    let _serial = serial();
+    check((|| {
+        let extra = "    slow_start: 8s\n";
+        let (rig, lbd) = setup_with(4, &[Some(1), Some(1), Some(1), None], extra)?;
+        lbd.lbctl(&["backend", "add", VIP, "10.10.34.2"])?;
+        let added = Instant::now();
+        let mut shares = Vec::new();
+        let mut conns = Vec::new();
+        for (i, at) in [1u64, 3, 5, 7, 10].into_iter().enumerate() {
+            let wait = Duration::from_secs(at).saturating_sub(added.elapsed());
+            std::thread::sleep(wait);
+            shares.push(slots(&lbd, "10.10.34.2")?);
+            let split = new_connections(&rig, 56_000 + 100 * i as u16, 60)?;
+            conns.push(split.get("be4").copied().unwrap_or(0));
+        }
+        eprintln!(
+            "slow start (8s): be4 slots at 1/3/5/7/10 s: {shares:?}; new connections of 60: {conns:?}"
+        );
+        if shares.windows(2).any(|w| w[1] < w[0]) || shares[0] * 4 > shares[4] {
+            bail!("be4's share did not ramp up: {shares:?}");
+        }
+        // Full weight: a quarter of 65537 slots, ±1%.
+        let full = 65_537 / 4;
+        if shares[4].abs_diff(full) > full / 100 {
+            bail!("after the window be4 has {} slots, want ≈{full}", shares[4]);
+        }
+        if conns[0] >= conns[4] {
+            bail!("its share of new connections did not grow: {conns:?}");
+        }
+        Ok(())
+    })());
+}
+
+#[test]
+fn panic_mode_spreads_traffic_over_all_backends() {
+    let _serial = serial();
+    check((|| {
+        // Probes hit a separate health port, so that "the probes fail" and
+        // "the service fails" can be told apart.
+        let extra = format!("{CHECK}      port: 8081\n");
+        let mut rig = Rig::new(4)?;
+        for b in ["be1", "be2", "be3", "be4"] {
+            rig.start_health_port(b, 8081)?;
+        }
+        let config = rig.dir.join("lbd.yaml");
+        std::fs::write(
+            &config,
+            rig.config_with(&[Some(1), Some(1), Some(1), Some(1)], &extra),
+        )?;
+        let lbd = Lbd::start(&rig, &config)?;
+        wait_for(Duration::from_secs(5), || {
+            Ok(vip_health(&lbd)?["backends"][0]["probes"].as_u64() > Some(2))
+        })?;
+
+        // Two of four failing: 50% healthy, not below the threshold.
+        rig.stop_health_port("be1");
+        rig.stop_health_port("be2");
+        wait_for(Duration::from_secs(20), || {
+            Ok(slots(&lbd, "10.10.31.2")? == 0 && slots(&lbd, "10.10.32.2")? == 0)
+        })
+        .context("two of four down (50%, not below the threshold) should leave the table")?;
+        // A third: 25% healthy → panic: the table uses all four again.
+        rig.stop_health_port("be3");
+        wait_for(Duration::from_secs(20), || {
+            Ok(slots(&lbd, "10.10.31.2")? > 0)
+        })?;
+        let health = vip_health(&lbd)?;
+        if health["panic"] != true || health["panic_entered"] != 1 {
+            bail!("panic mode not reported: {health}");
+        }
+        for b in ["10.10.31.2", "10.10.32.2", "10.10.33.2", "10.10.34.2"] {
+            if slots(&lbd, b)? < 15_000 {
+                bail!("in panic mode {b} should have about a quarter of the slots");
+            }
+        }
+        let split = new_connections(&rig, 57_000, 120)?;
+        eprintln!("panic mode: 120 new connections over all four: {split:?}");
+        if split.len() != 4 {
+            bail!("traffic not spread over all backends in panic mode: {split:?}");
+        }
+        let log = lbd.log_text();
+        if log.matches("panic mode, the table uses all").count() != 1 {
+            bail!("panic mode should be logged exactly once:\n{log}");
+        }
+        // Back above the threshold: panic over, the failing ones out.
+        rig.start_health_port("be1", 8081)?;
+        rig.start_health_port("be2", 8081)?;
+        wait_for(Duration::from_secs(20), || {
+            Ok(slots(&lbd, "10.10.33.2")? == 0)
+        })?;
+        if vip_health(&lbd)?["panic"] != false {
+            bail!("still in panic mode with 3 of 4 healthy");
+        }
+        Ok(())
+    })());
+}
+
+#[test]
+fn fast_failures_are_not_healthy_backends() {
+    let _serial = serial();
+    check((|| {
+        let (mut rig, lbd) = setup_with(3, &[Some(1), Some(1), Some(1)], CHECK)?;
+        // be1 accepts and closes at once; be2 refuses.
+        rig.start_server("be1", Mode::AcceptClose)?;
+        rig.stop_server("be2");
+        for (what, reload) in [
+            ("connect", None),
+            ("send/expect", Some("      expect: \"be\"\n")),
+        ] {
+            if let Some(expect) = reload {
+                let text =
+                    rig.config_with(&[Some(1), Some(1), Some(1)], &format!("{CHECK}{expect}"));
+                std::fs::write(&lbd.config, text)?;
+                lbd.lbctl(&["reload"])?;
+                // A changed check restarts the verdicts: wait for new ones.
+                std::thread::sleep(Duration::from_millis(300));
+            }
+            wait_for(Duration::from_secs(20), || {
+                Ok(state(&lbd, "10.10.31.2")? == "down" && state(&lbd, "10.10.32.2")? == "down")
+            })
+            .with_context(|| format!("{what} probes did not find both broken backends down"))?;
+            if state(&lbd, "10.10.33.2")? != "active" {
+                bail!("{what}: the healthy backend is not active");
+            }
+            let h = lbd.lbctl(&["health"])?;
+            eprintln!("{what} probes:\n{h}");
+            if !h.contains("right after accepting") && !h.contains("closed without answering") {
+                bail!("{what}: the accept-and-close failure is not explained:\n{h}");
+            }
+        }
+        Ok(())
+    })());
+}
+
+#[test]
+fn probes_through_the_tunnel_catch_a_backend_without_its_vip() {
+    let _serial = serial();
+    check((|| {
+        let extra = format!("{CHECK}      through_tunnel: true\n");
+        let (rig, lbd) = setup_with(3, &[Some(1), Some(1), Some(1)], &extra)?;
+        wait_for(Duration::from_secs(5), || {
+            Ok(vip_health(&lbd)?["backends"].as_array().is_some_and(|b| {
+                b.iter()
+                    .all(|b| b["probes"].as_u64() > Some(2) && b["health"] == "up")
+            }))
+        })
+        .context("tunnelled probes should find all three healthy")?;
+        // be2 loses its VIP: its port is still open on its own address, but
+        // packets for the VIP reach nothing.
+        let be2 = rig.backend("be2");
+        be2.ns.ip(&["addr", "del", "10.99.0.1/32", "dev", "lo"])?;
+        wait_for(Duration::from_secs(20), || {
+            Ok(state(&lbd, "10.10.32.2")? == "down")
+        })
+        .context("the tunnelled probe should fail without the VIP on lo")?;
+        for b in ["10.10.31.2", "10.10.33.2"] {
+            if state(&lbd, b)? != "active" {
+                bail!("{b} should stay active");
+            }
+        }
+        be2.ns.ip(&["addr", "add", "10.99.0.1/32", "dev", "lo"])?;
+        wait_for(Duration::from_secs(20), || {
+            Ok(state(&lbd, "10.10.32.2")? == "active")
+        })?;
+        eprintln!("{}", lbd.lbctl(&["health"])?);
+        Ok(())
+    })());
+}

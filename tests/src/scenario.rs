@@ -1,0 +1,81 @@
+//! Building blocks shared by the end-to-end test files: a rig with `lbd`
+//! running, streams, predictions, and the one-test-at-a-time lock.
+
+use std::{sync::Mutex, time::Duration};
+
+use anyhow::{Context as _, Result};
+
+use crate::{
+    rig::{CLIENT, Lbd, Rig, VIP},
+    traffic::{Stream, StreamReport},
+};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Tests of one binary run one at a time: they share two cores and the
+/// timing of streaming connections.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A rig with `n` backends and `lbd` running with `weights`.
+pub fn setup(n: usize, weights: &[Option<u32>]) -> Result<(Rig, Lbd)> {
+    setup_with(n, weights, "")
+}
+
+/// As [`setup`], with extra YAML for the TCP VIP (see [`Rig::config_with`]).
+pub fn setup_with(n: usize, weights: &[Option<u32>], tcp_extra: &str) -> Result<(Rig, Lbd)> {
+    let rig = Rig::new(n)?;
+    let config = rig.dir.join("lbd.yaml");
+    std::fs::write(&config, rig.config_with(weights, tcp_extra))?;
+    let lbd = Lbd::start(&rig, &config)?;
+    Ok((rig, lbd))
+}
+
+/// The backend `lbctl simulate` predicts for a new client connection to the
+/// TCP VIP from `sport`.
+pub fn predicted(lbd: &Lbd, rig: &Rig, sport: u16) -> Result<String> {
+    let sim = lbd.lbctl_json(&[
+        "simulate",
+        &CLIENT.to_string(),
+        &VIP.to_string(),
+        "tcp",
+        &sport.to_string(),
+        "80",
+        "--syn",
+    ])?;
+    let addr = sim["backend"]
+        .as_str()
+        .context("simulate names a backend")?;
+    rig.backends
+        .iter()
+        .find(|b| b.addr.to_string() == addr)
+        .map(|b| b.name.clone())
+        .with_context(|| format!("simulate named unknown backend {addr}"))
+}
+
+/// Long-lived connections from the client, one per source port.
+pub fn run_streams(rig: &Rig, ports: std::ops::Range<u16>) -> Result<Vec<Stream>> {
+    ports
+        .map(|p| {
+            Stream::start(
+                &rig.client,
+                CLIENT,
+                p,
+                rig.tcp_vip(),
+                Duration::from_millis(20),
+            )
+        })
+        .collect()
+}
+
+pub fn finish(streams: Vec<Stream>) -> Result<Vec<StreamReport>> {
+    streams.into_iter().map(Stream::finish).collect()
+}
+
+/// Turns a scenario's error into a test failure with the whole chain.
+pub fn check(result: Result<()>) {
+    if let Err(e) = result {
+        panic!("{e:#}");
+    }
+}
