@@ -1,6 +1,7 @@
 //! The lb userspace library: everything `lbd` and `lbctl` share.
 #![deny(unsafe_code)]
 
+pub mod announce;
 pub mod api;
 pub mod config;
 pub mod dataplane;

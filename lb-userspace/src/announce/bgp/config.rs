@@ -1,0 +1,279 @@
+//! The built-in speaker's configuration: who we are (AS, router id), the
+//! timers we offer, and the routers we connect to. Deserialized from the
+//! `announce.bgp` section of `lbd`'s YAML (unknown fields are errors) and
+//! checked by [`BgpConfig::validate`].
+
+use std::{
+    collections::BTreeSet,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    time::Duration,
+};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    announce::problem,
+    config::{ConfigError, duration},
+};
+
+/// The 2-octet AS number that stands for a 4-octet one (RFC 6793).
+pub const AS_TRANS: u32 = 23456;
+/// The BGP port.
+pub const BGP_PORT: u16 = 179;
+
+/// ```yaml
+/// local_as: 65001
+/// router_id: 10.0.0.11
+/// hold_time: 9s            # offered; the session uses min(ours, theirs)
+/// connect_retry: { initial: 1s, max: 30s }
+/// next_hop_v6: 2001:db8::11   # IPv6 VIPs over an IPv4 session
+/// peers:
+///   - address: 10.0.0.1
+///     remote_as: 65000
+///     local_address: 10.0.0.11
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BgpConfig {
+    /// Our AS. `remote_as == local_as` makes a peer internal (iBGP: empty
+    /// AS_PATH, LOCAL_PREF 100); otherwise the AS_PATH is `[local_as]`.
+    pub local_as: u32,
+    /// Our BGP identifier.
+    pub router_id: Ipv4Addr,
+    /// Hold time offered in our OPEN: whole seconds, 0 (no keepalives, no
+    /// hold timer) or at least 3. Keepalives go at a third of the agreed
+    /// hold time.
+    #[serde(default = "default_hold_time", with = "duration")]
+    pub hold_time: Duration,
+    #[serde(default)]
+    pub connect_retry: ConnectRetry,
+    /// Next hop for IPv4 VIPs on sessions over IPv6 (without it such a
+    /// session carries IPv6 VIPs only). On IPv4 sessions the next hop is
+    /// always the session's own local address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_hop_v4: Option<Ipv4Addr>,
+    /// Next hop for IPv6 VIPs on sessions over IPv4: our IPv6 address on
+    /// the link to the router (without it such a session carries IPv4 VIPs
+    /// only). On IPv6 sessions the next hop is the session's local address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_hop_v6: Option<Ipv6Addr>,
+    pub peers: Vec<PeerConfig>,
+}
+
+/// Reconnection backoff: `initial`, doubling after every failure up to
+/// `max`, each wait shortened by a random 0–25% so that balancers that
+/// lost a router together do not reconnect in lockstep. Back to `initial`
+/// once a session reaches Established.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConnectRetry {
+    #[serde(default = "default_retry_initial", with = "duration")]
+    pub initial: Duration,
+    #[serde(default = "default_retry_max", with = "duration")]
+    pub max: Duration,
+}
+
+impl Default for ConnectRetry {
+    fn default() -> Self {
+        Self {
+            initial: default_retry_initial(),
+            max: default_retry_max(),
+        }
+    }
+}
+
+/// A router to connect to. We only connect out; we never listen. The
+/// address is IPv4 or a global IPv6 address (link-local peers, which need
+/// an interface, are not supported).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerConfig {
+    pub address: IpAddr,
+    pub remote_as: u32,
+    /// The peer's port (179; other values are for tests).
+    #[serde(default = "default_port")]
+    pub port: u16,
+    /// Source address of the session (and so the IPv4/IPv6 next hop);
+    /// default: whatever the kernel picks for the route to the peer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_address: Option<IpAddr>,
+}
+
+impl PeerConfig {
+    pub fn socket_addr(&self) -> SocketAddr {
+        SocketAddr::new(self.address, self.port)
+    }
+}
+
+fn default_hold_time() -> Duration {
+    Duration::from_secs(90)
+}
+fn default_retry_initial() -> Duration {
+    Duration::from_secs(1)
+}
+fn default_retry_max() -> Duration {
+    Duration::from_secs(30)
+}
+fn default_port() -> u16 {
+    BGP_PORT
+}
+
+fn check_as(field: &str, asn: u32, errors: &mut Vec<ConfigError>) {
+    if asn == 0 {
+        errors.push(problem(field, "AS 0 is reserved"));
+    } else if asn == AS_TRANS {
+        errors.push(problem(
+            field,
+            "AS 23456 is AS_TRANS (RFC 6793), not a real AS",
+        ));
+    }
+}
+
+fn check_unicast(field: &str, addr: IpAddr, errors: &mut Vec<ConfigError>) {
+    if addr.is_unspecified() || addr.is_multicast() {
+        errors.push(problem(field, format!("{addr} is not a unicast address")));
+    }
+}
+
+impl BgpConfig {
+    /// The hold time we offer, in seconds (valid after [`validate`](Self::validate)).
+    pub fn hold_time_secs(&self) -> u16 {
+        u16::try_from(self.hold_time.as_secs()).unwrap_or(u16::MAX)
+    }
+
+    /// Every problem, with field paths relative to this section.
+    pub fn validate(&self) -> Vec<ConfigError> {
+        let mut errors = Vec::new();
+        check_as("local_as", self.local_as, &mut errors);
+        if self.router_id.is_unspecified() {
+            errors.push(problem("router_id", "must not be 0.0.0.0"));
+        }
+        let hold = self.hold_time;
+        if hold.subsec_nanos() != 0 {
+            errors.push(problem("hold_time", "must be whole seconds"));
+        } else if hold.as_secs() != 0 && !(3..=u64::from(u16::MAX)).contains(&hold.as_secs()) {
+            errors.push(problem(
+                "hold_time",
+                "must be 0 (no keepalives) or 3 to 65535 seconds (RFC 4271)",
+            ));
+        }
+        if self.connect_retry.initial.is_zero() {
+            errors.push(problem("connect_retry.initial", "must be more than 0"));
+        }
+        if self.connect_retry.max < self.connect_retry.initial {
+            errors.push(problem(
+                "connect_retry.max",
+                "must be at least connect_retry.initial",
+            ));
+        }
+        if let Some(nh) = self.next_hop_v4 {
+            check_unicast("next_hop_v4", nh.into(), &mut errors);
+        }
+        if let Some(nh) = self.next_hop_v6 {
+            check_unicast("next_hop_v6", nh.into(), &mut errors);
+        }
+        if self.peers.is_empty() {
+            errors.push(problem("peers", "at least one peer is needed"));
+        }
+        let mut seen = BTreeSet::new();
+        for (i, peer) in self.peers.iter().enumerate() {
+            let at = |f: &str| format!("peers[{i}].{f}");
+            check_as(&at("remote_as"), peer.remote_as, &mut errors);
+            check_unicast(&at("address"), peer.address, &mut errors);
+            if peer.port == 0 {
+                errors.push(problem(at("port"), "must not be 0"));
+            }
+            if let Some(local) = peer.local_address {
+                check_unicast(&at("local_address"), local, &mut errors);
+                if local.is_ipv4() != peer.address.is_ipv4() {
+                    errors.push(problem(
+                        at("local_address"),
+                        format!(
+                            "{local} and the peer address {} are of different families",
+                            peer.address
+                        ),
+                    ));
+                }
+            }
+            if !seen.insert(peer.socket_addr()) {
+                errors.push(problem(
+                    at("address"),
+                    format!("peer {} is listed twice", peer.socket_addr()),
+                ));
+            }
+        }
+        errors
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(yaml: &str) -> BgpConfig {
+        serde_yaml::from_str(yaml).expect("parses")
+    }
+
+    #[test]
+    fn defaults_are_rfc_like() {
+        let c = parse(
+            "local_as: 65001\nrouter_id: 10.0.0.11\npeers:\n  - { address: 10.0.0.1, remote_as: 65000 }\n",
+        );
+        assert!(c.validate().is_empty(), "{:?}", c.validate());
+        assert_eq!(c.hold_time, Duration::from_secs(90));
+        assert_eq!(c.hold_time_secs(), 90);
+        assert_eq!(c.connect_retry, ConnectRetry::default());
+        assert_eq!(c.peers[0].port, 179);
+        assert_eq!(c.peers[0].local_address, None);
+    }
+
+    #[test]
+    fn every_field_parses() {
+        let c = parse(
+            "local_as: 4200000001\nrouter_id: 10.0.0.11\nhold_time: 3s\nconnect_retry: { initial: 200ms, max: 2s }\nnext_hop_v4: 10.0.0.11\nnext_hop_v6: 2001:db8::11\npeers:\n  - { address: 2001:db8::1, remote_as: 65000, port: 1179, local_address: 2001:db8::11 }\n",
+        );
+        assert!(c.validate().is_empty(), "{:?}", c.validate());
+        assert_eq!(c.hold_time_secs(), 3);
+        assert_eq!(c.connect_retry.initial, Duration::from_millis(200));
+        assert_eq!(c.peers[0].socket_addr().to_string(), "[2001:db8::1]:1179");
+    }
+
+    #[test]
+    fn unknown_fields_are_refused() {
+        let err = serde_yaml::from_str::<BgpConfig>(
+            "local_as: 1\nrouter_id: 10.0.0.1\npeers:\n  - { address: 10.0.0.1, remote_as: 2, remote_port: 5 }\n",
+        )
+        .expect_err("typo");
+        assert!(
+            err.to_string().contains("unknown field `remote_port`"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn each_validation_error_names_its_field() {
+        let c = parse(
+            "local_as: 23456\nrouter_id: 0.0.0.0\nhold_time: 2\nconnect_retry: { initial: 0s, max: 0s }\nnext_hop_v6: '::'\npeers:\n  - { address: 10.0.0.1, remote_as: 0, port: 0, local_address: 2001:db8::1 }\n  - { address: 10.0.0.1, remote_as: 65000, port: 0 }\n",
+        );
+        let errors = c.validate();
+        let fields: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
+        for want in [
+            "local_as",
+            "router_id",
+            "hold_time",
+            "connect_retry.initial",
+            "next_hop_v6",
+            "peers[0].remote_as",
+            "peers[0].port",
+            "peers[0].local_address",
+            "peers[1].address",
+        ] {
+            assert!(fields.contains(&want), "no error for {want}: {errors:?}");
+        }
+        let c = parse(
+            "local_as: 1\nrouter_id: 1.1.1.1\nhold_time: 1500ms\nconnect_retry: { initial: 5s, max: 1s }\npeers: []\n",
+        );
+        let fields: Vec<String> = c.validate().into_iter().map(|e| e.field).collect();
+        assert_eq!(fields, ["hold_time", "connect_retry.max", "peers"]);
+    }
+}

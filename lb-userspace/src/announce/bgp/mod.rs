@@ -1,0 +1,449 @@
+//! The built-in BGP speaker: originate-only BGP-4 (RFC 4271) with
+//! multiprotocol IPv4/IPv6 unicast (RFC 4760) and 4-octet AS numbers
+//! (RFC 6793), one outgoing session per configured router.
+//!
+//! [`BgpSpeaker`] owns the desired set of VIPs and one task per peer
+//! ([`session`]); every session announces each VIP as a host route with
+//! itself as the next hop (the session's local address; for the other
+//! family, the configured `next_hop_v4`/`next_hop_v6`) and attributes that
+//! are identical on every balancer, so routers merge the balancers' routes
+//! into one ECMP route. Routes the routers send are parsed far enough to
+//! be checked and then dropped: nothing here touches the kernel's routing
+//! table. It never listens for connections.
+//!
+//! Encoding and parsing live in [`wire`] (netgauze-bgp-pkt, see there why),
+//! the configuration in [`config`].
+
+pub mod config;
+mod session;
+pub mod wire;
+
+use std::{collections::BTreeSet, net::IpAddr, sync::Arc, time::Duration};
+
+use futures::future::BoxFuture;
+use tokio::{sync::watch, task::JoinHandle};
+use tracing::info;
+
+pub use self::config::{BgpConfig, ConnectRetry, PeerConfig};
+use self::session::{Local, PeerShared};
+use super::{AnnounceError, Announcer, PeerStatus, check_prefixes};
+use crate::config::ConfigErrors;
+
+/// How long [`Announcer::shutdown`] waits for the sessions to withdraw,
+/// send Cease and close before it abandons them.
+pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
+
+struct Peer {
+    config: PeerConfig,
+    shared: Arc<PeerShared>,
+    task: Option<JoinHandle<()>>,
+}
+
+/// A running speaker. Dropping it stops the sessions (they still withdraw
+/// and send Cease while the runtime lives); [`Announcer::shutdown`] also
+/// waits for that.
+pub struct BgpSpeaker {
+    desired: watch::Sender<Arc<BTreeSet<IpAddr>>>,
+    stop: watch::Sender<bool>,
+    peers: Vec<Peer>,
+    shut_down: bool,
+}
+
+impl BgpSpeaker {
+    /// Validates `config` and starts one session task per peer on the
+    /// current tokio runtime. Nothing is announced until
+    /// [`Announcer::set_announced`].
+    pub fn start(config: BgpConfig) -> Result<Self, AnnounceError> {
+        let errors = config.validate();
+        if !errors.is_empty() {
+            return Err(ConfigErrors {
+                source_name: None,
+                errors: super::prefixed("bgp", errors),
+            }
+            .into());
+        }
+        let runtime = tokio::runtime::Handle::try_current()
+            .map_err(|_| AnnounceError::NoRuntime { announcer: "bgp" })?;
+        let local = Arc::new(Local {
+            local_as: config.local_as,
+            router_id: config.router_id,
+            hold_time: config.hold_time_secs(),
+            retry_initial: config.connect_retry.initial,
+            retry_max: config.connect_retry.max,
+            next_hop_v4: config.next_hop_v4,
+            next_hop_v6: config.next_hop_v6,
+        });
+        let (desired, desired_rx) = watch::channel(Arc::new(BTreeSet::new()));
+        let (stop, stop_rx) = watch::channel(false);
+        let peers = config
+            .peers
+            .into_iter()
+            .map(|peer| {
+                let shared = Arc::new(PeerShared::default());
+                let task = runtime.spawn(session::run_peer(
+                    Arc::clone(&local),
+                    peer.clone(),
+                    Arc::clone(&shared),
+                    desired_rx.clone(),
+                    stop_rx.clone(),
+                ));
+                Peer {
+                    config: peer,
+                    shared,
+                    task: Some(task),
+                }
+            })
+            .collect::<Vec<_>>();
+        info!(
+            local_as = local.local_as,
+            router_id = %local.router_id,
+            peers = peers.len(),
+            "BGP speaker started"
+        );
+        Ok(Self {
+            desired,
+            stop,
+            peers,
+            shut_down: false,
+        })
+    }
+}
+
+impl Announcer for BgpSpeaker {
+    fn set_announced(&mut self, prefixes: &BTreeSet<IpAddr>) -> Result<(), AnnounceError> {
+        if self.shut_down {
+            return Err(AnnounceError::ShutDown);
+        }
+        check_prefixes(prefixes)?;
+        self.desired.send_if_modified(|current| {
+            if **current == *prefixes {
+                return false;
+            }
+            *current = Arc::new(prefixes.clone());
+            true
+        });
+        Ok(())
+    }
+
+    fn status(&self) -> Vec<PeerStatus> {
+        self.peers
+            .iter()
+            .map(|p| p.shared.status(&p.config))
+            .collect()
+    }
+
+    fn shutdown(&mut self) -> BoxFuture<'_, Result<(), AnnounceError>> {
+        Box::pin(async move {
+            self.shut_down = true;
+            let _ = self.stop.send(true);
+            let deadline = tokio::time::Instant::now() + SHUTDOWN_TIMEOUT;
+            let mut abandoned = Vec::new();
+            for peer in &mut self.peers {
+                let Some(task) = peer.task.take() else {
+                    continue;
+                };
+                let abort = task.abort_handle();
+                if tokio::time::timeout_at(deadline, task).await.is_err() {
+                    abort.abort();
+                    peer.shared.set_idle();
+                    abandoned.push(peer.config.socket_addr().to_string());
+                }
+            }
+            if abandoned.is_empty() {
+                info!("BGP speaker stopped");
+                Ok(())
+            } else {
+                Err(AnnounceError::Shutdown(format!(
+                    "sessions with {} did not close within {} s",
+                    abandoned.join(", "),
+                    SHUTDOWN_TIMEOUT.as_secs()
+                )))
+            }
+        })
+    }
+}
+
+impl Drop for BgpSpeaker {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The speaker against a scripted peer on loopback: no root, no router.
+
+    use std::{
+        net::{IpAddr, Ipv4Addr},
+        time::Duration,
+    };
+
+    use tokio::{
+        io::{AsyncReadExt as _, AsyncWriteExt as _},
+        net::{TcpListener, TcpStream},
+        time::timeout,
+    };
+
+    use super::{wire::*, *};
+    use crate::announce::SessionState;
+
+    fn config(port: u16, hold_secs: u64) -> BgpConfig {
+        BgpConfig {
+            local_as: 65001,
+            router_id: Ipv4Addr::new(10, 0, 0, 11),
+            hold_time: Duration::from_secs(hold_secs),
+            connect_retry: ConnectRetry {
+                initial: Duration::from_millis(100),
+                max: Duration::from_secs(1),
+            },
+            next_hop_v4: None,
+            next_hop_v6: None,
+            peers: vec![PeerConfig {
+                address: Ipv4Addr::LOCALHOST.into(),
+                remote_as: 65000,
+                port,
+                local_address: None,
+            }],
+        }
+    }
+
+    /// Reads one whole message (header included) within 5 s.
+    async fn frame(sock: &mut TcpStream) -> Vec<u8> {
+        timeout(Duration::from_secs(5), async {
+            let mut msg = vec![0u8; HEADER_LEN];
+            sock.read_exact(&mut msg).await.expect("header");
+            let len = usize::from(u16::from_be_bytes([msg[16], msg[17]]));
+            msg.resize(len, 0);
+            sock.read_exact(&mut msg[HEADER_LEN..]).await.expect("body");
+            msg
+        })
+        .await
+        .expect("a message within 5 s")
+    }
+
+    /// Accepts the speaker's connection and completes OPEN/KEEPALIVE.
+    async fn establish(listener: &TcpListener, peer_hold: u16) -> TcpStream {
+        let (mut sock, _) = timeout(Duration::from_secs(5), listener.accept())
+            .await
+            .expect("the speaker connects")
+            .expect("accept");
+        let open = frame(&mut sock).await;
+        assert_eq!(
+            open,
+            wire::open(65001, 3, Ipv4Addr::new(10, 0, 0, 11)).unwrap()
+        );
+        sock.write_all(&wire::open(65000, peer_hold, Ipv4Addr::new(10, 0, 0, 1)).unwrap())
+            .await
+            .unwrap();
+        sock.write_all(&keepalive()).await.unwrap();
+        assert_eq!(
+            frame(&mut sock).await,
+            keepalive(),
+            "KEEPALIVE confirms our OPEN"
+        );
+        sock
+    }
+
+    async fn wait_for_state(speaker: &BgpSpeaker, state: SessionState) -> PeerStatus {
+        for _ in 0..250 {
+            let s = speaker.status().remove(0);
+            if s.state == state {
+                return s;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("never reached {state}: {:?}", speaker.status());
+    }
+
+    #[tokio::test]
+    async fn announces_withdraws_and_ceases() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mut speaker = BgpSpeaker::start(config(port, 3)).expect("starts");
+        let vip: IpAddr = "10.99.0.1".parse().unwrap();
+        let vip6: IpAddr = "fd00:99::1".parse().unwrap();
+        speaker
+            .set_announced(&[vip, vip6].into_iter().collect())
+            .unwrap();
+
+        let mut sock = establish(&listener, 9).await;
+        // The IPv4 VIP, next hop self; the IPv6 one has no next hop on an
+        // IPv4 session without next_hop_v6.
+        let attrs = RouteAttrs {
+            local_as: 65001,
+            ebgp: true,
+            asn4: true,
+        };
+        let want =
+            announce_v4(&attrs, Ipv4Addr::LOCALHOST, &[Ipv4Addr::new(10, 99, 0, 1)]).unwrap();
+        assert_eq!(vec![frame(&mut sock).await], want);
+        let s = wait_for_state(&speaker, SessionState::Established).await;
+        assert_eq!(s.hold_time_secs, Some(3), "min(3, 9)");
+        assert_eq!((s.prefixes_announced, s.sessions_established), (1, 1));
+        assert!(
+            s.last_error
+                .as_deref()
+                .unwrap_or("")
+                .contains("next_hop_v6 is not set"),
+            "{s:?}"
+        );
+
+        // Keepalives at a third of the hold time.
+        let started = tokio::time::Instant::now();
+        assert_eq!(frame(&mut sock).await, keepalive());
+        let gap = started.elapsed();
+        assert!(
+            gap <= Duration::from_millis(1500),
+            "keepalive after {gap:?}"
+        );
+
+        speaker
+            .set_announced(&[vip6].into_iter().collect())
+            .unwrap();
+        let mut next = frame(&mut sock).await;
+        while next == keepalive() {
+            next = frame(&mut sock).await;
+        }
+        assert_eq!(
+            vec![next],
+            withdraw_v4(&[Ipv4Addr::new(10, 99, 0, 1)]).unwrap()
+        );
+
+        // Back on, then shutdown: withdrawal, then Cease, then FIN.
+        speaker.set_announced(&[vip].into_iter().collect()).unwrap();
+        let mut next = frame(&mut sock).await;
+        while next == keepalive() {
+            next = frame(&mut sock).await;
+        }
+        assert_eq!(vec![next], want);
+        speaker.shutdown().await.expect("clean shutdown");
+        let mut rest = Vec::new();
+        timeout(Duration::from_secs(5), sock.read_to_end(&mut rest))
+            .await
+            .expect("the speaker closes")
+            .expect("read");
+        let mut d = Decoder::new();
+        d.set_asn4(true);
+        d.extend(&rest);
+        let mut got = Vec::new();
+        while let Some(m) = d.next_message().expect("well-formed") {
+            got.push(m);
+        }
+        got.retain(|m| *m != Message::Keepalive);
+        assert_eq!(
+            got,
+            [
+                Message::Update,
+                Message::Notification(Notification::cease())
+            ]
+        );
+        let withdrawal = withdraw_v4(&[Ipv4Addr::new(10, 99, 0, 1)])
+            .unwrap()
+            .remove(0);
+        let mut tail = withdrawal;
+        tail.extend(Notification::cease().encode());
+        assert!(rest.ends_with(&tail), "{rest:?}");
+        assert_eq!(speaker.status()[0].state, SessionState::Idle);
+        assert!(speaker.set_announced(&BTreeSet::new()).is_err());
+    }
+
+    #[tokio::test]
+    async fn over_ipv6_ipv4_vips_take_next_hop_v4() {
+        let listener = TcpListener::bind("[::1]:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mut cfg = config(port, 3);
+        cfg.peers[0].address = std::net::Ipv6Addr::LOCALHOST.into();
+        cfg.next_hop_v4 = Some(Ipv4Addr::new(192, 0, 2, 11));
+        let mut speaker = BgpSpeaker::start(cfg).expect("starts");
+        let v4 = Ipv4Addr::new(10, 99, 0, 1);
+        let v6: std::net::Ipv6Addr = "fd00:99::1".parse().unwrap();
+        speaker
+            .set_announced(&[IpAddr::from(v4), v6.into()].into_iter().collect())
+            .unwrap();
+        let mut sock = establish(&listener, 3).await;
+        let attrs = RouteAttrs {
+            local_as: 65001,
+            ebgp: true,
+            asn4: true,
+        };
+        let mut want = announce_v4(&attrs, Ipv4Addr::new(192, 0, 2, 11), &[v4]).unwrap();
+        want.extend(announce_v6(&attrs, std::net::Ipv6Addr::LOCALHOST, &[v6]).unwrap());
+        let got = vec![frame(&mut sock).await, frame(&mut sock).await];
+        assert_eq!(got, want);
+        let s = wait_for_state(&speaker, SessionState::Established).await;
+        assert_eq!((s.prefixes_announced, s.last_error), (2, None));
+        speaker.shutdown().await.expect("clean shutdown");
+    }
+
+    #[tokio::test]
+    async fn a_silent_peer_gets_hold_timer_expired_and_a_new_session() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mut speaker = BgpSpeaker::start(config(port, 3)).expect("starts");
+        let mut sock = establish(&listener, 3).await;
+        wait_for_state(&speaker, SessionState::Established).await;
+        // Say nothing; read what the speaker sends until it closes.
+        let started = tokio::time::Instant::now();
+        let mut rest = Vec::new();
+        timeout(Duration::from_secs(6), sock.read_to_end(&mut rest))
+            .await
+            .expect("closed within the hold time")
+            .expect("read");
+        let elapsed = started.elapsed();
+        assert!(
+            elapsed >= Duration::from_millis(2500) && elapsed <= Duration::from_millis(4500),
+            "closed after {elapsed:?}, hold time 3 s"
+        );
+        assert!(
+            rest.ends_with(&Notification::hold_timer_expired().encode()),
+            "{rest:?}"
+        );
+        // It comes back.
+        let _again = establish(&listener, 3).await;
+        let s = wait_for_state(&speaker, SessionState::Established).await;
+        assert_eq!(s.sessions_established, 2);
+        assert!(
+            s.last_error
+                .as_deref()
+                .unwrap_or("")
+                .contains("hold timer expired"),
+            "{s:?}"
+        );
+        speaker.shutdown().await.expect("clean shutdown");
+    }
+
+    #[tokio::test]
+    async fn a_wrong_peer_as_is_refused_with_bad_peer_as() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mut speaker = BgpSpeaker::start(config(port, 3)).expect("starts");
+        let (mut sock, _) = timeout(Duration::from_secs(5), listener.accept())
+            .await
+            .unwrap()
+            .unwrap();
+        frame(&mut sock).await;
+        sock.write_all(&wire::open(65099, 3, Ipv4Addr::new(10, 0, 0, 1)).unwrap())
+            .await
+            .unwrap();
+        let reply = frame(&mut sock).await;
+        assert_eq!(reply, Notification::bad_peer_as(65099).encode());
+        speaker.shutdown().await.expect("clean shutdown");
+        let s = speaker.status().remove(0);
+        assert!(
+            s.last_error.as_deref().unwrap_or("").contains("AS 65099"),
+            "{s:?}"
+        );
+    }
+
+    #[test]
+    fn starting_needs_a_runtime_and_a_valid_config() {
+        assert!(matches!(
+            BgpSpeaker::start(config(179, 3)),
+            Err(AnnounceError::NoRuntime { announcer: "bgp" })
+        ));
+        let mut bad = config(179, 3);
+        bad.local_as = 0;
+        let err = BgpSpeaker::start(bad).err().expect("invalid");
+        assert!(err.to_string().contains("bgp.local_as"), "{err}");
+    }
+}

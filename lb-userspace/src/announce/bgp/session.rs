@@ -1,0 +1,761 @@
+//! One peer's BGP session as a tokio task: the RFC 4271 finite state
+//! machine for a speaker that only connects out (Idle → Connect →
+//! OpenSent → OpenConfirm → Established, and Active while it waits to
+//! retry), its timers (hold, keepalive, exponential reconnect backoff with
+//! jitter), and the peer's Adj-RIB-Out: the host routes this session has
+//! announced, brought to the desired set by minimal UPDATEs.
+//!
+//! Not here: encoding (see [`super::wire`]), the desired set (owned by
+//! [`super::BgpSpeaker`], shared through a `watch` channel), and any use
+//! of the peer's routes, which are checked and dropped. Connection
+//! collisions cannot happen: we never listen.
+
+use std::{
+    collections::BTreeSet,
+    hash::{BuildHasher as _, Hasher as _},
+    io,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    sync::{Arc, Mutex, MutexGuard},
+    time::Duration,
+};
+
+use netgauze_bgp_pkt::{capabilities::BgpCapability, open::BgpOpenMessage};
+use netgauze_iana::address_family::AddressType;
+use tokio::{
+    io::{AsyncReadExt as _, AsyncWriteExt as _},
+    net::{TcpSocket, TcpStream},
+    sync::watch,
+    time::{Instant, sleep, sleep_until, timeout},
+};
+use tracing::{debug, info, warn};
+
+use super::{
+    config::PeerConfig,
+    wire::{self, Decoder, Message, Notification, RouteAttrs},
+};
+use crate::announce::{PeerStatus, SessionState, diff};
+
+/// Hold timer while waiting for the peer's OPEN (RFC 4271 §8: "a large
+/// value", suggested 4 minutes).
+const OPEN_HOLD: Duration = Duration::from_secs(240);
+/// Giving up on a TCP connection attempt.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Giving up on a peer that does not read what we send.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long we read (and discard) after our NOTIFICATION before closing,
+/// so that the kernel sends FIN, not RST, and the peer gets to read it.
+const LINGER: Duration = Duration::from_millis(500);
+
+/// What every session of one speaker shares.
+#[derive(Clone, Debug)]
+pub(super) struct Local {
+    pub local_as: u32,
+    pub router_id: Ipv4Addr,
+    pub hold_time: u16,
+    pub retry_initial: Duration,
+    pub retry_max: Duration,
+    pub next_hop_v4: Option<Ipv4Addr>,
+    pub next_hop_v6: Option<Ipv6Addr>,
+}
+
+/// A peer's status, written by its task, read by `status()`.
+#[derive(Debug, Default)]
+pub(super) struct PeerShared {
+    inner: Mutex<Counters>,
+}
+
+#[derive(Debug)]
+struct Counters {
+    state: SessionState,
+    established_at: Option<Instant>,
+    hold_time: Option<u16>,
+    prefixes: usize,
+    sessions_established: u64,
+    last_error: Option<String>,
+    messages_sent: u64,
+    messages_received: u64,
+    updates_sent: u64,
+    updates_received: u64,
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Self {
+            state: SessionState::Idle,
+            established_at: None,
+            hold_time: None,
+            prefixes: 0,
+            sessions_established: 0,
+            last_error: None,
+            messages_sent: 0,
+            messages_received: 0,
+            updates_sent: 0,
+            updates_received: 0,
+        }
+    }
+}
+
+impl PeerShared {
+    fn lock(&self) -> MutexGuard<'_, Counters> {
+        // A panic elsewhere while holding the lock leaves counters that
+        // are still good enough to show.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn status(&self, peer: &PeerConfig) -> PeerStatus {
+        let c = self.lock();
+        PeerStatus {
+            peer: peer.socket_addr().to_string(),
+            remote_as: Some(peer.remote_as),
+            state: c.state,
+            uptime_secs: c.established_at.map_or(0, |t| t.elapsed().as_secs()),
+            hold_time_secs: c.hold_time,
+            prefixes_announced: c.prefixes,
+            sessions_established: c.sessions_established,
+            last_error: c.last_error.clone(),
+            messages_sent: c.messages_sent,
+            messages_received: c.messages_received,
+            updates_sent: c.updates_sent,
+            updates_received: c.updates_received,
+        }
+    }
+
+    fn set_state(&self, state: SessionState) {
+        let mut c = self.lock();
+        c.state = state;
+        if state != SessionState::Established {
+            c.established_at = None;
+            c.hold_time = None;
+            c.prefixes = 0;
+        }
+    }
+
+    pub fn set_idle(&self) {
+        self.set_state(SessionState::Idle);
+    }
+
+    fn error(&self, message: String) {
+        self.lock().last_error = Some(message);
+    }
+}
+
+/// Waits until the speaker is stopped (or dropped).
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+/// Exponential backoff with jitter.
+struct Backoff {
+    initial: Duration,
+    max: Duration,
+    next: Duration,
+}
+
+impl Backoff {
+    fn new(initial: Duration, max: Duration) -> Self {
+        Self {
+            initial,
+            max,
+            next: initial,
+        }
+    }
+
+    fn reset(&mut self) {
+        self.next = self.initial;
+    }
+
+    /// The next wait: the current step shortened by 0–25% at random; the
+    /// step doubles up to `max`.
+    fn next_delay(&mut self) -> Duration {
+        let step = self.next;
+        self.next = (self.next * 2).min(self.max);
+        step.mul_f64(1.0 - 0.25 * random_unit())
+    }
+}
+
+/// A number in [0, 1) that differs from call to call: the standard
+/// library's randomly keyed hasher, enough for spreading reconnects.
+fn random_unit() -> f64 {
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(0);
+    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
+}
+
+async fn connect(peer: &PeerConfig) -> io::Result<TcpStream> {
+    let addr = peer.socket_addr();
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    if let Some(local) = peer.local_address {
+        socket.bind(SocketAddr::new(local, 0))?;
+    }
+    let stream = timeout(CONNECT_TIMEOUT, socket.connect(addr))
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "connection timed out"))??;
+    // Keepalives and small UPDATEs must not wait for Nagle.
+    stream.set_nodelay(true)?;
+    Ok(stream)
+}
+
+/// The peer's task: connect, run a session, wait, again, until stopped.
+pub(super) async fn run_peer(
+    local: Arc<Local>,
+    peer: PeerConfig,
+    shared: Arc<PeerShared>,
+    mut desired: watch::Receiver<Arc<BTreeSet<IpAddr>>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let addr = peer.socket_addr();
+    let mut backoff = Backoff::new(local.retry_initial, local.retry_max);
+    loop {
+        if *stop.borrow() {
+            break;
+        }
+        shared.set_state(SessionState::Connect);
+        let connected = tokio::select! {
+            biased;
+            _ = stopped(&mut stop) => break,
+            c = connect(&peer) => c,
+        };
+        match connected {
+            Ok(stream) => {
+                debug!(peer = %addr, "BGP connection up");
+                let mut session = Session::new(&local, &peer, &shared, stream);
+                let end = session.run(&mut desired, &mut stop).await;
+                if session.reached_established {
+                    backoff.reset();
+                }
+                match end {
+                    End::Stopped => break,
+                    End::Failed(reason) => {
+                        warn!(peer = %addr, reason = %reason, "BGP session closed");
+                        shared.error(reason);
+                    }
+                }
+            }
+            Err(e) => {
+                debug!(peer = %addr, error = %e, "BGP connection failed");
+                shared.error(format!("connecting to {addr}: {e}"));
+            }
+        }
+        shared.set_state(SessionState::Active);
+        let wait = backoff.next_delay();
+        tokio::select! {
+            biased;
+            _ = stopped(&mut stop) => break,
+            _ = sleep(wait) => {}
+        }
+    }
+    shared.set_idle();
+}
+
+/// How a session ended.
+#[derive(Debug)]
+enum End {
+    /// The speaker is shutting down; routes were withdrawn and a Cease
+    /// sent.
+    Stopped,
+    Failed(String),
+}
+
+struct Session<'a> {
+    local: &'a Local,
+    peer: &'a PeerConfig,
+    shared: &'a PeerShared,
+    stream: TcpStream,
+    decoder: Decoder,
+    state: SessionState,
+    /// Agreed hold time; zero: no hold timer and no keepalives.
+    hold: Duration,
+    hold_deadline: Instant,
+    keepalive_at: Instant,
+    attrs: RouteAttrs,
+    /// Address families the peer accepts.
+    v4: bool,
+    v6: bool,
+    /// What the peer has from us in this session.
+    adj_out: BTreeSet<IpAddr>,
+    /// VIPs we could not announce to this peer (family not accepted, no
+    /// next hop), as last reported.
+    skipped: BTreeSet<IpAddr>,
+    reached_established: bool,
+}
+
+impl<'a> Session<'a> {
+    fn new(
+        local: &'a Local,
+        peer: &'a PeerConfig,
+        shared: &'a PeerShared,
+        stream: TcpStream,
+    ) -> Self {
+        let now = Instant::now();
+        Self {
+            local,
+            peer,
+            shared,
+            stream,
+            decoder: Decoder::new(),
+            state: SessionState::Connect,
+            hold: OPEN_HOLD,
+            hold_deadline: now + OPEN_HOLD,
+            keepalive_at: now,
+            attrs: RouteAttrs {
+                local_as: local.local_as,
+                ebgp: peer.remote_as != local.local_as,
+                asn4: false,
+            },
+            v4: false,
+            v6: false,
+            adj_out: BTreeSet::new(),
+            skipped: BTreeSet::new(),
+            reached_established: false,
+        }
+    }
+
+    fn addr(&self) -> SocketAddr {
+        self.peer.socket_addr()
+    }
+
+    fn set_state(&mut self, state: SessionState) {
+        self.state = state;
+        self.shared.set_state(state);
+    }
+
+    fn keepalive_interval(&self) -> Option<Duration> {
+        (!self.hold.is_zero()).then(|| (self.hold / 3).max(Duration::from_secs(1)))
+    }
+
+    async fn run(
+        &mut self,
+        desired: &mut watch::Receiver<Arc<BTreeSet<IpAddr>>>,
+        stop: &mut watch::Receiver<bool>,
+    ) -> End {
+        let open = match wire::open(
+            self.local.local_as,
+            self.local.hold_time,
+            self.local.router_id,
+        ) {
+            Ok(open) => open,
+            Err(e) => return End::Failed(e.to_string()),
+        };
+        if let Err(end) = self.send(&open).await {
+            return end;
+        }
+        self.set_state(SessionState::OpenSent);
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            let hold_on = !self.hold.is_zero();
+            let keepalive_on = self.keepalive_interval().is_some()
+                && matches!(
+                    self.state,
+                    SessionState::OpenConfirm | SessionState::Established
+                );
+            let established = self.state == SessionState::Established;
+            let result = tokio::select! {
+                biased;
+                _ = stopped(stop) => return self.stop_gracefully().await,
+                _ = sleep_until(self.hold_deadline), if hold_on => {
+                    let detail = format!(
+                        "hold timer expired: nothing from the peer for {} s",
+                        self.hold.as_secs()
+                    );
+                    Err(self.fail(Notification::hold_timer_expired(), detail).await)
+                }
+                _ = sleep_until(self.keepalive_at), if keepalive_on => {
+                    self.send_keepalive().await
+                }
+                changed = desired.changed(), if established => match changed {
+                    Ok(()) => self.sync(desired).await,
+                    // The speaker is gone: same as a stop.
+                    Err(_) => return self.stop_gracefully().await,
+                },
+                read = self.stream.read(&mut buf) => match read {
+                    Ok(0) => Err(End::Failed("the peer closed the connection".into())),
+                    Ok(n) => self.on_bytes(&buf[..n], desired).await,
+                    Err(e) => Err(End::Failed(format!("reading: {e}"))),
+                },
+            };
+            if let Err(end) = result {
+                return end;
+            }
+        }
+    }
+
+    async fn send(&mut self, bytes: &[u8]) -> Result<(), End> {
+        match timeout(WRITE_TIMEOUT, self.stream.write_all(bytes)).await {
+            Ok(Ok(())) => {
+                self.shared.lock().messages_sent += 1;
+                Ok(())
+            }
+            Ok(Err(e)) => Err(End::Failed(format!("sending: {e}"))),
+            Err(_) => Err(End::Failed(format!(
+                "sending: the peer read nothing for {} s",
+                WRITE_TIMEOUT.as_secs()
+            ))),
+        }
+    }
+
+    async fn send_keepalive(&mut self) -> Result<(), End> {
+        self.send(&wire::keepalive()).await?;
+        self.restart_keepalive_timer();
+        Ok(())
+    }
+
+    fn restart_keepalive_timer(&mut self) {
+        if let Some(interval) = self.keepalive_interval() {
+            self.keepalive_at = Instant::now() + interval;
+        }
+    }
+
+    /// Sends `notification`, closes, and says why.
+    async fn fail(&mut self, notification: Notification, detail: String) -> End {
+        warn!(
+            peer = %self.addr(),
+            notification = %notification,
+            detail = %detail,
+            "sending NOTIFICATION"
+        );
+        let _ = self.send(&notification.encode()).await;
+        self.close().await;
+        End::Failed(format!("sent NOTIFICATION {notification}: {detail}"))
+    }
+
+    /// Half-closes and reads what is left for a moment, so that the peer
+    /// sees FIN after our last message instead of a reset.
+    async fn close(&mut self) {
+        let _ = timeout(WRITE_TIMEOUT, self.stream.shutdown()).await;
+        let mut sink = [0u8; 4096];
+        let _ = timeout(LINGER, async {
+            while let Ok(n) = self.stream.read(&mut sink).await {
+                if n == 0 {
+                    break;
+                }
+            }
+        })
+        .await;
+    }
+
+    /// Withdraws everything, sends Cease, closes.
+    async fn stop_gracefully(&mut self) -> End {
+        if self.state == SessionState::Established && !self.adj_out.is_empty() {
+            let all = std::mem::take(&mut self.adj_out);
+            match self.updates(&all, &BTreeSet::new()) {
+                Ok(messages) => {
+                    for m in messages {
+                        if self.send_update(&m).await.is_err() {
+                            break;
+                        }
+                    }
+                }
+                Err(e) => warn!(peer = %self.addr(), error = %e, "cannot encode withdrawals"),
+            }
+            self.shared.lock().prefixes = 0;
+        }
+        let cease = Notification::cease();
+        let _ = self.send(&cease.encode()).await;
+        self.close().await;
+        info!(peer = %self.addr(), "BGP session closed: routes withdrawn, Cease sent");
+        End::Stopped
+    }
+
+    async fn on_bytes(
+        &mut self,
+        bytes: &[u8],
+        desired: &mut watch::Receiver<Arc<BTreeSet<IpAddr>>>,
+    ) -> Result<(), End> {
+        self.decoder.extend(bytes);
+        loop {
+            match self.decoder.next_message() {
+                Ok(None) => return Ok(()),
+                Ok(Some(message)) => {
+                    self.shared.lock().messages_received += 1;
+                    self.on_message(message, desired).await?;
+                }
+                Err(malformed) => {
+                    return Err(match malformed.reply {
+                        Some(reply) => self.fail(reply, malformed.detail).await,
+                        None => {
+                            self.close().await;
+                            End::Failed(format!("malformed NOTIFICATION: {}", malformed.detail))
+                        }
+                    });
+                }
+            }
+        }
+    }
+
+    async fn on_message(
+        &mut self,
+        message: Message,
+        desired: &mut watch::Receiver<Arc<BTreeSet<IpAddr>>>,
+    ) -> Result<(), End> {
+        if let Message::Notification(n) = &message {
+            self.close().await;
+            return Err(End::Failed(format!("the peer sent NOTIFICATION {n}")));
+        }
+        // Any valid message shows the peer is alive.
+        if !self.hold.is_zero() {
+            self.hold_deadline = Instant::now() + self.hold;
+        }
+        let unexpected_in = match self.state {
+            SessionState::OpenSent => 1,
+            SessionState::OpenConfirm => 2,
+            _ => 3,
+        };
+        match (self.state, message) {
+            (SessionState::OpenSent, Message::Open(open)) => self.on_open(&open).await,
+            (SessionState::OpenConfirm, Message::Keepalive) => {
+                self.set_state(SessionState::Established);
+                self.reached_established = true;
+                {
+                    let mut c = self.shared.lock();
+                    c.established_at = Some(Instant::now());
+                    c.hold_time = Some(u16::try_from(self.hold.as_secs()).unwrap_or(u16::MAX));
+                    c.sessions_established += 1;
+                }
+                info!(
+                    peer = %self.addr(),
+                    remote_as = self.peer.remote_as,
+                    hold_secs = self.hold.as_secs(),
+                    ipv4 = self.v4,
+                    ipv6 = self.v6,
+                    "BGP session established"
+                );
+                self.sync(desired).await
+            }
+            (SessionState::Established, Message::Keepalive) => Ok(()),
+            (SessionState::Established, Message::Update) => {
+                self.shared.lock().updates_received += 1;
+                Ok(())
+            }
+            (SessionState::Established, Message::RouteRefresh) => {
+                // Send everything again.
+                self.adj_out.clear();
+                self.sync(desired).await
+            }
+            (_, other) => {
+                let kind = other.type_code();
+                let state = self.state;
+                Err(self
+                    .fail(
+                        Notification::unexpected(unexpected_in, kind),
+                        format!("message type {kind} in {state}"),
+                    )
+                    .await)
+            }
+        }
+    }
+
+    async fn on_open(&mut self, open: &BgpOpenMessage) -> Result<(), End> {
+        let peer_as = open.my_asn4();
+        if peer_as != self.peer.remote_as {
+            let detail = format!(
+                "the peer is AS {peer_as}, configured as AS {}",
+                self.peer.remote_as
+            );
+            return Err(self
+                .fail(Notification::bad_peer_as(open.my_as()), detail)
+                .await);
+        }
+        if !self.attrs.ebgp && open.bgp_id() == self.local.router_id {
+            let detail = format!("internal peer has our router id {}", open.bgp_id());
+            return Err(self
+                .fail(Notification::bad_bgp_identifier(open.bgp_id()), detail)
+                .await);
+        }
+        let capabilities = open.capabilities();
+        let asn4 = capabilities
+            .iter()
+            .any(|c| matches!(c, BgpCapability::FourOctetAs(_)));
+        let families: Vec<AddressType> = capabilities
+            .iter()
+            .filter_map(|c| match c {
+                BgpCapability::MultiProtocolExtensions(mp) => Some(mp.address_type()),
+                _ => None,
+            })
+            .collect();
+        // RFC 4760: a peer without multiprotocol capabilities speaks IPv4
+        // unicast only.
+        (self.v4, self.v6) = if families.is_empty() {
+            (true, false)
+        } else {
+            (
+                families.contains(&AddressType::Ipv4Unicast),
+                families.contains(&AddressType::Ipv6Unicast),
+            )
+        };
+        self.attrs.asn4 = asn4;
+        self.decoder.set_asn4(asn4);
+        self.hold = Duration::from_secs(u64::from(self.local.hold_time.min(open.hold_time())));
+        self.hold_deadline = Instant::now() + self.hold;
+        self.send_keepalive().await?;
+        self.set_state(SessionState::OpenConfirm);
+        Ok(())
+    }
+
+    /// The next hop for `vip` on this session, or why there is none.
+    fn next_hop(&self, vip: IpAddr) -> Result<IpAddr, &'static str> {
+        let local = self.stream.local_addr().map(|a| a.ip()).ok();
+        match vip {
+            IpAddr::V4(_) if !self.v4 => Err("the peer did not offer IPv4 unicast"),
+            IpAddr::V6(_) if !self.v6 => Err("the peer did not offer IPv6 unicast"),
+            IpAddr::V4(_) => match local {
+                Some(IpAddr::V4(a)) => Ok(a.into()),
+                _ => self
+                    .local
+                    .next_hop_v4
+                    .map(IpAddr::from)
+                    .ok_or("the session is over IPv6 and next_hop_v4 is not set"),
+            },
+            IpAddr::V6(_) => match local {
+                Some(IpAddr::V6(a)) => Ok(a.into()),
+                _ => self
+                    .local
+                    .next_hop_v6
+                    .map(IpAddr::from)
+                    .ok_or("the session is over IPv4 and next_hop_v6 is not set"),
+            },
+        }
+    }
+
+    /// The UPDATEs that take the peer from `current` to `wanted`:
+    /// withdrawals first, then announcements.
+    fn updates(
+        &self,
+        current: &BTreeSet<IpAddr>,
+        wanted: &BTreeSet<IpAddr>,
+    ) -> Result<Vec<Vec<u8>>, wire::WireError> {
+        let d = diff(current, wanted);
+        let (w4, w6) = split(&d.withdraw);
+        let (a4, a6) = split(&d.announce);
+        let mut out = wire::withdraw_v4(&w4)?;
+        out.extend(wire::withdraw_v6(&w6)?);
+        if let Some(&first) = a4.first()
+            && let Ok(IpAddr::V4(nh)) = self.next_hop(first.into())
+        {
+            out.extend(wire::announce_v4(&self.attrs, nh, &a4)?);
+        }
+        if let Some(&first) = a6.first()
+            && let Ok(IpAddr::V6(nh)) = self.next_hop(first.into())
+        {
+            out.extend(wire::announce_v6(&self.attrs, nh, &a6)?);
+        }
+        Ok(out)
+    }
+
+    async fn send_update(&mut self, message: &[u8]) -> Result<(), End> {
+        self.send(message).await?;
+        self.shared.lock().updates_sent += 1;
+        self.restart_keepalive_timer();
+        Ok(())
+    }
+
+    /// Brings the peer's routes from us to the desired set.
+    async fn sync(
+        &mut self,
+        desired: &mut watch::Receiver<Arc<BTreeSet<IpAddr>>>,
+    ) -> Result<(), End> {
+        let want = Arc::clone(&desired.borrow_and_update());
+        let mut carried = BTreeSet::new();
+        let mut skipped = BTreeSet::new();
+        let mut reason = "";
+        for &vip in want.iter() {
+            match self.next_hop(vip) {
+                Ok(_) => {
+                    carried.insert(vip);
+                }
+                Err(why) => {
+                    skipped.insert(vip);
+                    reason = why;
+                }
+            }
+        }
+        let messages = match self.updates(&self.adj_out, &carried) {
+            Ok(m) => m,
+            Err(e) => {
+                return Err(self
+                    .fail(Notification::cease(), format!("internal error: {e}"))
+                    .await);
+            }
+        };
+        let changes = diff(&self.adj_out, &carried);
+        for m in &messages {
+            self.send_update(m).await?;
+        }
+        if !changes.is_empty() {
+            debug!(
+                peer = %self.addr(),
+                announced = changes.announce.len(),
+                withdrawn = changes.withdraw.len(),
+                updates = messages.len(),
+                "routes sent"
+            );
+        }
+        self.adj_out = carried;
+        self.shared.lock().prefixes = self.adj_out.len();
+        if !skipped.is_empty() && skipped != self.skipped {
+            let message = format!(
+                "{} VIP(s) not announced to this peer ({}): {reason}",
+                skipped.len(),
+                skipped
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            warn!(peer = %self.addr(), "{message}");
+            self.shared.error(message);
+        }
+        self.skipped = skipped;
+        Ok(())
+    }
+}
+
+fn split(set: &BTreeSet<IpAddr>) -> (Vec<Ipv4Addr>, Vec<Ipv6Addr>) {
+    let mut v4 = Vec::new();
+    let mut v6 = Vec::new();
+    for ip in set {
+        match ip {
+            IpAddr::V4(a) => v4.push(*a),
+            IpAddr::V6(a) => v6.push(*a),
+        }
+    }
+    (v4, v6)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_the_cap_with_at_most_25_percent_jitter() {
+        let mut b = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
+        let mut steps = Vec::new();
+        for _ in 0..8 {
+            steps.push(b.next_delay());
+        }
+        for (d, nominal) in steps.iter().zip([1u64, 2, 4, 8, 16, 30, 30, 30]) {
+            let nominal = Duration::from_secs(nominal);
+            assert!(
+                *d <= nominal && *d >= nominal.mul_f64(0.75),
+                "{d:?} outside [{:?}, {nominal:?}]",
+                nominal.mul_f64(0.75)
+            );
+        }
+        b.reset();
+        assert!(b.next_delay() <= Duration::from_secs(1));
+    }
+
+    #[test]
+    fn jitter_varies() {
+        let samples: BTreeSet<u64> = (0..20).map(|_| random_unit().to_bits()).collect();
+        assert!(samples.len() > 10, "random_unit repeats: {samples:?}");
+        assert!(
+            (0..1000)
+                .map(|_| random_unit())
+                .all(|x| (0.0..1.0).contains(&x))
+        );
+    }
+}

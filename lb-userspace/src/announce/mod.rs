@@ -1,0 +1,384 @@
+//! Route announcement: telling the routers that this balancer takes a VIP's
+//! traffic, by announcing a host route (/32 for IPv4, /128 for IPv6) for it.
+//! With several balancers announcing the same VIPs, the routers spread
+//! flows over them by ECMP (active-active).
+//!
+//! This module owns the [`Announcer`] trait, the status rows `lbctl bgp`
+//! shows ([`PeerStatus`]), the set arithmetic every announcer shares
+//! ([`diff`]), the configuration section ([`AnnounceConfig`]) and three
+//! announcers:
+//!
+//! - [`bgp`]: a built-in, originate-only BGP-4 speaker (one session per
+//!   router, next hop self, routes from the routers ignored);
+//! - [`exabgp`]: `announce route …`/`withdraw route …` lines for an ExaBGP
+//!   process that runs this one;
+//! - [`exec`]: an operator's command, run once per change.
+//!
+//! It does not decide *which* VIPs to announce (`lbd` does, e.g. only VIPs
+//! with a usable backend), and it never touches the kernel's routing table.
+//!
+//! # Calling convention: synchronous set, asynchronous shutdown
+//!
+//! The announcers are driven from one tokio task (`lbd`'s daemon loop).
+//! [`Announcer::set_announced`] is a plain function that never blocks on
+//! the network or a child process: it records the desired set and returns;
+//! the announcer's own tasks (BGP sessions, the exec worker) catch up and
+//! report progress and failures through [`Announcer::status`]. So the
+//! daemon loop never waits for a slow router or script. (The ExaBGP
+//! announcer writes a few lines to a pipe, which is as non-blocking as a
+//! log line.) [`Announcer::shutdown`] has to wait for I/O (withdrawals and
+//! a NOTIFICATION on the wire, withdraw commands), so it returns a boxed
+//! future, bounded in time; boxing keeps the trait object-safe, so `lbd`
+//! can hold a `Vec<Box<dyn Announcer>>`. Announcers that spawn tasks must be
+//! started inside a tokio runtime.
+
+pub mod bgp;
+pub mod exabgp;
+pub mod exec;
+
+use std::{collections::BTreeSet, fmt, net::IpAddr};
+
+use futures::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::config::{ConfigError, ConfigErrors};
+
+/// Something that makes routers send the announced VIPs to this box.
+pub trait Announcer: Send {
+    /// Makes the announced set exactly `prefixes` (each a host route: /32
+    /// for IPv4, /128 for IPv6). Returns at once; see the module docs.
+    /// Fails for an address that cannot be a VIP and after
+    /// [`shutdown`](Self::shutdown) (then nothing changes), and for the
+    /// ExaBGP announcer when its output fails (then the next call retries
+    /// what was not written). Failures of the network or of a command show
+    /// in [`status`](Self::status), not here.
+    fn set_announced(&mut self, prefixes: &BTreeSet<IpAddr>) -> Result<(), AnnounceError>;
+
+    /// One row per peer (BGP) or target (ExaBGP, command).
+    fn status(&self) -> Vec<PeerStatus>;
+
+    /// Withdraws everything and closes cleanly (BGP: an UPDATE withdrawing
+    /// every route, then a NOTIFICATION Cease). Bounded in time; after it,
+    /// [`set_announced`](Self::set_announced) fails.
+    fn shutdown(&mut self) -> BoxFuture<'_, Result<(), AnnounceError>>;
+}
+
+/// The BGP finite state machine's states (RFC 4271 §8.2.2). Announcers
+/// without sessions use `Established` for "working", `Active` for "waiting
+/// to retry after a failure" and `Idle` for "stopped".
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SessionState {
+    /// Not trying (stopped, or not started).
+    Idle,
+    /// A TCP connection to the peer is being set up.
+    Connect,
+    /// Waiting to retry after a failed connection or a closed session (we
+    /// never listen, so this is where a speaker waits out its backoff).
+    Active,
+    /// Our OPEN is sent; waiting for the peer's.
+    OpenSent,
+    /// OPENs are exchanged; waiting for the peer's first KEEPALIVE.
+    OpenConfirm,
+    /// Routes flow.
+    Established,
+}
+
+impl fmt::Display for SessionState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+/// The state of one peer or target, for `lbctl bgp` (JSON over `lbd`'s
+/// API).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerStatus {
+    /// `10.0.0.1:179` for a BGP peer, `exabgp` or `exec <command>`.
+    pub peer: String,
+    /// The peer's AS (BGP only).
+    pub remote_as: Option<u32>,
+    pub state: SessionState,
+    /// Seconds since the session reached `Established` (0 when it is not).
+    pub uptime_secs: u64,
+    /// Hold time agreed with the peer in the current session (BGP only).
+    pub hold_time_secs: Option<u16>,
+    /// Prefixes the peer (or target) has from us now.
+    pub prefixes_announced: usize,
+    /// How often the session reached `Established` (BGP only; 0 otherwise).
+    pub sessions_established: u64,
+    /// The most recent failure, kept after recovery so that flaps are
+    /// visible.
+    pub last_error: Option<String>,
+    /// BGP messages (or lines, or command runs) sent and received.
+    pub messages_sent: u64,
+    pub messages_received: u64,
+    /// BGP UPDATEs (or prefix changes) sent and received.
+    pub updates_sent: u64,
+    pub updates_received: u64,
+}
+
+impl PeerStatus {
+    /// A row with zero counters.
+    pub fn new(peer: impl Into<String>, state: SessionState) -> Self {
+        Self {
+            peer: peer.into(),
+            remote_as: None,
+            state,
+            uptime_secs: 0,
+            hold_time_secs: None,
+            prefixes_announced: 0,
+            sessions_established: 0,
+            last_error: None,
+            messages_sent: 0,
+            messages_received: 0,
+            updates_sent: 0,
+            updates_received: 0,
+        }
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum AnnounceError {
+    #[error(transparent)]
+    Config(#[from] ConfigErrors),
+    #[error("{prefix} cannot be announced: {reason}")]
+    InvalidPrefix {
+        prefix: IpAddr,
+        reason: &'static str,
+    },
+    #[error("the {announcer} announcer must be started inside a tokio runtime")]
+    NoRuntime { announcer: &'static str },
+    #[error("writing to {target}: {source}")]
+    Write {
+        target: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the announcer is shut down")]
+    ShutDown,
+    #[error("shutdown incomplete: {0}")]
+    Shutdown(String),
+}
+
+/// What turns `current` into `desired`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Diff {
+    /// In `desired`, not in `current`.
+    pub announce: BTreeSet<IpAddr>,
+    /// In `current`, not in `desired`.
+    pub withdraw: BTreeSet<IpAddr>,
+}
+
+impl Diff {
+    pub fn is_empty(&self) -> bool {
+        self.announce.is_empty() && self.withdraw.is_empty()
+    }
+}
+
+/// The announcements and withdrawals that turn `current` into `desired`.
+pub fn diff(current: &BTreeSet<IpAddr>, desired: &BTreeSet<IpAddr>) -> Diff {
+    Diff {
+        announce: desired.difference(current).copied().collect(),
+        withdraw: current.difference(desired).copied().collect(),
+    }
+}
+
+/// The host route for `vip`: `10.0.0.1/32`, `2001:db8::1/128`.
+pub fn host_prefix(vip: IpAddr) -> String {
+    match vip {
+        IpAddr::V4(a) => format!("{a}/32"),
+        IpAddr::V6(a) => format!("{a}/128"),
+    }
+}
+
+/// Refuses addresses that cannot be a VIP: unspecified, loopback,
+/// multicast, IPv4 broadcast.
+pub fn check_prefixes(prefixes: &BTreeSet<IpAddr>) -> Result<(), AnnounceError> {
+    for &prefix in prefixes {
+        let reason = if prefix.is_unspecified() {
+            "unspecified address"
+        } else if prefix.is_loopback() {
+            "loopback address"
+        } else if prefix.is_multicast() {
+            "multicast address"
+        } else if matches!(prefix, IpAddr::V4(a) if a.is_broadcast()) {
+            "broadcast address"
+        } else {
+            continue;
+        };
+        return Err(AnnounceError::InvalidPrefix { prefix, reason });
+    }
+    Ok(())
+}
+
+/// The `announce:` section of `lbd`'s configuration: any combination of
+/// the three announcers (usually exactly one).
+///
+/// ```yaml
+/// announce:
+///   bgp:
+///     local_as: 65001
+///     router_id: 10.0.0.11
+///     peers:
+///       - { address: 10.0.0.1, remote_as: 65000 }
+/// ```
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AnnounceConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bgp: Option<bgp::BgpConfig>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exabgp: Option<exabgp::ExabgpConfig>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exec: Option<exec::ExecConfig>,
+}
+
+impl AnnounceConfig {
+    /// Every problem, with field paths relative to this section
+    /// (`bgp.peers[0].remote_as`).
+    pub fn validate(&self) -> Vec<ConfigError> {
+        let mut errors = Vec::new();
+        if let Some(bgp) = &self.bgp {
+            errors.extend(prefixed("bgp", bgp.validate()));
+        }
+        if let Some(exec) = &self.exec {
+            errors.extend(prefixed("exec", exec.validate()));
+        }
+        errors
+    }
+
+    /// Starts every configured announcer (inside a tokio runtime; the
+    /// ExaBGP one writes to standard output).
+    pub fn start(&self) -> Result<Vec<Box<dyn Announcer>>, AnnounceError> {
+        let errors = self.validate();
+        if !errors.is_empty() {
+            return Err(ConfigErrors {
+                source_name: None,
+                errors,
+            }
+            .into());
+        }
+        let mut started: Vec<Box<dyn Announcer>> = Vec::new();
+        if let Some(bgp) = &self.bgp {
+            started.push(Box::new(bgp::BgpSpeaker::start(bgp.clone())?));
+        }
+        if let Some(exabgp) = &self.exabgp {
+            started.push(Box::new(exabgp::ExabgpAnnouncer::stdout(exabgp.clone())));
+        }
+        if let Some(exec) = &self.exec {
+            started.push(Box::new(exec::ExecAnnouncer::start(exec.clone())?));
+        }
+        Ok(started)
+    }
+}
+
+/// Puts `prefix.` in front of each error's field path.
+pub(crate) fn prefixed(prefix: &str, errors: Vec<ConfigError>) -> Vec<ConfigError> {
+    errors
+        .into_iter()
+        .map(|e| ConfigError {
+            field: if e.field.is_empty() {
+                prefix.to_string()
+            } else if e.field.starts_with('[') {
+                format!("{prefix}{}", e.field)
+            } else {
+                format!("{prefix}.{}", e.field)
+            },
+            message: e.message,
+        })
+        .collect()
+}
+
+/// One validation problem.
+pub(crate) fn problem(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError {
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(addrs: &[&str]) -> BTreeSet<IpAddr> {
+        addrs.iter().map(|a| a.parse().expect("address")).collect()
+    }
+
+    #[test]
+    fn diff_announces_the_new_and_withdraws_the_gone() {
+        let current = set(&["10.0.0.1", "10.0.0.2", "2001:db8::1"]);
+        let desired = set(&["10.0.0.2", "10.0.0.3", "2001:db8::2"]);
+        let d = diff(&current, &desired);
+        assert_eq!(d.announce, set(&["10.0.0.3", "2001:db8::2"]));
+        assert_eq!(d.withdraw, set(&["10.0.0.1", "2001:db8::1"]));
+        assert!(!d.is_empty());
+    }
+
+    #[test]
+    fn diff_of_equal_sets_is_empty_and_from_empty_announces_all() {
+        let s = set(&["10.0.0.1", "2001:db8::1"]);
+        assert!(diff(&s, &s).is_empty());
+        let from_empty = diff(&BTreeSet::new(), &s);
+        assert_eq!(from_empty.announce, s);
+        assert!(from_empty.withdraw.is_empty());
+        let to_empty = diff(&s, &BTreeSet::new());
+        assert_eq!(to_empty.withdraw, s);
+        assert!(to_empty.announce.is_empty());
+    }
+
+    #[test]
+    fn host_prefixes_are_32_and_128() {
+        assert_eq!(host_prefix("10.0.0.1".parse().unwrap()), "10.0.0.1/32");
+        assert_eq!(
+            host_prefix("2001:db8::1".parse().unwrap()),
+            "2001:db8::1/128"
+        );
+    }
+
+    #[test]
+    fn addresses_that_cannot_be_vips_are_refused() {
+        assert!(check_prefixes(&set(&["10.0.0.1", "2001:db8::1"])).is_ok());
+        for bad in [
+            "0.0.0.0",
+            "127.0.0.1",
+            "224.0.0.5",
+            "255.255.255.255",
+            "::",
+            "::1",
+            "ff02::1",
+        ] {
+            let err = check_prefixes(&set(&["10.0.0.1", bad])).expect_err(bad);
+            assert!(
+                matches!(err, AnnounceError::InvalidPrefix { prefix, .. } if prefix.to_string() == bad),
+                "{bad}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_section_parses_and_rejects_unknown_fields() {
+        let cfg: AnnounceConfig = serde_yaml::from_str(
+            "bgp:\n  local_as: 65001\n  router_id: 10.0.0.11\n  peers:\n    - { address: 10.0.0.1, remote_as: 65000 }\nexabgp: {}\n",
+        )
+        .expect("valid section");
+        assert!(cfg.validate().is_empty(), "{:?}", cfg.validate());
+        assert_eq!(cfg.bgp.as_ref().map(|b| b.peers.len()), Some(1));
+        assert!(cfg.exabgp.is_some() && cfg.exec.is_none());
+
+        let err = serde_yaml::from_str::<AnnounceConfig>("bpg: {}\n").expect_err("typo");
+        assert!(err.to_string().contains("unknown field `bpg`"), "{err}");
+    }
+
+    #[test]
+    fn section_errors_carry_the_announcer_in_the_field_path() {
+        let cfg: AnnounceConfig = serde_yaml::from_str(
+            "bgp:\n  local_as: 0\n  router_id: 10.0.0.11\n  peers:\n    - { address: 10.0.0.1, remote_as: 65000 }\nexec:\n  command: []\n",
+        )
+        .expect("parses");
+        let fields: Vec<String> = cfg.validate().into_iter().map(|e| e.field).collect();
+        assert!(fields.contains(&"bgp.local_as".to_string()), "{fields:?}");
+        assert!(fields.contains(&"exec.command".to_string()), "{fields:?}");
+    }
+}
