@@ -95,6 +95,9 @@ pub struct VipMeta {
 }
 
 /// Value of `LB_BACKENDS`, indexed by the low 16 bits of a backend handle.
+/// A backend belongs to exactly one VIP, so it also carries what the
+/// datapath needs of that VIP to forward an established flow without
+/// looking the VIP up: its encapsulation and id.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BackendDef {
@@ -103,14 +106,17 @@ pub struct BackendDef {
     /// The handle of the backend that occupies this index now. A table slot
     /// or connection-table entry whose handle differs is stale.
     pub handle: u32,
+    /// The VIP this backend serves (index of `LB_VIP_STATS`; also lets
+    /// `lbd` rebuild its view from pinned maps after a restart).
+    pub vip_id: u16,
     /// `BACKEND_F_*` bits.
     pub flags: u8,
     /// `FAMILY_*`; 0 marks a free index (its `handle` keeps the last
     /// generation so the next occupant gets a new one).
     pub family: u8,
-    /// The VIP this backend serves (userspace bookkeeping, so that `lbd`
-    /// can rebuild its view from pinned maps after a restart).
-    pub vip_id: u16,
+    /// The VIP's `ENCAP_*`.
+    pub encap: u8,
+    pub _pad: [u8; 7],
 }
 
 impl BackendDef {
@@ -149,6 +155,42 @@ pub struct DatapathConfig {
     pub _pad1: u32,
     /// Outer source address for IPv6 tunnels.
     pub src_v6: AddrWords,
+}
+
+/// Bits of the VIP filter: 16,384 bits (2 KiB, one map value) keep false
+/// positives under 1% for a few dozen VIPs.
+pub const VIP_FILTER_WORDS: usize = 256;
+
+/// The single element of `LB_VIP_FILTER`: bit [`crate::flow::vip_filter_bit`]
+/// of each VIP key (exact port, or port 0 for all-ports VIPs) is set. A
+/// clear bit proves a packet is no VIP's, so non-VIP traffic passes after
+/// one cache-resident load, and VIP traffic can try the connection table
+/// before looking the VIP up. A set bit may be a false positive: the VIP
+/// lookup decides.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VipFilter {
+    pub words: [u64; VIP_FILTER_WORDS],
+}
+
+impl Default for VipFilter {
+    fn default() -> Self {
+        Self {
+            words: [0; VIP_FILTER_WORDS],
+        }
+    }
+}
+
+impl VipFilter {
+    pub fn insert(&mut self, key: &VipKey) {
+        let bit = crate::flow::vip_filter_bit(&key.addr, key.port, key.proto);
+        self.words[(bit / 64) as usize] |= 1 << (bit % 64);
+    }
+
+    pub fn contains(&self, key: &VipKey) -> bool {
+        let bit = crate::flow::vip_filter_bit(&key.addr, key.port, key.proto);
+        self.words[(bit / 64) as usize] & (1 << (bit % 64)) != 0
+    }
 }
 
 /// One chunk of a Maglev table: slot `s` of a table that starts at chunk
@@ -291,10 +333,32 @@ impl DecapAddr {
     }
 }
 
+/// Bytes of a benchmark packet the harness restores before each run: every
+/// header any program here rewrites lies within them.
+pub const BENCH_RESTORE_LEN: usize = 96;
+
+/// The benchmark harness's packet (`BENCH_PACKET[0]`, bench object only):
+/// before each run the harness shrinks the frame back to `len` and
+/// rewrites its first [`BENCH_RESTORE_LEN`] bytes from `data`, then, if
+/// `stamp_off` is not 0, writes a fresh 32-bit sequence number at that
+/// offset (a new flow every run).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BenchPacket {
+    pub len: u32,
+    pub stamp_off: u32,
+    /// `ifindex` to redirect to (live-frames generator), else 0.
+    pub redirect_ifindex: u32,
+    pub _pad: u32,
+    pub data: [u8; BENCH_RESTORE_LEN],
+}
+
 const _: () = {
+    assert!(core::mem::size_of::<BenchPacket>() == 16 + BENCH_RESTORE_LEN);
     assert!(core::mem::size_of::<VipKey>() == 20);
     assert!(core::mem::size_of::<VipMeta>() == 16);
-    assert!(core::mem::size_of::<BackendDef>() == 24);
+    assert!(core::mem::size_of::<BackendDef>() == 32);
+    assert!(core::mem::size_of::<VipFilter>() == 8 * VIP_FILTER_WORDS);
     assert!(core::mem::size_of::<DatapathConfig>() == 56);
     assert!(core::mem::size_of::<TableChunk>() == 4 * TABLE_CHUNK_SLOTS as usize);
     assert!(core::mem::size_of::<FlowKey>() == 40);
@@ -317,10 +381,12 @@ mod pod {
     unsafe impl aya::Pod for BackendDef {}
     unsafe impl aya::Pod for DatapathConfig {}
     unsafe impl aya::Pod for TableChunk {}
+    unsafe impl aya::Pod for VipFilter {}
     unsafe impl aya::Pod for FlowKey {}
     unsafe impl aya::Pod for FlowEntry {}
     unsafe impl aya::Pod for FlowBucket {}
     unsafe impl aya::Pod for CounterValue {}
+    unsafe impl aya::Pod for BenchPacket {}
     unsafe impl aya::Pod for DecapAddr {}
 }
 
@@ -342,9 +408,10 @@ mod tests {
         assert_eq!(offset_of!(VipMeta, _reserved), 12);
 
         assert_eq!(offset_of!(BackendDef, handle), 16);
-        assert_eq!(offset_of!(BackendDef, flags), 20);
-        assert_eq!(offset_of!(BackendDef, family), 21);
-        assert_eq!(offset_of!(BackendDef, vip_id), 22);
+        assert_eq!(offset_of!(BackendDef, vip_id), 20);
+        assert_eq!(offset_of!(BackendDef, flags), 22);
+        assert_eq!(offset_of!(BackendDef, family), 23);
+        assert_eq!(offset_of!(BackendDef, encap), 24);
 
         assert_eq!(offset_of!(DatapathConfig, table_size), 4);
         assert_eq!(offset_of!(DatapathConfig, ct_mask), 12);

@@ -101,9 +101,10 @@ pub const MAP_FLOWS: &str = "LB_FLOWS";
 pub const MAP_COUNTERS: &str = "LB_COUNTERS";
 pub const MAP_VIP_STATS: &str = "LB_VIP_STATS";
 pub const MAP_BACKEND_STATS: &str = "LB_BACKEND_STATS";
+pub const MAP_VIP_FILTER: &str = "LB_VIP_FILTER";
 
 /// Every map of the balancer object, in a stable order.
-pub const ALL_MAPS: [&str; 8] = [
+pub const ALL_MAPS: [&str; 9] = [
     MAP_CONFIG,
     MAP_VIPS,
     MAP_BACKENDS,
@@ -112,6 +113,7 @@ pub const ALL_MAPS: [&str; 8] = [
     MAP_COUNTERS,
     MAP_VIP_STATS,
     MAP_BACKEND_STATS,
+    MAP_VIP_FILTER,
 ];
 
 /// Name of the balancer's XDP program in the object file.

@@ -37,7 +37,7 @@ pub enum Request {
     /// → `Vec<`[`VipInfo`]`>`
     VipList,
     /// → `null`
-    VipAdd { vip: VipConfig },
+    VipAdd { vip: Box<VipConfig> },
     /// → `null`
     VipDel { vip: VipId },
     /// → `null`

@@ -8,3 +8,6 @@ pub static LB_XDP: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), 
 /// `XDP_PASS` program (`lb_pass`, for the peer of a veth that receives
 /// `XDP_TX` frames).
 pub static LB_DECAP: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lb-decap"));
+
+/// Benchmark harness programs (`cargo xtask bench`; never loaded by `lbd`).
+pub static LB_BENCH: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/lb-bench"));

@@ -1,6 +1,7 @@
 //! What will the datapath do with this flow? The userspace model of the XDP
-//! program's decision (VIP lookup, connection table, Maglev), computed from
-//! the maps through a [`Dataplane`] with the same hash as the kernel.
+//! program's decision (VIP filter, connection table, VIP lookup, Maglev),
+//! computed from the maps through a [`Dataplane`] with the same hash as the
+//! kernel.
 //!
 //! `lbctl simulate` answers operators with it; the datapath tests use it as
 //! the reference the kernel's output must match.
@@ -9,7 +10,7 @@ use lb_common::{
     BackendDef, FlowKey, VipKey, VipMeta,
     consts::{
         BACKEND_F_USABLE, BACKEND_INDEX_MASK, CFG_F_ALL_PORTS_VIPS, TABLE_CHUNK_SLOTS,
-        VIP_F_NO_BACKENDS, VIP_F_NO_CONNTRACK,
+        VIP_F_NO_BACKENDS,
     },
     flow::{ct_position, maglev_slot},
 };
@@ -63,18 +64,62 @@ fn live_backend(dp: &dyn Dataplane, handle: u32) -> Result<Option<BackendDef>> {
     Ok((def.handle == handle).then_some(def))
 }
 
+/// Whether the VIP filter lets a packet of `flow` past (a clear bit
+/// proves it is no VIP's; a set bit may be a false positive).
+pub fn passes_filter(dp: &dyn Dataplane, flow: &FlowKey) -> Result<bool> {
+    let filter = dp.vip_filter()?;
+    let mut key = VipKey {
+        addr: flow.dst,
+        port: flow.dport,
+        proto: flow.proto,
+        family: flow.family,
+    };
+    if filter.contains(&key) {
+        return Ok(true);
+    }
+    key.port = 0;
+    Ok(dp.config()?.flags & CFG_F_ALL_PORTS_VIPS != 0 && filter.contains(&key))
+}
+
 /// Predicts the datapath's choice for a packet of `flow`; `syn` is a TCP
 /// SYN without ACK. `None` if the flow's destination is not a VIP.
+///
+/// The order is the datapath's: the VIP filter; for a packet that is not
+/// a SYN, the connection table (a hit on a usable backend decides, the VIP
+/// is not consulted); then the VIP and its Maglev table.
 pub fn predict(dp: &dyn Dataplane, flow: &FlowKey, syn: bool) -> Result<Option<Prediction>> {
-    let Some((vip, meta)) = find_vip(dp, flow)? else {
+    if !passes_filter(dp, flow)? {
         return Ok(None);
-    };
+    }
+    let vip = find_vip(dp, flow)?;
     let cfg = dp.config()?;
     let hash = flow.hash();
     let slot = if cfg.table_size == 0 {
         0
     } else {
         maglev_slot(hash, cfg.table_size)
+    };
+    if !syn {
+        let (bucket, tag) = ct_position(hash, cfg.ct_seed);
+        let bucket = dp.flow_bucket(bucket & cfg.ct_mask)?;
+        let entry = bucket.entries.iter().find(|e| e.0 != 0 && e.tag() == tag);
+        if let Some(e) = entry
+            && let Some(def) = live_backend(dp, e.handle())?
+            && def.flags & BACKEND_F_USABLE != 0
+            && let Some((vip, meta)) = vip
+        {
+            return Ok(Some(Prediction {
+                vip,
+                meta,
+                hash,
+                slot,
+                backend: Some(def),
+                via: Via::ConnTrack,
+            }));
+        }
+    }
+    let Some((vip, meta)) = vip else {
+        return Ok(None);
     };
     let mut p = Prediction {
         vip,
@@ -86,19 +131,6 @@ pub fn predict(dp: &dyn Dataplane, flow: &FlowKey, syn: bool) -> Result<Option<P
     };
     if meta.flags & VIP_F_NO_BACKENDS != 0 {
         return Ok(Some(p));
-    }
-    if meta.flags & VIP_F_NO_CONNTRACK == 0 && !syn {
-        let (bucket, tag) = ct_position(hash, cfg.ct_seed);
-        let bucket = dp.flow_bucket(bucket & cfg.ct_mask)?;
-        let entry = bucket.entries.iter().find(|e| e.0 != 0 && e.tag() == tag);
-        if let Some(e) = entry
-            && let Some(def) = live_backend(dp, e.handle())?
-            && def.flags & BACKEND_F_USABLE != 0
-        {
-            p.backend = Some(def);
-            p.via = Via::ConnTrack;
-            return Ok(Some(p));
-        }
     }
     let chunk = meta.table_base + slot / TABLE_CHUNK_SLOTS;
     let within = slot % TABLE_CHUNK_SLOTS;

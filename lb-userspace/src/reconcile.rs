@@ -130,14 +130,16 @@ pub struct Reconciler<D: Dataplane> {
     slots: Vec<(u32, bool)>,
 }
 
-fn backend_def(addr: IpAddr, handle: u32, usable: bool, vip_id: u32) -> BackendDef {
+fn backend_def(addr: IpAddr, handle: u32, usable: bool, vip_id: u32, encap: Encap) -> BackendDef {
     let (words, family) = addr_to_words(addr);
     BackendDef {
         addr: words,
         handle,
+        vip_id: vip_id as u16,
         flags: if usable { BACKEND_F_USABLE } else { 0 },
         family,
-        vip_id: vip_id as u16,
+        encap: encap.code(),
+        _pad: [0; 7],
     }
 }
 
@@ -297,6 +299,9 @@ impl<D: Dataplane> Reconciler<D> {
         for vip in desired {
             self.apply_vip(vip, usable, &mut report)?;
         }
+        // The filter follows the VIP set: new VIPs become reachable, removed
+        // ones stop costing a lookup.
+        self.dp.sync_vip_filter()?;
         // The all-ports flag follows the VIP set.
         let cfg = self.dp.config()?;
         let flags = self.all_ports_flag(cfg.flags);
@@ -328,7 +333,13 @@ impl<D: Dataplane> Reconciler<D> {
             .ok_or(ReconcileError::VipIdsExhausted(self.layout.max_vips))
     }
 
-    fn new_backend(&mut self, addr: IpAddr, usable: bool, vip_id: u32) -> Result<u32> {
+    fn new_backend(
+        &mut self,
+        addr: IpAddr,
+        usable: bool,
+        vip_id: u32,
+        encap: Encap,
+    ) -> Result<u32> {
         let index = self
             .slots
             .iter()
@@ -336,8 +347,10 @@ impl<D: Dataplane> Reconciler<D> {
             .ok_or(ReconcileError::BackendsExhausted(self.layout.max_backends))?;
         let generation = ((self.slots[index].0 >> 16) + 1) & 0xffff;
         let handle = (generation.max(1) << 16) | index as u32;
-        self.dp
-            .set_backend(index as u32, &backend_def(addr, handle, usable, vip_id))?;
+        self.dp.set_backend(
+            index as u32,
+            &backend_def(addr, handle, usable, vip_id, encap),
+        )?;
         self.slots[index] = (handle, true);
         Ok(handle)
     }
@@ -411,15 +424,16 @@ impl<D: Dataplane> Reconciler<D> {
                 report.backends_removed += 1;
             }
         }
+        let encap_changed = !is_new && self.vips[&id].encap != vip.encap;
         for (addr, weight) in &wanted {
             let ok = usable(&id, addr);
             let existing = self.vips[&id].backends.get(addr).copied();
             let state = match existing {
                 Some(mut s) => {
-                    if s.usable != ok {
+                    if s.usable != ok || encap_changed {
                         self.dp.set_backend(
                             s.handle & BACKEND_INDEX_MASK,
-                            &backend_def(*addr, s.handle, ok, vip_id),
+                            &backend_def(*addr, s.handle, ok, vip_id, vip.encap),
                         )?;
                         s.usable = ok;
                     }
@@ -429,7 +443,7 @@ impl<D: Dataplane> Reconciler<D> {
                 None => {
                     report.backends_added += 1;
                     BackendState {
-                        handle: self.new_backend(*addr, ok, vip_id)?,
+                        handle: self.new_backend(*addr, ok, vip_id, vip.encap)?,
                         weight: *weight,
                         usable: ok,
                     }

@@ -1,12 +1,13 @@
 //! Datapath tests: the real `lb_xdp` program in the kernel, its maps
-//! programmed through the dataplane layer, packets run with
-//! `BPF_PROG_TEST_RUN` (aya `TestRun`), outputs checked byte by byte against
-//! the userspace reference (`lb::predict`: same hash, same tables).
+//! programmed the way `lbd` programs them (reconciler over the dataplane
+//! layer), packets run with `BPF_PROG_TEST_RUN` (aya `TestRun`), outputs
+//! checked byte by byte against the userspace reference (`lb::predict`:
+//! same hash, same tables, same order of decisions).
 //!
 //! Needs root and a kernel that runs XDP test runs (≥ 5.15). Without them
 //! every test fails with a message saying so; none is skipped.
 
-use std::net::IpAddr;
+use std::{collections::BTreeSet, net::IpAddr};
 
 use aya::programs::{TestRun, TestRunOptions};
 use etherparse::{
@@ -15,13 +16,13 @@ use etherparse::{
     TransportSlice, VlanId,
 };
 use lb::{
+    config::{BackendConfig, Encap, MalformedPolicy, VipConfig, VipId},
     dataplane::{Dataplane, Layout, kernel::KernelDataplane},
-    maglev::{self, MaglevBackend, MaglevTable},
     predict::{Via, predict},
+    reconcile::{DatapathSettings, Reconciler},
 };
 use lb_common::{
-    BackendDef, Counter, CounterValue, DatapathConfig, FlowBucket, FlowKey, VipKey, VipMeta,
-    addr_to_words, consts::*, counters::Kind,
+    BackendDef, Counter, CounterValue, FlowBucket, FlowKey, VipKey, consts::*, counters::Kind,
 };
 
 const XDP_DROP: u32 = 1;
@@ -68,10 +69,6 @@ fn v6(s: &str) -> [u8; 16] {
     }
 }
 
-fn handle_of(backend: usize) -> u32 {
-    (1 << 16) | (backend as u32 + 1)
-}
-
 fn require_root() {
     // SAFETY: geteuid has no preconditions.
     let euid = unsafe { libc::geteuid() };
@@ -82,11 +79,13 @@ fn require_root() {
     );
 }
 
-/// A loaded program with VIPs and backends, programmed through the
-/// dataplane layer.
+/// A loaded program whose maps are programmed the way `lbd` programs them:
+/// through the reconciler, on top of the dataplane layer.
 struct Rig {
-    dp: KernelDataplane,
-    next_vip_id: u32,
+    r: Reconciler<KernelDataplane>,
+    vips: Vec<VipConfig>,
+    /// Backends (VIP, address) marked down.
+    down: BTreeSet<(VipId, IpAddr)>,
 }
 
 /// The VIPs every rig has.
@@ -104,143 +103,140 @@ struct Vips {
     udp4_no_ct: VipKey,
 }
 
+fn settings(malformed: MalformedPolicy) -> DatapathSettings {
+    DatapathSettings {
+        gateway_mac: GW_MAC,
+        outer_source_v4: Some(SRC_V4.parse().expect("literal")),
+        outer_source_v6: Some(SRC_V6.parse().expect("literal")),
+        malformed,
+    }
+}
+
 impl Rig {
     fn new(ct_buckets: u32) -> Rig {
         require_root();
         let layout = Layout {
             table_size: M,
             max_vips: 16,
-            max_backends: 16,
+            max_backends: 64,
             ct_buckets,
         };
         let dp = KernelDataplane::load(layout).unwrap_or_else(|e| {
             panic!("loading lb_xdp failed (kernel without XDP/BTF support?): {e:#}")
         });
-        let mut rig = Rig { dp, next_vip_id: 0 };
-        let mut cfg = DatapathConfig {
-            flags: CFG_F_ALL_PORTS_VIPS,
-            ct_seed: 0x5eed_0000_1234_5678,
-            gw_mac: GW_MAC,
-            src_v4: addr_to_words(ip(SRC_V4)).0[0],
-            src_v6: addr_to_words(ip(SRC_V6)).0,
-            ..Default::default()
-        };
-        layout.apply_to(&mut cfg);
-        rig.dp.set_config(&cfg).expect("write config");
-        for i in 0..BACKENDS.len() {
-            rig.set_backend(i, BACKEND_F_USABLE);
-        }
-        rig
-    }
-
-    fn set_backend(&mut self, i: usize, flags: u8) {
-        let (addr, family) = addr_to_words(ip(BACKENDS[i]));
-        let def = BackendDef {
-            addr,
-            handle: handle_of(i),
-            flags,
-            family,
-            vip_id: 0,
-        };
-        self.dp
-            .set_backend(handle_of(i) & BACKEND_INDEX_MASK, &def)
-            .expect("write backend");
-    }
-
-    fn table(backends: &[usize]) -> Option<Vec<u32>> {
-        let input: Vec<_> = backends
-            .iter()
-            .map(|&i| MaglevBackend {
-                addr: ip(BACKENDS[i]),
-                weight: 1,
-            })
-            .collect();
-        match maglev::build(&input, M).expect("maglev build") {
-            MaglevTable::Empty => None,
-            MaglevTable::Slots(slots) => Some(
-                slots
-                    .into_iter()
-                    .map(|s| handle_of(backends[s as usize]))
-                    .collect(),
-            ),
+        let mut r = Reconciler::adopt(dp).expect("adopt fresh maps");
+        r.apply_settings(&settings(MalformedPolicy::Pass))
+            .expect("write config");
+        Rig {
+            r,
+            vips: Vec::new(),
+            down: BTreeSet::new(),
         }
     }
 
-    fn add_vip(
-        &mut self,
-        addr: &str,
-        port: u16,
-        proto: u8,
-        encap: u8,
-        flags: u16,
-        backends: &[usize],
-    ) -> VipKey {
-        let key = VipKey::new(ip(addr), port, proto);
-        let vip_id = self.next_vip_id;
-        self.next_vip_id += 1;
-        let mut meta = VipMeta {
-            vip_id,
-            table_base: self.dp.layout().half_base(vip_id, 0),
-            flags,
-            encap,
-            ..Default::default()
-        };
-        self.dp
-            .publish_table(&key, &mut meta, Self::table(backends).as_deref())
-            .expect("publish table");
-        key
+    fn dp(&self) -> &KernelDataplane {
+        self.r.dataplane()
     }
 
-    /// Rebuilds `key`'s table from `backends` and swaps it in.
-    fn republish(&mut self, key: &VipKey, backends: &[usize]) {
-        let mut meta = self.dp.vip(key).expect("read vip").expect("vip exists");
-        self.dp
-            .publish_table(key, &mut meta, Self::table(backends).as_deref())
-            .expect("publish table");
+    fn apply(&mut self) {
+        let down = self.down.clone();
+        self.r
+            .apply(&self.vips, &|id, a| !down.contains(&(*id, *a)))
+            .expect("apply");
+    }
+
+    fn add_vip(&mut self, vip: &str, encap: Encap, conntrack: bool, backends: &[usize]) -> VipKey {
+        let id: VipId = vip.parse().expect("vip");
+        let mut v = VipConfig::new(
+            id,
+            backends
+                .iter()
+                .map(|&i| BackendConfig::new(ip(BACKENDS[i]), 1))
+                .collect(),
+        );
+        v.encap = encap;
+        v.conntrack = conntrack;
+        self.vips.push(v);
+        self.apply();
+        id.key()
+    }
+
+    fn vip_mut(&mut self, key: &VipKey) -> &mut VipConfig {
+        let id = VipId::from_key(key).expect("vip key");
+        self.vips
+            .iter_mut()
+            .find(|v| v.id == id)
+            .expect("vip exists")
+    }
+
+    /// Sets backend `i`'s weight in `key` (0: out of the table, its flows
+    /// still honoured) and swaps the rebuilt table in.
+    fn set_weight(&mut self, key: &VipKey, i: usize, weight: u32) {
+        let addr = ip(BACKENDS[i]);
+        let v = self.vip_mut(key);
+        match v.backends.iter_mut().find(|b| b.address == addr) {
+            Some(b) => b.weight = weight,
+            None => v.backends.push(BackendConfig::new(addr, weight)),
+        }
+        self.apply();
+    }
+
+    fn remove_backend(&mut self, key: &VipKey, i: usize) {
+        let addr = ip(BACKENDS[i]);
+        self.vip_mut(key).backends.retain(|b| b.address != addr);
+        self.apply();
+    }
+
+    /// Marks backend `i` of `key` down (out of the table, flows re-picked).
+    fn mark_down(&mut self, key: &VipKey, i: usize) {
+        let id = VipId::from_key(key).expect("vip key");
+        self.down.insert((id, ip(BACKENDS[i])));
+        self.apply();
+    }
+
+    /// The handle of backend `i` of VIP `key`.
+    fn handle(&self, key: &VipKey, i: usize) -> u32 {
+        let id = VipId::from_key(key).expect("vip key");
+        self.r.vips()[&id].backends[&ip(BACKENDS[i])].handle
     }
 
     fn standard_vips(&mut self) -> Vips {
         Vips {
-            tcp4: self.add_vip("10.0.0.10", 80, PROTO_TCP, ENCAP_IPIP, 0, &V4_BACKENDS),
-            udp4: self.add_vip("10.0.0.10", 53, PROTO_UDP, ENCAP_IPIP, 0, &V4_BACKENDS),
-            tcp6: self.add_vip("2001:db8::10", 80, PROTO_TCP, ENCAP_IPIP, 0, &V6_BACKENDS),
-            udp6: self.add_vip("2001:db8::10", 53, PROTO_UDP, ENCAP_IPIP, 0, &V6_BACKENDS),
-            tcp4_on_v6: self.add_vip("10.0.0.20", 80, PROTO_TCP, ENCAP_IPIP, 0, &V6_BACKENDS),
-            udp4_on_v6: self.add_vip("10.0.0.20", 53, PROTO_UDP, ENCAP_IPIP, 0, &V6_BACKENDS),
-            gre4: self.add_vip("10.0.0.30", 80, PROTO_TCP, ENCAP_GRE, 0, &V4_BACKENDS),
-            gre6: self.add_vip("2001:db8::30", 443, PROTO_TCP, ENCAP_GRE, 0, &V6_BACKENDS),
-            all_ports4: self.add_vip("10.0.0.40", 0, PROTO_TCP, ENCAP_IPIP, 0, &V4_BACKENDS),
-            empty4: self.add_vip("10.0.0.50", 80, PROTO_TCP, ENCAP_IPIP, 0, &[]),
-            udp4_no_ct: self.add_vip(
-                "10.0.0.60",
-                53,
-                PROTO_UDP,
-                ENCAP_IPIP,
-                VIP_F_NO_CONNTRACK,
-                &V4_BACKENDS,
-            ),
+            tcp4: self.add_vip("10.0.0.10:80/tcp", Encap::Ipip, true, &V4_BACKENDS),
+            udp4: self.add_vip("10.0.0.10:53/udp", Encap::Ipip, true, &V4_BACKENDS),
+            tcp6: self.add_vip("[2001:db8::10]:80/tcp", Encap::Ipip, true, &V6_BACKENDS),
+            udp6: self.add_vip("[2001:db8::10]:53/udp", Encap::Ipip, true, &V6_BACKENDS),
+            tcp4_on_v6: self.add_vip("10.0.0.20:80/tcp", Encap::Ipip, true, &V6_BACKENDS),
+            udp4_on_v6: self.add_vip("10.0.0.20:53/udp", Encap::Ipip, true, &V6_BACKENDS),
+            gre4: self.add_vip("10.0.0.30:80/tcp", Encap::Gre, true, &V4_BACKENDS),
+            gre6: self.add_vip("[2001:db8::30]:443/tcp", Encap::Gre, true, &V6_BACKENDS),
+            all_ports4: self.add_vip("10.0.0.40:*/tcp", Encap::Ipip, true, &V4_BACKENDS),
+            empty4: self.add_vip("10.0.0.50:80/tcp", Encap::Ipip, true, &[]),
+            udp4_no_ct: self.add_vip("10.0.0.60:53/udp", Encap::Ipip, false, &V4_BACKENDS),
         }
     }
 
     fn set_malformed_policy(&mut self, drop: bool) {
-        let mut cfg = self.dp.config().expect("read config");
-        if drop {
-            cfg.flags |= CFG_F_DROP_MALFORMED;
+        let policy = if drop {
+            MalformedPolicy::Drop
         } else {
-            cfg.flags &= !CFG_F_DROP_MALFORMED;
-        }
-        self.dp.set_config(&cfg).expect("write config");
+            MalformedPolicy::Pass
+        };
+        self.r
+            .apply_settings(&settings(policy))
+            .expect("write config");
     }
 
     fn counters(&self) -> Vec<CounterValue> {
-        self.dp.counters().expect("read counters")
+        self.dp().counters().expect("read counters")
     }
 
     /// Runs one packet through the program: `(action, output frame)`.
     fn run(&mut self, input: &[u8]) -> (u32, Vec<u8>) {
         let mut out = vec![0u8; input.len() + 256];
         let result = self
-            .dp
+            .r
+            .dataplane_mut()
             .program()
             .test_run(TestRunOptions {
                 data_in: Some(input),
@@ -799,16 +795,16 @@ fn fixture_table() {
             match fx.expect {
                 Expect::Forward(vip, via, counter) => {
                     let (flow, syn) = flow_of(&fx.packet);
-                    let want = predict(&rig.dp, &flow, syn)
+                    let want = predict(rig.dp(), &flow, syn)
                         .expect("predict")
                         .unwrap_or_else(|| panic!("{name}: reference finds no VIP"));
                     assert_eq!(want.vip, vip, "{name}: reference VIP");
                     assert_eq!(want.via, via, "{name}: reference path");
                     let backend = want.backend.unwrap_or_else(|| panic!("{name}: no backend"));
-                    let meta = rig.dp.vip(&vip).expect("vip").expect("vip exists");
-                    let vip_before = rig.dp.vip_stats(meta.vip_id).expect("vip stats");
+                    let meta = rig.dp().vip(&vip).expect("vip").expect("vip exists");
+                    let vip_before = rig.dp().vip_stats(meta.vip_id).expect("vip stats");
                     let be_index = backend.handle & BACKEND_INDEX_MASK;
-                    let be_before = rig.dp.backend_stats(be_index).expect("backend stats");
+                    let be_before = rig.dp().backend_stats(be_index).expect("backend stats");
 
                     let (action, out, events) = rig.run_counted(&fx.packet, counter);
                     assert_eq!(action, XDP_TX, "{name}: action");
@@ -816,8 +812,8 @@ fn fixture_table() {
                     check_encapsulated(&fx.packet, &out, &backend, meta.encap);
 
                     let len = fx.packet.len() as u64;
-                    let vip_after = rig.dp.vip_stats(meta.vip_id).expect("vip stats");
-                    let be_after = rig.dp.backend_stats(be_index).expect("backend stats");
+                    let vip_after = rig.dp().vip_stats(meta.vip_id).expect("vip stats");
+                    let be_after = rig.dp().backend_stats(be_index).expect("backend stats");
                     assert_eq!(
                         (
                             vip_after.packets - vip_before.packets,
@@ -841,11 +837,11 @@ fn fixture_table() {
                     assert_eq!(out, fx.packet, "{name}: passed untouched");
                 }
                 Expect::Drop(vip, counter) => {
-                    let meta = rig.dp.vip(&vip).expect("vip").expect("vip exists");
-                    let before = rig.dp.vip_stats(meta.vip_id).expect("vip stats").packets;
+                    let meta = rig.dp().vip(&vip).expect("vip").expect("vip exists");
+                    let before = rig.dp().vip_stats(meta.vip_id).expect("vip stats").packets;
                     let (action, _, _) = rig.run_counted(&fx.packet, counter);
                     assert_eq!(action, XDP_DROP, "{name}: action");
-                    let after = rig.dp.vip_stats(meta.vip_id).expect("vip stats").packets;
+                    let after = rig.dp().vip_stats(meta.vip_id).expect("vip stats").packets;
                     assert_eq!(after, before + 1, "{name}: counted for the VIP");
                 }
                 Expect::Malformed(counter) => {
@@ -900,10 +896,10 @@ fn port_for_backend(rig: &Rig, dst: &str, dport: u16, want: usize) -> u16 {
     (1024..u16::MAX)
         .find(|&sport| {
             let flow = FlowKey::new(IpAddr::from(CLIENT_V4), ip(dst), PROTO_TCP, sport, dport);
-            let p = predict(&rig.dp, &flow, true)
+            let p = predict(rig.dp(), &flow, true)
                 .expect("predict")
                 .expect("a vip");
-            p.backend.map(|b| b.handle) == Some(handle_of(want))
+            p.backend.and_then(|b| b.ip()) == Some(ip(BACKENDS[want]))
         })
         .expect("some port maps to the backend")
 }
@@ -918,9 +914,9 @@ fn established_flow_keeps_its_backend_after_rebuild() {
         (1, Counter::FwdMaglev)
     );
 
-    // Rebuild without backend 1 (as when it starts draining): the slot now
-    // belongs to someone else, but the connection stays on backend 1.
-    rig.republish(&vips.tcp4, &[0, 2]);
+    // Rebuild without backend 1 (weight 0, as when it drains): the slot
+    // now belongs to someone else, but the connection stays on backend 1.
+    rig.set_weight(&vips.tcp4, 1, 0);
     let flow = FlowKey::new(
         IpAddr::from(CLIENT_V4),
         ip("10.0.0.10"),
@@ -928,12 +924,12 @@ fn established_flow_keeps_its_backend_after_rebuild() {
         sport,
         80,
     );
-    let fresh = predict(&rig.dp, &flow, true)
+    let fresh = predict(rig.dp(), &flow, true)
         .expect("predict")
         .expect("vip");
     assert_ne!(
-        fresh.backend.expect("backend").handle,
-        handle_of(1),
+        fresh.backend.and_then(|b| b.ip()),
+        Some(ip(BACKENDS[1])),
         "slot moved"
     );
     for _ in 0..3 {
@@ -945,7 +941,7 @@ fn established_flow_keeps_its_backend_after_rebuild() {
     // A new connection on the same 5-tuple (SYN) follows the new table.
     let (to, via) = forward(&mut rig, &tcp4("10.0.0.10", 80, sport, true, b""));
     assert_eq!(via, Counter::FwdMaglev);
-    assert_eq!(handle_of(to), fresh.backend.expect("backend").handle);
+    assert_eq!(Some(ip(BACKENDS[to])), fresh.backend.and_then(|b| b.ip()));
 }
 
 #[test]
@@ -958,8 +954,7 @@ fn flow_on_a_down_backend_is_repicked() {
         2
     );
 
-    rig.set_backend(2, 0); // down: not usable
-    rig.republish(&vips.tcp4, &[0, 1]);
+    rig.mark_down(&vips.tcp4, 2);
     let before = rig.counters()[Counter::CtStale as usize].packets;
     let (to, via) = forward(&mut rig, &tcp4("10.0.0.10", 80, sport, false, b"x"));
     assert_ne!(to, 2, "re-picked away from the down backend");
@@ -985,22 +980,29 @@ fn a_reused_backend_index_does_not_inherit_flows() {
         0
     );
 
-    // Backend 0 leaves; its index goes to a new backend (new generation),
-    // still usable. The old flow must not follow the index.
-    let index = handle_of(0) & BACKEND_INDEX_MASK;
-    let (addr, family) = addr_to_words(ip("10.1.0.99"));
-    let newcomer = BackendDef {
-        addr,
-        handle: (2 << 16) | index,
-        flags: BACKEND_F_USABLE,
-        family,
-        vip_id: 0,
-    };
-    rig.dp.set_backend(index, &newcomer).expect("write backend");
-    rig.republish(&vips.tcp4, &[1, 2]);
+    // Backend 0 leaves, and a newcomer takes its index with a new
+    // generation: in the configuration with weight 0, so not in the table
+    // but usable. The old flow must not follow the index to it.
+    let old = rig.handle(&vips.tcp4, 0);
+    rig.remove_backend(&vips.tcp4, 0);
+    let newcomer = ip("10.1.0.99");
+    rig.vip_mut(&vips.tcp4)
+        .backends
+        .push(BackendConfig::new(newcomer, 0));
+    rig.apply();
+    let id = VipId::from_key(&vips.tcp4).expect("vip");
+    let new = rig.r.vips()[&id].backends[&newcomer].handle;
+    assert_eq!(
+        new & BACKEND_INDEX_MASK,
+        old & BACKEND_INDEX_MASK,
+        "index reused"
+    );
+    assert_ne!(new, old, "with a new generation");
+    let stale = rig.counters()[Counter::CtStale as usize].packets;
     let (to, via) = forward(&mut rig, &tcp4("10.0.0.10", 80, sport, false, b"x"));
     assert!(to == 1 || to == 2, "went to {to}");
     assert_eq!(via, Counter::FwdMaglev);
+    assert_eq!(rig.counters()[Counter::CtStale as usize].packets, stale + 1);
 }
 
 #[test]
@@ -1030,7 +1032,7 @@ fn table_swap_changes_only_moved_flows() {
         V4_BACKENDS.iter().all(|b| before.contains(b)),
         "all three backends used"
     );
-    rig.republish(&vips.udp4_no_ct, &[0, 1]);
+    rig.set_weight(&vips.udp4_no_ct, 2, 0);
     let after = route(&mut rig);
     for (b, a) in before.iter().zip(&after) {
         if *b != 2 {
@@ -1050,7 +1052,7 @@ fn full_bucket_evicts_the_stalest_way_and_syn_replaces_in_place() {
     for p in 0..CT_WAYS as u16 {
         forward(&mut rig, &flow(30000 + p));
     }
-    let full: FlowBucket = rig.dp.flow_bucket(0).expect("bucket");
+    let full: FlowBucket = rig.dp().flow_bucket(0).expect("bucket");
     assert!(
         full.entries.iter().all(|e| e.0 != 0),
         "six flows fill six ways"
@@ -1060,7 +1062,10 @@ fn full_bucket_evicts_the_stalest_way_and_syn_replaces_in_place() {
     let before = rig.counters()[Counter::CtEvicted as usize].packets;
     forward(&mut rig, &flow(30003));
     assert_eq!(rig.counters()[Counter::CtEvicted as usize].packets, before);
-    assert_eq!(rig.dp.flow_bucket(0).expect("bucket").entries, full.entries);
+    assert_eq!(
+        rig.dp().flow_bucket(0).expect("bucket").entries,
+        full.entries
+    );
 
     // A seventh flow evicts one entry and is counted.
     forward(&mut rig, &flow(30100));
@@ -1068,7 +1073,7 @@ fn full_bucket_evicts_the_stalest_way_and_syn_replaces_in_place() {
         rig.counters()[Counter::CtEvicted as usize].packets,
         before + 1
     );
-    let after = rig.dp.flow_bucket(0).expect("bucket");
+    let after = rig.dp().flow_bucket(0).expect("bucket");
     let kept = after
         .entries
         .iter()
@@ -1086,20 +1091,20 @@ fn full_bucket_evicts_the_stalest_way_and_syn_replaces_in_place() {
 fn vip_and_backend_stats_add_up() {
     let mut rig = Rig::new(1 << 12);
     let vips = rig.standard_vips();
-    let meta = rig.dp.vip(&vips.tcp4).expect("vip").expect("exists");
+    let meta = rig.dp().vip(&vips.tcp4).expect("vip").expect("exists");
     let mut bytes = 0u64;
     for p in 0..50u16 {
         let pkt = tcp4("10.0.0.10", 80, 20000 + p, true, &vec![0; p as usize]);
         bytes += pkt.len() as u64;
         forward(&mut rig, &pkt);
     }
-    let vip = rig.dp.vip_stats(meta.vip_id).expect("vip stats");
+    let vip = rig.dp().vip_stats(meta.vip_id).expect("vip stats");
     assert_eq!((vip.packets, vip.bytes), (50, bytes));
     let per_backend: Vec<CounterValue> = V4_BACKENDS
         .iter()
         .map(|&b| {
-            rig.dp
-                .backend_stats(handle_of(b) & BACKEND_INDEX_MASK)
+            rig.dp()
+                .backend_stats(rig.handle(&vips.tcp4, b) & BACKEND_INDEX_MASK)
                 .expect("stats")
         })
         .collect();
@@ -1117,7 +1122,8 @@ fn frames_shorter_than_ethernet_never_reach_the_program() {
     let mut rig = Rig::new(1 << 4);
     let mut out = vec![0u8; 64];
     let err = rig
-        .dp
+        .r
+        .dataplane_mut()
         .program()
         .test_run(TestRunOptions {
             data_in: Some(&arp()[..10]),
@@ -1136,7 +1142,8 @@ fn run_probe_encap(rig: &mut Rig, frame: &[u8], mark: u32) -> (u32, Vec<u8>) {
     ctx[8..12].copy_from_slice(&mark.to_ne_bytes());
     let mut out = vec![0u8; frame.len() + 256];
     let result = rig
-        .dp
+        .r
+        .dataplane_mut()
         .probe_encap()
         .test_run(TestRunOptions {
             data_in: Some(frame),
@@ -1153,17 +1160,19 @@ fn run_probe_encap(rig: &mut Rig, frame: &[u8], mark: u32) -> (u32, Vec<u8>) {
 fn probes_with_a_probe_mark_are_tunnelled_to_that_backend() {
     const TC_ACT_OK: u32 = 0;
     let mut rig = Rig::new(1 << 4);
+    let vips = rig.standard_vips();
     // A probe from the balancer to the VIP, as the kernel hands it to TC
     // egress (Ethernet header included).
     let probe = tcp4("10.0.0.10", 80, 45000, true, b"");
-    for (backend, gre) in [(0usize, false), (1, true), (3, false)] {
-        let mark = probe_mark(handle_of(backend) & BACKEND_INDEX_MASK, gre);
-        let (action, out) = run_probe_encap(&mut rig, &probe, mark);
+    for (vip, backend, gre) in [
+        (vips.tcp4, 0usize, false),
+        (vips.gre4, 1, true),
+        (vips.tcp6, 3, false),
+    ] {
+        let index = rig.handle(&vip, backend) & BACKEND_INDEX_MASK;
+        let (action, out) = run_probe_encap(&mut rig, &probe, probe_mark(index, gre));
         assert_eq!(action, TC_ACT_OK);
-        let def = rig
-            .dp
-            .backend(handle_of(backend) & BACKEND_INDEX_MASK)
-            .expect("backend");
+        let def = rig.dp().backend(index).expect("backend");
         if def.family == FAMILY_V6 {
             // An IPv6 backend cannot carry an IPv4 probe in a same-family
             // tunnel: it goes out untouched (and fails, as it should).
@@ -1190,4 +1199,54 @@ fn rewrite_macs(out: &[u8], input: &[u8]) -> Vec<u8> {
     frame[0..6].copy_from_slice(&GW_MAC);
     frame[6..12].copy_from_slice(&input[0..6]);
     frame
+}
+
+#[test]
+fn a_filter_false_positive_is_settled_by_the_vip_lookup() {
+    let mut rig = Rig::new(1 << 8);
+    let vips = rig.standard_vips();
+    // A port of the VIP's address whose filter bit is set by some VIP key
+    // although no VIP has that port: the filter lets it by, the lookup
+    // says no.
+    let filter = rig.dp().vip_filter().expect("filter");
+    let port = (1024..u16::MAX)
+        .find(|&p| {
+            let key = VipKey::new(ip("10.0.0.10"), p, PROTO_TCP);
+            p != 80 && filter.contains(&key)
+        })
+        .expect("some port collides in a 16k-bit filter");
+    let (action, out, _) = rig.run_counted(
+        &tcp4("10.0.0.10", port, 1234, false, b""),
+        Counter::PassNotVip,
+    );
+    assert_eq!(action, XDP_PASS);
+    assert_eq!(out, tcp4("10.0.0.10", port, 1234, false, b""));
+    assert!(filter.contains(&vips.tcp4), "the VIP's own bit is set");
+}
+
+#[test]
+fn flows_of_a_removed_vip_pass_instead_of_following_stale_entries() {
+    let mut rig = Rig::new(1 << 8);
+    let vips = rig.standard_vips();
+    assert_eq!(
+        forward(&mut rig, &tcp4("10.0.0.30", 80, 41000, true, b"")).1,
+        Counter::FwdMaglev
+    );
+    let gone = VipId::from_key(&vips.gre4).expect("vip");
+    rig.vips.retain(|v| v.id != gone);
+    rig.apply();
+    // The connection-table entry still names its backend, now retired: a
+    // stale hit, then no VIP.
+    let stale = rig.counters()[Counter::CtStale as usize].packets;
+    let (action, _, _) = rig.run_counted(
+        &tcp4("10.0.0.30", 80, 41000, false, b""),
+        Counter::PassNotVip,
+    );
+    assert_eq!(action, XDP_PASS);
+    let stale_now = rig.counters()[Counter::CtStale as usize].packets;
+    assert!(stale_now <= stale + 1, "at most one stale hit");
+    assert!(
+        !rig.dp().vip_filter().expect("filter").contains(&vips.gre4),
+        "its filter bit is cleared"
+    );
 }

@@ -127,7 +127,7 @@ impl Netns {
 }
 
 /// Moves the calling thread into the network namespace at `path`.
-fn enter_path(path: &str) -> Result<()> {
+pub fn enter_path(path: &str) -> Result<()> {
     let f = File::open(path).with_context(|| format!("opening {path}"))?;
     // SAFETY: setns on a valid fd of a network namespace; it affects only
     // the calling thread.

@@ -360,14 +360,18 @@ impl Lbd {
     /// Starts `lbd --config <config>` inside the rig's balancer namespace and
     /// waits until it answers on the socket the configuration names.
     pub fn start(rig: &Rig, config: &Path) -> Result<Lbd> {
+        Self::start_in(&rig.lb, &rig.dir, config)
+    }
+
+    /// Starts `lbd` in namespace `ns`, logging to `dir/lbd.log`.
+    pub fn start_in(ns: &Netns, dir: &Path, config: &Path) -> Result<Lbd> {
         let socket = lb::config::Config::load(config)?.api_socket;
-        let log = rig.dir.join("lbd.log");
+        let log = dir.join("lbd.log");
         let out = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&log)?;
-        let child = rig
-            .lb
+        let child = ns
             .command(bin_path("lbd")?)
             .arg("--config")
             .arg(config)

@@ -27,6 +27,10 @@ enum Task {
     },
     /// rustfmt and clippy, warnings as errors.
     Lint,
+    /// Measure: datapath ns per packet class, veth forwarding rate, table
+    /// writes, memory, Maglev build time and quality. Prints the figures and
+    /// writes them into BENCHMARKS.md (between its bench markers).
+    Bench,
     /// Run lbd in a namespace rig with real connections and print a summary.
     Demo {
         /// Leave the rig running afterwards.
@@ -44,6 +48,7 @@ fn main() -> Result<()> {
         Task::Test { args } => test(&args),
         Task::Lint => lint(),
         Task::Demo { keep, down } => demo(keep, down),
+        Task::Bench => bench(),
     }
 }
 
@@ -80,6 +85,58 @@ fn test(args: &[String]) -> Result<()> {
 
 fn build_bins() -> Result<()> {
     run(cargo().args(["build", "--workspace", "--exclude", "lb-ebpf", "--bins"]))
+}
+
+/// Runs a command and returns its standard output (stderr passes through).
+fn capture(cmd: &mut Command) -> Result<String> {
+    eprintln!("+ {cmd:?}");
+    let out = cmd
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .with_context(|| format!("cannot start {cmd:?}"))?;
+    if !out.status.success() {
+        bail!("{cmd:?} failed: {}", out.status);
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn bench() -> Result<()> {
+    setup::run(setup::Mode::IfMissing)?;
+    if !setup::is_root() {
+        bail!("the datapath benchmarks load XDP programs: run `cargo xtask bench` as root");
+    }
+    run(cargo().args([
+        "build",
+        "--release",
+        "-p",
+        "lb-userspace",
+        "-p",
+        "lb-tests",
+        "--bins",
+    ]))?;
+    let datapath = capture(&mut Command::new("target/release/lb-bench"))?;
+    let maglev = capture(cargo().args(["bench", "-q", "-p", "lb-userspace", "--bench", "maglev"]))?;
+    let report = format!(
+        "{datapath}## Maglev builder\n\n`cargo bench -p lb-userspace --bench maglev`: build time (median, min, max of 7 runs), share spread (largest relative deviation of a backend's slots from its weight share), slots moved when one backend is removed (median of 5) or added.\n\n```\n{}```\n",
+        maglev
+            .lines()
+            .filter(|l| !l.trim().is_empty()
+                && !l.starts_with("running")
+                && !l.contains("test result"))
+            .map(|l| format!("{l}\n"))
+            .collect::<String>()
+    );
+    print!("{report}");
+    let path = std::path::Path::new("BENCHMARKS.md");
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let (begin, end) = ("<!-- bench:begin -->", "<!-- bench:end -->");
+    let updated = match (text.find(begin), text.find(end)) {
+        (Some(b), Some(e)) if b < e => format!("{}{begin}\n{report}{}", &text[..b], &text[e..]),
+        _ => format!("{text}\n{begin}\n{report}{end}\n"),
+    };
+    std::fs::write(path, updated).context("writing BENCHMARKS.md")?;
+    eprintln!("BENCHMARKS.md updated");
+    Ok(())
 }
 
 fn demo(keep: bool, down: bool) -> Result<()> {

@@ -212,7 +212,9 @@ fn run(args: Args) -> Result<()> {
             };
             config.conntrack = !no_conntrack;
             done(
-                call(Request::VipAdd { vip: config })?,
+                call(Request::VipAdd {
+                    vip: Box::new(config),
+                })?,
                 &format!("added VIP {vip}"),
             )
         }

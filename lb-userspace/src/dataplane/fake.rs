@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use lb_common::{
-    BackendDef, CounterValue, DatapathConfig, FlowBucket, VipKey, VipMeta,
+    BackendDef, CounterValue, DatapathConfig, FlowBucket, VipFilter, VipKey, VipMeta,
     consts::TABLE_CHUNK_SLOTS, counters::COUNTER_SLOTS,
 };
 
@@ -19,6 +19,7 @@ pub struct FakeDataplane {
     backends: Vec<BackendDef>,
     tables: Vec<u32>,
     flows: Vec<FlowBucket>,
+    filter: VipFilter,
     /// Counter values tests may set to exercise readers.
     pub counters: Vec<CounterValue>,
     pub vip_stats: Vec<CounterValue>,
@@ -39,6 +40,7 @@ impl FakeDataplane {
             backends: vec![BackendDef::default(); layout.max_backends as usize],
             tables: vec![0; (layout.table_map_entries() * TABLE_CHUNK_SLOTS) as usize],
             flows: vec![FlowBucket::default(); layout.ct_buckets as usize],
+            filter: VipFilter::default(),
             counters: vec![CounterValue::default(); COUNTER_SLOTS as usize],
             vip_stats: vec![CounterValue::default(); layout.max_vips as usize],
             backend_stats: vec![CounterValue::default(); layout.max_backends as usize],
@@ -174,6 +176,16 @@ impl Dataplane for FakeDataplane {
         let i = range("bucket", index, self.flows.len())?;
         self.write(1)?;
         self.flows[i] = *bucket;
+        Ok(())
+    }
+
+    fn vip_filter(&self) -> Result<VipFilter> {
+        Ok(self.filter)
+    }
+
+    fn set_vip_filter(&mut self, filter: &VipFilter) -> Result<()> {
+        self.write(1)?;
+        self.filter = *filter;
         Ok(())
     }
 }

@@ -14,10 +14,10 @@ use aya::{
     },
 };
 use lb_common::{
-    BackendDef, CounterValue, DatapathConfig, FlowBucket, TableChunk, VipKey, VipMeta,
+    BackendDef, CounterValue, DatapathConfig, FlowBucket, TableChunk, VipFilter, VipKey, VipMeta,
     consts::{
         ALL_MAPS, MAP_BACKEND_STATS, MAP_BACKENDS, MAP_CONFIG, MAP_COUNTERS, MAP_FLOWS, MAP_TABLES,
-        MAP_VIP_STATS, MAP_VIPS, PROG_LB, PROG_PROBE_ENCAP, TABLE_CHUNK_SLOTS,
+        MAP_VIP_FILTER, MAP_VIP_STATS, MAP_VIPS, PROG_LB, PROG_PROBE_ENCAP, TABLE_CHUNK_SLOTS,
     },
     counters::COUNTER_SLOTS,
 };
@@ -216,7 +216,7 @@ impl KernelDataplane {
 }
 
 /// Sizes of each map for `layout`: (name, max entries, value size).
-fn expected_maps(layout: &Layout) -> [(&'static str, u32, u32); 8] {
+fn expected_maps(layout: &Layout) -> [(&'static str, u32, u32); 9] {
     use std::mem::size_of;
     let v = |n: usize| n as u32;
     [
@@ -240,6 +240,7 @@ fn expected_maps(layout: &Layout) -> [(&'static str, u32, u32); 8] {
             layout.max_backends,
             v(size_of::<CounterValue>()),
         ),
+        (MAP_VIP_FILTER, 1, v(size_of::<VipFilter>())),
     ]
 }
 
@@ -376,5 +377,17 @@ impl Dataplane for KernelDataplane {
         self.array_mut::<FlowBucket>(MAP_FLOWS)?
             .set(index, bucket, 0)
             .map_err(map_err(MAP_FLOWS))
+    }
+
+    fn vip_filter(&self) -> Result<VipFilter> {
+        self.array(MAP_VIP_FILTER)?
+            .get(&0, 0)
+            .map_err(map_err(MAP_VIP_FILTER))
+    }
+
+    fn set_vip_filter(&mut self, filter: &VipFilter) -> Result<()> {
+        self.array_mut::<VipFilter>(MAP_VIP_FILTER)?
+            .set(0, filter, 0)
+            .map_err(map_err(MAP_VIP_FILTER))
     }
 }

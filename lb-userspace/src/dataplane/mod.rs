@@ -13,7 +13,7 @@ pub mod fake;
 pub mod kernel;
 
 use lb_common::{
-    BackendDef, CounterValue, DatapathConfig, FlowBucket, VipKey, VipMeta,
+    BackendDef, CounterValue, DatapathConfig, FlowBucket, VipFilter, VipKey, VipMeta,
     consts::{MAX_BACKENDS, TABLE_CHUNK_SLOTS, VIP_F_NO_BACKENDS},
     counters::COUNTER_SLOTS,
 };
@@ -83,7 +83,7 @@ impl Default for Layout {
             table_size: maglev::DEFAULT_TABLE_SIZE,
             max_vips: 64,
             max_backends: 4096,
-            ct_buckets: 1 << 16,
+            ct_buckets: 1 << 18,
         }
     }
 }
@@ -141,7 +141,7 @@ impl Layout {
         let per_cpu = ncpus as u64;
         vec![
             (MAP_VIPS, self.max_vips as u64 * (20 + 16 + 48)),
-            (MAP_BACKENDS, self.max_backends as u64 * 24),
+            (MAP_BACKENDS, self.max_backends as u64 * 32),
             (
                 MAP_TABLES,
                 self.table_map_entries() as u64 * TABLE_CHUNK_SLOTS as u64 * 4,
@@ -150,6 +150,7 @@ impl Layout {
             (MAP_COUNTERS, COUNTER_SLOTS as u64 * 16 * per_cpu),
             (MAP_VIP_STATS, self.max_vips as u64 * 16 * per_cpu),
             (MAP_BACKEND_STATS, self.max_backends as u64 * 16 * per_cpu),
+            (MAP_VIP_FILTER, 8 * lb_common::VIP_FILTER_WORDS as u64),
         ]
     }
 
@@ -193,6 +194,24 @@ pub trait Dataplane {
 
     fn flow_bucket(&self, index: u32) -> Result<FlowBucket>;
     fn set_flow_bucket(&mut self, index: u32, bucket: &FlowBucket) -> Result<()>;
+
+    fn vip_filter(&self) -> Result<VipFilter>;
+    fn set_vip_filter(&mut self, filter: &VipFilter) -> Result<()>;
+
+    /// Rewrites the VIP filter from the VIPs in the map, if it changed.
+    /// Call after adding VIPs (a VIP is reachable once its bit is set) and
+    /// after removing them.
+    fn sync_vip_filter(&mut self) -> Result<bool> {
+        let mut filter = VipFilter::default();
+        for (key, _) in self.vips()? {
+            filter.insert(&key);
+        }
+        if self.vip_filter()? == filter {
+            return Ok(false);
+        }
+        self.set_vip_filter(&filter)?;
+        Ok(true)
+    }
 
     /// Publishes `slots` (backend handles, `M` of them) as the VIP's table:
     /// writes the inactive half in full, then replaces the VIP's metadata so

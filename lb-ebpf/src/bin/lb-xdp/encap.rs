@@ -4,7 +4,7 @@
 
 use aya_ebpf::{helpers::generated::bpf_xdp_adjust_head, programs::XdpContext};
 use lb_common::{
-    BackendDef, DatapathConfig, VipMeta,
+    BackendDef, DatapathConfig,
     consts::{
         ENCAP_GRE, ETH_P_IPV4, ETH_P_IPV6, FAMILY_V4, FAMILY_V6, GRE_HDR_LEN, IPV4_HDR_LEN,
         IPV6_HDR_LEN, OUTER_TTL, PROTO_GRE, PROTO_IPIP, PROTO_IPV6, VLAN_HDR_LEN,
@@ -34,12 +34,11 @@ fn mac_words(mac: &[u8; 6]) -> [u16; 3] {
 pub fn encapsulate(
     ctx: &XdpContext,
     cfg: &DatapathConfig,
-    meta: &VipMeta,
     backend: &BackendDef,
     pkt: &Packet,
     hash: u64,
 ) -> Result<(), EncapError> {
-    let gre = meta.encap == ENCAP_GRE;
+    let gre = backend.encap == ENCAP_GRE;
     let outer_v6 = backend.family == FAMILY_V6;
     let gre_len = if gre { GRE_HDR_LEN } else { 0 };
     let overhead = if outer_v6 { IPV6_HDR_LEN } else { IPV4_HDR_LEN } + gre_len;
@@ -98,8 +97,15 @@ pub fn encapsulate(
             (*ip).payload_len = be16((inner_len + gre_len) as u16);
             (*ip).nexthdr = next;
             (*ip).hop_limit = OUTER_TTL;
-            (*ip).saddr = cfg.src_v6;
-            (*ip).daddr = backend.addr;
+            // Word by word: an array assignment would become a byte loop.
+            (*ip).saddr[0] = cfg.src_v6[0];
+            (*ip).saddr[1] = cfg.src_v6[1];
+            (*ip).saddr[2] = cfg.src_v6[2];
+            (*ip).saddr[3] = cfg.src_v6[3];
+            (*ip).daddr[0] = backend.addr[0];
+            (*ip).daddr[1] = backend.addr[1];
+            (*ip).daddr[2] = backend.addr[2];
+            (*ip).daddr[3] = backend.addr[3];
         }
     } else {
         let ip: *mut Ipv4Hdr = ptr_at(ctx, l3).ok_or(EncapError)?;

@@ -7,7 +7,7 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray},
 };
 use lb_common::{
-    BackendDef, CounterValue, DatapathConfig, FlowBucket, TableChunk, VipKey, VipMeta,
+    BackendDef, CounterValue, DatapathConfig, FlowBucket, TableChunk, VipFilter, VipKey, VipMeta,
     counters::COUNTER_SLOTS,
 };
 
@@ -44,3 +44,7 @@ pub static LB_VIP_STATS: PerCpuArray<CounterValue> = PerCpuArray::with_max_entri
 /// Per-backend packets and bytes forwarded, per CPU.
 #[map]
 pub static LB_BACKEND_STATS: PerCpuArray<CounterValue> = PerCpuArray::with_max_entries(256, 0);
+
+/// One element: the VIP filter (see `lb_common::VipFilter`).
+#[map]
+pub static LB_VIP_FILTER: Array<VipFilter> = Array::with_max_entries(1, 0);

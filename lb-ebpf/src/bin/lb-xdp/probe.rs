@@ -37,7 +37,7 @@ const BPF_ADJ_ROOM_MAC: u32 = 1;
 #[classifier]
 pub fn lb_probe_encap(ctx: TcContext) -> i32 {
     let _ = wrap(&ctx);
-    TC_ACT_OK as i32
+    TC_ACT_OK
 }
 
 #[inline(always)]

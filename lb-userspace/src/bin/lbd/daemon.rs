@@ -544,7 +544,7 @@ impl Daemon {
             Request::Status => Ok(serde_json::to_value(self.status()).unwrap_or_default()),
             Request::VipList => Ok(serde_json::to_value(self.vip_list()).unwrap_or_default()),
             Request::VipAdd { vip } => self
-                .change(|o, base| Ok(o.add_vip(base, vip)?))
+                .change(|o, base| Ok(o.add_vip(base, *vip)?))
                 .map(|_| serde_json::Value::Null),
             Request::VipDel { vip } => self
                 .change(|o, base| Ok(o.delete_vip(base, &vip)?))

@@ -1,0 +1,167 @@
+//! Benchmark harness programs (used by `cargo xtask bench` only; `lbd`
+//! never loads them).
+//!
+//! `BPF_PROG_TEST_RUN` with `repeat > 1` runs a program again on the frame
+//! it already rewrote, so a balancer would see its own tunnel output. The
+//! harness `lb_bench` therefore restores the original frame before every
+//! run (shrinks it back to its length, rewrites its headers from
+//! `BENCH_PACKET`), optionally stamps a new source address (a new flow per
+//! run), and tail-calls the program under test from `BENCH_JUMP`. Its own
+//! cost is measured by tail-calling `bench_pass` and subtracted.
+//!
+//! `bench_gen` is the same restore followed by a redirect into a veth: the
+//! live-frames generator for the forwarding-rate benchmark.
+//! `bench_mac_swap` is the floor: swap MACs, `XDP_TX`.
+#![no_std]
+#![no_main]
+
+use aya_ebpf::{
+    bindings::xdp_action,
+    helpers::generated::{bpf_redirect, bpf_xdp_adjust_head},
+    macros::{map, xdp},
+    maps::{Array, ProgramArray},
+    programs::XdpContext,
+};
+use lb_common::{BENCH_RESTORE_LEN, BenchPacket};
+use lb_ebpf::{hdr::EthHdr, parse::ptr_at};
+
+#[map]
+static BENCH_PACKET: Array<BenchPacket> = Array::with_max_entries(1, 0);
+
+#[map]
+static BENCH_SEQ: Array<u32> = Array::with_max_entries(1, 0);
+
+#[map]
+static BENCH_JUMP: ProgramArray = ProgramArray::with_max_entries(1, 0);
+
+/// A Maglev table as plain `u32` slots, one map element each: the
+/// baseline of the table-write benchmark (one syscall per slot).
+#[map]
+static BENCH_SLOTS: Array<u32> = Array::with_max_entries(65_537, 0);
+
+/// Largest growth undone: the biggest tunnel header the balancer adds.
+const MAX_GROWTH: usize = 64;
+
+/// Puts the original frame back; `None` if the frame cannot be restored.
+#[inline(always)]
+fn restore(ctx: &XdpContext) -> Option<()> {
+    let p = BENCH_PACKET.get(0)?;
+    let len = ctx.data_end() - ctx.data();
+    let want = p.len as usize;
+    if len > want {
+        let grown = len - want;
+        if grown > MAX_GROWTH {
+            return None;
+        }
+        // SAFETY: shrinking the head by what the program under test added.
+        if unsafe { bpf_xdp_adjust_head(ctx.ctx, grown as i32) } != 0 {
+            return None;
+        }
+    }
+    let dst: *mut [u64; BENCH_RESTORE_LEN / 8] = ptr_at(ctx, 0)?;
+    // SAFETY: bounds checked by `ptr_at`; `data` holds the same number of
+    // bytes; unaligned 8-byte stores are fine for XDP on x86.
+    unsafe {
+        let src = p.data.as_ptr() as *const [u64; BENCH_RESTORE_LEN / 8];
+        core::ptr::write_unaligned(dst, core::ptr::read_unaligned(src));
+    }
+    // The mask gives the verifier a bound it keeps (a range check on a
+    // copy of the value would not reach the pointer arithmetic).
+    let off = p.stamp_off as usize & 0x7f;
+    if off != 0 {
+        let seq = BENCH_SEQ.get_ptr_mut(0)?;
+        // SAFETY: array element; the harness runs on one CPU.
+        let n = unsafe {
+            *seq = (*seq).wrapping_add(1);
+            *seq
+        };
+        let at: *mut [u8; 4] = ptr_at(ctx, off)?;
+        // SAFETY: bounds checked by `ptr_at`.
+        unsafe { *at = n.to_be_bytes() };
+    }
+    Some(())
+}
+
+#[xdp]
+pub fn lb_bench(ctx: XdpContext) -> u32 {
+    if restore(&ctx).is_none() {
+        return xdp_action::XDP_ABORTED;
+    }
+    // SAFETY: a tail call to a program of the same type; on failure we
+    // fall through.
+    unsafe { BENCH_JUMP.tail_call(&ctx, 0) };
+    xdp_action::XDP_ABORTED
+}
+
+#[xdp]
+pub fn bench_gen(ctx: XdpContext) -> u32 {
+    if restore(&ctx).is_none() {
+        return xdp_action::XDP_ABORTED;
+    }
+    let Some(p) = BENCH_PACKET.get(0) else {
+        return xdp_action::XDP_ABORTED;
+    };
+    // SAFETY: helper call with an ifindex and no flags.
+    unsafe { bpf_redirect(p.redirect_ifindex, 0) as u32 }
+}
+
+/// The measurement loop's own cost: nothing.
+#[xdp]
+pub fn bench_pass(_ctx: XdpContext) -> u32 {
+    xdp_action::XDP_PASS
+}
+
+/// The floor of a forwarding program: swap MACs, send back.
+#[xdp]
+pub fn bench_mac_swap(ctx: XdpContext) -> u32 {
+    let Some(eth) = ptr_at::<EthHdr>(&ctx, 0) else {
+        return xdp_action::XDP_DROP;
+    };
+    // SAFETY: bounds checked by `ptr_at`.
+    unsafe {
+        core::mem::swap(&mut (*eth).h_dest, &mut (*eth).h_source);
+    }
+    xdp_action::XDP_TX
+}
+
+/// The floor of a tunnelling program: grow the frame by an IPv4 header
+/// (20 bytes), move the Ethernet header, send back. What every
+/// encapsulating balancer pays on top of `bench_mac_swap`.
+#[xdp]
+pub fn bench_grow(ctx: XdpContext) -> u32 {
+    let Some(eth) = ptr_at::<EthHdr>(&ctx, 0) else {
+        return xdp_action::XDP_DROP;
+    };
+    // SAFETY: bounds checked by `ptr_at`.
+    let (d, s, p) = unsafe { ((*eth).h_dest, (*eth).h_source, (*eth).h_proto) };
+    // SAFETY: growing the head by 20 bytes of the test headroom.
+    if unsafe { bpf_xdp_adjust_head(ctx.ctx, -20) } != 0 {
+        return xdp_action::XDP_DROP;
+    }
+    let Some(eth) = ptr_at::<EthHdr>(&ctx, 0) else {
+        return xdp_action::XDP_DROP;
+    };
+    // SAFETY: bounds checked by `ptr_at`.
+    unsafe {
+        (*eth).h_dest = s;
+        (*eth).h_source = d;
+        (*eth).h_proto = p;
+    }
+    xdp_action::XDP_TX
+}
+
+/// Receives frames sent back to the generator side of the veth.
+#[xdp]
+pub fn bench_drop(_ctx: XdpContext) -> u32 {
+    xdp_action::XDP_DROP
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

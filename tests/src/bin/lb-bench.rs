@@ -1,0 +1,784 @@
+//! `lb-bench` (run by `cargo xtask bench`, as root): datapath cost per
+//! packet class, forwarding rate on a veth with live frames, table-write
+//! cost, and memory. Prints markdown sections; never fails on a timing,
+//! only on a broken measurement (wrong action, counters that did not move).
+//!
+//! Per-packet costs use `BPF_PROG_TEST_RUN` with `repeat` through the
+//! `lb_bench` harness, which restores the original frame before every run
+//! and tail-calls the program under test; the harness's own cost (measured
+//! by tail-calling an empty program in the same run) is subtracted: "net".
+
+use std::{
+    collections::BTreeMap,
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+use aya::{
+    Ebpf,
+    maps::{Array, ProgramArray},
+    programs::{ProgramFd, TestRun, TestRunAttrs, TestRunOptions, Xdp, XdpMode},
+};
+use etherparse::PacketBuilder;
+use lb::{
+    config::{BackendConfig, MalformedPolicy, VipConfig},
+    dataplane::{Dataplane, Layout, kernel::KernelDataplane},
+    objects,
+    reconcile::{DatapathSettings, Reconciler},
+};
+use lb_common::{BENCH_RESTORE_LEN, BenchPacket, Counter, CounterValue};
+use lb_tests::{
+    netns::{Netns, unique, veth},
+    rig::{Lbd, require_root},
+};
+
+const XDP_PASS: u32 = 2;
+const XDP_TX: u32 = 3;
+const REPEAT: u32 = 500_000;
+const RUNS: usize = 9;
+
+/// A program's net cost: the pairwise differences, and the difference of
+/// the fastest batches (noise on a shared host only ever adds time, so the
+/// minima are the steadiest estimate).
+#[derive(Clone, Copy, Debug)]
+struct Net {
+    pairs: Stat,
+    of_minima: f64,
+}
+
+/// Median, min and max of a few runs.
+#[derive(Clone, Copy, Debug)]
+struct Stat {
+    median: f64,
+    min: f64,
+    max: f64,
+}
+
+impl Stat {
+    fn of(mut v: Vec<f64>) -> Stat {
+        v.sort_by(f64::total_cmp);
+        Stat {
+            median: v[v.len() / 2],
+            min: v[0],
+            max: v[v.len() - 1],
+        }
+    }
+}
+
+fn pin_to_cpu(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is valid; CPU_SET writes within it;
+    // sched_setaffinity(0) affects the calling thread only.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+}
+
+const GW_MAC: [u8; 6] = [2, 0, 0, 0, 0, 3];
+
+/// Frames of at least `BENCH_RESTORE_LEN` bytes (the harness restores that
+/// many).
+fn tcp4(dst: [u8; 4], sport: u16, syn: bool) -> Vec<u8> {
+    let b = PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
+        .ipv4([192, 0, 2, 7], dst, 64)
+        .tcp(sport, 80, 1, 65535);
+    let b = if syn { b.syn() } else { b.ack(1) };
+    let mut out = vec![];
+    b.write(&mut out, &[0x55; 60]).expect("build");
+    out
+}
+
+fn udp4(dst: [u8; 4], sport: u16) -> Vec<u8> {
+    let mut out = vec![];
+    PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
+        .ipv4([192, 0, 2, 7], dst, 64)
+        .udp(sport, 53)
+        .write(&mut out, &[0x55; 60])
+        .expect("build");
+    out
+}
+
+fn tcp6(sport: u16, syn: bool) -> Vec<u8> {
+    let dst: std::net::Ipv6Addr = "2001:db8::10".parse().expect("literal");
+    let b = PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
+        .ipv6(
+            "2001:db8:c::7"
+                .parse::<std::net::Ipv6Addr>()
+                .expect("literal")
+                .octets(),
+            dst.octets(),
+            64,
+        )
+        .tcp(sport, 80, 1, 65535);
+    let b = if syn { b.syn() } else { b.ack(1) };
+    let mut out = vec![];
+    b.write(&mut out, &[0x55; 40]).expect("build");
+    out
+}
+
+fn vips(n_backends: usize) -> Vec<VipConfig> {
+    let v4: Vec<BackendConfig> = (1..=n_backends)
+        .map(|i| BackendConfig::new(format!("10.1.0.{i}").parse().expect("ip"), 1))
+        .collect();
+    let v6: Vec<BackendConfig> = (1..=n_backends)
+        .map(|i| BackendConfig::new(format!("fd00:1::{i}").parse().expect("ip"), 1))
+        .collect();
+    vec![
+        VipConfig::new("10.0.0.10:80/tcp".parse().expect("vip"), v4.clone()),
+        VipConfig::new("10.0.0.10:53/udp".parse().expect("vip"), v4),
+        VipConfig::new("[2001:db8::10]:80/tcp".parse().expect("vip"), v6),
+    ]
+}
+
+/// The balancer, programmed through the reconciler like `lbd` does.
+fn balancer(ct_buckets: u32) -> Result<Reconciler<KernelDataplane>> {
+    let layout = Layout {
+        table_size: 65_537,
+        max_vips: 16,
+        max_backends: 64,
+        ct_buckets,
+    };
+    let mut r = Reconciler::adopt(KernelDataplane::load(layout)?)?;
+    r.apply_settings(&DatapathSettings {
+        gateway_mac: GW_MAC,
+        outer_source_v4: Some("10.255.0.1".parse()?),
+        outer_source_v6: Some("fd00:ff::1".parse()?),
+        malformed: MalformedPolicy::Pass,
+    })?;
+    r.apply(&vips(3), &|_, _| true)?;
+    Ok(r)
+}
+
+struct Harness {
+    bench: Ebpf,
+}
+
+impl Harness {
+    fn load() -> Result<Harness> {
+        let mut bench = Ebpf::load(objects::LB_BENCH).context("loading the bench object")?;
+        for name in [
+            "lb_bench",
+            "bench_pass",
+            "bench_mac_swap",
+            "bench_grow",
+            "bench_gen",
+            "bench_drop",
+        ] {
+            let p: &mut Xdp = bench
+                .program_mut(name)
+                .with_context(|| format!("{name} in the bench object"))?
+                .try_into()?;
+            p.load().with_context(|| format!("loading {name}"))?;
+        }
+        Ok(Harness { bench })
+    }
+
+    fn prog(&self, name: &str) -> Result<&Xdp> {
+        Ok(self.bench.program(name).context("program")?.try_into()?)
+    }
+
+    fn fd(&self, name: &str) -> Result<ProgramFd> {
+        Ok(self.prog(name)?.fd()?.try_clone()?)
+    }
+
+    fn set_packet(&mut self, frame: &[u8], stamp_off: u32, redirect_ifindex: u32) -> Result<()> {
+        if frame.len() < BENCH_RESTORE_LEN {
+            bail!("bench frames must be at least {BENCH_RESTORE_LEN} bytes");
+        }
+        let mut data = [0u8; BENCH_RESTORE_LEN];
+        data.copy_from_slice(&frame[..BENCH_RESTORE_LEN]);
+        let p = BenchPacket {
+            len: frame.len() as u32,
+            stamp_off,
+            redirect_ifindex,
+            _pad: 0,
+            data,
+        };
+        let mut map: Array<_, BenchPacket> =
+            Array::try_from(self.bench.map_mut("BENCH_PACKET").context("BENCH_PACKET")?)?;
+        map.set(0, p, 0)?;
+        Ok(())
+    }
+
+    fn jump_to(&mut self, fd: &ProgramFd) -> Result<()> {
+        let mut jump =
+            ProgramArray::try_from(self.bench.map_mut("BENCH_JUMP").context("BENCH_JUMP")?)?;
+        jump.set(0, fd, 0)?;
+        Ok(())
+    }
+
+    /// One batch of `REPEAT` runs of the harness on `frame`: ns per run;
+    /// checks the action.
+    fn batch(&self, frame: &[u8], expect: u32) -> Result<f64> {
+        let r = self.prog("lb_bench")?.test_run(TestRunOptions {
+            data_in: Some(frame),
+            repeat: REPEAT,
+            ..TestRunOptions::new()
+        })?;
+        if r.return_value != expect {
+            bail!("action {} instead of {expect}", r.return_value);
+        }
+        Ok(r.duration.as_nanos() as f64)
+    }
+
+    /// Net ns per packet of `target` on `frame`: `RUNS` pairs of batches,
+    /// the harness with the empty program then with `target`, each pair's
+    /// difference one sample. Pairing keeps the machine's drift (shared
+    /// host, other core busy) out of the difference.
+    fn net(
+        &mut self,
+        target: &ProgramFd,
+        empty: &ProgramFd,
+        frame: &[u8],
+        stamp_off: u32,
+        expect: u32,
+    ) -> Result<Net> {
+        let mut diffs = Vec::new();
+        let (mut best_base, mut best_target) = (f64::MAX, f64::MAX);
+        for _ in 0..RUNS {
+            self.jump_to(empty)?;
+            self.set_packet(frame, 0, 0)?;
+            let base = self.batch(frame, XDP_PASS)?;
+            self.jump_to(target)?;
+            self.set_packet(frame, stamp_off, 0)?;
+            let t = self.batch(frame, expect)?;
+            diffs.push(t - base);
+            best_base = best_base.min(base);
+            best_target = best_target.min(t);
+        }
+        Ok(Net {
+            pairs: Stat::of(diffs),
+            of_minima: best_target - best_base,
+        })
+    }
+}
+
+fn counters(r: &Reconciler<KernelDataplane>) -> Result<Vec<CounterValue>> {
+    Ok(r.dataplane().counters()?)
+}
+
+struct Row {
+    class: &'static str,
+    katran: &'static str,
+    stat: Net,
+}
+
+/// Per-packet cost of each class, net of the harness.
+fn datapath() -> Result<(Vec<Row>, Net, Stat)> {
+    let mut r = balancer(1 << 21)?;
+    let mut h = Harness::load()?;
+    let lb = r.dataplane_mut().program().fd()?.try_clone()?;
+    let empty = h.fd("bench_pass")?;
+    let plain = tcp4([10, 0, 0, 10], 1000, false);
+
+    // The harness alone, for the record.
+    h.jump_to(&empty)?;
+    h.set_packet(&plain, 0, 0)?;
+    let harness = Stat::of(
+        (0..RUNS)
+            .map(|_| h.batch(&plain, XDP_PASS))
+            .collect::<Result<_>>()?,
+    );
+    let swap = h.net(&h.fd("bench_mac_swap")?, &empty, &plain, 0, XDP_TX)?;
+
+    // (class, Katran's figure, frame, stamp offset, warm-up frame, action, counter)
+    type Case = (
+        &'static str,
+        &'static str,
+        Vec<u8>,
+        u32,
+        Option<Vec<u8>>,
+        u32,
+        Counter,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "established TCP (connection-table hit)",
+            "61",
+            tcp4([10, 0, 0, 10], 2000, false),
+            0,
+            Some(tcp4([10, 0, 0, 10], 2000, true)),
+            XDP_TX,
+            Counter::FwdConntrack,
+        ),
+        (
+            "new flow: miss → Maglev → insert (2M-bucket table)",
+            "470–515",
+            tcp4([10, 0, 0, 10], 3000, false),
+            26,
+            None,
+            XDP_TX,
+            Counter::FwdMaglev,
+        ),
+        (
+            "TCP SYN of a known flow (replaces the entry)",
+            "150",
+            tcp4([10, 0, 0, 10], 4000, true),
+            0,
+            None,
+            XDP_TX,
+            Counter::FwdMaglev,
+        ),
+        (
+            "UDP, table hit",
+            "85–101",
+            udp4([10, 0, 0, 10], 5000),
+            0,
+            Some(udp4([10, 0, 0, 10], 5000)),
+            XDP_TX,
+            Counter::FwdConntrack,
+        ),
+        (
+            "IPv6 VIP, table hit",
+            "58",
+            tcp6(6000, false),
+            0,
+            Some(tcp6(6000, true)),
+            XDP_TX,
+            Counter::FwdConntrack,
+        ),
+        (
+            "not a VIP → pass",
+            "18",
+            tcp4([10, 9, 9, 9], 7000, false),
+            0,
+            None,
+            XDP_PASS,
+            Counter::PassNotVip,
+        ),
+    ];
+    let mut rows = Vec::new();
+    for (class, katran, frame, stamp, warm, action, counter) in cases {
+        if let Some(w) = warm {
+            h.jump_to(&lb)?;
+            h.set_packet(&w, 0, 0)?;
+            let warm_run = h.prog("lb_bench")?.test_run(TestRunOptions {
+                data_in: Some(&w),
+                ..TestRunOptions::new()
+            })?;
+            if warm_run.return_value != XDP_TX {
+                bail!("{class}: the warm-up packet was not forwarded");
+            }
+        }
+        let before = counters(&r)?[counter as usize].packets;
+        let stat = h.net(&lb, &empty, &frame, stamp, action)?;
+        let moved = counters(&r)?[counter as usize].packets - before;
+        if moved != u64::from(REPEAT) * RUNS as u64 {
+            bail!(
+                "{class}: {moved} packets counted as {}, expected {}",
+                counter.name(),
+                REPEAT as usize * RUNS
+            );
+        }
+        rows.push(Row {
+            class,
+            katran,
+            stat,
+        });
+    }
+    Ok((rows, swap, harness))
+}
+
+/// Forwarding rate on a veth pair with native XDP, one core: the
+/// generator and the receiving program share it, as on a real box's queue.
+fn forwarding() -> Result<(Stat, Stat, Stat, u64)> {
+    let ns = Netns::new(&unique("lbbench"))?;
+    let peer = Netns::new(&unique("lbbenchp"))?;
+    veth(&ns, "gen0", &peer, "tmp0", 1500)?;
+    // Move the peer end into the same namespace: both ends live in `ns`.
+    peer.ip(&["link", "set", "tmp0", "netns", &ns.name, "name", "lb0"])?;
+    ns.ip(&["link", "set", "lb0", "up"])?;
+    drop(peer);
+    let path = ns.path();
+    let result = std::thread::spawn(move || -> Result<(Stat, Stat, Stat, u64)> {
+        lb_tests::netns::enter_path(&path)?;
+        pin_to_cpu(0);
+        let mut r = balancer(1 << 16)?;
+        let mut h = Harness::load()?;
+        let gen_if = ifindex("gen0")?;
+        {
+            let drop: &mut Xdp = h
+                .bench
+                .program_mut("bench_drop")
+                .context("drop")?
+                .try_into()?;
+            drop.attach("gen0", XdpMode::Driver)?;
+        }
+        let frame = tcp4([10, 0, 0, 10], 9000, false);
+        h.set_packet(&frame, 0, gen_if)?;
+        let run = |h: &Harness| -> Result<f64> {
+            let n: u32 = 2_000_000;
+            let start = Instant::now();
+            h.prog("bench_gen")?.test_run(TestRunOptions {
+                data_in: Some(&frame),
+                repeat: n,
+                attrs: TestRunAttrs::new().xdp_live_frames(64),
+                ..TestRunOptions::new()
+            })?;
+            Ok(n as f64 / start.elapsed().as_secs_f64() / 1e6)
+        };
+        // lb: warm the flow into the connection table, then measure.
+        let link = r.dataplane_mut().program().attach("lb0", XdpMode::Driver)?;
+        let before = counters(&r)?;
+        let mut lb_rates = Vec::new();
+        for _ in 0..RUNS {
+            lb_rates.push(run(&h)?);
+        }
+        let after = counters(&r)?;
+        let forwarded: u64 = [Counter::FwdConntrack, Counter::FwdMaglev]
+            .iter()
+            .map(|c| after[*c as usize].packets - before[*c as usize].packets)
+            .sum();
+        r.dataplane_mut().program().detach(link)?;
+        // The floor: MAC swap + XDP_TX on the same interface.
+        let swap_link = {
+            let swap: &mut Xdp = h
+                .bench
+                .program_mut("bench_mac_swap")
+                .context("swap")?
+                .try_into()?;
+            swap.attach("lb0", XdpMode::Driver)?
+        };
+        let mut swap_rates = Vec::new();
+        for _ in 0..RUNS {
+            swap_rates.push(run(&h)?);
+        }
+        let swap: &mut Xdp = h
+            .bench
+            .program_mut("bench_mac_swap")
+            .context("swap")?
+            .try_into()?;
+        swap.detach(swap_link)?;
+        // The tunnelling floor: grow by 20 bytes, move the MACs, send back.
+        let grow_link = {
+            let grow: &mut Xdp = h
+                .bench
+                .program_mut("bench_grow")
+                .context("grow")?
+                .try_into()?;
+            grow.attach("lb0", XdpMode::Driver)?
+        };
+        let mut grow_rates = Vec::new();
+        for _ in 0..RUNS {
+            grow_rates.push(run(&h)?);
+        }
+        let grow: &mut Xdp = h
+            .bench
+            .program_mut("bench_grow")
+            .context("grow")?
+            .try_into()?;
+        grow.detach(grow_link)?;
+        Ok((
+            Stat::of(lb_rates),
+            Stat::of(swap_rates),
+            Stat::of(grow_rates),
+            forwarded,
+        ))
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("forwarding bench panicked"))??;
+    Ok(result)
+}
+
+fn ifindex(name: &str) -> Result<u32> {
+    let c = std::ffi::CString::new(name)?;
+    // SAFETY: a valid C string.
+    let i = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    if i == 0 {
+        bail!("no interface {name}");
+    }
+    Ok(i)
+}
+
+/// Writing a 65,537-slot table: lb's chunked half (65 map updates) and the
+/// swap that publishes it, against one `bpf_map_update_elem` per slot.
+fn table_write() -> Result<(Stat, Stat, Stat)> {
+    let mut r = balancer(1 << 10)?;
+    let mut h = Harness::load()?;
+    let slots: Vec<u32> = (0..65_537u32).map(|i| 0x0001_0000 | (i % 3)).collect();
+    let mut chunked = Vec::new();
+    let mut publish = Vec::new();
+    let mut per_slot = Vec::new();
+    let key = lb_common::VipKey::new("10.0.0.10".parse()?, 80, 6);
+    for _ in 0..RUNS {
+        let dp = r.dataplane_mut();
+        let t = Instant::now();
+        dp.write_table(0, &slots)?;
+        chunked.push(t.elapsed().as_secs_f64() * 1e3);
+        let mut meta = dp.vip(&key)?.context("vip")?;
+        let t = Instant::now();
+        dp.publish_table(&key, &mut meta, Some(&slots))?;
+        publish.push(t.elapsed().as_secs_f64() * 1e3);
+        let mut map: Array<_, u32> =
+            Array::try_from(h.bench.map_mut("BENCH_SLOTS").context("slots")?)?;
+        let t = Instant::now();
+        for (i, s) in slots.iter().enumerate() {
+            map.set(i as u32, *s, 0)?;
+        }
+        per_slot.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    Ok((Stat::of(chunked), Stat::of(publish), Stat::of(per_slot)))
+}
+
+/// Kernel memory of the maps of `lbd`'s default layout (from the kernel's
+/// own accounting in fdinfo), and `lbd`'s resident memory with 64 VIPs.
+/// Per map: (name, bytes computed from the layout, bytes the kernel charges).
+type MapMemory = Vec<(String, u64, u64)>;
+
+fn memory() -> Result<(MapMemory, u64, u64)> {
+    let layout = Layout::default();
+    let before = map_memlock()?;
+    let dp = KernelDataplane::load(layout)?;
+    let after = map_memlock()?;
+    let ncpus = aya::util::nr_cpus().map_err(|(_, e)| e)?;
+    let mut rows = Vec::new();
+    for (name, computed) in layout.map_bytes(ncpus) {
+        // The kernel keeps at most 15 characters of a map's name.
+        let short = &name[..name.len().min(15)];
+        let kernel =
+            after.get(short).copied().unwrap_or(0) - before.get(short).copied().unwrap_or(0);
+        rows.push((name.to_string(), computed, kernel));
+    }
+    drop(dp);
+    let rss = lbd_rss()?;
+    Ok((rows, rss.0, rss.1))
+}
+
+/// memlock of every map fd of this process by map name.
+fn map_memlock() -> Result<BTreeMap<String, u64>> {
+    let mut out = BTreeMap::new();
+    for entry in std::fs::read_dir("/proc/self/fdinfo")? {
+        let Ok(text) = std::fs::read_to_string(entry?.path()) else {
+            continue;
+        };
+        let field = |k: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(k))
+                .map(|v| v.trim().to_string())
+        };
+        if let (Some(memlock), Some(id)) = (field("memlock:"), field("map_id:")) {
+            let name = aya::maps::MapInfo::from_id(id.parse()?)
+                .ok()
+                .and_then(|i| i.name_as_str().map(str::to_string))
+                .unwrap_or_default();
+            *out.entry(name).or_default() += memlock.parse::<u64>().unwrap_or(0);
+        }
+    }
+    Ok(out)
+}
+
+/// Starts the real `lbd` with 64 VIPs of 8 backends in a namespace and
+/// reads its resident set size; returns (RSS KiB, VIPs).
+fn lbd_rss() -> Result<(u64, u64)> {
+    let ns = Netns::new(&unique("lbbenchd"))?;
+    let other = Netns::new(&unique("lbbenchx"))?;
+    veth(&ns, "eth0", &other, "eth0", 1500)?;
+    ns.ip(&["addr", "add", "10.10.2.2/24", "dev", "eth0"])?;
+    let dir = std::env::temp_dir().join(unique("lbbenchdir"));
+    std::fs::create_dir_all(&dir)?;
+    let instance = unique("bench");
+    let mut yaml = format!(
+        "instance: {instance}\ninterfaces: [eth0]\ngateway_mac: \"02:00:00:00:00:03\"\nouter_source_v4: 10.10.2.2\napi_socket: {d}/lbd.sock\nstate_file: {d}/state.json\nvips:\n",
+        d = dir.display()
+    );
+    for v in 0..64 {
+        yaml.push_str(&format!(
+            "  - address: 10.99.{}.{}\n    port: 80\n    protocol: tcp\n    backends:\n",
+            v / 200,
+            v % 200 + 1
+        ));
+        for b in 0..8 {
+            yaml.push_str(&format!(
+                "      - address: 10.10.{}.{}\n",
+                30 + b,
+                v % 200 + 2
+            ));
+        }
+    }
+    let config = dir.join("lbd.yaml");
+    std::fs::write(&config, yaml)?;
+    let pins = Path::new("/sys/fs/bpf/lb").join(&instance);
+    let result = (|| -> Result<(u64, u64)> {
+        let lbd = Lbd::start_in(&ns, &dir, &config)?;
+        std::thread::sleep(Duration::from_millis(500));
+        let status = std::fs::read_to_string(format!("/proc/{}/status", lbd.pid()))?;
+        let rss = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .context("VmRSS")?;
+        let vips = lbd.lbctl_json(&["status"])?["vips"].as_u64().unwrap_or(0);
+        Ok((rss, vips))
+    })();
+    let _ = std::fs::remove_dir_all(&pins);
+    let _ = std::fs::remove_dir(Path::new("/sys/fs/bpf/lb"));
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+fn ns_row(s: &Stat) -> String {
+    format!("{:>7.1} | {:>7.1} | {:>7.1}", s.median, s.min, s.max)
+}
+
+/// `LB_BENCH_ONLY=datapath,forwarding,table,memory` runs only those parts
+/// (all by default).
+fn wanted(part: &str) -> bool {
+    std::env::var("LB_BENCH_ONLY").map_or(true, |v| v.split(',').any(|p| p == part))
+}
+
+fn main() -> Result<()> {
+    require_root()?;
+    let started = Instant::now();
+    pin_to_cpu(1);
+    if wanted("datapath") {
+        print_datapath()?;
+    }
+    if wanted("forwarding") {
+        print_forwarding()?;
+    }
+    if wanted("table") {
+        print_table_write()?;
+    }
+    if wanted("memory") {
+        print_memory()?;
+    }
+    eprintln!("bench finished in {:.0}s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+fn print_datapath() -> Result<()> {
+    println!("## Datapath (`cargo xtask bench`, {})", today());
+    println!();
+    println!(
+        "Net ns per packet, `BPF_PROG_TEST_RUN` through the restoring harness: {RUNS} pairs of {REPEAT}-repeat batches (the harness with an empty program, then with the program under test). \"pairs\": median \\| min \\| max of the per-pair differences. \"of minima\": fastest batch of the program minus fastest batch of the empty program (noise on a shared host only adds time, so this is the steadiest figure). Katran's figures were measured the same way on this kind of machine (issue 7)."
+    );
+    println!();
+    let (rows, swap, harness) = datapath()?;
+    println!(
+        "| packet class | lb pairs: median \\| min \\| max | lb of minima | Katran | lb / Katran (of minima) |"
+    );
+    println!("| --- | --- | --- | --- | --- |");
+    for r in &rows {
+        let k: f64 = r
+            .katran
+            .split('–')
+            .next()
+            .and_then(|k| k.parse().ok())
+            .unwrap_or(f64::NAN);
+        println!(
+            "| {} | {} | {:.0} | {} | {:.2} |",
+            r.class,
+            ns_row(&r.stat.pairs),
+            r.stat.of_minima,
+            r.katran,
+            r.stat.of_minima / k
+        );
+    }
+    println!(
+        "| trivial MAC swap + XDP_TX (floor) | {} | {:.0} | 1 | |",
+        ns_row(&swap.pairs),
+        swap.of_minima
+    );
+    println!(
+        "| harness alone (subtracted above) | {} | | | |",
+        ns_row(&harness)
+    );
+    println!();
+    Ok(())
+}
+
+fn print_forwarding() -> Result<()> {
+    let (lb, floor, grow, forwarded) = forwarding()?;
+    println!("## Forwarding rate on a veth pair, native XDP, one core");
+    println!();
+    println!(
+        "Live frames (`BPF_F_TEST_XDP_LIVE_FRAMES`, batch 64) redirected into a veth; the receiving end runs the program, which sends every frame back (XDP_TX) to a drop program. Mpps, {RUNS} runs of 2M frames."
+    );
+    println!();
+    println!("| program | Mpps (median \\| min \\| max) | ratio to the floor |");
+    println!("| --- | --- | --- |");
+    println!(
+        "| lb_xdp (established flow) | {:.2} \\| {:.2} \\| {:.2} | {:.2} |",
+        lb.median,
+        lb.min,
+        lb.max,
+        lb.median / floor.median
+    );
+    println!(
+        "| MAC swap + XDP_TX (floor) | {:.2} \\| {:.2} \\| {:.2} | 1.00 |",
+        floor.median, floor.min, floor.max
+    );
+    println!(
+        "| grow the head by 20 bytes + MAC swap + XDP_TX (tunnelling floor) | {:.2} \\| {:.2} \\| {:.2} | {:.2} |",
+        grow.median,
+        grow.min,
+        grow.max,
+        grow.median / floor.median
+    );
+    println!();
+    println!("lb forwarded {forwarded} frames in those runs (its counters).");
+    println!();
+    Ok(())
+}
+
+fn print_table_write() -> Result<()> {
+    let (chunked, publish, per_slot) = table_write()?;
+    println!("## Writing a 65,537-slot Maglev table into the kernel");
+    println!();
+    println!("| method | ms (median \\| min \\| max) | speed-up over one syscall per slot |");
+    println!("| --- | --- | --- |");
+    println!(
+        "| one `bpf_map_update_elem` per slot (u32 array) | {:.2} \\| {:.2} \\| {:.2} | 1 |",
+        per_slot.median, per_slot.min, per_slot.max
+    );
+    println!(
+        "| lb: 65 chunks of 1024 slots, one update each | {:.2} \\| {:.2} \\| {:.2} | {:.0}× |",
+        chunked.median,
+        chunked.min,
+        chunked.max,
+        per_slot.median / chunked.median
+    );
+    println!(
+        "| lb: publish = write the inactive half + flip the VIP (atomic) | {:.2} \\| {:.2} \\| {:.2} | {:.0}× |",
+        publish.median,
+        publish.min,
+        publish.max,
+        per_slot.median / publish.median
+    );
+    println!();
+    Ok(())
+}
+
+fn print_memory() -> Result<()> {
+    let (maps, rss, vips) = memory()?;
+    println!("## Memory");
+    println!();
+    println!(
+        "Maps of the default layout (64 VIPs × 2 halves × M = 65537, 4096 backends, 262,144 connection-table buckets = 1,572,864 flows): bytes computed from the layout and bytes the kernel charges (fdinfo memlock)."
+    );
+    println!();
+    println!("| map | computed | kernel |");
+    println!("| --- | --- | --- |");
+    let (mut tc, mut tk) = (0, 0);
+    for (name, computed, kernel) in &maps {
+        println!("| {name} | {computed} | {kernel} |");
+        tc += computed;
+        tk += kernel;
+    }
+    println!("| total | {tc} | {tk} |");
+    println!();
+    println!("`lbd` resident memory with {vips} VIPs of 8 backends: {rss} KiB.");
+    println!();
+    Ok(())
+}
+
+fn today() -> String {
+    let out = std::process::Command::new("date")
+        .arg("+%Y-%m-%d")
+        .output()
+        .ok();
+    out.map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
