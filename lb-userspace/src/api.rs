@@ -21,6 +21,10 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::{
+    announce::{
+        PeerStatus,
+        policy::{NodeState, VipVerdict},
+    },
     config::{Protocol, VipConfig, VipId},
     health::ProbeResult,
     lifecycle::BackendState,
@@ -78,6 +82,14 @@ pub enum Request {
     },
     /// Re-read the configuration file → `Vec<String>` (warnings).
     Reload,
+    /// Route announcement: each announcer's peers, and each VIP announced
+    /// or withheld and why → [`AnnounceStatus`]
+    Bgp,
+    /// Withdraw every VIP and keep forwarding what still arrives, until
+    /// `node_undrain` or a restart (not persisted) → [`NodeChange`]
+    NodeDrain,
+    /// Announce again what the policy allows → [`NodeChange`]
+    NodeUndrain,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -140,6 +152,9 @@ pub struct Status {
     pub api_changes: bool,
     pub last_reload: Option<String>,
     pub warnings: Vec<String>,
+    /// One line on route announcement: announcers, peers up, prefixes.
+    #[serde(default)]
+    pub announce: String,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -262,6 +277,37 @@ pub struct Simulation {
     pub via: String,
 }
 
+/// `lbctl bgp`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct AnnounceStatus {
+    pub node: NodeState,
+    /// Seconds in that state (drained or stopping); 0 while serving.
+    pub node_state_secs: f64,
+    /// The XDP program is attached (nothing is announced otherwise).
+    pub attached: bool,
+    pub shutdown_grace_secs: f64,
+    /// The addresses handed to the announcers.
+    pub announced: Vec<IpAddr>,
+    /// Announcer kinds configured (`bgp`, `exabgp`, `exec`).
+    pub announcers: Vec<String>,
+    /// One row per BGP peer, ExaBGP pipe or exec command.
+    pub peers: Vec<PeerStatus>,
+    pub vips: Vec<VipVerdict>,
+}
+
+/// The answer to `node_drain` and `node_undrain`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct NodeChange {
+    pub node: NodeState,
+    /// The request changed the state (false: it was already so).
+    pub changed: bool,
+    /// Addresses withdrawn (drain) or announced (undrain) by the request.
+    pub addresses: Vec<IpAddr>,
+    /// Drain: seconds left of `shutdown_grace` since the withdrawal, for a
+    /// caller that wants to wait until the routers moved traffic away.
+    pub wait_secs: f64,
+}
+
 #[derive(Debug, Error)]
 pub enum ClientError {
     #[error("cannot connect to lbd at {path}: {source} (is lbd running, and are you root?)")]
@@ -327,6 +373,18 @@ mod tests {
         };
         assert_eq!(vip.id.to_string(), "10.0.0.2:53/udp");
         assert_eq!(vip.backends[0].weight, 1);
+    }
+
+    #[test]
+    fn node_and_bgp_requests_are_bare_ops() {
+        for (r, text) in [
+            (Request::Bgp, r#"{"op":"bgp"}"#),
+            (Request::NodeDrain, r#"{"op":"node_drain"}"#),
+            (Request::NodeUndrain, r#"{"op":"node_undrain"}"#),
+        ] {
+            assert_eq!(serde_json::to_string(&r).unwrap(), text);
+            assert_eq!(serde_json::from_str::<Request>(text).unwrap(), r);
+        }
     }
 
     #[test]

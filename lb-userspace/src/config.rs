@@ -24,7 +24,11 @@ use lb_common::{
 };
 use serde::{Deserialize, Deserializer, Serialize, Serializer, de};
 
-use crate::{dataplane::Layout, maglev};
+use crate::{
+    announce::{AnnounceConfig, prefixed},
+    dataplane::Layout,
+    maglev,
+};
 
 /// Largest weight accepted in a configuration.
 pub const MAX_WEIGHT: u32 = 10_000;
@@ -581,6 +585,10 @@ pub struct VipConfig {
     /// Below this percentage of usable backends, the table is built from
     /// all of them (fail open).
     pub panic_threshold: u32,
+    /// The VIP's address is announced (BGP, ExaBGP, exec) only while at
+    /// least this many of its backends are usable (active or in slow
+    /// start). 0 announces it whenever the program is attached.
+    pub min_healthy: u32,
 }
 
 impl VipConfig {
@@ -595,6 +603,7 @@ impl VipConfig {
             drain_timeout: default_drain_timeout(),
             slow_start: Duration::ZERO,
             panic_threshold: default_panic_threshold(),
+            min_healthy: default_min_healthy(),
         }
     }
 
@@ -609,6 +618,9 @@ fn default_drain_timeout() -> Duration {
 }
 fn default_panic_threshold() -> u32 {
     50
+}
+fn default_min_healthy() -> u32 {
+    1
 }
 
 /// The VIP as written in YAML or JSON.
@@ -632,6 +644,8 @@ pub struct RawVip {
     slow_start: Duration,
     #[serde(default = "default_panic_threshold")]
     panic_threshold: u32,
+    #[serde(default = "default_min_healthy")]
+    min_healthy: u32,
 }
 
 fn yes() -> bool {
@@ -653,6 +667,7 @@ impl RawVip {
             drain_timeout: self.drain_timeout,
             slow_start: self.slow_start,
             panic_threshold: self.panic_threshold,
+            min_healthy: self.min_healthy,
         }
     }
 }
@@ -674,6 +689,7 @@ impl Serialize for VipConfig {
             #[serde(with = "duration")]
             slow_start: Duration,
             panic_threshold: u32,
+            min_healthy: u32,
         }
         Out {
             address: self.id.addr,
@@ -686,6 +702,7 @@ impl Serialize for VipConfig {
             drain_timeout: self.drain_timeout,
             slow_start: self.slow_start,
             panic_threshold: self.panic_threshold,
+            min_healthy: self.min_healthy,
         }
         .serialize(s)
     }
@@ -725,6 +742,12 @@ struct RawConfig {
     bpffs: PathBuf,
     #[serde(default)]
     vips: Vec<VipConfig>,
+    #[serde(default)]
+    announce: AnnounceConfig,
+    #[serde(default = "default_shutdown_grace", with = "duration")]
+    shutdown_grace: Duration,
+    #[serde(default)]
+    detach_on_exit: bool,
 }
 
 fn default_instance() -> String {
@@ -745,6 +768,9 @@ fn default_max_backends() -> u32 {
 fn default_bpffs() -> PathBuf {
     "/sys/fs/bpf".into()
 }
+fn default_shutdown_grace() -> Duration {
+    Duration::from_secs(5)
+}
 
 /// A validated configuration.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -762,6 +788,15 @@ pub struct Config {
     pub state_file: PathBuf,
     pub bpffs: PathBuf,
     pub vips: Vec<VipConfig>,
+    /// Route announcers (none by default).
+    pub announce: AnnounceConfig,
+    /// On SIGTERM/SIGINT and `lbctl node drain`: how long to wait after
+    /// withdrawing every VIP, so the routers move traffic away, before
+    /// stopping.
+    pub shutdown_grace: Duration,
+    /// Detach the program and remove its pins on a graceful exit. Default:
+    /// it stays attached and keeps forwarding, so a restart drops nothing.
+    pub detach_on_exit: bool,
     /// Advice that does not stop the configuration from loading.
     pub warnings: Vec<String>,
 }
@@ -908,6 +943,13 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
             ),
         );
     }
+    errors.extend(prefixed("announce", raw.announce.validate()));
+    if raw.shutdown_grace > Duration::from_secs(600) {
+        errors.push(ConfigError {
+            field: "shutdown_grace".into(),
+            message: "is longer than 10 minutes".into(),
+        });
+    }
     let layout = Layout {
         table_size: raw.table_size,
         max_vips: raw.max_vips,
@@ -955,6 +997,9 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
         malformed: raw.malformed,
         bpffs: raw.bpffs,
         vips: raw.vips,
+        announce: raw.announce,
+        shutdown_grace: raw.shutdown_grace,
+        detach_on_exit: raw.detach_on_exit,
         warnings,
     })
 }
@@ -1132,6 +1177,22 @@ fn check_vips(
         }
         if vip.drain_timeout > Duration::from_secs(86_400) {
             err(format!("{at}.drain_timeout"), "is longer than a day".into());
+        }
+        if vip.min_healthy as usize > vip.backends.len() && !(from_file && vip.backends.is_empty())
+        {
+            let text = format!(
+                "min_healthy {} is more than the {} backend(s) of VIP {}: it would never be announced",
+                vip.min_healthy,
+                vip.backends.len(),
+                vip.id
+            );
+            // A file that says so is a mistake; the API may pass through
+            // such a state while backends are replaced.
+            if from_file {
+                err(format!("{at}.min_healthy"), text);
+            } else {
+                warnings.push(format!("{at}.min_healthy: {text}"));
+            }
         }
         let live = vip.backends.iter().filter(|b| b.weight > 0).count() as u64;
         if live > 0 && (layout.table_size as u64) < 100 * live {
@@ -1414,6 +1475,54 @@ vips:
             )),
             "{e:?}"
         );
+    }
+
+    #[test]
+    fn announce_settings_parse_with_defaults_and_are_checked() {
+        let c = Config::parse(GOOD).expect("valid");
+        assert_eq!(c.announce, AnnounceConfig::default());
+        assert_eq!(c.shutdown_grace, Duration::from_secs(5));
+        assert!(!c.detach_on_exit);
+        assert_eq!(c.vips[0].min_healthy, 1);
+
+        let text = format!(
+            "{GOOD}announce:\n  bgp:\n    local_as: 65001\n    router_id: 10.0.0.11\n    peers:\n      - {{ address: 10.0.0.1, remote_as: 65000 }}\nshutdown_grace: 2s\ndetach_on_exit: true\n"
+        );
+        let c = Config::parse(&text.replace(
+            "    protocol: tcp\n",
+            "    protocol: tcp\n    min_healthy: 2\n",
+        ))
+        .expect("valid");
+        assert_eq!(c.announce.bgp.as_ref().map(|b| b.local_as), Some(65001));
+        assert_eq!(c.shutdown_grace, Duration::from_secs(2));
+        assert!(c.detach_on_exit);
+        assert_eq!(c.vips[0].min_healthy, 2);
+
+        // The announcers' own errors come under `announce.`.
+        let e = errors(&text.replace("local_as: 65001", "local_as: 0"));
+        assert_eq!(e, vec!["announce.bgp.local_as: AS 0 is reserved"]);
+        let e = errors(&format!("{GOOD}announce:\n  bpg: {{}}\n"));
+        assert!(e[0].starts_with("announce: unknown field `bpg`"), "{e:?}");
+        assert_eq!(
+            errors(&format!("{GOOD}shutdown_grace: 1h\n")),
+            vec!["shutdown_grace: is longer than 10 minutes"]
+        );
+        // A min_healthy no VIP can meet is a mistake in a file, a warning
+        // through the API.
+        let e = errors(&with(
+            "    protocol: tcp\n",
+            "    protocol: tcp\n    min_healthy: 3\n",
+        ));
+        assert_eq!(
+            e,
+            vec![
+                "vips[0].min_healthy: min_healthy 3 is more than the 2 backend(s) of VIP 10.99.0.1:80/tcp: it would never be announced"
+            ]
+        );
+        let mut vips = c.vips.clone();
+        vips[0].min_healthy = 3;
+        let warnings = c.check_vips(&vips).expect("allowed at runtime");
+        assert!(warnings[0].contains("never be announced"), "{warnings:?}");
     }
 
     #[test]

@@ -14,8 +14,9 @@
 //!   process that runs this one;
 //! - [`exec`]: an operator's command, run once per change.
 //!
-//! It does not decide *which* VIPs to announce (`lbd` does, e.g. only VIPs
-//! with a usable backend), and it never touches the kernel's routing table.
+//! Which VIPs to announce is [`policy`]'s answer (pure logic over the
+//! configuration and the backends' states), which `lbd` hands to the
+//! announcers; nothing here touches the kernel's routing table.
 //!
 //! # Calling convention: synchronous set, asynchronous shutdown
 //!
@@ -35,6 +36,7 @@
 pub mod bgp;
 pub mod exabgp;
 pub mod exec;
+pub mod policy;
 
 use std::{collections::BTreeSet, fmt, net::IpAddr};
 
@@ -223,7 +225,7 @@ pub fn check_prefixes(prefixes: &BTreeSet<IpAddr>) -> Result<(), AnnounceError> 
 ///     peers:
 ///       - { address: 10.0.0.1, remote_as: 65000 }
 /// ```
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AnnounceConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]

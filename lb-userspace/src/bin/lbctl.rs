@@ -7,7 +7,10 @@ use std::{net::IpAddr, path::PathBuf};
 use anyhow::{Context as _, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use lb::{
-    api::{self, Request, Simulation, Stats, Status, TableInfo, VipHealth, VipInfo},
+    api::{
+        self, AnnounceStatus, NodeChange, Request, Simulation, Stats, Status, TableInfo, VipHealth,
+        VipInfo,
+    },
     config::{BackendConfig, Encap, Protocol, VipConfig, VipId},
 };
 use serde::de::DeserializeOwned;
@@ -64,6 +67,12 @@ enum Command {
     /// Re-read the configuration file (an invalid file is rejected and the
     /// running configuration stays).
     Reload,
+    /// Route announcement: each peer's session, and which VIPs are
+    /// announced or withheld, and why.
+    Bgp,
+    /// The balancer as a whole: take it out of the routers' paths and back.
+    #[command(subcommand)]
+    Node(NodeCommand),
     /// The backend-side decapsulation program on this machine.
     #[command(subcommand)]
     Decap(DecapCommand),
@@ -83,6 +92,9 @@ enum VipCommand {
         /// Hash every packet; keep no per-flow state.
         #[arg(long)]
         no_conntrack: bool,
+        /// Announce the VIP only while this many backends are usable.
+        #[arg(long, default_value_t = 1)]
+        min_healthy: u32,
     },
     Del {
         vip: VipId,
@@ -122,6 +134,21 @@ enum BackendCommand {
         vip: VipId,
         address: IpAddr,
     },
+}
+
+#[derive(Subcommand)]
+enum NodeCommand {
+    /// Withdraw every VIP from the routers; forwarding goes on for what
+    /// still arrives. Lasts until `node undrain` or a restart of lbd.
+    /// Waits out `shutdown_grace` (the routers moving traffic away) before
+    /// returning.
+    Drain {
+        /// Return at once.
+        #[arg(long)]
+        no_wait: bool,
+    },
+    /// Announce again what the backends' health allows.
+    Undrain,
 }
 
 #[derive(Subcommand)]
@@ -200,6 +227,7 @@ fn run(args: Args) -> Result<()> {
             backends,
             encap,
             no_conntrack,
+            min_healthy,
         }) => {
             let backends = backends
                 .iter()
@@ -211,6 +239,7 @@ fn run(args: Args) -> Result<()> {
                 EncapArg::Gre => Encap::Gre,
             };
             config.conntrack = !no_conntrack;
+            config.min_healthy = min_healthy;
             done(
                 call(Request::VipAdd {
                     vip: Box::new(config),
@@ -291,7 +320,43 @@ fn run(args: Args) -> Result<()> {
             }
             Ok(())
         }
+        Command::Bgp => show(call(Request::Bgp)?, &|v| print_bgp(decode(v)?)),
+        Command::Node(NodeCommand::Drain { no_wait }) => {
+            let value = call(Request::NodeDrain)?;
+            let change: NodeChange = decode(value.clone())?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&value)?);
+            } else {
+                print_node_change(&change, "drained", "withdrew");
+            }
+            if !no_wait && change.wait_secs > 0.0 {
+                if !json {
+                    println!(
+                        "waiting {:.1}s (shutdown_grace) for the routers to move traffic away",
+                        change.wait_secs
+                    );
+                }
+                std::thread::sleep(std::time::Duration::from_secs_f64(change.wait_secs));
+            }
+            Ok(())
+        }
+        Command::Node(NodeCommand::Undrain) => {
+            let value = call(Request::NodeUndrain)?;
+            show(value, &|v| {
+                print_node_change(&decode(v)?, "serving", "announced");
+                Ok(())
+            })
+        }
         Command::Decap(cmd) => decap(cmd, json),
+    }
+}
+
+fn print_node_change(c: &NodeChange, state: &str, verb: &str) {
+    let list: Vec<String> = c.addresses.iter().map(ToString::to_string).collect();
+    match (c.changed, list.is_empty()) {
+        (false, _) => println!("the node was already {state}"),
+        (true, true) => println!("node {state}; no route to change"),
+        (true, false) => println!("node {state}; {verb} {}", list.join(", ")),
     }
 }
 
@@ -479,9 +544,87 @@ fn print_status(s: Status) -> Result<()> {
         "last reload   {}",
         s.last_reload.as_deref().unwrap_or("none since start")
     );
+    println!("announce      {}", s.announce);
     for w in &s.warnings {
         println!("warning       {w}");
     }
+    Ok(())
+}
+
+fn print_bgp(s: AnnounceStatus) -> Result<()> {
+    let node = match s.node {
+        lb::announce::policy::NodeState::Serving => "serving".to_string(),
+        other => format!("{other} for {}", duration(s.node_state_secs)),
+    };
+    println!(
+        "node          {node}{}",
+        if s.attached {
+            ""
+        } else {
+            " (XDP program not attached)"
+        }
+    );
+    println!(
+        "announcers    {}",
+        if s.announcers.is_empty() {
+            "none configured (`announce:` in the configuration file)".to_string()
+        } else {
+            s.announcers.join(", ")
+        }
+    );
+    println!(
+        "grace         {} (shutdown_grace)",
+        duration(s.shutdown_grace_secs)
+    );
+    if !s.peers.is_empty() {
+        println!();
+        let rows = s
+            .peers
+            .iter()
+            .map(|p| {
+                vec![
+                    p.peer.clone(),
+                    p.remote_as.map_or("-".into(), |a| a.to_string()),
+                    p.state.to_string(),
+                    if p.state == lb::announce::SessionState::Established {
+                        duration(p.uptime_secs as f64)
+                    } else {
+                        "-".into()
+                    },
+                    p.prefixes_announced.to_string(),
+                    p.updates_sent.to_string(),
+                    p.last_error.clone().unwrap_or_else(|| "-".into()),
+                ]
+            })
+            .collect();
+        print_rows(
+            &[
+                "peer",
+                "remote as",
+                "state",
+                "uptime",
+                "prefixes",
+                "updates",
+                "last error",
+            ],
+            rows,
+        );
+    }
+    println!();
+    let rows = s
+        .vips
+        .iter()
+        .map(|v| {
+            vec![
+                v.vip.to_string(),
+                if v.announced { "announced" } else { "withheld" }.into(),
+                format!("{}/{}", v.usable, v.backends),
+                v.min_healthy.to_string(),
+                v.reason.clone(),
+            ]
+        })
+        .collect();
+    print_rows(&["vip", "route", "usable", "min", "why"], rows);
     Ok(())
 }
 

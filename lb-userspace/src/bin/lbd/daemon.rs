@@ -1,7 +1,14 @@
 //! The daemon task: start-up (load or adopt the pinned program and maps,
-//! apply the configuration, attach), then one loop that owns the
-//! reconciler and handles API calls, reloads, stats sampling and gateway
-//! refreshes in turn. Nothing else touches the maps.
+//! apply the configuration, attach, start the route announcers), then one
+//! loop that owns the reconciler and the announcers and handles API calls,
+//! reloads, stats sampling and gateway refreshes in turn. Nothing else
+//! touches the maps. After every change of the dataplane the announce
+//! policy is applied again and its answer handed to every announcer.
+//!
+//! Stopping (SIGTERM/SIGINT): withdraw every VIP, keep serving the API and
+//! the probes for `shutdown_grace` so the routers move traffic away, then
+//! shut the announcers down (BGP: Cease) and exit, leaving the program
+//! attached unless `detach_on_exit`. A second signal cuts the wait short.
 
 use std::{
     collections::BTreeMap,
@@ -13,9 +20,14 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use aya::programs::XdpMode;
 use lb::{
+    announce::{
+        AnnounceConfig, Announcer, SessionState,
+        policy::{self, Decision, NodeState},
+    },
     api::{
-        BackendHealth, BackendInfo, BackendStats, CounterInfo, InterfaceInfo, Rate, Request,
-        Response, Simulation, Stats, Status, TableInfo, TableShare, VipHealth, VipInfo, VipStats,
+        AnnounceStatus, BackendHealth, BackendInfo, BackendStats, CounterInfo, InterfaceInfo,
+        NodeChange, Rate, Request, Response, Simulation, Stats, Status, TableInfo, TableShare,
+        VipHealth, VipInfo, VipStats,
     },
     config::{
         Config, Encap, Gateway, HealthCheck, Mac, MalformedPolicy, VipConfig, VipId, XdpModeSetting,
@@ -81,6 +93,21 @@ struct Daemon {
     probe_tx: mpsc::Sender<(BackendKey, ProbeResult)>,
     /// The last plan changes with time (slow start, drain timers).
     pending: bool,
+    /// Route announcers (`announce:`), started once the program is
+    /// attached.
+    announcers: Vec<Box<dyn Announcer>>,
+    /// The program is attached: announcing is allowed.
+    attached: bool,
+    /// Serving, drained (`lbctl node drain`) or stopping.
+    node: NodeState,
+    node_since: Instant,
+    /// The announce policy's last answer.
+    decision: Decision,
+    /// When the announced set last lost its last address: the routers
+    /// have had since then to move traffic away.
+    withdrawn_at: Option<Instant>,
+    /// The last error an announcer returned, logged once.
+    announce_error: Option<String>,
 }
 
 fn xdp_mode(m: XdpModeSetting) -> XdpMode {
@@ -187,6 +214,13 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
         probers: BTreeMap::new(),
         probe_tx,
         pending: false,
+        announcers: Vec::new(),
+        attached: false,
+        node: NodeState::Serving,
+        node_since: Instant::now(),
+        decision: Decision::default(),
+        withdrawn_at: None,
+        announce_error: None,
     };
     // Maps first, attachment second: the first packet sees the full state.
     let report = daemon.program(&effective, true)?;
@@ -213,6 +247,10 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
             .with_context(|| format!("attaching the probe tunnel program to {iface}"))?;
     }
     daemon.interfaces = interfaces;
+    daemon.attached = true;
+    // Announce only now: the maps are written and the program attached.
+    daemon.start_announcers()?;
+    daemon.announce();
 
     let listener = server::bind(&daemon.config.api_socket)?;
     let socket = daemon.config.api_socket.clone();
@@ -227,6 +265,8 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
     let mut sample_tick = tokio::time::interval(SAMPLE_EVERY);
     let mut gateway_tick = tokio::time::interval(GATEWAY_EVERY);
     gateway_tick.tick().await;
+    // Set by the first SIGTERM/SIGINT: when the grace period ends.
+    let mut stop_at: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
             Some((request, reply)) = calls.recv() => {
@@ -244,19 +284,46 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
                 daemon.sample();
                 if daemon.pending {
                     daemon.replan();
+                } else {
+                    // Also retries what an announcer could not take.
+                    daemon.announce();
                 }
             }
             _ = gateway_tick.tick() => daemon.refresh_gateway().await,
-            _ = term.recv() => break,
-            _ = int.recv() => break,
+            _ = term.recv() => match daemon.begin_stop("SIGTERM") {
+                Some(wait) => stop_at = Some(tokio::time::Instant::now() + wait),
+                None => break,
+            },
+            _ = int.recv() => match daemon.begin_stop("SIGINT") {
+                Some(wait) => stop_at = Some(tokio::time::Instant::now() + wait),
+                None => break,
+            },
+            _ = until(stop_at) => break,
         }
     }
     let _ = std::fs::remove_file(&socket);
-    info!(
-        pins = %daemon.config.pin_dir().display(),
-        "lbd exiting; the XDP program stays attached and keeps forwarding (`lbd teardown` removes it)"
-    );
-    Ok(())
+    daemon.finish().await
+}
+
+/// Waits until `at`, or forever.
+async fn until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The announcers an `announce:` section configures, by kind.
+fn announcer_kinds(a: &AnnounceConfig) -> Vec<String> {
+    [
+        (a.bgp.is_some(), "bgp"),
+        (a.exabgp.is_some(), "exabgp"),
+        (a.exec.is_some(), "exec"),
+    ]
+    .into_iter()
+    .filter(|(on, _)| *on)
+    .map(|(_, k)| k.to_string())
+    .collect()
 }
 
 fn rate(now: CounterValue, before: Option<CounterValue>, secs: f64) -> Rate {
@@ -304,9 +371,219 @@ impl Daemon {
         self.pending = plan.pending;
         let usable =
             |id: &VipId, addr: &IpAddr| plan.usable.get(&(*id, *addr)).copied().unwrap_or(true);
-        let report = self.reconciler.apply(&plan.vips, &usable)?;
-        self.sync_probers(effective);
-        Ok(report)
+        let result = self.reconciler.apply(&plan.vips, &usable);
+        if result.is_ok() {
+            self.sync_probers(effective);
+        }
+        // Whatever the maps hold now, the routes follow it.
+        self.announce_for(effective);
+        Ok(result?)
+    }
+
+    /// Applies the announce policy to the running configuration.
+    fn announce(&mut self) {
+        let effective = self.effective();
+        self.announce_for(&effective);
+    }
+
+    /// Applies the announce policy to `effective` and hands the answer to
+    /// every announcer (they ignore a set they already have).
+    fn announce_for(&mut self, effective: &[VipConfig]) {
+        let decision = policy::decide(effective, &self.lifecycle.vips, self.attached, self.node);
+        // Logged only when someone listens; a withdrawal for health is a
+        // warning, one for a drain or a stop is the operator's wish.
+        let listened = !self.announcers.is_empty();
+        let chosen = self.node == NodeState::Serving;
+        for v in decision.vips.iter().filter(|_| listened) {
+            let before = self
+                .decision
+                .vips
+                .iter()
+                .find(|o| o.vip == v.vip)
+                .is_some_and(|o| o.announced);
+            match (before, v.announced) {
+                (false, true) => info!(vip = %v.vip, reason = %v.reason, "VIP announced"),
+                (true, false) if chosen => {
+                    warn!(vip = %v.vip, reason = %v.reason, "VIP withdrawn")
+                }
+                (true, false) => info!(vip = %v.vip, reason = %v.reason, "VIP withdrawn"),
+                _ => {}
+            }
+        }
+        if !self.decision.addresses.is_empty() && decision.addresses.is_empty() {
+            self.withdrawn_at = Some(Instant::now());
+        }
+        let mut failed = None;
+        for a in &mut self.announcers {
+            if let Err(e) = a.set_announced(&decision.addresses) {
+                failed = Some(e.to_string());
+            }
+        }
+        if failed != self.announce_error {
+            if let Some(e) = &failed {
+                error!(error = %e, "an announcer refused the VIP set; retrying every second");
+            }
+            self.announce_error = failed;
+        }
+        self.decision = decision;
+    }
+
+    /// Starts the configured announcers (none without `announce:`).
+    fn start_announcers(&mut self) -> Result<()> {
+        self.announcers = self
+            .config
+            .announce
+            .start()
+            .context("starting the route announcers")?;
+        if !self.announcers.is_empty() {
+            info!(
+                announcers = %announcer_kinds(&self.config.announce).join(","),
+                "route announcers started"
+            );
+        }
+        Ok(())
+    }
+
+    /// Shuts every announcer down: withdrawals, then (BGP) Cease. Bounded
+    /// by each announcer's own shutdown limit.
+    async fn stop_announcers(&mut self) {
+        let mut announcers = std::mem::take(&mut self.announcers);
+        let results = futures::future::join_all(announcers.iter_mut().map(|a| a.shutdown())).await;
+        for e in results.into_iter().filter_map(Result::err) {
+            warn!(error = %e, "an announcer did not shut down cleanly");
+        }
+    }
+
+    /// How long the routers still need, out of `shutdown_grace`, since the
+    /// last announced address was withdrawn (0 without announcers).
+    fn grace_left(&self) -> Duration {
+        match (self.announcers.is_empty(), self.withdrawn_at) {
+            (false, Some(at)) => self.config.shutdown_grace.saturating_sub(at.elapsed()),
+            _ => Duration::ZERO,
+        }
+    }
+
+    /// `lbctl node drain` / `undrain`.
+    fn set_drained(&mut self, drained: bool) -> Result<NodeChange> {
+        if self.node == NodeState::Stopping {
+            bail!("lbd is shutting down");
+        }
+        let want = if drained {
+            NodeState::Drained
+        } else {
+            NodeState::Serving
+        };
+        let changed = self.node != want;
+        if changed {
+            self.node = want;
+            self.node_since = Instant::now();
+        }
+        let before = self.decision.addresses.clone();
+        self.announce();
+        let after = &self.decision.addresses;
+        let addresses: Vec<IpAddr> = if drained {
+            before.difference(after).copied().collect()
+        } else {
+            after.difference(&before).copied().collect()
+        };
+        if changed {
+            info!(
+                node = %self.node,
+                addresses = ?addresses,
+                "node {}",
+                if drained { "drained: every VIP withdrawn, forwarding goes on" } else { "undrained" }
+            );
+        }
+        Ok(NodeChange {
+            node: self.node,
+            changed,
+            addresses,
+            wait_secs: if drained {
+                self.grace_left().as_secs_f64()
+            } else {
+                0.0
+            },
+        })
+    }
+
+    /// The first SIGTERM/SIGINT withdraws every VIP and returns how long
+    /// to wait before stopping; a second one returns `None`: stop now.
+    fn begin_stop(&mut self, signal: &str) -> Option<Duration> {
+        if self.node == NodeState::Stopping {
+            info!(signal, "second signal: stopping now");
+            return None;
+        }
+        self.node = NodeState::Stopping;
+        self.node_since = Instant::now();
+        self.announce();
+        let wait = self.grace_left();
+        info!(
+            signal,
+            wait_ms = wait.as_millis() as u64,
+            "stopping: every VIP withdrawn, waiting for the routers to move traffic away"
+        );
+        Some(wait)
+    }
+
+    /// The end of a graceful stop: announcers shut down (Cease), probers
+    /// stopped, and the program detached if so configured.
+    async fn finish(mut self) -> Result<()> {
+        self.stop_announcers().await;
+        for p in self.probers.values() {
+            p.task.abort();
+        }
+        if self.config.detach_on_exit {
+            crate::remove_pins(&self.config)?;
+            info!(
+                pins = %self.config.pin_dir().display(),
+                "lbd exiting; detached and pins removed (detach_on_exit)"
+            );
+        } else {
+            info!(
+                pins = %self.config.pin_dir().display(),
+                "lbd exiting; the XDP program stays attached and keeps forwarding (`lbd teardown` removes it)"
+            );
+        }
+        Ok(())
+    }
+
+    fn announce_status(&self) -> AnnounceStatus {
+        AnnounceStatus {
+            node: self.node,
+            node_state_secs: match self.node {
+                NodeState::Serving => 0.0,
+                _ => self.node_since.elapsed().as_secs_f64(),
+            },
+            attached: self.attached,
+            shutdown_grace_secs: self.config.shutdown_grace.as_secs_f64(),
+            announced: self.decision.addresses.iter().copied().collect(),
+            announcers: announcer_kinds(&self.config.announce),
+            peers: self.announcers.iter().flat_map(|a| a.status()).collect(),
+            vips: self.decision.vips.clone(),
+        }
+    }
+
+    /// One line for `lbctl status`.
+    fn announce_summary(&self) -> String {
+        let n = self.decision.addresses.len();
+        let kinds = announcer_kinds(&self.config.announce);
+        if kinds.is_empty() {
+            return "no announcer configured (`announce:`)".into();
+        }
+        let peers: Vec<_> = self.announcers.iter().flat_map(|a| a.status()).collect();
+        let up = peers
+            .iter()
+            .filter(|p| p.state == SessionState::Established)
+            .count();
+        let node = match self.node {
+            NodeState::Serving => String::new(),
+            other => format!("; node {other}"),
+        };
+        format!(
+            "{}: {up} of {} up, {n} address(es) announced{node}",
+            kinds.join(", "),
+            peers.len()
+        )
     }
 
     /// Re-plans the running configuration (after a verdict or a timer).
@@ -505,11 +782,30 @@ impl Daemon {
             let _ = self.program(&old, false);
             return Err(e);
         }
+        if new.announce != self.config.announce {
+            info!("the announce section changed: restarting the announcers");
+            self.stop_announcers().await;
+            match new.announce.start() {
+                Ok(started) => self.announcers = started,
+                Err(e) => {
+                    let _ = self.reconciler.apply_settings(&self.settings);
+                    let old = self.effective();
+                    let _ = self.program(&old, false);
+                    if let Err(e) = self.start_announcers() {
+                        error!("restarting the previous announcers failed: {e:#}");
+                    }
+                    self.announce();
+                    return Err(anyhow::Error::from(e).context("starting the new announcers"));
+                }
+            }
+        }
         for w in &warnings {
             warn!("{w}");
         }
         self.settings = settings;
         self.config = new;
+        // min_healthy may have changed, and new announcers know nothing yet.
+        self.announce();
         info!("configuration reloaded");
         Ok(warnings)
     }
@@ -587,10 +883,20 @@ impl Daemon {
             } => self
                 .simulate(src, dst, protocol.number(), sport, dport, syn)
                 .map(|s| serde_json::to_value(s).unwrap_or_default()),
+            Request::Reload if self.node == NodeState::Stopping => {
+                Err(anyhow::anyhow!("lbd is shutting down"))
+            }
             Request::Reload => self
                 .reload()
                 .await
                 .map(|w| serde_json::to_value(w).unwrap_or_default()),
+            Request::Bgp => Ok(serde_json::to_value(self.announce_status()).unwrap_or_default()),
+            Request::NodeDrain => self
+                .set_drained(true)
+                .map(|c| serde_json::to_value(c).unwrap_or_default()),
+            Request::NodeUndrain => self
+                .set_drained(false)
+                .map(|c| serde_json::to_value(c).unwrap_or_default()),
         };
         match result {
             Ok(data) => Response::ok(data),
@@ -629,6 +935,7 @@ impl Daemon {
             api_changes: !self.overlay.is_empty(),
             last_reload: self.last_reload.clone(),
             warnings: self.config.warnings.clone(),
+            announce: self.announce_summary(),
         }
     }
 

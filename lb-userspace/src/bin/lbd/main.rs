@@ -1,6 +1,7 @@
 //! `lbd`: the balancer daemon. Loads and pins the XDP program, owns the
-//! configuration, programs the maps through the reconciler, and serves the
-//! control API that `lbctl` speaks.
+//! configuration, programs the maps through the reconciler, announces the
+//! VIPs to the routers (`announce:`), and serves the control API that
+//! `lbctl` speaks. Logs go to standard error.
 //!
 //! `lbd --config FILE` runs it; `lbd --config FILE teardown` detaches the
 //! program and removes every pinned object of the instance (this drops the
@@ -43,6 +44,9 @@ fn main() -> Result<()> {
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )
         .with_target(false)
+        // Standard output is ExaBGP's command channel when lbd runs under
+        // it (`announce: exabgp`): logs never go there.
+        .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
     match args.command.unwrap_or(Command::Run) {
@@ -66,19 +70,26 @@ fn main() -> Result<()> {
 
 fn teardown(path: &std::path::Path) -> Result<()> {
     let config = Config::load(path)?;
+    remove_pins(&config)?;
     let dir = config.pin_dir();
-    for iface in &config.interfaces {
-        KernelDataplane::detach(iface, &dir)?;
-    }
-    match std::fs::remove_dir_all(&dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e).with_context(|| format!("removing {}", dir.display())),
-    }
     println!(
         "detached from {} and removed {}",
         config.interfaces.join(", "),
         dir.display()
     );
     Ok(())
+}
+
+/// Detaches the program from the configured interfaces and removes every
+/// pinned object of the instance (`lbd teardown`, `detach_on_exit`).
+pub(crate) fn remove_pins(config: &Config) -> Result<()> {
+    let dir = config.pin_dir();
+    for iface in &config.interfaces {
+        KernelDataplane::detach(iface, &dir)?;
+    }
+    match std::fs::remove_dir_all(&dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("removing {}", dir.display())),
+    }
 }

@@ -1,0 +1,303 @@
+//! The announce policy: which VIP addresses `lbd` asks its announcers to
+//! announce, and why each VIP is or is not announced (`lbctl bgp`).
+//!
+//! An address is announced while the XDP program is attached, the node is
+//! serving (not drained with `lbctl node drain`, not shutting down), and at
+//! least one of the VIPs on that address (an address may carry several:
+//! ports, protocols) has at least `min_healthy` usable backends. Usable
+//! means in the table now: active or in slow start, with a weight above 0
+//! (a backend that is down, draining or weighted 0 does not count, and
+//! neither does a down backend that panic mode put back in the table).
+//!
+//! Pure logic over the configuration and the lifecycle's states: no I/O,
+//! no announcer. `lbd` recomputes it after every change of the dataplane
+//! and hands [`Decision::addresses`] to every announcer.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt,
+    net::IpAddr,
+};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    config::{VipConfig, VipId},
+    lifecycle::{BackendState, VipLife},
+};
+
+/// What the node as a whole is doing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NodeState {
+    /// Announcing what the backends' health allows.
+    Serving,
+    /// `lbctl node drain`: everything withdrawn, forwarding goes on.
+    Drained,
+    /// SIGTERM/SIGINT: everything withdrawn, waiting out `shutdown_grace`.
+    Stopping,
+}
+
+impl fmt::Display for NodeState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            NodeState::Serving => "serving",
+            NodeState::Drained => "drained",
+            NodeState::Stopping => "stopping",
+        })
+    }
+}
+
+/// One VIP's verdict, for `lbctl bgp`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VipVerdict {
+    pub vip: VipId,
+    /// Backends in the table now (active or slow start, weight > 0).
+    pub usable: u32,
+    pub backends: u32,
+    pub min_healthy: u32,
+    /// The VIP's address is announced (because of this VIP or another one
+    /// on the same address).
+    pub announced: bool,
+    /// Why, in words.
+    pub reason: String,
+}
+
+/// The policy's answer.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Decision {
+    /// The addresses to announce (host routes).
+    pub addresses: BTreeSet<IpAddr>,
+    /// One verdict per VIP, in VIP order.
+    pub vips: Vec<VipVerdict>,
+}
+
+/// Backends of `vip` in its table now, by the lifecycle's states.
+pub fn usable_backends(vip: &VipConfig, life: Option<&VipLife>) -> u32 {
+    let Some(life) = life else {
+        return 0;
+    };
+    vip.backends
+        .iter()
+        .filter(|b| b.weight > 0)
+        .filter(|b| {
+            life.backends
+                .get(&b.address)
+                .is_some_and(|l| matches!(l.state, BackendState::Active | BackendState::SlowStart))
+        })
+        .count() as u32
+}
+
+/// Applies the policy to `vips` (the effective configuration) with the
+/// lifecycle's per-VIP states.
+pub fn decide(
+    vips: &[VipConfig],
+    lives: &BTreeMap<VipId, VipLife>,
+    attached: bool,
+    node: NodeState,
+) -> Decision {
+    let counted: Vec<(&VipConfig, u32)> = vips
+        .iter()
+        .map(|v| (v, usable_backends(v, lives.get(&v.id))))
+        .collect();
+    // The first VIP (in VIP order) that qualifies each address.
+    let mut qualified: BTreeMap<IpAddr, VipId> = BTreeMap::new();
+    for (v, usable) in &counted {
+        if *usable >= v.min_healthy {
+            qualified.entry(v.id.addr).or_insert(v.id);
+        }
+    }
+    let serving = attached && node == NodeState::Serving;
+    let addresses = if serving {
+        qualified.keys().copied().collect()
+    } else {
+        BTreeSet::new()
+    };
+    let vips = counted
+        .into_iter()
+        .map(|(v, usable)| {
+            let (min, n) = (v.min_healthy, v.backends.len());
+            let health = format!("{usable} of {n} backends usable, min_healthy {min}");
+            let reason = match (attached, node, qualified.get(&v.id.addr)) {
+                (false, _, _) => "withheld: the XDP program is not attached".to_string(),
+                (true, NodeState::Drained, _) => {
+                    "withdrawn: the node is drained (`lbctl node undrain` ends it)".to_string()
+                }
+                (true, NodeState::Stopping, _) => "withdrawn: lbd is shutting down".to_string(),
+                (true, NodeState::Serving, None) => format!("withheld: {health}"),
+                (true, NodeState::Serving, Some(by)) if *by == v.id || usable >= min => health,
+                (true, NodeState::Serving, Some(by)) => {
+                    format!("announced for {by}; this VIP has {health}")
+                }
+            };
+            VipVerdict {
+                vip: v.id,
+                usable,
+                backends: n as u32,
+                min_healthy: min,
+                announced: addresses.contains(&v.id.addr),
+                reason,
+            }
+        })
+        .collect();
+    Decision { addresses, vips }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+    use crate::{
+        config::BackendConfig,
+        health::{ProbeResult, Tracker},
+        lifecycle::Lifecycle,
+    };
+
+    fn vip(id: &str, backends: &[(&str, u32)], min_healthy: u32) -> VipConfig {
+        let mut v = VipConfig::new(
+            id.parse().expect("VIP"),
+            backends
+                .iter()
+                .map(|(a, w)| BackendConfig::new(a.parse().expect("address"), *w))
+                .collect(),
+        );
+        v.min_healthy = min_healthy;
+        v
+    }
+
+    /// Lifecycle states for `vips`, with the backends in `down` failed by
+    /// their probes.
+    fn lives(vips: &[VipConfig], down: &[(&str, &str)]) -> BTreeMap<VipId, VipLife> {
+        let mut lc = Lifecycle::default();
+        let now = Instant::now();
+        lc.sync(vips, &BTreeSet::new(), now, true);
+        for (id, addr) in down {
+            let (id, addr): (VipId, IpAddr) = (id.parse().unwrap(), addr.parse().unwrap());
+            let b = lc
+                .vips
+                .get_mut(&id)
+                .and_then(|v| v.backends.get_mut(&addr))
+                .expect("backend");
+            let mut t = Tracker::new(1, 1);
+            t.record(ProbeResult {
+                ok: false,
+                latency_us: 0,
+                detail: "refused".into(),
+            });
+            b.health = Some(t);
+        }
+        lc.plan(vips, now);
+        lc.vips
+    }
+
+    fn addrs(list: &[&str]) -> BTreeSet<IpAddr> {
+        list.iter().map(|a| a.parse().unwrap()).collect()
+    }
+
+    #[test]
+    fn a_vip_is_announced_while_it_has_min_healthy_usable_backends() {
+        let vips = [
+            vip("10.0.0.1:80/tcp", &[("10.1.0.1", 1), ("10.1.0.2", 1)], 2),
+            vip("10.0.0.2:80/tcp", &[("10.1.0.1", 1), ("10.1.0.2", 1)], 1),
+        ];
+        let all_up = decide(&vips, &lives(&vips, &[]), true, NodeState::Serving);
+        assert_eq!(all_up.addresses, addrs(&["10.0.0.1", "10.0.0.2"]));
+        assert_eq!(
+            all_up.vips[0].reason,
+            "2 of 2 backends usable, min_healthy 2"
+        );
+
+        let one_down = [
+            ("10.0.0.1:80/tcp", "10.1.0.2"),
+            ("10.0.0.2:80/tcp", "10.1.0.2"),
+        ];
+        let d = decide(&vips, &lives(&vips, &one_down), true, NodeState::Serving);
+        assert_eq!(d.addresses, addrs(&["10.0.0.2"]));
+        assert_eq!((d.vips[0].usable, d.vips[0].announced), (1, false));
+        assert_eq!(
+            d.vips[0].reason,
+            "withheld: 1 of 2 backends usable, min_healthy 2"
+        );
+        assert!(d.vips[1].announced);
+    }
+
+    #[test]
+    fn panic_mode_does_not_count_down_backends_as_usable() {
+        // Both down: panic mode puts them back in the table, but the VIP
+        // has nothing healthy to offer, so it is withdrawn.
+        let vips = [vip(
+            "10.0.0.1:80/tcp",
+            &[("10.1.0.1", 1), ("10.1.0.2", 1)],
+            1,
+        )];
+        let down = [
+            ("10.0.0.1:80/tcp", "10.1.0.1"),
+            ("10.0.0.1:80/tcp", "10.1.0.2"),
+        ];
+        let lives = lives(&vips, &down);
+        assert!(lives.values().all(|l| l.panic), "panic mode expected");
+        let d = decide(&vips, &lives, true, NodeState::Serving);
+        assert!(d.addresses.is_empty());
+        assert_eq!(d.vips[0].usable, 0);
+    }
+
+    #[test]
+    fn weight_zero_and_drained_backends_are_not_usable() {
+        let vips = [vip(
+            "10.0.0.1:80/tcp",
+            &[("10.1.0.1", 0), ("10.1.0.2", 1)],
+            1,
+        )];
+        let mut lc = Lifecycle::default();
+        let now = Instant::now();
+        let drained = BTreeSet::from([(vips[0].id, "10.1.0.2".parse().unwrap())]);
+        lc.sync(&vips, &drained, now, true);
+        lc.plan(&vips, now);
+        let d = decide(&vips, &lc.vips, true, NodeState::Serving);
+        assert_eq!((d.vips[0].usable, d.addresses.len()), (0, 0));
+    }
+
+    #[test]
+    fn one_qualified_vip_announces_an_address_shared_with_others() {
+        let vips = [
+            vip("10.0.0.1:53/udp", &[("10.1.0.3", 1)], 1),
+            vip("10.0.0.1:80/tcp", &[("10.1.0.1", 1)], 1),
+        ];
+        let d = decide(
+            &vips,
+            &lives(&vips, &[("10.0.0.1:80/tcp", "10.1.0.1")]),
+            true,
+            NodeState::Serving,
+        );
+        assert_eq!(d.addresses, addrs(&["10.0.0.1"]));
+        assert!(d.vips.iter().all(|v| v.announced));
+        assert_eq!(
+            d.vips[1].reason,
+            "announced for 10.0.0.1:53/udp; this VIP has 0 of 1 backends usable, min_healthy 1"
+        );
+    }
+
+    #[test]
+    fn nothing_is_announced_unless_attached_and_serving() {
+        let vips = [vip("10.0.0.1:80/tcp", &[("10.1.0.1", 1)], 1)];
+        let l = lives(&vips, &[]);
+        for (attached, node, why) in [
+            (false, NodeState::Serving, "not attached"),
+            (true, NodeState::Drained, "node is drained"),
+            (true, NodeState::Stopping, "shutting down"),
+        ] {
+            let d = decide(&vips, &l, attached, node);
+            assert!(d.addresses.is_empty(), "{why}");
+            assert!(!d.vips[0].announced);
+            assert!(d.vips[0].reason.contains(why), "{:?}", d.vips[0].reason);
+        }
+    }
+
+    #[test]
+    fn min_healthy_zero_announces_without_backends() {
+        let vips = [vip("10.0.0.1:80/tcp", &[], 0)];
+        let d = decide(&vips, &lives(&vips, &[]), true, NodeState::Serving);
+        assert_eq!(d.addresses, addrs(&["10.0.0.1"]));
+    }
+}
