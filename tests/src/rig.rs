@@ -60,7 +60,7 @@ pub struct Backend {
     pub name: String,
     pub addr: Ipv4Addr,
     pub ns: Netns,
-    decap_pins: PathBuf,
+    pub(crate) decap_pins: PathBuf,
 }
 
 pub struct Rig {
@@ -427,8 +427,31 @@ impl Lbd {
         Ok(())
     }
 
+    /// Waits up to `limit` for the process to exit; `None` if it is still
+    /// running then.
+    pub fn wait_exit(&mut self, limit: Duration) -> Result<Option<std::process::ExitStatus>> {
+        let deadline = Instant::now() + limit;
+        let Some(child) = self.child.as_mut() else {
+            bail!("lbd was not running");
+        };
+        loop {
+            if let Some(status) = child.try_wait()? {
+                self.child = None;
+                return Ok(Some(status));
+            }
+            if Instant::now() > deadline {
+                return Ok(None);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// Sends a signal.
     pub fn signal(&self, sig: libc::c_int) -> Result<()> {
+        if self.child.is_none() {
+            // pid 0 would signal our whole process group.
+            bail!("lbd is not running");
+        }
         // SAFETY: kill(2) on our own child's pid.
         if unsafe { libc::kill(self.pid() as libc::pid_t, sig) } != 0 {
             bail!("kill: {}", std::io::Error::last_os_error());

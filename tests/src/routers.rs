@@ -176,6 +176,7 @@ impl BgpRig {
     pub fn router_spec(&self) -> RouterSpec {
         RouterSpec {
             router_id: Self::router_v4(1),
+            check_link: false,
             peers: (1..=self.speakers.len())
                 .map(|i| RouterPeer {
                     name: format!("lb{i}"),
@@ -191,6 +192,10 @@ impl BgpRig {
 #[derive(Clone, Debug)]
 pub struct RouterSpec {
     pub router_id: Ipv4Addr,
+    /// Drop a session as soon as its interface loses carrier (BIRD's
+    /// `check link`; FRR's fast-external-failover, on by default), rather
+    /// than at hold-timer expiry.
+    pub check_link: bool,
     pub peers: Vec<RouterPeer>,
 }
 
@@ -318,6 +323,7 @@ define VIPS6 = [ {VIP6_RANGE}{{128,128}} ];
   neighbor {addr} as {SPEAKER_AS};
   hold time 3; keepalive time 1; connect retry time 1;
   error wait time 1, 2;
+  check link {check};
   ipv4 {{ import where net ~ VIPS4; export none; }};
   ipv6 {{ import where net ~ VIPS6; export none; }};
 }}
@@ -325,6 +331,7 @@ define VIPS6 = [ {VIP6_RANGE}{{128,128}} ];
                 name = p.name,
                 local = p.local,
                 addr = p.address,
+                check = if spec.check_link { "yes" } else { "no" },
             );
         }
         c

@@ -7,7 +7,7 @@ use std::{
     net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket},
     sync::{
         Arc,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     thread::JoinHandle,
     time::{Duration, Instant},
@@ -319,12 +319,17 @@ pub struct Stream {
     /// The backend that greeted it.
     pub backend: String,
     stop: Arc<AtomicBool>,
+    progress: Arc<AtomicU64>,
+    /// Longest gap between round trips since the last
+    /// [`take_max_gap`](Stream::take_max_gap), in microseconds.
+    recent_gap_us: Arc<AtomicU64>,
     thread: JoinHandle<Result<StreamReport>>,
 }
 
 impl Stream {
     /// Opens the connection from inside `ns` and starts the round trips
-    /// (one every `every`). Returns once the greeting has arrived.
+    /// (one every `every`). Returns once the greeting has arrived. A round
+    /// trip that takes more than 3 s ends it with an error.
     pub fn start(
         ns: &Netns,
         src: Ipv4Addr,
@@ -332,7 +337,24 @@ impl Stream {
         dst: SocketAddrV4,
         every: Duration,
     ) -> Result<Stream> {
+        Self::start_with(ns, src, sport, dst, every, Duration::from_secs(3))
+    }
+
+    /// As [`start`](Self::start), waiting up to `patience` for each round
+    /// trip (for tests where TCP must retransmit through a failover).
+    pub fn start_with(
+        ns: &Netns,
+        src: Ipv4Addr,
+        sport: u16,
+        dst: SocketAddrV4,
+        every: Duration,
+        patience: Duration,
+    ) -> Result<Stream> {
         let stop = Arc::new(AtomicBool::new(false));
+        let progress = Arc::new(AtomicU64::new(0));
+        let done = progress.clone();
+        let recent_gap_us = Arc::new(AtomicU64::new(0));
+        let recent = recent_gap_us.clone();
         let (tx, rx) = std::sync::mpsc::channel::<Result<String>>();
         let path = ns.path();
         let flag = stop.clone();
@@ -358,10 +380,8 @@ impl Stream {
                     bail!(msg);
                 }
             };
-            writer.set_read_timeout(Some(Duration::from_secs(3)))?;
-            reader
-                .get_ref()
-                .set_read_timeout(Some(Duration::from_secs(3)))?;
+            writer.set_read_timeout(Some(patience))?;
+            reader.get_ref().set_read_timeout(Some(patience))?;
             let mut report = StreamReport {
                 sport,
                 backend,
@@ -390,7 +410,10 @@ impl Stream {
                     break;
                 }
                 report.exchanges += 1;
-                report.max_gap = report.max_gap.max(last.elapsed());
+                done.store(report.exchanges, Ordering::Relaxed);
+                let gap = last.elapsed();
+                recent.fetch_max(gap.as_micros() as u64, Ordering::Relaxed);
+                report.max_gap = report.max_gap.max(gap);
                 last = Instant::now();
                 std::thread::sleep(every);
             }
@@ -403,8 +426,27 @@ impl Stream {
             sport,
             backend,
             stop,
+            progress,
+            recent_gap_us,
             thread,
         })
+    }
+
+    /// The longest gap between two completed round trips since the
+    /// previous call (or the start); starts a new measuring period. Take
+    /// it once the stream is flowing again after an event.
+    pub fn take_max_gap(&self) -> Duration {
+        Duration::from_micros(self.recent_gap_us.swap(0, Ordering::Relaxed))
+    }
+
+    /// Round trips completed so far.
+    pub fn exchanges(&self) -> u64 {
+        self.progress.load(Ordering::Relaxed)
+    }
+
+    /// It has stopped (an error ended it).
+    pub fn ended(&self) -> bool {
+        self.thread.is_finished()
     }
 
     /// Stops it and returns what it saw.

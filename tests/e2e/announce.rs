@@ -1,0 +1,445 @@
+//! Route announcement by the real `lbd`: one balancer with its built-in BGP
+//! speaker, a real router (BIRD 2 or FRR) that learns the VIP only from
+//! it, three backends with health checks, real client connections. What
+//! counts is the route the router installs in its kernel: it must appear
+//! when `lbd` starts, go when every backend is down and come back when one
+//! recovers, go on `lbctl node drain` and on SIGTERM (before `lbd` exits),
+//! and go at hold-timer expiry when `lbd` is frozen.
+//!
+//! The router also has a static route to the balancer with a worse metric
+//! (see [`EcmpRig::add_fallback_route`]): it stands in for the rest of a
+//! real network, so that established connections can be seen to keep
+//! flowing through the still-attached XDP program after a withdrawal.
+//! Timings are printed (`--nocapture`); bounds are functional, with slack.
+//!
+//! Needs root and the bird2 and frr packages. Tests run one at a time.
+
+use std::{
+    net::IpAddr,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+use lb_tests::{
+    ecmp::{EcmpRig, expect_hops},
+    rig::{CLIENT, Lbd},
+    routers::{RouterKind, wait_for},
+    scenario::{check, serial},
+    traffic::{Stream, tcp_request},
+};
+
+const POLL: Duration = Duration::from_millis(10);
+
+/// Health checks on both VIPs (they share the address, so the address
+/// goes only when both have no usable backend). interval 300ms ±10%,
+/// timeout 250ms, fall 3: a dead backend is out within 1.24 s.
+const CHECK: &str = "    health_check:\n      port: 80\n      interval: 300ms\n      timeout: 250ms\n      rise: 2\n      fall: 3\n";
+const DETECTION: Duration = Duration::from_millis(1240);
+
+fn ms(d: Duration) -> String {
+    format!("{:.0} ms", d.as_secs_f64() * 1000.0)
+}
+
+/// Waits until the router's VIP route goes via exactly balancers `want`
+/// (none: no route); returns how long that took.
+fn wait_hops(rig: &EcmpRig, what: &str, want: &[usize], limit: Duration) -> Result<Duration> {
+    let hops = EcmpRig::hops_of(want);
+    wait_for(what, limit, POLL, || Ok(rig.next_hops()? == hops))
+        .with_context(|| format!("router has {:?}\n{}", rig.next_hops(), rig.logs()))
+}
+
+/// `lbctl bgp`'s verdict for the TCP VIP: (announced, reason).
+fn tcp_verdict(lbd: &Lbd) -> Result<(bool, String)> {
+    let bgp = lbd.lbctl_json(&["bgp"])?;
+    let v = bgp["vips"]
+        .as_array()
+        .and_then(|v| v.iter().find(|v| v["vip"] == "10.99.0.1:80/tcp"))
+        .with_context(|| format!("no TCP VIP in {bgp}"))?;
+    Ok((
+        v["announced"].as_bool().unwrap_or(false),
+        v["reason"].as_str().unwrap_or("").to_string(),
+    ))
+}
+
+/// Fails unless every stream completes round trips during `window`.
+fn all_flowing(streams: &[Stream], window: Duration) -> Result<()> {
+    let before: Vec<u64> = streams.iter().map(Stream::exchanges).collect();
+    std::thread::sleep(window);
+    for (s, b) in streams.iter().zip(before) {
+        if s.ended() || s.exchanges() <= b {
+            bail!(
+                "the stream from port {} to {} {} ({} round trips)",
+                s.sport,
+                s.backend,
+                if s.ended() { "ended" } else { "stalled" },
+                s.exchanges()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Stops the streams; fails if any of them broke.
+fn finish_clean(streams: Vec<Stream>) -> Result<usize> {
+    let n = streams.len();
+    for s in streams {
+        let r = s.finish()?;
+        if let Some(e) = r.error {
+            bail!("the stream from port {} broke: {e}", r.sport);
+        }
+    }
+    Ok(n)
+}
+
+/// The first line of `text` containing `needle` (case-insensitive).
+fn line_with(text: &str, needle: &str) -> Option<String> {
+    text.lines()
+        .find(|l| l.to_lowercase().contains(needle))
+        .map(|l| l.trim().to_string())
+}
+
+#[test]
+fn bird_route_follows_health_drain_and_shutdown() {
+    let _serial = serial();
+    check((|| {
+        let mut rig = EcmpRig::new(1, 3, RouterKind::Bird)?;
+        rig.add_fallback_route(1)?;
+        let config = rig.lbd_config(1, CHECK, "shutdown_grace: 2s\n");
+        let started = Instant::now();
+        let mut lbd = rig.start_lbd(1, &config)?;
+        let up = started.elapsed();
+        wait_hops(
+            &rig,
+            "the VIP route after lbd starts",
+            &[1],
+            Duration::from_secs(15),
+        )?;
+        let announced = started.elapsed();
+        let bgp = lbd.lbctl_json(&["bgp"])?;
+        let peer = &bgp["peers"][0];
+        if peer["state"] != "Established" || peer["prefixes_announced"] != 1 {
+            bail!("lbctl bgp after start: {bgp}");
+        }
+        let status = lbd.lbctl(&["status"])?;
+        if line_with(&status, "bgp: 1 of 1 up, 1 address(es) announced").is_none() {
+            bail!("lbctl status does not mention the speaker:\n{status}");
+        }
+
+        // Every backend dies: the address goes (both VIPs lost theirs).
+        for be in ["be1", "be2", "be3"] {
+            rig.stop_server(be);
+        }
+        let withdrawn = wait_hops(
+            &rig,
+            "the VIP route gone with every backend down",
+            &[],
+            DETECTION * 2 + Duration::from_secs(3),
+        )?;
+        let (on, why) = tcp_verdict(&lbd)?;
+        if on || !why.starts_with("withheld: 0 of 3 backends usable") {
+            bail!("lbctl bgp says {on} / {why:?} with every backend down");
+        }
+        let table = lbd.lbctl(&["bgp"])?;
+        // One recovers: rise 2 at ≤ 330 ms, then the announcement.
+        rig.start_server("be2")?;
+        let back = wait_hops(&rig, "the VIP route back", &[1], Duration::from_secs(10))?;
+        for be in ["be1", "be3"] {
+            rig.start_server(be)?;
+        }
+        // Until they are up, panic mode has the dead ones in the table, and
+        // connections to them would be cut when they leave it.
+        wait_for(
+            "every backend up again",
+            Duration::from_secs(10),
+            Duration::from_millis(50),
+            || Ok(tcp_verdict(&lbd)?.1.starts_with("3 of 3")),
+        )?;
+        eprintln!(
+            "BIRD + lbd: lbd answering {} after spawn, route in the router's kernel {} after spawn; \
+             all backends down → route gone {} (detection bound {}); one back → route back {}\n{table}",
+            ms(up),
+            ms(announced),
+            ms(withdrawn),
+            ms(DETECTION),
+            ms(back)
+        );
+
+        // Drain: the route goes, connections keep flowing (through the
+        // backstop path and the still-attached program), new ones too.
+        let streams = rig.streams(
+            40_000..40_030,
+            Duration::from_millis(20),
+            Duration::from_secs(3),
+        )?;
+        let forwarded = lbd.counter("fwd_conntrack_hit")?;
+        let drain = lbd.lbctl(&["node", "drain", "--no-wait"])?;
+        let drained = wait_hops(
+            &rig,
+            "the VIP route gone on drain",
+            &[],
+            Duration::from_secs(5),
+        )?;
+        if !drain.contains("withdrew 10.99.0.1") {
+            bail!("lbctl node drain said: {drain}");
+        }
+        let (on, why) = tcp_verdict(&lbd)?;
+        if on || !why.contains("node is drained") {
+            bail!("lbctl bgp says {on} / {why:?} while drained");
+        }
+        all_flowing(&streams, Duration::from_secs(1))?;
+        let vip = rig.tcp_vip();
+        rig.client
+            .within(move || tcp_request(CLIENT, 41_000, vip))?
+            .context("a new connection while drained")?;
+        if lbd.counter("fwd_conntrack_hit")? <= forwarded {
+            bail!("the drained balancer stopped forwarding");
+        }
+        // A drained node stays drained over a reload.
+        lbd.lbctl(&["reload"])?;
+        std::thread::sleep(Duration::from_millis(300));
+        expect_hops(&rig, &[])?;
+        lbd.lbctl(&["node", "undrain"])?;
+        let undrained = wait_hops(
+            &rig,
+            "the VIP route back on undrain",
+            &[1],
+            Duration::from_secs(5),
+        )?;
+        all_flowing(&streams, Duration::from_millis(500))?;
+
+        // SIGTERM: withdraw first, wait shutdown_grace (2 s), Cease, exit.
+        // The program stays attached: connections keep flowing after exit.
+        let t = Instant::now();
+        lbd.signal(libc::SIGTERM)?;
+        let gone = wait_hops(
+            &rig,
+            "the VIP route gone on SIGTERM",
+            &[],
+            Duration::from_secs(5),
+        )?;
+        let status = lbd
+            .wait_exit(Duration::from_secs(15))?
+            .context("lbd did not exit within 15 s of SIGTERM")?;
+        let exited = t.elapsed();
+        if !status.success() || exited < Duration::from_secs(2) || gone >= exited {
+            bail!(
+                "SIGTERM: route gone after {}, exit ({status}) after {}; expected withdraw, then ≥ 2 s, then a clean exit",
+                ms(gone),
+                ms(exited)
+            );
+        }
+        let router = rig.router_daemon();
+        let said = wait_for(
+            "BIRD reporting the Cease",
+            Duration::from_secs(5),
+            Duration::from_millis(50),
+            || {
+                Ok(line_with(
+                    &router.session_report(rig.balancer(1).addr)?,
+                    "administrative shutdown",
+                )
+                .is_some())
+            },
+        );
+        said.with_context(|| router.logs())?;
+        all_flowing(&streams, Duration::from_secs(1))?;
+        let n = finish_clean(streams)?;
+        if !rig.balancer(1).pin_dir().join("link-eth0").exists() {
+            bail!("the program did not stay attached after a graceful exit");
+        }
+        eprintln!(
+            "BIRD + lbd: node drain → route gone {}, undrain → back {}; SIGTERM → route gone {}, lbd exited {} (shutdown_grace 2 s), BIRD saw Cease; {n} connections kept flowing throughout, also after lbd exited",
+            ms(drained),
+            ms(undrained),
+            ms(gone),
+            ms(exited)
+        );
+        Ok(())
+    })());
+}
+
+#[test]
+fn bird_drops_a_frozen_lbd_at_hold_expiry_and_forwarding_goes_on() {
+    let _serial = serial();
+    check((|| {
+        let rig = EcmpRig::new(1, 3, RouterKind::Bird)?;
+        rig.add_fallback_route(1)?;
+        let lbd = rig.start_lbd(1, &rig.lbd_config(1, "", ""))?;
+        wait_hops(
+            &rig,
+            "the VIP route after lbd starts",
+            &[1],
+            Duration::from_secs(15),
+        )?;
+        let streams = rig.streams(
+            42_000..42_010,
+            Duration::from_millis(20),
+            Duration::from_secs(3),
+        )?;
+
+        // Frozen: no keepalives. The router drops the session (and the
+        // route) when its 3 s hold timer runs out; the program goes on.
+        lbd.signal(libc::SIGSTOP)?;
+        let gone = wait_hops(
+            &rig,
+            "the VIP route gone at hold expiry",
+            &[],
+            Duration::from_secs(8),
+        );
+        let gone = match gone {
+            Ok(d) => d,
+            Err(e) => {
+                lbd.signal(libc::SIGCONT)?;
+                return Err(e);
+            }
+        };
+        let flowing = all_flowing(&streams, Duration::from_millis(500));
+        let report = rig.router_daemon().session_report(rig.balancer(1).addr)?;
+        lbd.signal(libc::SIGCONT)?;
+        flowing.context("while lbd was frozen")?;
+        // The last keepalive left at most 1 s before the freeze.
+        if gone < Duration::from_millis(1500) {
+            bail!(
+                "the route went {} after the freeze: before any hold timer could expire",
+                ms(gone)
+            );
+        }
+        let Some(said) = line_with(&report, "hold timer expired") else {
+            bail!("BIRD does not report the hold timer expiry:\n{report}");
+        };
+        let back = wait_hops(
+            &rig,
+            "the VIP route back after SIGCONT",
+            &[1],
+            Duration::from_secs(15),
+        )?;
+        let n = finish_clean(streams)?;
+        eprintln!(
+            "BIRD + lbd: lbd frozen (SIGSTOP) → route gone {} (hold 3 s; BIRD: {said}); SIGCONT → route back {}; {n} connections kept flowing",
+            ms(gone),
+            ms(back)
+        );
+        Ok(())
+    })());
+}
+
+#[test]
+fn frr_route_follows_start_drain_reload_and_shutdown() {
+    let _serial = serial();
+    check((|| {
+        let rig = EcmpRig::new(1, 3, RouterKind::Frr)?;
+        let config = rig.lbd_config(1, "", "shutdown_grace: 1s\ndetach_on_exit: true\n");
+        let started = Instant::now();
+        let mut lbd = rig.start_lbd(1, &config)?;
+        wait_hops(
+            &rig,
+            "the VIP route after lbd starts",
+            &[1],
+            Duration::from_secs(20),
+        )?;
+        let announced = started.elapsed();
+        let router = rig.router_daemon();
+        let lb1: IpAddr = rig.balancer(1).addr.into();
+        if !router.has_bgp_route(lb_tests::rig::VIP.into())?
+            || !router.established(rig.balancer(1).addr)?
+        {
+            bail!("FRR has no session or BGP route:\n{}", router.logs());
+        }
+
+        let drained = {
+            lbd.lbctl(&["node", "drain", "--no-wait"])?;
+            wait_hops(
+                &rig,
+                "the VIP route gone on drain",
+                &[],
+                Duration::from_secs(5),
+            )?
+        };
+        let undrained = {
+            lbd.lbctl(&["node", "undrain"])?;
+            wait_hops(
+                &rig,
+                "the VIP route back on undrain",
+                &[1],
+                Duration::from_secs(5),
+            )?
+        };
+
+        // A reload that leaves `announce:` alone keeps the session.
+        let row = |lbd: &Lbd| -> Result<serde_json::Value> {
+            Ok(lbd.lbctl_json(&["bgp"])?["peers"][0].clone())
+        };
+        let before = row(&lbd)?;
+        lbd.lbctl(&["reload"])?;
+        let after = row(&lbd)?;
+        if after["sessions_established"] != before["sessions_established"]
+            || after["state"] != "Established"
+        {
+            bail!("a reload without announce changes touched the session: {before} → {after}");
+        }
+        // One that changes it restarts the speaker; the route comes back.
+        std::fs::write(
+            &lbd.config,
+            config.replace("hold_time: 3s", "hold_time: 6s"),
+        )?;
+        lbd.lbctl(&["reload"])?;
+        if !lbd.log_text().contains("restarting the announcers") {
+            bail!(
+                "changing announce: did not restart the announcers:\n{}",
+                lbd.log_text()
+            );
+        }
+        wait_hops(
+            &rig,
+            "the VIP route after the restart",
+            &[1],
+            Duration::from_secs(15),
+        )?;
+
+        // SIGTERM with detach_on_exit: withdraw, grace, Cease, detach.
+        let t = Instant::now();
+        lbd.signal(libc::SIGTERM)?;
+        let gone = wait_hops(
+            &rig,
+            "the VIP route gone on SIGTERM",
+            &[],
+            Duration::from_secs(5),
+        )?;
+        let status = lbd
+            .wait_exit(Duration::from_secs(15))?
+            .context("lbd did not exit within 15 s of SIGTERM")?;
+        let exited = t.elapsed();
+        if !status.success() || exited < Duration::from_secs(1) || gone >= exited {
+            bail!(
+                "SIGTERM: route gone after {}, exit ({status}) after {}",
+                ms(gone),
+                ms(exited)
+            );
+        }
+        if rig.balancer(1).pin_dir().exists() {
+            bail!("detach_on_exit: the pins are still there");
+        }
+        let said = wait_for(
+            "FRR reporting the Cease",
+            Duration::from_secs(5),
+            Duration::from_millis(50),
+            || {
+                Ok(line_with(
+                    &router.session_report(rig.balancer(1).addr)?,
+                    "administrative shutdown",
+                )
+                .is_some())
+            },
+        );
+        said.with_context(|| router.logs())?;
+        eprintln!(
+            "FRR + lbd ({lb1}): route in the router's kernel {} after spawn; drain → gone {}, undrain → back {}; SIGTERM → gone {}, exited {} (grace 1 s, detached), FRR saw Cease",
+            ms(announced),
+            ms(drained),
+            ms(undrained),
+            ms(gone),
+            ms(exited)
+        );
+        Ok(())
+    })());
+}
