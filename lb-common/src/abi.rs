@@ -91,7 +91,10 @@ pub struct VipMeta {
     /// `ENCAP_*`.
     pub encap: u8,
     pub _pad0: u8,
-    pub _reserved: u32,
+    /// Auxiliary fragment keys only (see [`crate::consts::KEY_FRAGMENTS`]):
+    /// the port (network order) of the VIP whose fragment policy is `hash`.
+    pub aux_port: u16,
+    pub _reserved: u16,
 }
 
 /// Value of `LB_BACKENDS`, indexed by the low 16 bits of a backend handle.
@@ -155,6 +158,18 @@ pub struct DatapathConfig {
     pub _pad1: u32,
     /// Outer source address for IPv6 tunnels.
     pub src_v6: AddrWords,
+    /// MTU of the path toward the backends: a packet that would exceed it
+    /// once encapsulated is answered with "too big" (or dropped). 0: no check.
+    pub mtu: u16,
+    /// GUE destination port, network order.
+    pub gue_port: u16,
+    /// Bits of the IPv4 outer source taken from the client's address (the
+    /// rest from `src_v4`), so one balancer's tunnels spread over a
+    /// backend's receive queues. Network order; 0: a fixed source.
+    pub src_v4_host_mask: u32,
+    /// The same for the last word of the IPv6 outer source.
+    pub src_v6_host_mask: u32,
+    pub _reserved: u32,
 }
 
 /// Bits of the VIP filter: 16,384 bits (2 KiB, one map value) keep false
@@ -359,7 +374,7 @@ const _: () = {
     assert!(core::mem::size_of::<VipMeta>() == 16);
     assert!(core::mem::size_of::<BackendDef>() == 32);
     assert!(core::mem::size_of::<VipFilter>() == 8 * VIP_FILTER_WORDS);
-    assert!(core::mem::size_of::<DatapathConfig>() == 56);
+    assert!(core::mem::size_of::<DatapathConfig>() == 72);
     assert!(core::mem::size_of::<TableChunk>() == 4 * TABLE_CHUNK_SLOTS as usize);
     assert!(core::mem::size_of::<FlowKey>() == 40);
     assert!(core::mem::size_of::<FlowEntry>() == 8);
@@ -405,7 +420,8 @@ mod tests {
         assert_eq!(offset_of!(VipMeta, table_base), 4);
         assert_eq!(offset_of!(VipMeta, flags), 8);
         assert_eq!(offset_of!(VipMeta, encap), 10);
-        assert_eq!(offset_of!(VipMeta, _reserved), 12);
+        assert_eq!(offset_of!(VipMeta, aux_port), 12);
+        assert_eq!(offset_of!(VipMeta, _reserved), 14);
 
         assert_eq!(offset_of!(BackendDef, handle), 16);
         assert_eq!(offset_of!(BackendDef, vip_id), 20);
@@ -419,6 +435,10 @@ mod tests {
         assert_eq!(offset_of!(DatapathConfig, gw_mac), 24);
         assert_eq!(offset_of!(DatapathConfig, src_v4), 32);
         assert_eq!(offset_of!(DatapathConfig, src_v6), 40);
+        assert_eq!(offset_of!(DatapathConfig, mtu), 56);
+        assert_eq!(offset_of!(DatapathConfig, gue_port), 58);
+        assert_eq!(offset_of!(DatapathConfig, src_v4_host_mask), 60);
+        assert_eq!(offset_of!(DatapathConfig, src_v6_host_mask), 64);
 
         assert_eq!(offset_of!(FlowKey, dst), 16);
         assert_eq!(offset_of!(FlowKey, sport), 32);

@@ -28,6 +28,15 @@ pub const ETH_P_8021AD: u16 = 0x88A8;
 pub const ENCAP_IPIP: u8 = 0;
 /// GRE (RFC 2784) without key, checksum or sequence number: a 4-byte header after the outer IP header.
 pub const ENCAP_GRE: u8 = 1;
+/// GUE variant 1 (draft-ietf-intarea-gue), i.e. FOU: the inner IP packet
+/// directly after an outer UDP header whose destination port is the GUE
+/// port and whose source port comes from the flow hash (so the backend's
+/// NIC spreads flows over its queues). UDP checksum 0.
+pub const ENCAP_GUE: u8 = 2;
+
+/// Default GUE destination port.
+pub const GUE_PORT: u16 = 6080;
+pub const UDP_HDR_LEN: usize = 8;
 
 /// Outer header sizes.
 pub const IPV4_HDR_LEN: usize = 20;
@@ -45,6 +54,26 @@ pub const VIP_F_NO_CONNTRACK: u16 = 1 << 0;
 /// [`crate::VipMeta::flags`]: the VIP has no usable backend; its packets are
 /// dropped and counted as `drop_no_backend`. The table halves are not read.
 pub const VIP_F_NO_BACKENDS: u16 = 1 << 1;
+/// [`crate::VipMeta::flags`]: fragment policy `hash` — every packet of the
+/// VIP is hashed on its 3-tuple (addresses, protocol), so the fragments of
+/// a datagram and the unfragmented packets of a flow reach the same
+/// backend. Without it, fragments of the VIP are dropped.
+pub const VIP_F_FRAG_HASH: u16 = 1 << 2;
+
+/// Auxiliary `LB_VIPS` keys, next to the VIPs themselves:
+/// - `{addr, 0, proto, family | KEY_FRAGMENTS}` per VIP address and
+///   protocol: fragments carry no ports to look a VIP up by, so this key
+///   says what to do with them. Its value has `VIP_F_FRAG_HASH` set and
+///   `aux_port` naming the VIP `{addr, aux_port, proto}` if that VIP's
+///   fragment policy is `hash`; otherwise fragments are dropped.
+/// - `{addr, 0, PROTO_ICMP or PROTO_ICMPV6, family}` per VIP address: the
+///   address is a VIP's (ICMP echo, ICMP errors about its flows). The
+///   value is not read.
+///
+/// `LB_VIPS` therefore holds up to three entries per VIP.
+pub const KEY_FRAGMENTS: u8 = 0x80;
+/// `LB_VIPS` entries per configured VIP, auxiliary keys included.
+pub const VIP_KEYS_PER_VIP: u32 = 3;
 
 /// [`crate::BackendDef::flags`]: connection-table entries pointing at this
 /// backend are honoured (the backend is active, slow-starting or draining).
@@ -57,6 +86,12 @@ pub const CFG_F_DROP_MALFORMED: u32 = 1 << 0;
 /// [`crate::DatapathConfig::flags`]: at least one all-ports VIP (port 0) exists,
 /// so a miss on `{addr, port, proto}` retries `{addr, 0, proto}`.
 pub const CFG_F_ALL_PORTS_VIPS: u32 = 1 << 1;
+/// [`crate::DatapathConfig::flags`]: answer ICMP/ICMPv6 echo requests to VIP
+/// addresses.
+pub const CFG_F_ICMP_ECHO: u32 = 1 << 2;
+/// [`crate::DatapathConfig::flags`]: an IPv4 packet without DF that is too
+/// big once encapsulated is passed to the kernel (default: dropped).
+pub const CFG_F_PASS_TOO_BIG: u32 = 1 << 3;
 
 /// Maglev tables live in `LB_TABLES` as chunks of this many slots: one map
 /// element per chunk keeps memory at 4 bytes per slot (an array of `u32` would

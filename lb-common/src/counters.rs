@@ -19,8 +19,12 @@ pub enum Kind {
     Drop,
     /// Malformed or unsupported: passed or dropped by the global policy.
     Malformed,
+    /// Answered by the balancer itself (ICMP echo reply, "too big" errors).
+    Reply,
     /// Not an outcome: an event counted on the way.
     Event,
+    /// No longer counted; the id stays reserved. Not shown by `lbctl`.
+    Retired,
 }
 
 /// Defines a counter-id enum `$name` whose variants carry a stable name and
@@ -57,7 +61,7 @@ counters! {
     enum Counter: Kind {
     /// Not IPv4 or IPv6 (ARP, LLDP, ...).
     PassNotIp = 0, "pass_not_ip", Pass;
-    /// IP, but the protocol is neither TCP nor UDP.
+    /// IP, but the protocol is neither TCP, UDP nor ICMP.
     PassNotL4 = 1, "pass_not_tcp_udp", Pass;
     /// TCP or UDP to an address/port/protocol that is no VIP.
     PassNotVip = 2, "pass_not_vip", Pass;
@@ -81,16 +85,17 @@ counters! {
     MalformedIpv4Header = 11, "malformed_ipv4_bad_header", Malformed;
     /// IPv4 total length shorter than the header or longer than the frame.
     MalformedIpv4Len = 12, "malformed_ipv4_bad_length", Malformed;
-    /// IPv4 fragment (MF set or non-zero offset).
-    MalformedIpv4Frag = 13, "malformed_ipv4_fragment", Malformed;
+    /// Retired (never counted): fragments now follow their VIP's fragment
+    /// policy (`drop_fragment`, `fwd_fragment_3tuple`, `pass_fragment_not_vip`).
+    MalformedIpv4Frag = 13, "malformed_ipv4_fragment", Retired;
     /// Shorter than an IPv6 header.
     MalformedIpv6Truncated = 14, "malformed_ipv6_truncated", Malformed;
     /// IPv6 version field is not 6.
     MalformedIpv6Header = 15, "malformed_ipv6_bad_header", Malformed;
     /// IPv6 payload length longer than the frame.
     MalformedIpv6Len = 16, "malformed_ipv6_bad_length", Malformed;
-    /// IPv6 fragment header.
-    MalformedIpv6Frag = 17, "malformed_ipv6_fragment", Malformed;
+    /// Retired (never counted): see `malformed_ipv4_fragment`.
+    MalformedIpv6Frag = 17, "malformed_ipv6_fragment", Retired;
     /// IPv6 extension header the datapath does not walk.
     MalformedIpv6Ext = 18, "malformed_ipv6_ext_header", Malformed;
     /// TCP or UDP header cut short (by the frame or by the IP length), or a TCP data offset below 5.
@@ -99,6 +104,35 @@ counters! {
     CtEvicted = 20, "ct_evicted", Event;
     /// Event: a connection-table hit pointed at a backend that is down or gone; re-picked.
     CtStale = 21, "ct_stale_backend", Event;
+    /// An IPv4 or IPv6 fragment to an address that is no VIP.
+    PassFragmentNotVip = 22, "pass_fragment_not_vip", Pass;
+    /// A fragment for a VIP whose fragment policy is `drop` (the default).
+    DropFragment = 23, "drop_fragment", Drop;
+    /// A fragment for a VIP whose fragment policy is `hash`: sent to the
+    /// backend of its 3-tuple, like every packet of that VIP.
+    FwdFragment = 24, "fwd_fragment_3tuple", Forward;
+    /// ICMP or ICMPv6 echo request to a VIP address, answered by the balancer.
+    ReplyIcmpEcho = 25, "reply_icmp_echo", Reply;
+    /// ICMP error about a VIP flow (unreachable, time exceeded, too big),
+    /// sent to the backend that owns the flow.
+    FwdIcmpError = 26, "fwd_icmp_error", Forward;
+    /// ICMPv6 packet-too-big below the IPv6 minimum MTU (1280): dropped.
+    DropIcmpPtbTooSmall = 27, "drop_icmp_ptb_below_1280", Drop;
+    /// IPv4 packet with DF too big for the path once encapsulated: answered
+    /// with ICMP "fragmentation needed" carrying the usable MTU.
+    ReplyFragNeeded = 28, "reply_frag_needed", Reply;
+    /// IPv6 packet too big for the path once encapsulated: answered with
+    /// ICMPv6 "packet too big" carrying the usable MTU.
+    ReplyPacketTooBig = 29, "reply_packet_too_big", Reply;
+    /// IPv4 packet without DF too big once encapsulated: dropped (policy).
+    DropTooBigNoDf = 30, "drop_too_big_no_df", Drop;
+    /// IPv4 packet without DF too big once encapsulated: passed (policy).
+    PassTooBigNoDf = 31, "pass_too_big_no_df", Pass;
+    /// More IPv6 extension headers than the datapath walks (4).
+    MalformedIpv6ExtChain = 32, "malformed_ipv6_ext_chain_too_long", Malformed;
+    /// ICMP to a VIP address that is no echo request and no error about a
+    /// VIP flow the balancer can route (or whose quote is cut short).
+    PassIcmp = 33, "pass_icmp_other", Pass;
     }
 }
 
@@ -146,7 +180,8 @@ counters! {
     /// GRE addressed to us: outer and GRE headers stripped.
     DecapGre = 1, "decap_gre", Decap;
     /// Not IPv4/IPv6 whose protocol (next header, without extension headers)
-    /// is 4, 41 or 47: other traffic, or an outer IP header cut short.
+    /// is 4, 41 or 47, or UDP to the address's GUE port: other traffic, or
+    /// an outer IP header cut short.
     PassNotTunnel = 2, "pass_not_tunnel", Pass;
     /// A tunnel protocol, but to an address that is not in `LB_DECAP_ADDRS`.
     PassNotLocal = 3, "pass_not_local", Pass;
@@ -167,6 +202,9 @@ counters! {
     MalformedInner = 7, "malformed_inner", Drop;
     /// `bpf_xdp_adjust_head` refused to shrink the frame.
     DropAdjustFailed = 8, "drop_adjust_failed", Drop;
+    /// GUE (direct IP over UDP, FOU-compatible) addressed to us on the GUE
+    /// port: outer IP and UDP headers stripped.
+    DecapGue = 9, "decap_gue", Decap;
     }
 }
 

@@ -1,4 +1,4 @@
-//! Internet checksums (RFC 1071) for headers the programs build.
+//! Internet checksums (RFC 1071) for headers the programs build or change.
 //!
 //! The one's-complement sum does not depend on byte order, so words are
 //! summed exactly as loaded and the folded result is stored the same way.
@@ -10,6 +10,13 @@ pub fn fold(mut sum: u32) -> u16 {
     sum = (sum & 0xffff) + (sum >> 16);
     sum = (sum & 0xffff) + (sum >> 16);
     !(sum as u16)
+}
+
+/// The two 16-bit halves of a word, summed (for accumulating 32-bit
+/// fields such as addresses).
+#[inline(always)]
+pub fn halves(w: u32) -> u32 {
+    (w & 0xffff) + (w >> 16)
 }
 
 /// Checksum of a 20-byte IPv4 header whose `check` field is zero.
@@ -25,5 +32,13 @@ pub unsafe fn ipv4_header(hdr: *const u16) -> u16 {
         sum += unsafe { *hdr.add(i) } as u32;
         i += 1;
     }
+    fold(sum)
+}
+
+/// Updates checksum `check` for one 16-bit word of the covered data
+/// changing from `old` to `new` (RFC 1624, eqn. 3).
+#[inline(always)]
+pub fn replace16(check: u16, old: u16, new: u16) -> u16 {
+    let sum = (!check as u32) + (!old as u32) + new as u32;
     fold(sum)
 }

@@ -99,3 +99,29 @@ pub struct GreHdr {
     pub flags_version: u16,
     pub protocol: u16,
 }
+
+/// The first 8 bytes of every ICMP and ICMPv6 message. `rest` is the
+/// identifier and sequence of an echo, the next-hop MTU of "fragmentation
+/// needed" (low half) or the MTU of "packet too big" (all of it).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct IcmpHdr {
+    pub kind: u8,
+    pub code: u8,
+    pub check: u16,
+    pub rest: u32,
+}
+
+/// ICMP types and codes the balancer reads or writes.
+pub const ICMP_ECHO_REPLY: u8 = 0;
+pub const ICMP_DEST_UNREACH: u8 = 3;
+pub const ICMP_FRAG_NEEDED: u8 = 4;
+pub const ICMP_ECHO: u8 = 8;
+pub const ICMP_TIME_EXCEEDED: u8 = 11;
+pub const ICMPV6_DEST_UNREACH: u8 = 1;
+pub const ICMPV6_PKT_TOOBIG: u8 = 2;
+pub const ICMPV6_TIME_EXCEED: u8 = 3;
+pub const ICMPV6_ECHO_REQUEST: u8 = 128;
+pub const ICMPV6_ECHO_REPLY: u8 = 129;
+/// The IPv6 minimum link MTU (RFC 8200).
+pub const IPV6_MIN_MTU: u32 = 1280;

@@ -1,22 +1,26 @@
 //! The packet parser: Ethernet (one optional 802.1Q/802.1ad tag), IPv4 or
-//! IPv6, then the TCP or UDP ports.
+//! IPv6 (walking up to four hop-by-hop, routing, destination-options or AH
+//! extension headers), then the TCP or UDP ports, or the ICMP header.
 //!
-//! It decides nothing about VIPs. Either it returns a [`Packet`] (a TCP or UDP
-//! packet whose headers are complete and consistent), or the counter that
-//! names why not: a `Pass*` counter for traffic that is simply not ours, a
-//! `Malformed*` counter for packets the entry point passes or drops by policy.
-//! [`ptr_at`] is the only code in the programs that computes packet pointers.
+//! It decides nothing about VIPs. Either it returns a [`Packet`] (TCP, UDP
+//! or ICMP over IP whose headers are complete and consistent; a fragment
+//! has no ports), or the counter that names why not: a `Pass*` counter for
+//! traffic that is simply not ours, a `Malformed*` counter for packets the
+//! entry point passes or drops by policy. [`ptr_at`] is the only code in the
+//! programs that computes packet pointers.
 
 use aya_ebpf::programs::XdpContext;
 use lb_common::{
     Counter,
     consts::{
         ETH_HDR_LEN, ETH_P_8021AD, ETH_P_8021Q, ETH_P_IPV4, ETH_P_IPV6, FAMILY_V4, FAMILY_V6,
-        IPV6_HDR_LEN, PROTO_TCP, PROTO_UDP, VLAN_HDR_LEN,
+        IPV6_HDR_LEN, PROTO_ICMP, PROTO_ICMPV6, PROTO_TCP, PROTO_UDP, VLAN_HDR_LEN,
     },
 };
 
-use crate::hdr::{EthHdr, IP_MF, IP_OFFSET, Ipv4Hdr, Ipv6Hdr, TcpHdr, UdpHdr, VlanHdr, be16};
+use crate::hdr::{
+    EthHdr, IP_DF, IP_MF, IP_OFFSET, Ipv4Hdr, Ipv6Hdr, TcpHdr, UdpHdr, VlanHdr, be16,
+};
 
 /// A bounds-checked pointer to a `T` at byte `off` of the packet.
 #[inline(always)]
@@ -29,7 +33,8 @@ pub fn ptr_at<T>(ctx: &XdpContext, off: usize) -> Option<*mut T> {
     Some((start + off) as *mut T)
 }
 
-/// A TCP or UDP packet, parsed. Addresses and ports are raw packet words.
+/// A TCP, UDP or ICMP packet, parsed. Addresses and ports are raw packet
+/// words.
 #[derive(Clone, Copy)]
 pub struct Packet {
     /// Bytes from the Ethernet header to the end of the frame.
@@ -41,18 +46,27 @@ pub struct Packet {
     /// The tag's TPID (802.1Q or 802.1ad), network order.
     pub vlan_tpid: u16,
     pub family: u8,
+    /// The upper-layer protocol (after IPv6 extension headers).
     pub proto: u8,
-    /// TCP flags, 0 for UDP.
+    /// TCP flags, 0 for UDP, ICMP and fragments.
     pub tcp_flags: u8,
     /// IPv4 TOS or IPv6 traffic class, copied to the outer header.
     pub tos: u8,
+    /// A fragment: no ports (later fragments have no L4 header, and the
+    /// first one is hashed like them).
+    pub frag: bool,
+    /// IPv4 "don't fragment".
+    pub df: bool,
     /// Length of the IP packet (header included) per its own header: what
     /// gets encapsulated. Ethernet padding after it is not counted.
     pub ip_len: u32,
+    /// Offset of the L4 (or ICMP) header from the start of the frame.
+    pub l4_off: u32,
     /// Source and destination: word 0 only for IPv4.
     pub src: [u32; 4],
     pub dst: [u32; 4],
-    /// First four bytes of the L4 header (source port, destination port).
+    /// First four bytes of the L4 header (source port, destination port);
+    /// 0 for ICMP and fragments.
     pub ports: u32,
 }
 
@@ -62,12 +76,24 @@ impl Packet {
     pub fn dport(&self) -> u16 {
         (self.ports >> 16) as u16
     }
+
+    /// Source port, network order.
+    #[inline(always)]
+    pub fn sport(&self) -> u16 {
+        self.ports as u16
+    }
+
+    #[inline(always)]
+    pub fn is_icmp(&self) -> bool {
+        self.proto == PROTO_ICMP || self.proto == PROTO_ICMPV6
+    }
 }
 
 /// Why a frame is not a [`Packet`].
 #[derive(Clone, Copy)]
 pub enum Reject {
-    /// Well-formed, but not TCP or UDP over IP: not the balancer's business.
+    /// Well-formed, but not TCP, UDP or ICMP over IP: not the balancer's
+    /// business.
     NotOurs(Counter),
     /// Malformed or unsupported: the entry point applies the global policy.
     Malformed(Counter),
@@ -109,31 +135,40 @@ pub fn parse(ctx: &XdpContext) -> Result<Packet, Reject> {
         proto: 0,
         tcp_flags: 0,
         tos: 0,
+        frag: false,
+        df: false,
         ip_len: 0,
+        l4_off: 0,
         src: [0; 4],
         dst: [0; 4],
         ports: 0,
     };
     let l3_room = frame_len as usize - l2_len;
-    let l4_off = if proto == be16(ETH_P_IPV4) {
-        parse_ipv4(ctx, l2_len, l3_room, &mut pkt)?
+    if proto == be16(ETH_P_IPV4) {
+        parse_ipv4(ctx, l2_len, l3_room, &mut pkt)?;
     } else if proto == be16(ETH_P_IPV6) {
-        parse_ipv6(ctx, l2_len, l3_room, &mut pkt)?
+        parse_ipv6(ctx, l2_len, l3_room, &mut pkt)?;
     } else {
         return Err(NotOurs(Counter::PassNotIp));
+    }
+    if pkt.frag {
+        return Ok(pkt);
+    }
+    let icmp = if pkt.family == FAMILY_V4 {
+        PROTO_ICMP
+    } else {
+        PROTO_ICMPV6
     };
-    parse_l4(ctx, l4_off, l2_len + pkt.ip_len as usize, &mut pkt)?;
+    if pkt.proto == PROTO_TCP || pkt.proto == PROTO_UDP {
+        parse_l4(ctx, l2_len + pkt.ip_len as usize, &mut pkt)?;
+    } else if pkt.proto != icmp {
+        return Err(NotOurs(Counter::PassNotL4));
+    }
     Ok(pkt)
 }
 
-/// Returns the offset of the L4 header.
 #[inline(always)]
-fn parse_ipv4(
-    ctx: &XdpContext,
-    off: usize,
-    room: usize,
-    pkt: &mut Packet,
-) -> Result<usize, Reject> {
+fn parse_ipv4(ctx: &XdpContext, off: usize, room: usize, pkt: &mut Packet) -> Result<(), Reject> {
     let ip: *const Ipv4Hdr = ptr_at(ctx, off).ok_or(Malformed(Counter::MalformedIpv4Truncated))?;
     // SAFETY: bounds checked by `ptr_at`.
     let ip = unsafe { &*ip };
@@ -148,38 +183,46 @@ fn parse_ipv4(
     if tot_len < ihl || tot_len > room {
         return Err(Malformed(Counter::MalformedIpv4Len));
     }
-    if ip.frag_off & be16(IP_MF | IP_OFFSET) != 0 {
-        return Err(Malformed(Counter::MalformedIpv4Frag));
-    }
     pkt.family = FAMILY_V4;
     pkt.proto = ip.protocol;
     pkt.tos = ip.tos;
     pkt.ip_len = tot_len as u32;
     pkt.src[0] = ip.saddr;
     pkt.dst[0] = ip.daddr;
-    if pkt.proto != PROTO_TCP && pkt.proto != PROTO_UDP {
-        return Err(NotOurs(Counter::PassNotL4));
-    }
-    Ok(off + ihl)
+    pkt.frag = ip.frag_off & be16(IP_MF | IP_OFFSET) != 0;
+    pkt.df = ip.frag_off & be16(IP_DF) != 0;
+    pkt.l4_off = (off + ihl) as u32;
+    Ok(())
 }
 
-/// Extension headers that may precede TCP/UDP and that this parser does not
-/// walk (hop-by-hop, routing, destination options, AH, mobility, HIP, shim6,
-/// experimental). Anything else that is not TCP/UDP is another L4 protocol.
-#[inline(always)]
-fn is_ipv6_ext(nexthdr: u8) -> bool {
-    matches!(nexthdr, 0 | 43 | 51 | 60 | 135 | 139 | 140 | 253 | 254)
-}
-
+/// Extension headers the parser walks (hop-by-hop, routing, destination
+/// options, AH) and the ones it does not (mobility, HIP, shim6,
+/// experimental): a packet carrying the latter is malformed for us.
+const IPV6_HOPOPTS: u8 = 0;
+const IPV6_ROUTING: u8 = 43;
 const IPV6_FRAGMENT: u8 = 44;
+const IPV6_AH: u8 = 51;
+const IPV6_DSTOPTS: u8 = 60;
+/// Most extension headers walked before the chain counts as too long.
+const IPV6_MAX_EXT: usize = 4;
+/// Largest offset (from the IPv6 header) the walk reaches.
+const IPV6_MAX_EXT_BYTES: usize = 512;
 
 #[inline(always)]
-fn parse_ipv6(
-    ctx: &XdpContext,
-    off: usize,
-    room: usize,
-    pkt: &mut Packet,
-) -> Result<usize, Reject> {
+fn is_unsupported_ext(nexthdr: u8) -> bool {
+    matches!(nexthdr, 135 | 139 | 140 | 253 | 254)
+}
+
+#[inline(always)]
+fn is_walked_ext(nexthdr: u8) -> bool {
+    matches!(
+        nexthdr,
+        IPV6_HOPOPTS | IPV6_ROUTING | IPV6_DSTOPTS | IPV6_AH | IPV6_FRAGMENT
+    )
+}
+
+#[inline(always)]
+fn parse_ipv6(ctx: &XdpContext, off: usize, room: usize, pkt: &mut Packet) -> Result<(), Reject> {
     let ip: *const Ipv6Hdr = ptr_at(ctx, off).ok_or(Malformed(Counter::MalformedIpv6Truncated))?;
     // SAFETY: bounds checked by `ptr_at`.
     let ip = unsafe { &*ip };
@@ -191,27 +234,63 @@ fn parse_ipv6(
     if ip_len > room {
         return Err(Malformed(Counter::MalformedIpv6Len));
     }
-    let nexthdr = ip.nexthdr;
-    if nexthdr == IPV6_FRAGMENT {
-        return Err(Malformed(Counter::MalformedIpv6Frag));
-    }
-    if is_ipv6_ext(nexthdr) {
-        return Err(Malformed(Counter::MalformedIpv6Ext));
-    }
     pkt.family = FAMILY_V6;
-    pkt.proto = nexthdr;
     pkt.tos = (vtc >> 20) as u8;
     pkt.ip_len = ip_len as u32;
     pkt.src = ip.saddr;
     pkt.dst = ip.daddr;
-    if nexthdr != PROTO_TCP && nexthdr != PROTO_UDP {
-        return Err(NotOurs(Counter::PassNotL4));
+
+    let mut nexthdr = ip.nexthdr;
+    let mut ext = 0usize;
+    for _ in 0..IPV6_MAX_EXT {
+        if !is_walked_ext(nexthdr) {
+            break;
+        }
+        if ext > IPV6_MAX_EXT_BYTES {
+            return Err(Malformed(Counter::MalformedIpv6ExtChain));
+        }
+        let at = off + IPV6_HDR_LEN + ext;
+        // Every walked header starts with (next header, length) and is at
+        // least 8 bytes long; the fragment header is exactly 8.
+        let h: *const [u8; 8] = ptr_at(ctx, at).ok_or(Malformed(Counter::MalformedIpv6Ext))?;
+        // SAFETY: bounds checked by `ptr_at`.
+        let h = unsafe { &*h };
+        let len = match nexthdr {
+            IPV6_FRAGMENT => {
+                // Offset and M flag; an atomic fragment (both 0, RFC 6946)
+                // is a whole packet.
+                let frag = u16::from_be_bytes([h[2], h[3]]);
+                if frag & 0xfff9 != 0 {
+                    pkt.frag = true;
+                }
+                8
+            }
+            IPV6_AH => (h[1] as usize + 2) * 4,
+            _ => (h[1] as usize + 1) * 8,
+        };
+        nexthdr = h[0];
+        ext += len;
+        if IPV6_HDR_LEN + ext > ip_len {
+            return Err(Malformed(Counter::MalformedIpv6Ext));
+        }
+        if pkt.frag {
+            break;
+        }
     }
-    Ok(off + IPV6_HDR_LEN)
+    if !pkt.frag && is_walked_ext(nexthdr) {
+        return Err(Malformed(Counter::MalformedIpv6ExtChain));
+    }
+    if is_unsupported_ext(nexthdr) {
+        return Err(Malformed(Counter::MalformedIpv6Ext));
+    }
+    pkt.proto = nexthdr;
+    pkt.l4_off = (off + IPV6_HDR_LEN + (ext & 0x3ff)) as u32;
+    Ok(())
 }
 
 #[inline(always)]
-fn parse_l4(ctx: &XdpContext, off: usize, ip_end: usize, pkt: &mut Packet) -> Result<(), Reject> {
+fn parse_l4(ctx: &XdpContext, ip_end: usize, pkt: &mut Packet) -> Result<(), Reject> {
+    let off = pkt.l4_off as usize & 0x7ff;
     let l4_min = if pkt.proto == PROTO_TCP {
         core::mem::size_of::<TcpHdr>()
     } else {
@@ -230,12 +309,12 @@ fn parse_l4(ctx: &XdpContext, off: usize, ip_end: usize, pkt: &mut Packet) -> Re
             return Err(Malformed(Counter::MalformedL4));
         }
         pkt.tcp_flags = tcp.flags;
-        pkt.ports = u32::from(tcp.source) | u32::from(tcp.dest) << 16;
+        pkt.ports = u32::from(tcp.source) | (u32::from(tcp.dest) << 16);
     } else {
         let udp: *const UdpHdr = ptr_at(ctx, off).ok_or(Malformed(Counter::MalformedL4))?;
         // SAFETY: bounds checked by `ptr_at`.
         let udp = unsafe { &*udp };
-        pkt.ports = u32::from(udp.source) | u32::from(udp.dest) << 16;
+        pkt.ports = u32::from(udp.source) | (u32::from(udp.dest) << 16);
     }
     Ok(())
 }

@@ -20,7 +20,7 @@ use std::{
 
 use lb_common::{
     VipKey,
-    consts::{ENCAP_GRE, ENCAP_IPIP, PROTO_TCP, PROTO_UDP},
+    consts::{ENCAP_GRE, ENCAP_GUE, ENCAP_IPIP, GUE_PORT, PROTO_TCP, PROTO_UDP},
 };
 use serde::{Deserialize, Deserializer, Serialize, Serializer, de};
 
@@ -145,6 +145,10 @@ pub enum Encap {
     Ipip,
     /// GRE (RFC 2784, no options) over IPv4 or IPv6.
     Gre,
+    /// GUE variant 1 / FOU: the packet after an outer UDP header whose
+    /// source port comes from the flow hash (spreads flows over the
+    /// backend's receive queues) and whose destination is `gue_port`.
+    Gue,
 }
 
 impl Encap {
@@ -152,6 +156,7 @@ impl Encap {
         match self {
             Encap::Ipip => ENCAP_IPIP,
             Encap::Gre => ENCAP_GRE,
+            Encap::Gue => ENCAP_GUE,
         }
     }
 
@@ -159,6 +164,7 @@ impl Encap {
         match code {
             ENCAP_IPIP => Some(Encap::Ipip),
             ENCAP_GRE => Some(Encap::Gre),
+            ENCAP_GUE => Some(Encap::Gue),
             _ => None,
         }
     }
@@ -169,6 +175,7 @@ impl fmt::Display for Encap {
         f.write_str(match self {
             Encap::Ipip => "ipip",
             Encap::Gre => "gre",
+            Encap::Gue => "gue",
         })
     }
 }
@@ -393,6 +400,81 @@ pub enum MalformedPolicy {
     Drop,
 }
 
+/// What a VIP does with IP fragments (which carry no ports to find the
+/// VIP or hash the flow by).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FragmentPolicy {
+    /// Drop them and count `drop_fragment`.
+    #[default]
+    Drop,
+    /// Hash every packet of the VIP, fragment or not, on its 3-tuple
+    /// (addresses and protocol), so all fragments of a datagram reach the
+    /// backend its first fragment reaches. Coarser: all flows of one
+    /// client go to one backend. One VIP per address and protocol may.
+    Hash,
+}
+
+/// What to do with an IPv4 packet without DF that is too big once
+/// encapsulated (the balancer does not fragment).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TooBigPolicy {
+    /// Drop it and count `drop_too_big_no_df`.
+    #[default]
+    Drop,
+    /// Hand it to the kernel (which may fragment or route it itself).
+    Pass,
+}
+
+/// An address prefix, written `10.99.0.0/16` or `fd00:99::/112`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Prefix {
+    pub addr: IpAddr,
+    pub len: u8,
+}
+
+impl Prefix {
+    /// Bits after the prefix.
+    pub fn host_bits(&self) -> u8 {
+        let width = if self.addr.is_ipv4() { 32 } else { 128 };
+        width - self.len
+    }
+}
+
+impl FromStr for Prefix {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (addr, len) = s
+            .split_once('/')
+            .ok_or_else(|| format!("`{s}` is not a prefix like 10.99.0.0/16"))?;
+        let addr: IpAddr = addr
+            .parse()
+            .map_err(|_| format!("`{addr}` is not an IP address"))?;
+        let width = if addr.is_ipv4() { 32 } else { 128 };
+        let len: u8 = len
+            .parse()
+            .ok()
+            .filter(|l| *l <= width)
+            .ok_or_else(|| format!("`{len}` is not a prefix length 0-{width}"))?;
+        Ok(Self { addr, len })
+    }
+}
+
+impl fmt::Display for Prefix {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.addr, self.len)
+    }
+}
+
+impl<'de> Deserialize<'de> for Prefix {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(de::Error::custom)
+    }
+}
+
 /// Durations in YAML: a number of seconds, or a string with a unit
 /// (`500ms`, `2s`, `5m`, `1h`). Written back as a string with a unit.
 pub mod duration {
@@ -575,6 +657,8 @@ pub struct VipConfig {
     /// Use the connection table (default). UDP services whose backends
     /// keep no per-flow state may turn it off.
     pub conntrack: bool,
+    /// Fragments: dropped (default) or hashed on the 3-tuple.
+    pub fragments: FragmentPolicy,
     pub backends: Vec<BackendConfig>,
     /// Probes for the backends; `None`: no probing, backends count as up.
     pub health_check: Option<HealthCheck>,
@@ -598,6 +682,7 @@ impl VipConfig {
             id,
             encap: Encap::default(),
             conntrack: true,
+            fragments: FragmentPolicy::default(),
             backends,
             health_check: None,
             drain_timeout: default_drain_timeout(),
@@ -635,6 +720,8 @@ pub struct RawVip {
     #[serde(default = "yes")]
     conntrack: bool,
     #[serde(default)]
+    fragments: FragmentPolicy,
+    #[serde(default)]
     backends: Vec<BackendConfig>,
     #[serde(default)]
     health_check: Option<HealthCheck>,
@@ -662,6 +749,7 @@ impl RawVip {
             },
             encap: self.encap,
             conntrack: self.conntrack,
+            fragments: self.fragments,
             backends: self.backends,
             health_check: self.health_check,
             drain_timeout: self.drain_timeout,
@@ -681,6 +769,7 @@ impl Serialize for VipConfig {
             protocol: Protocol,
             encap: Encap,
             conntrack: bool,
+            fragments: FragmentPolicy,
             backends: &'a [BackendConfig],
             #[serde(skip_serializing_if = "Option::is_none")]
             health_check: &'a Option<HealthCheck>,
@@ -697,6 +786,7 @@ impl Serialize for VipConfig {
             protocol: self.id.proto,
             encap: self.encap,
             conntrack: self.conntrack,
+            fragments: self.fragments,
             backends: &self.backends,
             health_check: &self.health_check,
             drain_timeout: self.drain_timeout,
@@ -726,6 +816,16 @@ struct RawConfig {
     gateway_mac: Gateway,
     outer_source_v4: Option<Ipv4Addr>,
     outer_source_v6: Option<Ipv6Addr>,
+    outer_source_v4_prefix: Option<Prefix>,
+    outer_source_v6_prefix: Option<Prefix>,
+    #[serde(default = "default_mtu")]
+    mtu: u16,
+    #[serde(default = "default_gue_port")]
+    gue_port: u16,
+    #[serde(default = "yes")]
+    icmp_echo: bool,
+    #[serde(default)]
+    too_big_no_df: TooBigPolicy,
     #[serde(default = "default_table_size")]
     table_size: u32,
     #[serde(default = "default_ct_buckets")]
@@ -753,6 +853,16 @@ struct RawConfig {
 fn default_instance() -> String {
     "default".into()
 }
+fn default_mtu() -> u16 {
+    1500
+}
+fn default_gue_port() -> u16 {
+    GUE_PORT
+}
+
+/// Smallest non-zero `mtu`: the largest encapsulation (IPv6 and UDP, 48
+/// bytes) must leave the 1280 bytes every IPv6 path carries.
+pub const MIN_MTU: u16 = 1280 + 48;
 fn default_table_size() -> u32 {
     maglev::DEFAULT_TABLE_SIZE
 }
@@ -780,8 +890,20 @@ pub struct Config {
     pub interfaces: Vec<String>,
     pub xdp_mode: XdpModeSetting,
     pub gateway: Gateway,
+    /// Fixed outer source addresses, or (`*_prefix`) a prefix whose host
+    /// bits come from the client's address (RSS entropy on the backend).
+    /// At most one of each pair is set.
     pub outer_source_v4: Option<Ipv4Addr>,
     pub outer_source_v6: Option<Ipv6Addr>,
+    pub outer_source_v4_prefix: Option<Prefix>,
+    pub outer_source_v6_prefix: Option<Prefix>,
+    /// MTU of the path to the backends; 0: unchecked.
+    pub mtu: u16,
+    /// UDP destination port of GUE tunnels.
+    pub gue_port: u16,
+    /// Answer ICMP echo requests to VIP addresses.
+    pub icmp_echo: bool,
+    pub too_big_no_df: TooBigPolicy,
     pub layout: Layout,
     pub malformed: MalformedPolicy,
     pub api_socket: PathBuf,
@@ -831,8 +953,8 @@ impl Config {
         let warnings = check_vips(
             vips,
             &self.layout,
-            self.outer_source_v4.is_some(),
-            self.outer_source_v6.is_some(),
+            self.outer_source_v4.is_some() || self.outer_source_v4_prefix.is_some(),
+            self.outer_source_v6.is_some() || self.outer_source_v6_prefix.is_some(),
             false,
             &mut errors,
         );
@@ -943,6 +1065,54 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
             ),
         );
     }
+    if raw.mtu != 0 && raw.mtu < MIN_MTU {
+        err(
+            "mtu".into(),
+            format!(
+                "{} is below {MIN_MTU} (1280, the IPv6 minimum, plus 48 bytes of encapsulation); 0 turns the check off",
+                raw.mtu
+            ),
+        );
+    }
+    if raw.gue_port == 0 {
+        err("gue_port".into(), "must not be 0".into());
+    }
+    for (field, fixed, prefix, family, min_len) in [
+        (
+            "outer_source_v4_prefix",
+            raw.outer_source_v4.is_some(),
+            raw.outer_source_v4_prefix,
+            "IPv4",
+            0,
+        ),
+        (
+            "outer_source_v6_prefix",
+            raw.outer_source_v6.is_some(),
+            raw.outer_source_v6_prefix,
+            "IPv6",
+            96,
+        ),
+    ] {
+        let Some(p) = prefix else { continue };
+        if p.addr.is_ipv4() != (family == "IPv4") {
+            err(field.into(), format!("{p} is not an {family} prefix"));
+        } else if fixed {
+            err(
+                field.into(),
+                format!(
+                    "set either {} or {field}, not both",
+                    field.trim_end_matches("_prefix")
+                ),
+            );
+        } else if p.len < min_len {
+            err(
+                field.into(),
+                format!(
+                    "{p}: the prefix must be /{min_len} or longer (host bits come from the client's last 32 bits)"
+                ),
+            );
+        }
+    }
     errors.extend(prefixed("announce", raw.announce.validate()));
     if raw.shutdown_grace > Duration::from_secs(600) {
         errors.push(ConfigError {
@@ -967,8 +1137,8 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
         warnings = check_vips(
             &raw.vips,
             &layout,
-            raw.outer_source_v4.is_some(),
-            raw.outer_source_v6.is_some(),
+            raw.outer_source_v4.is_some() || raw.outer_source_v4_prefix.is_some(),
+            raw.outer_source_v6.is_some() || raw.outer_source_v6_prefix.is_some(),
             true,
             &mut errors,
         );
@@ -993,6 +1163,12 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
         gateway: raw.gateway_mac,
         outer_source_v4: raw.outer_source_v4,
         outer_source_v6: raw.outer_source_v6,
+        outer_source_v4_prefix: raw.outer_source_v4_prefix,
+        outer_source_v6_prefix: raw.outer_source_v6_prefix,
+        mtu: raw.mtu,
+        gue_port: raw.gue_port,
+        icmp_echo: raw.icmp_echo,
+        too_big_no_df: raw.too_big_no_df,
         layout,
         malformed: raw.malformed,
         bpffs: raw.bpffs,
@@ -1086,10 +1262,22 @@ fn check_vips(
         );
     }
     let mut ids = BTreeSet::new();
+    let mut frag_hash = std::collections::BTreeMap::new();
     for (i, vip) in vips.iter().enumerate() {
         let at = format!("vips[{i}]");
         if !ids.insert(vip.id) {
             err(at.clone(), format!("VIP {} is defined twice", vip.id));
+        }
+        if vip.fragments == FragmentPolicy::Hash
+            && let Some(other) = frag_hash.insert((vip.id.addr, vip.id.proto), vip.id)
+        {
+            err(
+                format!("{at}.fragments"),
+                format!(
+                    "VIP {other} already hashes the fragments to {} {}; fragments carry no port, so only one VIP per address and protocol can",
+                    vip.id.addr, vip.id.proto
+                ),
+            );
         }
         if vip.id.addr.is_unspecified() || vip.id.addr.is_multicast() {
             err(
@@ -1350,6 +1538,134 @@ vips:
         assert!(
             errors(&with("weight: 2", "weight: -1"))[0]
                 .starts_with("vips[0].backends[0].weight: invalid type")
+        );
+    }
+
+    #[test]
+    fn shipped_configurations_parse() {
+        for (name, text) in [
+            ("example.yaml", include_str!("../../config/example.yaml")),
+            ("minimal.yaml", include_str!("../../config/minimal.yaml")),
+            ("health.yaml", include_str!("../../config/health.yaml")),
+            ("demo.yaml", include_str!("../../config/demo.yaml")),
+        ] {
+            if let Err(e) = Config::parse(text) {
+                panic!("config/{name}: {e}");
+            }
+        }
+    }
+
+    #[test]
+    fn datapath_defaults_are_on() {
+        let c = Config::parse(GOOD).expect("valid");
+        assert_eq!(c.mtu, 1500);
+        assert_eq!(c.gue_port, GUE_PORT);
+        assert!(c.icmp_echo);
+        assert_eq!(c.too_big_no_df, TooBigPolicy::Drop);
+        assert!(c.vips.iter().all(|v| v.fragments == FragmentPolicy::Drop));
+        assert_eq!(c.outer_source_v4_prefix, None);
+    }
+
+    #[test]
+    fn datapath_settings_parse() {
+        let text = with(
+            "table_size: 4099",
+            "table_size: 4099\nmtu: 9000\ngue_port: 7000\nicmp_echo: false\ntoo_big_no_df: pass",
+        )
+        .replace(
+            "conntrack: false",
+            "conntrack: false\n    fragments: hash\n    encap: gue",
+        )
+        .replace("    encap: gre\n", "");
+        let c = Config::parse(&text).expect("valid");
+        assert_eq!((c.mtu, c.gue_port, c.icmp_echo), (9000, 7000, false));
+        assert_eq!(c.too_big_no_df, TooBigPolicy::Pass);
+        assert_eq!(c.vips[1].fragments, FragmentPolicy::Hash);
+        assert_eq!(c.vips[1].encap, Encap::Gue);
+        // Written back in the same shape.
+        let yaml = serde_yaml::to_string(&c.vips[1]).expect("serialize");
+        assert!(yaml.contains("fragments: hash"), "{yaml}");
+        assert!(yaml.contains("encap: gue"), "{yaml}");
+    }
+
+    #[test]
+    fn mtu_too_small_for_ipv6_is_rejected() {
+        assert_eq!(
+            errors(&with("table_size: 4099", "table_size: 4099\nmtu: 1300")),
+            vec![
+                "mtu: 1300 is below 1328 (1280, the IPv6 minimum, plus 48 bytes of encapsulation); 0 turns the check off"
+            ]
+        );
+        Config::parse(&with("table_size: 4099", "table_size: 4099\nmtu: 0")).expect("0 is off");
+    }
+
+    #[test]
+    fn outer_source_prefixes() {
+        let c = Config::parse(
+            &GOOD
+                .replace(
+                    "outer_source_v4: 10.0.0.2",
+                    "outer_source_v4_prefix: 10.99.0.0/16",
+                )
+                .replace(
+                    "outer_source_v6: fd00::2",
+                    "outer_source_v6_prefix: fd00:99::/96",
+                ),
+        )
+        .expect("prefixes stand in for fixed sources");
+        let p = c.outer_source_v4_prefix.expect("v4 prefix");
+        assert_eq!((p.to_string(), p.host_bits()), ("10.99.0.0/16".into(), 16));
+        assert_eq!(c.outer_source_v6_prefix.expect("v6").host_bits(), 32);
+
+        assert_eq!(
+            errors(&with(
+                "outer_source_v4: 10.0.0.2",
+                "outer_source_v4: 10.0.0.2\nouter_source_v4_prefix: 10.99.0.0/16"
+            )),
+            vec![
+                "outer_source_v4_prefix: set either outer_source_v4 or outer_source_v4_prefix, not both"
+            ]
+        );
+        assert_eq!(
+            errors(&GOOD.replace(
+                "outer_source_v6: fd00::2",
+                "outer_source_v6_prefix: fd00:99::/64"
+            )),
+            vec![
+                "outer_source_v6_prefix: fd00:99::/64: the prefix must be /96 or longer (host bits come from the client's last 32 bits)"
+            ]
+        );
+        assert_eq!(
+            errors(&GOOD.replace(
+                "outer_source_v4: 10.0.0.2",
+                "outer_source_v4_prefix: fd00::/120"
+            )),
+            vec!["outer_source_v4_prefix: fd00::/120 is not an IPv4 prefix"]
+        );
+        assert!(
+            errors(&GOOD.replace(
+                "outer_source_v4: 10.0.0.2",
+                "outer_source_v4_prefix: 10.0.0.0/33"
+            ))[0]
+                .contains("`33` is not a prefix length 0-32")
+        );
+    }
+
+    #[test]
+    fn one_vip_per_address_and_protocol_hashes_fragments() {
+        let text = r#"
+interfaces: [eth0]
+outer_source_v4: 10.0.0.2
+vips:
+  - {address: 10.99.0.1, port: 53, protocol: udp, fragments: hash, backends: [{address: 10.1.0.1}]}
+  - {address: 10.99.0.1, port: 5353, protocol: udp, fragments: hash, backends: [{address: 10.1.0.1}]}
+  - {address: 10.99.0.1, port: 53, protocol: tcp, fragments: hash, backends: [{address: 10.1.0.1}]}
+"#;
+        assert_eq!(
+            errors(text),
+            vec![
+                "vips[1].fragments: VIP 10.99.0.1:53/udp already hashes the fragments to 10.99.0.1 udp; fragments carry no port, so only one VIP per address and protocol can"
+            ]
         );
     }
 

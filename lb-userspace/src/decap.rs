@@ -207,8 +207,9 @@ impl Decap {
 
     /// Replaces the set of local addresses: the ones not in `addrs` are
     /// removed first, then the new ones added, so an address in both sets
-    /// is never missing, even for a moment.
-    pub fn set_local_addrs(&mut self, addrs: &[IpAddr]) -> Result<()> {
+    /// is never missing, even for a moment. Each accepts GUE on `gue_port`
+    /// (host order; 0: no GUE) besides IP-in-IP and GRE.
+    pub fn set_local_addrs(&mut self, addrs: &[IpAddr], gue_port: u16) -> Result<()> {
         let want: HashSet<DecapAddr> = addrs.iter().map(|a| DecapAddr::new(*a)).collect();
         if want.len() > DECAP_MAX_ADDRS as usize {
             return Err(DecapError::TooManyAddresses {
@@ -234,7 +235,8 @@ impl Decap {
             }
         }
         for key in &want {
-            map.insert(key, 1, 0).map_err(map_err(MAP_DECAP_ADDRS))?;
+            map.insert(key, u32::from(gue_port.to_be()), 0)
+                .map_err(map_err(MAP_DECAP_ADDRS))?;
         }
         Ok(())
     }
@@ -275,11 +277,17 @@ impl Decap {
 ///
 /// The program decapsulates tunnel packets addressed to `local`, or, if
 /// `local` is empty, to every address `iface` has now in the current network
-/// namespace. If `pin_dir` already holds our link on `iface`, the program is
+/// namespace; GUE on UDP port `gue_port` (0: no GUE). If `pin_dir` already holds our link on `iface`, the program is
 /// replaced atomically inside that link (no packet sees no program), the
 /// pinned maps are kept (counters continue) and the address set is replaced;
 /// `mode` then has no effect, as a link keeps the mode it was created with.
-pub fn attach(iface: &str, mode: XdpMode, local: &[IpAddr], pin_dir: &Path) -> Result<()> {
+pub fn attach(
+    iface: &str,
+    mode: XdpMode,
+    local: &[IpAddr],
+    gue_port: u16,
+    pin_dir: &Path,
+) -> Result<()> {
     let info = interface(iface)?;
     let addrs = if local.is_empty() {
         info.addrs
@@ -296,7 +304,7 @@ pub fn attach(iface: &str, mode: XdpMode, local: &[IpAddr], pin_dir: &Path) -> R
     let existing = pinned_link(&link_path, iface, info.index)?;
     let replacing = existing.is_some();
 
-    let result = load_and_attach(iface, mode, &addrs, pin_dir, existing);
+    let result = load_and_attach(iface, mode, &addrs, gue_port, pin_dir, existing);
 
     match &result {
         Ok(()) => tracing::info!(
@@ -304,6 +312,7 @@ pub fn attach(iface: &str, mode: XdpMode, local: &[IpAddr], pin_dir: &Path) -> R
             ?mode,
             replaced = replacing,
             addrs = ?addrs,
+            gue_port,
             pin_dir = %pin_dir.display(),
             "decap program attached"
         ),
@@ -326,12 +335,13 @@ fn load_and_attach(
     iface: &str,
     mode: XdpMode,
     addrs: &[IpAddr],
+    gue_port: u16,
     pin_dir: &Path,
     existing: Option<FdLink>,
 ) -> Result<()> {
     let link_path = pin_dir.join(LINK_PIN);
     let mut decap = Decap::load_with(Some(pin_dir))?;
-    decap.set_local_addrs(addrs)?;
+    decap.set_local_addrs(addrs, gue_port)?;
     let prog = decap.program();
     match existing {
         Some(link) => {

@@ -1,7 +1,7 @@
 //! What will the datapath do with this flow? The userspace model of the XDP
 //! program's decision (VIP filter, connection table, VIP lookup, Maglev),
 //! computed from the maps through a [`Dataplane`] with the same hash as the
-//! kernel.
+//! kernel. It models TCP and UDP packets, not fragments or ICMP.
 //!
 //! `lbctl simulate` answers operators with it; the datapath tests use it as
 //! the reference the kernel's output must match.
@@ -10,7 +10,7 @@ use lb_common::{
     BackendDef, FlowKey, VipKey, VipMeta,
     consts::{
         BACKEND_F_USABLE, BACKEND_INDEX_MASK, CFG_F_ALL_PORTS_VIPS, TABLE_CHUNK_SLOTS,
-        VIP_F_NO_BACKENDS,
+        VIP_F_FRAG_HASH, VIP_F_NO_BACKENDS,
     },
     flow::{ct_position, maglev_slot},
 };
@@ -31,7 +31,8 @@ pub struct Prediction {
     pub vip: VipKey,
     pub meta: VipMeta,
     pub hash: u64,
-    /// Maglev slot `hash % M`.
+    /// Maglev slot: `hash % M`, or the 3-tuple hash `% M` for a VIP that
+    /// hashes fragments.
     pub slot: u32,
     /// `None`: the VIP has no usable backend, the packet is dropped.
     pub backend: Option<BackendDef>,
@@ -120,6 +121,17 @@ pub fn predict(dp: &dyn Dataplane, flow: &FlowKey, syn: bool) -> Result<Option<P
     }
     let Some((vip, meta)) = vip else {
         return Ok(None);
+    };
+    // A VIP that hashes fragments picks every backend by the 3-tuple.
+    let slot = if meta.flags & VIP_F_FRAG_HASH != 0 && cfg.table_size != 0 {
+        let three = FlowKey {
+            sport: 0,
+            dport: 0,
+            ..*flow
+        };
+        maglev_slot(three.hash(), cfg.table_size)
+    } else {
+        slot
     };
     let mut p = Prediction {
         vip,

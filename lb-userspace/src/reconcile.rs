@@ -12,29 +12,32 @@
 //! - a new backend is written before any table refers to it; a removed one
 //!   is retired only after no table refers to it, keeping its handle so the
 //!   next occupant of its index gets a new generation;
-//! - unchanged VIPs and backends are not written at all.
+//! - unchanged VIPs and backends are not written at all;
+//! - the auxiliary `LB_VIPS` keys (per address: ICMP; per address and
+//!   protocol: fragment policy) follow the VIP set after every apply.
 //!
 //! [`Reconciler::adopt`] rebuilds this view from maps that already exist
 //! (pinned by a previous `lbd`), so a restart with the same configuration
 //! writes nothing and disturbs no flow.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, HashMap},
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
 use lb_common::{
-    BackendDef, CounterValue, DatapathConfig, FlowKey, VipMeta, addr_to_words,
+    BackendDef, CounterValue, DatapathConfig, FlowKey, VipKey, VipMeta, addr_to_words,
     consts::{
         BACKEND_F_USABLE, BACKEND_INDEX_MASK, CFG_F_ALL_PORTS_VIPS, CFG_F_DROP_MALFORMED,
-        TABLE_CHUNK_SLOTS, VIP_F_NO_BACKENDS, VIP_F_NO_CONNTRACK,
+        CFG_F_ICMP_ECHO, CFG_F_PASS_TOO_BIG, FAMILY_V4, GUE_PORT, KEY_FRAGMENTS, PROTO_ICMP,
+        PROTO_ICMPV6, TABLE_CHUNK_SLOTS, VIP_F_FRAG_HASH, VIP_F_NO_BACKENDS, VIP_F_NO_CONNTRACK,
     },
 };
 use thiserror::Error;
 use tracing::{debug, info};
 
 use crate::{
-    config::{Encap, MalformedPolicy, VipConfig, VipId},
+    config::{Encap, FragmentPolicy, MalformedPolicy, VipConfig, VipId},
     dataplane::{Dataplane, DataplaneError, Layout},
     maglev::{self, MaglevBackend, MaglevError, MaglevTable},
     predict::{self, Prediction},
@@ -62,9 +65,50 @@ pub type Result<T, E = ReconcileError> = std::result::Result<T, E>;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DatapathSettings {
     pub gateway_mac: [u8; 6],
+    /// Outer source addresses (or the prefix address, see below).
     pub outer_source_v4: Option<Ipv4Addr>,
     pub outer_source_v6: Option<Ipv6Addr>,
+    /// Low bits of the outer source taken from the client's address (its
+    /// last 32 bits): 0 for a fixed source, at most 32.
+    pub outer_source_v4_host_bits: u8,
+    pub outer_source_v6_host_bits: u8,
     pub malformed: MalformedPolicy,
+    /// MTU toward the backends; 0: unchecked.
+    pub mtu: u16,
+    /// GUE destination port (host order).
+    pub gue_port: u16,
+    pub icmp_echo: bool,
+    /// Pass (rather than drop) IPv4 packets without DF that are too big.
+    pub pass_too_big: bool,
+}
+
+impl Default for DatapathSettings {
+    /// No gateway MAC or outer source, MTU unchecked, echo answered.
+    fn default() -> Self {
+        Self {
+            gateway_mac: [0; 6],
+            outer_source_v4: None,
+            outer_source_v6: None,
+            outer_source_v4_host_bits: 0,
+            outer_source_v6_host_bits: 0,
+            malformed: MalformedPolicy::Pass,
+            mtu: 0,
+            gue_port: GUE_PORT,
+            icmp_echo: true,
+            pass_too_big: false,
+        }
+    }
+}
+
+/// The host mask of a word whose last `bits` bits (in network order) are
+/// host bits, as the datapath stores words.
+fn host_mask(bits: u8) -> u32 {
+    let host_order = match bits {
+        0 => 0,
+        b if b >= 32 => u32::MAX,
+        b => (1u32 << b) - 1,
+    };
+    u32::from_ne_bytes(host_order.to_be_bytes())
 }
 
 /// One backend of one VIP as the kernel knows it.
@@ -253,11 +297,21 @@ impl<D: Dataplane> Reconciler<D> {
             .outer_source_v6
             .map(|a| addr_to_words(a.into()).0)
             .unwrap_or_default();
+        cfg.src_v4_host_mask = host_mask(s.outer_source_v4_host_bits);
+        cfg.src_v6_host_mask = host_mask(s.outer_source_v6_host_bits);
+        cfg.mtu = s.mtu;
+        cfg.gue_port = s.gue_port.to_be();
         cfg.flags = self.all_ports_flag(cfg.flags);
-        if s.malformed == MalformedPolicy::Drop {
-            cfg.flags |= CFG_F_DROP_MALFORMED;
-        } else {
-            cfg.flags &= !CFG_F_DROP_MALFORMED;
+        for (bit, on) in [
+            (CFG_F_DROP_MALFORMED, s.malformed == MalformedPolicy::Drop),
+            (CFG_F_ICMP_ECHO, s.icmp_echo),
+            (CFG_F_PASS_TOO_BIG, s.pass_too_big),
+        ] {
+            if on {
+                cfg.flags |= bit;
+            } else {
+                cfg.flags &= !bit;
+            }
         }
         if cfg == old {
             return Ok(false);
@@ -299,6 +353,7 @@ impl<D: Dataplane> Reconciler<D> {
         for vip in desired {
             self.apply_vip(vip, usable, &mut report)?;
         }
+        self.sync_aux_keys(desired)?;
         // The filter follows the VIP set: new VIPs become reachable, removed
         // ones stop costing a lookup.
         self.dp.sync_vip_filter()?;
@@ -312,6 +367,56 @@ impl<D: Dataplane> Reconciler<D> {
             info!(?report, "dataplane updated");
         }
         Ok(report)
+    }
+
+    /// Makes the auxiliary `LB_VIPS` keys match the VIP set: an ICMP key
+    /// per VIP address, a fragment key per VIP address and protocol (naming
+    /// the VIP that hashes fragments, if one does). New keys are written
+    /// before stale ones are removed.
+    fn sync_aux_keys(&mut self, desired: &[VipConfig]) -> Result<()> {
+        let mut want: HashMap<VipKey, VipMeta> = HashMap::new();
+        for vip in desired {
+            let key = vip.id.key();
+            let icmp = if key.family == FAMILY_V4 {
+                PROTO_ICMP
+            } else {
+                PROTO_ICMPV6
+            };
+            want.insert(
+                VipKey {
+                    port: 0,
+                    proto: icmp,
+                    ..key
+                },
+                VipMeta::default(),
+            );
+            let frag = want
+                .entry(VipKey {
+                    port: 0,
+                    family: key.family | KEY_FRAGMENTS,
+                    ..key
+                })
+                .or_default();
+            if vip.fragments == FragmentPolicy::Hash {
+                frag.flags = VIP_F_FRAG_HASH;
+                frag.aux_port = key.port;
+            }
+        }
+        let have: HashMap<VipKey, VipMeta> = self
+            .dp
+            .vips()?
+            .into_iter()
+            .filter(|(k, _)| is_aux_key(k))
+            .collect();
+        for (key, meta) in &want {
+            if have.get(key) != Some(meta) {
+                self.dp.upsert_vip(key, meta)?;
+            }
+        }
+        for key in have.keys().filter(|k| !want.contains_key(k)) {
+            self.dp.remove_vip(key)?;
+        }
+        Ok(())
     }
 
     fn remove_vip(&mut self, id: &VipId) -> Result<()> {
@@ -484,9 +589,12 @@ impl<D: Dataplane> Reconciler<D> {
 
         let mut meta = self.vips[&id].meta;
         meta.encap = vip.encap.code();
-        meta.flags &= !VIP_F_NO_CONNTRACK;
+        meta.flags &= !(VIP_F_NO_CONNTRACK | VIP_F_FRAG_HASH);
         if !vip.conntrack {
             meta.flags |= VIP_F_NO_CONNTRACK;
+        }
+        if vip.fragments == FragmentPolicy::Hash {
+            meta.flags |= VIP_F_FRAG_HASH;
         }
         let state = self.vips.get_mut(&id).expect("present");
         state.encap = vip.encap;
@@ -561,6 +669,11 @@ impl<D: Dataplane> Reconciler<D> {
         }
         Ok(Some((vip, backends)))
     }
+}
+
+/// An auxiliary `LB_VIPS` key (ICMP or fragment policy), not a VIP.
+pub fn is_aux_key(key: &VipKey) -> bool {
+    key.family & KEY_FRAGMENTS != 0 || key.proto == PROTO_ICMP || key.proto == PROTO_ICMPV6
 }
 
 /// A random 64-bit seed from the kernel.
@@ -835,13 +948,98 @@ mod tests {
     }
 
     #[test]
+    fn auxiliary_keys_follow_the_vip_set() {
+        let mut r = Reconciler::adopt(FakeDataplane::new(layout())).unwrap();
+        let mut dns = vip("10.0.0.1", 53, &[("10.1.0.1", 1)]);
+        dns.id.proto = Protocol::Udp;
+        dns.fragments = FragmentPolicy::Hash;
+        let web = vip("10.0.0.1", 80, &[("10.1.0.1", 1)]);
+        let v6 = vip("2001:db8::1", 80, &[("fd00::1", 1)]);
+        r.apply(&[dns.clone(), web.clone(), v6.clone()], &all)
+            .unwrap();
+        let aux = |r: &Reconciler<FakeDataplane>| -> HashMap<VipKey, VipMeta> {
+            r.dataplane()
+                .vips()
+                .unwrap()
+                .into_iter()
+                .filter(|(k, _)| is_aux_key(k))
+                .collect()
+        };
+        let keys = aux(&r);
+        // ICMP: one per address; fragments: one per address and protocol.
+        assert_eq!(keys.len(), 2 + 3, "{keys:?}");
+        let frag_udp = VipKey {
+            port: 0,
+            family: FAMILY_V4 | KEY_FRAGMENTS,
+            ..dns.id.key()
+        };
+        assert_eq!(keys[&frag_udp].flags, VIP_F_FRAG_HASH);
+        assert_eq!(keys[&frag_udp].aux_port, 53u16.to_be());
+        let frag_tcp = VipKey {
+            port: 0,
+            family: FAMILY_V4 | KEY_FRAGMENTS,
+            ..web.id.key()
+        };
+        assert_eq!(keys[&frag_tcp].flags, 0, "tcp fragments are dropped");
+        let icmp6 = VipKey {
+            port: 0,
+            proto: PROTO_ICMPV6,
+            ..v6.id.key()
+        };
+        assert!(keys.contains_key(&icmp6));
+        // The VIP itself carries the flag for its whole packets.
+        assert_ne!(r.vips()[&dns.id].meta.flags & VIP_F_FRAG_HASH, 0);
+        assert_eq!(r.vips()[&web.id].meta.flags & VIP_F_FRAG_HASH, 0);
+
+        // A restart adopts only the VIPs.
+        let dp = std::mem::replace(r.dataplane_mut(), FakeDataplane::new(layout()));
+        let mut r = Reconciler::adopt(dp).unwrap();
+        assert_eq!(r.vips().len(), 3);
+
+        // Without the IPv6 VIP and the hash policy.
+        dns.fragments = FragmentPolicy::Drop;
+        r.apply(&[dns.clone(), web], &all).unwrap();
+        let keys = aux(&r);
+        assert_eq!(keys.len(), 1 + 2, "{keys:?}");
+        assert!(!keys.contains_key(&icmp6), "gone with its address");
+        assert_eq!(keys[&frag_udp].flags, 0, "policy back to drop");
+        assert_eq!(r.vips()[&dns.id].meta.flags & VIP_F_FRAG_HASH, 0);
+    }
+
+    #[test]
+    fn datapath_settings_reach_the_config() {
+        let mut r = Reconciler::adopt(FakeDataplane::new(layout())).unwrap();
+        r.apply_settings(&DatapathSettings {
+            outer_source_v4: Some("10.99.0.0".parse().unwrap()),
+            outer_source_v4_host_bits: 16,
+            outer_source_v6: Some("fd00:99::".parse().unwrap()),
+            outer_source_v6_host_bits: 32,
+            mtu: 9000,
+            gue_port: 7000,
+            icmp_echo: false,
+            pass_too_big: true,
+            ..Default::default()
+        })
+        .unwrap();
+        let cfg = r.dataplane().config().unwrap();
+        assert_eq!(cfg.src_v4_host_mask, u32::from_ne_bytes([0, 0, 0xff, 0xff]));
+        assert_eq!(cfg.src_v6_host_mask, u32::MAX);
+        assert_eq!(cfg.src_v4, u32::from_ne_bytes([10, 99, 0, 0]));
+        assert_eq!((cfg.mtu, cfg.gue_port), (9000, 7000u16.to_be()));
+        assert_eq!(cfg.flags & CFG_F_ICMP_ECHO, 0);
+        assert_ne!(cfg.flags & CFG_F_PASS_TOO_BIG, 0);
+        assert_eq!(host_mask(0), 0);
+        assert_eq!(host_mask(8), u32::from_ne_bytes([0, 0, 0, 0xff]));
+    }
+
+    #[test]
     fn settings_keep_an_existing_seed() {
         let mut r = Reconciler::adopt(FakeDataplane::new(layout())).unwrap();
         let s = DatapathSettings {
             gateway_mac: [2, 0, 0, 0, 0, 1],
             outer_source_v4: Some("10.0.0.9".parse().unwrap()),
-            outer_source_v6: None,
             malformed: MalformedPolicy::Drop,
+            ..Default::default()
         };
         assert!(r.apply_settings(&s).unwrap());
         let cfg = r.dataplane().config().unwrap();

@@ -161,6 +161,10 @@ enum DecapCommand {
         /// Tunnel endpoint addresses to accept (default: IFACE's addresses).
         #[arg(long = "local")]
         local: Vec<IpAddr>,
+        /// UDP port on which GUE tunnels are accepted (the balancer's
+        /// `gue_port`); 0 accepts no GUE.
+        #[arg(long, default_value_t = lb_common::consts::GUE_PORT)]
+        gue_port: u16,
     },
     /// Detach it from IFACE.
     Detach { iface: String },
@@ -381,13 +385,18 @@ fn decap_dir(iface: &str) -> PathBuf {
 fn decap(cmd: DecapCommand, json: bool) -> Result<()> {
     use aya::programs::XdpMode;
     match cmd {
-        DecapCommand::Attach { iface, mode, local } => {
+        DecapCommand::Attach {
+            iface,
+            mode,
+            local,
+            gue_port,
+        } => {
             let mode = match mode {
                 ModeArg::Native => XdpMode::Driver,
                 ModeArg::Generic => XdpMode::Skb,
                 ModeArg::Auto => XdpMode::Default,
             };
-            lb::decap::attach(&iface, mode, &local, &decap_dir(&iface))
+            lb::decap::attach(&iface, mode, &local, gue_port, &decap_dir(&iface))
                 .with_context(|| format!("attaching the decap program to {iface}"))?;
             println!("decap attached to {iface}");
         }

@@ -94,11 +94,11 @@ impl Dataplane for FakeDataplane {
     }
 
     fn upsert_vip(&mut self, key: &VipKey, meta: &VipMeta) -> Result<()> {
-        if !self.vips.contains_key(key) && self.vips.len() >= self.layout.max_vips as usize {
+        if !self.vips.contains_key(key) && self.vips.len() >= self.layout.vip_keys() as usize {
             return Err(DataplaneError::OutOfRange {
-                what: "VIP count",
+                what: "VIP keys",
                 index: self.vips.len() as u32,
-                limit: self.layout.max_vips,
+                limit: self.layout.vip_keys(),
             });
         }
         self.write(1)?;

@@ -56,7 +56,7 @@ impl KernelDataplane {
         layout.validate()?;
         let mut loader = EbpfLoader::new();
         loader
-            .map_max_entries(MAP_VIPS, layout.max_vips)
+            .map_max_entries(MAP_VIPS, layout.vip_keys())
             .map_max_entries(MAP_BACKENDS, layout.max_backends)
             .map_max_entries(MAP_TABLES, layout.table_map_entries())
             .map_max_entries(MAP_FLOWS, layout.ct_buckets)
@@ -221,7 +221,7 @@ fn expected_maps(layout: &Layout) -> [(&'static str, u32, u32); 9] {
     let v = |n: usize| n as u32;
     [
         (MAP_CONFIG, 1, v(size_of::<lb_common::DatapathConfig>())),
-        (MAP_VIPS, layout.max_vips, v(size_of::<VipMeta>())),
+        (MAP_VIPS, layout.vip_keys(), v(size_of::<VipMeta>())),
         (
             MAP_BACKENDS,
             layout.max_backends,

@@ -125,6 +125,12 @@ impl Layout {
         self.max_vips * 2 * self.table_chunks()
     }
 
+    /// Entries of `LB_VIPS`: each VIP, plus its address's ICMP key and its
+    /// address and protocol's fragment key.
+    pub fn vip_keys(&self) -> u32 {
+        self.max_vips * lb_common::consts::VIP_KEYS_PER_VIP
+    }
+
     /// First chunk of half `half` (0 or 1) of VIP `vip_id`'s table region.
     pub fn half_base(&self, vip_id: u32, half: u32) -> u32 {
         (vip_id * 2 + half) * self.table_chunks()
@@ -140,7 +146,7 @@ impl Layout {
         use lb_common::consts::*;
         let per_cpu = ncpus as u64;
         vec![
-            (MAP_VIPS, self.max_vips as u64 * (20 + 16 + 48)),
+            (MAP_VIPS, self.vip_keys() as u64 * (20 + 16 + 48)),
             (MAP_BACKENDS, self.max_backends as u64 * 32),
             (
                 MAP_TABLES,

@@ -1,5 +1,5 @@
 //! `lb_decap`: the backend side of lb's tunnels. The balancer wraps each
-//! packet in IP-in-IP (4in4, 6in6, 4in6, 6in4) or GRE toward the backend;
+//! packet in IP-in-IP (4in4, 6in6, 4in6, 6in4), GRE or GUE toward the backend;
 //! the kernels we run on have no ipip/gre/fou modules, so this program strips
 //! the outer headers in XDP and passes the inner packet (addressed to a VIP
 //! on the backend's `lo`) to the stack, as if it had arrived bare.

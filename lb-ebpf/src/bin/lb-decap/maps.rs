@@ -8,7 +8,8 @@ use aya_ebpf::{
 use lb_common::{CounterValue, DecapAddr, consts::DECAP_MAX_ADDRS, counters::DECAP_COUNTER_SLOTS};
 
 /// The backend's own addresses: a tunnel packet is stripped only if its
-/// outer destination is one of them. The value is not read.
+/// outer destination is one of them. The value is the UDP port (network
+/// order, low 16 bits) on which that address accepts GUE; 0: no GUE.
 #[map]
 pub static LB_DECAP_ADDRS: HashMap<DecapAddr, u32> = HashMap::with_max_entries(DECAP_MAX_ADDRS, 0);
 

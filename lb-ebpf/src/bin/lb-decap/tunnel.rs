@@ -1,13 +1,13 @@
 //! Recognising a tunnel packet addressed to us: Ethernet (one optional
-//! 802.1Q/802.1ad tag), the outer IPv4 or IPv6 header, the GRE header if
-//! any, and the inner IP header's version and length.
+//! 802.1Q/802.1ad tag), the outer IPv4 or IPv6 header, the GRE or GUE (UDP)
+//! header if any, and the inner IP header's version and length.
 //!
 //! It changes nothing in the packet. Either it returns a [`Tunnel`] that is
 //! safe to strip, or the counter that says why not. Checks run in this
 //! order, so the counter is the first thing that is wrong:
 //!
-//! 1. not IP, or IP with a protocol other than 4/41/47 (IPv6: as the fixed
-//!    header's next header; extension headers are not walked) →
+//! 1. not IP, or IP with a protocol other than 4/41/47/17 (IPv6: as the
+//!    fixed header's next header; extension headers are not walked) →
 //!    `pass_not_tunnel`;
 //! 2. outer destination not in `LB_DECAP_ADDRS` → `pass_not_local`: another
 //!    host's traffic is never judged, whatever its state;
@@ -15,8 +15,12 @@
 //!    `pass_outer_fragment`;
 //! 4. GRE that lb does not send (flags, version, payload type) →
 //!    `pass_gre_unsupported`; GRE header cut short → `malformed_outer`;
+//!    UDP to another host, or to another port than the address's GUE port
+//!    (the map's value; 0: no GUE) → `pass_not_tunnel`; UDP length wrong →
+//!    `malformed_outer`;
 //! 5. inner header missing, of the wrong version or longer than the outer
-//!    packet → `malformed_inner`.
+//!    packet → `malformed_inner`. For GUE the version nibble of the first
+//!    byte says which inner header to expect (GUE variant 1).
 //!
 //! The outer IPv4 checksum is not verified (the kernel's tunnel drivers rely
 //! on `ip_rcv` for that; here the Ethernet FCS covers the last hop, and the
@@ -27,15 +31,16 @@ use lb_common::{
     DecapAddr,
     consts::{
         ETH_HDR_LEN, ETH_P_8021AD, ETH_P_8021Q, ETH_P_IPV4, ETH_P_IPV6, FAMILY_V4, FAMILY_V6,
-        GRE_HDR_LEN, IPV4_HDR_LEN, IPV6_HDR_LEN, PROTO_GRE, PROTO_IPIP, PROTO_IPV6, VLAN_HDR_LEN,
+        GRE_HDR_LEN, IPV4_HDR_LEN, IPV6_HDR_LEN, PROTO_GRE, PROTO_IPIP, PROTO_IPV6, PROTO_UDP,
+        UDP_HDR_LEN, VLAN_HDR_LEN,
     },
     counters::DecapCounter::{
-        self, DecapGre, DecapIpip, MalformedInner, MalformedOuter, PassGreUnsupported,
+        self, DecapGre, DecapGue, DecapIpip, MalformedInner, MalformedOuter, PassGreUnsupported,
         PassNotLocal, PassNotTunnel, PassOuterFragment,
     },
 };
 use lb_ebpf::{
-    hdr::{EthHdr, GreHdr, IP_MF, IP_OFFSET, Ipv4Hdr, Ipv6Hdr, VlanHdr, be16},
+    hdr::{EthHdr, GreHdr, IP_MF, IP_OFFSET, Ipv4Hdr, Ipv6Hdr, UdpHdr, VlanHdr, be16},
     parse::ptr_at,
 };
 
@@ -51,7 +56,8 @@ pub struct Tunnel {
     pub overhead: usize,
     /// Ethertype of the inner packet, network order.
     pub inner_ethertype: u16,
-    /// `DecapIpip` or `DecapGre`: the outcome if stripping succeeds.
+    /// `DecapIpip`, `DecapGre` or `DecapGue`: the outcome if stripping
+    /// succeeds.
     pub outcome: DecapCounter,
 }
 
@@ -61,24 +67,38 @@ struct Outer {
     hdr_len: usize,
     /// Length of the whole outer packet per its header.
     len: usize,
-    /// Protocol / next header: 4, 41 or 47.
+    /// Protocol / next header: 4, 41, 47 or 17.
     next: u8,
+    /// The GUE port of the destination address (network order; 0: none).
+    gue_port: u16,
 }
 
 #[inline(always)]
 fn is_tunnel_proto(proto: u8) -> bool {
-    proto == PROTO_IPIP || proto == PROTO_IPV6 || proto == PROTO_GRE
+    proto == PROTO_IPIP || proto == PROTO_IPV6 || proto == PROTO_GRE || proto == PROTO_UDP
 }
 
-/// Is `addr` one of the backend's own addresses?
+/// The outcome of a packet to another host: UDP is only a tunnel on a
+/// local address's GUE port, so to another host it is just UDP.
 #[inline(always)]
-fn is_local(addr: [u32; 4], family: u8) -> bool {
+fn not_local(proto: u8) -> DecapCounter {
+    if proto == PROTO_UDP {
+        PassNotTunnel
+    } else {
+        PassNotLocal
+    }
+}
+
+/// If `addr` is one of the backend's own addresses: its GUE port.
+#[inline(always)]
+fn local(addr: [u32; 4], family: u8) -> Option<u16> {
     let key = DecapAddr {
         addr,
         family,
         _pad: [0; 3],
     };
-    LB_DECAP_ADDRS.get_ptr(key).is_some()
+    // SAFETY: a live map value, copied out.
+    LB_DECAP_ADDRS.get_ptr(key).map(|v| unsafe { *v } as u16)
 }
 
 /// Parses `ctx` down to the inner IP header.
@@ -107,7 +127,30 @@ pub fn parse(ctx: &XdpContext) -> Result<Tunnel, DecapCounter> {
 
     let outer_end = l2_len + outer.len;
     let mut inner_off = l2_len + outer.hdr_len;
-    let (inner_v6, outcome) = if outer.next == PROTO_GRE {
+    let (inner_v6, outcome) = if outer.next == PROTO_UDP {
+        let udp: *const UdpHdr = ptr_at(ctx, inner_off).ok_or(PassNotTunnel)?;
+        // SAFETY: bounds checked by `ptr_at`.
+        let udp = unsafe { *udp };
+        if outer.gue_port == 0 || udp.dest != outer.gue_port {
+            return Err(PassNotTunnel);
+        }
+        if inner_off + UDP_HDR_LEN + 1 > outer_end
+            || u16::from_be(udp.len) as usize != outer_end - inner_off
+        {
+            return Err(MalformedOuter);
+        }
+        inner_off += UDP_HDR_LEN;
+        // Two bytes, not one: a 1-byte check compiles to a comparison the
+        // verifier does not take as a bound.
+        let version: *const [u8; 2] = ptr_at(ctx, inner_off).ok_or(MalformedInner)?;
+        // SAFETY: bounds checked by `ptr_at`.
+        let inner_v6 = match unsafe { (*version)[0] } >> 4 {
+            4 => false,
+            6 => true,
+            _ => return Err(MalformedInner),
+        };
+        (inner_v6, DecapGue)
+    } else if outer.next == PROTO_GRE {
         if inner_off + GRE_HDR_LEN > outer_end {
             return Err(MalformedOuter);
         }
@@ -156,9 +199,9 @@ fn outer_ipv4(ctx: &XdpContext, off: usize, room: usize) -> Result<Outer, DecapC
     if ip.version_ihl >> 4 != 4 || !is_tunnel_proto(ip.protocol) {
         return Err(PassNotTunnel);
     }
-    if !is_local([ip.daddr, 0, 0, 0], FAMILY_V4) {
-        return Err(PassNotLocal);
-    }
+    let Some(gue_port) = local([ip.daddr, 0, 0, 0], FAMILY_V4) else {
+        return Err(not_local(ip.protocol));
+    };
     let ihl = ((ip.version_ihl & 0x0f) as usize) * 4;
     if ihl < IPV4_HDR_LEN {
         return Err(MalformedOuter);
@@ -174,6 +217,7 @@ fn outer_ipv4(ctx: &XdpContext, off: usize, room: usize) -> Result<Outer, DecapC
         hdr_len: ihl,
         len: tot_len,
         next: ip.protocol,
+        gue_port,
     })
 }
 
@@ -187,9 +231,9 @@ fn outer_ipv6(ctx: &XdpContext, off: usize, room: usize) -> Result<Outer, DecapC
     if u32::from_be(ip.vtc_flow) >> 28 != 6 || !is_tunnel_proto(ip.nexthdr) {
         return Err(PassNotTunnel);
     }
-    if !is_local(ip.daddr, FAMILY_V6) {
-        return Err(PassNotLocal);
-    }
+    let Some(gue_port) = local(ip.daddr, FAMILY_V6) else {
+        return Err(not_local(ip.nexthdr));
+    };
     // A jumbogram (payload length 0) leaves no room for an inner header and
     // fails below as `malformed_inner`.
     let len = IPV6_HDR_LEN + u16::from_be(ip.payload_len) as usize;
@@ -200,6 +244,7 @@ fn outer_ipv6(ctx: &XdpContext, off: usize, room: usize) -> Result<Outer, DecapC
         hdr_len: IPV6_HDR_LEN,
         len,
         next: ip.nexthdr,
+        gue_port,
     })
 }
 

@@ -1,13 +1,17 @@
 //! `lb_xdp`: the balancer. Parse; pass what the VIP filter proves is no
 //! VIP's; forward an established flow straight from the connection table;
 //! otherwise find the VIP, pick the backend by Maglev, record the flow;
-//! encapsulate, `XDP_TX`. Every packet ends in exactly one outcome counter,
-//! incremented here and nowhere else.
+//! encapsulate, `XDP_TX`. Fragments and ICMP take their own short paths
+//! (fragment policy, echo replies, errors routed to the flow's backend),
+//! and a packet too big once encapsulated is answered with ICMP. Every
+//! packet ends in exactly one outcome counter, incremented here and
+//! nowhere else.
 #![no_std]
 #![no_main]
 
 mod conntrack;
 mod encap;
+mod icmp;
 mod maglev;
 mod maps;
 mod probe;
@@ -18,7 +22,8 @@ use lb_common::{
     BackendDef, Counter, DatapathConfig, VIP_FILTER_WORDS, VipKey, VipMeta,
     consts::{
         BACKEND_F_USABLE, BACKEND_INDEX_MASK, CFG_F_ALL_PORTS_VIPS, CFG_F_DROP_MALFORMED,
-        FAMILY_V4, VIP_F_NO_BACKENDS, VIP_F_NO_CONNTRACK,
+        CFG_F_ICMP_ECHO, CFG_F_PASS_TOO_BIG, FAMILY_V4, KEY_FRAGMENTS, VIP_F_FRAG_HASH,
+        VIP_F_NO_BACKENDS, VIP_F_NO_CONNTRACK,
     },
     flow::{ct_position, hash_v4, hash_v6, vip_filter_bit},
 };
@@ -27,6 +32,10 @@ use lb_ebpf::{
     parse::{Packet, Reject, parse},
 };
 use maps::{LB_BACKENDS, LB_CONFIG, LB_FLOWS, LB_VIP_FILTER, LB_VIPS};
+
+const PASS: u32 = xdp_action::XDP_PASS;
+const DROP: u32 = xdp_action::XDP_DROP;
+const TX: u32 = xdp_action::XDP_TX;
 
 #[xdp]
 pub fn lb_xdp(ctx: XdpContext) -> u32 {
@@ -40,28 +49,30 @@ pub fn lb_xdp(ctx: XdpContext) -> u32 {
 fn run(ctx: &XdpContext) -> (u32, Counter) {
     let Some(cfg) = LB_CONFIG.get(0) else {
         // Unreachable: an array always has element 0.
-        return (xdp_action::XDP_PASS, Counter::PassNotIp);
+        return (PASS, Counter::PassNotIp);
     };
     let pkt = match parse(ctx) {
         Ok(pkt) => pkt,
-        Err(Reject::NotOurs(c)) => return (xdp_action::XDP_PASS, c),
+        Err(Reject::NotOurs(c)) => return (PASS, c),
         Err(Reject::Malformed(c)) => {
             let action = if cfg.flags & CFG_F_DROP_MALFORMED != 0 {
-                xdp_action::XDP_DROP
+                DROP
             } else {
-                xdp_action::XDP_PASS
+                PASS
             };
             return (action, c);
         }
     };
-    if !maybe_vip(cfg, &pkt) {
-        return (xdp_action::XDP_PASS, Counter::PassNotVip);
+    if pkt.frag {
+        return fragment(ctx, cfg, &pkt);
     }
-    let hash = if pkt.family == FAMILY_V4 {
-        hash_v4(pkt.src[0], pkt.dst[0], pkt.ports, pkt.proto)
-    } else {
-        hash_v6(&pkt.src, &pkt.dst, pkt.ports, pkt.proto)
-    };
+    if pkt.is_icmp() {
+        return icmp_to_vip(ctx, cfg, &pkt);
+    }
+    if !maybe_vip(cfg, &pkt) {
+        return (PASS, Counter::PassNotVip);
+    }
+    let hash = flow_hash(&pkt, &pkt.src, &pkt.dst, pkt.ports, pkt.proto);
     let (bucket_index, tag) = ct_position(hash, cfg.ct_seed);
     let bucket = LB_FLOWS.get_ptr_mut(bucket_index & cfg.ct_mask);
     let syn = pkt.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN;
@@ -82,16 +93,12 @@ fn run(ctx: &XdpContext) -> (u32, Counter) {
         }
     }
 
-    let Some(meta) = find_vip(cfg, &pkt) else {
-        return (xdp_action::XDP_PASS, Counter::PassNotVip);
+    let Some(meta) = find_vip(cfg, &pkt.dst, pkt.dport(), pkt.proto, pkt.family) else {
+        return (PASS, Counter::PassNotVip);
     };
-    if meta.flags & VIP_F_NO_BACKENDS != 0 {
+    let Some(def) = pick(cfg, &meta, &pkt, &pkt.src, &pkt.dst, pkt.proto, hash) else {
         stats::vip(meta.vip_id, pkt.frame_len);
-        return (xdp_action::XDP_DROP, Counter::DropNoBackend);
-    }
-    let Some(def) = maglev::lookup(cfg, &meta, hash).and_then(backend_of) else {
-        stats::vip(meta.vip_id, pkt.frame_len);
-        return (xdp_action::XDP_DROP, Counter::DropNoBackend);
+        return (DROP, Counter::DropNoBackend);
     };
     let outcome = match bucket {
         Some(bucket) if meta.flags & VIP_F_NO_CONNTRACK == 0 => {
@@ -105,7 +112,42 @@ fn run(ctx: &XdpContext) -> (u32, Counter) {
     forward(ctx, cfg, def, &pkt, hash, outcome)
 }
 
-/// Encapsulates for `def` and counts the packet for its VIP and itself.
+/// The flow hash of `{src, dst, ports, proto}` in `pkt`'s family.
+#[inline(always)]
+fn flow_hash(pkt: &Packet, src: &[u32; 4], dst: &[u32; 4], ports: u32, proto: u8) -> u64 {
+    if pkt.family == FAMILY_V4 {
+        hash_v4(src[0], dst[0], ports, proto)
+    } else {
+        hash_v6(src, dst, ports, proto)
+    }
+}
+
+/// The backend of a new flow of the VIP `meta`: Maglev on the flow hash,
+/// or on the 3-tuple hash if the VIP hashes fragments (so that its
+/// fragments and whole packets agree).
+#[inline(always)]
+fn pick(
+    cfg: &DatapathConfig,
+    meta: &VipMeta,
+    pkt: &Packet,
+    src: &[u32; 4],
+    dst: &[u32; 4],
+    proto: u8,
+    hash: u64,
+) -> Option<&'static BackendDef> {
+    if meta.flags & VIP_F_NO_BACKENDS != 0 {
+        return None;
+    }
+    let hash = if meta.flags & VIP_F_FRAG_HASH != 0 {
+        flow_hash(pkt, src, dst, 0, proto)
+    } else {
+        hash
+    };
+    maglev::lookup(cfg, meta, hash).and_then(backend_of)
+}
+
+/// Encapsulates for `def` and counts the packet for its VIP and itself;
+/// answers with ICMP instead if the result would exceed the MTU.
 #[inline(always)]
 fn forward(
     ctx: &XdpContext,
@@ -115,52 +157,188 @@ fn forward(
     hash: u64,
     outcome: Counter,
 ) -> (u32, Counter) {
-    if encap::encapsulate(ctx, cfg, def, pkt, hash).is_err() {
-        return (xdp_action::XDP_DROP, Counter::DropEncap);
-    }
     stats::vip(def.vip_id as u32, pkt.frame_len);
+    let overhead = encap::overhead(def);
+    // ICMP errors are small (576 bytes for IPv4, 1280 for IPv6, at most)
+    // and must never cause another.
+    if cfg.mtu != 0 && pkt.ip_len + overhead > cfg.mtu as u32 && !pkt.is_icmp() {
+        return too_big(ctx, cfg, pkt, (cfg.mtu as u32).saturating_sub(overhead));
+    }
+    if encap::encapsulate(ctx, cfg, def, pkt, hash).is_err() {
+        return (DROP, Counter::DropEncap);
+    }
     stats::backend(def.handle & BACKEND_INDEX_MASK, pkt.frame_len);
-    (xdp_action::XDP_TX, outcome)
+    (TX, outcome)
+}
+
+/// A packet that would exceed the MTU once encapsulated: "fragmentation
+/// needed" (IPv4 with DF) or "packet too big" (IPv6) carrying `mtu`, the
+/// largest packet that fits; IPv4 without DF is dropped or passed by policy.
+#[inline(always)]
+fn too_big(ctx: &XdpContext, cfg: &DatapathConfig, pkt: &Packet, mtu: u32) -> (u32, Counter) {
+    let (built, outcome) = if pkt.family == FAMILY_V4 {
+        if !pkt.df {
+            return if cfg.flags & CFG_F_PASS_TOO_BIG != 0 {
+                (PASS, Counter::PassTooBigNoDf)
+            } else {
+                (DROP, Counter::DropTooBigNoDf)
+            };
+        }
+        (icmp::frag_needed(ctx, pkt, mtu), Counter::ReplyFragNeeded)
+    } else {
+        (
+            icmp::packet_too_big(ctx, pkt, mtu),
+            Counter::ReplyPacketTooBig,
+        )
+    };
+    match built {
+        Ok(()) => (TX, outcome),
+        Err(icmp::ReplyError) => (DROP, Counter::DropEncap),
+    }
+}
+
+/// A fragment: no ports, so its VIP address and protocol decide. Dropped
+/// unless a VIP there hashes fragments; then sent by the 3-tuple, like
+/// every packet of that VIP. Fragments never touch the connection table.
+#[inline(always)]
+fn fragment(ctx: &XdpContext, cfg: &DatapathConfig, pkt: &Packet) -> (u32, Counter) {
+    if !filter_has(&pkt.dst, 0, pkt.proto) {
+        return (PASS, Counter::PassFragmentNotVip);
+    }
+    let mut key = VipKey {
+        addr: pkt.dst,
+        port: 0,
+        proto: pkt.proto,
+        family: pkt.family | KEY_FRAGMENTS,
+    };
+    let Some(policy) = lookup(&key) else {
+        return (PASS, Counter::PassFragmentNotVip);
+    };
+    if policy.flags & VIP_F_FRAG_HASH == 0 {
+        return (DROP, Counter::DropFragment);
+    }
+    key.port = policy.aux_port;
+    key.family = pkt.family;
+    let Some(meta) = lookup(&key) else {
+        // The VIP went away after its policy was read.
+        return (DROP, Counter::DropFragment);
+    };
+    let hash = flow_hash(pkt, &pkt.src, &pkt.dst, 0, pkt.proto);
+    let Some(def) = pick(cfg, &meta, pkt, &pkt.src, &pkt.dst, pkt.proto, hash) else {
+        stats::vip(meta.vip_id, pkt.frame_len);
+        return (DROP, Counter::DropNoBackend);
+    };
+    forward(ctx, cfg, def, pkt, hash, Counter::FwdFragment)
+}
+
+/// ICMP or ICMPv6 to a VIP address: echo requests are answered, errors
+/// about a VIP flow go to that flow's backend, the rest is the kernel's.
+#[inline(always)]
+fn icmp_to_vip(ctx: &XdpContext, cfg: &DatapathConfig, pkt: &Packet) -> (u32, Counter) {
+    let key = VipKey {
+        addr: pkt.dst,
+        port: 0,
+        proto: pkt.proto,
+        family: pkt.family,
+    };
+    if !filter_has(&pkt.dst, 0, pkt.proto) || lookup(&key).is_none() {
+        return (PASS, Counter::PassNotVip);
+    }
+    match icmp::classify(ctx, pkt) {
+        icmp::Message::Echo if cfg.flags & CFG_F_ICMP_ECHO != 0 => {
+            match icmp::echo_reply(ctx, pkt) {
+                Ok(()) => (TX, Counter::ReplyIcmpEcho),
+                Err(icmp::ReplyError) => (DROP, Counter::DropEncap),
+            }
+        }
+        icmp::Message::Error(q) => icmp_error(ctx, cfg, pkt, &q),
+        icmp::Message::PtbTooSmall => (DROP, Counter::DropIcmpPtbTooSmall),
+        _ => (PASS, Counter::PassIcmp),
+    }
+}
+
+/// Sends an ICMP error to the backend of the flow it quotes: the one in
+/// the connection table, else the one Maglev picks (as for the flow's next
+/// packet). The error does not create a connection-table entry.
+#[inline(always)]
+fn icmp_error(
+    ctx: &XdpContext,
+    cfg: &DatapathConfig,
+    pkt: &Packet,
+    q: &icmp::Quoted,
+) -> (u32, Counter) {
+    let hash = flow_hash(pkt, &q.client, &q.vip, q.ports, q.proto);
+    let (bucket_index, tag) = ct_position(hash, cfg.ct_seed);
+    if let Some(bucket) = LB_FLOWS.get_ptr_mut(bucket_index & cfg.ct_mask)
+        && let Some((_, handle)) = conntrack::find(bucket, tag)
+        && let Some(def) = backend_of(handle)
+        && def.flags & BACKEND_F_USABLE != 0
+    {
+        return forward(ctx, cfg, def, pkt, hash, Counter::FwdIcmpError);
+    }
+    let Some(meta) = find_vip(cfg, &q.vip, q.vip_port(), q.proto, pkt.family) else {
+        return (PASS, Counter::PassIcmp);
+    };
+    let Some(def) = pick(cfg, &meta, pkt, &q.client, &q.vip, q.proto, hash) else {
+        stats::vip(meta.vip_id, pkt.frame_len);
+        return (DROP, Counter::DropNoBackend);
+    };
+    forward(ctx, cfg, def, pkt, hash, Counter::FwdIcmpError)
+}
+
+/// Is the VIP filter's bit for `{addr, port, proto}` set? `false` proves
+/// that no such key is in `LB_VIPS`.
+#[inline(always)]
+fn filter_has(addr: &[u32; 4], port: u16, proto: u8) -> bool {
+    let Some(filter) = LB_VIP_FILTER.get(0) else {
+        return true;
+    };
+    let bit = vip_filter_bit(addr, port, proto);
+    // SAFETY: `bit / 64 < VIP_FILTER_WORDS` by construction of the bit.
+    let word = unsafe {
+        *filter
+            .words
+            .get_unchecked((bit / 64) as usize % VIP_FILTER_WORDS)
+    };
+    word & (1 << (bit % 64)) != 0
 }
 
 /// The VIP filter: `false` proves the packet is no VIP's.
 #[inline(always)]
 fn maybe_vip(cfg: &DatapathConfig, pkt: &Packet) -> bool {
-    let Some(filter) = LB_VIP_FILTER.get(0) else {
-        return true;
-    };
-    let test = |port: u16| {
-        let bit = vip_filter_bit(&pkt.dst, port, pkt.proto);
-        // SAFETY: `bit / 64 < VIP_FILTER_WORDS` by construction of the bit.
-        let word = unsafe {
-            *filter
-                .words
-                .get_unchecked((bit / 64) as usize % VIP_FILTER_WORDS)
-        };
-        word & (1 << (bit % 64)) != 0
-    };
-    test(pkt.dport()) || (cfg.flags & CFG_F_ALL_PORTS_VIPS != 0 && test(0))
+    filter_has(&pkt.dst, pkt.dport(), pkt.proto)
+        || (cfg.flags & CFG_F_ALL_PORTS_VIPS != 0 && filter_has(&pkt.dst, 0, pkt.proto))
 }
 
-/// `{dst, dport, proto}`, then `{dst, 0, proto}` if all-ports VIPs exist.
 #[inline(always)]
-fn find_vip(cfg: &DatapathConfig, pkt: &Packet) -> Option<VipMeta> {
+fn lookup(key: &VipKey) -> Option<VipMeta> {
+    // SAFETY: a live value of a non-preallocated hash map, copied out.
+    LB_VIPS.get_ptr(key).map(|meta| unsafe { *meta })
+}
+
+/// `{addr, port, proto}`, then `{addr, 0, proto}` if all-ports VIPs exist.
+#[inline(always)]
+fn find_vip(
+    cfg: &DatapathConfig,
+    addr: &[u32; 4],
+    port: u16,
+    proto: u8,
+    family: u8,
+) -> Option<VipMeta> {
     let mut key = VipKey {
-        addr: pkt.dst,
-        port: pkt.dport(),
-        proto: pkt.proto,
-        family: pkt.family,
+        addr: *addr,
+        port,
+        proto,
+        family,
     };
-    if let Some(meta) = LB_VIPS.get_ptr(key) {
-        // SAFETY: a live value of a non-preallocated hash map.
-        return Some(unsafe { *meta });
+    if let Some(meta) = lookup(&key) {
+        return Some(meta);
     }
     if cfg.flags & CFG_F_ALL_PORTS_VIPS == 0 {
         return None;
     }
     key.port = 0;
-    // SAFETY: as above.
-    LB_VIPS.get_ptr(key).map(|meta| unsafe { *meta })
+    lookup(&key)
 }
 
 /// The backend `handle` names, if it still occupies its index.

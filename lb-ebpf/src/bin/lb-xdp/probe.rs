@@ -2,9 +2,10 @@
 //! tunnels `lbd`'s own health probes. A probe through the tunnel is a TCP
 //! connection from the balancer to the VIP whose socket carries
 //! `probe_mark(backend index, gre)`; this program wraps each such packet for
-//! that backend (same outer header as `lb_xdp` writes: IPIP or GRE, outer
-//! source from `LB_CONFIG`, outer family = the packet's, DF set) and lets
-//! it go. Anything else, and any packet it cannot wrap, goes out untouched:
+//! that backend (same outer header as `lb_xdp` writes: IPIP, GRE or GUE as
+//! the backend's definition says, outer source from `LB_CONFIG`, outer
+//! family = the packet's, DF set) and lets it go. (The mark's GRE bit is
+//! informational: the backend's definition is authoritative.) Anything else, and any packet it cannot wrap, goes out untouched:
 //! a probe that is not tunnelled fails on its own, which is the right
 //! verdict.
 //!
@@ -14,19 +15,19 @@
 use aya_ebpf::{
     bindings::{
         BPF_F_ADJ_ROOM_ENCAP_L3_IPV4, BPF_F_ADJ_ROOM_ENCAP_L3_IPV6, BPF_F_ADJ_ROOM_ENCAP_L4_GRE,
-        TC_ACT_OK,
+        BPF_F_ADJ_ROOM_ENCAP_L4_UDP, TC_ACT_OK,
     },
     macros::classifier,
     programs::TcContext,
 };
 use lb_common::consts::{
-    BACKEND_INDEX_MASK, ETH_HDR_LEN, ETH_P_IPV4, ETH_P_IPV6, FAMILY_V4, FAMILY_V6, GRE_HDR_LEN,
-    IPV4_HDR_LEN, IPV6_HDR_LEN, OUTER_TTL, PROBE_MARK, PROBE_MARK_GRE, PROBE_MARK_MASK, PROTO_GRE,
-    PROTO_IPIP, PROTO_IPV6,
+    BACKEND_INDEX_MASK, ENCAP_GRE, ENCAP_GUE, ETH_HDR_LEN, ETH_P_IPV4, ETH_P_IPV6, FAMILY_V4,
+    FAMILY_V6, GRE_HDR_LEN, IPV4_HDR_LEN, IPV6_HDR_LEN, OUTER_TTL, PROBE_MARK, PROBE_MARK_MASK,
+    PROTO_GRE, PROTO_IPIP, PROTO_IPV6, PROTO_UDP, UDP_HDR_LEN,
 };
 use lb_ebpf::{
     csum,
-    hdr::{GreHdr, IP_DF, Ipv4Hdr, Ipv6Hdr, be16, be32},
+    hdr::{GreHdr, IP_DF, Ipv4Hdr, Ipv6Hdr, UdpHdr, be16, be32},
 };
 
 use crate::maps::{LB_BACKENDS, LB_CONFIG};
@@ -47,8 +48,9 @@ fn wrap(ctx: &TcContext) -> Result<(), ()> {
     if mark & PROBE_MARK_MASK != PROBE_MARK {
         return Ok(());
     }
-    let gre = mark & PROBE_MARK_GRE != 0;
     let backend = LB_BACKENDS.get(mark & BACKEND_INDEX_MASK).ok_or(())?;
+    let gre = backend.encap == ENCAP_GRE;
+    let gue = backend.encap == ENCAP_GUE;
     let cfg = LB_CONFIG.get(0).ok_or(())?;
     let ethertype: u16 = ctx.load(12).map_err(|_| ())?;
     let v4 = ethertype == be16(ETH_P_IPV4);
@@ -59,7 +61,13 @@ fn wrap(ctx: &TcContext) -> Result<(), ()> {
     if backend.family != if v4 { FAMILY_V4 } else { FAMILY_V6 } {
         return Ok(());
     }
-    let gre_len = if gre { GRE_HDR_LEN } else { 0 };
+    let gre_len = if gre {
+        GRE_HDR_LEN
+    } else if gue {
+        UDP_HDR_LEN
+    } else {
+        0
+    };
     let ip_len = if v4 { IPV4_HDR_LEN } else { IPV6_HDR_LEN };
     let inner_len = ctx.len() as usize - ETH_HDR_LEN;
     let flags = if v4 {
@@ -69,6 +77,8 @@ fn wrap(ctx: &TcContext) -> Result<(), ()> {
     } as u64
         | if gre {
             BPF_F_ADJ_ROOM_ENCAP_L4_GRE as u64
+        } else if gue {
+            BPF_F_ADJ_ROOM_ENCAP_L4_UDP as u64
         } else {
             0
         };
@@ -76,6 +86,8 @@ fn wrap(ctx: &TcContext) -> Result<(), ()> {
         .map_err(|_| ())?;
     let next = if gre {
         PROTO_GRE
+    } else if gue {
+        PROTO_UDP
     } else if v4 {
         PROTO_IPIP
     } else {
@@ -114,6 +126,15 @@ fn wrap(ctx: &TcContext) -> Result<(), ()> {
             protocol: ethertype,
         };
         ctx.store(ETH_HDR_LEN + ip_len, &g, 0).map_err(|_| ())?;
+    } else if gue {
+        let u = UdpHdr {
+            // Any port of the ephemeral range: one per backend.
+            source: be16(0xc000 | (mark & 0x3fff) as u16),
+            dest: cfg.gue_port,
+            len: be16((UDP_HDR_LEN + inner_len) as u16),
+            check: 0,
+        };
+        ctx.store(ETH_HDR_LEN + ip_len, &u, 0).map_err(|_| ())?;
     }
     Ok(())
 }

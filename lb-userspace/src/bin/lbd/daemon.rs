@@ -30,7 +30,8 @@ use lb::{
         VipHealth, VipInfo, VipStats,
     },
     config::{
-        Config, Encap, Gateway, HealthCheck, Mac, MalformedPolicy, VipConfig, VipId, XdpModeSetting,
+        Config, Encap, Gateway, HealthCheck, Mac, MalformedPolicy, TooBigPolicy, VipConfig, VipId,
+        XdpModeSetting,
     },
     dataplane::{Dataplane, kernel::KernelDataplane},
     health::{ProbeResult, ProbeTarget, spawn_prober},
@@ -165,11 +166,29 @@ async fn resolve_gateway(config: &Config) -> Result<[u8; 6]> {
 }
 
 fn settings(config: &Config, gateway_mac: [u8; 6]) -> DatapathSettings {
+    let prefix_v4 = config.outer_source_v4_prefix;
+    let prefix_v6 = config.outer_source_v6_prefix;
     DatapathSettings {
         gateway_mac,
-        outer_source_v4: config.outer_source_v4,
-        outer_source_v6: config.outer_source_v6,
+        outer_source_v4: config
+            .outer_source_v4
+            .or(prefix_v4.and_then(|p| match p.addr {
+                IpAddr::V4(a) => Some(a),
+                IpAddr::V6(_) => None,
+            })),
+        outer_source_v6: config
+            .outer_source_v6
+            .or(prefix_v6.and_then(|p| match p.addr {
+                IpAddr::V6(a) => Some(a),
+                IpAddr::V4(_) => None,
+            })),
+        outer_source_v4_host_bits: prefix_v4.map_or(0, |p| p.host_bits()),
+        outer_source_v6_host_bits: prefix_v6.map_or(0, |p| p.host_bits()),
         malformed: config.malformed,
+        mtu: config.mtu,
+        gue_port: config.gue_port,
+        icmp_echo: config.icmp_echo,
+        pass_too_big: config.too_big_no_df == TooBigPolicy::Pass,
     }
 }
 
@@ -348,7 +367,9 @@ fn kind_name(k: Kind) -> &'static str {
         Kind::Forward => "forward",
         Kind::Drop => "drop",
         Kind::Malformed => "malformed",
+        Kind::Reply => "reply",
         Kind::Event => "event",
+        Kind::Retired => "retired",
     }
 }
 
@@ -1031,6 +1052,7 @@ impl Daemon {
         };
         let counters = Counter::ALL
             .iter()
+            .filter(|c| c.kind() != Kind::Retired)
             .map(|c| CounterInfo {
                 name: c.name().into(),
                 kind: kind_name(c.kind()).into(),
