@@ -99,9 +99,15 @@ struct Vips {
     gre4: VipKey,
     gre6: VipKey,
     all_ports4: VipKey,
+    gue4: VipKey,
+    gue6: VipKey,
+    gue4_on_v6: VipKey,
     empty4: VipKey,
     udp4_no_ct: VipKey,
 }
+
+/// GUE destination port of the rig (not the default, to prove it is used).
+const GUE_TEST_PORT: u16 = 7777;
 
 fn settings(malformed: MalformedPolicy) -> DatapathSettings {
     DatapathSettings {
@@ -109,6 +115,8 @@ fn settings(malformed: MalformedPolicy) -> DatapathSettings {
         outer_source_v4: Some(SRC_V4.parse().expect("literal")),
         outer_source_v6: Some(SRC_V6.parse().expect("literal")),
         malformed,
+        gue_port: GUE_TEST_PORT,
+        ..Default::default()
     }
 }
 
@@ -117,7 +125,7 @@ impl Rig {
         require_root();
         let layout = Layout {
             table_size: M,
-            max_vips: 16,
+            max_vips: 32,
             max_backends: 64,
             ct_buckets,
         };
@@ -211,6 +219,9 @@ impl Rig {
             gre4: self.add_vip("10.0.0.30:80/tcp", Encap::Gre, true, &V4_BACKENDS),
             gre6: self.add_vip("[2001:db8::30]:443/tcp", Encap::Gre, true, &V6_BACKENDS),
             all_ports4: self.add_vip("10.0.0.40:*/tcp", Encap::Ipip, true, &V4_BACKENDS),
+            gue4: self.add_vip("10.0.0.80:80/tcp", Encap::Gue, true, &V4_BACKENDS),
+            gue6: self.add_vip("[2001:db8::80]:80/tcp", Encap::Gue, true, &V6_BACKENDS),
+            gue4_on_v6: self.add_vip("10.0.0.80:443/tcp", Encap::Gue, true, &V6_BACKENDS),
             empty4: self.add_vip("10.0.0.50:80/tcp", Encap::Ipip, true, &[]),
             udp4_no_ct: self.add_vip("10.0.0.60:53/udp", Encap::Ipip, false, &V4_BACKENDS),
         }
@@ -382,6 +393,39 @@ fn icmp6(dst: &str) -> Vec<u8> {
     out
 }
 
+/// An 8-byte extension header (hop-by-hop, routing, destination options
+/// layout) whose next header is `next`, with PadN filling the rest.
+fn ext8(next: u8) -> [u8; 8] {
+    [next, 0, 1, 4, 0, 0, 0, 0]
+}
+
+/// Recomputes the ICMP checksum of an untagged IPv4 ICMP frame.
+fn fix_icmp4_checksum(mut frame: Vec<u8>) -> Vec<u8> {
+    let l4 = 14 + usize::from(frame[14] & 0x0f) * 4;
+    frame[l4 + 2..l4 + 4].copy_from_slice(&[0, 0]);
+    let c = inet_checksum(&frame[l4..], 0);
+    frame[l4 + 2..l4 + 4].copy_from_slice(&c.to_be_bytes());
+    frame
+}
+
+/// The Internet checksum (RFC 1071) of `data` plus `seed` (a partial sum,
+/// e.g. of a pseudo-header), computed independently of the programs.
+fn inet_checksum(data: &[u8], seed: u32) -> u16 {
+    let mut sum = seed as u64;
+    for c in data.chunks(2) {
+        let w = if c.len() == 2 {
+            u16::from_be_bytes([c[0], c[1]])
+        } else {
+            u16::from_be_bytes([c[0], 0])
+        };
+        sum += w as u64;
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
 /// Inserts an 8-byte IPv6 extension header (`ext_proto`, bytes `ext`) after
 /// the fixed header of an untagged IPv6 frame.
 fn with_ipv6_ext(mut frame: Vec<u8>, ext_proto: u8, ext: &[u8]) -> Vec<u8> {
@@ -421,6 +465,11 @@ fn flow_of(frame: &[u8]) -> (FlowKey, bool) {
     }
 }
 
+/// The GUE source port the balancer picks for `flow`.
+fn gue_source_port(flow: &FlowKey) -> u16 {
+    0xc000 | ((flow.hash() >> 32) as u16 & 0x3fff)
+}
+
 /// Asserts that `out` is `input` encapsulated for `backend` per `encap`.
 fn check_encapsulated(input: &[u8], out: &[u8], backend: &BackendDef, encap: u8) {
     let in_l2 = if input[12..14] == [0x81, 0x00] {
@@ -448,10 +497,17 @@ fn check_encapsulated(input: &[u8], out: &[u8], backend: &BackendDef, encap: u8)
         assert_eq!(out[12..16], input[12..16], "VLAN TPID and TCI kept");
     }
     let gre = encap == ENCAP_GRE;
-    let gre_len = if gre { 4 } else { 0 };
+    let gue = encap == ENCAP_GUE;
+    let gre_len = match encap {
+        ENCAP_GRE => 4,
+        ENCAP_GUE => 8,
+        _ => 0,
+    };
     let backend_ip = backend.ip().expect("backend address");
     let expect_next = if gre {
         PROTO_GRE
+    } else if gue {
+        PROTO_UDP
     } else if inner_is_v4 {
         PROTO_IPIP
     } else {
@@ -498,6 +554,30 @@ fn check_encapsulated(input: &[u8], out: &[u8], backend: &BackendDef, encap: u8)
         assert_eq!(g[0..2], [0, 0], "GRE flags and version");
         assert_eq!(g[2..4], proto, "GRE protocol");
     }
+    if gue {
+        let u = &out[l2 + outer_len..l2 + outer_len + 8];
+        // The source port of a TCP or UDP packet comes from its flow hash
+        // (ICMP errors use the quoted flow's: checked by their test).
+        if let Some(TransportSlice::Tcp(_) | TransportSlice::Udp(_)) =
+            SlicedPacket::from_ethernet(input)
+                .ok()
+                .and_then(|p| p.transport)
+        {
+            let (flow, _) = flow_of(input);
+            assert_eq!(
+                u16::from_be_bytes([u[0], u[1]]),
+                gue_source_port(&flow),
+                "GUE source port from the flow hash"
+            );
+        }
+        assert_eq!(u16::from_be_bytes([u[2], u[3]]), GUE_TEST_PORT, "GUE port");
+        assert_eq!(
+            u16::from_be_bytes([u[4], u[5]]) as usize,
+            8 + inner_len,
+            "UDP length"
+        );
+        assert_eq!(u[6..8], [0, 0], "no UDP checksum");
+    }
     let start = l2 + outer_len + gre_len;
     assert_eq!(
         &out[start..start + inner_len],
@@ -522,6 +602,8 @@ enum Expect {
     Drop(VipKey, Counter),
     /// Counted; passed or dropped by the malformed-packet policy.
     Malformed(Counter),
+    /// Dropped with this counter, not attributed to a VIP.
+    Dropped(Counter),
 }
 
 struct Fixture {
@@ -564,9 +646,44 @@ fn fixtures(v: &Vips) -> Vec<Fixture> {
     let mut v6_long = tcp6("2001:db8::10", 80, 1, true, b"");
     v6_long[18..20].copy_from_slice(&3000u16.to_be_bytes());
     let frag_hdr = Ipv6FragmentHeader::new(IpNumber::UDP, IpFragOffset::ZERO, true, 7).to_bytes();
+    let atomic_frag =
+        Ipv6FragmentHeader::new(IpNumber::UDP, IpFragOffset::ZERO, false, 8).to_bytes();
+    let mut frag_to_other = udp4("10.9.9.9", 53, 5000, b"frag");
+    frag_to_other[20] |= 0x20; // MF
+    let mut sctp = udp4("10.0.0.10", 53, 5000, b"not udp");
+    sctp[23] = 132;
+
     let hbh = Ipv6RawExtHeader::new_raw(IpNumber::UDP, &[0; 6])
         .expect("hop-by-hop")
         .to_bytes();
+    // The hop-by-hop header claims 16 bytes; the packet ends after 8.
+    let mut hbh_cut = with_ipv6_ext(udp6("2001:db8::10", 53, 1, b""), 0, &hbh);
+    hbh_cut[55] = 1;
+    hbh_cut.truncate(14 + 40 + 8);
+    hbh_cut[18..20].copy_from_slice(&8u16.to_be_bytes());
+    // Hop-by-hop, then destination options, then routing, then UDP: three
+    // walked headers.
+    let three_ext = {
+        let mut f = udp6("2001:db8::10", 53, 7001, b"ext");
+        // Routing type 0 with no segments left (RFC 5095: ignored).
+        f = with_ipv6_ext(f, 43, &[IpNumber::UDP.0, 0, 0, 0, 0, 0, 0, 0]);
+        f = with_ipv6_ext(f, 60, &ext8(43));
+        with_ipv6_ext(f, 0, &ext8(60))
+    };
+    // Five destination-options headers: one more than the walk's bound.
+    let five_ext = (0..4).fold(
+        with_ipv6_ext(
+            udp6("2001:db8::10", 53, 7002, b"ext"),
+            60,
+            &ext8(IpNumber::UDP.0),
+        ),
+        |f, _| with_ipv6_ext(f, 60, &ext8(60)),
+    );
+    // Mobility header (135): an extension header the datapath does not walk.
+    let mobility = with_ipv6_ext(udp6("2001:db8::10", 53, 7003, b"ext"), 135, &ext8(17));
+    let mut icmp_other = icmp4("10.0.0.10");
+    icmp_other[34] = 13; // timestamp request
+    let icmp_other = fix_icmp4_checksum(icmp_other);
     let mut vlan_trunc = tcp4_vlan("10.0.0.10", 80, 1, 5);
     vlan_trunc.truncate(16);
     let mut qinq = tcp4_vlan("10.0.0.10", 80, 1, 5);
@@ -647,6 +764,26 @@ fn fixtures(v: &Vips) -> Vec<Fixture> {
             Forward(v.gre6, Via::Maglev, FwdMaglev),
         ),
         f(
+            "tcp syn gue over ipv4",
+            tcp4("10.0.0.80", 80, 40000, true, b""),
+            Forward(v.gue4, Via::Maglev, FwdMaglev),
+        ),
+        f(
+            "tcp ack gue over ipv4",
+            tcp4("10.0.0.80", 80, 40000, false, b"x"),
+            Forward(v.gue4, Via::ConnTrack, FwdConntrack),
+        ),
+        f(
+            "tcp syn gue, ipv6 over ipv6",
+            tcp6("2001:db8::80", 80, 40000, true, b""),
+            Forward(v.gue6, Via::Maglev, FwdMaglev),
+        ),
+        f(
+            "tcp syn gue, ipv4 over ipv6",
+            tcp4("10.0.0.80", 443, 40001, true, b""),
+            Forward(v.gue4_on_v6, Via::Maglev, FwdMaglev),
+        ),
+        f(
             "vlan-tagged tcp to ipv4 vip keeps its tag",
             tcp4_vlan("10.0.0.10", 80, 40050, 42),
             Forward(v.tcp4, Via::Maglev, FwdMaglev),
@@ -678,15 +815,26 @@ fn fixtures(v: &Vips) -> Vec<Fixture> {
         ),
         f("arp", arp(), Pass(PassNotIp)),
         f(
-            "icmp echo to a vip address",
-            icmp4("10.0.0.10"),
-            Pass(PassNotL4),
+            "icmp echo to another address",
+            icmp4("10.9.9.9"),
+            Pass(PassNotVip),
         ),
         f(
-            "icmpv6 echo to a vip address",
-            icmp6("2001:db8::10"),
-            Pass(PassNotL4),
+            "icmpv6 echo to another address",
+            icmp6("2001:db8::99"),
+            Pass(PassNotVip),
         ),
+        f(
+            "icmp timestamp request to a vip address",
+            icmp_other,
+            Pass(PassIcmp),
+        ),
+        f(
+            "ipv4 fragment to another address",
+            frag_to_other,
+            Pass(PassFragmentNotVip),
+        ),
+        f("sctp to a vip address", sctp, Pass(PassNotL4)),
         f(
             "tcp to another address",
             tcp4("10.9.9.9", 80, 1, true, b""),
@@ -736,14 +884,14 @@ fn fixtures(v: &Vips) -> Vec<Fixture> {
             Malformed(MalformedIpv4Len),
         ),
         f(
-            "ipv4 first fragment (MF)",
+            "ipv4 first fragment (MF), vip drops fragments",
             frag_mf,
-            Malformed(MalformedIpv4Frag),
+            Dropped(DropFragment),
         ),
         f(
-            "ipv4 later fragment (offset)",
+            "ipv4 later fragment (offset), vip drops fragments",
             frag_off,
-            Malformed(MalformedIpv4Frag),
+            Dropped(DropFragment),
         ),
         f(
             "truncated ipv6 header",
@@ -761,13 +909,38 @@ fn fixtures(v: &Vips) -> Vec<Fixture> {
             Malformed(MalformedIpv6Len),
         ),
         f(
-            "ipv6 fragment header",
+            "ipv6 fragment, vip drops fragments",
             with_ipv6_ext(udp6("2001:db8::10", 53, 1, b"x"), 44, &frag_hdr),
-            Malformed(MalformedIpv6Frag),
+            Dropped(DropFragment),
         ),
         f(
-            "ipv6 hop-by-hop header",
-            with_ipv6_ext(udp6("2001:db8::10", 53, 1, b"x"), 0, &hbh),
+            "ipv6 atomic fragment (offset 0, no M) is a whole packet",
+            with_ipv6_ext(udp6("2001:db8::10", 53, 7004, b"x"), 44, &atomic_frag),
+            Forward(v.udp6, Via::Maglev, FwdMaglev),
+        ),
+        f(
+            "ipv6 hop-by-hop header is walked",
+            with_ipv6_ext(udp6("2001:db8::10", 53, 7000, b"x"), 0, &hbh),
+            Forward(v.udp6, Via::Maglev, FwdMaglev),
+        ),
+        f(
+            "ipv6 three extension headers are walked",
+            three_ext,
+            Forward(v.udp6, Via::Maglev, FwdMaglev),
+        ),
+        f(
+            "ipv6 five extension headers: past the bound",
+            five_ext,
+            Malformed(MalformedIpv6ExtChain),
+        ),
+        f(
+            "ipv6 mobility header: not walked",
+            mobility,
+            Malformed(MalformedIpv6Ext),
+        ),
+        f(
+            "ipv6 hop-by-hop header cut short",
+            hbh_cut,
             Malformed(MalformedIpv6Ext),
         ),
         f("truncated tcp header", tcp_trunc, Malformed(MalformedL4)),
@@ -843,6 +1016,10 @@ fn fixture_table() {
                     assert_eq!(action, XDP_DROP, "{name}: action");
                     let after = rig.dp().vip_stats(meta.vip_id).expect("vip stats").packets;
                     assert_eq!(after, before + 1, "{name}: counted for the VIP");
+                }
+                Expect::Dropped(counter) => {
+                    let (action, _, _) = rig.run_counted(&fx.packet, counter);
+                    assert_eq!(action, XDP_DROP, "{name}: action");
                 }
                 Expect::Malformed(counter) => {
                     let (action, out, _) = rig.run_counted(&fx.packet, counter);
@@ -1250,3 +1427,6 @@ fn flows_of_a_removed_vip_pass_instead_of_following_stale_entries() {
         "its filter bit is cleared"
     );
 }
+
+#[path = "datapath/completeness.rs"]
+mod completeness;

@@ -33,6 +33,7 @@ use etherparse::{
 use lb::decap::{self, Decap, DecapError, PassProgram};
 use lb_common::{
     CounterValue,
+    consts::GUE_PORT,
     counters::{DECAP_COUNTER_SLOTS, DecapCounter, DecapKind},
 };
 
@@ -96,7 +97,7 @@ impl Rig {
             panic!("loading lb_decap failed (kernel without XDP/BTF support?): {e:#}")
         });
         decap
-            .set_local_addrs(&[ip(BACKEND_V4), ip(BACKEND_V6)])
+            .set_local_addrs(&[ip(BACKEND_V4), ip(BACKEND_V6)], GUE_PORT)
             .expect("write local addresses");
         Rig { decap }
     }
@@ -228,25 +229,38 @@ fn l2_len(frame: &[u8]) -> usize {
 struct Outer<'a> {
     /// Tunnel destination: its family is the outer family.
     dst: &'a str,
+    /// Tunnel source (the balancer's address, or one of an RSS prefix).
+    src: &'a str,
     gre: bool,
+    /// GUE: UDP to this port (0: not GUE).
+    gue_port: u16,
     /// IPv4 options (a multiple of 4 bytes) in the outer header.
     options: &'a [u8],
 }
 
 impl<'a> Outer<'a> {
     fn ipip(dst: &'a str) -> Self {
+        let src = if ip(dst).is_ipv4() { LB_V4 } else { LB_V6 };
         Outer {
             dst,
+            src,
             gre: false,
+            gue_port: 0,
             options: &[],
         }
     }
 
     fn gre(dst: &'a str) -> Self {
         Outer {
-            dst,
             gre: true,
-            options: &[],
+            ..Outer::ipip(dst)
+        }
+    }
+
+    fn gue(dst: &'a str) -> Self {
+        Outer {
+            gue_port: GUE_PORT,
+            ..Outer::ipip(dst)
         }
     }
 }
@@ -268,9 +282,18 @@ fn encap(inner: &[u8], outer: Outer) -> Vec<u8> {
             &[0x08, 0x00]
         });
     }
+    if outer.gue_port != 0 {
+        // Source port as the balancer picks it (ephemeral range), no checksum.
+        payload.extend_from_slice(&0xc123u16.to_be_bytes());
+        payload.extend_from_slice(&outer.gue_port.to_be_bytes());
+        payload.extend_from_slice(&((8 + packet.len()) as u16).to_be_bytes());
+        payload.extend_from_slice(&[0, 0]);
+    }
     payload.extend_from_slice(packet);
     let proto = IpNumber(if outer.gre {
         47
+    } else if outer.gue_port != 0 {
+        17
     } else if inner_v6 {
         41
     } else {
@@ -280,8 +303,9 @@ fn encap(inner: &[u8], outer: Outer) -> Vec<u8> {
     match ip(outer.dst) {
         IpAddr::V4(dst) => {
             out[l2 - 2..l2].copy_from_slice(&EtherType::IPV4.0.to_be_bytes());
-            let mut h = Ipv4Header::new(payload.len() as u16, 64, proto, v4(LB_V4), dst.octets())
-                .expect("outer ipv4");
+            let mut h =
+                Ipv4Header::new(payload.len() as u16, 64, proto, v4(outer.src), dst.octets())
+                    .expect("outer ipv4");
             h.options = outer.options.try_into().expect("ipv4 options");
             h.total_len = (h.header_len() + payload.len()) as u16;
             h.write(&mut out).expect("outer ipv4");
@@ -294,7 +318,7 @@ fn encap(inner: &[u8], outer: Outer) -> Vec<u8> {
                 payload_length: payload.len() as u16,
                 next_header: proto,
                 hop_limit: 64,
-                source: v6(LB_V6),
+                source: v6(outer.src),
                 destination: dst.octets(),
             }
             .write(&mut out)
@@ -397,8 +421,8 @@ fn fixture(name: impl Into<String>, packet: Vec<u8>, expect: Expect) -> Fixture 
 }
 
 /// Every tunnel the balancer emits: name, outer, inner family, counter.
-fn tunnels() -> [(&'static str, Outer<'static>, bool, DecapCounter); 8] {
-    use DecapCounter::{DecapGre, DecapIpip};
+fn tunnels() -> [(&'static str, Outer<'static>, bool, DecapCounter); 12] {
+    use DecapCounter::{DecapGre, DecapGue, DecapIpip};
     [
         ("4in4", Outer::ipip(BACKEND_V4), false, DecapIpip),
         ("6in6", Outer::ipip(BACKEND_V6), true, DecapIpip),
@@ -418,6 +442,20 @@ fn tunnels() -> [(&'static str, Outer<'static>, bool, DecapCounter); 8] {
             DecapGre,
         ),
         ("gre ipv6 over ipv6", Outer::gre(BACKEND_V6), true, DecapGre),
+        (
+            "gue ipv4 over ipv4",
+            Outer::gue(BACKEND_V4),
+            false,
+            DecapGue,
+        ),
+        ("gue ipv6 over ipv4", Outer::gue(BACKEND_V4), true, DecapGue),
+        (
+            "gue ipv4 over ipv6",
+            Outer::gue(BACKEND_V6),
+            false,
+            DecapGue,
+        ),
+        ("gue ipv6 over ipv6", Outer::gue(BACKEND_V6), true, DecapGue),
     ]
 }
 
@@ -472,6 +510,27 @@ fn round_trips() -> Vec<Fixture> {
         packet,
         Expect::Decap(want, DecapIpip),
     ));
+
+    // RSS-friendly outer sources: any source in the balancer's prefix (the
+    // program never looks at the outer source).
+    for (src, dst, inner_v6) in [
+        ("10.255.2.7", BACKEND_V4, false),
+        ("10.255.200.1", BACKEND_V4, true),
+        ("fd00:ff::c000:207", BACKEND_V6, false),
+    ] {
+        let inner = inner_frame(inner_v6, L4::Tcp, Vlan::Untagged, b"rss");
+        out.push(fixture(
+            format!("ip-in-ip from {src} (outer source prefix)"),
+            encap(
+                &inner,
+                Outer {
+                    src,
+                    ..Outer::ipip(dst)
+                },
+            ),
+            Expect::Decap(inner, DecapIpip),
+        ));
+    }
 
     // An inner fragment is the stack's to reassemble: decapsulated.
     let mut inner = inner_frame(false, L4::Udp, Vlan::Untagged, b"fragment");
@@ -713,7 +772,57 @@ fn rejects() -> Vec<Fixture> {
     let mut inner_ihl = ipip4();
     inner_ihl[34] = 0x44;
     out.push(fixture("4in4 inner ihl 4", inner_ihl, Drop(MalformedInner)));
+
+    // GUE: only UDP to the GUE port of a local address is a tunnel.
+    let gue4 = || encap(&udp4(), Outer::gue(BACKEND_V4));
+    let mut other_port = gue4();
+    put16(&mut other_port, 14 + 20 + 2, 53);
+    out.push(fixture(
+        "udp to a local address, not the gue port",
+        other_port,
+        Pass(PassNotTunnel),
+    ));
+    out.push(fixture(
+        "gue to another host is just udp",
+        encap(&udp4(), Outer::gue(OTHER_V4)),
+        Pass(PassNotTunnel),
+    ));
+    let mut udp_len = gue4();
+    put16(&mut udp_len, 14 + 20 + 4, 9);
+    out.push(fixture(
+        "gue with a udp length that is not the packet's",
+        udp_len,
+        Drop(MalformedOuter),
+    ));
+    let mut bad_inner = gue4();
+    bad_inner[14 + 20 + 8] = 0x55;
+    out.push(fixture(
+        "gue whose payload is no ip version",
+        bad_inner,
+        Drop(MalformedInner),
+    ));
+    let mut gue6_cut = encap(&udp6(), Outer::gue(BACKEND_V6));
+    gue6_cut.truncate(14 + 40 + 8 + 20);
+    put16(&mut gue6_cut, 18, 28);
+    put16(&mut gue6_cut, 14 + 40 + 4, 28);
+    out.push(fixture(
+        "gue over ipv6, inner header cut short",
+        gue6_cut,
+        Drop(MalformedInner),
+    ));
     out
+}
+
+#[test]
+fn gue_is_not_accepted_on_a_port_of_zero() {
+    let mut rig = Rig::new();
+    rig.decap
+        .set_local_addrs(&[ip(BACKEND_V4), ip(BACKEND_V6)], 0)
+        .expect("write local addresses");
+    let inner = inner_frame(false, L4::Udp, Vlan::Untagged, b"payload");
+    let packet = encap(&inner, Outer::gue(BACKEND_V4));
+    let (_, out) = rig.run_counted("gue, no gue port", &packet, DecapCounter::PassNotTunnel);
+    assert_eq!(out, packet, "passed untouched");
 }
 
 fn run_fixtures(rig: &mut Rig, fixtures: Vec<Fixture>) {
@@ -751,7 +860,10 @@ fn run_fixtures(rig: &mut Rig, fixtures: Vec<Fixture>) {
 fn every_tunnel_decapsulates_to_the_inner_frame() {
     let mut rig = Rig::new();
     let fixtures = round_trips();
-    assert!(fixtures.len() >= 48, "8 tunnels × 3 taggings × 2 protocols");
+    assert!(
+        fixtures.len() >= 72,
+        "12 tunnels × 3 taggings × 2 protocols"
+    );
     run_fixtures(&mut rig, fixtures);
 }
 
@@ -771,7 +883,7 @@ fn local_addresses_are_replaced_not_merged() {
     rig.run_counted("before", &packet, DecapCounter::DecapIpip);
 
     rig.decap
-        .set_local_addrs(&[ip(BACKEND_V6), ip(OTHER_V4)])
+        .set_local_addrs(&[ip(BACKEND_V6), ip(OTHER_V4)], GUE_PORT)
         .expect("replace addresses");
     let mut now = rig.decap.local_addrs().expect("read addresses");
     now.sort();
@@ -788,7 +900,7 @@ fn local_addresses_are_replaced_not_merged() {
         .map(|i| IpAddr::from([10, 9, (i >> 8) as u8, i as u8]))
         .collect();
     assert!(matches!(
-        rig.decap.set_local_addrs(&too_many),
+        rig.decap.set_local_addrs(&too_many, GUE_PORT),
         Err(DecapError::TooManyAddresses { .. })
     ));
 }
@@ -962,7 +1074,7 @@ fn attached_program_decapsulates_for_the_stack_and_survives_replacement() {
         let pins = PinDir::new("attach");
         let dir = pins.0.as_path();
         // No addresses given: the program takes dcp-b's own.
-        decap::attach("dcp-b", XdpMode::Driver, &[], dir).expect("attach");
+        decap::attach("dcp-b", XdpMode::Driver, &[], GUE_PORT, dir).expect("attach");
         let first = xdp_prog_id("dcp-b").expect("an XDP program on dcp-b");
         assert!(dir.join(decap::LINK_PIN).exists(), "link pinned");
         // Everything we loaded is closed: only the pins keep it attached.
@@ -1003,7 +1115,8 @@ fn attached_program_decapsulates_for_the_stack_and_survives_replacement() {
 
         // Attach again, IPv4 only: the program is replaced inside the pinned
         // link, the counters carry on, the address set is replaced.
-        decap::attach("dcp-b", XdpMode::Driver, &[ip(BACKEND_V4)], dir).expect("re-attach");
+        decap::attach("dcp-b", XdpMode::Driver, &[ip(BACKEND_V4)], GUE_PORT, dir)
+            .expect("re-attach");
         let second = xdp_prog_id("dcp-b").expect("still an XDP program on dcp-b");
         assert_ne!(first, second, "a new program in the link");
         let inner = inner_frame(false, L4::Udp, Vlan::Untagged, b"after replace");
@@ -1017,7 +1130,7 @@ fn attached_program_decapsulates_for_the_stack_and_survives_replacement() {
         assert_eq!(counter(&c, DecapCounter::PassNotLocal), 2);
 
         // The same pin directory cannot take over another interface.
-        match decap::attach("dcp-a", XdpMode::Driver, &[ip(BACKEND_V4)], dir) {
+        match decap::attach("dcp-a", XdpMode::Driver, &[ip(BACKEND_V4)], GUE_PORT, dir) {
             Err(DecapError::PinnedElsewhere { .. }) => {}
             other => panic!("attach to dcp-a with dcp-b's pins: {other:?}"),
         }
@@ -1040,12 +1153,12 @@ fn attach_errors_leave_nothing_behind() {
         ip_cmd("link add dcp-a type veth peer name dcp-b");
         let pins = PinDir::new("errors");
         let dir = pins.0.as_path();
-        match decap::attach("nope0", XdpMode::Skb, &[], dir) {
+        match decap::attach("nope0", XdpMode::Skb, &[], GUE_PORT, dir) {
             Err(DecapError::UnknownInterface { .. }) => {}
             other => panic!("attach to a missing interface: {other:?}"),
         }
         // Down, so not even a link-local address.
-        match decap::attach("dcp-b", XdpMode::Skb, &[], dir) {
+        match decap::attach("dcp-b", XdpMode::Skb, &[], GUE_PORT, dir) {
             Err(DecapError::NoAddresses { .. }) => {}
             other => panic!("attach without addresses: {other:?}"),
         }
@@ -1053,7 +1166,7 @@ fn attach_errors_leave_nothing_behind() {
 
         // An XDP program that is not ours is in the way.
         let _pass = PassProgram::attach("dcp-b").expect("attach lb_pass");
-        let err = decap::attach("dcp-b", XdpMode::Skb, &[ip(BACKEND_V4)], dir)
+        let err = decap::attach("dcp-b", XdpMode::Skb, &[ip(BACKEND_V4)], GUE_PORT, dir)
             .expect_err("dcp-b is taken");
         assert!(
             matches!(err, DecapError::Program { .. }),
@@ -1085,12 +1198,12 @@ fn a_pinned_link_whose_interface_is_gone_is_replaced() {
             ip_cmd("link set dcp-b up");
         };
         setup();
-        decap::attach("dcp-b", XdpMode::Driver, &[ip(BACKEND_V4)], dir).expect("attach");
+        decap::attach("dcp-b", XdpMode::Driver, &[ip(BACKEND_V4)], GUE_PORT, dir).expect("attach");
         // Deleting the interface leaves a pinned link attached to nothing.
         ip_cmd("link del dcp-a");
         setup();
         assert_eq!(xdp_prog_id("dcp-b"), None);
-        decap::attach("dcp-b", XdpMode::Driver, &[ip(BACKEND_V4)], dir)
+        decap::attach("dcp-b", XdpMode::Driver, &[ip(BACKEND_V4)], GUE_PORT, dir)
             .expect("attach over a stale pin");
         assert!(xdp_prog_id("dcp-b").is_some(), "attached to the new dcp-b");
         decap::detach(dir).expect("detach");

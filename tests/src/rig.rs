@@ -34,7 +34,8 @@ pub const UDP_PORT: u16 = 53;
 pub const CLIENT: Ipv4Addr = Ipv4Addr::new(10, 10, 1, 2);
 pub const LB_ADDR: Ipv4Addr = Ipv4Addr::new(10, 10, 2, 2);
 /// MTU of the links between router, balancer and backends: room for the
-/// tunnel header on top of the client's 1500.
+/// tunnel header on top of the client's 1500. The balancer's `mtu` is set
+/// to the rig's infrastructure MTU.
 pub const INFRA_MTU: u32 = 1600;
 
 /// Path of a binary built next to the running one (`target/<profile>/`).
@@ -74,6 +75,8 @@ pub struct Rig {
     pub client: Netns,
     pub lb: Netns,
     pub router: Netns,
+    /// MTU of the router–balancer and router–backend links.
+    pub infra_mtu: u32,
 }
 
 impl Rig {
@@ -90,6 +93,12 @@ impl Rig {
 
     /// Builds the rig with `n` backends, decap attached, no servers.
     pub fn without_servers(n: usize) -> Result<Rig> {
+        Self::with_infra_mtu(n, INFRA_MTU)
+    }
+
+    /// As [`without_servers`](Self::without_servers), with `infra_mtu` on
+    /// the links behind the router (1500: no room for the tunnel header).
+    pub fn with_infra_mtu(n: usize, infra_mtu: u32) -> Result<Rig> {
         require_root()?;
         let id = unique("lbt");
         let dir = std::env::temp_dir().join(&id);
@@ -107,6 +116,7 @@ impl Rig {
             client,
             lb,
             router,
+            infra_mtu,
         };
         for i in 0..n {
             let ns = Netns::new(&format!("{id}-be{}", i + 1))?;
@@ -139,7 +149,7 @@ impl Rig {
         // an offload that no longer happens once the frame is tunnelled).
         self.client.run("ethtool", &["-K", "eth0", "tx", "off"])?;
 
-        veth(&self.lb, "eth0", r, "r-lb", INFRA_MTU)?;
+        veth(&self.lb, "eth0", r, "r-lb", self.infra_mtu)?;
         self.lb
             .ip(&["addr", "add", "10.10.2.2/24", "dev", "eth0"])?;
         self.lb
@@ -154,7 +164,7 @@ impl Rig {
 
         for (i, b) in self.backends.iter().enumerate() {
             let net = 30 + i + 1;
-            veth(&b.ns, "eth0", r, &format!("r-be{}", i + 1), INFRA_MTU)?;
+            veth(&b.ns, "eth0", r, &format!("r-be{}", i + 1), self.infra_mtu)?;
             b.ns.ip(&["addr", "add", &format!("10.10.{net}.2/24"), "dev", "eth0"])?;
             b.ns.ip(&["route", "add", "default", "via", &format!("10.10.{net}.1")])?;
             r.ip(&[
@@ -312,9 +322,10 @@ impl Rig {
             .filter_map(|(b, w)| w.map(|_| format!("      - address: {}\n", b.addr)))
             .collect();
         format!(
-            "instance: {id}\ninterfaces: [eth0]\nxdp_mode: native\ngateway_mac: auto\nouter_source_v4: {LB_ADDR}\ntable_size: 65537\nconntrack_buckets: 65536\napi_socket: {dir}/lbd.sock\nstate_file: {dir}/state.json\nvips:\n  - address: {VIP}\n    port: {TCP_PORT}\n    protocol: tcp\n{tcp_extra}    backends:\n{backends}  - address: {VIP}\n    port: {UDP_PORT}\n    protocol: udp\n    backends:\n{udp_backends}",
+            "instance: {id}\ninterfaces: [eth0]\nxdp_mode: native\ngateway_mac: auto\nouter_source_v4: {LB_ADDR}\nmtu: {mtu}\ntable_size: 65537\nconntrack_buckets: 65536\napi_socket: {dir}/lbd.sock\nstate_file: {dir}/state.json\nvips:\n  - address: {VIP}\n    port: {TCP_PORT}\n    protocol: tcp\n{tcp_extra}    backends:\n{backends}  - address: {VIP}\n    port: {UDP_PORT}\n    protocol: udp\n    backends:\n{udp_backends}",
             id = self.id,
             dir = self.dir.display(),
+            mtu = self.infra_mtu,
         )
     }
 

@@ -3,7 +3,7 @@
 //! thread inside its namespace. Every loop is bounded in time.
 
 use std::{
-    io::{BufRead as _, BufReader, Write as _},
+    io::{BufRead as _, BufReader, Read as _, Write as _},
     net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpListener, TcpStream, UdpSocket},
     sync::{
         Arc,
@@ -26,6 +26,9 @@ pub enum Mode {
     /// Accept and close at once, without a byte: a listener whose
     /// application is gone.
     AcceptClose,
+    /// Read until the client closes its side, then answer with the
+    /// backend's name and the number of bytes read (an upload sink).
+    Count,
 }
 
 /// Servers running in one namespace; stopped when dropped.
@@ -82,6 +85,10 @@ impl Servers {
                     while !stop.load(Ordering::Relaxed) {
                         match listener.accept() {
                             Ok((conn, _)) if mode == Mode::AcceptClose => drop(conn),
+                            Ok((conn, _)) if mode == Mode::Count => {
+                                let name = name.clone();
+                                std::thread::spawn(move || count_tcp(conn, &name));
+                            }
                             Ok((conn, _)) => {
                                 let (stop, name) = (stop.clone(), name.clone());
                                 std::thread::spawn(move || serve_tcp(conn, &name, &stop));
@@ -242,6 +249,56 @@ fn serve_tcp(conn: TcpStream, name: &str, stop: &AtomicBool) {
             Err(_) => return,
         }
     }
+}
+
+/// Reads until end of stream (at most 60 s of silence), then writes
+/// `name count`.
+fn count_tcp(mut conn: TcpStream, name: &str) {
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(60)));
+    let mut buf = vec![0u8; 64 << 10];
+    let mut count = 0u64;
+    loop {
+        match conn.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => count += n as u64,
+            Err(_) => return,
+        }
+    }
+    let _ = conn.write_all(format!("{name} {count}\n").as_bytes());
+}
+
+/// Uploads `bytes` bytes from `src:sport` to a [`Mode::Count`] server at
+/// `dst` and returns the backend's name and the count it received. A path
+/// that stalls fails after `stall` without progress.
+pub fn tcp_upload(
+    src: Ipv4Addr,
+    sport: u16,
+    dst: SocketAddrV4,
+    bytes: usize,
+    stall: Duration,
+) -> Result<(String, u64)> {
+    let mut stream = connect_from(src, sport, dst)?;
+    stream.set_write_timeout(Some(stall))?;
+    stream.set_read_timeout(Some(stall))?;
+    let chunk = vec![0x5au8; 64 << 10];
+    let mut sent = 0;
+    while sent < bytes {
+        let n = chunk.len().min(bytes - sent);
+        stream
+            .write_all(&chunk[..n])
+            .with_context(|| format!("upload stalled after {sent} of {bytes} bytes"))?;
+        sent += n;
+    }
+    stream.shutdown(std::net::Shutdown::Write)?;
+    let mut answer = String::new();
+    BufReader::new(stream)
+        .read_line(&mut answer)
+        .context("reading the byte count")?;
+    let (name, count) = answer
+        .trim()
+        .split_once(' ')
+        .with_context(|| format!("malformed answer {answer:?}"))?;
+    Ok((name.to_string(), count.parse()?))
 }
 
 /// A TCP connection from `src:sport` to `dst`, made in the calling thread's

@@ -146,6 +146,7 @@ fn balancer(ct_buckets: u32) -> Result<Reconciler<KernelDataplane>> {
         outer_source_v4: Some("10.255.0.1".parse()?),
         outer_source_v6: Some("fd00:ff::1".parse()?),
         malformed: MalformedPolicy::Pass,
+        ..Default::default()
     })?;
     r.apply(&vips(3), &|_, _| true)?;
     Ok(r)
