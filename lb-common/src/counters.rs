@@ -130,8 +130,9 @@ counters! {
     PassTooBigNoDf = 31, "pass_too_big_no_df", Pass;
     /// More IPv6 extension headers than the datapath walks (4).
     MalformedIpv6ExtChain = 32, "malformed_ipv6_ext_chain_too_long", Malformed;
-    /// ICMP to a VIP address that is no echo request and no error about a
-    /// VIP flow the balancer can route (or whose quote is cut short).
+    /// ICMP the balancer does not handle: to an address that is no VIP's,
+    /// or to a VIP address but no echo request (or echo is off) and no
+    /// error about a VIP flow it can route (or whose quote is cut short).
     PassIcmp = 33, "pass_icmp_other", Pass;
     }
 }

@@ -817,12 +817,12 @@ fn fixtures(v: &Vips) -> Vec<Fixture> {
         f(
             "icmp echo to another address",
             icmp4("10.9.9.9"),
-            Pass(PassNotVip),
+            Pass(PassIcmp),
         ),
         f(
             "icmpv6 echo to another address",
             icmp6("2001:db8::99"),
-            Pass(PassNotVip),
+            Pass(PassIcmp),
         ),
         f(
             "icmp timestamp request to a vip address",

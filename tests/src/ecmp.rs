@@ -249,7 +249,7 @@ impl EcmpRig {
             .map(|b| format!("      - address: {}\n", b.addr))
             .collect();
         format!(
-            "instance: {instance}\ninterfaces: [eth0]\nxdp_mode: native\ngateway_mac: auto\nouter_source_v4: {addr}\ntable_size: 65537\nconntrack_buckets: 65536\napi_socket: {dir}/lbd.sock\nstate_file: {dir}/state.json\n{top_extra}announce:\n  bgp:\n    local_as: {SPEAKER_AS}\n    router_id: {addr}\n    hold_time: 3s\n    connect_retry: {{ initial: 200ms, max: 1s }}\n    peers:\n      - {{ address: {router}, remote_as: {ROUTER_AS}, local_address: {addr} }}\nvips:\n  - address: {VIP}\n    port: {TCP_PORT}\n    protocol: tcp\n{vip_extra}    backends:\n{backends}  - address: {VIP}\n    port: {UDP_PORT}\n    protocol: udp\n{vip_extra}    backends:\n{backends}",
+            "instance: {instance}\ninterfaces: [eth0]\nxdp_mode: native\ngateway_mac: auto\nouter_source_v4: {addr}\nmtu: {INFRA_MTU}\ntable_size: 65537\nconntrack_buckets: 65536\napi_socket: {dir}/lbd.sock\nstate_file: {dir}/state.json\n{top_extra}announce:\n  bgp:\n    local_as: {SPEAKER_AS}\n    router_id: {addr}\n    hold_time: 3s\n    connect_retry: {{ initial: 200ms, max: 1s }}\n    peers:\n      - {{ address: {router}, remote_as: {ROUTER_AS}, local_address: {addr} }}\nvips:\n  - address: {VIP}\n    port: {TCP_PORT}\n    protocol: tcp\n{vip_extra}    backends:\n{backends}  - address: {VIP}\n    port: {UDP_PORT}\n    protocol: udp\n{vip_extra}    backends:\n{backends}",
             instance = lb.instance,
             addr = lb.addr,
             router = router_addr(i),

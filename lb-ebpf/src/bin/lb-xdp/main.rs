@@ -242,7 +242,7 @@ fn icmp_to_vip(ctx: &XdpContext, cfg: &DatapathConfig, pkt: &Packet) -> (u32, Co
         family: pkt.family,
     };
     if !filter_has(&pkt.dst, 0, pkt.proto) || lookup(&key).is_none() {
-        return (PASS, Counter::PassNotVip);
+        return (PASS, Counter::PassIcmp);
     }
     match icmp::classify(ctx, pkt) {
         icmp::Message::Echo if cfg.flags & CFG_F_ICMP_ECHO != 0 => {
