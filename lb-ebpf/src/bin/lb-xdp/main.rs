@@ -37,7 +37,10 @@ const PASS: u32 = xdp_action::XDP_PASS;
 const DROP: u32 = xdp_action::XDP_DROP;
 const TX: u32 = xdp_action::XDP_TX;
 
+// `#[xdp]` wraps this function in the program's entry point; inlined, the
+// program is one function (no BPF-to-BPF call per packet).
 #[xdp]
+#[inline(always)]
 pub fn lb_xdp(ctx: XdpContext) -> u32 {
     let frame_len = (ctx.data_end() - ctx.data()) as u32;
     let (action, outcome) = run(&ctx);
