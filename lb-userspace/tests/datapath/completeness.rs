@@ -691,6 +691,33 @@ fn fragments_follow_their_vips_policy() {
     let _ = v;
 }
 
+/// `lb_decap` as every backend of the rig runs it (all backend addresses,
+/// GUE on the rig's port).
+fn backend_decap() -> Decap {
+    let mut decap = Decap::load().expect("load lb_decap");
+    let local: Vec<IpAddr> = BACKENDS.iter().map(|b| ip(b)).collect();
+    decap
+        .set_local_addrs(&local, GUE_TEST_PORT)
+        .expect("local addresses");
+    decap
+}
+
+/// Runs a tunnelled frame through `lb_decap`; it must pass the inner frame.
+fn decapsulate(decap: &mut Decap, frame: &[u8]) -> Vec<u8> {
+    let mut buf = vec![0u8; frame.len()];
+    let r = decap
+        .program()
+        .test_run(TestRunOptions {
+            data_in: Some(frame),
+            data_out: Some(&mut buf),
+            ..TestRunOptions::new()
+        })
+        .expect("decap run");
+    assert_eq!(r.return_value, XDP_PASS, "decapsulated and passed");
+    buf.truncate(r.data_size_out as usize);
+    buf
+}
+
 #[test]
 fn outer_source_takes_host_bits_from_the_client() {
     let mut rig = Rig::new(1 << 12);
@@ -701,9 +728,7 @@ fn outer_source_takes_host_bits_from_the_client() {
         s.outer_source_v6 = Some("fd00:ff::".parse().expect("literal"));
         s.outer_source_v6_host_bits = 32;
     });
-    let mut decap = Decap::load().expect("load lb_decap");
-    let local: Vec<IpAddr> = BACKENDS.iter().map(|b| ip(b)).collect();
-    decap.set_local_addrs(&local, GUE_TEST_PORT).expect("local");
+    let mut decap = backend_decap();
 
     let v4_client = |c: [u8; 4], dst: &str, dport: u16| {
         let mut f = vec![];
@@ -737,17 +762,7 @@ fn outer_source_takes_host_bits_from_the_client() {
         };
         assert_eq!(src, ip(want_src), "client {client:?} to {dst}");
         // The backend's decap program takes any outer source.
-        let mut buf = vec![0u8; out.len()];
-        let r = decap
-            .program()
-            .test_run(TestRunOptions {
-                data_in: Some(&out),
-                data_out: Some(&mut buf),
-                ..TestRunOptions::new()
-            })
-            .expect("decap run");
-        assert_eq!(r.return_value, XDP_PASS);
-        buf.truncate(r.data_size_out as usize);
+        let buf = decapsulate(&mut decap, &out);
         assert_eq!(buf[14..], req[14..], "decapsulated to the client's packet");
     }
     let v6 = tcp6("2001:db8::10", 80, 40000, true, b"");
@@ -763,9 +778,7 @@ fn outer_source_takes_host_bits_from_the_client() {
 fn gue_tunnels_decapsulate_on_the_backend() {
     let mut rig = Rig::new(1 << 12);
     let v = rig.standard_vips();
-    let mut decap = Decap::load().expect("load lb_decap");
-    let local: Vec<IpAddr> = BACKENDS.iter().map(|b| ip(b)).collect();
-    decap.set_local_addrs(&local, GUE_TEST_PORT).expect("local");
+    let mut decap = backend_decap();
     let mut ports = BTreeSet::new();
     for sport in 42000..42016u16 {
         for (req, key) in [
@@ -785,17 +798,7 @@ fn gue_tunnels_decapsulate_on_the_backend() {
             ports.insert(u16::from_be_bytes([out[l3], out[l3 + 1]]));
 
             let before = decap.counters().expect("counters")[DecapCounter::DecapGue as usize];
-            let mut buf = vec![0u8; out.len()];
-            let r = decap
-                .program()
-                .test_run(TestRunOptions {
-                    data_in: Some(&out),
-                    data_out: Some(&mut buf),
-                    ..TestRunOptions::new()
-                })
-                .expect("decap run");
-            assert_eq!(r.return_value, XDP_PASS);
-            buf.truncate(r.data_size_out as usize);
+            let buf = decapsulate(&mut decap, &out);
             assert_eq!(buf[12..], req[12..], "the client's packet, its ethertype");
             let after = decap.counters().expect("counters")[DecapCounter::DecapGue as usize];
             assert_eq!(after.packets, before.packets + 1, "counted as GUE");
