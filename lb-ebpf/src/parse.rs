@@ -77,12 +77,6 @@ impl Packet {
         (self.ports >> 16) as u16
     }
 
-    /// Source port, network order.
-    #[inline(always)]
-    pub fn sport(&self) -> u16 {
-        self.ports as u16
-    }
-
     #[inline(always)]
     pub fn is_icmp(&self) -> bool {
         self.proto == PROTO_ICMP || self.proto == PROTO_ICMPV6

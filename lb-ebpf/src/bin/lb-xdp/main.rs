@@ -75,7 +75,7 @@ fn run(ctx: &XdpContext) -> (u32, Counter) {
     if !maybe_vip(cfg, &pkt) {
         return (PASS, Counter::PassNotVip);
     }
-    let hash = flow_hash(&pkt, &pkt.src, &pkt.dst, pkt.ports, pkt.proto);
+    let hash = flow_hash(pkt.family, &pkt.src, &pkt.dst, pkt.ports, pkt.proto);
     let (bucket_index, tag) = ct_position(hash, cfg.ct_seed);
     let bucket = LB_FLOWS.get_ptr_mut(bucket_index & cfg.ct_mask);
     let syn = pkt.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN;
@@ -99,7 +99,7 @@ fn run(ctx: &XdpContext) -> (u32, Counter) {
     let Some(meta) = find_vip(cfg, &pkt.dst, pkt.dport(), pkt.proto, pkt.family) else {
         return (PASS, Counter::PassNotVip);
     };
-    let Some(def) = pick(cfg, &meta, &pkt, &pkt.src, &pkt.dst, pkt.proto, hash) else {
+    let Some(def) = pick(cfg, &meta, pkt.family, &pkt.src, &pkt.dst, pkt.proto, hash) else {
         stats::vip(meta.vip_id, pkt.frame_len);
         return (DROP, Counter::DropNoBackend);
     };
@@ -115,10 +115,10 @@ fn run(ctx: &XdpContext) -> (u32, Counter) {
     forward(ctx, cfg, def, &pkt, hash, outcome)
 }
 
-/// The flow hash of `{src, dst, ports, proto}` in `pkt`'s family.
+/// The flow hash of `{src, dst, ports, proto}` in address family `family`.
 #[inline(always)]
-fn flow_hash(pkt: &Packet, src: &[u32; 4], dst: &[u32; 4], ports: u32, proto: u8) -> u64 {
-    if pkt.family == FAMILY_V4 {
+fn flow_hash(family: u8, src: &[u32; 4], dst: &[u32; 4], ports: u32, proto: u8) -> u64 {
+    if family == FAMILY_V4 {
         hash_v4(src[0], dst[0], ports, proto)
     } else {
         hash_v6(src, dst, ports, proto)
@@ -132,7 +132,7 @@ fn flow_hash(pkt: &Packet, src: &[u32; 4], dst: &[u32; 4], ports: u32, proto: u8
 fn pick(
     cfg: &DatapathConfig,
     meta: &VipMeta,
-    pkt: &Packet,
+    family: u8,
     src: &[u32; 4],
     dst: &[u32; 4],
     proto: u8,
@@ -142,7 +142,7 @@ fn pick(
         return None;
     }
     let hash = if meta.flags & VIP_F_FRAG_HASH != 0 {
-        flow_hash(pkt, src, dst, 0, proto)
+        flow_hash(family, src, dst, 0, proto)
     } else {
         hash
     };
@@ -226,8 +226,8 @@ fn fragment(ctx: &XdpContext, cfg: &DatapathConfig, pkt: &Packet) -> (u32, Count
         // The VIP went away after its policy was read.
         return (DROP, Counter::DropFragment);
     };
-    let hash = flow_hash(pkt, &pkt.src, &pkt.dst, 0, pkt.proto);
-    let Some(def) = pick(cfg, &meta, pkt, &pkt.src, &pkt.dst, pkt.proto, hash) else {
+    let hash = flow_hash(pkt.family, &pkt.src, &pkt.dst, 0, pkt.proto);
+    let Some(def) = pick(cfg, &meta, pkt.family, &pkt.src, &pkt.dst, pkt.proto, hash) else {
         stats::vip(meta.vip_id, pkt.frame_len);
         return (DROP, Counter::DropNoBackend);
     };
@@ -270,7 +270,7 @@ fn icmp_error(
     pkt: &Packet,
     q: &icmp::Quoted,
 ) -> (u32, Counter) {
-    let hash = flow_hash(pkt, &q.client, &q.vip, q.ports, q.proto);
+    let hash = flow_hash(pkt.family, &q.client, &q.vip, q.ports, q.proto);
     let (bucket_index, tag) = ct_position(hash, cfg.ct_seed);
     if let Some(bucket) = LB_FLOWS.get_ptr_mut(bucket_index & cfg.ct_mask)
         && let Some((_, handle)) = conntrack::find(bucket, tag)
@@ -282,7 +282,7 @@ fn icmp_error(
     let Some(meta) = find_vip(cfg, &q.vip, q.vip_port(), q.proto, pkt.family) else {
         return (PASS, Counter::PassIcmp);
     };
-    let Some(def) = pick(cfg, &meta, pkt, &q.client, &q.vip, q.proto, hash) else {
+    let Some(def) = pick(cfg, &meta, pkt.family, &q.client, &q.vip, q.proto, hash) else {
         stats::vip(meta.vip_id, pkt.frame_len);
         return (DROP, Counter::DropNoBackend);
     };
