@@ -94,10 +94,7 @@ impl Overlay {
         addr: IpAddr,
         drained: bool,
     ) -> Result<(), StateError> {
-        let vip = self.effective_vip(base, id)?;
-        if !vip.backends.iter().any(|b| b.address == addr) {
-            return Err(StateError::NoSuchBackend { vip: *id, addr });
-        }
+        self.require_backend(base, id, addr)?;
         if drained {
             self.drained.entry(*id).or_default().insert(addr);
         } else if let Some(set) = self.drained.get_mut(id) {
@@ -138,6 +135,21 @@ impl Overlay {
             .into_iter()
             .find(|v| v.id == *id)
             .ok_or(StateError::NoSuchVip(*id))
+    }
+
+    /// Fails unless the effective VIP `id` has backend `addr`.
+    fn require_backend(
+        &self,
+        base: &[VipConfig],
+        id: &VipId,
+        addr: IpAddr,
+    ) -> Result<(), StateError> {
+        let vip = self.effective_vip(base, id)?;
+        if vip.backends.iter().any(|b| b.address == addr) {
+            Ok(())
+        } else {
+            Err(StateError::NoSuchBackend { vip: *id, addr })
+        }
     }
 
     pub fn add_vip(&mut self, base: &[VipConfig], vip: VipConfig) -> Result<(), StateError> {
@@ -190,10 +202,7 @@ impl Overlay {
         id: &VipId,
         addr: IpAddr,
     ) -> Result<(), StateError> {
-        let vip = self.effective_vip(base, id)?;
-        if !vip.backends.iter().any(|b| b.address == addr) {
-            return Err(StateError::NoSuchBackend { vip: *id, addr });
-        }
+        self.require_backend(base, id, addr)?;
         self.set_backend(id, addr, None);
         if let Some(set) = self.drained.get_mut(id) {
             set.remove(&addr);
@@ -208,10 +217,7 @@ impl Overlay {
         addr: IpAddr,
         weight: u32,
     ) -> Result<(), StateError> {
-        let vip = self.effective_vip(base, id)?;
-        if !vip.backends.iter().any(|b| b.address == addr) {
-            return Err(StateError::NoSuchBackend { vip: *id, addr });
-        }
+        self.require_backend(base, id, addr)?;
         self.set_backend(id, addr, Some(weight));
         Ok(())
     }

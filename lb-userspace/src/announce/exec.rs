@@ -32,7 +32,7 @@ use tokio::{io::AsyncReadExt as _, process::Command, sync::watch, task::JoinHand
 use tracing::{info, warn};
 
 use super::{
-    AnnounceError, Announcer, PeerStatus, SessionState, check_prefixes, diff, host_prefix, problem,
+    AnnounceError, Announcer, PeerStatus, SessionState, diff, host_prefix, problem, publish_desired,
 };
 use crate::config::{ConfigError, ConfigErrors, duration};
 
@@ -136,18 +136,7 @@ impl ExecAnnouncer {
 
 impl Announcer for ExecAnnouncer {
     fn set_announced(&mut self, prefixes: &BTreeSet<IpAddr>) -> Result<(), AnnounceError> {
-        if self.shut_down {
-            return Err(AnnounceError::ShutDown);
-        }
-        check_prefixes(prefixes)?;
-        self.desired.send_if_modified(|current| {
-            if **current == *prefixes {
-                return false;
-            }
-            *current = Arc::new(prefixes.clone());
-            true
-        });
-        Ok(())
+        publish_desired(&self.desired, self.shut_down, prefixes)
     }
 
     fn status(&self) -> Vec<PeerStatus> {

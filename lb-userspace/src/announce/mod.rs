@@ -194,6 +194,27 @@ pub fn host_prefix(vip: IpAddr) -> String {
     }
 }
 
+/// `set_announced` for announcers whose worker follows a watch channel:
+/// checks the set and publishes it, waking the worker only if it changed.
+pub fn publish_desired(
+    desired: &tokio::sync::watch::Sender<std::sync::Arc<BTreeSet<IpAddr>>>,
+    shut_down: bool,
+    prefixes: &BTreeSet<IpAddr>,
+) -> Result<(), AnnounceError> {
+    if shut_down {
+        return Err(AnnounceError::ShutDown);
+    }
+    check_prefixes(prefixes)?;
+    desired.send_if_modified(|current| {
+        if **current == *prefixes {
+            return false;
+        }
+        *current = std::sync::Arc::new(prefixes.clone());
+        true
+    });
+    Ok(())
+}
+
 /// Refuses addresses that cannot be a VIP: unspecified, loopback,
 /// multicast, IPv4 broadcast.
 pub fn check_prefixes(prefixes: &BTreeSet<IpAddr>) -> Result<(), AnnounceError> {

@@ -26,7 +26,7 @@ use tracing::info;
 
 pub use self::config::{BgpConfig, ConnectRetry, PeerConfig};
 use self::session::{Local, PeerShared};
-use super::{AnnounceError, Announcer, PeerStatus, check_prefixes};
+use super::{AnnounceError, Announcer, PeerStatus, publish_desired};
 use crate::config::ConfigErrors;
 
 /// How long [`Announcer::shutdown`] waits for the sessions to withdraw,
@@ -111,18 +111,7 @@ impl BgpSpeaker {
 
 impl Announcer for BgpSpeaker {
     fn set_announced(&mut self, prefixes: &BTreeSet<IpAddr>) -> Result<(), AnnounceError> {
-        if self.shut_down {
-            return Err(AnnounceError::ShutDown);
-        }
-        check_prefixes(prefixes)?;
-        self.desired.send_if_modified(|current| {
-            if **current == *prefixes {
-                return false;
-            }
-            *current = Arc::new(prefixes.clone());
-            true
-        });
-        Ok(())
+        publish_desired(&self.desired, self.shut_down, prefixes)
     }
 
     fn status(&self) -> Vec<PeerStatus> {
