@@ -25,6 +25,9 @@ use lb_common::{
     BackendDef, Counter, CounterValue, FlowBucket, FlowKey, VipKey, consts::*, counters::Kind,
 };
 
+mod common;
+use common::{ip, require_root, v4, v6};
+
 const XDP_DROP: u32 = 1;
 const XDP_PASS: u32 = 2;
 const XDP_TX: u32 = 3;
@@ -50,34 +53,6 @@ const BACKENDS: [&str; 6] = [
 ];
 const V4_BACKENDS: [usize; 3] = [0, 1, 2];
 const V6_BACKENDS: [usize; 3] = [3, 4, 5];
-
-fn ip(s: &str) -> IpAddr {
-    s.parse().expect("test address")
-}
-
-fn v4(s: &str) -> [u8; 4] {
-    match ip(s) {
-        IpAddr::V4(a) => a.octets(),
-        IpAddr::V6(_) => panic!("{s} is not IPv4"),
-    }
-}
-
-fn v6(s: &str) -> [u8; 16] {
-    match ip(s) {
-        IpAddr::V6(a) => a.octets(),
-        IpAddr::V4(_) => panic!("{s} is not IPv6"),
-    }
-}
-
-fn require_root() {
-    // SAFETY: geteuid has no preconditions.
-    let euid = unsafe { libc::geteuid() };
-    assert_eq!(
-        euid, 0,
-        "datapath tests load XDP programs and use BPF_PROG_TEST_RUN: they need root \
-         (run `cargo xtask test` as root)"
-    );
-}
 
 /// A loaded program whose maps are programmed the way `lbd` programs them:
 /// through the reconciler, on top of the dataplane layer.
@@ -122,7 +97,7 @@ fn settings(malformed: MalformedPolicy) -> DatapathSettings {
 
 impl Rig {
     fn new(ct_buckets: u32) -> Rig {
-        require_root();
+        require_root("datapath");
         let layout = Layout {
             table_size: M,
             max_vips: 32,

@@ -37,6 +37,9 @@ use lb_common::{
     counters::{DECAP_COUNTER_SLOTS, DecapCounter, DecapKind},
 };
 
+mod common;
+use common::{ip, require_root, v4, v6};
+
 const XDP_DROP: u32 = 1;
 const XDP_PASS: u32 = 2;
 
@@ -57,34 +60,6 @@ const CLIENT_V6: &str = "2001:db8:c::7";
 const VIP_V4: &str = "10.0.0.10";
 const VIP_V6: &str = "2001:db8::10";
 
-fn ip(s: &str) -> IpAddr {
-    s.parse().expect("test address")
-}
-
-fn v4(s: &str) -> [u8; 4] {
-    match ip(s) {
-        IpAddr::V4(a) => a.octets(),
-        IpAddr::V6(_) => panic!("{s} is not IPv4"),
-    }
-}
-
-fn v6(s: &str) -> [u8; 16] {
-    match ip(s) {
-        IpAddr::V6(a) => a.octets(),
-        IpAddr::V4(_) => panic!("{s} is not IPv6"),
-    }
-}
-
-fn require_root() {
-    // SAFETY: geteuid has no preconditions.
-    let euid = unsafe { libc::geteuid() };
-    assert_eq!(
-        euid, 0,
-        "decap tests load XDP programs and use BPF_PROG_TEST_RUN: they need root \
-         (run `cargo xtask test` as root)"
-    );
-}
-
 /// The loaded program with the backend's two addresses.
 struct Rig {
     decap: Decap,
@@ -92,7 +67,7 @@ struct Rig {
 
 impl Rig {
     fn new() -> Rig {
-        require_root();
+        require_root("decap");
         let mut decap = Decap::load().unwrap_or_else(|e| {
             panic!("loading lb_decap failed (kernel without XDP/BTF support?): {e:#}")
         });
@@ -910,7 +885,7 @@ fn local_addresses_are_replaced_not_merged() {
 /// Runs `f` on a new thread in a new network namespace of its own, which
 /// disappears with the thread (and with it every interface made there).
 fn in_private_netns<T: Send>(f: impl FnOnce() -> T + Send) -> T {
-    require_root();
+    require_root("decap");
     std::thread::scope(|s| {
         s.spawn(|| {
             // SAFETY: unshare(2) with a flag only changes this thread's
