@@ -3,14 +3,17 @@
 //! timing.
 //!
 //! For each M and N, equal and weighted (weights 1..=10, fixed pseudo-random
-//! sequence): build time (median, min, max of 7 runs), share spread (largest
-//! relative deviation of a backend's slots from its weight share), and slots
-//! moved (fraction of M whose owner changes) when one backend is removed or
-//! added, as the median over 5 choices of backend.
+//! sequence): build time (median, min, max of 7 runs), the textbook loop's
+//! time for the same table in the same run (`build_textbook`, the loop
+//! Katran's C++ runs; runs alternate, so host noise hits both alike) and
+//! the ratio of the medians, share spread (largest relative deviation of a
+//! backend's slots from its weight share), and slots moved (fraction of M
+//! whose owner changes) when one backend is removed or added, as the median
+//! over 5 choices of backend.
 
 use std::{net::IpAddr, time::Instant};
 
-use lb::maglev::{MaglevBackend, build, moved_slots};
+use lb::maglev::{MaglevBackend, MaglevTable, build, build_textbook, moved_slots};
 
 fn backends(n: u32, weighted: bool) -> Vec<MaglevBackend> {
     let mut x = 0x2545_f491u32;
@@ -46,21 +49,37 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn main() {
     println!(
-        "{:>7} {:>5} {:>8} | {:>9} {:>9} {:>9} | {:>7} | {:>8} {:>8}",
-        "M", "N", "weights", "build ms", "min", "max", "spread", "moved-1", "moved+1"
+        "{:>7} {:>5} {:>8} | {:>9} {:>9} {:>9} | {:>9} {:>6} | {:>7} | {:>8} {:>8}",
+        "M",
+        "N",
+        "weights",
+        "build ms",
+        "min",
+        "max",
+        "textbook",
+        "ratio",
+        "spread",
+        "moved-1",
+        "moved+1"
     );
     for m in [65_537u32, 655_373] {
         for n in [10u32, 100, 1000] {
             for weighted in [false, true] {
                 let bs = backends(n + 1, weighted);
                 let (base, extra) = bs.split_at(n as usize);
-                let times: Vec<f64> = (0..7)
+                let time = |f: fn(&[MaglevBackend], u32) -> MaglevTable| {
+                    let t = Instant::now();
+                    std::hint::black_box(f(base, m));
+                    t.elapsed().as_secs_f64() * 1e3
+                };
+                let (times, textbook): (Vec<f64>, Vec<f64>) = (0..7)
                     .map(|_| {
-                        let t = Instant::now();
-                        std::hint::black_box(build(base, m).expect("build"));
-                        t.elapsed().as_secs_f64() * 1e3
+                        (
+                            time(|b, m| build(b, m).expect("build")),
+                            time(|b, m| build_textbook(b, m).expect("build")),
+                        )
                     })
-                    .collect();
+                    .unzip();
                 let min = times.iter().copied().fold(f64::MAX, f64::min);
                 let max = times.iter().copied().fold(0.0, f64::max);
                 let full = build(base, m).expect("build");
@@ -78,14 +97,17 @@ fn main() {
                     let t = build(&more, m).expect("build");
                     moved_slots(&full, base, &t, &more) as f64 / m as f64
                 };
+                let (fast, slow) = (median(times), median(textbook));
                 println!(
-                    "{:>7} {:>5} {:>8} | {:>9.3} {:>9.3} {:>9.3} | {:>6.2}% | {:>7.3}% {:>7.3}%",
+                    "{:>7} {:>5} {:>8} | {:>9.3} {:>9.3} {:>9.3} | {:>9.3} {:>6.2} | {:>6.2}% | {:>7.3}% {:>7.3}%",
                     m,
                     n,
                     if weighted { "1..10" } else { "equal" },
-                    median(times),
+                    fast,
                     min,
                     max,
+                    slow,
+                    fast / slow,
                     spread(base, m) * 100.0,
                     median(removed) * 100.0,
                     added * 100.0

@@ -16,7 +16,10 @@
 //! Weights use the credit scheme of weighted Maglev (as in Katran's v2): each
 //! round every backend earns its weight in credit and claims one slot per
 //! `max_weight` of credit, so the heaviest backend claims one slot per round
-//! and the others proportionally fewer.
+//! and the others proportionally fewer. Unlike Katran's, a backend stops
+//! claiming at its quota (largest-remainder apportionment of M), so every
+//! share is within one slot of exact; credit alone rounds the light
+//! backends down and hands the difference to the heavy ones.
 
 use std::net::IpAddr;
 
@@ -130,52 +133,168 @@ fn permutation(addr: &IpAddr, m: u32) -> (u32, u32) {
 
 /// Builds the table for `backends` with `m` slots.
 pub fn build(backends: &[MaglevBackend], m: u32) -> Result<MaglevTable, MaglevError> {
-    let mut order: Vec<usize> = (0..backends.len())
-        .filter(|&i| backends[i].weight > 0)
-        .collect();
-    order.sort_by_key(|&i| backends[i].addr);
-    for pair in order.windows(2) {
-        if backends[pair[0]].addr == backends[pair[1]].addr {
-            return Err(MaglevError::DuplicateBackend(backends[pair[0]].addr));
-        }
-    }
-    if let Some(b) = backends.iter().find(|b| b.weight > MAX_WEIGHT) {
-        return Err(MaglevError::WeightTooLarge {
-            addr: b.addr,
-            weight: b.weight,
-        });
-    }
-    if order.is_empty() {
+    let Some(w) = Walkers::new(backends, m)? else {
         return Ok(MaglevTable::Empty);
-    }
-    check_table_size(m, order.len())?;
-
+    };
     let mut fill = Filler::new(m);
-    let walkers: Vec<(u32, u32, u64)> = order
-        .iter()
-        .map(|&i| {
-            let (offset, skip) = permutation(&backends[i].addr, m);
-            (offset, skip, backends[i].weight as u64)
-        })
-        .collect();
-    let mut next: Vec<u32> = walkers.iter().map(|w| w.0).collect();
-    let skip: Vec<u32> = walkers.iter().map(|w| w.1).collect();
-    let weight: Vec<u64> = walkers.iter().map(|w| w.2).collect();
-    let max_weight = weight.iter().copied().max().unwrap_or(1);
-    let mut credit = vec![0u64; order.len()];
+    let mut next = w.offset.clone();
+    let mut claims = w.claims();
     'rounds: loop {
-        for k in 0..order.len() {
-            credit[k] += weight[k];
-            while credit[k] >= max_weight {
-                credit[k] -= max_weight;
-                next[k] = fill.claim(k, next[k], skip[k], order[k] as u32);
-                if fill.remaining == 0 {
-                    break 'rounds;
-                }
+        for &k in claims.round() {
+            let k = k as usize;
+            next[k] = fill.claim(k, next[k], w.skip[k], w.input[k]);
+            if fill.remaining == 0 {
+                break 'rounds;
             }
         }
     }
     Ok(MaglevTable::Slots(fill.slots))
+}
+
+/// The same table by the textbook population loop: probe each walker's
+/// permutation, `(offset + j·skip) mod M`, until an empty slot. Kept as the
+/// oracle the fast builder must match slot for slot, and as the speed
+/// baseline `cargo xtask bench` measures it against (it is the loop that
+/// Katran's C++ runs).
+pub fn build_textbook(backends: &[MaglevBackend], m: u32) -> Result<MaglevTable, MaglevError> {
+    let Some(w) = Walkers::new(backends, m)? else {
+        return Ok(MaglevTable::Empty);
+    };
+    let mut slots = vec![u32::MAX; m as usize];
+    let mut index = vec![0u64; w.input.len()];
+    let mut filled = 0;
+    let mut claims = w.claims();
+    loop {
+        for &k in claims.round() {
+            let k = k as usize;
+            let slot = loop {
+                let slot = (w.offset[k] as u64 + index[k] * w.skip[k] as u64) % m as u64;
+                index[k] += 1;
+                if slots[slot as usize] == u32::MAX {
+                    break slot as usize;
+                }
+            };
+            slots[slot] = w.input[k];
+            filled += 1;
+            if filled == m {
+                return Ok(MaglevTable::Slots(slots));
+            }
+        }
+    }
+}
+
+/// The validated backends with a positive weight, in address order, each
+/// with its permutation of the table.
+struct Walkers {
+    /// Position in the builder's input slice.
+    input: Vec<u32>,
+    offset: Vec<u32>,
+    skip: Vec<u32>,
+    weight: Vec<u64>,
+    /// Slots each walker is owed (see [`quotas`]).
+    quota: Vec<u32>,
+}
+
+impl Walkers {
+    /// `None` when no backend has a positive weight.
+    fn new(backends: &[MaglevBackend], m: u32) -> Result<Option<Self>, MaglevError> {
+        let mut order: Vec<usize> = (0..backends.len())
+            .filter(|&i| backends[i].weight > 0)
+            .collect();
+        order.sort_by_key(|&i| backends[i].addr);
+        for pair in order.windows(2) {
+            if backends[pair[0]].addr == backends[pair[1]].addr {
+                return Err(MaglevError::DuplicateBackend(backends[pair[0]].addr));
+            }
+        }
+        if let Some(b) = backends.iter().find(|b| b.weight > MAX_WEIGHT) {
+            return Err(MaglevError::WeightTooLarge {
+                addr: b.addr,
+                weight: b.weight,
+            });
+        }
+        if order.is_empty() {
+            return Ok(None);
+        }
+        check_table_size(m, order.len())?;
+        let (offset, skip) = order
+            .iter()
+            .map(|&i| permutation(&backends[i].addr, m))
+            .unzip();
+        let weight: Vec<u64> = order.iter().map(|&i| backends[i].weight as u64).collect();
+        Ok(Some(Self {
+            input: order.iter().map(|&i| i as u32).collect(),
+            offset,
+            skip,
+            quota: quotas(&weight, m),
+            weight,
+        }))
+    }
+
+    fn claims(&self) -> Claims<'_> {
+        let max_weight = self.weight.iter().copied().max().unwrap_or(1);
+        Claims {
+            walkers: self,
+            max_weight,
+            equal: self.weight.iter().all(|&w| w == max_weight),
+            credit: vec![0; self.input.len()],
+            owed: self.quota.clone(),
+            round: (0..self.input.len() as u32).collect(),
+        }
+    }
+}
+
+/// Each walker's share of `m` slots by largest remainder: `m·w/W` rounded
+/// down, and the slots left over one each to the largest remainders (ties
+/// to the earlier address). So every share is within one slot of exact.
+fn quotas(weight: &[u64], m: u32) -> Vec<u32> {
+    let total: u64 = weight.iter().sum();
+    let exact = |w: u64| (m as u64 * w / total, m as u64 * w % total);
+    let mut quota: Vec<u32> = weight.iter().map(|&w| exact(w).0 as u32).collect();
+    let left = m as usize - quota.iter().map(|&q| q as usize).sum::<usize>();
+    let mut by_remainder: Vec<usize> = (0..weight.len()).collect();
+    by_remainder.sort_by_key(|&k| std::cmp::Reverse(exact(weight[k]).1));
+    for &k in &by_remainder[..left] {
+        quota[k] += 1;
+    }
+    quota
+}
+
+/// The order of claims, which depends on the weights only, never on the
+/// table: weighted Maglev's credit rounds (Katran's v2). Each round every
+/// walker earns its weight in credit and claims a slot per `max_weight` of
+/// credit (at most one per round), until it has its quota. The heaviest
+/// walker claims every round and the others proportionally less often.
+struct Claims<'a> {
+    walkers: &'a Walkers,
+    max_weight: u64,
+    equal: bool,
+    credit: Vec<u64>,
+    owed: Vec<u32>,
+    round: Vec<u32>,
+}
+
+impl Claims<'_> {
+    /// The walkers that claim in the next round, in order. With equal
+    /// weights that is all of them (the last round is cut short by the
+    /// table filling up, which gives the extra slots to the earliest
+    /// addresses, as the quotas say). Otherwise the claimers are listed
+    /// without a branch per walker, which the CPU could not predict.
+    fn round(&mut self) -> &[u32] {
+        if self.equal {
+            return &self.round;
+        }
+        let mut len = 0;
+        for k in 0..self.round.len() {
+            let c = self.credit[k] + self.walkers.weight[k];
+            let claims = c >= self.max_weight && self.owed[k] > 0;
+            self.credit[k] = c - if claims { self.max_weight } else { 0 };
+            self.owed[k] -= claims as u32;
+            self.round[len] = k as u32;
+            len += claims as usize;
+        }
+        &self.round[..len]
+    }
 }
 
 /// The table being filled. A walker claims the first empty slot of its
@@ -240,24 +359,49 @@ impl Filler {
                 self.inverse[k] = inverse_mod(skip, m);
             }
             let inv = self.inverse[k] as u64;
-            let mut best = (u64::MAX, 0usize);
+            let reduce = Barrett::new(m);
+            // Smallest (distance, index), packed so that the minimum is
+            // one branch-free comparison per empty slot.
+            let mut best = u64::MAX;
             for (i, &e) in self.empty.iter().enumerate() {
                 let delta = if e >= cursor {
                     e - cursor
                 } else {
                     e + m - cursor
                 };
-                let distance = delta as u64 * inv % m as u64;
-                if distance < best.0 {
-                    best = (distance, i);
-                }
+                let distance = reduce.rem(delta as u64 * inv);
+                best = best.min(distance << 32 | i as u64);
             }
-            self.empty.swap_remove(best.1)
+            let best = (best & 0xffff_ffff) as usize;
+            self.empty.swap_remove(best)
         };
         self.slots[slot as usize] = input;
         self.remaining -= 1;
         let next = slot + skip;
         if next >= m { next - m } else { next }
+    }
+}
+
+/// `x mod m` by Barrett reduction: a multiplication instead of the 64-bit
+/// division, which dominated the tail phase.
+struct Barrett {
+    m: u64,
+    /// ⌊2⁶⁴ / m⌋, so that `x·mu / 2⁶⁴` is `⌊x / m⌋` or one less.
+    mu: u64,
+}
+
+impl Barrett {
+    fn new(m: u32) -> Self {
+        Self {
+            m: m as u64,
+            mu: u64::MAX / m as u64,
+        }
+    }
+
+    fn rem(&self, x: u64) -> u64 {
+        let q = ((x as u128 * self.mu as u128) >> 64) as u64;
+        let r = x - q * self.m;
+        if r >= self.m { r - self.m } else { r }
     }
 }
 
@@ -321,43 +465,6 @@ mod tests {
             .fold(0.0, f64::max)
     }
 
-    /// The textbook population loop (probing only), as the reference the
-    /// optimised builder must match slot for slot.
-    fn reference(backends: &[MaglevBackend], m: u32) -> Vec<u32> {
-        let mut order: Vec<usize> = (0..backends.len())
-            .filter(|&i| backends[i].weight > 0)
-            .collect();
-        order.sort_by_key(|&i| backends[i].addr);
-        let mut walkers: Vec<(u32, u32, u64, u64, u32)> = order
-            .iter()
-            .map(|&i| {
-                let (o, s) = permutation(&backends[i].addr, m);
-                (o, s, backends[i].weight as u64, 0, i as u32)
-            })
-            .collect();
-        let max = walkers.iter().map(|w| w.2).max().unwrap();
-        let mut slots = vec![u32::MAX; m as usize];
-        let mut filled = 0;
-        'r: loop {
-            for w in walkers.iter_mut() {
-                w.3 += w.2;
-                while w.3 >= max {
-                    w.3 -= max;
-                    while slots[w.0 as usize] != u32::MAX {
-                        w.0 = (w.0 + w.1) % m;
-                    }
-                    slots[w.0 as usize] = w.4;
-                    w.0 = (w.0 + w.1) % m;
-                    filled += 1;
-                    if filled == m {
-                        break 'r;
-                    }
-                }
-            }
-        }
-        slots
-    }
-
     #[test]
     fn the_optimised_builder_matches_the_textbook_loop() {
         let mut x = 0x9E37_79B9u32;
@@ -378,8 +485,8 @@ mod tests {
                 });
                 let fast = build(&bs, m).unwrap();
                 assert_eq!(
-                    fast.slots().unwrap(),
-                    reference(&bs, m),
+                    fast,
+                    build_textbook(&bs, m).unwrap(),
                     "N={n} M={m} weighted={weighted}"
                 );
             }
@@ -395,6 +502,25 @@ mod tests {
                     1,
                     "{a} mod {m}"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn barrett_reduction_matches_the_remainder() {
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for m in [2u32, 3, 13, 65_537, 655_373, 4_294_967_291] {
+            let reduce = Barrett::new(m);
+            let top = m as u64 * m as u64;
+            for v in [0, 1, m as u64 - 1, m as u64, top - 1] {
+                assert_eq!(reduce.rem(v), v % m as u64, "{v} mod {m}");
+            }
+            for _ in 0..10_000 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                let v = x % top;
+                assert_eq!(reduce.rem(v), v % m as u64, "{v} mod {m}");
             }
         }
     }
@@ -453,6 +579,29 @@ mod tests {
         let t = build(&bs, m).unwrap();
         let s = spread(&t, &bs, m);
         assert!(s <= 0.01, "spread {:.3}%", s * 100.0);
+    }
+
+    #[test]
+    fn every_share_is_within_one_slot_of_exact() {
+        let mut x = 0x2545_f491u32;
+        for (n, m) in [(3, 13), (100, 65_537), (1000, 65_537), (1000, 655_373)] {
+            let bs = backends(n, |_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                1 + x % 10
+            });
+            let total: u64 = bs.iter().map(|b| b.weight as u64).sum();
+            let t = build(&bs, m).unwrap();
+            for (b, got) in bs.iter().zip(t.shares(bs.len())) {
+                let exact = m as f64 * b.weight as f64 / total as f64;
+                assert!(
+                    (got as f64 - exact).abs() < 1.0,
+                    "N={n} M={m}: weight {} got {got} slots for {exact:.2}",
+                    b.weight
+                );
+            }
+        }
     }
 
     #[test]
