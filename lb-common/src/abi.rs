@@ -356,8 +356,9 @@ pub const BENCH_RESTORE_LEN: usize = 96;
 /// before each run the harness shrinks the frame back to `len` and
 /// rewrites its first [`BENCH_RESTORE_LEN`] bytes from `data`, then, if
 /// `stamp_off` is not 0, writes a fresh 32-bit sequence number at that
-/// offset (a new flow every run).
-#[repr(C)]
+/// offset (a new flow every run). Aligned to 8 so that the harness can
+/// copy `data` a word at a time.
+#[repr(C, align(8))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BenchPacket {
     pub len: u32,
@@ -370,6 +371,7 @@ pub struct BenchPacket {
 
 const _: () = {
     assert!(core::mem::size_of::<BenchPacket>() == 16 + BENCH_RESTORE_LEN);
+    assert!(core::mem::offset_of!(BenchPacket, data) % 8 == 0);
     assert!(core::mem::size_of::<VipKey>() == 20);
     assert!(core::mem::size_of::<VipMeta>() == 16);
     assert!(core::mem::size_of::<BackendDef>() == 32);

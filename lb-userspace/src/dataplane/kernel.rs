@@ -53,6 +53,13 @@ impl KernelDataplane {
     /// Loads the program. With `pin_dir`, each map is adopted from
     /// `pin_dir/<map name>` if pinned there, else created and pinned there.
     pub fn load_with(layout: Layout, pin_dir: Option<&Path>) -> Result<Self> {
+        Self::load_object(objects::LB_XDP, layout, pin_dir)
+    }
+
+    /// Loads `object`, another build of `lb_xdp` with the same maps, in
+    /// place of the embedded one: `lb-bench` measures a baseline build
+    /// against this one in the same run.
+    pub fn load_object(object: &[u8], layout: Layout, pin_dir: Option<&Path>) -> Result<Self> {
         layout.validate()?;
         let mut loader = EbpfLoader::new();
         loader
@@ -68,7 +75,7 @@ impl KernelDataplane {
             }
         }
         let mut ebpf = loader
-            .load(objects::LB_XDP)
+            .load(object)
             .map_err(|e| DataplaneError::Load(Box::new(e)))?;
         let prog: &mut Xdp = ebpf
             .program_mut(PROG_LB)

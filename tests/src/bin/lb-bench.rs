@@ -36,7 +36,8 @@ use lb_tests::{
 const XDP_PASS: u32 = 2;
 const XDP_TX: u32 = 3;
 const REPEAT: u32 = 500_000;
-const RUNS: usize = 9;
+/// Even, so that with two programs under test each goes first equally often.
+const RUNS: usize = 10;
 
 /// A program's net cost: the pairwise differences, and the difference of
 /// the fastest batches (noise on a shared host only ever adds time, so the
@@ -134,13 +135,18 @@ fn vips(n_backends: usize) -> Vec<VipConfig> {
 
 /// The balancer, programmed through the reconciler like `lbd` does.
 fn balancer(ct_buckets: u32) -> Result<Reconciler<KernelDataplane>> {
+    balancer_of(objects::LB_XDP, ct_buckets)
+}
+
+/// The balancer from `object` (this build's `lb-xdp`, or a baseline's).
+fn balancer_of(object: &[u8], ct_buckets: u32) -> Result<Reconciler<KernelDataplane>> {
     let layout = Layout {
         table_size: 65_537,
         max_vips: 16,
         max_backends: 64,
         ct_buckets,
     };
-    let mut r = Reconciler::adopt(KernelDataplane::load(layout)?)?;
+    let mut r = Reconciler::adopt(KernelDataplane::load_object(object, layout, None)?)?;
     r.apply_settings(&DatapathSettings {
         gateway_mac: GW_MAC,
         outer_source_v4: Some("10.255.0.1".parse()?),
@@ -158,7 +164,9 @@ struct Harness {
 
 impl Harness {
     fn load() -> Result<Harness> {
-        let mut bench = Ebpf::load(objects::LB_BENCH).context("loading the bench object")?;
+        let mut h = Harness {
+            bench: Ebpf::load(objects::LB_BENCH).context("loading the bench object")?,
+        };
         for name in [
             "lb_bench",
             "bench_pass",
@@ -167,17 +175,23 @@ impl Harness {
             "bench_gen",
             "bench_drop",
         ] {
-            let p: &mut Xdp = bench
-                .program_mut(name)
-                .with_context(|| format!("{name} in the bench object"))?
-                .try_into()?;
-            p.load().with_context(|| format!("loading {name}"))?;
+            h.xdp_mut(name)?
+                .load()
+                .with_context(|| format!("loading {name}"))?;
         }
-        Ok(Harness { bench })
+        Ok(h)
     }
 
     fn prog(&self, name: &str) -> Result<&Xdp> {
         Ok(self.bench.program(name).context("program")?.try_into()?)
+    }
+
+    fn xdp_mut(&mut self, name: &str) -> Result<&mut Xdp> {
+        Ok(self
+            .bench
+            .program_mut(name)
+            .with_context(|| format!("{name} in the bench object"))?
+            .try_into()?)
     }
 
     fn fd(&self, name: &str) -> Result<ProgramFd> {
@@ -224,10 +238,37 @@ impl Harness {
         Ok(r.duration.as_nanos() as f64)
     }
 
-    /// Net ns per packet of `target` on `frame`: `RUNS` pairs of batches,
-    /// the harness with the empty program then with `target`, each pair's
-    /// difference one sample. Pairing keeps the machine's drift (shared
-    /// host, other core busy) out of the difference.
+    /// `RUNS` rounds on `frame`: in each, one batch of the harness with the
+    /// empty program, then one with each of `targets`, their order rotating
+    /// from round to round (going first after the empty program is worth a
+    /// few ns). Returns the batch times, empty first. Taking turns within a
+    /// round keeps the machine's drift (shared host, other core busy) out
+    /// of the differences.
+    fn rounds(
+        &mut self,
+        targets: &[&ProgramFd],
+        empty: &ProgramFd,
+        frame: &[u8],
+        stamp_off: u32,
+        expect: u32,
+    ) -> Result<Vec<Vec<f64>>> {
+        let mut times = vec![Vec::new(); targets.len() + 1];
+        for round in 0..RUNS {
+            self.jump_to(empty)?;
+            self.set_packet(frame, 0, 0)?;
+            times[0].push(self.batch(frame, XDP_PASS)?);
+            for turn in 0..targets.len() {
+                let i = (round + turn) % targets.len();
+                self.jump_to(targets[i])?;
+                self.set_packet(frame, stamp_off, 0)?;
+                let t = self.batch(frame, expect)?;
+                times[i + 1].push(t);
+            }
+        }
+        Ok(times)
+    }
+
+    /// Net ns per packet of `target` on `frame` (see [`Net`]).
     fn net(
         &mut self,
         target: &ProgramFd,
@@ -236,23 +277,19 @@ impl Harness {
         stamp_off: u32,
         expect: u32,
     ) -> Result<Net> {
-        let mut diffs = Vec::new();
-        let (mut best_base, mut best_target) = (f64::MAX, f64::MAX);
-        for _ in 0..RUNS {
-            self.jump_to(empty)?;
-            self.set_packet(frame, 0, 0)?;
-            let base = self.batch(frame, XDP_PASS)?;
-            self.jump_to(target)?;
-            self.set_packet(frame, stamp_off, 0)?;
-            let t = self.batch(frame, expect)?;
-            diffs.push(t - base);
-            best_base = best_base.min(base);
-            best_target = best_target.min(t);
+        let times = self.rounds(&[target], empty, frame, stamp_off, expect)?;
+        Ok(Net::of(&times[1], &times[0]))
+    }
+}
+
+impl Net {
+    /// From per-round batch times of a program and of the empty one.
+    fn of(target: &[f64], empty: &[f64]) -> Net {
+        let min = |v: &[f64]| v.iter().copied().fold(f64::MAX, f64::min);
+        Net {
+            pairs: Stat::of(target.iter().zip(empty).map(|(t, e)| t - e).collect()),
+            of_minima: min(target) - min(empty),
         }
-        Ok(Net {
-            pairs: Stat::of(diffs),
-            of_minima: best_target - best_base,
-        })
     }
 }
 
@@ -264,13 +301,33 @@ struct Row {
     class: &'static str,
     katran: &'static str,
     stat: Net,
+    /// With `LB_BENCH_BASELINE`: the baseline build's net cost, and lb's
+    /// batch minus the baseline's in each round.
+    baseline: Option<(Net, Stat)>,
+}
+
+/// `LB_BENCH_BASELINE=<path>`: another build of the `lb-xdp` object (say,
+/// the previous commit's `target/release/build/lb-userspace-*/out/lb-xdp`),
+/// measured in the same rounds as this one, for before/after figures that
+/// the host's noise cannot fake. It must share this build's maps.
+fn baseline_object() -> Result<Option<(String, Vec<u8>)>> {
+    let Ok(path) = std::env::var("LB_BENCH_BASELINE") else {
+        return Ok(None);
+    };
+    let object = std::fs::read(&path).with_context(|| format!("LB_BENCH_BASELINE={path}"))?;
+    Ok(Some((path, object)))
 }
 
 /// Per-packet cost of each class, net of the harness.
-fn datapath() -> Result<(Vec<Row>, Net, Stat)> {
+fn datapath(baseline: Option<&[u8]>) -> Result<(Vec<Row>, Net, Stat)> {
     let mut r = balancer(1 << 21)?;
     let mut h = Harness::load()?;
     let lb = r.dataplane_mut().program().fd()?.try_clone()?;
+    let mut base = baseline.map(|o| balancer_of(o, 1 << 21)).transpose()?;
+    let base_fd = match &mut base {
+        Some(b) => Some(b.dataplane_mut().program().fd()?.try_clone()?),
+        None => None,
+    };
     let empty = h.fd("bench_pass")?;
     let plain = tcp4([10, 0, 0, 10], 1000, false);
 
@@ -308,6 +365,15 @@ fn datapath() -> Result<(Vec<Row>, Net, Stat)> {
             "new flow: miss → Maglev → insert (2M-bucket table)",
             "470–515",
             tcp4([10, 0, 0, 10], 3000, false),
+            26,
+            None,
+            XDP_TX,
+            Counter::FwdMaglev,
+        ),
+        (
+            "new flow by SYN (2M-bucket table)",
+            "—",
+            tcp4([10, 0, 0, 10], 3500, true),
             26,
             None,
             XDP_TX,
@@ -352,31 +418,47 @@ fn datapath() -> Result<(Vec<Row>, Net, Stat)> {
     ];
     let mut rows = Vec::new();
     for (class, katran, frame, stamp, warm, action, counter) in cases {
+        let programs: Vec<&ProgramFd> = std::iter::once(&lb).chain(&base_fd).collect();
         if let Some(w) = warm {
-            h.jump_to(&lb)?;
-            h.set_packet(&w, 0, 0)?;
-            let warm_run = h.prog("lb_bench")?.test_run(TestRunOptions {
-                data_in: Some(&w),
-                ..TestRunOptions::new()
-            })?;
-            if warm_run.return_value != XDP_TX {
-                bail!("{class}: the warm-up packet was not forwarded");
+            for p in &programs {
+                h.jump_to(p)?;
+                h.set_packet(&w, 0, 0)?;
+                let warm_run = h.prog("lb_bench")?.test_run(TestRunOptions {
+                    data_in: Some(&w),
+                    ..TestRunOptions::new()
+                })?;
+                if warm_run.return_value != XDP_TX {
+                    bail!("{class}: the warm-up packet was not forwarded");
+                }
             }
         }
-        let before = counters(&r)?[counter as usize].packets;
-        let stat = h.net(&lb, &empty, &frame, stamp, action)?;
-        let moved = counters(&r)?[counter as usize].packets - before;
-        if moved != u64::from(REPEAT) * RUNS as u64 {
-            bail!(
-                "{class}: {moved} packets counted as {}, expected {}",
-                counter.name(),
-                REPEAT as usize * RUNS
-            );
+        let balancers: Vec<&Reconciler<KernelDataplane>> =
+            std::iter::once(&r).chain(&base).collect();
+        let before: Vec<u64> = balancers
+            .iter()
+            .map(|b| Ok(counters(b)?[counter as usize].packets))
+            .collect::<Result<_>>()?;
+        let times = h.rounds(&programs, &empty, &frame, stamp, action)?;
+        for (b, before) in balancers.iter().zip(before) {
+            let moved = counters(b)?[counter as usize].packets - before;
+            if moved != u64::from(REPEAT) * RUNS as u64 {
+                bail!(
+                    "{class}: {moved} packets counted as {}, expected {}",
+                    counter.name(),
+                    REPEAT as usize * RUNS
+                );
+            }
         }
         rows.push(Row {
             class,
             katran,
-            stat,
+            stat: Net::of(&times[1], &times[0]),
+            baseline: times.get(2).map(|b| {
+                // Two rounds, one with each program first, make one sample.
+                let per_round: Vec<f64> = times[1].iter().zip(b).map(|(l, b)| l - b).collect();
+                let samples = per_round.chunks(2).map(|c| c.iter().sum::<f64>() / 2.0);
+                (Net::of(b, &times[0]), Stat::of(samples.collect()))
+            }),
         });
     }
     Ok((rows, swap, harness))
@@ -384,7 +466,7 @@ fn datapath() -> Result<(Vec<Row>, Net, Stat)> {
 
 /// Forwarding rate on a veth pair with native XDP, one core: the
 /// generator and the receiving program share it, as on a real box's queue.
-fn forwarding() -> Result<(Stat, Stat, Stat, u64)> {
+fn forwarding(baseline: Option<Vec<u8>>) -> Result<Forwarding> {
     let ns = Netns::new(&unique("lbbench"))?;
     let peer = Netns::new(&unique("lbbenchp"))?;
     veth(&ns, "gen0", &peer, "tmp0", 1500)?;
@@ -393,20 +475,14 @@ fn forwarding() -> Result<(Stat, Stat, Stat, u64)> {
     ns.ip(&["link", "set", "lb0", "up"])?;
     drop(peer);
     let path = ns.path();
-    let result = std::thread::spawn(move || -> Result<(Stat, Stat, Stat, u64)> {
+    let result = std::thread::spawn(move || -> Result<Forwarding> {
         lb_tests::netns::enter_path(&path)?;
         pin_to_cpu(0);
-        let mut r = balancer(1 << 16)?;
+        let mut lb = balancer(1 << 16)?;
+        let mut base = baseline.map(|o| balancer_of(&o, 1 << 16)).transpose()?;
         let mut h = Harness::load()?;
         let gen_if = ifindex("gen0")?;
-        {
-            let drop: &mut Xdp = h
-                .bench
-                .program_mut("bench_drop")
-                .context("drop")?
-                .try_into()?;
-            drop.attach("gen0", XdpMode::Driver)?;
-        }
+        h.xdp_mut("bench_drop")?.attach("gen0", XdpMode::Driver)?;
         let frame = tcp4([10, 0, 0, 10], 9000, false);
         h.set_packet(&frame, 0, gen_if)?;
         let run = |h: &Harness| -> Result<f64> {
@@ -420,67 +496,80 @@ fn forwarding() -> Result<(Stat, Stat, Stat, u64)> {
             })?;
             Ok(n as f64 / start.elapsed().as_secs_f64() / 1e6)
         };
-        // lb: warm the flow into the connection table, then measure.
-        let link = r.dataplane_mut().program().attach("lb0", XdpMode::Driver)?;
-        let before = counters(&r)?;
-        let mut lb_rates = Vec::new();
-        for _ in 0..RUNS {
-            lb_rates.push(run(&h)?);
+        // Rounds in which every program takes its turn, the order rotating
+        // from round to round, so that the host's drift (the machines are
+        // shared) and the position in the round hit them all alike. A
+        // balancer's first frame puts the flow into its connection table.
+        let before = counters(&lb)?;
+        let programs = if base.is_some() { 4 } else { 3 };
+        let mut rates = vec![Vec::new(); 4];
+        for round in 0..RUNS {
+            for turn in 0..programs {
+                let i = (round + turn) % programs;
+                let rate = match i {
+                    0 => attach_and_run(&mut lb, &h, &run)?,
+                    3 => attach_and_run(base.as_mut().context("baseline")?, &h, &run)?,
+                    _ => {
+                        let name = if i == 1 {
+                            "bench_mac_swap"
+                        } else {
+                            "bench_grow"
+                        };
+                        let link = h.xdp_mut(name)?.attach("lb0", XdpMode::Driver)?;
+                        let rate = run(&h)?;
+                        h.xdp_mut(name)?.detach(link)?;
+                        rate
+                    }
+                };
+                rates[i].push(rate);
+            }
         }
-        let after = counters(&r)?;
+        let after = counters(&lb)?;
         let forwarded: u64 = [Counter::FwdConntrack, Counter::FwdMaglev]
             .iter()
             .map(|c| after[*c as usize].packets - before[*c as usize].packets)
             .sum();
-        r.dataplane_mut().program().detach(link)?;
-        // The floor: MAC swap + XDP_TX on the same interface.
-        let swap_link = {
-            let swap: &mut Xdp = h
-                .bench
-                .program_mut("bench_mac_swap")
-                .context("swap")?
-                .try_into()?;
-            swap.attach("lb0", XdpMode::Driver)?
-        };
-        let mut swap_rates = Vec::new();
-        for _ in 0..RUNS {
-            swap_rates.push(run(&h)?);
-        }
-        let swap: &mut Xdp = h
-            .bench
-            .program_mut("bench_mac_swap")
-            .context("swap")?
-            .try_into()?;
-        swap.detach(swap_link)?;
-        // The tunnelling floor: grow by 20 bytes, move the MACs, send back.
-        let grow_link = {
-            let grow: &mut Xdp = h
-                .bench
-                .program_mut("bench_grow")
-                .context("grow")?
-                .try_into()?;
-            grow.attach("lb0", XdpMode::Driver)?
-        };
-        let mut grow_rates = Vec::new();
-        for _ in 0..RUNS {
-            grow_rates.push(run(&h)?);
-        }
-        let grow: &mut Xdp = h
-            .bench
-            .program_mut("bench_grow")
-            .context("grow")?
-            .try_into()?;
-        grow.detach(grow_link)?;
-        Ok((
-            Stat::of(lb_rates),
-            Stat::of(swap_rates),
-            Stat::of(grow_rates),
+        let baseline = rates.pop().filter(|b| !b.is_empty());
+        let [lb, floor, grow] = <[Vec<f64>; 3]>::try_from(rates).expect("three");
+        Ok(Forwarding {
+            lb,
+            floor,
+            grow,
+            baseline,
             forwarded,
-        ))
+        })
     })
     .join()
     .map_err(|_| anyhow::anyhow!("forwarding bench panicked"))??;
     Ok(result)
+}
+
+/// Attaches `r`'s program to `lb0`, runs the generator, detaches.
+fn attach_and_run(
+    r: &mut Reconciler<KernelDataplane>,
+    h: &Harness,
+    run: &dyn Fn(&Harness) -> Result<f64>,
+) -> Result<f64> {
+    let link = r.dataplane_mut().program().attach("lb0", XdpMode::Driver)?;
+    let rate = run(h);
+    r.dataplane_mut().program().detach(link)?;
+    rate
+}
+
+/// Mpps per round of each program on the veth.
+struct Forwarding {
+    lb: Vec<f64>,
+    floor: Vec<f64>,
+    grow: Vec<f64>,
+    /// With `LB_BENCH_BASELINE`: the baseline build of `lb_xdp`.
+    baseline: Option<Vec<f64>>,
+    /// Frames lb counted as forwarded.
+    forwarded: u64,
+}
+
+/// Median over rounds of `a[i] / b[i]`.
+fn ratio(a: &[f64], b: &[f64]) -> f64 {
+    Stat::of(a.iter().zip(b).map(|(a, b)| a / b).collect()).median
 }
 
 fn ifindex(name: &str) -> Result<u32> {
@@ -620,7 +709,7 @@ fn lbd_rss() -> Result<(u64, u64)> {
 }
 
 fn ns_row(s: &Stat) -> String {
-    format!("{:>7.1} | {:>7.1} | {:>7.1}", s.median, s.min, s.max)
+    format!("{:>7.1} \\| {:>7.1} \\| {:>7.1}", s.median, s.min, s.max)
 }
 
 /// `LB_BENCH_ONLY=datapath,forwarding,table,memory` runs only those parts
@@ -656,7 +745,8 @@ fn print_datapath() -> Result<()> {
         "Net ns per packet, `BPF_PROG_TEST_RUN` through the restoring harness: {RUNS} pairs of {REPEAT}-repeat batches (the harness with an empty program, then with the program under test). \"pairs\": median \\| min \\| max of the per-pair differences. \"of minima\": fastest batch of the program minus fastest batch of the empty program (noise on a shared host only adds time, so this is the steadiest figure). Katran's figures were measured the same way on this kind of machine (issue 7)."
     );
     println!();
-    let (rows, swap, harness) = datapath()?;
+    let baseline = baseline_object()?;
+    let (rows, swap, harness) = datapath(baseline.as_ref().map(|(_, o)| &o[..]))?;
     println!(
         "| packet class | lb pairs: median \\| min \\| max | lb of minima | Katran | lb / Katran (of minima) |"
     );
@@ -668,13 +758,17 @@ fn print_datapath() -> Result<()> {
             .next()
             .and_then(|k| k.parse().ok())
             .unwrap_or(f64::NAN);
+        let ratio = if k.is_nan() {
+            "—".to_string()
+        } else {
+            format!("{:.2}", r.stat.of_minima / k)
+        };
         println!(
-            "| {} | {} | {:.0} | {} | {:.2} |",
+            "| {} | {} | {:.0} | {} | {ratio} |",
             r.class,
             ns_row(&r.stat.pairs),
             r.stat.of_minima,
             r.katran,
-            r.stat.of_minima / k
         );
     }
     println!(
@@ -687,39 +781,74 @@ fn print_datapath() -> Result<()> {
         ns_row(&harness)
     );
     println!();
+    if let Some((path, _)) = baseline {
+        println!(
+            "Against the baseline build `{path}`, measured in the same rounds (\"lb − baseline\": lb's batch minus the baseline's, averaged over two rounds that each program started once; {} such samples; negative is faster).",
+            RUNS / 2
+        );
+        println!();
+        println!(
+            "| packet class | baseline pairs: median \\| min \\| max | baseline of minima | lb − baseline: median \\| min \\| max |"
+        );
+        println!("| --- | --- | --- | --- |");
+        for r in &rows {
+            if let Some((net, diff)) = &r.baseline {
+                println!(
+                    "| {} | {} | {:.0} | {} |",
+                    r.class,
+                    ns_row(&net.pairs),
+                    net.of_minima,
+                    ns_row(diff)
+                );
+            }
+        }
+        println!();
+    }
     Ok(())
 }
 
 fn print_forwarding() -> Result<()> {
-    let (lb, floor, grow, forwarded) = forwarding()?;
+    let baseline = baseline_object()?;
+    let f = forwarding(baseline.as_ref().map(|(_, o)| o.clone()))?;
     println!("## Forwarding rate on a veth pair, native XDP, one core");
     println!();
     println!(
-        "Live frames (`BPF_F_TEST_XDP_LIVE_FRAMES`, batch 64) redirected into a veth; the receiving end runs the program, which sends every frame back (XDP_TX) to a drop program. Mpps, {RUNS} runs of 2M frames."
+        "Live frames (`BPF_F_TEST_XDP_LIVE_FRAMES`, batch 64) redirected into a veth; the receiving end runs the program, which sends every frame back (XDP_TX) to a drop program. Mpps, {RUNS} rounds of 2M frames per program, the programs taking turns within each round; the ratio is the median over rounds of the program's rate over the floor's in the same round."
     );
     println!();
     println!("| program | Mpps (median \\| min \\| max) | ratio to the floor |");
     println!("| --- | --- | --- |");
-    println!(
-        "| lb_xdp (established flow) | {:.2} \\| {:.2} \\| {:.2} | {:.2} |",
-        lb.median,
-        lb.min,
-        lb.max,
-        lb.median / floor.median
-    );
-    println!(
-        "| MAC swap + XDP_TX (floor) | {:.2} \\| {:.2} \\| {:.2} | 1.00 |",
-        floor.median, floor.min, floor.max
-    );
-    println!(
-        "| grow the head by 20 bytes + MAC swap + XDP_TX (tunnelling floor) | {:.2} \\| {:.2} \\| {:.2} | {:.2} |",
-        grow.median,
-        grow.min,
-        grow.max,
-        grow.median / floor.median
-    );
+    let mut rows = vec![("lb_xdp (established flow)".to_string(), &f.lb)];
+    if let (Some((path, _)), Some(b)) = (&baseline, &f.baseline) {
+        rows.push((format!("baseline `{path}` (established flow)"), b));
+    }
+    rows.push(("MAC swap + XDP_TX (floor)".to_string(), &f.floor));
+    rows.push((
+        "grow the head by 20 bytes + MAC swap + XDP_TX (tunnelling floor)".to_string(),
+        &f.grow,
+    ));
+    for (label, rates) in rows {
+        let s = Stat::of(rates.clone());
+        println!(
+            "| {label} | {:.2} \\| {:.2} \\| {:.2} | {:.2} |",
+            s.median,
+            s.min,
+            s.max,
+            ratio(rates, &f.floor)
+        );
+    }
     println!();
-    println!("lb forwarded {forwarded} frames in those runs (its counters).");
+    if let Some(b) = &f.baseline {
+        println!(
+            "lb over the baseline, median over rounds: {:.3}.",
+            ratio(&f.lb, b)
+        );
+        println!();
+    }
+    println!(
+        "lb forwarded {} frames in those runs (its counters).",
+        f.forwarded
+    );
     println!();
     Ok(())
 }

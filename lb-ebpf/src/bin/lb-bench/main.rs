@@ -59,11 +59,18 @@ fn restore(ctx: &XdpContext) -> Option<()> {
         }
     }
     let dst: *mut [u64; BENCH_RESTORE_LEN / 8] = ptr_at(ctx, 0)?;
-    // SAFETY: bounds checked by `ptr_at`; `data` holds the same number of
-    // bytes; unaligned 8-byte stores are fine for XDP on x86.
-    unsafe {
-        let src = p.data.as_ptr() as *const [u64; BENCH_RESTORE_LEN / 8];
-        core::ptr::write_unaligned(dst, core::ptr::read_unaligned(src));
+    // Word by word, with volatile reads: a whole-array copy becomes a call
+    // to `memmove`, which on BPF copies byte by byte and cost the live
+    // generator more than the programs it feeds.
+    let src = p.data.as_ptr() as *const u64;
+    let dst = dst as *mut u64;
+    for i in 0..BENCH_RESTORE_LEN / 8 {
+        // SAFETY: bounds checked by `ptr_at`; `data` holds the same number
+        // of bytes; unaligned 8-byte accesses are fine for XDP on x86.
+        unsafe {
+            let word = core::ptr::read_volatile(src.add(i));
+            core::ptr::write_unaligned(dst.add(i), word);
+        }
     }
     // The mask gives the verifier a bound it keeps (a range check on a
     // copy of the value would not reach the pointer arithmetic).
