@@ -151,11 +151,11 @@ pub fn build(backends: &[MaglevBackend], m: u32) -> Result<MaglevTable, MaglevEr
     Ok(MaglevTable::Slots(fill.slots))
 }
 
-/// The same table by the textbook population loop: probe each walker's
-/// permutation, `(offset + j·skip) mod M`, until an empty slot. Kept as the
-/// oracle the fast builder must match slot for slot, and as the speed
-/// baseline `cargo xtask bench` measures it against (it is the loop that
-/// Katran's C++ runs).
+/// The same table by the textbook population loop: in the same order of
+/// claims, probe each walker's permutation, `(offset + j·skip) mod M`,
+/// until an empty slot. Kept as the oracle the fast filler must match slot
+/// for slot, and as the speed baseline `cargo xtask bench` measures it
+/// against (the loop Katran's C++ runs, without its quotas).
 pub fn build_textbook(backends: &[MaglevBackend], m: u32) -> Result<MaglevTable, MaglevError> {
     let Some(w) = Walkers::new(backends, m)? else {
         return Ok(MaglevTable::Empty);

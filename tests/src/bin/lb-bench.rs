@@ -302,7 +302,8 @@ struct Row {
     katran: &'static str,
     stat: Net,
     /// With `LB_BENCH_BASELINE`: the baseline build's net cost, and lb's
-    /// batch minus the baseline's in each round.
+    /// batch minus the baseline's, averaged over pairs of rounds (one with
+    /// each program first).
     baseline: Option<(Net, Stat)>,
 }
 
