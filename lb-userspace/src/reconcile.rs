@@ -452,6 +452,9 @@ impl<D: Dataplane> Reconciler<D> {
             .ok_or(ReconcileError::BackendsExhausted(self.layout.max_backends))?;
         let generation = ((self.slots[index].0 >> 16) + 1) & 0xffff;
         let handle = (generation.max(1) << 16) | index as u32;
+        // The index may have served a backend before: its counters start
+        // from zero, before the backend can receive a packet.
+        self.dp.clear_backend_stats(index as u32)?;
         self.dp.set_backend(
             index as u32,
             &backend_def(addr, handle, usable, vip_id, encap),
@@ -485,6 +488,8 @@ impl<D: Dataplane> Reconciler<D> {
         let is_new = !self.vips.contains_key(&id);
         if is_new {
             let vip_id = self.free_vip_id()?;
+            // A reused id starts its counters from zero.
+            self.dp.clear_vip_stats(vip_id)?;
             let m = self.layout.table_size as usize;
             self.vips.insert(
                 id,
@@ -846,6 +851,44 @@ mod tests {
                 .flags
                 == 0
         );
+    }
+
+    #[test]
+    fn reused_backend_indexes_and_vip_ids_start_their_counters_at_zero() {
+        let mut r = Reconciler::adopt(FakeDataplane::new(layout())).unwrap();
+        let a = vip("10.0.0.1", 80, &[("10.1.0.1", 1), ("10.1.0.2", 1)]);
+        r.apply(std::slice::from_ref(&a), &all).unwrap();
+        let handle = |r: &Reconciler<FakeDataplane>, vip: &VipConfig, addr: &str| {
+            r.vips()[&vip.id].backends[&addr.parse::<IpAddr>().unwrap()].handle
+        };
+        let old = handle(&r, &a, "10.1.0.2") & BACKEND_INDEX_MASK;
+        let vip_id = r.vips()[&a.id].meta.vip_id;
+        let seen = lb_common::CounterValue {
+            packets: 7,
+            bytes: 700,
+        };
+        r.dataplane_mut().backend_stats[old as usize] = seen;
+        r.dataplane_mut().vip_stats[vip_id as usize] = seen;
+
+        // 10.1.0.2 leaves; 10.1.0.7 takes its index, without its packets;
+        // the VIP carries on, with its counters.
+        r.apply(&[vip("10.0.0.1", 80, &[("10.1.0.1", 1)])], &all)
+            .unwrap();
+        let a2 = vip("10.0.0.1", 80, &[("10.1.0.1", 1), ("10.1.0.7", 1)]);
+        r.apply(std::slice::from_ref(&a2), &all).unwrap();
+        assert_eq!(handle(&r, &a2, "10.1.0.7") & BACKEND_INDEX_MASK, old);
+        assert_eq!(
+            r.dataplane().backend_stats(old).unwrap(),
+            Default::default()
+        );
+        assert_eq!(r.dataplane().vip_stats(vip_id).unwrap(), seen);
+
+        // A new VIP takes the id of one that went, without its packets.
+        r.apply(&[], &all).unwrap();
+        let b = vip("10.0.0.2", 443, &[("10.1.0.3", 1)]);
+        r.apply(std::slice::from_ref(&b), &all).unwrap();
+        assert_eq!(r.vips()[&b.id].meta.vip_id, vip_id);
+        assert_eq!(r.dataplane().vip_stats(vip_id).unwrap(), Default::default());
     }
 
     #[test]

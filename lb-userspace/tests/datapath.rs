@@ -1263,6 +1263,20 @@ fn vip_and_backend_stats_add_up() {
     assert_eq!(per_backend.iter().map(|c| c.packets).sum::<u64>(), 50);
     assert_eq!(per_backend.iter().map(|c| c.bytes).sum::<u64>(), bytes);
     assert!(per_backend.iter().all(|c| c.packets > 0), "{per_backend:?}");
+
+    // What the reconciler does before reusing an id or an index.
+    let index = rig.handle(&vips.tcp4, V4_BACKENDS[0]) & BACKEND_INDEX_MASK;
+    let dp = rig.r.dataplane_mut();
+    dp.clear_vip_stats(meta.vip_id).expect("clear");
+    dp.clear_backend_stats(index).expect("clear");
+    assert_eq!(
+        dp.vip_stats(meta.vip_id).expect("stats"),
+        CounterValue::default()
+    );
+    assert_eq!(
+        dp.backend_stats(index).expect("stats"),
+        CounterValue::default()
+    );
 }
 
 #[test]

@@ -168,6 +168,20 @@ impl Dataplane for FakeDataplane {
         Ok(self.backend_stats[range("backend", index, self.backend_stats.len())?])
     }
 
+    fn clear_vip_stats(&mut self, vip_id: u32) -> Result<()> {
+        let i = range("VIP id", vip_id, self.vip_stats.len())?;
+        self.write(1)?;
+        self.vip_stats[i] = CounterValue::default();
+        Ok(())
+    }
+
+    fn clear_backend_stats(&mut self, index: u32) -> Result<()> {
+        let i = range("backend", index, self.backend_stats.len())?;
+        self.write(1)?;
+        self.backend_stats[i] = CounterValue::default();
+        Ok(())
+    }
+
     fn flow_bucket(&self, index: u32) -> Result<FlowBucket> {
         Ok(self.flows[range("bucket", index, self.flows.len())?])
     }

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, HashMap, Map, MapData, PerCpuArray},
+    maps::{Array, HashMap, Map, MapData, PerCpuArray, PerCpuValues},
     programs::{
         SchedClassifier, TcAttachType, Xdp, XdpMode,
         links::{FdLink, PinnedLink},
@@ -210,6 +210,15 @@ impl KernelDataplane {
         Array::try_from(self.map_mut(name)?).map_err(map_err(name))
     }
 
+    fn per_cpu_clear(&mut self, name: &'static str, index: u32) -> Result<()> {
+        let cpus = aya::util::nr_cpus().map_err(|(_, e)| DataplaneError::Io(e))?;
+        let zeros = PerCpuValues::try_from(vec![CounterValue::default(); cpus])
+            .map_err(DataplaneError::Io)?;
+        let mut map: PerCpuArray<&mut MapData, CounterValue> =
+            PerCpuArray::try_from(self.map_mut(name)?).map_err(map_err(name))?;
+        map.set(index, zeros, 0).map_err(map_err(name))
+    }
+
     fn per_cpu_sum(&self, name: &'static str, index: u32) -> Result<CounterValue> {
         let map: PerCpuArray<&MapData, CounterValue> =
             PerCpuArray::try_from(self.map(name)?).map_err(map_err(name))?;
@@ -372,6 +381,14 @@ impl Dataplane for KernelDataplane {
 
     fn backend_stats(&self, index: u32) -> Result<CounterValue> {
         self.per_cpu_sum(MAP_BACKEND_STATS, index)
+    }
+
+    fn clear_vip_stats(&mut self, vip_id: u32) -> Result<()> {
+        self.per_cpu_clear(MAP_VIP_STATS, vip_id)
+    }
+
+    fn clear_backend_stats(&mut self, index: u32) -> Result<()> {
+        self.per_cpu_clear(MAP_BACKEND_STATS, index)
     }
 
     fn flow_bucket(&self, index: u32) -> Result<FlowBucket> {

@@ -197,6 +197,11 @@ pub trait Dataplane {
     fn counters(&self) -> Result<Counters>;
     fn vip_stats(&self, vip_id: u32) -> Result<lb_common::CounterValue>;
     fn backend_stats(&self, index: u32) -> Result<lb_common::CounterValue>;
+    /// Zeroes a VIP id's counters on every CPU (before the id is reused:
+    /// a new VIP must not inherit the old one's packets).
+    fn clear_vip_stats(&mut self, vip_id: u32) -> Result<()>;
+    /// Zeroes a backend index's counters on every CPU (before reuse).
+    fn clear_backend_stats(&mut self, index: u32) -> Result<()>;
 
     fn flow_bucket(&self, index: u32) -> Result<FlowBucket>;
     fn set_flow_bucket(&mut self, index: u32, bucket: &FlowBucket) -> Result<()>;
