@@ -644,6 +644,23 @@ mod tests {
     }
 
     #[test]
+    fn weighted_tables_are_pinned_too() {
+        // The small table above comes out the same with or without quotas;
+        // this one pins the weighted claim order at a realistic size (a
+        // digest of 4099 slots of 40 backends weighted 1..=7).
+        let bs = backends(40, |i| 1 + i * 5 % 7);
+        let t = build(&bs, 4_099).unwrap();
+        let digest = t
+            .slots()
+            .unwrap()
+            .iter()
+            .fold(0xcbf2_9ce4_8422_2325u64, |h, &s| {
+                (h ^ s as u64).wrapping_mul(0x0000_0100_0000_01b3)
+            });
+        assert_eq!(digest, 0xcffc_daa1_90d0_33c2, "got {digest:#018x}");
+    }
+
+    #[test]
     fn weight_zero_means_absent() {
         let mut bs = backends(5, |_| 1);
         bs[2].weight = 0;
