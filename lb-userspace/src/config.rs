@@ -1039,6 +1039,15 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
                 raw.table_size
             ),
         );
+    } else if raw.table_size > maglev::MAX_TABLE_SIZE {
+        err(
+            "table_size".into(),
+            format!(
+                "{} is larger than the maximum, {}",
+                raw.table_size,
+                maglev::MAX_TABLE_SIZE
+            ),
+        );
     }
     if !raw.conntrack_buckets.is_power_of_two() {
         err(
@@ -1519,10 +1528,14 @@ vips:
     }
 
     #[test]
-    fn table_size_must_be_prime_and_warns_when_small() {
+    fn table_size_must_be_prime_and_not_too_large_and_warns_when_small() {
         assert!(
             errors(&with("table_size: 4099", "table_size: 4096"))[0]
                 .starts_with("table_size: 4096 is not prime")
+        );
+        assert!(
+            errors(&with("table_size: 4099", "table_size: 16777259"))[0]
+                .starts_with("table_size: 16777259 is larger than the maximum, 16777216")
         );
         let c = Config::parse(&with("table_size: 4099", "table_size: 101")).expect("valid");
         assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);

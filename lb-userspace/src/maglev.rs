@@ -31,6 +31,11 @@ pub const DEFAULT_TABLE_SIZE: u32 = 65_537;
 /// Largest accepted weight; keeps credit arithmetic far from overflow.
 pub const MAX_WEIGHT: u32 = 1_000_000;
 
+/// Largest accepted table size (2²⁴ slots, 64 MiB per table half). Keeps
+/// the builder's slot arithmetic (a slot plus a skip, both below M) far
+/// from overflowing `u32`.
+pub const MAX_TABLE_SIZE: u32 = 1 << 24;
+
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum MaglevError {
     #[error("table size {0} is not prime (Maglev needs a prime M; e.g. 65537, 131071, 262147)")]
@@ -39,6 +44,8 @@ pub enum MaglevError {
         "table size {m} is smaller than the number of backends ({n}); M must be at least N (and should be ≥ 100·N)"
     )]
     TooSmall { m: u32, n: usize },
+    #[error("table size {0} is larger than the maximum, {MAX_TABLE_SIZE}")]
+    TooLarge(u32),
     #[error("backend {0} appears twice")]
     DuplicateBackend(IpAddr),
     #[error("backend {addr} has weight {weight}; the maximum is {MAX_WEIGHT}")]
@@ -100,6 +107,9 @@ pub fn is_prime(n: u32) -> bool {
 
 /// Checks a table size against a backend count.
 pub fn check_table_size(m: u32, n: usize) -> Result<(), MaglevError> {
+    if m > MAX_TABLE_SIZE {
+        return Err(MaglevError::TooLarge(m));
+    }
     if !is_prime(m) {
         return Err(MaglevError::NotPrime(m));
     }
@@ -240,6 +250,7 @@ impl Walkers {
             credit: vec![0; self.input.len()],
             owed: self.quota.clone(),
             round: (0..self.input.len() as u32).collect(),
+            passes: 0,
         }
     }
 }
@@ -272,18 +283,47 @@ struct Claims<'a> {
     credit: Vec<u64>,
     owed: Vec<u32>,
     round: Vec<u32>,
+    /// Rounds listed (bounded by M even with extreme weights; tests).
+    passes: usize,
 }
 
 impl Claims<'_> {
     /// The walkers that claim in the next round, in order. With equal
     /// weights that is all of them (the last round is cut short by the
     /// table filling up, which gives the extra slots to the earliest
-    /// addresses, as the quotas say). Otherwise the claimers are listed
-    /// without a branch per walker, which the CPU could not predict.
+    /// addresses, as the quotas say). Otherwise rounds without claims are
+    /// skipped; empty only when nothing is owed any more.
     fn round(&mut self) -> &[u32] {
         if self.equal {
             return &self.round;
         }
+        let len = loop {
+            let len = self.list_claimers();
+            if len > 0 {
+                break len;
+            }
+            // Nobody claimed. With very unequal weights (1,000,000 against
+            // 1) the light walkers' last claims can be a million rounds
+            // away: go straight to the round before the next claim, as
+            // rounds without claims only add credit.
+            let Some(rounds) = (0..self.round.len())
+                .filter(|&k| self.owed[k] > 0)
+                .map(|k| (self.max_weight - self.credit[k]).div_ceil(self.walkers.weight[k]))
+                .min()
+            else {
+                break 0;
+            };
+            for k in 0..self.round.len() {
+                self.credit[k] += (rounds - 1) * self.walkers.weight[k];
+            }
+        };
+        &self.round[..len]
+    }
+
+    /// Runs one round: lists its claimers first in `round`, without a
+    /// branch per walker; returns how many there are.
+    fn list_claimers(&mut self) -> usize {
+        self.passes += 1;
         let mut len = 0;
         for k in 0..self.round.len() {
             let c = self.credit[k] + self.walkers.weight[k];
@@ -293,7 +333,7 @@ impl Claims<'_> {
             self.round[len] = k as u32;
             len += claims as usize;
         }
-        &self.round[..len]
+        len
     }
 }
 
@@ -658,6 +698,35 @@ mod tests {
                 (h ^ s as u64).wrapping_mul(0x0000_0100_0000_01b3)
             });
         assert_eq!(digest, 0xcffc_daa1_90d0_33c2, "got {digest:#018x}");
+    }
+
+    #[test]
+    fn extreme_weights_skip_the_rounds_without_claims() {
+        // One backend at the maximum weight and 1000 at 1: the heavy one
+        // is owed 4095 of 4099 slots, four light ones one each, which
+        // they earn after a million rounds.
+        let bs = backends(1001, |i| if i == 0 { MAX_WEIGHT } else { 1 });
+        let m = 4_099;
+        let w = Walkers::new(&bs, m).unwrap().unwrap();
+        let mut claims = w.claims();
+        let mut claimed = 0;
+        while claimed < m as usize {
+            claimed += claims.round().len();
+        }
+        assert_eq!(claimed, m as usize);
+        assert!(claims.passes <= m as usize, "{} rounds", claims.passes);
+        let t = build(&bs, m).unwrap();
+        assert_eq!(t, build_textbook(&bs, m).unwrap());
+        let shares = t.shares(bs.len());
+        assert_eq!(shares[0], 4_095);
+        assert_eq!(shares.iter().filter(|&&s| s > 0).count(), 5);
+    }
+
+    #[test]
+    fn oversized_tables_are_refused() {
+        let m = 16_777_259; // prime, above 2^24
+        assert!(is_prime(m));
+        assert_eq!(build(&backends(3, |_| 1), m), Err(MaglevError::TooLarge(m)));
     }
 
     #[test]

@@ -94,6 +94,13 @@ impl Layout {
         if !maglev::is_prime(self.table_size) {
             return bad(format!("table size {} is not prime", self.table_size));
         }
+        if self.table_size > maglev::MAX_TABLE_SIZE {
+            return bad(format!(
+                "table size {} is larger than the maximum, {}",
+                self.table_size,
+                maglev::MAX_TABLE_SIZE
+            ));
+        }
         if self.max_vips == 0 {
             return bad("max_vips must be at least 1".into());
         }

@@ -36,8 +36,9 @@ use lb_tests::{
 const XDP_PASS: u32 = 2;
 const XDP_TX: u32 = 3;
 const REPEAT: u32 = 500_000;
-/// Even, so that with two programs under test each goes first equally often.
-const RUNS: usize = 10;
+/// A multiple of 2, 3 and 4, so that each program goes first equally often
+/// in rounds of two (datapath A/B) and of three or four (forwarding).
+const RUNS: usize = 12;
 
 /// A program's net cost: the pairwise differences, and the difference of
 /// the fastest batches (noise on a shared host only ever adds time, so the
@@ -310,7 +311,9 @@ struct Row {
 /// `LB_BENCH_BASELINE=<path>`: another build of the `lb-xdp` object (say,
 /// the previous commit's `target/release/build/lb-userspace-*/out/lb-xdp`),
 /// measured in the same rounds as this one, for before/after figures that
-/// the host's noise cannot fake. It must share this build's maps.
+/// the host's noise cannot fake. It must share this build's ABI: its maps,
+/// config and counter numbering (it is programmed and checked as this
+/// build's).
 fn baseline_object() -> Result<Option<(String, Vec<u8>)>> {
     let Ok(path) = std::env::var("LB_BENCH_BASELINE") else {
         return Ok(None);
