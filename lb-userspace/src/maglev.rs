@@ -356,6 +356,8 @@ struct Filler {
     empty: Vec<u32>,
     /// `skip⁻¹ mod M` per walker, computed when first needed (0: not yet).
     inverse: Vec<u32>,
+    /// `mod M` for the tail's distances.
+    reduce: Barrett,
 }
 
 impl Filler {
@@ -368,6 +370,7 @@ impl Filler {
             tail: ((2.0 * m as f64).sqrt() as u32).max(1),
             empty: Vec::new(),
             inverse: Vec::new(),
+            reduce: Barrett::new(m),
         }
     }
 
@@ -399,7 +402,6 @@ impl Filler {
                 self.inverse[k] = inverse_mod(skip, m);
             }
             let inv = self.inverse[k] as u64;
-            let reduce = Barrett::new(m);
             // Smallest (distance, index), packed so that the minimum is
             // one branch-free comparison per empty slot.
             let mut best = u64::MAX;
@@ -409,7 +411,7 @@ impl Filler {
                 } else {
                     e + m - cursor
                 };
-                let distance = reduce.rem(delta as u64 * inv);
+                let distance = self.reduce.rem(delta as u64 * inv);
                 best = best.min(distance << 32 | i as u64);
             }
             let best = (best & 0xffff_ffff) as usize;
