@@ -1,13 +1,15 @@
 //! The reconciler: the one owner of the dataplane maps.
 //!
-//! It holds what the maps contain (VIP ids, backend handles, shadow copies
-//! of both halves of every table) and turns a desired state — the VIPs with
+//! It holds what the maps contain (VIP ids, backend handles, a shadow copy
+//! of every active table) and turns a desired state — the VIPs with
 //! their backends and weights, plus the datapath settings — into the fewest
 //! map writes that make the kernel match it:
 //!
 //! - a VIP's table is rebuilt only if its usable backends or weights
 //!   changed, written into the inactive half (only the chunks that differ
-//!   from what that half holds), and swapped in by replacing the VIP's
+//!   from what that half holds, read back from the kernel rather than
+//!   shadowed: a shadow of both halves was two thirds of `lbd`'s memory),
+//!   and swapped in by replacing the VIP's
 //!   metadata: packets see the old table or the new one, never a mix;
 //! - a new backend is written before any table refers to it; a removed one
 //!   is retired only after no table refers to it, keeping its handle so the
@@ -127,9 +129,8 @@ pub struct VipState {
     pub encap: Encap,
     pub conntrack: bool,
     pub backends: BTreeMap<IpAddr, BackendState>,
-    /// Contents of the active and inactive table halves.
+    /// Contents of the active table half.
     active: Vec<u32>,
-    inactive: Vec<u32>,
 }
 
 impl VipState {
@@ -210,7 +211,6 @@ impl<D: Dataplane> Reconciler<D> {
             };
             let active_half = layout.active_half(&meta);
             let active = dp.read_table(layout.half_base(meta.vip_id, active_half), m)?;
-            let inactive = dp.read_table(layout.half_base(meta.vip_id, 1 - active_half), m)?;
             // Weights are not in the kernel; recover the table's view of
             // them as "in the table or not" until the desired state says.
             let in_table: BTreeSet<u32> = active.iter().copied().collect();
@@ -241,7 +241,6 @@ impl<D: Dataplane> Reconciler<D> {
                     conntrack: meta.flags & VIP_F_NO_CONNTRACK == 0,
                     backends,
                     active,
-                    inactive,
                 },
             );
         }
@@ -504,9 +503,8 @@ impl<D: Dataplane> Reconciler<D> {
                     encap: vip.encap,
                     conntrack: vip.conntrack,
                     backends: BTreeMap::new(),
-                    // Unknown contents: force full writes.
+                    // Unknown contents: never equal to a built table.
                     active: vec![u32::MAX; m],
-                    inactive: vec![u32::MAX; m],
                 },
             );
             report.vips_added += 1;
@@ -609,12 +607,14 @@ impl<D: Dataplane> Reconciler<D> {
             None => meta.flags |= VIP_F_NO_BACKENDS,
             Some(h) if meta.flags & VIP_F_NO_BACKENDS == 0 && *h == state.active => {}
             Some(h) => {
-                // Write the inactive half, chunk by chunk where it differs.
+                // Write the inactive half, chunk by chunk where it differs
+                // from what the kernel holds there.
                 let half = 1 - self.layout.active_half(&meta);
                 let base = self.layout.half_base(vip_id, half);
+                let old = self.dp.read_table(base, self.layout.table_size)?;
                 for (c, (new, old)) in h
                     .chunks(TABLE_CHUNK_SLOTS as usize)
-                    .zip(state.inactive.chunks(TABLE_CHUNK_SLOTS as usize))
+                    .zip(old.chunks(TABLE_CHUNK_SLOTS as usize))
                     .enumerate()
                 {
                     if new != old {
@@ -624,8 +624,7 @@ impl<D: Dataplane> Reconciler<D> {
                 }
                 meta.table_base = base;
                 meta.flags &= !VIP_F_NO_BACKENDS;
-                let state = self.vips.get_mut(&id).expect("present");
-                state.inactive = std::mem::replace(&mut state.active, h.clone());
+                self.vips.get_mut(&id).expect("present").active = h.clone();
                 swapped = true;
             }
         }
@@ -802,7 +801,7 @@ mod tests {
         let backends: Vec<(String, u32)> = (1..=8).map(|i| (format!("10.1.0.{i}"), 1)).collect();
         let b: Vec<(&str, u32)> = backends.iter().map(|(a, w)| (a.as_str(), *w)).collect();
         r.apply(&[vip("10.0.0.1", 80, &b)], &all).unwrap();
-        // Second apply fills the other half fully (its contents were unknown).
+        // Second apply fills the other half fully (it held zeros).
         let mut b2 = b.clone();
         b2[0].1 = 2;
         r.apply(&[vip("10.0.0.1", 80, &b2)], &all).unwrap();
