@@ -20,6 +20,12 @@
 //! claiming at its quota (largest-remainder apportionment of M), so every
 //! share is within one slot of exact; credit alone rounds the light
 //! backends down and hands the difference to the heavy ones.
+//!
+//! Speed is the filler's business and never changes a table: it probes a
+//! bitmap while many slots are empty and searches the last empty slots
+//! exactly, and where the CPU has AVX-512 it does both, and the listing of
+//! each round's claimers, sixteen (or eight) at a time (`mod avx512`).
+//! Tests compare both paths slot for slot with the textbook loop.
 
 use std::net::IpAddr;
 
@@ -143,22 +149,58 @@ fn permutation(addr: &IpAddr, m: u32) -> (u32, u32) {
 
 /// Builds the table for `backends` with `m` slots.
 pub fn build(backends: &[MaglevBackend], m: u32) -> Result<MaglevTable, MaglevError> {
+    build_with(backends, m, Probe::detect())
+}
+
+/// How the filler searches: scalar, or with AVX-512. Both build the same
+/// table; the choice is speed only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Probe {
+    Scalar,
+    /// See [`avx512`].
+    Avx512(avx512::Cpu),
+}
+
+impl Probe {
+    /// The fastest this CPU runs.
+    fn detect() -> Self {
+        avx512::Cpu::detect().map_or(Probe::Scalar, Probe::Avx512)
+    }
+}
+
+fn build_with(
+    backends: &[MaglevBackend],
+    m: u32,
+    probe: Probe,
+) -> Result<MaglevTable, MaglevError> {
     let Some(w) = Walkers::new(backends, m)? else {
         return Ok(MaglevTable::Empty);
     };
-    let mut fill = Filler::new(m);
+    Ok(MaglevTable::Slots(match probe {
+        Probe::Scalar => fill::<false>(&w, m, None),
+        Probe::Avx512(cpu) => avx512::fill(cpu, &w, m),
+    }))
+}
+
+/// Runs the rounds of claims until every slot has an owner. `SIMD` (with
+/// `Some(cpu)`) searches with AVX-512; only [`avx512::fill`] instantiates
+/// it, so that the whole loop is compiled with the feature.
+#[inline(always)]
+fn fill<const SIMD: bool>(w: &Walkers, m: u32, cpu: Option<avx512::Cpu>) -> Vec<u32> {
+    let cpu = cpu.filter(|_| SIMD);
+    let mut fill = Filler::new(m, &w.skip, cpu);
     let mut next = w.offset.clone();
-    let mut claims = w.claims();
+    let mut claims = w.claims(cpu);
     'rounds: loop {
         for &k in claims.round() {
             let k = k as usize;
-            next[k] = fill.claim(k, next[k], w.skip[k], w.input[k]);
+            next[k] = fill.claim::<SIMD>(k, next[k], w.skip[k], w.input[k]);
             if fill.remaining == 0 {
                 break 'rounds;
             }
         }
     }
-    Ok(MaglevTable::Slots(fill.slots))
+    fill.slots
 }
 
 /// The same table by the textbook population loop: in the same order of
@@ -173,7 +215,7 @@ pub fn build_textbook(backends: &[MaglevBackend], m: u32) -> Result<MaglevTable,
     let mut slots = vec![u32::MAX; m as usize];
     let mut index = vec![0u64; w.input.len()];
     let mut filled = 0;
-    let mut claims = w.claims();
+    let mut claims = w.claims(None);
     loop {
         for &k in claims.round() {
             let k = k as usize;
@@ -241,12 +283,16 @@ impl Walkers {
         }))
     }
 
-    fn claims(&self) -> Claims<'_> {
+    /// The order of claims; with a `cpu`, rounds are listed with AVX-512.
+    fn claims(&self, cpu: Option<avx512::Cpu>) -> Claims {
         let max_weight = self.weight.iter().copied().max().unwrap_or(1);
         Claims {
-            walkers: self,
-            max_weight,
+            // Weights are at most MAX_WEIGHT, so u32 holds them, and the
+            // credit, which stays below max_weight.
+            weight: self.weight.iter().map(|&w| w as u32).collect(),
+            max_weight: max_weight as u32,
             equal: self.weight.iter().all(|&w| w == max_weight),
+            cpu,
             credit: vec![0; self.input.len()],
             owed: self.quota.clone(),
             round: (0..self.input.len() as u32).collect(),
@@ -276,18 +322,22 @@ fn quotas(weight: &[u64], m: u32) -> Vec<u32> {
 /// walker earns its weight in credit and claims a slot per `max_weight` of
 /// credit (at most one per round), until it has its quota. The heaviest
 /// walker claims every round and the others proportionally less often.
-struct Claims<'a> {
-    walkers: &'a Walkers,
-    max_weight: u64,
+/// A walker that has its quota earns nothing more (its credit is never
+/// used again), so every credit stays below `max_weight`.
+struct Claims {
+    weight: Vec<u32>,
+    max_weight: u32,
     equal: bool,
-    credit: Vec<u64>,
+    /// List rounds with AVX-512 (see [`avx512::list_claimers`]).
+    cpu: Option<avx512::Cpu>,
+    credit: Vec<u32>,
     owed: Vec<u32>,
     round: Vec<u32>,
     /// Rounds listed (bounded by M even with extreme weights; tests).
     passes: usize,
 }
 
-impl Claims<'_> {
+impl Claims {
     /// The walkers that claim in the next round, in order. With equal
     /// weights that is all of them (the last round is cut short by the
     /// table filling up, which gives the extra slots to the earliest
@@ -298,38 +348,48 @@ impl Claims<'_> {
             return &self.round;
         }
         let len = loop {
-            let len = self.list_claimers();
+            self.passes += 1;
+            let len = match self.cpu {
+                Some(cpu) => avx512::list_claimers(cpu, self),
+                None => self.list_claimers(0, 0),
+            };
             if len > 0 {
                 break len;
             }
             // Nobody claimed. With very unequal weights (1,000,000 against
             // 1) the light walkers' last claims can be a million rounds
             // away: go straight to the round before the next claim, as
-            // rounds without claims only add credit.
-            let Some(rounds) = (0..self.round.len())
-                .filter(|&k| self.owed[k] > 0)
-                .map(|k| (self.max_weight - self.credit[k]).div_ceil(self.walkers.weight[k]))
+            // rounds without claims only add credit. No owing walker
+            // reaches max_weight in those rounds, so credits stay below it.
+            let owing = || (0..self.round.len()).filter(|&k| self.owed[k] > 0);
+            let Some(rounds) = owing()
+                .map(|k| (self.max_weight - self.credit[k]).div_ceil(self.weight[k]))
                 .min()
             else {
                 break 0;
             };
-            for k in 0..self.round.len() {
-                self.credit[k] += (rounds - 1) * self.walkers.weight[k];
+            for k in owing().collect::<Vec<_>>() {
+                self.credit[k] += (rounds - 1) * self.weight[k];
             }
         };
         &self.round[..len]
     }
 
-    /// Runs one round: lists its claimers first in `round`, without a
-    /// branch per walker; returns how many there are.
-    fn list_claimers(&mut self) -> usize {
-        self.passes += 1;
-        let mut len = 0;
-        for k in 0..self.round.len() {
-            let c = self.credit[k] + self.walkers.weight[k];
-            let claims = c >= self.max_weight && self.owed[k] > 0;
-            self.credit[k] = c - if claims { self.max_weight } else { 0 };
-            self.owed[k] -= claims as u32;
+    /// Runs one round for the walkers from `start` on: lists their
+    /// claimers in `round` after the `len` listed before them, without a
+    /// branch per walker (whether a walker claims is a coin toss to the
+    /// branch predictor; a branch here cost a third of a weighted build);
+    /// returns how many are listed in all.
+    fn list_claimers(&mut self, start: usize, mut len: usize) -> usize {
+        let max = self.max_weight;
+        let walkers = self.credit.iter_mut().zip(&mut self.owed).zip(&self.weight);
+        for (k, ((credit, owed), &weight)) in walkers.enumerate().skip(start) {
+            // 0/1 integers and `&`, not bools and `&&`, which would branch.
+            let owing = (*owed != 0) as u32;
+            let c = *credit + weight * owing;
+            let claims = (c >= max) as u32 & owing;
+            *credit = c - max * claims;
+            *owed -= claims;
             self.round[len] = k as u32;
             len += claims as usize;
         }
@@ -358,42 +418,87 @@ struct Filler {
     inverse: Vec<u32>,
     /// `mod M` for the tail's distances.
     reduce: Barrett,
+    /// Search with AVX-512.
+    cpu: Option<avx512::Cpu>,
+    /// Per walker, for the AVX-512 probe: `j·skip mod M` for `j` in
+    /// `0..16`, and `16·skip mod M` (empty for the scalar probe).
+    steps: Vec<[u32; 16]>,
+    stride: Vec<u32>,
 }
 
 impl Filler {
-    fn new(m: u32) -> Self {
+    /// `skips`: the walkers' skips, for the AVX-512 probe (with a `cpu`).
+    fn new(m: u32, skips: &[u32], cpu: Option<avx512::Cpu>) -> Self {
+        let skips = if cpu.is_some() { skips } else { &[] };
+        // j·skip mod m by repeated addition: a division per step cost
+        // more than a tenth of the build.
+        let steps = |skip: u32| {
+            let mut sum = 0;
+            std::array::from_fn(|_| {
+                let step = sum;
+                sum += skip;
+                sum -= if sum >= m { m } else { 0 };
+                step
+            })
+        };
         Self {
             m,
             taken: vec![0; (m as usize).div_ceil(64)],
             slots: vec![0; m as usize],
             remaining: m,
-            tail: ((2.0 * m as f64).sqrt() as u32).max(1),
+            // Past √M (√2M for the scalar probe) empty slots, scanning
+            // them is cheaper than probing (measured; BENCHMARKS.md).
+            tail: ((if cpu.is_some() { 1.0 } else { 2.0 } * m as f64).sqrt() as u32).max(1),
             empty: Vec::new(),
             inverse: Vec::new(),
             reduce: Barrett::new(m),
+            cpu,
+            steps: skips.iter().map(|&skip| steps(skip)).collect(),
+            stride: skips
+                .iter()
+                .map(|&skip| (16 * skip as u64 % m as u64) as u32)
+                .collect(),
         }
     }
 
     /// Claims walker `k`'s next slot for `input`; returns its new cursor.
-    fn claim(&mut self, k: usize, cursor: u32, skip: u32, input: u32) -> u32 {
+    #[inline(always)]
+    fn claim<const SIMD: bool>(&mut self, k: usize, cursor: u32, skip: u32, input: u32) -> u32 {
         let m = self.m;
         let slot = if self.remaining > self.tail {
             let taken = &mut self.taken[..];
+            let bit = |c: u32| ((c >> 6) as usize, 1u64 << (c & 63));
             let mut c = cursor;
             loop {
-                let (word, bit) = ((c >> 6) as usize, 1u64 << (c & 63));
+                let (word, bit) = bit(c);
                 if taken[word] & bit == 0 {
-                    taken[word] |= bit;
-                    break c;
+                    break;
                 }
                 c += skip;
                 c -= if c >= m { m } else { 0 };
+                // The cursor's slot is usually empty while the table is
+                // young; past it, probe sixteen at a time if we can.
+                if SIMD && let Some(cpu) = self.cpu {
+                    c = avx512::first_empty(cpu, taken, m, c, &self.steps[k], self.stride[k]);
+                    break;
+                }
             }
+            let (word, bit) = bit(c);
+            taken[word] |= bit;
+            c
         } else {
             if self.empty.is_empty() {
-                self.empty = (0..m)
-                    .filter(|&s| self.taken[(s / 64) as usize] & (1 << (s % 64)) == 0)
-                    .collect();
+                // The clear bits below m, a word at a time.
+                for (i, &word) in self.taken.iter().enumerate() {
+                    let mut clear = !word;
+                    while clear != 0 {
+                        let s = i as u32 * 64 + clear.trailing_zeros();
+                        if s < m {
+                            self.empty.push(s);
+                        }
+                        clear &= clear - 1;
+                    }
+                }
             }
             if self.inverse.len() <= k {
                 self.inverse.resize(k + 1, 0);
@@ -401,26 +506,262 @@ impl Filler {
             if self.inverse[k] == 0 {
                 self.inverse[k] = inverse_mod(skip, m);
             }
-            let inv = self.inverse[k] as u64;
-            // Smallest (distance, index), packed so that the minimum is
-            // one branch-free comparison per empty slot.
-            let mut best = u64::MAX;
-            for (i, &e) in self.empty.iter().enumerate() {
-                let delta = if e >= cursor {
-                    e - cursor
-                } else {
-                    e + m - cursor
-                };
-                let distance = self.reduce.rem(delta as u64 * inv);
-                best = best.min(distance << 32 | i as u64);
+            let inv = self.inverse[k];
+            match self.cpu {
+                Some(cpu) if SIMD => {
+                    let best = avx512::nearest(cpu, &self.empty, cursor, inv, m);
+                    self.empty.swap_remove(best)
+                }
+                _ => self.nearest(cursor, inv),
             }
-            let best = (best & 0xffff_ffff) as usize;
-            self.empty.swap_remove(best)
         };
         self.slots[slot as usize] = input;
         self.remaining -= 1;
         let next = slot + skip;
         if next >= m { next - m } else { next }
+    }
+}
+
+/// The builder's searches with AVX-512: the probe (sixteen slots of a
+/// walker's permutation per step, their occupancy bits fetched by one
+/// gather), the tail's nearest empty slot (eight per step), and the
+/// listing of a round (sixteen walkers per step). Each gives exactly what
+/// its scalar twin gives; the tests compare the tables both build. The
+/// only unsafe code in this crate: intrinsics need the CPU feature, which
+/// a [`Cpu`](avx512::Cpu) proves, and raw loads and stores, whose bounds are checked
+/// here.
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    use super::{Claims, Walkers};
+
+    /// Proof that this CPU has AVX-512F, VL and DQ: made only by
+    /// [`Cpu::detect`].
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub(super) struct Cpu(());
+
+    impl Cpu {
+        pub(super) fn detect() -> Option<Cpu> {
+            let has = |f| match f {
+                "f" => std::arch::is_x86_feature_detected!("avx512f"),
+                "vl" => std::arch::is_x86_feature_detected!("avx512vl"),
+                _ => std::arch::is_x86_feature_detected!("avx512dq"),
+            };
+            (has("f") && has("vl") && has("dq")).then_some(Cpu(()))
+        }
+    }
+
+    /// [`super::fill`], the whole loop compiled with AVX-512.
+    pub(super) fn fill(cpu: Cpu, w: &Walkers, m: u32) -> Vec<u32> {
+        // SAFETY: `cpu` proves the features.
+        unsafe { fill_avx512(cpu, w, m) }
+    }
+
+    #[target_feature(enable = "avx512f,avx512vl,avx512dq")]
+    fn fill_avx512(cpu: Cpu, w: &Walkers, m: u32) -> Vec<u32> {
+        super::fill::<true>(w, m, Some(cpu))
+    }
+
+    /// The first empty slot among `start + j·skip (mod m)` for
+    /// `j = 0, 1, …`, given `steps[j] = j·skip mod m` and
+    /// `stride = 16·skip mod m`. There must be an empty slot; as `m` is
+    /// prime, every permutation reaches it.
+    #[inline(always)]
+    pub(super) fn first_empty(
+        _: Cpu,
+        taken: &[u64],
+        m: u32,
+        start: u32,
+        steps: &[u32; 16],
+        stride: u32,
+    ) -> u32 {
+        // SAFETY: the `Cpu` argument proves the features.
+        unsafe { first_empty_avx512(taken, m, start, steps, stride) }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn first_empty_avx512(
+        taken: &[u64],
+        m: u32,
+        start: u32,
+        steps: &[u32; 16],
+        stride: u32,
+    ) -> u32 {
+        // Slot s is bit s % 32 of the 32-bit word s / 32 (little-endian);
+        // s < m, so that word is inside `taken`, which holds m bits.
+        assert!(taken.len() * 64 >= m as usize && m <= super::MAX_TABLE_SIZE);
+        let words = taken.as_ptr().cast::<i32>();
+        // SAFETY: `steps` is 64 bytes, as the unaligned load reads.
+        let step = unsafe { _mm512_loadu_si512(steps.as_ptr().cast()) };
+        let (m_v, low5, one) = (
+            _mm512_set1_epi32(m as i32),
+            _mm512_set1_epi32(31),
+            _mm512_set1_epi32(1),
+        );
+        let mut base = start;
+        loop {
+            // base, steps < m, so base + step < 2m < 2³¹: one subtraction.
+            let pos = _mm512_add_epi32(_mm512_set1_epi32(base as i32), step);
+            let pos = _mm512_mask_sub_epi32(pos, _mm512_cmpge_epu32_mask(pos, m_v), pos, m_v);
+            // SAFETY: every lane of pos is below m, so pos / 32 indexes a
+            // 32-bit word inside `taken` (asserted above).
+            let word = unsafe { _mm512_i32gather_epi32::<4>(_mm512_srli_epi32::<5>(pos), words) };
+            let bits = _mm512_srlv_epi32(word, _mm512_and_si512(pos, low5));
+            let empty = _mm512_testn_epi32_mask(bits, one);
+            if empty != 0 {
+                let first = _mm512_set1_epi32(empty.trailing_zeros() as i32);
+                let slot = _mm512_permutexvar_epi32(first, pos);
+                return _mm_cvtsi128_si32(_mm512_castsi512_si128(slot)) as u32;
+            }
+            base += stride;
+            base -= if base >= m { m } else { 0 };
+        }
+    }
+
+    /// `Filler::nearest`: the position in `empty` of the slot that comes
+    /// first in the permutation of a walker at `cursor` with
+    /// `inv = skip⁻¹ mod m`.
+    #[inline(always)]
+    pub(super) fn nearest(_: Cpu, empty: &[u32], cursor: u32, inv: u32, m: u32) -> usize {
+        // SAFETY: the `Cpu` argument proves the features.
+        unsafe { nearest_avx512(empty, cursor, inv, m) }
+    }
+
+    /// Eight empty slots per step, in doubles: a distance is
+    /// `(slot − cursor) · inv mod m`, and every operand and product is
+    /// below 2⁴⁸, exact in a double's 53 bits. As in `Filler::nearest`,
+    /// the minimum is taken over `distance << 32 | index`.
+    #[target_feature(enable = "avx512f,avx512vl,avx512dq")]
+    #[inline]
+    fn nearest_avx512(empty: &[u32], cursor: u32, inv: u32, m: u32) -> usize {
+        assert!(m <= super::MAX_TABLE_SIZE && inv < m && cursor < m);
+        let (zero, m_v) = (_mm512_setzero_pd(), _mm512_set1_pd(m as f64));
+        let (cursor, inv) = (_mm512_set1_pd(cursor as f64), _mm512_set1_pd(inv as f64));
+        let over_m = _mm512_set1_pd(1.0 / m as f64);
+        let lanes = _mm512_setr_epi64(0, 1, 2, 3, 4, 5, 6, 7);
+        let mut best = _mm512_set1_epi64(-1);
+        for i in (0..empty.len()).step_by(8) {
+            let live: __mmask8 = 0xff >> 8usize.saturating_sub(empty.len() - i);
+            // SAFETY: the mask covers only the slots from i to the end.
+            let e = unsafe { _mm256_maskz_loadu_epi32(live, empty.as_ptr().add(i).cast()) };
+            let delta = _mm512_sub_pd(_mm512_cvtepu32_pd(e), cursor);
+            let below = _mm512_cmp_pd_mask::<_CMP_LT_OQ>(delta, zero);
+            let delta = _mm512_mask_add_pd(delta, below, delta, m_v);
+            let product = _mm512_mul_pd(delta, inv);
+            // ⌊product / m⌋, possibly one off; the remainder is exact and
+            // brought back into [0, m).
+            let q = _mm512_roundscale_pd::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(
+                _mm512_mul_pd(product, over_m),
+            );
+            let r = _mm512_fnmadd_pd(q, m_v, product);
+            let r = _mm512_mask_add_pd(r, _mm512_cmp_pd_mask::<_CMP_LT_OQ>(r, zero), r, m_v);
+            let r = _mm512_mask_sub_pd(r, _mm512_cmp_pd_mask::<_CMP_GE_OQ>(r, m_v), r, m_v);
+            let at = _mm512_add_epi64(_mm512_set1_epi64(i as i64), lanes);
+            let key = _mm512_or_si512(_mm512_slli_epi64::<32>(_mm512_cvttpd_epu64(r)), at);
+            best = _mm512_mask_min_epu64(best, live, best, key);
+        }
+        (_mm512_reduce_min_epu64(best) & 0xffff_ffff) as usize
+    }
+
+    /// `Claims::list_claimers`, sixteen walkers per step: the same round,
+    /// listed in the same order.
+    pub(super) fn list_claimers(_: Cpu, c: &mut Claims) -> usize {
+        // SAFETY: the `Cpu` argument proves the features.
+        unsafe { list_claimers_avx512(c) }
+    }
+
+    #[target_feature(enable = "avx512f,popcnt")]
+    fn list_claimers_avx512(c: &mut Claims) -> usize {
+        let n = c.round.len();
+        assert!(c.credit.len() == n && c.owed.len() == n && c.weight.len() == n);
+        let (max, one) = (_mm512_set1_epi32(c.max_weight as i32), _mm512_set1_epi32(1));
+        let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        let mut len = 0;
+        let mut k = 0;
+        while k + 16 <= n {
+            // SAFETY: k + 16 <= n, the length of all four slices, and
+            // len <= k (at most one entry per walker before k), so every
+            // access, the compressed store included, is in bounds.
+            unsafe {
+                let credit = c.credit.as_mut_ptr().add(k);
+                let owed = c.owed.as_mut_ptr().add(k);
+                let o = _mm512_loadu_si512(owed.cast());
+                let owing = _mm512_test_epi32_mask(o, o);
+                let weight = _mm512_loadu_si512(c.weight.as_ptr().add(k).cast());
+                let credit_v = _mm512_loadu_si512(credit.cast());
+                let sum = _mm512_mask_add_epi32(credit_v, owing, credit_v, weight);
+                let claims = _mm512_mask_cmpge_epu32_mask(owing, sum, max);
+                _mm512_storeu_si512(credit.cast(), _mm512_mask_sub_epi32(sum, claims, sum, max));
+                _mm512_storeu_si512(owed.cast(), _mm512_mask_sub_epi32(o, claims, o, one));
+                let index = _mm512_add_epi32(_mm512_set1_epi32(k as i32), lanes);
+                _mm512_mask_compressstoreu_epi32(
+                    c.round.as_mut_ptr().add(len).cast(),
+                    claims,
+                    index,
+                );
+                len += claims.count_ones() as usize;
+            }
+            k += 16;
+        }
+        // The last n % 16 walkers, one at a time.
+        c.list_claimers(k, len)
+    }
+}
+
+/// No AVX-512 off x86-64: [`Cpu`](avx512::Cpu) has no values, so the
+/// paths that need one are dead.
+#[cfg(not(target_arch = "x86_64"))]
+mod avx512 {
+    use super::{Claims, Walkers};
+
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub(super) enum Cpu {}
+
+    impl Cpu {
+        pub(super) fn detect() -> Option<Cpu> {
+            None
+        }
+    }
+
+    pub(super) fn fill(cpu: Cpu, _: &Walkers, _: u32) -> Vec<u32> {
+        match cpu {}
+    }
+
+    pub(super) fn first_empty(cpu: Cpu, _: &[u64], _: u32, _: u32, _: &[u32; 16], _: u32) -> u32 {
+        match cpu {}
+    }
+
+    pub(super) fn nearest(cpu: Cpu, _: &[u32], _: u32, _: u32, _: u32) -> usize {
+        match cpu {}
+    }
+
+    pub(super) fn list_claimers(cpu: Cpu, _: &mut Claims) -> usize {
+        match cpu {}
+    }
+}
+
+impl Filler {
+    /// Takes, out of the empty slots, the one that comes first in the
+    /// permutation of a walker at `cursor` with `inv = skip⁻¹ mod M`.
+    fn nearest(&mut self, cursor: u32, inv: u32) -> u32 {
+        let m = self.m;
+        // Smallest (distance, index), packed so that the minimum is one
+        // branch-free comparison per empty slot.
+        let mut best = u64::MAX;
+        for (i, &e) in self.empty.iter().enumerate() {
+            let delta = if e >= cursor {
+                e - cursor
+            } else {
+                e + m - cursor
+            };
+            let distance = self.reduce.rem(delta as u64 * inv as u64);
+            best = best.min(distance << 32 | i as u64);
+        }
+        let best = (best & 0xffff_ffff) as usize;
+        self.empty.swap_remove(best)
     }
 }
 
@@ -507,9 +848,20 @@ mod tests {
             .fold(0.0, f64::max)
     }
 
+    /// Whether this machine runs the AVX-512 paths (else only the scalar
+    /// ones are tested here).
+    fn avx512_here() -> bool {
+        let here = Probe::detect() != Probe::Scalar;
+        if !here {
+            eprintln!("no AVX-512 on this CPU: testing the scalar builder only");
+        }
+        here
+    }
+
     #[test]
     fn the_optimised_builder_matches_the_textbook_loop() {
         let mut x = 0x9E37_79B9u32;
+        let probes = [Probe::Scalar, Probe::detect()];
         for (n, m) in [
             (1, 7),
             (3, 13),
@@ -518,21 +870,25 @@ mod tests {
             (300, 65_537),
             (1000, 65_537),
         ] {
-            for weighted in [false, true] {
+            // Equal, 1..=10, and up to the maximum weight.
+            for spread in [1, 10, MAX_WEIGHT] {
                 let bs = backends(n, |_| {
                     x ^= x << 13;
                     x ^= x >> 17;
                     x ^= x << 5;
-                    if weighted { 1 + x % 10 } else { 1 }
+                    1 + x % spread
                 });
-                let fast = build(&bs, m).unwrap();
-                assert_eq!(
-                    fast,
-                    build_textbook(&bs, m).unwrap(),
-                    "N={n} M={m} weighted={weighted}"
-                );
+                let textbook = build_textbook(&bs, m).unwrap();
+                for probe in probes {
+                    assert_eq!(
+                        build_with(&bs, m, probe).unwrap(),
+                        textbook,
+                        "N={n} M={m} weights 1..={spread} {probe:?}"
+                    );
+                }
             }
         }
+        avx512_here();
     }
 
     #[test]
@@ -710,13 +1066,16 @@ mod tests {
         let bs = backends(1001, |i| if i == 0 { MAX_WEIGHT } else { 1 });
         let m = 4_099;
         let w = Walkers::new(&bs, m).unwrap().unwrap();
-        let mut claims = w.claims();
-        let mut claimed = 0;
-        while claimed < m as usize {
-            claimed += claims.round().len();
+        avx512_here();
+        for cpu in [None, avx512::Cpu::detect()] {
+            let mut claims = w.claims(cpu);
+            let mut claimed = 0;
+            while claimed < m as usize {
+                claimed += claims.round().len();
+            }
+            assert_eq!(claimed, m as usize);
+            assert!(claims.passes <= m as usize, "{} rounds", claims.passes);
         }
-        assert_eq!(claimed, m as usize);
-        assert!(claims.passes <= m as usize, "{} rounds", claims.passes);
         let t = build(&bs, m).unwrap();
         assert_eq!(t, build_textbook(&bs, m).unwrap());
         let shares = t.shares(bs.len());
