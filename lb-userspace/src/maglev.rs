@@ -430,17 +430,17 @@ impl Filler {
     /// `skips`: the walkers' skips, for the AVX-512 probe (with a `cpu`).
     fn new(m: u32, skips: &[u32], cpu: Option<avx512::Cpu>) -> Self {
         let skips = if cpu.is_some() { skips } else { &[] };
-        // j·skip mod m by repeated addition: a division per step cost
-        // more than a tenth of the build.
-        let steps = |skip: u32| {
-            let mut sum = 0;
-            std::array::from_fn(|_| {
-                let step = sum;
-                sum += skip;
-                sum -= if sum >= m { m } else { 0 };
-                step
-            })
-        };
+        // j·skip mod m for j in 0..=16, by repeated addition: a division
+        // per step cost more than a tenth of the build.
+        let mut steps = vec![[0u32; 16]; skips.len()];
+        let mut stride = vec![0u32; skips.len()];
+        let add = |a: u32, b: u32| if a + b >= m { a + b - m } else { a + b };
+        for ((row, stride), &skip) in steps.iter_mut().zip(&mut stride).zip(skips) {
+            for j in 1..16 {
+                row[j] = add(row[j - 1], skip);
+            }
+            *stride = add(row[15], skip);
+        }
         Self {
             m,
             taken: vec![0; (m as usize).div_ceil(64)],
@@ -453,11 +453,8 @@ impl Filler {
             inverse: Vec::new(),
             reduce: Barrett::new(m),
             cpu,
-            steps: skips.iter().map(|&skip| steps(skip)).collect(),
-            stride: skips
-                .iter()
-                .map(|&skip| (16 * skip as u64 % m as u64) as u32)
-                .collect(),
+            steps,
+            stride,
         }
     }
 
