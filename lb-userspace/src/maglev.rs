@@ -860,8 +860,12 @@ mod tests {
         let mut x = 0x9E37_79B9u32;
         let probes = [Probe::Scalar, Probe::detect()];
         for (n, m) in [
+            (1, 2),
+            (2, 2),
+            (2, 3),
             (1, 7),
             (3, 13),
+            (17, 131),
             (7, 251),
             (50, 4_099),
             (300, 65_537),
