@@ -9,7 +9,8 @@
 //! the ratio of the medians, share spread (largest relative deviation of a
 //! backend's slots from its weight share), and slots moved (fraction of M
 //! whose owner changes) when one backend is removed or added, as the median
-//! over 5 choices of backend.
+//! over 5 choices of backend. The first line says whether the builder ran
+//! its AVX-512 paths.
 
 use std::{net::IpAddr, time::Instant};
 
@@ -48,6 +49,14 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn main() {
+    println!(
+        "builder: {}",
+        if lb::maglev::uses_avx512() {
+            "AVX-512 paths (detected at run time)"
+        } else {
+            "scalar (no AVX-512 on this CPU)"
+        }
+    );
     println!(
         "{:>7} {:>5} {:>8} | {:>9} {:>9} {:>9} | {:>9} {:>6} | {:>7} | {:>8} {:>8}",
         "M",

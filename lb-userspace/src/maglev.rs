@@ -168,6 +168,12 @@ impl Probe {
     }
 }
 
+/// Whether [`build`] runs its AVX-512 paths on this CPU (tables are the
+/// same either way; benchmarks say which path they timed).
+pub fn uses_avx512() -> bool {
+    Probe::detect() != Probe::Scalar
+}
+
 fn build_with(
     backends: &[MaglevBackend],
     m: u32,
@@ -848,7 +854,7 @@ mod tests {
     /// Whether this machine runs the AVX-512 paths (else only the scalar
     /// ones are tested here).
     fn avx512_here() -> bool {
-        let here = Probe::detect() != Probe::Scalar;
+        let here = uses_avx512();
         if !here {
             eprintln!("no AVX-512 on this CPU: testing the scalar builder only");
         }
