@@ -438,19 +438,36 @@ fn datapath(baseline: Option<&[u8]>) -> Result<(Vec<Row>, Net, Stat)> {
         }
         let balancers: Vec<&Reconciler<KernelDataplane>> =
             std::iter::once(&r).chain(&base).collect();
-        let before: Vec<u64> = balancers
-            .iter()
-            .map(|b| Ok(counters(b)?[counter as usize].packets))
-            .collect::<Result<_>>()?;
+        let count = |b: &Reconciler<KernelDataplane>| -> Result<(u64, u64)> {
+            let c = counters(b)?;
+            Ok((
+                c[counter as usize].packets,
+                c[Counter::FwdConntrack as usize].packets,
+            ))
+        };
+        let before: Vec<(u64, u64)> = balancers.iter().map(|b| count(b)).collect::<Result<_>>()?;
         let times = h.rounds(&programs, &empty, &frame, stamp, action)?;
-        for (b, before) in balancers.iter().zip(before) {
-            let moved = counters(b)?[counter as usize].packets - before;
-            if moved != u64::from(REPEAT) * RUNS as u64 {
+        let expected = u64::from(REPEAT) * RUNS as u64;
+        for (b, (before, hits_before)) in balancers.iter().zip(before) {
+            let (after, hits_after) = count(b)?;
+            let moved = after - before;
+            // A fresh flow whose bucket holds another flow with the same
+            // 32-bit tag is taken for that flow (a connection-table hit):
+            // at most 6 in 2³² per lookup, so a handful in the millions of
+            // new flows would already be suspicious.
+            let collisions = if counter == Counter::FwdMaglev && stamp != 0 {
+                hits_after - hits_before
+            } else {
+                0
+            };
+            if moved + collisions != expected || collisions > 8 {
                 bail!(
-                    "{class}: {moved} packets counted as {}, expected {}",
+                    "{class}: {moved} packets counted as {} and {collisions} as tag collisions, expected {expected}",
                     counter.name(),
-                    REPEAT as usize * RUNS
                 );
+            }
+            if collisions > 0 {
+                eprintln!("{class}: {collisions} tag collision(s) in {expected} new flows");
             }
         }
         rows.push(Row {
