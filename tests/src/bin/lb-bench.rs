@@ -438,32 +438,35 @@ fn datapath(baseline: Option<&[u8]>) -> Result<(Vec<Row>, Net, Stat)> {
         }
         let balancers: Vec<&Reconciler<KernelDataplane>> =
             std::iter::once(&r).chain(&base).collect();
-        let count = |b: &Reconciler<KernelDataplane>| -> Result<(u64, u64)> {
-            let c = counters(b)?;
-            Ok((
-                c[counter as usize].packets,
-                c[Counter::FwdConntrack as usize].packets,
-            ))
-        };
-        let before: Vec<(u64, u64)> = balancers.iter().map(|b| count(b)).collect::<Result<_>>()?;
+        let before: Vec<Vec<CounterValue>> = balancers
+            .iter()
+            .map(|b| counters(b))
+            .collect::<Result<_>>()?;
         let times = h.rounds(&programs, &empty, &frame, stamp, action)?;
         let expected = u64::from(REPEAT) * RUNS as u64;
-        for (b, (before, hits_before)) in balancers.iter().zip(before) {
-            let (after, hits_after) = count(b)?;
-            let moved = after - before;
+        for (b, before) in balancers.iter().zip(before) {
+            let after = counters(b)?;
+            let delta = |c: Counter| after[c as usize].packets - before[c as usize].packets;
+            let moved = delta(counter);
             // A fresh flow whose bucket holds another flow with the same
             // 32-bit tag is taken for that flow (a connection-table hit):
             // at most 6 in 2³² per lookup, so a handful in the millions of
             // new flows would already be suspicious.
             let collisions = if counter == Counter::FwdMaglev && stamp != 0 {
-                hits_after - hits_before
+                delta(Counter::FwdConntrack)
             } else {
                 0
             };
             if moved + collisions != expected || collisions > 8 {
+                let seen: Vec<String> = Counter::ALL
+                    .iter()
+                    .filter(|&&c| delta(c) > 0)
+                    .map(|&c| format!("{} {}", c.name(), delta(c)))
+                    .collect();
                 bail!(
-                    "{class}: {moved} packets counted as {} and {collisions} as tag collisions, expected {expected}",
+                    "{class}: expected {expected} packets counted as {}; counted: {}",
                     counter.name(),
+                    seen.join(", ")
                 );
             }
             if collisions > 0 {
