@@ -411,7 +411,8 @@ impl Claims {
 /// empty slots are listed once and each claim picks, among them, the one
 /// that comes first in the walker's permutation: its distance from the
 /// cursor is `(slot - cursor) × skip⁻¹ mod M`. Both give the same slot;
-/// the switch point (√(2M) empty slots) only decides which is cheaper.
+/// the switch point (√(2M) empty slots, √M with AVX-512) only decides
+/// which is cheaper.
 struct Filler {
     m: u32,
     taken: Vec<u64>,
@@ -530,7 +531,7 @@ impl Filler {
 /// gather), the tail's nearest empty slot (eight per step), and the
 /// listing of a round (sixteen walkers per step). Each gives exactly what
 /// its scalar twin gives; the tests compare the tables both build. The
-/// only unsafe code in this crate: intrinsics need the CPU feature, which
+/// builder's only unsafe code: intrinsics need the CPU feature, which
 /// a [`Cpu`](avx512::Cpu) proves, and raw loads and stores, whose bounds are checked
 /// here.
 #[cfg(target_arch = "x86_64")]
@@ -604,13 +605,16 @@ mod avx512 {
             _mm512_set1_epi32(31),
             _mm512_set1_epi32(1),
         );
+        // Every position below is below m if these are.
+        assert!(start < m && stride < m && _mm512_cmpge_epu32_mask(step, m_v) == 0);
         let mut base = start;
         loop {
             // base, steps < m, so base + step < 2m < 2³¹: one subtraction.
             let pos = _mm512_add_epi32(_mm512_set1_epi32(base as i32), step);
             let pos = _mm512_mask_sub_epi32(pos, _mm512_cmpge_epu32_mask(pos, m_v), pos, m_v);
-            // SAFETY: every lane of pos is below m, so pos / 32 indexes a
-            // 32-bit word inside `taken` (asserted above).
+            // SAFETY: base and every step are below m (asserted above), so
+            // every lane of pos is below m, and pos / 32 indexes a 32-bit
+            // word inside `taken`.
             let word = unsafe { _mm512_i32gather_epi32::<4>(_mm512_srli_epi32::<5>(pos), words) };
             let bits = _mm512_srlv_epi32(word, _mm512_and_si512(pos, low5));
             let empty = _mm512_testn_epi32_mask(bits, one);
@@ -654,8 +658,9 @@ mod avx512 {
             let below = _mm512_cmp_pd_mask::<_CMP_LT_OQ>(delta, zero);
             let delta = _mm512_mask_add_pd(delta, below, delta, m_v);
             let product = _mm512_mul_pd(delta, inv);
-            // ⌊product / m⌋, possibly one off; the remainder is exact and
-            // brought back into [0, m).
+            // ⌊product / m⌋: the quotient's error (under 2⁻²⁸, as
+            // product < 2⁴⁸) is below 1/m, so the floor is exact; the two
+            // corrections after the exact remainder are a guard only.
             let q = _mm512_roundscale_pd::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(
                 _mm512_mul_pd(product, over_m),
             );
@@ -676,7 +681,7 @@ mod avx512 {
         unsafe { list_claimers_avx512(c) }
     }
 
-    #[target_feature(enable = "avx512f,popcnt")]
+    #[target_feature(enable = "avx512f")]
     fn list_claimers_avx512(c: &mut Claims) -> usize {
         let n = c.round.len();
         assert!(c.credit.len() == n && c.owed.len() == n && c.weight.len() == n);
@@ -907,6 +912,96 @@ mod tests {
                     1,
                     "{a} mod {m}"
                 );
+            }
+        }
+    }
+
+    /// A small deterministic generator for the tests below.
+    fn xorshift(x: &mut u64) -> u64 {
+        *x ^= *x << 13;
+        *x ^= *x >> 7;
+        *x ^= *x << 17;
+        *x
+    }
+
+    /// The AVX-512 tail search against the scalar one, up to the largest
+    /// table, where its doubles come closest to losing exactness.
+    #[test]
+    fn the_vector_tail_search_matches_the_scalar_one() {
+        let Some(cpu) = avx512::Cpu::detect() else {
+            avx512_here();
+            return;
+        };
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let largest = (0..MAX_TABLE_SIZE).rev().find(|&m| is_prime(m)).unwrap();
+        for m in [2, 3, 13, 65_537, 655_373, largest] {
+            let mut filler = Filler::new(m, &[], None);
+            for _ in 0..300 {
+                let len = 1 + xorshift(&mut x) as usize % 40.min(m as usize);
+                let mut empty: Vec<u32> = (0..len)
+                    .map(|_| (xorshift(&mut x) % m as u64) as u32)
+                    .collect();
+                empty.sort_unstable();
+                empty.dedup();
+                let cursor = (xorshift(&mut x) % m as u64) as u32;
+                let inv = if m == 2 {
+                    1
+                } else {
+                    1 + (xorshift(&mut x) % (m as u64 - 1)) as u32
+                };
+                let vector = empty[avx512::nearest(cpu, &empty, cursor, inv, m)];
+                filler.empty = empty.clone();
+                assert_eq!(
+                    vector,
+                    filler.nearest(cursor, inv),
+                    "m={m} cursor={cursor} inv={inv} {empty:?}"
+                );
+            }
+        }
+    }
+
+    /// The AVX-512 probe against probing one slot at a time, on random
+    /// occupancy.
+    #[test]
+    fn the_vector_probe_matches_the_scalar_one() {
+        let Some(cpu) = avx512::Cpu::detect() else {
+            avx512_here();
+            return;
+        };
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for m in [2u32, 3, 13, 251, 65_537] {
+            for density in [0u64, 50, 90, 99] {
+                let mut taken = vec![0u64; (m as usize).div_ceil(64)];
+                for s in 0..m {
+                    if xorshift(&mut x) % 100 < density {
+                        taken[(s / 64) as usize] |= 1 << (s % 64);
+                    }
+                }
+                // Keep one slot empty, so that every search ends.
+                let free = (xorshift(&mut x) % m as u64) as u32;
+                taken[(free / 64) as usize] &= !(1 << (free % 64));
+                for _ in 0..50 {
+                    let skip = if m == 2 {
+                        1
+                    } else {
+                        1 + (xorshift(&mut x) % (m as u64 - 1)) as u32
+                    };
+                    let start = (xorshift(&mut x) % m as u64) as u32;
+                    let filler = Filler::new(m, &[skip], Some(cpu));
+                    let mut c = start;
+                    while taken[(c / 64) as usize] & (1 << (c % 64)) != 0 {
+                        c = (c + skip) % m;
+                    }
+                    let got = avx512::first_empty(
+                        cpu,
+                        &taken,
+                        m,
+                        start,
+                        &filler.steps[0],
+                        filler.stride[0],
+                    );
+                    assert_eq!(got, c, "m={m} density={density} skip={skip} start={start}");
+                }
             }
         }
     }
