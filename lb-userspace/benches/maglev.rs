@@ -3,14 +3,14 @@
 //! timing.
 //!
 //! For each M and N, equal and weighted (weights 1..=10, fixed pseudo-random
-//! sequence): build time (median, min, max of 7 runs), the textbook loop's
-//! time for the same table in the same run (`build_textbook`, the loop
-//! Katran's C++ runs; runs alternate, so host noise hits both alike) and
-//! the ratio of the medians, share spread (largest relative deviation of a
-//! backend's slots from its weight share), and slots moved (fraction of M
-//! whose owner changes) when one backend is removed or added, as the median
-//! over 5 choices of backend. The first line says whether the builder ran
-//! its AVX-512 paths.
+//! sequence): build time (median, min, max of 21 runs at M = 65537, 9 at
+//! M = 655373), the textbook loop's time for the same table in the same
+//! run (`build_textbook`, the loop Katran's C++ runs; runs alternate, so
+//! host noise hits both alike) and the ratio of the medians, share spread
+//! (largest relative deviation of a backend's slots from its weight
+//! share), and slots moved (fraction of M whose owner changes) when one
+//! backend is removed or added, as the median over 5 choices of backend.
+//! The first line says whether the builder ran its AVX-512 paths.
 
 use std::{net::IpAddr, time::Instant};
 
@@ -81,7 +81,8 @@ fn main() {
                     std::hint::black_box(f(base, m));
                     t.elapsed().as_secs_f64() * 1e3
                 };
-                let (times, textbook): (Vec<f64>, Vec<f64>) = (0..7)
+                let runs = if m < 100_000 { 21 } else { 9 };
+                let (times, textbook): (Vec<f64>, Vec<f64>) = (0..runs)
                     .map(|_| {
                         (
                             time(|b, m| build(b, m).expect("build")),
