@@ -195,12 +195,17 @@ fn build_with(
 fn fill<const SIMD: bool>(w: &Walkers, m: u32, cpu: Option<avx512::Cpu>) -> Vec<u32> {
     let cpu = cpu.filter(|_| SIMD);
     let mut fill = Filler::new(m, &w.skip, cpu);
-    let mut next = w.offset.clone();
+    // Each walker's cursor, skip and input position side by side: one
+    // cache line per claim.
+    let mut walkers: Vec<[u32; 3]> = (0..w.input.len())
+        .map(|k| [w.offset[k], w.skip[k], w.input[k]])
+        .collect();
     let mut claims = w.claims(cpu);
     'rounds: loop {
         for &k in claims.round() {
             let k = k as usize;
-            next[k] = fill.claim::<SIMD>(k, next[k], w.skip[k], w.input[k]);
+            let [next, skip, input] = &mut walkers[k];
+            *next = fill.claim::<SIMD>(k, *next, *skip, *input);
             if fill.remaining == 0 {
                 break 'rounds;
             }
