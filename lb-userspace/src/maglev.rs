@@ -863,12 +863,12 @@ mod tests {
 
     /// Whether this machine runs the AVX-512 paths (else only the scalar
     /// ones are tested here).
-    fn avx512_here() -> bool {
-        let here = uses_avx512();
-        if !here {
+    fn avx512_here() -> Option<avx512::Cpu> {
+        let cpu = avx512::Cpu::detect();
+        if cpu.is_none() {
             eprintln!("no AVX-512 on this CPU: testing the scalar builder only");
         }
-        here
+        cpu
     }
 
     #[test]
@@ -929,31 +929,31 @@ mod tests {
         *x
     }
 
+    /// A pseudo-random number in `0..m`.
+    fn below(x: &mut u64, m: u32) -> u32 {
+        (xorshift(x) % m as u64) as u32
+    }
+
+    /// A pseudo-random skip or inverse: in `1..m` (1 when m = 2).
+    fn unit(x: &mut u64, m: u32) -> u32 {
+        1 + below(x, m - 1)
+    }
+
     /// The AVX-512 tail search against the scalar one, up to the largest
     /// table, where its doubles come closest to losing exactness.
     #[test]
     fn the_vector_tail_search_matches_the_scalar_one() {
-        let Some(cpu) = avx512::Cpu::detect() else {
-            avx512_here();
-            return;
-        };
+        let Some(cpu) = avx512_here() else { return };
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
         let largest = (0..MAX_TABLE_SIZE).rev().find(|&m| is_prime(m)).unwrap();
         for m in [2, 3, 13, 65_537, 655_373, largest] {
             let mut filler = Filler::new(m, &[], None);
             for _ in 0..300 {
                 let len = 1 + xorshift(&mut x) as usize % 40.min(m as usize);
-                let mut empty: Vec<u32> = (0..len)
-                    .map(|_| (xorshift(&mut x) % m as u64) as u32)
-                    .collect();
+                let mut empty: Vec<u32> = (0..len).map(|_| below(&mut x, m)).collect();
                 empty.sort_unstable();
                 empty.dedup();
-                let cursor = (xorshift(&mut x) % m as u64) as u32;
-                let inv = if m == 2 {
-                    1
-                } else {
-                    1 + (xorshift(&mut x) % (m as u64 - 1)) as u32
-                };
+                let (cursor, inv) = (below(&mut x, m), unit(&mut x, m));
                 let vector = empty[avx512::nearest(cpu, &empty, cursor, inv, m)];
                 filler.empty = empty.clone();
                 assert_eq!(
@@ -969,10 +969,7 @@ mod tests {
     /// occupancy.
     #[test]
     fn the_vector_probe_matches_the_scalar_one() {
-        let Some(cpu) = avx512::Cpu::detect() else {
-            avx512_here();
-            return;
-        };
+        let Some(cpu) = avx512_here() else { return };
         let mut x = 0x2545_f491_4f6c_dd1du64;
         for m in [2u32, 3, 13, 251, 65_537] {
             for density in [0u64, 50, 90, 99] {
@@ -983,15 +980,10 @@ mod tests {
                     }
                 }
                 // Keep one slot empty, so that every search ends.
-                let free = (xorshift(&mut x) % m as u64) as u32;
+                let free = below(&mut x, m);
                 taken[(free / 64) as usize] &= !(1 << (free % 64));
                 for _ in 0..50 {
-                    let skip = if m == 2 {
-                        1
-                    } else {
-                        1 + (xorshift(&mut x) % (m as u64 - 1)) as u32
-                    };
-                    let start = (xorshift(&mut x) % m as u64) as u32;
+                    let (skip, start) = (unit(&mut x, m), below(&mut x, m));
                     let filler = Filler::new(m, &[skip], Some(cpu));
                     let mut c = start;
                     while taken[(c / 64) as usize] & (1 << (c % 64)) != 0 {
@@ -1173,8 +1165,7 @@ mod tests {
         let bs = backends(1001, |i| if i == 0 { MAX_WEIGHT } else { 1 });
         let m = 4_099;
         let w = Walkers::new(&bs, m).unwrap().unwrap();
-        avx512_here();
-        for cpu in [None, avx512::Cpu::detect()] {
+        for cpu in [None, avx512_here()] {
             let mut claims = w.claims(cpu);
             let mut claimed = 0;
             while claimed < m as usize {
