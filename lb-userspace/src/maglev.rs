@@ -253,7 +253,8 @@ struct Walkers {
     input: Vec<u32>,
     offset: Vec<u32>,
     skip: Vec<u32>,
-    weight: Vec<u64>,
+    /// At most MAX_WEIGHT, so the credit arithmetic fits u32.
+    weight: Vec<u32>,
     /// Slots each walker is owed (see [`quotas`]).
     quota: Vec<u32>,
 }
@@ -284,7 +285,7 @@ impl Walkers {
             .iter()
             .map(|&i| permutation(&backends[i].addr, m))
             .unzip();
-        let weight: Vec<u64> = order.iter().map(|&i| backends[i].weight as u64).collect();
+        let weight: Vec<u32> = order.iter().map(|&i| backends[i].weight).collect();
         Ok(Some(Self {
             input: order.iter().map(|&i| i as u32).collect(),
             offset,
@@ -295,13 +296,11 @@ impl Walkers {
     }
 
     /// The order of claims; with a `cpu`, rounds are listed with AVX-512.
-    fn claims(&self, cpu: Option<avx512::Cpu>) -> Claims {
+    fn claims(&self, cpu: Option<avx512::Cpu>) -> Claims<'_> {
         let max_weight = self.weight.iter().copied().max().unwrap_or(1);
         Claims {
-            // Weights are at most MAX_WEIGHT, so u32 holds them, and the
-            // credit, which stays below max_weight.
-            weight: self.weight.iter().map(|&w| w as u32).collect(),
-            max_weight: max_weight as u32,
+            weight: &self.weight,
+            max_weight,
             equal: self.weight.iter().all(|&w| w == max_weight),
             cpu,
             credit: vec![0; self.input.len()],
@@ -315,9 +314,9 @@ impl Walkers {
 /// Each walker's share of `m` slots by largest remainder: `m·w/W` rounded
 /// down, and the slots left over one each to the largest remainders (ties
 /// to the earlier address). So every share is within one slot of exact.
-fn quotas(weight: &[u64], m: u32) -> Vec<u32> {
-    let total: u64 = weight.iter().sum();
-    let exact = |w: u64| (m as u64 * w / total, m as u64 * w % total);
+fn quotas(weight: &[u32], m: u32) -> Vec<u32> {
+    let total: u64 = weight.iter().map(|&w| w as u64).sum();
+    let exact = |w: u32| (m as u64 * w as u64 / total, m as u64 * w as u64 % total);
     let mut quota: Vec<u32> = weight.iter().map(|&w| exact(w).0 as u32).collect();
     let left = m as usize - quota.iter().map(|&q| q as usize).sum::<usize>();
     let mut by_remainder: Vec<usize> = (0..weight.len()).collect();
@@ -335,8 +334,8 @@ fn quotas(weight: &[u64], m: u32) -> Vec<u32> {
 /// walker claims every round and the others proportionally less often.
 /// A walker that has its quota earns nothing more (its credit is never
 /// used again), so every credit stays below `max_weight`.
-struct Claims {
-    weight: Vec<u32>,
+struct Claims<'a> {
+    weight: &'a [u32],
     max_weight: u32,
     equal: bool,
     /// List rounds with AVX-512 (see [`avx512::list_claimers`]).
@@ -348,7 +347,7 @@ struct Claims {
     passes: usize,
 }
 
-impl Claims {
+impl Claims<'_> {
     /// The walkers that claim in the next round, in order. With equal
     /// weights that is all of them (the last round is cut short by the
     /// table filling up, which gives the extra slots to the earliest
@@ -372,15 +371,17 @@ impl Claims {
             // away: go straight to the round before the next claim, as
             // rounds without claims only add credit. No owing walker
             // reaches max_weight in those rounds, so credits stay below it.
-            let owing = || (0..self.round.len()).filter(|&k| self.owed[k] > 0);
-            let Some(rounds) = owing()
+            let owing = (0..self.round.len()).filter(|&k| self.owed[k] > 0);
+            let Some(rounds) = owing
                 .map(|k| (self.max_weight - self.credit[k]).div_ceil(self.weight[k]))
                 .min()
             else {
                 break 0;
             };
-            for k in owing().collect::<Vec<_>>() {
-                self.credit[k] += (rounds - 1) * self.weight[k];
+            for k in 0..self.round.len() {
+                if self.owed[k] > 0 {
+                    self.credit[k] += (rounds - 1) * self.weight[k];
+                }
             }
         };
         &self.round[..len]
@@ -393,7 +394,7 @@ impl Claims {
     /// returns how many are listed in all.
     fn list_claimers(&mut self, start: usize, mut len: usize) -> usize {
         let max = self.max_weight;
-        let walkers = self.credit.iter_mut().zip(&mut self.owed).zip(&self.weight);
+        let walkers = self.credit.iter_mut().zip(&mut self.owed).zip(self.weight);
         for (k, ((credit, owed), &weight)) in walkers.enumerate().skip(start) {
             // 0/1 integers and `&`, not bools and `&&`, which would branch.
             let owing = (*owed != 0) as u32;
@@ -442,8 +443,8 @@ impl Filler {
     /// `skips`: the walkers' skips, for the AVX-512 probe (with a `cpu`).
     fn new(m: u32, skips: &[u32], cpu: Option<avx512::Cpu>) -> Self {
         let skips = if cpu.is_some() { skips } else { &[] };
-        // j·skip mod m for j in 0..=16, by repeated addition: a division
-        // per step cost more than a tenth of the build.
+        // j·skip mod m for j in 0..=16, by repeated addition (a division
+        // per step cost 4% of the build).
         let mut steps = vec![[0u32; 16]; skips.len()];
         let mut stride = vec![0u32; skips.len()];
         let add = |a: u32, b: u32| if a + b >= m { a + b - m } else { a + b };
