@@ -149,42 +149,29 @@ fn permutation(addr: &IpAddr, m: u32) -> (u32, u32) {
 
 /// Builds the table for `backends` with `m` slots.
 pub fn build(backends: &[MaglevBackend], m: u32) -> Result<MaglevTable, MaglevError> {
-    build_with(backends, m, Probe::detect())
-}
-
-/// How the filler searches: scalar, or with AVX-512. Both build the same
-/// table; the choice is speed only.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Probe {
-    Scalar,
-    /// See [`avx512`].
-    Avx512(avx512::Cpu),
-}
-
-impl Probe {
-    /// The fastest this CPU runs.
-    fn detect() -> Self {
-        avx512::Cpu::detect().map_or(Probe::Scalar, Probe::Avx512)
-    }
+    build_with(backends, m, avx512::Cpu::detect())
 }
 
 /// Whether [`build`] runs its AVX-512 paths on this CPU (tables are the
 /// same either way; benchmarks say which path they timed).
 pub fn uses_avx512() -> bool {
-    Probe::detect() != Probe::Scalar
+    avx512::Cpu::detect().is_some()
 }
 
+/// [`build`], searching with AVX-512 if given a `cpu` that has it, else
+/// one slot at a time. Both build the same table; the choice is speed
+/// only.
 fn build_with(
     backends: &[MaglevBackend],
     m: u32,
-    probe: Probe,
+    cpu: Option<avx512::Cpu>,
 ) -> Result<MaglevTable, MaglevError> {
     let Some(w) = Walkers::new(backends, m)? else {
         return Ok(MaglevTable::Empty);
     };
-    Ok(MaglevTable::Slots(match probe {
-        Probe::Scalar => fill::<false>(&w, m, None),
-        Probe::Avx512(cpu) => avx512::fill(cpu, &w, m),
+    Ok(MaglevTable::Slots(match cpu {
+        None => fill::<false>(&w, m, None),
+        Some(cpu) => avx512::fill(cpu, &w, m),
     }))
 }
 
@@ -554,12 +541,10 @@ mod avx512 {
 
     impl Cpu {
         pub(super) fn detect() -> Option<Cpu> {
-            let has = |f| match f {
-                "f" => std::arch::is_x86_feature_detected!("avx512f"),
-                "vl" => std::arch::is_x86_feature_detected!("avx512vl"),
-                _ => std::arch::is_x86_feature_detected!("avx512dq"),
-            };
-            (has("f") && has("vl") && has("dq")).then_some(Cpu(()))
+            let has = std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512vl")
+                && std::arch::is_x86_feature_detected!("avx512dq");
+            has.then_some(Cpu(()))
         }
     }
 
@@ -875,7 +860,7 @@ mod tests {
     #[test]
     fn the_optimised_builder_matches_the_textbook_loop() {
         let mut x = 0x9E37_79B9u32;
-        let probes = [Probe::Scalar, Probe::detect()];
+        let paths = [None, avx512_here()];
         for (n, m) in [
             (1, 2),
             (2, 2),
@@ -897,16 +882,16 @@ mod tests {
                     1 + x % spread
                 });
                 let textbook = build_textbook(&bs, m).unwrap();
-                for probe in probes {
+                for cpu in paths {
                     assert_eq!(
-                        build_with(&bs, m, probe).unwrap(),
+                        build_with(&bs, m, cpu).unwrap(),
                         textbook,
-                        "N={n} M={m} weights 1..={spread} {probe:?}"
+                        "N={n} M={m} weights 1..={spread} AVX-512: {}",
+                        cpu.is_some()
                     );
                 }
             }
         }
-        avx512_here();
     }
 
     #[test]
