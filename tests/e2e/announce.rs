@@ -48,6 +48,52 @@ fn wait_hops(rig: &EcmpRig, what: &str, want: &[usize], limit: Duration) -> Resu
         .with_context(|| format!("router has {:?}\n{}", rig.next_hops(), rig.logs()))
 }
 
+/// Sends `lbd` SIGTERM and checks the shutdown order: the router loses
+/// the VIP route, `lbd` exits cleanly at least `grace` later, and the
+/// router reports the session closed by a Cease (administrative
+/// shutdown). Returns how long the route took to go and `lbd` to exit.
+fn sigterm_withdraws_then_exits(
+    rig: &EcmpRig,
+    lbd: &mut Lbd,
+    grace: Duration,
+) -> Result<(Duration, Duration)> {
+    let t = Instant::now();
+    lbd.signal(libc::SIGTERM)?;
+    let gone = wait_hops(
+        rig,
+        "the VIP route gone on SIGTERM",
+        &[],
+        Duration::from_secs(5),
+    )?;
+    let status = lbd
+        .wait_exit(Duration::from_secs(15))?
+        .context("lbd did not exit within 15 s of SIGTERM")?;
+    let exited = t.elapsed();
+    if !status.success() || exited < grace || gone >= exited {
+        bail!(
+            "SIGTERM: route gone after {}, exit ({status}) after {}; expected withdraw, then ≥ {}, then a clean exit",
+            ms(gone),
+            ms(exited),
+            ms(grace)
+        );
+    }
+    let router = rig.router_daemon();
+    wait_for(
+        "the router reporting the Cease",
+        Duration::from_secs(5),
+        Duration::from_millis(50),
+        || {
+            Ok(line_with(
+                &router.session_report(rig.balancer(1).addr)?,
+                "administrative shutdown",
+            )
+            .is_some())
+        },
+    )
+    .with_context(|| router.logs())?;
+    Ok((gone, exited))
+}
+
 /// `lbctl bgp`'s verdict for the TCP VIP: (announced, reason).
 fn tcp_verdict(lbd: &Lbd) -> Result<(bool, String)> {
     let bgp = lbd.lbctl_json(&["bgp"])?;
@@ -209,39 +255,7 @@ fn bird_route_follows_health_drain_and_shutdown() {
 
         // SIGTERM: withdraw first, wait shutdown_grace (2 s), Cease, exit.
         // The program stays attached: connections keep flowing after exit.
-        let t = Instant::now();
-        lbd.signal(libc::SIGTERM)?;
-        let gone = wait_hops(
-            &rig,
-            "the VIP route gone on SIGTERM",
-            &[],
-            Duration::from_secs(5),
-        )?;
-        let status = lbd
-            .wait_exit(Duration::from_secs(15))?
-            .context("lbd did not exit within 15 s of SIGTERM")?;
-        let exited = t.elapsed();
-        if !status.success() || exited < Duration::from_secs(2) || gone >= exited {
-            bail!(
-                "SIGTERM: route gone after {}, exit ({status}) after {}; expected withdraw, then ≥ 2 s, then a clean exit",
-                ms(gone),
-                ms(exited)
-            );
-        }
-        let router = rig.router_daemon();
-        let said = wait_for(
-            "BIRD reporting the Cease",
-            Duration::from_secs(5),
-            Duration::from_millis(50),
-            || {
-                Ok(line_with(
-                    &router.session_report(rig.balancer(1).addr)?,
-                    "administrative shutdown",
-                )
-                .is_some())
-            },
-        );
-        said.with_context(|| router.logs())?;
+        let (gone, exited) = sigterm_withdraws_then_exits(&rig, &mut lbd, Duration::from_secs(2))?;
         all_flowing(&streams, Duration::from_secs(1))?;
         let n = finish_clean(streams)?;
         if !rig.balancer(1).pin_dir().join("link-eth0").exists() {
@@ -397,41 +411,10 @@ fn frr_route_follows_start_drain_reload_and_shutdown() {
         )?;
 
         // SIGTERM with detach_on_exit: withdraw, grace, Cease, detach.
-        let t = Instant::now();
-        lbd.signal(libc::SIGTERM)?;
-        let gone = wait_hops(
-            &rig,
-            "the VIP route gone on SIGTERM",
-            &[],
-            Duration::from_secs(5),
-        )?;
-        let status = lbd
-            .wait_exit(Duration::from_secs(15))?
-            .context("lbd did not exit within 15 s of SIGTERM")?;
-        let exited = t.elapsed();
-        if !status.success() || exited < Duration::from_secs(1) || gone >= exited {
-            bail!(
-                "SIGTERM: route gone after {}, exit ({status}) after {}",
-                ms(gone),
-                ms(exited)
-            );
-        }
+        let (gone, exited) = sigterm_withdraws_then_exits(&rig, &mut lbd, Duration::from_secs(1))?;
         if rig.balancer(1).pin_dir().exists() {
             bail!("detach_on_exit: the pins are still there");
         }
-        let said = wait_for(
-            "FRR reporting the Cease",
-            Duration::from_secs(5),
-            Duration::from_millis(50),
-            || {
-                Ok(line_with(
-                    &router.session_report(rig.balancer(1).addr)?,
-                    "administrative shutdown",
-                )
-                .is_some())
-            },
-        );
-        said.with_context(|| router.logs())?;
         eprintln!(
             "FRR + lbd ({lb1}): route in the router's kernel {} after spawn; drain → gone {}, undrain → back {}; SIGTERM → gone {}, exited {} (grace 1 s, detached), FRR saw Cease",
             ms(announced),
