@@ -29,7 +29,6 @@ use lb_tests::{
     traffic::{Stream, tcp_request},
 };
 
-const POLL: Duration = Duration::from_millis(5);
 /// Streams: one round trip every 50 ms; a round trip may wait this long
 /// (TCP retransmitting through a failover) before the stream counts as
 /// broken.
@@ -40,19 +39,11 @@ fn ms(d: Duration) -> String {
     format!("{:.0} ms", d.as_secs_f64() * 1000.0)
 }
 
-/// Waits until the router's VIP route goes via exactly balancers `want`.
-fn wait_hops(rig: &EcmpRig, what: &str, want: &[usize], limit: Duration) -> Result<Duration> {
-    let hops = EcmpRig::hops_of(want);
-    wait_for(what, limit, POLL, || Ok(rig.next_hops()? == hops))
-        .with_context(|| format!("router has {:?}\n{}", rig.next_hops(), rig.logs()))
-}
-
 /// Both balancers up, announcing, one ECMP route; returns their guards.
 fn two_balancers(rig: &EcmpRig) -> Result<(Lbd, Lbd)> {
     let lbd1 = rig.start_lbd(1, &rig.lbd_config(1, "", "shutdown_grace: 1s\n"))?;
     let lbd2 = rig.start_lbd(2, &rig.lbd_config(2, "", "shutdown_grace: 1s\n"))?;
-    wait_hops(
-        rig,
+    rig.wait_hops(
         "one ECMP route via both balancers",
         &[1, 2],
         Duration::from_secs(15),
@@ -214,8 +205,7 @@ fn streams_survive_losing_a_balancer_and_spread_again_when_it_returns() {
         // lb1 dies: link down, kill -9, its pins gone.
         let died = Instant::now();
         rig.power_off(1, lbd1)?;
-        wait_hops(
-            &rig,
+        rig.wait_hops(
             "the dead balancer's next hop gone",
             &[2],
             Duration::from_secs(15),
@@ -237,12 +227,7 @@ fn streams_survive_losing_a_balancer_and_spread_again_when_it_returns() {
         rig.power_on(1)?;
         let booted = Instant::now();
         let lbd1 = rig.start_lbd(1, &rig.lbd_config(1, "", "shutdown_grace: 1s\n"))?;
-        wait_hops(
-            &rig,
-            "both next hops again",
-            &[1, 2],
-            Duration::from_secs(15),
-        )?;
+        rig.wait_hops("both next hops again", &[1, 2], Duration::from_secs(15))?;
         let back = booted.elapsed();
         std::thread::sleep(Duration::from_millis(500));
         wait_all_advance(&streams, 5, PATIENCE)?;
@@ -291,7 +276,7 @@ fn a_drained_balancer_loses_no_connection() {
         let t = Instant::now();
         lbd1.lbctl(&["node", "drain"])?;
         let returned = t.elapsed();
-        let converged = wait_hops(&rig, "lb1's next hop gone", &[2], Duration::from_secs(5))?;
+        let converged = rig.wait_hops("lb1's next hop gone", &[2], Duration::from_secs(5))?;
         if returned < Duration::from_secs(1) {
             bail!(
                 "lbctl node drain returned after {}, before shutdown_grace",
@@ -314,12 +299,7 @@ fn a_drained_balancer_loses_no_connection() {
         );
 
         lbd1.lbctl(&["node", "undrain"])?;
-        wait_hops(
-            &rig,
-            "both next hops again",
-            &[1, 2],
-            Duration::from_secs(5),
-        )?;
+        rig.wait_hops("both next hops again", &[1, 2], Duration::from_secs(5))?;
         std::thread::sleep(Duration::from_millis(500));
         wait_all_advance(&streams, 5, PATIENCE)?;
         if vip_packets(&lbd1)? == idle_to {

@@ -28,8 +28,6 @@ use lb_tests::{
     traffic::{Stream, tcp_request},
 };
 
-const POLL: Duration = Duration::from_millis(10);
-
 /// Health checks on both VIPs (they share the address, so the address
 /// goes only when both have no usable backend). interval 300ms ±10%,
 /// timeout 250ms, fall 3: a dead backend is out within 1.24 s.
@@ -38,14 +36,6 @@ const DETECTION: Duration = Duration::from_millis(1240);
 
 fn ms(d: Duration) -> String {
     format!("{:.0} ms", d.as_secs_f64() * 1000.0)
-}
-
-/// Waits until the router's VIP route goes via exactly balancers `want`
-/// (none: no route); returns how long that took.
-fn wait_hops(rig: &EcmpRig, what: &str, want: &[usize], limit: Duration) -> Result<Duration> {
-    let hops = EcmpRig::hops_of(want);
-    wait_for(what, limit, POLL, || Ok(rig.next_hops()? == hops))
-        .with_context(|| format!("router has {:?}\n{}", rig.next_hops(), rig.logs()))
 }
 
 /// Sends `lbd` SIGTERM and checks the shutdown order: the router loses
@@ -59,12 +49,7 @@ fn sigterm_withdraws_then_exits(
 ) -> Result<(Duration, Duration)> {
     let t = Instant::now();
     lbd.signal(libc::SIGTERM)?;
-    let gone = wait_hops(
-        rig,
-        "the VIP route gone on SIGTERM",
-        &[],
-        Duration::from_secs(5),
-    )?;
+    let gone = rig.wait_hops("the VIP route gone on SIGTERM", &[], Duration::from_secs(5))?;
     let status = lbd
         .wait_exit(Duration::from_secs(15))?
         .context("lbd did not exit within 15 s of SIGTERM")?;
@@ -154,8 +139,7 @@ fn bird_route_follows_health_drain_and_shutdown() {
         let started = Instant::now();
         let mut lbd = rig.start_lbd(1, &config)?;
         let up = started.elapsed();
-        wait_hops(
-            &rig,
+        rig.wait_hops(
             "the VIP route after lbd starts",
             &[1],
             Duration::from_secs(15),
@@ -175,8 +159,7 @@ fn bird_route_follows_health_drain_and_shutdown() {
         for be in ["be1", "be2", "be3"] {
             rig.stop_server(be);
         }
-        let withdrawn = wait_hops(
-            &rig,
+        let withdrawn = rig.wait_hops(
             "the VIP route gone with every backend down",
             &[],
             DETECTION * 2 + Duration::from_secs(3),
@@ -188,7 +171,7 @@ fn bird_route_follows_health_drain_and_shutdown() {
         let table = lbd.lbctl(&["bgp"])?;
         // One recovers: rise 2 at ≤ 330 ms, then the announcement.
         rig.start_server("be2")?;
-        let back = wait_hops(&rig, "the VIP route back", &[1], Duration::from_secs(10))?;
+        let back = rig.wait_hops("the VIP route back", &[1], Duration::from_secs(10))?;
         for be in ["be1", "be3"] {
             rig.start_server(be)?;
         }
@@ -219,12 +202,7 @@ fn bird_route_follows_health_drain_and_shutdown() {
         )?;
         let forwarded = lbd.counter("fwd_conntrack_hit")?;
         let drain = lbd.lbctl(&["node", "drain", "--no-wait"])?;
-        let drained = wait_hops(
-            &rig,
-            "the VIP route gone on drain",
-            &[],
-            Duration::from_secs(5),
-        )?;
+        let drained = rig.wait_hops("the VIP route gone on drain", &[], Duration::from_secs(5))?;
         if !drain.contains("withdrew 10.99.0.1") {
             bail!("lbctl node drain said: {drain}");
         }
@@ -245,8 +223,7 @@ fn bird_route_follows_health_drain_and_shutdown() {
         std::thread::sleep(Duration::from_millis(300));
         expect_hops(&rig, &[])?;
         lbd.lbctl(&["node", "undrain"])?;
-        let undrained = wait_hops(
-            &rig,
+        let undrained = rig.wait_hops(
             "the VIP route back on undrain",
             &[1],
             Duration::from_secs(5),
@@ -279,8 +256,7 @@ fn bird_drops_a_frozen_lbd_at_hold_expiry_and_forwarding_goes_on() {
         let rig = EcmpRig::new(1, 3, RouterKind::Bird)?;
         rig.add_fallback_route(1)?;
         let lbd = rig.start_lbd(1, &rig.lbd_config(1, "", ""))?;
-        wait_hops(
-            &rig,
+        rig.wait_hops(
             "the VIP route after lbd starts",
             &[1],
             Duration::from_secs(15),
@@ -294,8 +270,7 @@ fn bird_drops_a_frozen_lbd_at_hold_expiry_and_forwarding_goes_on() {
         // Frozen: no keepalives. The router drops the session (and the
         // route) when its 3 s hold timer runs out; the program goes on.
         lbd.signal(libc::SIGSTOP)?;
-        let gone = wait_hops(
-            &rig,
+        let gone = rig.wait_hops(
             "the VIP route gone at hold expiry",
             &[],
             Duration::from_secs(8),
@@ -321,8 +296,7 @@ fn bird_drops_a_frozen_lbd_at_hold_expiry_and_forwarding_goes_on() {
         let Some(said) = line_with(&report, "hold timer expired") else {
             bail!("BIRD does not report the hold timer expiry:\n{report}");
         };
-        let back = wait_hops(
-            &rig,
+        let back = rig.wait_hops(
             "the VIP route back after SIGCONT",
             &[1],
             Duration::from_secs(15),
@@ -345,8 +319,7 @@ fn frr_route_follows_start_drain_reload_and_shutdown() {
         let config = rig.lbd_config(1, "", "shutdown_grace: 1s\ndetach_on_exit: true\n");
         let started = Instant::now();
         let mut lbd = rig.start_lbd(1, &config)?;
-        wait_hops(
-            &rig,
+        rig.wait_hops(
             "the VIP route after lbd starts",
             &[1],
             Duration::from_secs(20),
@@ -362,17 +335,11 @@ fn frr_route_follows_start_drain_reload_and_shutdown() {
 
         let drained = {
             lbd.lbctl(&["node", "drain", "--no-wait"])?;
-            wait_hops(
-                &rig,
-                "the VIP route gone on drain",
-                &[],
-                Duration::from_secs(5),
-            )?
+            rig.wait_hops("the VIP route gone on drain", &[], Duration::from_secs(5))?
         };
         let undrained = {
             lbd.lbctl(&["node", "undrain"])?;
-            wait_hops(
-                &rig,
+            rig.wait_hops(
                 "the VIP route back on undrain",
                 &[1],
                 Duration::from_secs(5),
@@ -403,8 +370,7 @@ fn frr_route_follows_start_drain_reload_and_shutdown() {
                 lbd.log_text()
             );
         }
-        wait_hops(
-            &rig,
+        rig.wait_hops(
             "the VIP route after the restart",
             &[1],
             Duration::from_secs(15),

@@ -286,6 +286,17 @@ impl EcmpRig {
         Ok(hops)
     }
 
+    /// Waits until the router's VIP route goes via exactly balancers
+    /// `want` (none: no route); returns how long that took. Polls every
+    /// 5 ms.
+    pub fn wait_hops(&self, what: &str, want: &[usize], limit: Duration) -> Result<Duration> {
+        let hops = Self::hops_of(want);
+        crate::routers::wait_for(what, limit, Duration::from_millis(5), || {
+            Ok(self.next_hops()? == hops)
+        })
+        .with_context(|| format!("router has {:?}\n{}", self.next_hops(), self.logs()))
+    }
+
     /// The next hops balancers `which` (from 1) would be, sorted.
     pub fn hops_of(which: &[usize]) -> Vec<IpAddr> {
         let mut hops: Vec<IpAddr> = which.iter().map(|&i| balancer_addr(i).into()).collect();
