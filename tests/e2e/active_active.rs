@@ -168,16 +168,7 @@ fn streams_survive_losing_a_balancer_and_spread_again_when_it_returns() {
 
         // Both balancers answer every flow the same: same table.
         for sport in (44_000..44_100).step_by(7) {
-            let args = [
-                "simulate",
-                &CLIENT.to_string(),
-                &VIP.to_string(),
-                "tcp",
-                &sport.to_string(),
-                "80",
-                "--syn",
-            ];
-            let (a, b) = (lbd1.lbctl_json(&args)?, lbd2.lbctl_json(&args)?);
+            let (a, b) = (lbd1.simulate_syn(sport)?, lbd2.simulate_syn(sport)?);
             if a["backend"] != b["backend"] {
                 bail!(
                     "port {sport}: lb1 picks {}, lb2 picks {}",

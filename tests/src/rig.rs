@@ -496,6 +496,20 @@ impl Lbd {
         serde_json::from_str(&text).with_context(|| format!("lbctl output: {text}"))
     }
 
+    /// `lbctl simulate` for a new client connection (a SYN from `CLIENT`
+    /// port `sport`) to the TCP VIP, parsed.
+    pub fn simulate_syn(&self, sport: u16) -> Result<serde_json::Value> {
+        self.lbctl_json(&[
+            "simulate",
+            &CLIENT.to_string(),
+            &VIP.to_string(),
+            "tcp",
+            &sport.to_string(),
+            "80",
+            "--syn",
+        ])
+    }
+
     /// The balancer's counter `name` (packets).
     pub fn counter(&self, name: &str) -> Result<u64> {
         let stats = self.lbctl_json(&["stats"])?;

@@ -6,7 +6,7 @@ use std::{sync::Mutex, time::Duration};
 use anyhow::{Context as _, Result};
 
 use crate::{
-    rig::{CLIENT, Lbd, Rig, VIP},
+    rig::{CLIENT, Lbd, Rig},
     traffic::{Stream, StreamReport},
 };
 
@@ -35,15 +35,7 @@ pub fn setup_with(n: usize, weights: &[Option<u32>], tcp_extra: &str) -> Result<
 /// The backend `lbctl simulate` predicts for a new client connection to the
 /// TCP VIP from `sport`.
 pub fn predicted(lbd: &Lbd, rig: &Rig, sport: u16) -> Result<String> {
-    let sim = lbd.lbctl_json(&[
-        "simulate",
-        &CLIENT.to_string(),
-        &VIP.to_string(),
-        "tcp",
-        &sport.to_string(),
-        "80",
-        "--syn",
-    ])?;
+    let sim = lbd.simulate_syn(sport)?;
     let addr = sim["backend"]
         .as_str()
         .context("simulate names a backend")?;
