@@ -128,12 +128,16 @@ counters! {
     DropTooBigNoDf = 30, "drop_too_big_no_df", Drop;
     /// IPv4 packet without DF too big once encapsulated: passed (policy).
     PassTooBigNoDf = 31, "pass_too_big_no_df", Pass;
-    /// More IPv6 extension headers than the datapath walks (4).
+    /// More IPv6 extension headers than the datapath walks (4; a fragment
+    /// header ends the walk).
     MalformedIpv6ExtChain = 32, "malformed_ipv6_ext_chain_too_long", Malformed;
     /// ICMP the balancer does not handle: to an address that is no VIP's,
     /// or to a VIP address but no echo request (or echo is off) and no
     /// error about a VIP flow it can route (or whose quote is cut short).
     PassIcmp = 33, "pass_icmp_other", Pass;
+    /// IPv6 extension headers longer than the datapath reads (1,024 bytes
+    /// in all before the TCP or UDP header).
+    MalformedIpv6ExtTooLong = 34, "malformed_ipv6_ext_too_long", Malformed;
     }
 }
 

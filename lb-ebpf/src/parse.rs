@@ -60,7 +60,8 @@ pub struct Packet {
     /// Length of the IP packet (header included) per its own header: what
     /// gets encapsulated. Ethernet padding after it is not counted.
     pub ip_len: u32,
-    /// Offset of the L4 (or ICMP) header from the start of the frame.
+    /// Offset of the L4 (or ICMP) header from the start of the frame, at
+    /// most [`MAX_L4_OFF`]; read it with [`Packet::l4_off`].
     pub l4_off: u32,
     /// Source and destination: word 0 only for IPv4.
     pub src: [u32; 4],
@@ -75,6 +76,21 @@ impl Packet {
     #[inline(always)]
     pub fn dport(&self) -> u16 {
         (self.ports >> 16) as u16
+    }
+
+    /// Offset of the L4 (or ICMP) header, bounded for the verifier. The
+    /// mask is a no-op: the parser never produces an offset above
+    /// [`MAX_L4_OFF`].
+    #[inline(always)]
+    pub fn l4_off(&self) -> usize {
+        self.l4_off as usize & L4_OFF_MASK
+    }
+
+    /// End of the IP packet (its own length, not the frame's), from the
+    /// start of the frame.
+    #[inline(always)]
+    pub fn ip_end(&self) -> usize {
+        self.l2_len as usize + self.ip_len as usize
     }
 
     #[inline(always)]
@@ -197,10 +213,22 @@ const IPV6_ROUTING: u8 = 43;
 const IPV6_FRAGMENT: u8 = 44;
 const IPV6_AH: u8 = 51;
 const IPV6_DSTOPTS: u8 = 60;
-/// Most extension headers walked before the chain counts as too long.
-const IPV6_MAX_EXT: usize = 4;
-/// Largest offset (from the IPv6 header) the walk reaches.
-const IPV6_MAX_EXT_BYTES: usize = 512;
+/// Most extension headers walked before the chain counts as too long
+/// (`malformed_ipv6_ext_chain_too_long`).
+pub const IPV6_MAX_EXT: usize = 4;
+/// Most bytes of extension headers, all together, before the upper-layer
+/// header (`malformed_ipv6_ext_too_long`). With it every offset the parser
+/// hands on is exact and below [`L4_OFF_MASK`].
+pub const IPV6_MAX_EXT_BYTES: usize = 1024;
+
+/// Largest L4 offset the parser produces: a VLAN tag, the IPv6 header and
+/// [`IPV6_MAX_EXT_BYTES`] of extension headers (IPv4's is 18 + 60).
+pub const MAX_L4_OFF: usize = ETH_HDR_LEN + VLAN_HDR_LEN + IPV6_HDR_LEN + IPV6_MAX_EXT_BYTES;
+/// A mask that leaves every offset up to [`MAX_L4_OFF`] unchanged. Applied
+/// where the verifier has lost an offset's bound: it can never change a
+/// value the parser produced, only restate the bound.
+pub const L4_OFF_MASK: usize = 0x7ff;
+const _: () = assert!(MAX_L4_OFF <= L4_OFF_MASK);
 
 #[inline(always)]
 fn is_unsupported_ext(nexthdr: u8) -> bool {
@@ -235,13 +263,12 @@ fn parse_ipv6(ctx: &XdpContext, off: usize, room: usize, pkt: &mut Packet) -> Re
     pkt.dst = ip.daddr;
 
     let mut nexthdr = ip.nexthdr;
+    // Bytes of extension headers walked so far: at most
+    // IPV6_MAX_EXT_BYTES whenever it is used as an offset.
     let mut ext = 0usize;
     for _ in 0..IPV6_MAX_EXT {
         if !is_walked_ext(nexthdr) {
             break;
-        }
-        if ext > IPV6_MAX_EXT_BYTES {
-            return Err(Malformed(Counter::MalformedIpv6ExtChain));
         }
         let at = off + IPV6_HDR_LEN + ext;
         // Every walked header starts with (next header, length) and is at
@@ -267,6 +294,9 @@ fn parse_ipv6(ctx: &XdpContext, off: usize, room: usize, pkt: &mut Packet) -> Re
         if IPV6_HDR_LEN + ext > ip_len {
             return Err(Malformed(Counter::MalformedIpv6Ext));
         }
+        if ext > IPV6_MAX_EXT_BYTES {
+            return Err(Malformed(Counter::MalformedIpv6ExtTooLong));
+        }
         if pkt.frag {
             break;
         }
@@ -278,13 +308,13 @@ fn parse_ipv6(ctx: &XdpContext, off: usize, room: usize, pkt: &mut Packet) -> Re
         return Err(Malformed(Counter::MalformedIpv6Ext));
     }
     pkt.proto = nexthdr;
-    pkt.l4_off = (off + IPV6_HDR_LEN + (ext & 0x3ff)) as u32;
+    pkt.l4_off = (off + IPV6_HDR_LEN + ext) as u32;
     Ok(())
 }
 
 #[inline(always)]
 fn parse_l4(ctx: &XdpContext, ip_end: usize, pkt: &mut Packet) -> Result<(), Reject> {
-    let off = pkt.l4_off as usize & 0x7ff;
+    let off = pkt.l4_off();
     let l4_min = if pkt.proto == PROTO_TCP {
         core::mem::size_of::<TcpHdr>()
     } else {

@@ -654,6 +654,57 @@ fn fixtures(v: &Vips) -> Vec<Fixture> {
         ),
         |f, _| with_ipv6_ext(f, 60, &ext8(60)),
     );
+    // One 1032-byte destination-options header whose option data, from its
+    // ninth byte, looks like a TCP SYN to the VIP's port 80: the real TCP
+    // header after it is for port 22, which no VIP serves. Once a parser
+    // that wrapped offsets at 1024 read the ports from inside the options.
+    let hidden_tcp = {
+        let mut opts = vec![IpNumber::TCP.0, (1032 / 8 - 1) as u8, 1, 4, 0, 0, 0, 0];
+        // A PadN option (type 1, 254 bytes) whose bytes are a TCP header:
+        // source port 0x01fe, destination port 80, data offset 5, SYN.
+        let mut fake = vec![0u8; 256];
+        fake[0..4].copy_from_slice(&[0x01, 0xfe, 0, 80]);
+        fake[12] = 0x50;
+        fake[13] = 0x02;
+        opts.extend_from_slice(&fake);
+        // PadN options filling the rest (255 + 2 bytes each at most).
+        while opts.len() < 1032 {
+            let n = (1032 - opts.len() - 2).min(255);
+            opts.extend_from_slice(&[1, n as u8]);
+            opts.extend(std::iter::repeat_n(0, n));
+        }
+        let f = with_ipv6_ext(tcp6("2001:db8::10", 22, 40000, true, b""), 60, &opts);
+        assert_eq!(f.len(), 1106, "the 1106-byte SYN of the report");
+        f
+    };
+    // Destination options of `len` bytes (a multiple of 8), PadN inside.
+    let dstopts = |next: u8, len: usize| -> Vec<u8> {
+        let mut h = vec![next, (len / 8 - 1) as u8];
+        while h.len() < len {
+            let n = (len - h.len() - 2).min(255);
+            h.extend_from_slice(&[1, n as u8]);
+            h.extend(std::iter::repeat_n(0, n));
+        }
+        h
+    };
+    // Exactly the 1024 bytes of extension headers the parser reads.
+    let ext_1024 = with_ipv6_ext(
+        with_ipv6_ext(
+            udp6("2001:db8::10", 53, 7005, b"ext"),
+            60,
+            &dstopts(IpNumber::UDP.0, 512),
+        ),
+        60,
+        &dstopts(60, 512),
+    );
+    // Eight bytes more: past the limit, its own reason.
+    let ext_1032 = with_ipv6_ext(ext_1024.clone(), 60, &dstopts(60, 8));
+    // Three headers, the last starting 528 bytes in (an earlier limit on
+    // where a header may start refused these).
+    let late_start = (0..3).fold(udp6("2001:db8::10", 53, 7006, b"ext"), |f, i| {
+        let next = if i == 0 { IpNumber::UDP.0 } else { 60 };
+        with_ipv6_ext(f, 60, &dstopts(next, 264))
+    });
     // Mobility header (135): an extension header the datapath does not walk.
     let mobility = with_ipv6_ext(udp6("2001:db8::10", 53, 7003, b"ext"), 135, &ext8(17));
     let mut icmp_other = icmp4("10.0.0.10");
@@ -907,6 +958,26 @@ fn fixtures(v: &Vips) -> Vec<Fixture> {
             "ipv6 five extension headers: past the bound",
             five_ext,
             Malformed(MalformedIpv6ExtChain),
+        ),
+        f(
+            "ipv6 1032-byte options hiding a tcp header to a vip port",
+            hidden_tcp,
+            Malformed(MalformedIpv6ExtTooLong),
+        ),
+        f(
+            "ipv6 extension headers of 1024 bytes are walked",
+            ext_1024,
+            Forward(v.udp6, Via::Maglev, FwdMaglev),
+        ),
+        f(
+            "ipv6 extension headers of 1032 bytes: past the limit",
+            ext_1032,
+            Malformed(MalformedIpv6ExtTooLong),
+        ),
+        f(
+            "ipv6 header starting 528 bytes in is walked",
+            late_start,
+            Forward(v.udp6, Via::Maglev, FwdMaglev),
         ),
         f(
             "ipv6 mobility header: not walked",

@@ -370,6 +370,24 @@ fn icmp6_error(vip: &str, kind: u8, code: u8, rest: [u8; 4], quote: &[u8]) -> Ve
     out
 }
 
+/// Shortens the IP packet of an untagged ICMP error so that it ends 12
+/// bytes into the quote (inside the quoted IP header for IPv4, before its
+/// addresses for IPv6), leaving the frame as it is: the rest of the quote
+/// becomes trailer bytes after the IP packet, which must not be read.
+fn cut_by_ip_len(mut frame: Vec<u8>) -> Vec<u8> {
+    if frame[12..14] == [0x08, 0x00] {
+        let ihl = usize::from(frame[14] & 0x0f) * 4;
+        let len = (ihl + 8 + 12) as u16;
+        frame[16..18].copy_from_slice(&len.to_be_bytes());
+        frame[24..26].copy_from_slice(&[0, 0]);
+        let c = inet_checksum(&frame[14..14 + ihl], 0);
+        frame[24..26].copy_from_slice(&c.to_be_bytes());
+    } else {
+        frame[18..20].copy_from_slice(&(8u16 + 12).to_be_bytes());
+    }
+    frame
+}
+
 /// The backend's answer to the client, as the router saw it: from
 /// `vip:vport` to the client's `sport`; its IP header and `l4` bytes.
 fn answer4(vip: &str, vport: u16, sport: u16, udp: bool, l4: usize) -> Vec<u8> {
@@ -536,6 +554,36 @@ fn icmp_errors_about_a_vip_flow_reach_its_backend() {
         (
             "quotes icmp",
             icmp4_error("10.0.0.10", 3, 4, [0; 4], &icmp4("10.0.0.10")[14..42]),
+        ),
+        (
+            "quote cut by the ip length, the ports in the frame's trailer",
+            cut_by_ip_len(icmp4_error(
+                "10.0.0.10",
+                3,
+                4,
+                [0; 4],
+                &answer4("10.0.0.10", 80, 1, false, 8),
+            )),
+        ),
+        (
+            "ipv6 quote cut by the payload length",
+            cut_by_ip_len(icmp6_error(
+                "2001:db8::10",
+                1,
+                4,
+                [0; 4],
+                &answer6("2001:db8::10", 80, 1),
+            )),
+        ),
+        (
+            "quotes a flow of another vip address",
+            icmp4_error(
+                "10.0.0.20",
+                3,
+                4,
+                [0; 4],
+                &answer4("10.0.0.10", 80, 1, false, 8),
+            ),
         ),
     ] {
         let (action, out, _) = rig.run_counted(&err, Counter::PassIcmp);

@@ -31,6 +31,9 @@ use lb_ebpf::{
 };
 
 const ICMP_HDR_LEN: usize = 8;
+/// The source and destination ports at the start of a quoted TCP or UDP
+/// header: all the balancer reads of it.
+const PORTS_LEN: usize = 4;
 
 /// The flow an ICMP error is about, in the client → VIP direction.
 #[derive(Clone, Copy)]
@@ -65,8 +68,8 @@ pub enum Message {
 /// Reads the ICMP message of `pkt` (a non-fragment with `is_icmp()`).
 #[inline(always)]
 pub fn classify(ctx: &XdpContext, pkt: &Packet) -> Message {
-    let off = pkt.l4_off as usize & 0x7ff;
-    let ip_end = pkt.l2_len as usize + pkt.ip_len as usize;
+    let off = pkt.l4_off();
+    let ip_end = pkt.ip_end();
     if off + ICMP_HDR_LEN > ip_end {
         return Message::Other;
     }
@@ -79,31 +82,41 @@ pub fn classify(ctx: &XdpContext, pkt: &Packet) -> Message {
     if pkt.family == FAMILY_V4 {
         match h.kind {
             ICMP_ECHO => Message::Echo,
-            ICMP_DEST_UNREACH | ICMP_TIME_EXCEEDED => quoted_v4(ctx, quote),
+            ICMP_DEST_UNREACH | ICMP_TIME_EXCEEDED => quoted_v4(ctx, pkt, quote),
             _ => Message::Other,
         }
     } else {
         match h.kind {
             ICMPV6_ECHO_REQUEST => Message::Echo,
             ICMPV6_PKT_TOOBIG if u32::from_be(h.rest) < IPV6_MIN_MTU => Message::PtbTooSmall,
-            ICMPV6_DEST_UNREACH | ICMPV6_PKT_TOOBIG | ICMPV6_TIME_EXCEED => quoted_v6(ctx, quote),
+            ICMPV6_DEST_UNREACH | ICMPV6_PKT_TOOBIG | ICMPV6_TIME_EXCEED => {
+                quoted_v6(ctx, pkt, quote)
+            }
             _ => Message::Other,
         }
     }
 }
 
-/// The quoted IPv4 packet: a first (or only) fragment of TCP or UDP with
-/// at least its ports.
+/// The quoted IPv4 packet: a first (or only) fragment of TCP or UDP from
+/// the VIP the error is addressed to, with at least its ports, all inside
+/// the outer IP packet (not in the frame's padding after it).
 #[inline(always)]
-fn quoted_v4(ctx: &XdpContext, off: usize) -> Message {
+fn quoted_v4(ctx: &XdpContext, pkt: &Packet, off: usize) -> Message {
+    let ip_end = pkt.ip_end();
+    if off + IPV4_HDR_LEN > ip_end {
+        return Message::Other;
+    }
     let Some(ip) = ptr_at::<Ipv4Hdr>(ctx, off) else {
         return Message::Other;
     };
     // SAFETY: bounds checked by `ptr_at`.
     let ip = unsafe { *ip };
+    // At most 60: the mask below only restates that for the verifier.
     let ihl = ((ip.version_ihl & 0x0f) as usize) * 4;
     if ip.version_ihl >> 4 != 4
         || ihl < IPV4_HDR_LEN
+        || off + ihl + PORTS_LEN > ip_end
+        || ip.saddr != pkt.dst[0]
         || ip.frag_off & be16(IP_OFFSET) != 0
         || (ip.protocol != PROTO_TCP && ip.protocol != PROTO_UDP)
     {
@@ -122,15 +135,24 @@ fn quoted_v4(ctx: &XdpContext, off: usize) -> Message {
     })
 }
 
-/// The quoted IPv6 packet: TCP or UDP right after the fixed header.
+/// The quoted IPv6 packet: TCP or UDP right after the fixed header, from
+/// the VIP the error is addressed to, its ports inside the outer packet.
 #[inline(always)]
-fn quoted_v6(ctx: &XdpContext, off: usize) -> Message {
+fn quoted_v6(ctx: &XdpContext, pkt: &Packet, off: usize) -> Message {
+    if off + IPV6_HDR_LEN + PORTS_LEN > pkt.ip_end() {
+        return Message::Other;
+    }
     let Some(ip) = ptr_at::<Ipv6Hdr>(ctx, off) else {
         return Message::Other;
     };
     // SAFETY: bounds checked by `ptr_at`.
     let ip = unsafe { &*ip };
-    if u32::from_be(ip.vtc_flow) >> 28 != 6 || (ip.nexthdr != PROTO_TCP && ip.nexthdr != PROTO_UDP)
+    if u32::from_be(ip.vtc_flow) >> 28 != 6
+        || (ip.nexthdr != PROTO_TCP && ip.nexthdr != PROTO_UDP)
+        || ip.saddr[0] != pkt.dst[0]
+        || ip.saddr[1] != pkt.dst[1]
+        || ip.saddr[2] != pkt.dst[2]
+        || ip.saddr[3] != pkt.dst[3]
     {
         return Message::Other;
     }
@@ -156,7 +178,7 @@ pub struct ReplyError;
 pub fn echo_reply(ctx: &XdpContext, pkt: &Packet) -> Result<(), ReplyError> {
     swap_macs(ctx)?;
     let l3 = pkt.l2_len as usize & 0x1f;
-    let off = pkt.l4_off as usize & 0x7ff;
+    let off = pkt.l4_off();
     let h: *mut IcmpHdr = ptr_at(ctx, off).ok_or(ReplyError)?;
     let (old, new_kind) = if pkt.family == FAMILY_V4 {
         let ip: *mut Ipv4Hdr = ptr_at(ctx, l3).ok_or(ReplyError)?;
