@@ -295,9 +295,16 @@ impl FlowEntry {
 }
 
 /// One bucket of the connection table `LB_FLOWS`: one cache line holding
-/// [`CT_WAYS`] entries and their last-seen stamps (coarse clock ticks,
-/// wrapping). A flow lives in the bucket its seeded hash selects; a new flow
-/// takes an empty way or evicts the way seen longest ago.
+/// [`CT_WAYS`] entries and their stamps. A stamp is the tick the way was
+/// last seen (low 15 bits, coarse and wrapping) and
+/// [`crate::consts::CT_STAMP_CONFIRMED`] once the entry has seen a second
+/// packet. A flow lives in the bucket its seeded hash selects; a new flow
+/// takes an empty way or evicts the stalest unconfirmed way, else the
+/// stalest confirmed one.
+///
+/// Stamps written by versions before the confirmed bit (whole 16-bit
+/// ticks of about a second) read as arbitrary ranks until their flows are
+/// seen again: eviction order only, never a flow's backend.
 #[repr(C, align(64))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FlowBucket {

@@ -103,6 +103,16 @@ pub const TABLE_CHUNK_SLOTS: u32 = 1024;
 /// fill one 64-byte cache line.
 pub const CT_WAYS: usize = 6;
 
+/// [`crate::FlowBucket::stamps`]: the way's entry has seen a packet after
+/// the one that created it (an established flow, not a lone SYN). Insertion
+/// evicts unconfirmed entries before confirmed ones.
+pub const CT_STAMP_CONFIRMED: u16 = 1 << 15;
+/// [`crate::FlowBucket::stamps`]: the low 15 bits, the tick the way was
+/// last seen (`jiffies >> CT_STAMP_TICK_SHIFT`, wrapping).
+pub const CT_STAMP_TIME: u16 = CT_STAMP_CONFIRMED - 1;
+/// The stamps' tick: 64 jiffies (256 ms at HZ=250, 64 ms at HZ=1000).
+pub const CT_STAMP_TICK_SHIFT: u64 = 6;
+
 /// A backend handle is `generation << 16 | index`. The index addresses
 /// `LB_BACKENDS` and `LB_BACKEND_STATS`; the generation changes whenever an
 /// index is given to a different backend, so a stale connection-table entry

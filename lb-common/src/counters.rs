@@ -100,7 +100,8 @@ counters! {
     MalformedIpv6Ext = 18, "malformed_ipv6_ext_header", Malformed;
     /// TCP or UDP header cut short (by the frame or by the IP length), or a TCP data offset below 5.
     MalformedL4 = 19, "malformed_l4_truncated", Malformed;
-    /// Event: a new flow evicted a live connection-table entry.
+    /// Event: a new flow evicted a live connection-table entry (of any
+    /// kind; see `ct_evicted_established`).
     CtEvicted = 20, "ct_evicted", Event;
     /// Event: a connection-table hit pointed at a backend that is down or gone; re-picked.
     CtStale = 21, "ct_stale_backend", Event;
@@ -138,6 +139,11 @@ counters! {
     /// IPv6 extension headers longer than the datapath reads (1,024 bytes
     /// in all before the TCP or UDP header).
     MalformedIpv6ExtTooLong = 34, "malformed_ipv6_ext_too_long", Malformed;
+    /// Event: a new flow evicted a confirmed connection-table entry (one
+    /// that had seen more than one packet) because its bucket held no
+    /// empty or unconfirmed way. Also counted in `ct_evicted`. An
+    /// established flow lost its pinning: a table change may now move it.
+    CtEvictedConfirmed = 35, "ct_evicted_established", Event;
     }
 }
 

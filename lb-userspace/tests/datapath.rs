@@ -1311,6 +1311,84 @@ fn full_bucket_evicts_the_stalest_way_and_syn_replaces_in_place() {
 }
 
 #[test]
+fn a_syn_flood_never_evicts_an_established_flow() {
+    // One bucket: the flood and the established flows compete for the
+    // same six ways.
+    let mut rig = Rig::new(1);
+    let v = rig.standard_vips();
+    let events = |rig: &Rig| {
+        let c = rig.counters();
+        (
+            c[Counter::CtEvicted as usize].packets,
+            c[Counter::CtEvictedConfirmed as usize].packets,
+        )
+    };
+    // Three established flows, one per backend: a SYN, then an ACK that
+    // confirms the entry.
+    let established: Vec<u16> = V4_BACKENDS
+        .iter()
+        .map(|&b| port_for_backend(&rig, "10.0.0.10", 80, b))
+        .collect();
+    let mut owners = vec![];
+    for &p in &established {
+        forward(&mut rig, &tcp4("10.0.0.10", 80, p, true, b""));
+        let (to, via) = forward(&mut rig, &tcp4("10.0.0.10", 80, p, false, b"ack"));
+        assert_eq!(via, Counter::FwdConntrack, "port {p}: the ACK hits");
+        owners.push(to);
+    }
+    assert_eq!(owners, V4_BACKENDS);
+    let bucket = rig.dp().flow_bucket(0).expect("bucket");
+    let confirmed = bucket
+        .stamps
+        .iter()
+        .filter(|s| **s & CT_STAMP_CONFIRMED != 0)
+        .count();
+    assert_eq!(confirmed, 3, "the ACKs confirmed three ways: {bucket:?}");
+
+    // 500 spoofed SYNs, each a new flow: they fight over the other three
+    // ways only.
+    let (evicted_before, _) = events(&rig);
+    for p in 0..500u16 {
+        let syn = tcp4("10.0.0.10", 80, 40000 + p, true, b"");
+        let (action, _, ev) = rig.run_counted(&syn, Counter::FwdMaglev);
+        assert_eq!(action, XDP_TX);
+        assert!(
+            !ev.contains(&Counter::CtEvictedConfirmed),
+            "SYN {p} evicted an established flow"
+        );
+    }
+    let (evicted, evicted_confirmed) = events(&rig);
+    assert_eq!(
+        evicted - evicted_before,
+        500 - 3,
+        "every SYN past the free ways evicted one"
+    );
+    assert_eq!(evicted_confirmed, 0);
+
+    // The established flows still hit, and keep their backend across a
+    // table change that moves every flow off backend 0.
+    rig.set_weight(&v.tcp4, 0, 0);
+    for (&p, &owner) in established.iter().zip(&owners) {
+        let (to, via) = forward(&mut rig, &tcp4("10.0.0.10", 80, p, false, b"data"));
+        assert_eq!(
+            (to, via),
+            (owner, Counter::FwdConntrack),
+            "port {p} kept its entry and backend"
+        );
+    }
+
+    // With every way confirmed, a new flow must take one: the stalest
+    // established flow goes, and says so.
+    for p in 31003..31006u16 {
+        forward(&mut rig, &tcp4("10.0.0.10", 80, p, true, b""));
+        forward(&mut rig, &tcp4("10.0.0.10", 80, p, false, b"ack"));
+    }
+    let syn = tcp4("10.0.0.10", 80, 45000, true, b"");
+    let (_, _, ev) = rig.run_counted(&syn, Counter::FwdMaglev);
+    assert_eq!(ev, vec![Counter::CtEvicted, Counter::CtEvictedConfirmed]);
+}
+
+#[test]
 fn vip_and_backend_stats_add_up() {
     let mut rig = Rig::new(1 << 12);
     let vips = rig.standard_vips();

@@ -1,11 +1,12 @@
 //! Test infrastructure for lb: network-namespace rigs ([`rig`]: one
 //! balancer; [`ecmp`]: balancers behind a real BGP router with ECMP),
 //! namespace and veth guards ([`netns`]), real TCP/UDP traffic
-//! ([`traffic`]), real routers (BIRD, FRR: [`routers`]) and lb's BGP
+//! ([`traffic`]), a spoofed SYN flood ([`flood`]), real routers (BIRD, FRR: [`routers`]) and lb's BGP
 //! speaker in a namespace ([`speaker`]). Used by the end-to-end tests
 //! (`tests/e2e`), the demo (`lb-demo`) and `lb-bgp-probe`.
 
 pub mod ecmp;
+pub mod flood;
 pub mod netns;
 pub mod rig;
 pub mod routers;

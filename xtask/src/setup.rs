@@ -17,6 +17,8 @@ const PACKAGES: &[&str] = &[
     "bpftool",
     "procps",
     "util-linux",
+    // nft: the SYN-flood test drops the tunnelled flood on its router.
+    "nftables",
     // Real BGP routers for the interop and active-active tests.
     "bird2",
     "frr",

@@ -4,8 +4,12 @@
 //! A flow's seeded hash picks a bucket (one cache line) and a 32-bit tag.
 //! Each of the bucket's ways is one 8-byte word `tag << 32 | handle`, read
 //! and written whole, so a lookup on one CPU never sees half of an insert on
-//! another. A new flow takes a way holding the same tag (a SYN replacing its
-//! old entry), else an empty way, else the way seen longest ago.
+//! another. Each way also has a 16-bit stamp: when it was last seen and
+//! whether it is *confirmed* (has seen a packet after the one that created
+//! it). A new flow takes a way holding the same tag (a SYN replacing its
+//! old entry), else an empty way, else the stalest unconfirmed entry, and
+//! only then the stalest confirmed one: under a flood of spoofed SYNs
+//! (or any one-packet flows) established flows keep their ways.
 //!
 //! Why not the kernel's LRU hash: a miss-and-insert there costs ~400 ns on
 //! these machines, this table's ~50 ns plus one cache miss (../shared/PERF-NOTES.md).
@@ -16,14 +20,18 @@
 //! cost per hit and stays right when a flow changes CPU.
 
 use aya_ebpf::helpers::generated::bpf_jiffies64;
-use lb_common::{FlowBucket, FlowEntry, consts::CT_WAYS};
+use lb_common::{
+    FlowBucket, FlowEntry,
+    consts::{CT_STAMP_CONFIRMED, CT_STAMP_TICK_SHIFT, CT_STAMP_TIME, CT_WAYS},
+};
 
-/// Stamps are jiffies >> 8: ~1 s per tick at HZ=250, wrapping after ~18 h
-/// (they only rank ways for eviction, so wrapping is harmless).
+/// The current tick of the stamps' clock: jiffies >> 6, 256 ms at HZ=250,
+/// 15 bits (wrapping after 2.3 hours; stamps only rank ways for eviction,
+/// so wrapping is harmless).
 #[inline(always)]
 pub fn now() -> u16 {
     // SAFETY: helper without arguments.
-    (unsafe { bpf_jiffies64() } >> 8) as u16
+    (unsafe { bpf_jiffies64() } >> CT_STAMP_TICK_SHIFT) as u16 & CT_STAMP_TIME
 }
 
 /// The way holding `tag`, and its backend handle.
@@ -39,27 +47,67 @@ pub fn find(bucket: *mut FlowBucket, tag: u32) -> Option<(usize, u32)> {
     None
 }
 
-/// Marks `way` as seen now. Writes only when the stamp changes, so a busy
-/// flow does not dirty its cache line on every packet.
+/// Marks `way` as seen now by a packet after the one that created it:
+/// confirmed. Writes only when the stamp changes, so a busy flow dirties
+/// its cache line once per tick, not on every packet.
 #[inline(always)]
 pub fn touch(bucket: *mut FlowBucket, way: usize, now: u16) {
+    let stamp_now = CT_STAMP_CONFIRMED | now;
     // SAFETY: live map value, `way < CT_WAYS` (from `find`).
     unsafe {
         let stamp = &mut (*bucket).stamps[way];
-        if *stamp != now {
-            *stamp = now;
+        if *stamp != stamp_now {
+            *stamp = stamp_now;
         }
     }
 }
 
-/// Records `tag → handle`; returns `true` if a live entry of another flow
-/// was evicted to make room.
+/// Eviction rank of a way (higher goes first): a way of the same flow,
+/// then an empty one, then unconfirmed entries (one packet seen: a SYN,
+/// or a flow's first packet here), then confirmed ones; the stalest
+/// first within each class. A flood of one-packet flows, spoofed SYNs
+/// above all, therefore only ever displaces other one-packet entries
+/// while a confirmed flow has a way.
 #[inline(always)]
-pub fn insert(bucket: *mut FlowBucket, tag: u32, handle: u32, now: u16) -> bool {
-    // Score each way: same tag beats empty beats age; the first best wins.
+fn eviction_rank(e: FlowEntry, stamp: u16, tag: u32, now: u16) -> u32 {
+    if e == FlowEntry::EMPTY {
+        RANK_EMPTY
+    } else if e.tag() == tag {
+        RANK_SAME_FLOW
+    } else {
+        let age = now.wrapping_sub(stamp) & CT_STAMP_TIME;
+        let unconfirmed = if stamp & CT_STAMP_CONFIRMED == 0 {
+            RANK_UNCONFIRMED
+        } else {
+            0
+        };
+        unconfirmed | age as u32
+    }
+}
+
+/// Ranks above every age (15 bits).
+const RANK_UNCONFIRMED: u32 = 0x1_0000;
+const RANK_EMPTY: u32 = 0x2_0000;
+const RANK_SAME_FLOW: u32 = 0x3_0000;
+
+/// What an insert displaced.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Evicted {
+    /// Nothing live: the flow's own way or an empty one.
+    Nothing,
+    /// A live entry that had seen one packet.
+    Unconfirmed,
+    /// A live entry that had seen more than one: an established flow lost
+    /// its pinning.
+    Confirmed,
+}
+
+/// Records `tag → handle`, unconfirmed, in the way [`eviction_rank`]
+/// puts first (the first such way on a tie).
+#[inline(always)]
+pub fn insert(bucket: *mut FlowBucket, tag: u32, handle: u32, now: u16) -> Evicted {
     let mut best = 0;
-    let mut best_score = 0u32;
-    let mut best_live = false;
+    let mut best_rank = 0u32;
     for way in 0..CT_WAYS {
         // SAFETY: live map value; `way < CT_WAYS`.
         let (e, stamp) = unsafe {
@@ -68,17 +116,10 @@ pub fn insert(bucket: *mut FlowBucket, tag: u32, handle: u32, now: u16) -> bool 
                 (*bucket).stamps[way],
             )
         };
-        let score = if e == FlowEntry::EMPTY {
-            0x2_0000
-        } else if e.tag() == tag {
-            0x3_0000
-        } else {
-            now.wrapping_sub(stamp) as u32
-        };
-        if way == 0 || score > best_score {
+        let rank = eviction_rank(e, stamp, tag, now);
+        if way == 0 || rank > best_rank {
             best = way;
-            best_score = score;
-            best_live = score < 0x2_0000;
+            best_rank = rank;
         }
     }
     // SAFETY: live map value; `best < CT_WAYS`; one aligned 8-byte store.
@@ -86,5 +127,11 @@ pub fn insert(bucket: *mut FlowBucket, tag: u32, handle: u32, now: u16) -> bool 
         core::ptr::write_volatile(&mut (*bucket).entries[best], FlowEntry::new(tag, handle));
         (*bucket).stamps[best] = now;
     }
-    best_live
+    if best_rank >= RANK_EMPTY {
+        Evicted::Nothing
+    } else if best_rank >= RANK_UNCONFIRMED {
+        Evicted::Unconfirmed
+    } else {
+        Evicted::Confirmed
+    }
 }

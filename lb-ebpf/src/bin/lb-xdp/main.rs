@@ -105,8 +105,13 @@ fn run(ctx: &XdpContext) -> (u32, Counter) {
     };
     let outcome = match bucket {
         Some(bucket) if meta.flags & VIP_F_NO_CONNTRACK == 0 => {
-            if conntrack::insert(bucket, tag, def.handle, conntrack::now()) {
-                stats::count(Counter::CtEvicted, pkt.frame_len);
+            match conntrack::insert(bucket, tag, def.handle, conntrack::now()) {
+                conntrack::Evicted::Nothing => {}
+                conntrack::Evicted::Unconfirmed => stats::count(Counter::CtEvicted, pkt.frame_len),
+                conntrack::Evicted::Confirmed => {
+                    stats::count(Counter::CtEvicted, pkt.frame_len);
+                    stats::count(Counter::CtEvictedConfirmed, pkt.frame_len);
+                }
             }
             Counter::FwdMaglev
         }
