@@ -1568,3 +1568,5 @@ fn flows_of_a_removed_vip_pass_instead_of_following_stale_entries() {
 
 #[path = "datapath/completeness.rs"]
 mod completeness;
+#[path = "datapath/golden.rs"]
+mod golden;
