@@ -30,7 +30,12 @@ enum Task {
     /// Measure: datapath ns per packet class, veth forwarding rate, table
     /// writes, memory, Maglev build time and quality. Prints the figures and
     /// writes them into BENCHMARKS.md (between its bench markers).
-    Bench,
+    Bench {
+        /// Also measure the `lb_xdp` of this git revision (e.g. `HEAD~3`) in
+        /// the same rounds, for before/after figures (`LB_BENCH_BASELINE`).
+        #[arg(long)]
+        baseline: Option<String>,
+    },
     /// Run lbd in a namespace rig with real connections and print a summary.
     Demo {
         /// Leave the rig running afterwards.
@@ -48,7 +53,7 @@ fn main() -> Result<()> {
         Task::Test { args } => test(&args),
         Task::Lint => lint(),
         Task::Demo { keep, down } => demo(keep, down),
-        Task::Bench => bench(),
+        Task::Bench { baseline } => bench(baseline.as_deref()),
     }
 }
 
@@ -100,11 +105,12 @@ fn capture(cmd: &mut Command) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-fn bench() -> Result<()> {
+fn bench(baseline: Option<&str>) -> Result<()> {
     setup::run(setup::Mode::IfMissing)?;
     if !setup::is_root() {
         bail!("the datapath benchmarks load XDP programs: run `cargo xtask bench` as root");
     }
+    let baseline = baseline.map(baseline_object).transpose()?;
     run(cargo().args([
         "build",
         "--release",
@@ -114,7 +120,11 @@ fn bench() -> Result<()> {
         "lb-tests",
         "--bins",
     ]))?;
-    let datapath = capture(&mut Command::new("target/release/lb-bench"))?;
+    let mut lb_bench = Command::new("target/release/lb-bench");
+    if let Some(object) = &baseline {
+        lb_bench.env("LB_BENCH_BASELINE", object);
+    }
+    let datapath = capture(&mut lb_bench)?;
     let maglev = capture(cargo().args(["bench", "-q", "-p", "lb-userspace", "--bench", "maglev"]))?;
     let report = format!(
         "{datapath}## Maglev builder\n\n`cargo bench -p lb-userspace --bench maglev`: build time (median, min, max of 21 runs at M = 65537, 9 at M = 655373), the textbook population loop (the loop Katran runs) timed in the same runs and the ratio of the medians, share spread (largest relative deviation of a backend's slots from its weight share), slots moved when one backend is removed (median of 5) or added.\n\n```\n{}```\n",
@@ -137,6 +147,63 @@ fn bench() -> Result<()> {
     std::fs::write(path, updated).context("writing BENCHMARKS.md")?;
     eprintln!("BENCHMARKS.md updated");
     Ok(())
+}
+
+/// Builds the `lb-xdp` object of git revision `rev` from a clean export of
+/// that revision (under `target/bench-baseline/`), the way `lb-userspace`'s
+/// build script builds the current one, and returns its path.
+fn baseline_object(rev: &str) -> Result<std::path::PathBuf> {
+    let commit =
+        capture(Command::new("git").args(["rev-parse", "--verify", &format!("{rev}^{{commit}}")]))?;
+    let commit = commit.trim();
+    let root = std::env::current_dir()?.join("target/bench-baseline");
+    let src = root.join(commit);
+    if !src.join("Cargo.toml").is_file() {
+        std::fs::create_dir_all(&src)?;
+        let archive = Command::new("git")
+            .args(["archive", "--format=tar", commit])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .context("git archive")?;
+        run(Command::new("tar")
+            .arg("-x")
+            .arg("-C")
+            .arg(&src)
+            .stdin(archive.stdout.context("git archive's output")?))?;
+    }
+    let target_dir = root.join("target");
+    run(Command::new("rustup")
+        .current_dir(&src)
+        .args([
+            "run",
+            "nightly",
+            "cargo",
+            "build",
+            "--package",
+            "lb-ebpf",
+            "--bins",
+        ])
+        .args([
+            "--release",
+            "--target",
+            "bpfel-unknown-none",
+            "-Z",
+            "build-std=core",
+        ])
+        .arg("--target-dir")
+        .arg(&target_dir)
+        // What aya-build passes (lb-userspace/build.rs).
+        .env(
+            "CARGO_ENCODED_RUSTFLAGS",
+            "--cfg=bpf_target_arch=\"x86_64\"\x1f-Cdebuginfo=2\x1f-Clink-arg=--btf",
+        )
+        .env_remove("RUSTC")
+        .env_remove("CARGO"))?;
+    let object = target_dir.join("bpfel-unknown-none/release/lb-xdp");
+    let copy = root.join(format!("lb-xdp-{commit}"));
+    std::fs::copy(&object, &copy).with_context(|| format!("copying {}", object.display()))?;
+    eprintln!("baseline: lb-xdp of {commit} at {}", copy.display());
+    Ok(copy)
 }
 
 fn demo(keep: bool, down: bool) -> Result<()> {
