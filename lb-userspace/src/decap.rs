@@ -113,6 +113,8 @@ pub enum DecapError {
          it cannot be pinned"
     )]
     NotALink { iface: String },
+    #[error(transparent)]
+    Lock(#[from] crate::lock::LockError),
 }
 
 pub type Result<T, E = DecapError> = std::result::Result<T, E>;
@@ -299,7 +301,8 @@ pub fn attach(
             iface: iface.to_string(),
         });
     }
-    std::fs::create_dir_all(pin_dir).map_err(io_err(pin_dir))?;
+    // One change at a time per interface: held until this returns.
+    let _lock = lock(pin_dir, iface)?;
     let link_path = pin_dir.join(LINK_PIN);
     let existing = pinned_link(&link_path, iface, info.index)?;
     let replacing = existing.is_some();
@@ -417,6 +420,15 @@ fn link_ifindex(link_id: u32) -> Option<u32> {
 /// Removes the link and map pins under `pin_dir`, then the directory.
 /// Missing pins are fine (detaching twice is not an error); a directory that
 /// holds anything else is left in place and reported.
+/// Locks `pin_dir` (creating it) against a concurrent attach or detach.
+fn lock(pin_dir: &Path, iface: &str) -> Result<crate::lock::DirLock> {
+    Ok(crate::lock::DirLock::acquire(
+        pin_dir,
+        &format!("the decap program of {iface}"),
+        "interface",
+    )?)
+}
+
 fn remove_pins(pin_dir: &Path) -> Result<()> {
     for name in std::iter::once(LINK_PIN).chain(ALL_DECAP_MAPS) {
         let path = pin_dir.join(name);
@@ -437,6 +449,7 @@ fn remove_pins(pin_dir: &Path) -> Result<()> {
 /// pins (the link first), and removes the directory. Nothing pinned there is
 /// not an error.
 pub fn detach(pin_dir: &Path) -> Result<()> {
+    let _lock = lock(pin_dir, "its interface")?;
     remove_pins(pin_dir)?;
     tracing::info!(pin_dir = %pin_dir.display(), "decap program detached");
     Ok(())

@@ -8,6 +8,7 @@ pub mod dataplane;
 pub mod decap;
 pub mod health;
 pub mod lifecycle;
+pub mod lock;
 pub mod maglev;
 pub mod net;
 pub mod objects;

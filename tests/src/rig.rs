@@ -64,6 +64,13 @@ pub struct Backend {
     pub(crate) decap_pins: PathBuf,
 }
 
+impl Backend {
+    /// Where `lbctl decap attach eth0` pins the backend's decap program.
+    pub fn decap_pin_dir(&self) -> &Path {
+        &self.decap_pins
+    }
+}
+
 pub struct Rig {
     pub id: String,
     /// Scratch directory: configs, sockets, state, logs.

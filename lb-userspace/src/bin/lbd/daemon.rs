@@ -78,6 +78,8 @@ struct Prober {
 }
 
 struct Daemon {
+    /// The instance's lock, held until the process exits.
+    _lock: lb::lock::DirLock,
     config_path: PathBuf,
     config: Config,
     overlay: Overlay,
@@ -208,6 +210,8 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
     })?;
 
     ensure_bpffs(&config.bpffs)?;
+    // Before any pin or the socket is touched: one lbd per instance.
+    let lock = crate::lock_instance(&config)?;
     let pin_dir = config.pin_dir();
     let (dp, maps_adopted) = KernelDataplane::open_pinned(config.layout, &pin_dir)
         .with_context(|| format!("loading the XDP program (pins in {})", pin_dir.display()))?;
@@ -218,6 +222,7 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
 
     let (probe_tx, mut probe_rx) = mpsc::channel(1024);
     let mut daemon = Daemon {
+        _lock: lock,
         config_path,
         config,
         overlay,

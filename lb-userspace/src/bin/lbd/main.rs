@@ -70,6 +70,8 @@ fn main() -> Result<()> {
 
 fn teardown(path: &std::path::Path) -> Result<()> {
     let config = Config::load(path)?;
+    // Refused while an lbd runs the instance: it would re-pin what we remove.
+    let _lock = lock_instance(&config)?;
     remove_pins(&config)?;
     let dir = config.pin_dir();
     println!(
@@ -78,6 +80,17 @@ fn teardown(path: &std::path::Path) -> Result<()> {
         dir.display()
     );
     Ok(())
+}
+
+/// Locks the instance's pin directory for as long as the lock lives (the
+/// daemon's lifetime, or a teardown): a second `lbd` of the instance is
+/// refused with the holder's PID.
+pub(crate) fn lock_instance(config: &Config) -> Result<lb::lock::DirLock> {
+    Ok(lb::lock::DirLock::acquire(
+        &config.pin_dir(),
+        &format!("instance `{}`", config.instance),
+        "instance",
+    )?)
 }
 
 /// Detaches the program from the configured interfaces and removes every

@@ -15,10 +15,19 @@ use tracing::{debug, warn};
 
 pub type Call = (Request, oneshot::Sender<Response>);
 
-/// Binds the socket with mode 0600, replacing a stale one.
+/// Binds the socket with mode 0600, replacing a stale one (a socket no
+/// process answers on). A socket something still answers on belongs to
+/// another lbd (another instance configured with the same `api_socket`):
+/// refused, not stolen.
 pub fn bind(path: &Path) -> Result<UnixListener> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        anyhow::bail!(
+            "{} is in use by another running lbd; give each instance its own api_socket",
+            path.display()
+        );
     }
     match std::fs::remove_file(path) {
         Ok(()) => {}

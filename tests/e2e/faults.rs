@@ -1,0 +1,139 @@
+//! `lbd` and `lbctl` under operator mistakes and faults, in the namespace
+//! rig with the real binaries: a second `lbd` on a running instance,
+//! concurrent decap changes, the gateway lookup, reloads that would
+//! blackhole a VIP, oversized and unbounded API requests.
+
+use std::{
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+use lb_tests::{
+    rig::{Lbd, bin_path},
+    scenario::{check, serial, setup},
+};
+
+/// Runs `cmd` to completion within `limit`; a process still running then
+/// is killed and reported (a second lbd that did not refuse would run
+/// forever).
+fn run_bounded(cmd: &mut Command, limit: Duration) -> Result<std::process::Output> {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("spawning")?;
+    let deadline = Instant::now() + limit;
+    while child.try_wait()?.is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let out = child.wait_with_output()?;
+            bail!(
+                "still running after {limit:?}; stderr:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(child.wait_with_output()?)
+}
+
+#[test]
+fn a_second_lbd_on_a_running_instance_is_refused() {
+    let _serial = serial();
+    check((|| {
+        let (rig, lbd) = setup(2, &[Some(1), Some(1)])?;
+        let out = run_bounded(
+            rig.lb
+                .command(bin_path("lbd")?)
+                .arg("--config")
+                .arg(&lbd.config)
+                .env("RUST_LOG", "info"),
+            Duration::from_secs(10),
+        )?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        if out.status.success() {
+            bail!("the second lbd exited successfully:\n{err}");
+        }
+        let want = format!("already in use by process {}", lbd.pid());
+        if !err.contains(&want) {
+            bail!("the second lbd's error does not name the first ({want}):\n{err}");
+        }
+        // The first one still owns its socket and its program.
+        lbd.lbctl(&["status"])
+            .context("the first lbd after the second was refused")?;
+
+        // Tearing the instance down under a running lbd is refused too.
+        let out = run_bounded(
+            rig.lb
+                .command(bin_path("lbd")?)
+                .arg("--config")
+                .arg(&lbd.config)
+                .arg("teardown"),
+            Duration::from_secs(10),
+        )?;
+        if out.status.success() || !String::from_utf8_lossy(&out.stderr).contains(&want) {
+            bail!(
+                "teardown under a running lbd: {}\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        if !rig.pin_dir().join("LB_FLOWS").exists() {
+            bail!("the refused teardown removed pins");
+        }
+        lbd.lbctl(&["status"])?;
+
+        // A stopped lbd releases the lock; the next one starts.
+        let config = lbd.config.clone();
+        lbd.signal(libc::SIGTERM)?;
+        let mut lbd = lbd;
+        if lbd.wait_exit(Duration::from_secs(15))?.is_none() {
+            bail!("lbd did not stop on SIGTERM");
+        }
+        let next = Lbd::start(&rig, &config).context("an lbd after the first stopped")?;
+        next.lbctl(&["status"])?;
+        Ok(())
+    })());
+}
+
+#[test]
+fn concurrent_decap_changes_on_one_interface_are_refused() {
+    let _serial = serial();
+    check((|| {
+        let (rig, _lbd) = setup(1, &[Some(1)])?;
+        let be = rig.backend("be1");
+        // Hold the interface's decap lock as a concurrent `lbctl decap
+        // attach` would, from this process.
+        let dir = be.decap_pin_dir();
+        let held = lb::lock::DirLock::acquire(&dir, "test", "interface")?;
+        for args in [
+            &["decap", "attach", "eth0"][..],
+            &["decap", "detach", "eth0"],
+        ] {
+            let out = run_bounded(
+                be.ns.command(bin_path("lbctl")?).args(args),
+                Duration::from_secs(10),
+            )?;
+            let err = String::from_utf8_lossy(&out.stderr);
+            let want = format!("in use by process {}", std::process::id());
+            if out.status.success() || !err.contains(&want) {
+                bail!("lbctl {args:?} while locked: {}\n{err}", out.status);
+            }
+        }
+        drop(held);
+        // The program is still attached and serving.
+        let out = be
+            .ns
+            .command(bin_path("lbctl")?)
+            .args(["decap", "stats", "eth0"])
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "decap stats after the refused changes: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(())
+    })());
+}
