@@ -155,6 +155,19 @@ pub struct Status {
     /// One line on route announcement: announcers, peers up, prefixes.
     #[serde(default)]
     pub announce: String,
+    /// With `gateway_mac: auto`: what the gateway watcher knows.
+    #[serde(default)]
+    pub gateway: Option<GatewayInfo>,
+}
+
+/// The gateway watcher's state (`gateway_mac: auto`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct GatewayInfo {
+    pub address: Option<IpAddr>,
+    /// A lookup is under way right now (the daemon answers meanwhile).
+    pub looking_up: bool,
+    /// Why the last lookup failed, if it did.
+    pub error: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

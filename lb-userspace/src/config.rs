@@ -814,6 +814,8 @@ struct RawConfig {
     xdp_mode: XdpModeSetting,
     #[serde(default)]
     gateway_mac: Gateway,
+    #[serde(default = "default_gateway_refresh", with = "duration")]
+    gateway_refresh: Duration,
     outer_source_v4: Option<Ipv4Addr>,
     outer_source_v6: Option<Ipv6Addr>,
     outer_source_v4_prefix: Option<Prefix>,
@@ -850,6 +852,9 @@ struct RawConfig {
     detach_on_exit: bool,
 }
 
+fn default_gateway_refresh() -> Duration {
+    Duration::from_secs(10)
+}
 fn default_instance() -> String {
     "default".into()
 }
@@ -890,6 +895,8 @@ pub struct Config {
     pub interfaces: Vec<String>,
     pub xdp_mode: XdpModeSetting,
     pub gateway: Gateway,
+    /// With `gateway_mac: auto`, how often the gateway is looked up again.
+    pub gateway_refresh: Duration,
     /// Fixed outer source addresses, or (`*_prefix`) a prefix whose host
     /// bits come from the client's address (RSS entropy on the backend).
     /// At most one of each pair is set.
@@ -1086,6 +1093,11 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
     if raw.gue_port == 0 {
         err("gue_port".into(), "must not be 0".into());
     }
+    if raw.gateway_refresh < Duration::from_secs(1)
+        || raw.gateway_refresh > Duration::from_secs(3600)
+    {
+        err("gateway_refresh".into(), "must be between 1s and 1h".into());
+    }
     for (field, fixed, prefix, family, min_len) in [
         (
             "outer_source_v4_prefix",
@@ -1170,6 +1182,7 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
         interfaces: raw.interfaces,
         xdp_mode: raw.xdp_mode,
         gateway: raw.gateway_mac,
+        gateway_refresh: raw.gateway_refresh,
         outer_source_v4: raw.outer_source_v4,
         outer_source_v6: raw.outer_source_v6,
         outer_source_v4_prefix: raw.outer_source_v4_prefix,

@@ -1,6 +1,11 @@
 //! What `lbd` asks the kernel's networking tables, over rtnetlink: the
 //! default route's gateway on an interface and that gateway's MAC address
-//! from the neighbour table.
+//! from the neighbour table; and [`watch_gateway`], the task that looks
+//! them up again periodically, off the daemon's loop.
+//!
+//! Every dump (routes, neighbours) is read to its end before it is
+//! searched: a dump abandoned half-way leaves netlink answers with no one
+//! to take them, which the netlink layer logs as warnings.
 
 use std::{
     net::{IpAddr, SocketAddr, SocketAddrV6, UdpSocket},
@@ -16,6 +21,7 @@ use rtnetlink::{
     },
 };
 use thiserror::Error;
+use tokio::sync::watch;
 
 use crate::config::Mac;
 
@@ -45,20 +51,36 @@ async fn connect() -> Result<Handle, NetError> {
 
 /// The index of interface `name`.
 pub async fn ifindex(name: &str) -> Result<u32, NetError> {
-    let handle = connect().await?;
-    let mut links = handle.link().get().match_name(name.to_string()).execute();
-    match links.try_next().await {
-        Ok(Some(link)) => Ok(link.header.index),
-        Ok(None) | Err(_) => Err(NetError::NoInterface(name.into())),
-    }
+    ifindex_with(&connect().await?, name).await
+}
+
+async fn ifindex_with(handle: &Handle, name: &str) -> Result<u32, NetError> {
+    let links: Vec<_> = handle
+        .link()
+        .get()
+        .match_name(name.to_string())
+        .execute()
+        .try_collect()
+        .await
+        .map_err(|_| NetError::NoInterface(name.into()))?;
+    links
+        .first()
+        .map(|l| l.header.index)
+        .ok_or_else(|| NetError::NoInterface(name.into()))
 }
 
 async fn default_gateway(handle: &Handle, ifindex: u32, iface: &str) -> Result<IpAddr, NetError> {
     let v4 = RouteMessageBuilder::<std::net::Ipv4Addr>::new().build();
     let v6 = RouteMessageBuilder::<std::net::Ipv6Addr>::new().build();
     for query in [v4, v6] {
-        let mut routes = handle.route().get(query).execute();
-        while let Some(route) = routes.try_next().await.map_err(nl)? {
+        let routes: Vec<_> = handle
+            .route()
+            .get(query)
+            .execute()
+            .try_collect()
+            .await
+            .map_err(nl)?;
+        for route in routes {
             if route.header.destination_prefix_length != 0 {
                 continue;
             }
@@ -91,8 +113,14 @@ async fn neighbour_mac(
     ifindex: u32,
     gateway: IpAddr,
 ) -> Result<Option<Mac>, NetError> {
-    let mut neighbours = handle.neighbours().get().execute();
-    while let Some(n) = neighbours.try_next().await.map_err(nl)? {
+    let neighbours: Vec<_> = handle
+        .neighbours()
+        .get()
+        .execute()
+        .try_collect()
+        .await
+        .map_err(nl)?;
+    for n in neighbours {
         if n.header.ifindex != ifindex
             || matches!(
                 n.header.state,
@@ -145,7 +173,7 @@ fn poke(gateway: IpAddr, ifindex: u32) {
 /// neighbour table has no entry yet (for up to about three seconds).
 pub async fn gateway_mac(iface: &str) -> Result<(IpAddr, Mac), NetError> {
     let handle = connect().await?;
-    let index = ifindex(iface).await?;
+    let index = ifindex_with(&handle, iface).await?;
     let gateway = default_gateway(&handle, index, iface).await?;
     for attempt in 0..30 {
         if let Some(mac) = neighbour_mac(&handle, index, gateway).await? {
@@ -160,4 +188,72 @@ pub async fn gateway_mac(iface: &str) -> Result<(IpAddr, Mac), NetError> {
         gateway,
         iface: iface.into(),
     })
+}
+
+/// What the gateway watcher knows: the last gateway and MAC it resolved,
+/// whether a lookup is under way, and the last lookup's error.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GatewayState {
+    pub gateway: Option<IpAddr>,
+    pub mac: Option<Mac>,
+    /// A lookup is running now (it may take seconds when the gateway does
+    /// not answer ARP/ND): the daemon goes on meanwhile.
+    pub looking_up: bool,
+    /// Why the last lookup failed; `None` once one succeeds again.
+    pub error: Option<String>,
+}
+
+/// Looks the gateway of `iface` up every `every` on a task of its own and
+/// publishes each change of [`GatewayState`]. The MAC and errors are
+/// logged when they change, not on every lookup. Starts from `first`
+/// (what start-up resolved).
+pub fn watch_gateway(
+    iface: String,
+    every: Duration,
+    first: (IpAddr, Mac),
+) -> (watch::Receiver<GatewayState>, tokio::task::JoinHandle<()>) {
+    let (tx, rx) = watch::channel(GatewayState {
+        gateway: Some(first.0),
+        mac: Some(first.1),
+        looking_up: false,
+        error: None,
+    });
+    let task = tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            tx.send_modify(|s| s.looking_up = true);
+            let result = gateway_mac(&iface).await;
+            let before = tx.borrow().clone();
+            let mut next = GatewayState {
+                looking_up: false,
+                ..before.clone()
+            };
+            match result {
+                Ok((gateway, mac)) => {
+                    if before.mac != Some(mac) || before.gateway != Some(gateway) {
+                        tracing::info!(gateway = %gateway, mac = %mac, iface = %iface, "gateway changed");
+                    } else if before.error.is_some() {
+                        tracing::info!(gateway = %gateway, mac = %mac, iface = %iface, "gateway lookups work again");
+                    }
+                    next.gateway = Some(gateway);
+                    next.mac = Some(mac);
+                    next.error = None;
+                }
+                Err(e) => {
+                    let e = e.to_string();
+                    if before.error.as_ref() != Some(&e) {
+                        tracing::warn!(iface = %iface, error = %e, "gateway lookup failed; keeping the last MAC");
+                    }
+                    next.error = Some(e);
+                }
+            }
+            if tx.send(next).is_err() {
+                return;
+            }
+        }
+    });
+    (rx, task)
 }

@@ -137,3 +137,69 @@ fn concurrent_decap_changes_on_one_interface_are_refused() {
         Ok(())
     })());
 }
+
+/// How many lines of `log` contain `needle`.
+fn count(log: &str, needle: &str) -> usize {
+    log.lines().filter(|l| l.contains(needle)).count()
+}
+
+#[test]
+fn gateway_lookups_are_quiet_and_never_stall_the_daemon() {
+    let _serial = serial();
+    check((|| {
+        let rig = lb_tests::rig::Rig::new(1)?;
+        let config = rig.dir.join("lbd.yaml");
+        std::fs::write(
+            &config,
+            format!("gateway_refresh: 1s\n{}", rig.config(&[Some(1)])),
+        )?;
+        let lbd = Lbd::start(&rig, &config)?;
+        // Several refreshes of a gateway that does not change.
+        std::thread::sleep(Duration::from_millis(4500));
+        let log = lbd.log_text();
+        let noise = count(&log, "failed to forward response");
+        let resolved = count(&log, "gateway resolved") + count(&log, "gateway changed");
+        if noise != 0 || resolved != 1 {
+            bail!(
+                "after 4 refreshes: {noise} netlink warnings, the gateway logged {resolved} times (want 0 and 1):\n{log}"
+            );
+        }
+
+        // The gateway stops answering: its route points at an address
+        // nobody has, so each lookup polls the neighbour table for
+        // seconds. The daemon must answer while a lookup is under way.
+        rig.lb
+            .ip(&["route", "replace", "default", "via", "10.10.2.99"])?;
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let mut seen_lookup = false;
+        while Instant::now() < deadline && !seen_lookup {
+            let status = lbd.lbctl_json(&["status"])?;
+            seen_lookup = status["gateway"]["looking_up"] == true;
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        if !seen_lookup {
+            bail!("lbctl status never answered while a gateway lookup was under way");
+        }
+        // Two failed lookups at least, one warning.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let status = lbd.lbctl_json(&["status"])?;
+            let log = lbd.log_text();
+            let failed = count(&log, "gateway lookup failed");
+            if status["gateway"]["error"].is_string() && failed == 1 {
+                // Let another lookup fail; still one line.
+                std::thread::sleep(Duration::from_secs(5));
+                let again = count(&lbd.log_text(), "gateway lookup failed");
+                if again != 1 {
+                    bail!("a failing gateway was logged {again} times in 5 s");
+                }
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("no failed lookup reported in 20 s ({failed} log lines): {status}");
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        Ok(())
+    })());
+}

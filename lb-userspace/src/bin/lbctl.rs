@@ -525,7 +525,25 @@ fn print_status(s: Status) -> Result<()> {
         }
     );
     println!("interfaces    {}", ifaces.join(", "));
-    println!("gateway MAC   {}", s.gateway_mac);
+    match &s.gateway {
+        None => println!("gateway MAC   {}", s.gateway_mac),
+        Some(g) => println!(
+            "gateway MAC   {} (auto{}{}{})",
+            s.gateway_mac,
+            g.address
+                .map(|a| format!(", gateway {a}"))
+                .unwrap_or_default(),
+            if g.looking_up {
+                "; looking it up now"
+            } else {
+                ""
+            },
+            g.error
+                .as_ref()
+                .map(|e| format!("; last lookup failed: {e}"))
+                .unwrap_or_default()
+        ),
+    }
     println!(
         "pinned maps   {}{}",
         s.pin_dir,

@@ -56,8 +56,6 @@ use crate::server::{self, Call};
 
 /// How often counters are sampled for rates.
 const SAMPLE_EVERY: Duration = Duration::from_secs(1);
-/// How often an `auto` gateway MAC is looked up again.
-const GATEWAY_EVERY: Duration = Duration::from_secs(10);
 
 /// Counter values at one instant.
 #[derive(Clone, Default)]
@@ -80,6 +78,8 @@ struct Prober {
 struct Daemon {
     /// The instance's lock, held until the process exits.
     _lock: lb::lock::DirLock,
+    /// `gateway_mac: auto`: the task that follows the gateway's MAC.
+    gateway: Option<GatewayWatch>,
     config_path: PathBuf,
     config: Config,
     overlay: Overlay,
@@ -153,17 +153,56 @@ fn ensure_bpffs(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-async fn resolve_gateway(config: &Config) -> Result<[u8; 6]> {
+/// The gateway MAC: configured, or (`auto`) looked up now, with the
+/// gateway's address.
+async fn resolve_gateway(config: &Config) -> Result<(Option<IpAddr>, [u8; 6])> {
     match config.gateway {
-        Gateway::Mac(Mac(mac)) => Ok(mac),
+        Gateway::Mac(Mac(mac)) => Ok((None, mac)),
         Gateway::Auto => {
             let iface = &config.interfaces[0];
             let (ip, mac) = net::gateway_mac(iface)
                 .await
                 .with_context(|| format!("resolving gateway_mac: auto on {iface}"))?;
             info!(gateway = %ip, mac = %mac, iface = %iface, "gateway resolved");
-            Ok(mac.0)
+            Ok((Some(ip), mac.0))
         }
+    }
+}
+
+/// For `gateway_mac: auto`: the watcher that looks the gateway up again
+/// every `gateway_refresh`, off the daemon's loop.
+struct GatewayWatch {
+    state: tokio::sync::watch::Receiver<net::GatewayState>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl GatewayWatch {
+    fn start(config: &Config, resolved: (Option<IpAddr>, [u8; 6])) -> Option<GatewayWatch> {
+        let (Gateway::Auto, (Some(ip), mac)) = (config.gateway, resolved) else {
+            return None;
+        };
+        let (state, task) = net::watch_gateway(
+            config.interfaces[0].clone(),
+            config.gateway_refresh,
+            (ip, Mac(mac)),
+        );
+        Some(GatewayWatch { state, task })
+    }
+
+    /// Waits for the watcher's next change (forever without a watcher).
+    async fn changed(watch: &mut Option<GatewayWatch>) -> net::GatewayState {
+        if let Some(w) = watch
+            && w.state.changed().await.is_ok()
+        {
+            return w.state.borrow_and_update().clone();
+        }
+        std::future::pending().await
+    }
+}
+
+impl Drop for GatewayWatch {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }
 
@@ -216,13 +255,15 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
     let (dp, maps_adopted) = KernelDataplane::open_pinned(config.layout, &pin_dir)
         .with_context(|| format!("loading the XDP program (pins in {})", pin_dir.display()))?;
     let mut reconciler = Reconciler::adopt(dp)?;
-    let gateway_mac = resolve_gateway(&config).await?;
-    let settings = settings(&config, gateway_mac);
+    let resolved = resolve_gateway(&config).await?;
+    let gateway = GatewayWatch::start(&config, resolved);
+    let settings = settings(&config, resolved.1);
     reconciler.apply_settings(&settings)?;
 
     let (probe_tx, mut probe_rx) = mpsc::channel(1024);
     let mut daemon = Daemon {
         _lock: lock,
+        gateway,
         config_path,
         config,
         overlay,
@@ -287,8 +328,6 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let mut sample_tick = tokio::time::interval(SAMPLE_EVERY);
-    let mut gateway_tick = tokio::time::interval(GATEWAY_EVERY);
-    gateway_tick.tick().await;
     // Set by the first SIGTERM/SIGINT: when the grace period ends.
     let mut stop_at: Option<tokio::time::Instant> = None;
     loop {
@@ -313,7 +352,7 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
                     daemon.announce();
                 }
             }
-            _ = gateway_tick.tick() => daemon.refresh_gateway().await,
+            state = GatewayWatch::changed(&mut daemon.gateway) => daemon.on_gateway(&state),
             _ = term.recv() => match daemon.begin_stop("SIGTERM") {
                 Some(wait) => stop_at = Some(tokio::time::Instant::now() + wait),
                 None => break,
@@ -743,23 +782,15 @@ impl Daemon {
         }
     }
 
-    async fn refresh_gateway(&mut self) {
-        if self.config.gateway != Gateway::Auto {
-            return;
-        }
-        match resolve_gateway(&self.config).await {
-            Ok(mac) if mac != self.settings.gateway_mac => {
-                info!(mac = %Mac(mac), "gateway MAC changed");
-                self.settings.gateway_mac = mac;
-                if let Err(e) = self.reconciler.apply_settings(&self.settings) {
-                    error!(error = %e, "writing the new gateway MAC failed");
-                }
+    /// The gateway watcher saw a change: a new MAC is written at once (the
+    /// watcher has logged it).
+    fn on_gateway(&mut self, state: &net::GatewayState) {
+        let Some(Mac(mac)) = state.mac else { return };
+        if mac != self.settings.gateway_mac {
+            self.settings.gateway_mac = mac;
+            if let Err(e) = self.reconciler.apply_settings(&self.settings) {
+                error!(error = %e, "writing the new gateway MAC failed");
             }
-            Ok(_) => {}
-            Err(e) => warn!(
-                "gateway lookup failed, keeping {}: {e:#}",
-                Mac(self.settings.gateway_mac)
-            ),
         }
     }
 
@@ -794,12 +825,15 @@ impl Daemon {
         let effective = self.overlay.apply(&new.vips);
         let mut warnings = new.check_vips(&effective)?;
         warnings.extend(new.warnings.iter().cloned());
-        let gateway_mac = if new.gateway == self.config.gateway {
-            self.settings.gateway_mac
+        let regateway = new.gateway != self.config.gateway
+            || new.gateway_refresh != self.config.gateway_refresh;
+        let resolved = if new.gateway == self.config.gateway {
+            let ip = self.gateway.as_ref().and_then(|g| g.state.borrow().gateway);
+            (ip, self.settings.gateway_mac)
         } else {
             resolve_gateway(&new).await?
         };
-        let settings = settings(&new, gateway_mac);
+        let settings = settings(&new, resolved.1);
         self.reconciler.apply_settings(&settings)?;
         if let Err(e) = self.program(&effective, false) {
             // Put the previous state back before giving up.
@@ -827,6 +861,9 @@ impl Daemon {
         }
         for w in &warnings {
             warn!("{w}");
+        }
+        if regateway {
+            self.gateway = GatewayWatch::start(&new, resolved);
         }
         self.settings = settings;
         self.config = new;
@@ -962,6 +999,14 @@ impl Daemon {
             last_reload: self.last_reload.clone(),
             warnings: self.config.warnings.clone(),
             announce: self.announce_summary(),
+            gateway: self.gateway.as_ref().map(|g| {
+                let state = g.state.borrow();
+                lb::api::GatewayInfo {
+                    address: state.gateway,
+                    looking_up: state.looking_up,
+                    error: state.error.clone(),
+                }
+            }),
         }
     }
 
