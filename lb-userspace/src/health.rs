@@ -204,6 +204,9 @@ pub struct Tracker {
     up: bool,
     /// Consecutive results that disagree with `up`.
     streak: u32,
+    /// The probes have confirmed `up`: one agreed with it, or a streak
+    /// turned it. Until then `up` is only the starting assumption.
+    verdict: bool,
     pub last: Option<ProbeResult>,
     pub probes: u64,
     pub since: Instant,
@@ -218,6 +221,7 @@ impl Tracker {
             fall: fall.max(1),
             up: true,
             streak: 0,
+            verdict: false,
             last: None,
             probes: 0,
             since: Instant::now(),
@@ -225,16 +229,24 @@ impl Tracker {
     }
 
     /// A tracker for a changed check: the verdict stays until the new
-    /// check's probes overturn it.
-    pub fn continuing(rise: u32, fall: u32, up: bool) -> Self {
+    /// check's probes overturn it (and is still no verdict if the old
+    /// check had not given one).
+    pub fn continuing(rise: u32, fall: u32, up: bool, verdict: bool) -> Self {
         Self {
             up,
+            verdict,
             ..Self::new(rise, fall)
         }
     }
 
     pub fn is_up(&self) -> bool {
         self.up
+    }
+
+    /// The probes have spoken: `is_up` is their verdict, not the starting
+    /// assumption. A backend counts toward announcing its VIP only then.
+    pub fn has_verdict(&self) -> bool {
+        self.verdict
     }
 
     /// Records a result; returns the new state if it changed.
@@ -244,6 +256,7 @@ impl Tracker {
         self.last = Some(result);
         if agrees {
             self.streak = 0;
+            self.verdict = true;
             return None;
         }
         self.streak += 1;
@@ -253,6 +266,7 @@ impl Tracker {
         }
         self.up = !self.up;
         self.streak = 0;
+        self.verdict = true;
         self.since = Instant::now();
         Some(self.up)
     }

@@ -138,7 +138,8 @@ impl Lifecycle {
     pub fn reset_health(&mut self, vip: &VipId, addr: &IpAddr, rise: u32, fall: u32) {
         if let Some(b) = self.backend_mut(vip, addr) {
             let up = b.health.as_ref().is_none_or(Tracker::is_up);
-            b.health = Some(Tracker::continuing(rise, fall, up));
+            let verdict = b.health.as_ref().is_some_and(Tracker::has_verdict);
+            b.health = Some(Tracker::continuing(rise, fall, up, verdict));
         }
     }
 

@@ -250,6 +250,54 @@ fn bird_route_follows_health_drain_and_shutdown() {
 }
 
 #[test]
+fn bird_never_sees_a_vip_whose_backends_are_all_dead_at_start() {
+    let _serial = serial();
+    check((|| {
+        let mut rig = EcmpRig::new(1, 2, RouterKind::Bird)?;
+        for be in ["be1", "be2"] {
+            rig.stop_server(be);
+        }
+        let lbd = rig.start_lbd(1, &rig.lbd_config(1, CHECK, ""))?;
+        // From the session's establishment until well past the probes'
+        // first verdicts (fall 3 × 330 ms), the route never appears.
+        wait_for(
+            "the BGP session",
+            Duration::from_secs(15),
+            Duration::from_millis(20),
+            || Ok(lbd.lbctl_json(&["bgp"])?["peers"][0]["state"] == "Established"),
+        )?;
+        let watch = Instant::now();
+        while watch.elapsed() < DETECTION * 2 + Duration::from_millis(500) {
+            let hops = rig.next_hops()?;
+            if !hops.is_empty() {
+                bail!(
+                    "the router got a route to a VIP with every backend dead, {} after the session came up: {hops:?}",
+                    ms(watch.elapsed())
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let (on, why) = tcp_verdict(&lbd)?;
+        if on || !why.starts_with("withheld: 0 of 2 backends usable") {
+            bail!("lbctl bgp says {on} / {why:?}");
+        }
+        // The first backend that answers brings the route.
+        rig.start_server("be1")?;
+        let back = rig.wait_hops(
+            "the VIP route once be1 answers",
+            &[1],
+            Duration::from_secs(10),
+        )?;
+        eprintln!(
+            "BIRD + lbd, every backend dead at start: no route for {} after the session came up; route {} after be1 started",
+            ms(watch.elapsed()),
+            ms(back)
+        );
+        Ok(())
+    })());
+}
+
+#[test]
 fn bird_drops_a_frozen_lbd_at_hold_expiry_and_forwarding_goes_on() {
     let _serial = serial();
     check((|| {

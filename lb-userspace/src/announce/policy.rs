@@ -7,7 +7,11 @@
 //! ports, protocols) has at least `min_healthy` usable backends. Usable
 //! means in the table now: active or in slow start, with a weight above 0
 //! (a backend that is down, draining or weighted 0 does not count, and
-//! neither does a down backend that panic mode put back in the table).
+//! neither does a down backend that panic mode put back in the table),
+//! and, if it is probed, confirmed by its probes: a backend awaiting its
+//! first verdict (after `lbd` starts, or when it is added) forwards but
+//! does not count, so a VIP whose backends are all dead is never announced,
+//! not even for the first probe interval.
 //!
 //! Pure logic over the configuration and the lifecycle's states: no I/O,
 //! no announcer. `lbd` recomputes it after every change of the dataplane
@@ -72,20 +76,25 @@ pub struct Decision {
     pub vips: Vec<VipVerdict>,
 }
 
-/// Backends of `vip` in its table now, by the lifecycle's states.
-pub fn usable_backends(vip: &VipConfig, life: Option<&VipLife>) -> u32 {
+/// Backends of `vip` in its table now, by the lifecycle's states:
+/// `(usable, awaiting)`, the second those that would count but await
+/// their first probe verdict.
+pub fn usable_backends(vip: &VipConfig, life: Option<&VipLife>) -> (u32, u32) {
     let Some(life) = life else {
-        return 0;
+        return (0, 0);
     };
-    vip.backends
+    let in_table: Vec<_> = vip
+        .backends
         .iter()
         .filter(|b| b.weight > 0)
-        .filter(|b| {
-            life.backends
-                .get(&b.address)
-                .is_some_and(|l| matches!(l.state, BackendState::Active | BackendState::SlowStart))
-        })
-        .count() as u32
+        .filter_map(|b| life.backends.get(&b.address))
+        .filter(|l| matches!(l.state, BackendState::Active | BackendState::SlowStart))
+        .collect();
+    let awaiting = in_table
+        .iter()
+        .filter(|l| l.health.as_ref().is_some_and(|t| !t.has_verdict()))
+        .count() as u32;
+    (in_table.len() as u32 - awaiting, awaiting)
 }
 
 /// Applies the policy to `vips` (the effective configuration) with the
@@ -96,13 +105,13 @@ pub fn decide(
     attached: bool,
     node: NodeState,
 ) -> Decision {
-    let counted: Vec<(&VipConfig, u32)> = vips
+    let counted: Vec<(&VipConfig, (u32, u32))> = vips
         .iter()
         .map(|v| (v, usable_backends(v, lives.get(&v.id))))
         .collect();
     // The first VIP (in VIP order) that qualifies each address.
     let mut qualified: BTreeMap<IpAddr, VipId> = BTreeMap::new();
-    for (v, usable) in &counted {
+    for (v, (usable, _)) in &counted {
         if *usable >= v.min_healthy {
             qualified.entry(v.id.addr).or_insert(v.id);
         }
@@ -115,9 +124,14 @@ pub fn decide(
     };
     let vips = counted
         .into_iter()
-        .map(|(v, usable)| {
+        .map(|(v, (usable, awaiting))| {
             let (min, n) = (v.min_healthy, v.backends.len());
-            let health = format!("{usable} of {n} backends usable, min_healthy {min}");
+            let waiting = if awaiting > 0 {
+                format!(" ({awaiting} more awaiting their first probe verdict)")
+            } else {
+                String::new()
+            };
+            let health = format!("{usable} of {n} backends usable{waiting}, min_healthy {min}");
             let reason = match (attached, node, qualified.get(&v.id.addr)) {
                 (false, _, _) => "withheld: the XDP program is not attached".to_string(),
                 (true, NodeState::Drained, _) => {
@@ -292,6 +306,53 @@ mod tests {
             assert!(!d.vips[0].announced);
             assert!(d.vips[0].reason.contains(why), "{:?}", d.vips[0].reason);
         }
+    }
+
+    #[test]
+    fn a_probed_backend_counts_only_after_its_first_verdict() {
+        let mut v = vip("10.0.0.1:80/tcp", &[("10.1.0.1", 1), ("10.1.0.2", 1)], 1);
+        v.health_check =
+            Some(serde_yaml::from_str("interval: 1s\ntimeout: 500ms").expect("health check"));
+        let vips = [v];
+        let mut lc = Lifecycle::default();
+        let now = Instant::now();
+        lc.sync(&vips, &BTreeSet::new(), now, true);
+        lc.plan(&vips, now);
+        // Both are in the table (up until probes say otherwise), neither
+        // has been probed: nothing to announce yet.
+        let d = decide(&vips, &lc.vips, true, NodeState::Serving);
+        assert!(d.addresses.is_empty());
+        assert_eq!(
+            d.vips[0].reason,
+            "withheld: 0 of 2 backends usable (2 more awaiting their first probe verdict), min_healthy 1"
+        );
+        let probe = |ok| ProbeResult {
+            ok,
+            latency_us: 10,
+            detail: String::new(),
+        };
+        let (id, a, b) = (
+            vips[0].id,
+            "10.1.0.1".parse().unwrap(),
+            "10.1.0.2".parse().unwrap(),
+        );
+        // A failed first probe is no verdict yet (fall 3); an answer is.
+        lc.record_probe(&id, &a, probe(false), now);
+        assert!(
+            decide(&vips, &lc.vips, true, NodeState::Serving)
+                .addresses
+                .is_empty()
+        );
+        lc.record_probe(&id, &b, probe(true), now);
+        let d = decide(&vips, &lc.vips, true, NodeState::Serving);
+        assert_eq!(d.addresses, addrs(&["10.0.0.1"]));
+        assert_eq!(d.vips[0].usable, 1);
+        // A changed check keeps the verdict.
+        lc.reset_health(&id, &b, 2, 2);
+        assert_eq!(
+            decide(&vips, &lc.vips, true, NodeState::Serving).vips[0].usable,
+            1
+        );
     }
 
     #[test]
