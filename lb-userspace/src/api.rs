@@ -50,17 +50,31 @@ pub enum Request {
         address: IpAddr,
         weight: u32,
     },
-    /// → `null`
-    BackendDel { vip: VipId, address: IpAddr },
-    /// → `null`
+    /// → `null`. Refused if it leaves an announced VIP without a usable
+    /// backend, unless `force`.
+    BackendDel {
+        vip: VipId,
+        address: IpAddr,
+        #[serde(default)]
+        force: bool,
+    },
+    /// → `null`. Refused like `backend_del`.
     BackendWeight {
         vip: VipId,
         address: IpAddr,
         weight: u32,
+        #[serde(default)]
+        force: bool,
     },
     /// Take a backend out of the table; its connections continue until the
-    /// VIP's `drain_timeout`. Persisted. → `null`
-    BackendDrain { vip: VipId, address: IpAddr },
+    /// VIP's `drain_timeout`. Persisted. → `null`. Refused like
+    /// `backend_del`.
+    BackendDrain {
+        vip: VipId,
+        address: IpAddr,
+        #[serde(default)]
+        force: bool,
+    },
     /// → `null`
     BackendUndrain { vip: VipId, address: IpAddr },
     /// → `Vec<`[`VipHealth`]`>`
@@ -80,8 +94,13 @@ pub enum Request {
         #[serde(default)]
         syn: bool,
     },
-    /// Re-read the configuration file → `Vec<String>` (warnings).
-    Reload,
+    /// Re-read the configuration file → `Vec<String>` (warnings). A file
+    /// that would leave an announced VIP without a usable backend is
+    /// refused unless `force` (SIGHUP never forces).
+    Reload {
+        #[serde(default)]
+        force: bool,
+    },
     /// Route announcement: each announcer's peers, and each VIP announced
     /// or withheld and why → [`AnnounceStatus`]
     Bgp,
@@ -370,13 +389,22 @@ mod tests {
             vip: "10.0.0.1:80/tcp".parse().unwrap(),
             address: "10.1.0.1".parse().unwrap(),
             weight: 3,
+            force: false,
         };
         let text = serde_json::to_string(&r).unwrap();
         assert_eq!(
             text,
-            r#"{"op":"backend_weight","vip":"10.0.0.1:80/tcp","address":"10.1.0.1","weight":3}"#
+            r#"{"op":"backend_weight","vip":"10.0.0.1:80/tcp","address":"10.1.0.1","weight":3,"force":false}"#
         );
         assert_eq!(serde_json::from_str::<Request>(&text).unwrap(), r);
+        // Older clients send no `force`.
+        let old =
+            r#"{"op":"backend_weight","vip":"10.0.0.1:80/tcp","address":"10.1.0.1","weight":3}"#;
+        assert_eq!(serde_json::from_str::<Request>(old).unwrap(), r);
+        assert_eq!(
+            serde_json::from_str::<Request>(r#"{"op":"reload"}"#).unwrap(),
+            Request::Reload { force: false }
+        );
         let add: Request = serde_json::from_str(
             r#"{"op":"vip_add","vip":{"address":"10.0.0.2","port":53,"protocol":"udp","backends":[{"address":"10.1.0.1"}]}}"#,
         )

@@ -1404,6 +1404,12 @@ fn check_vips(
                 warnings.push(format!("{at}.min_healthy: {text}"));
             }
         }
+        if !vip.backends.is_empty() && vip.backends.iter().all(|b| b.weight == 0) {
+            warnings.push(format!(
+                "{at}: VIP {} has no backend with a weight above 0: it will drop every packet sent to it",
+                vip.id
+            ));
+        }
         let live = vip.backends.iter().filter(|b| b.weight > 0).count() as u64;
         if live > 0 && (layout.table_size as u64) < 100 * live {
             warnings.push(format!(
@@ -1553,6 +1559,23 @@ vips:
         let c = Config::parse(&with("table_size: 4099", "table_size: 101")).expect("valid");
         assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
         assert!(c.warnings[0].contains("below 100 × 2"), "{:?}", c.warnings);
+    }
+
+    #[test]
+    fn a_vip_whose_weights_are_all_zero_is_warned_about() {
+        let text = with("weight: 2", "weight: 0").replace(
+            "      - address: 10.1.0.2\n",
+            "      - address: 10.1.0.2\n        weight: 0\n",
+        );
+        let c = Config::parse(&text).expect("still valid");
+        assert!(
+            c.warnings
+                .iter()
+                .any(|w| w
+                    .contains("has no backend with a weight above 0: it will drop every packet")),
+            "{:?}",
+            c.warnings
+        );
     }
 
     #[test]

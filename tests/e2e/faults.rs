@@ -203,3 +203,111 @@ fn gateway_lookups_are_quiet_and_never_stall_the_daemon() {
         Ok(())
     })());
 }
+
+/// Slots per backend address in `lbctl table` of the TCP VIP.
+fn slots(lbd: &Lbd) -> Result<Vec<(String, u64)>> {
+    let t = lbd.lbctl_json(&["table", "10.99.0.1:80/tcp"])?;
+    Ok(t["backends"]
+        .as_array()
+        .context("backends")?
+        .iter()
+        .map(|b| {
+            (
+                b["address"].as_str().unwrap_or("").to_string(),
+                b["slots"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect())
+}
+
+#[test]
+fn changes_that_would_blackhole_a_serving_vip_are_refused_unless_forced() {
+    let _serial = serial();
+    check((|| {
+        let (rig, lbd) = setup(3, &[Some(1), Some(1), Some(1)])?;
+        let before = slots(&lbd)?;
+        let good = std::fs::read_to_string(&lbd.config)?;
+        let zero = rig.config(&[Some(0), Some(0), Some(0)]);
+
+        // `lbd check` says it loudly.
+        let bad_file = rig.dir.join("zero.yaml");
+        std::fs::write(&bad_file, &zero)?;
+        let out = Command::new(bin_path("lbd")?)
+            .arg("--config")
+            .arg(&bad_file)
+            .arg("check")
+            .output()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        if !text.contains("no backend with a weight above 0: it will drop every packet") {
+            bail!("lbd check of an all-zero VIP:\n{text}");
+        }
+
+        // SIGHUP never forces: refused, the table stays, connections work.
+        std::fs::write(&lbd.config, &zero)?;
+        lbd.signal(libc::SIGHUP)?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let reload = loop {
+            let s = lbd.lbctl_json(&["status"])?;
+            if let Some(r) = s["last_reload"].as_str() {
+                break r.to_string();
+            }
+            if Instant::now() > deadline {
+                bail!("no reload result after SIGHUP");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        if !reload.starts_with("failed") || !reload.contains("would have no usable backend") {
+            bail!("SIGHUP with every weight 0: {reload}");
+        }
+        if slots(&lbd)? != before {
+            bail!("the refused reload changed the table");
+        }
+        let vip = rig.tcp_vip();
+        rig.client
+            .within(move || lb_tests::traffic::tcp_request(lb_tests::rig::CLIENT, 42_000, vip))?
+            .context("a connection after the refused reload")?;
+        // lbctl reload: refused with the reason; --force applies it.
+        match lbd.lbctl(&["reload"]) {
+            Ok(out) => bail!("lbctl reload of an all-zero VIP succeeded: {out}"),
+            Err(e) if e.to_string().contains("--force") => {}
+            Err(e) => bail!("lbctl reload refused without naming --force: {e:#}"),
+        }
+        lbd.lbctl(&["reload", "--force"])?;
+        if slots(&lbd)?.iter().any(|(_, n)| *n > 0) {
+            bail!("the forced reload left slots in the table");
+        }
+        std::fs::write(&lbd.config, &good)?;
+        lbd.lbctl(&["reload"])?;
+        if slots(&lbd)? != before {
+            bail!("the table did not come back with the good file");
+        }
+
+        // The API: the last usable backend cannot be weighted 0, removed
+        // or drained without --force.
+        let id = "10.99.0.1:80/tcp";
+        let (a, b, c) = (
+            rig.backend("be1").addr.to_string(),
+            rig.backend("be2").addr.to_string(),
+            rig.backend("be3").addr.to_string(),
+        );
+        lbd.lbctl(&["backend", "weight", id, &a, "0"])?;
+        lbd.lbctl(&["backend", "drain", id, &b])?;
+        for args in [
+            vec!["backend", "weight", id, &c, "0"],
+            vec!["backend", "del", id, &c],
+            vec!["backend", "drain", id, &c],
+        ] {
+            match lbd.lbctl(&args) {
+                Ok(_) => bail!("lbctl {args:?} emptied a serving VIP"),
+                Err(e) if e.to_string().contains("would have no usable backend") => {}
+                Err(e) => bail!("lbctl {args:?}: {e:#}"),
+            }
+        }
+        let mut forced = vec!["backend", "weight", id, &c, "0", "--force"];
+        lbd.lbctl(&forced)?;
+        forced.truncate(4);
+        forced.push("1");
+        lbd.lbctl(&forced)?;
+        Ok(())
+    })());
+}

@@ -97,6 +97,29 @@ pub fn usable_backends(vip: &VipConfig, life: Option<&VipLife>) -> (u32, u32) {
     (in_table.len() as u32 - awaiting, awaiting)
 }
 
+/// Why none of `vip`'s backends is in its table: counts by cause, e.g.
+/// `3 backends: 2 weighted 0, 1 draining`.
+pub fn why_unusable(vip: &VipConfig, life: Option<&VipLife>) -> String {
+    let mut causes: BTreeMap<&str, u32> = BTreeMap::new();
+    for b in &vip.backends {
+        let state = life
+            .and_then(|l| l.backends.get(&b.address))
+            .map(|l| l.state);
+        let cause = match state {
+            _ if b.weight == 0 => "weighted 0",
+            Some(BackendState::Draining) => "draining",
+            Some(BackendState::Down) => "down",
+            _ => "usable",
+        };
+        *causes.entry(cause).or_default() += 1;
+    }
+    let list: Vec<String> = causes.iter().map(|(c, n)| format!("{n} {c}")).collect();
+    match vip.backends.len() {
+        0 => "no backends".into(),
+        n => format!("{n} backend(s): {}", list.join(", ")),
+    }
+}
+
 /// Applies the policy to `vips` (the effective configuration) with the
 /// lifecycle's per-VIP states.
 pub fn decide(

@@ -66,7 +66,12 @@ enum Command {
     },
     /// Re-read the configuration file (an invalid file is rejected and the
     /// running configuration stays).
-    Reload,
+    Reload {
+        /// Apply a file that leaves an announced VIP without a usable
+        /// backend (refused otherwise).
+        #[arg(long)]
+        force: bool,
+    },
     /// Route announcement: each peer's session, and which VIPs are
     /// announced or withheld, and why.
     Bgp,
@@ -118,17 +123,26 @@ enum BackendCommand {
     Del {
         vip: VipId,
         address: IpAddr,
+        /// Even if it leaves an announced VIP without a usable backend.
+        #[arg(long)]
+        force: bool,
     },
     Weight {
         vip: VipId,
         address: IpAddr,
         weight: u32,
+        /// Even if it leaves an announced VIP without a usable backend.
+        #[arg(long)]
+        force: bool,
     },
     /// Stop sending it new flows; its connections continue until the VIP's
     /// drain_timeout.
     Drain {
         vip: VipId,
         address: IpAddr,
+        /// Even if it leaves an announced VIP without a usable backend.
+        #[arg(long)]
+        force: bool,
     },
     Undrain {
         vip: VipId,
@@ -267,24 +281,42 @@ fn run(args: Args) -> Result<()> {
             })?,
             &format!("added backend {address} (weight {weight}) to {vip}"),
         ),
-        Command::Backend(BackendCommand::Del { vip, address }) => done(
-            call(Request::BackendDel { vip, address })?,
+        Command::Backend(BackendCommand::Del {
+            vip,
+            address,
+            force,
+        }) => done(
+            call(Request::BackendDel {
+                vip,
+                address,
+                force,
+            })?,
             &format!("deleted backend {address} from {vip}"),
         ),
         Command::Backend(BackendCommand::Weight {
             vip,
             address,
             weight,
+            force,
         }) => done(
             call(Request::BackendWeight {
                 vip,
                 address,
                 weight,
+                force,
             })?,
             &format!("backend {address} of {vip} now has weight {weight}"),
         ),
-        Command::Backend(BackendCommand::Drain { vip, address }) => done(
-            call(Request::BackendDrain { vip, address })?,
+        Command::Backend(BackendCommand::Drain {
+            vip,
+            address,
+            force,
+        }) => done(
+            call(Request::BackendDrain {
+                vip,
+                address,
+                force,
+            })?,
             &format!("draining backend {address} of {vip}"),
         ),
         Command::Backend(BackendCommand::Undrain { vip, address }) => done(
@@ -312,8 +344,8 @@ fn run(args: Args) -> Result<()> {
             })?,
             &|v| print_simulation(decode(v)?),
         ),
-        Command::Reload => {
-            let warnings: Vec<String> = decode(call(Request::Reload)?)?;
+        Command::Reload { force } => {
+            let warnings: Vec<String> = decode(call(Request::Reload { force })?)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&warnings)?);
             } else {

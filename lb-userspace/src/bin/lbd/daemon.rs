@@ -338,7 +338,7 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
             }
             _ = hup.recv() => {
                 info!("SIGHUP: reloading");
-                if let Err(e) = daemon.reload().await {
+                if let Err(e) = daemon.reload(false).await {
                     error!("reload failed, keeping the running configuration: {e:#}");
                 }
             }
@@ -795,8 +795,8 @@ impl Daemon {
     }
 
     /// Re-reads the file. On any error the running configuration stays.
-    async fn reload(&mut self) -> Result<Vec<String>> {
-        let result = self.try_reload().await;
+    async fn reload(&mut self, force: bool) -> Result<Vec<String>> {
+        let result = self.try_reload(force).await;
         let when = humantime(SystemTime::now());
         self.last_reload = Some(match &result {
             Ok(_) => format!("ok at {when}"),
@@ -805,7 +805,7 @@ impl Daemon {
         result
     }
 
-    async fn try_reload(&mut self) -> Result<Vec<String>> {
+    async fn try_reload(&mut self, force: bool) -> Result<Vec<String>> {
         let new = Config::load(&self.config_path)?;
         let fixed = [
             ("instance", new.instance != self.config.instance),
@@ -825,6 +825,12 @@ impl Daemon {
         let effective = self.overlay.apply(&new.vips);
         let mut warnings = new.check_vips(&effective)?;
         warnings.extend(new.warnings.iter().cloned());
+        warnings.extend(self.refuse_blackhole(
+            &effective,
+            &self.overlay.drained_in(&effective),
+            force,
+            "lbctl reload --force",
+        )?);
         let regateway = new.gateway != self.config.gateway
             || new.gateway_refresh != self.config.gateway_refresh;
         let resolved = if new.gateway == self.config.gateway {
@@ -873,10 +879,61 @@ impl Daemon {
         Ok(warnings)
     }
 
+    /// Checks that `effective` (with `drained`) leaves every VIP that is
+    /// announced now with a backend in its table. A VIP left without one
+    /// would drop all its traffic while the routers still send it here:
+    /// refused, unless `force`, in which case the problems come back as
+    /// warnings (and are logged as errors). `how` says how to force it.
+    fn refuse_blackhole(
+        &self,
+        effective: &[VipConfig],
+        drained: &std::collections::BTreeSet<BackendKey>,
+        force: bool,
+        how: &str,
+    ) -> Result<Vec<String>> {
+        let now = Instant::now();
+        let mut lifecycle = self.lifecycle.clone();
+        lifecycle.sync(effective, drained, now, false);
+        lifecycle.plan(effective, now);
+        let problems: Vec<String> = self
+            .decision
+            .vips
+            .iter()
+            .filter(|v| v.announced && v.usable > 0)
+            .filter_map(|v| {
+                let vip = effective.iter().find(|c| c.id == v.vip)?;
+                let (usable, awaiting) = policy::usable_backends(vip, lifecycle.vips.get(&vip.id));
+                (usable + awaiting == 0).then(|| {
+                    format!(
+                        "VIP {} is announced and would have no usable backend ({})",
+                        vip.id,
+                        policy::why_unusable(vip, lifecycle.vips.get(&vip.id))
+                    )
+                })
+            })
+            .collect();
+        if problems.is_empty() {
+            return Ok(Vec::new());
+        }
+        if !force {
+            bail!(
+                "refused, it would blackhole traffic: {}; fix it, or force it with `{how}`",
+                problems.join("; ")
+            );
+        }
+        for p in &problems {
+            error!("forced: {p}");
+        }
+        Ok(problems)
+    }
+
     /// Applies an overlay change: validate, program, persist. Any failure
-    /// leaves the running state and the state file as they were.
+    /// leaves the running state and the state file as they were. `force`
+    /// applies a change that leaves an announced VIP without a usable
+    /// backend.
     fn change(
         &mut self,
+        force: bool,
         edit: impl FnOnce(&mut Overlay, &[VipConfig]) -> Result<()>,
     ) -> Result<()> {
         let mut overlay = self.overlay.clone();
@@ -885,6 +942,12 @@ impl Daemon {
         for w in self.config.check_vips(&effective)? {
             warn!("{w}");
         }
+        self.refuse_blackhole(
+            &effective,
+            &overlay.drained_in(&effective),
+            force,
+            "--force",
+        )?;
         let old = std::mem::replace(&mut self.overlay, overlay);
         let result = self
             .program(&effective, false)
@@ -903,33 +966,50 @@ impl Daemon {
             Request::Status => Ok(serde_json::to_value(self.status()).unwrap_or_default()),
             Request::VipList => Ok(serde_json::to_value(self.vip_list()).unwrap_or_default()),
             Request::VipAdd { vip } => self
-                .change(|o, base| Ok(o.add_vip(base, *vip)?))
+                .change(false, |o, base| Ok(o.add_vip(base, *vip)?))
                 .map(|_| serde_json::Value::Null),
             Request::VipDel { vip } => self
-                .change(|o, base| Ok(o.delete_vip(base, &vip)?))
+                .change(true, |o, base| Ok(o.delete_vip(base, &vip)?))
                 .map(|_| serde_json::Value::Null),
             Request::BackendAdd {
                 vip,
                 address,
                 weight,
             } => self
-                .change(|o, base| Ok(o.add_backend(base, &vip, address, weight)?))
+                .change(false, |o, base| {
+                    Ok(o.add_backend(base, &vip, address, weight)?)
+                })
                 .map(|_| serde_json::Value::Null),
-            Request::BackendDel { vip, address } => self
-                .change(|o, base| Ok(o.delete_backend(base, &vip, address)?))
+            Request::BackendDel {
+                vip,
+                address,
+                force,
+            } => self
+                .change(force, |o, base| Ok(o.delete_backend(base, &vip, address)?))
                 .map(|_| serde_json::Value::Null),
             Request::BackendWeight {
                 vip,
                 address,
                 weight,
+                force,
             } => self
-                .change(|o, base| Ok(o.set_weight(base, &vip, address, weight)?))
+                .change(force, |o, base| {
+                    Ok(o.set_weight(base, &vip, address, weight)?)
+                })
                 .map(|_| serde_json::Value::Null),
-            Request::BackendDrain { vip, address } => self
-                .change(|o, base| Ok(o.set_drained(base, &vip, address, true)?))
+            Request::BackendDrain {
+                vip,
+                address,
+                force,
+            } => self
+                .change(force, |o, base| {
+                    Ok(o.set_drained(base, &vip, address, true)?)
+                })
                 .map(|_| serde_json::Value::Null),
             Request::BackendUndrain { vip, address } => self
-                .change(|o, base| Ok(o.set_drained(base, &vip, address, false)?))
+                .change(false, |o, base| {
+                    Ok(o.set_drained(base, &vip, address, false)?)
+                })
                 .map(|_| serde_json::Value::Null),
             Request::Health => Ok(serde_json::to_value(self.health()).unwrap_or_default()),
             Request::Stats => Ok(serde_json::to_value(self.stats()).unwrap_or_default()),
@@ -946,11 +1026,11 @@ impl Daemon {
             } => self
                 .simulate(src, dst, protocol.number(), sport, dport, syn)
                 .map(|s| serde_json::to_value(s).unwrap_or_default()),
-            Request::Reload if self.node == NodeState::Stopping => {
+            Request::Reload { .. } if self.node == NodeState::Stopping => {
                 Err(anyhow::anyhow!("lbd is shutting down"))
             }
-            Request::Reload => self
-                .reload()
+            Request::Reload { force } => self
+                .reload(force)
                 .await
                 .map(|w| serde_json::to_value(w).unwrap_or_default()),
             Request::Bgp => Ok(serde_json::to_value(self.announce_status()).unwrap_or_default()),
