@@ -33,6 +33,30 @@ use crate::{
 /// Largest weight accepted in a configuration.
 pub const MAX_WEIGHT: u32 = 10_000;
 
+/// A value from the file as it is echoed in an error: in backquotes, cut
+/// to its first 64 characters (a 10 MB value must not come back whole).
+pub fn excerpt(value: &str) -> String {
+    const SHOWN: usize = 64;
+    match value.char_indices().nth(SHOWN) {
+        None => format!("`{value}`"),
+        Some((end, _)) => format!("`{}…` ({} bytes)", &value[..end], value.len()),
+    }
+}
+
+/// An error message cut to a readable length, keeping its end (where
+/// serde_yaml says the line and column).
+fn cut_message(message: String) -> String {
+    const HEAD: usize = 200;
+    const TAIL: usize = 60;
+    let chars = message.chars().count();
+    if chars <= HEAD + TAIL + 5 {
+        return message;
+    }
+    let head: String = message.chars().take(HEAD).collect();
+    let tail: String = message.chars().skip(chars - TAIL).collect();
+    format!("{head} … {tail}")
+}
+
 /// One problem in a configuration: where, and what.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConfigError {
@@ -131,7 +155,10 @@ impl FromStr for Protocol {
         match s.to_ascii_lowercase().as_str() {
             "tcp" => Ok(Protocol::Tcp),
             "udp" => Ok(Protocol::Udp),
-            _ => Err(format!("unknown protocol `{s}`, expected `tcp` or `udp`")),
+            _ => Err(format!(
+                "unknown protocol {}, expected `tcp` or `udp`",
+                excerpt(s)
+            )),
         }
     }
 }
@@ -223,7 +250,8 @@ impl FromStr for VipId {
     fn from_str(s: &str) -> Result<Self, String> {
         let usage = || {
             format!(
-                "`{s}` is not a VIP; write ADDRESS:PORT/PROTO, e.g. 10.0.0.1:80/tcp, [2001:db8::1]:443/tcp or 10.0.0.1:*/udp"
+                "{} is not a VIP; write ADDRESS:PORT/PROTO, e.g. 10.0.0.1:80/tcp, [2001:db8::1]:443/tcp or 10.0.0.1:*/udp",
+                excerpt(s)
             )
         };
         let (hostport, proto) = s.rsplit_once('/').ok_or_else(usage)?;
@@ -235,12 +263,13 @@ impl FromStr for VipId {
             .unwrap_or(host);
         let addr: IpAddr = host
             .parse()
-            .map_err(|_| format!("`{host}` is not an IP address"))?;
+            .map_err(|_| format!("{} is not an IP address", excerpt(host)))?;
         let port = match port {
             "*" | "all" => 0,
+            "0" => return Err(PORT_ZERO.into()),
             p => p
                 .parse::<u16>()
-                .map_err(|_| format!("`{p}` is not a port (0-65535 or *)"))?,
+                .map_err(|_| format!("{} is not a port (1-65535 or *)", excerpt(p)))?,
         };
         Ok(Self { addr, port, proto })
     }
@@ -278,7 +307,11 @@ where
     d.deserialize_str(V(expecting, std::marker::PhantomData))
 }
 
-/// A port: a number, or `all` / `*` (stored as 0).
+/// The error for a port written 0: it is not a port, and taking it for
+/// "all ports" silently would widen a VIP by mistake.
+const PORT_ZERO: &str = "port 0 is not a port (1-65535); write `all` or `*` for an all-ports VIP";
+
+/// A port: a number 1-65535, or `all` / `*` (stored as 0).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct PortSpec(u16);
 
@@ -291,22 +324,26 @@ impl<'de> Deserialize<'de> for PortSpec {
                 f.write_str("a port number 1-65535, or `all`")
             }
             fn visit_u64<E: de::Error>(self, v: u64) -> Result<PortSpec, E> {
-                u16::try_from(v)
-                    .map(PortSpec)
-                    .map_err(|_| E::custom(format!("port {v} is out of range 0-65535")))
+                match u16::try_from(v) {
+                    Ok(0) => Err(E::custom(PORT_ZERO)),
+                    Ok(p) => Ok(PortSpec(p)),
+                    Err(_) => Err(E::custom(format!("port {v} is out of range 1-65535"))),
+                }
             }
             fn visit_i64<E: de::Error>(self, v: i64) -> Result<PortSpec, E> {
                 u64::try_from(v)
-                    .map_err(|_| E::custom(format!("port {v} is out of range 0-65535")))
+                    .map_err(|_| E::custom(format!("port {v} is out of range 1-65535")))
                     .and_then(|v| self.visit_u64(v))
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<PortSpec, E> {
                 match v {
                     "all" | "*" => Ok(PortSpec(0)),
                     _ => v
-                        .parse::<u16>()
-                        .map(PortSpec)
-                        .map_err(|_| E::custom(format!("`{v}` is not a port (1-65535 or `all`)"))),
+                        .parse::<u64>()
+                        .map_err(|_| {
+                            E::custom(format!("{} is not a port (1-65535 or `all`)", excerpt(v)))
+                        })
+                        .and_then(|p| self.visit_u64(p)),
                 }
             }
         }
@@ -334,7 +371,7 @@ impl FromStr for Mac {
 
     fn from_str(s: &str) -> Result<Self, String> {
         let parts: Vec<&str> = s.split(':').collect();
-        let bad = || format!("`{s}` is not a MAC address (aa:bb:cc:dd:ee:ff)");
+        let bad = || format!("{} is not a MAC address (aa:bb:cc:dd:ee:ff)", excerpt(s));
         if parts.len() != 6 {
             return Err(bad());
         }
@@ -448,16 +485,16 @@ impl FromStr for Prefix {
     fn from_str(s: &str) -> Result<Self, String> {
         let (addr, len) = s
             .split_once('/')
-            .ok_or_else(|| format!("`{s}` is not a prefix like 10.99.0.0/16"))?;
+            .ok_or_else(|| format!("{} is not a prefix like 10.99.0.0/16", excerpt(s)))?;
         let addr: IpAddr = addr
             .parse()
-            .map_err(|_| format!("`{addr}` is not an IP address"))?;
+            .map_err(|_| format!("{} is not an IP address", excerpt(addr)))?;
         let width = if addr.is_ipv4() { 32 } else { 128 };
         let len: u8 = len
             .parse()
             .ok()
             .filter(|l| *l <= width)
-            .ok_or_else(|| format!("`{len}` is not a prefix length 0-{width}"))?;
+            .ok_or_else(|| format!("{} is not a prefix length 0-{width}", excerpt(len)))?;
         Ok(Self { addr, len })
     }
 }
@@ -488,18 +525,27 @@ pub mod duration {
             .find(|c: char| !(c.is_ascii_digit() || c == '.'))
             .unwrap_or(s.len());
         let (num, unit) = s.split_at(split);
-        let n: f64 = num
-            .parse()
-            .map_err(|_| format!("`{s}` is not a duration (e.g. 500ms, 2s, 5m)"))?;
+        let n: f64 = num.parse().map_err(|_| {
+            format!(
+                "{} is not a duration (e.g. 500ms, 2s, 5m)",
+                super::excerpt(s)
+            )
+        })?;
         let secs = match unit.trim() {
             "ms" => n / 1000.0,
             "s" | "" => n,
             "m" => n * 60.0,
             "h" => n * 3600.0,
-            u => return Err(format!("unknown unit `{u}` in `{s}` (use ms, s, m or h)")),
+            u => {
+                return Err(format!(
+                    "unknown unit {} in {} (use ms, s, m or h)",
+                    super::excerpt(u),
+                    super::excerpt(s)
+                ));
+            }
         };
         if !(0.0..=86_400.0 * 365.0).contains(&secs) {
-            return Err(format!("`{s}` is out of range"));
+            return Err(format!("{} is out of range", super::excerpt(s)));
         }
         Ok(Duration::from_secs_f64(secs))
     }
@@ -809,6 +855,9 @@ impl<'de> Deserialize<'de> for VipConfig {
 struct RawConfig {
     #[serde(default = "default_instance")]
     instance: String,
+    // Defaulted so that each setting can be parsed on its own; an empty
+    // list is refused by `validate`.
+    #[serde(default)]
     interfaces: Vec<String>,
     #[serde(default)]
     xdp_mode: XdpModeSetting,
@@ -864,6 +913,14 @@ fn default_mtu() -> u16 {
 fn default_gue_port() -> u16 {
     GUE_PORT
 }
+
+/// Smallest `conntrack_buckets`: 6,144 flows. Fewer is a typo, not a
+/// design (the default is 262,144 buckets).
+pub const MIN_CT_BUCKETS: u32 = 1024;
+/// Smallest `table_size`: Maglev balances N backends within 1% only when
+/// M ≥ 100·N, so fewer than 101 slots balance not even one pair well (a
+/// larger table below 100·N is only warned about).
+pub const MIN_TABLE_SIZE: u32 = 101;
 
 /// Smallest non-zero `mtu`: the largest encapsulation (IPv6 and UDP, 48
 /// bytes) must leave the 1280 bytes every IPv6 path carries.
@@ -931,20 +988,18 @@ pub struct Config {
 }
 
 impl Config {
-    /// Parses and validates YAML text.
+    /// Parses and validates YAML text, reporting every problem at once.
     pub fn parse(text: &str) -> Result<Config, ConfigErrors> {
-        let raw: RawConfig = serde_yaml::from_str(text).map_err(|e| ConfigErrors {
-            source_name: None,
-            errors: vec![serde_error(&e.to_string())],
-        })?;
-        validate(raw)
+        crate::config_parse::precheck(text).map_err(|e| ConfigErrors::one("", e))?;
+        let parsed = crate::config_parse::deserialize_all::<RawConfig>(text, "vips");
+        validate(parsed)
     }
 
-    /// Reads, parses and validates a file; errors name the file.
+    /// Reads (at most [`crate::config_parse::MAX_CONFIG_BYTES`]), parses
+    /// and validates a file; errors name the file.
     pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            ConfigErrors::one("", format!("cannot read {}: {e}", path.display())).named(path)
-        })?;
+        let text = crate::config_parse::read_bounded(path)
+            .map_err(|e| ConfigErrors::one("", e).named(path))?;
         Self::parse(&text).map_err(|e| e.named(path))
     }
 
@@ -957,14 +1012,13 @@ impl Config {
     /// uses it for runtime changes). Returns the warnings.
     pub fn check_vips(&self, vips: &[VipConfig]) -> Result<Vec<String>, ConfigErrors> {
         let mut errors = Vec::new();
-        let warnings = check_vips(
-            vips,
-            &self.layout,
-            self.outer_source_v4.is_some() || self.outer_source_v4_prefix.is_some(),
-            self.outer_source_v6.is_some() || self.outer_source_v6_prefix.is_some(),
-            false,
-            &mut errors,
+        let sources = Sources::new(
+            self.outer_source_v4,
+            self.outer_source_v6,
+            self.outer_source_v4_prefix,
+            self.outer_source_v6_prefix,
         );
+        let warnings = check_vips(vips, &self.layout, &sources, false, &mut errors);
         if errors.is_empty() {
             Ok(warnings)
         } else {
@@ -978,7 +1032,7 @@ impl Config {
 
 /// Splits serde_yaml's "path: message at line L column C" into a field and
 /// a message (which keeps the position).
-fn serde_error(text: &str) -> ConfigError {
+pub(crate) fn serde_error(text: &str) -> ConfigError {
     match text.split_once(": ") {
         Some((field, message))
             if !field.contains(' ') && !field.is_empty() && field != "invalid type" =>
@@ -995,8 +1049,64 @@ fn serde_error(text: &str) -> ConfigError {
     }
 }
 
-fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
-    let mut errors = Vec::new();
+/// The cross-field rules over what parsed, with the parse errors: every
+/// problem of the file, each once.
+fn validate(parsed: crate::config_parse::Parsed<RawConfig>) -> Result<Config, ConfigErrors> {
+    let crate::config_parse::Parsed {
+        raw,
+        errors: mut all,
+        bad_paths,
+        vip_index,
+    } = parsed;
+    let Some(raw) = raw else {
+        return Err(finish_errors(all));
+    };
+    let mut rules = Vec::new();
+    let result = validate_raw(raw, &mut rules);
+    // A rule about a part that did not parse only repeats its problem.
+    rules.retain(|e: &ConfigError| {
+        !bad_paths
+            .iter()
+            .any(|b| e.field == *b || e.field.starts_with(&format!("{b}.")))
+    });
+    for e in &mut rules {
+        renumber_vip(&mut e.field, &vip_index);
+    }
+    all.extend(rules);
+    match result {
+        Some(config) if all.is_empty() => Ok(config),
+        _ => Err(finish_errors(all)),
+    }
+}
+
+/// `vips[i]` of the VIPs that parsed becomes the index in the file.
+fn renumber_vip(field: &mut String, vip_index: &[usize]) {
+    let Some(rest) = field.strip_prefix("vips[") else {
+        return;
+    };
+    let Some((n, tail)) = rest.split_once(']') else {
+        return;
+    };
+    if let Some(orig) = n.parse::<usize>().ok().and_then(|i| vip_index.get(i)) {
+        *field = format!("vips[{orig}]{tail}");
+    }
+}
+
+fn finish_errors(errors: Vec<ConfigError>) -> ConfigErrors {
+    ConfigErrors {
+        source_name: None,
+        errors: errors
+            .into_iter()
+            .map(|e| ConfigError {
+                field: e.field,
+                message: cut_message(e.message),
+            })
+            .collect(),
+    }
+}
+
+/// The rules; `None` if any failed (the errors are in `errors`).
+fn validate_raw(raw: RawConfig, errors: &mut Vec<ConfigError>) -> Option<Config> {
     let mut err = |field: String, message: String| errors.push(ConfigError { field, message });
 
     if raw.instance.is_empty()
@@ -1009,8 +1119,8 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
         err(
             "instance".into(),
             format!(
-                "`{}` must be 1-32 characters of letters, digits, `-` and `_`",
-                raw.instance
+                "{} must be 1-32 characters of letters, digits, `-` and `_`",
+                excerpt(&raw.instance)
             ),
         );
     }
@@ -1029,12 +1139,12 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
         {
             err(
                 format!("interfaces[{i}]"),
-                format!("`{name}` is not a valid interface name"),
+                format!("{} is not a valid interface name", excerpt(name)),
             );
         } else if !seen.insert(name) {
             err(
                 format!("interfaces[{i}]"),
-                format!("`{name}` is listed twice"),
+                format!("{} is listed twice", excerpt(name)),
             );
         }
     }
@@ -1062,6 +1172,25 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
             format!(
                 "{} is not a power of two (each bucket holds 6 flows; e.g. 262144)",
                 raw.conntrack_buckets
+            ),
+        );
+    } else if raw.conntrack_buckets < MIN_CT_BUCKETS {
+        err(
+            "conntrack_buckets".into(),
+            format!(
+                "{} buckets hold {} flows; the least is {MIN_CT_BUCKETS} ({} flows)",
+                raw.conntrack_buckets,
+                raw.conntrack_buckets as u64 * lb_common::consts::CT_WAYS as u64,
+                MIN_CT_BUCKETS as u64 * lb_common::consts::CT_WAYS as u64
+            ),
+        );
+    }
+    if maglev::is_prime(raw.table_size) && raw.table_size < MIN_TABLE_SIZE {
+        err(
+            "table_size".into(),
+            format!(
+                "{} slots cannot balance even a few backends; the least is {MIN_TABLE_SIZE} (65537 is the default)",
+                raw.table_size
             ),
         );
     }
@@ -1134,6 +1263,32 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
             );
         }
     }
+    let sources: [(&str, Option<IpAddr>); 4] = [
+        ("outer_source_v4", raw.outer_source_v4.map(IpAddr::V4)),
+        ("outer_source_v6", raw.outer_source_v6.map(IpAddr::V6)),
+        (
+            "outer_source_v4_prefix",
+            raw.outer_source_v4_prefix.map(|p| p.addr),
+        ),
+        (
+            "outer_source_v6_prefix",
+            raw.outer_source_v6_prefix.map(|p| p.addr),
+        ),
+    ];
+    for (field, addr) in sources {
+        if let Some(why) = addr.and_then(unusable_source) {
+            err(field.into(), format!("{} {why}", addr.expect("checked")));
+        }
+    }
+    for (field, path) in [
+        ("api_socket", raw.api_socket.as_deref()),
+        ("state_file", raw.state_file.as_deref()),
+        ("bpffs", Some(raw.bpffs.as_path())),
+    ] {
+        if path.is_some_and(|p| p.as_os_str().is_empty()) {
+            err(field.into(), "must not be empty".into());
+        }
+    }
     errors.extend(prefixed("announce", raw.announce.validate()));
     if raw.shutdown_grace > Duration::from_secs(600) {
         errors.push(ConfigError {
@@ -1147,31 +1302,26 @@ fn validate(raw: RawConfig) -> Result<Config, ConfigErrors> {
         max_backends: raw.max_backends,
         ct_buckets: raw.conntrack_buckets,
     };
-    let mut warnings = Vec::new();
-    if errors.is_empty() {
-        if let Err(e) = layout.validate() {
-            errors.push(ConfigError {
-                field: String::new(),
-                message: e.to_string(),
-            });
-        }
-        warnings = check_vips(
-            &raw.vips,
-            &layout,
-            raw.outer_source_v4.is_some() || raw.outer_source_v4_prefix.is_some(),
-            raw.outer_source_v6.is_some() || raw.outer_source_v6_prefix.is_some(),
-            true,
-            &mut errors,
-        );
-    }
-    if !errors.is_empty() {
-        return Err(ConfigErrors {
-            source_name: None,
-            errors,
+    if errors.is_empty()
+        && let Err(e) = layout.validate()
+    {
+        errors.push(ConfigError {
+            field: String::new(),
+            message: e.to_string(),
         });
     }
+    let sources = Sources::new(
+        raw.outer_source_v4,
+        raw.outer_source_v6,
+        raw.outer_source_v4_prefix,
+        raw.outer_source_v6_prefix,
+    );
+    let warnings = check_vips(&raw.vips, &layout, &sources, true, errors);
+    if !errors.is_empty() {
+        return None;
+    }
     let run = PathBuf::from("/run/lb");
-    Ok(Config {
+    Some(Config {
         api_socket: raw
             .api_socket
             .unwrap_or_else(|| run.join(format!("{}.sock", raw.instance))),
@@ -1255,16 +1405,112 @@ fn check_health(h: &HealthCheck, vip: &VipConfig, at: &str, err: &mut impl FnMut
     }
 }
 
+/// The balancer's tunnel sources, as the VIP rules need them.
+struct Sources {
+    /// An IPv4 (IPv6) source is configured, fixed or as a prefix.
+    v4: bool,
+    v6: bool,
+    /// The configured source addresses (fixed, or the prefixes' own).
+    own: Vec<IpAddr>,
+}
+
+impl Sources {
+    fn new(
+        v4: Option<Ipv4Addr>,
+        v6: Option<Ipv6Addr>,
+        v4_prefix: Option<Prefix>,
+        v6_prefix: Option<Prefix>,
+    ) -> Self {
+        let own = [
+            v4.map(IpAddr::V4),
+            v6.map(IpAddr::V6),
+            v4_prefix.map(|p| p.addr),
+            v6_prefix.map(|p| p.addr),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        Sources {
+            v4: v4.is_some() || v4_prefix.is_some(),
+            v6: v6.is_some() || v6_prefix.is_some(),
+            own,
+        }
+    }
+}
+
+/// Why `addr` cannot be a tunnel's source address, if it cannot.
+fn unusable_source(addr: IpAddr) -> Option<&'static str> {
+    if addr.is_unspecified() {
+        Some("is unspecified: backends could not answer probes or errors to it")
+    } else if addr.is_multicast() {
+        Some("is a multicast address")
+    } else if addr.is_loopback() {
+        Some("is a loopback address: it never leaves this machine")
+    } else if addr == IpAddr::V4(Ipv4Addr::BROADCAST) {
+        Some("is the broadcast address")
+    } else if mapped_v4(addr) {
+        Some("is an IPv4-mapped IPv6 address: write the IPv4 address")
+    } else {
+        None
+    }
+}
+
+/// `::ffff:a.b.c.d`.
+fn mapped_v4(addr: IpAddr) -> bool {
+    matches!(addr, IpAddr::V6(a) if a.to_ipv4_mapped().is_some())
+}
+
+fn link_local(addr: IpAddr) -> bool {
+    match addr {
+        IpAddr::V4(a) => a.is_link_local(),
+        IpAddr::V6(a) => a.is_unicast_link_local(),
+    }
+}
+
+/// Why `addr` cannot be a VIP, if it cannot: routers must be able to send
+/// it to this balancer.
+fn unusable_vip(addr: IpAddr) -> Option<&'static str> {
+    if addr.is_unspecified() || addr.is_multicast() || addr == IpAddr::V4(Ipv4Addr::BROADCAST) {
+        Some("cannot be a VIP: it is not a unicast address")
+    } else if addr.is_loopback() {
+        Some("cannot be a VIP: loopback addresses never reach this machine from outside")
+    } else if link_local(addr) {
+        Some("cannot be a VIP: link-local addresses are not routed")
+    } else if mapped_v4(addr) {
+        Some("cannot be a VIP: it is an IPv4-mapped IPv6 address; write the IPv4 address")
+    } else {
+        None
+    }
+}
+
+/// Why `addr` cannot be a backend (a tunnel destination), if it cannot.
+fn unusable_backend(addr: IpAddr) -> Option<&'static str> {
+    if addr.is_unspecified() || addr.is_multicast() || addr == IpAddr::V4(Ipv4Addr::BROADCAST) {
+        Some("cannot be a backend: it is not a unicast address")
+    } else if addr.is_loopback() {
+        Some("cannot be a backend: a loopback address is this machine")
+    } else if link_local(addr) {
+        Some(
+            "cannot be a backend: a link-local address needs an interface scope a tunnel does not carry",
+        )
+    } else if mapped_v4(addr) {
+        Some("cannot be a backend: it is an IPv4-mapped IPv6 address; write the IPv4 address")
+    } else {
+        None
+    }
+}
+
 /// Rules for a set of VIPs. `from_file`: an empty backend list is an error
 /// in a file (a VIP that can never forward), but a state the API may reach.
 fn check_vips(
     vips: &[VipConfig],
     layout: &Layout,
-    have_v4_source: bool,
-    have_v6_source: bool,
+    sources: &Sources,
     from_file: bool,
     errors: &mut Vec<ConfigError>,
 ) -> Vec<String> {
+    let (have_v4_source, have_v6_source) = (sources.v4, sources.v6);
+    let own = &sources.own;
     let mut warnings = Vec::new();
     let mut err = |field: String, message: String| errors.push(ConfigError { field, message });
     if vips.len() > layout.max_vips as usize {
@@ -1284,6 +1530,7 @@ fn check_vips(
         );
     }
     let mut ids = BTreeSet::new();
+    let vip_addrs: BTreeSet<IpAddr> = vips.iter().map(|v| v.id.addr).collect();
     let mut frag_hash = std::collections::BTreeMap::new();
     for (i, vip) in vips.iter().enumerate() {
         let at = format!("vips[{i}]");
@@ -1301,10 +1548,15 @@ fn check_vips(
                 ),
             );
         }
-        if vip.id.addr.is_unspecified() || vip.id.addr.is_multicast() {
+        if let Some(why) = unusable_vip(vip.id.addr) {
+            err(format!("{at}.address"), format!("{} {why}", vip.id.addr));
+        } else if own.contains(&vip.id.addr) {
             err(
                 format!("{at}.address"),
-                format!("{} cannot be a VIP", vip.id.addr),
+                format!(
+                    "{} is this balancer's tunnel source; a VIP needs an address of its own",
+                    vip.id.addr
+                ),
             );
         }
         if vip.backends.is_empty() && from_file {
@@ -1328,10 +1580,23 @@ fn check_vips(
                     format!("weight {} is out of range 0-{MAX_WEIGHT}", b.weight),
                 );
             }
-            if b.address.is_unspecified() || b.address.is_multicast() || b.address.is_loopback() {
+            if let Some(why) = unusable_backend(b.address) {
+                err(format!("{at}.address"), format!("{} {why}", b.address));
+            } else if vip_addrs.contains(&b.address) {
                 err(
                     format!("{at}.address"),
-                    format!("{} cannot be a backend", b.address),
+                    format!(
+                        "{} is a VIP address of this balancer: its packets would come back here",
+                        b.address
+                    ),
+                );
+            } else if own.contains(&b.address) {
+                err(
+                    format!("{at}.address"),
+                    format!(
+                        "{} is this balancer's own tunnel source: packets would be tunnelled to itself",
+                        b.address
+                    ),
                 );
             }
             match b.address {
@@ -1743,10 +2008,179 @@ vips:
         let text =
             with("table_size: 4099", "table_size: 4096").replace("weight: 2", "weight: 20000");
         let e = errors(&text);
-        assert_eq!(e.len(), 1, "layout errors stop before VIP checks: {e:?}");
+        assert_eq!(e.len(), 2, "layout errors and VIP errors together: {e:?}");
         let text =
             with("weight: 2", "weight: 20000").replace("address: 10.1.0.2", "address: 10.1.0.1");
         assert_eq!(errors(&text).len(), 2);
+    }
+
+    #[test]
+    fn every_problem_of_a_file_is_reported_in_one_run() {
+        // Three parse errors in three places (a top-level setting, a
+        // backend of the first VIP, the port of the second) and a rule
+        // broken by a part that did parse.
+        let text = with("table_size: 4099", "table_size: 4099\nmtu: lots")
+            .replace("        weight: 2", "        wieght: 2")
+            .replace("port: all", "port: 0")
+            .replace("instance: t1", "instance: \"t 1\"");
+        let e = errors(&text);
+        assert_eq!(e.len(), 4, "{e:#?}");
+        assert!(
+            e.iter()
+                .any(|m| m.starts_with("vips[0].backends[0]: unknown field `wieght`")),
+            "{e:?}"
+        );
+        // serde_yaml's first error keeps its line.
+        assert!(
+            e.iter()
+                .any(|m| m.starts_with("mtu: ") && m.contains("at line 8")),
+            "{e:?}"
+        );
+        assert!(
+            e.iter()
+                .any(|m| m.starts_with("vips[1].port: port 0 is not a port")
+                    || m.starts_with("vips[1]: port 0 is not a port")),
+            "{e:?}"
+        );
+        assert!(
+            e.iter().any(|m| m.starts_with("instance: `t 1` must be")),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn addresses_sizes_and_paths_that_cannot_work_are_named() {
+        // (what the file says instead of the good value, the error)
+        let cases: &[(&str, &str, &str)] = &[
+            (
+                "table_size: 4099",
+                "table_size: 4099\nconntrack_buckets: 1",
+                "conntrack_buckets: 1 buckets hold 6 flows",
+            ),
+            (
+                "table_size: 4099",
+                "table_size: 13",
+                "table_size: 13 slots cannot balance",
+            ),
+            ("    port: 80", "    port: 0", "port 0 is not a port"),
+            (
+                "  - address: 10.99.0.1",
+                "  - address: 127.0.0.1",
+                "127.0.0.1 cannot be a VIP: loopback",
+            ),
+            (
+                "  - address: 10.99.0.1",
+                "  - address: 255.255.255.255",
+                "255.255.255.255 cannot be a VIP: it is not a unicast",
+            ),
+            (
+                "  - address: 10.99.0.1",
+                "  - address: \"::ffff:198.51.100.1\"",
+                "::ffff:198.51.100.1 cannot be a VIP: it is an IPv4-mapped",
+            ),
+            (
+                "  - address: 10.99.0.1",
+                "  - address: 169.254.1.1",
+                "169.254.1.1 cannot be a VIP: link-local",
+            ),
+            (
+                "      - address: 10.1.0.1",
+                "      - address: 255.255.255.255",
+                "255.255.255.255 cannot be a backend",
+            ),
+            (
+                "      - address: fd00:1::1",
+                "      - address: fe80::1",
+                "fe80::1 cannot be a backend: a link-local",
+            ),
+            (
+                "      - address: fd00:1::1",
+                "      - address: \"::ffff:127.0.0.1\"",
+                "::ffff:127.0.0.1 cannot be a backend",
+            ),
+            (
+                "      - address: 10.1.0.1",
+                "      - address: 10.99.0.1",
+                "10.99.0.1 is a VIP address of this balancer",
+            ),
+            (
+                "      - address: 10.1.0.1",
+                "      - address: 10.0.0.2",
+                "10.0.0.2 is this balancer's own tunnel source",
+            ),
+            (
+                "outer_source_v4: 10.0.0.2",
+                "outer_source_v4: 0.0.0.0",
+                "outer_source_v4: 0.0.0.0 is unspecified",
+            ),
+            (
+                "outer_source_v4: 10.0.0.2",
+                "outer_source_v4: 224.0.0.5",
+                "outer_source_v4: 224.0.0.5 is a multicast",
+            ),
+            (
+                "outer_source_v6: fd00::2",
+                "outer_source_v6: \"::1\"",
+                "outer_source_v6: ::1 is a loopback",
+            ),
+            (
+                "instance: t1",
+                "instance: t1\napi_socket: \"\"",
+                "api_socket: must not be empty",
+            ),
+            (
+                "instance: t1",
+                "instance: t1\nstate_file: \"\"",
+                "state_file: must not be empty",
+            ),
+        ];
+        for (from, to, want) in cases {
+            assert!(GOOD.contains(from), "{from}");
+            let e = errors(&with(from, to));
+            assert!(
+                e.iter().any(|m| m.contains(want)),
+                "`{to}`: want an error containing {want:?}, got {e:?}"
+            );
+        }
+        // The same rules hold for API changes (runtime VIPs).
+        let c = Config::parse(GOOD).expect("good");
+        let mut vips = c.vips.clone();
+        vips[0].backends[0].address = "10.99.0.1".parse().unwrap();
+        let e = c.check_vips(&vips).expect_err("a VIP as a backend");
+        assert!(
+            e.to_string().contains("is a VIP address of this balancer"),
+            "{e}"
+        );
+        assert!(
+            "10.0.0.1:0/tcp"
+                .parse::<VipId>()
+                .unwrap_err()
+                .contains("port 0 is not a port")
+        );
+    }
+
+    #[test]
+    fn bounds_on_size_nesting_and_echoed_values() {
+        let deep = format!("instance: {}{}\n", "[".repeat(40_000), "]".repeat(40_000));
+        let started = std::time::Instant::now();
+        let e = errors(&deep);
+        assert!(e[0].contains("nested 40000 deep"), "{e:?}");
+        // Refused by the scan, before the parser: well under a second on
+        // any machine (the parser took seven).
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+        let big = format!("{GOOD}# {}\n", "x".repeat(17 << 20));
+        assert!(errors(&big)[0].contains("larger than 16 MiB"));
+        let long = with(
+            "instance: t1",
+            &format!("instance: {}", "y".repeat(10 << 20)),
+        );
+        let e = errors(&long);
+        assert!(
+            e[0].contains("(10485760 bytes)"),
+            "{}",
+            &e[0][..200.min(e[0].len())]
+        );
+        assert!(e.iter().all(|m| m.len() < 400), "every message is cut");
     }
 
     #[test]

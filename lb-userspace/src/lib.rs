@@ -4,6 +4,7 @@
 pub mod announce;
 pub mod api;
 pub mod config;
+pub mod config_parse;
 pub mod dataplane;
 pub mod decap;
 pub mod health;

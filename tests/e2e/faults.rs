@@ -311,3 +311,80 @@ fn changes_that_would_blackhole_a_serving_vip_are_refused_unless_forced() {
         Ok(())
     })());
 }
+
+/// Waits for `last_reload` to change from `before`; returns it.
+fn next_reload(lbd: &Lbd, before: &serde_json::Value) -> Result<String> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let s = lbd.lbctl_json(&["status"])?;
+        if s["last_reload"] != *before
+            && let Some(r) = s["last_reload"].as_str()
+        {
+            return Ok(r.to_string());
+        }
+        if Instant::now() > deadline {
+            bail!("no new reload result within 20 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn hostile_files_are_refused_on_reload_with_every_problem_named() {
+    let _serial = serial();
+    check((|| {
+        let (rig, lbd) = setup(2, &[Some(1), Some(1)])?;
+        let good = std::fs::read_to_string(&lbd.config)?;
+        // Nested 40,000 deep: refused by the bounds, not parsed.
+        let mut before = lbd.lbctl_json(&["status"])?["last_reload"].clone();
+        std::fs::write(
+            &lbd.config,
+            format!("instance: {}{}\n", "[".repeat(40_000), "]".repeat(40_000)),
+        )?;
+        lbd.signal(libc::SIGHUP)?;
+        let r = next_reload(&lbd, &before)?;
+        if !r.contains("nested 40000 deep") {
+            bail!("deeply nested file: {r}");
+        }
+        // Three mistakes in one file: all three in one answer, the 10 MB
+        // value cut.
+        before = lbd.lbctl_json(&["status"])?["last_reload"].clone();
+        let three = good
+            .replacen(
+                "instance: ",
+                &format!(
+                    "shutdown_grace: forever\ninstance: {}",
+                    "z".repeat(10 << 20)
+                ),
+                1,
+            )
+            .replacen("        weight: 1", "        wieght: 1", 1);
+        std::fs::write(&lbd.config, three)?;
+        lbd.signal(libc::SIGHUP)?;
+        let r = next_reload(&lbd, &before)?;
+        for want in [
+            "shutdown_grace: `forever` is not a duration",
+            "unknown field `wieght`",
+            "instance:",
+            "…` (10485",
+        ] {
+            if !r.contains(want) {
+                bail!(
+                    "the reload's answer lacks {want:?}: {}",
+                    &r[..r.len().min(2000)]
+                );
+            }
+        }
+        if r.len() > 4000 {
+            bail!("the reload's answer echoes {} bytes", r.len());
+        }
+        // The running configuration is untouched and the good file loads.
+        std::fs::write(&lbd.config, &good)?;
+        lbd.lbctl(&["reload"])?;
+        let vip = rig.tcp_vip();
+        rig.client
+            .within(move || lb_tests::traffic::tcp_request(lb_tests::rig::CLIENT, 42_100, vip))?
+            .context("a connection after the refused reloads")?;
+        Ok(())
+    })());
+}

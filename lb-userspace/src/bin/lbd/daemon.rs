@@ -328,18 +328,39 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let mut sample_tick = tokio::time::interval(SAMPLE_EVERY);
+    // Files read and parsed off the loop, on their way to be applied.
+    let (parsed_tx, mut parsed_rx) = mpsc::channel::<ParsedReload>(4);
     // Set by the first SIGTERM/SIGINT: when the grace period ends.
     let mut stop_at: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
-            Some((request, reply)) = calls.recv() => {
-                let response = daemon.handle(request).await;
-                let _ = reply.send(response);
-            }
+            Some((request, reply)) = calls.recv() => match request {
+                Request::Reload { force } if daemon.node != NodeState::Stopping => {
+                    ParsedReload::start(&daemon.config_path, force, Some(reply), &parsed_tx);
+                }
+                request => {
+                    let response = daemon.handle(request).await;
+                    let _ = reply.send(response);
+                }
+            },
             _ = hup.recv() => {
                 info!("SIGHUP: reloading");
-                if let Err(e) = daemon.reload(false).await {
-                    error!("reload failed, keeping the running configuration: {e:#}");
+                ParsedReload::start(&daemon.config_path, false, None, &parsed_tx);
+            }
+            Some(parsed) = parsed_rx.recv() => {
+                let result = daemon.reload(parsed.config, parsed.force).await;
+                match parsed.reply {
+                    Some(reply) => {
+                        let _ = reply.send(match result {
+                            Ok(w) => Response::ok(w),
+                            Err(e) => Response::err(format!("{e:#}")),
+                        });
+                    }
+                    None => {
+                        if let Err(e) = result {
+                            error!("reload failed, keeping the running configuration: {e:#}");
+                        }
+                    }
                 }
             }
             Some((key, result)) = probe_rx.recv() => daemon.on_probe(key, result),
@@ -366,6 +387,35 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
     }
     let _ = std::fs::remove_file(&socket);
     daemon.finish().await
+}
+
+/// A reload whose file was read and parsed on a blocking thread, so that
+/// a large or hostile file never holds up the loop (the API, probe
+/// verdicts, announcements).
+struct ParsedReload {
+    config: Result<Config, lb::config::ConfigErrors>,
+    force: bool,
+    /// `lbctl reload` waits for the answer; SIGHUP does not.
+    reply: Option<tokio::sync::oneshot::Sender<Response>>,
+}
+
+impl ParsedReload {
+    fn start(
+        path: &Path,
+        force: bool,
+        reply: Option<tokio::sync::oneshot::Sender<Response>>,
+        to: &mpsc::Sender<ParsedReload>,
+    ) {
+        let (path, to) = (path.to_path_buf(), to.clone());
+        tokio::task::spawn_blocking(move || {
+            let config = Config::load(&path);
+            let _ = to.blocking_send(ParsedReload {
+                config,
+                force,
+                reply,
+            });
+        });
+    }
 }
 
 /// Waits until `at`, or forever.
@@ -795,8 +845,15 @@ impl Daemon {
     }
 
     /// Re-reads the file. On any error the running configuration stays.
-    async fn reload(&mut self, force: bool) -> Result<Vec<String>> {
-        let result = self.try_reload(force).await;
+    async fn reload(
+        &mut self,
+        parsed: Result<Config, lb::config::ConfigErrors>,
+        force: bool,
+    ) -> Result<Vec<String>> {
+        let result = match parsed {
+            Ok(new) => self.try_reload(new, force).await,
+            Err(e) => Err(e.into()),
+        };
         let when = humantime(SystemTime::now());
         self.last_reload = Some(match &result {
             Ok(_) => format!("ok at {when}"),
@@ -805,8 +862,7 @@ impl Daemon {
         result
     }
 
-    async fn try_reload(&mut self, force: bool) -> Result<Vec<String>> {
-        let new = Config::load(&self.config_path)?;
+    async fn try_reload(&mut self, new: Config, force: bool) -> Result<Vec<String>> {
         let fixed = [
             ("instance", new.instance != self.config.instance),
             ("interfaces", new.interfaces != self.config.interfaces),
@@ -1026,13 +1082,9 @@ impl Daemon {
             } => self
                 .simulate(src, dst, protocol.number(), sport, dport, syn)
                 .map(|s| serde_json::to_value(s).unwrap_or_default()),
-            Request::Reload { .. } if self.node == NodeState::Stopping => {
-                Err(anyhow::anyhow!("lbd is shutting down"))
-            }
-            Request::Reload { force } => self
-                .reload(force)
-                .await
-                .map(|w| serde_json::to_value(w).unwrap_or_default()),
+            // Reloads are read off the loop (see `ParsedReload`); one that
+            // reaches here arrived while stopping.
+            Request::Reload { .. } => Err(anyhow::anyhow!("lbd is shutting down")),
             Request::Bgp => Ok(serde_json::to_value(self.announce_status()).unwrap_or_default()),
             Request::NodeDrain => self
                 .set_drained(true)

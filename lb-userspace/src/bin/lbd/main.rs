@@ -38,7 +38,16 @@ enum Command {
     Teardown,
 }
 
-fn main() -> Result<()> {
+fn main() {
+    if let Err(e) = run() {
+        // The chain in one message, not a debug dump: `lbd check` is read
+        // by people.
+        eprintln!("lbd: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),

@@ -1,0 +1,295 @@
+//! From YAML text to the configuration's raw form, reporting every problem
+//! of a file in one run, within bounds an attacker cannot stretch.
+//!
+//! Bounds first: a file larger than [`MAX_CONFIG_BYTES`] is not read, and
+//! flow collections (`[...]`, `{...}`) nested deeper than
+//! [`MAX_FLOW_DEPTH`] are refused before the YAML parser sees them (40,000
+//! levels took the parser seven seconds).
+//!
+//! Then the whole file is deserialized at once: serde_yaml stops at the
+//! first problem, but it knows its line. If it fails, each top-level
+//! setting, each VIP, and inside a VIP each backend and the health check
+//! are deserialized on their own, so that every one that is wrong is
+//! reported (with its path, and the first with its line), and the rest is
+//! kept for the cross-field rules (`config::validate`).
+//!
+//! No I/O beyond reading the file it is given.
+
+use std::{io::Read as _, path::Path};
+
+use serde::Deserialize;
+use serde_yaml::{Mapping, Value};
+
+use crate::config::{BackendConfig, ConfigError, HealthCheck, VipConfig};
+
+/// Largest configuration file `lbd` reads: room for thousands of VIPs
+/// with hundreds of backends each.
+pub const MAX_CONFIG_BYTES: u64 = 16 << 20;
+/// Deepest nesting of YAML flow collections accepted (a configuration
+/// needs three or four).
+pub const MAX_FLOW_DEPTH: usize = 64;
+
+/// What deserializing produced: the settings that parsed, every problem
+/// found, and the paths of the parts left out because they did not parse
+/// (rules about those parts would only repeat the problem).
+pub struct Parsed<T> {
+    pub raw: Option<T>,
+    pub errors: Vec<ConfigError>,
+    pub bad_paths: Vec<String>,
+    /// For each VIP kept in `raw`, its index in the file.
+    pub vip_index: Vec<usize>,
+}
+
+/// Reads `path`, refusing a file above [`MAX_CONFIG_BYTES`] without
+/// reading it all.
+pub fn read_bounded(path: &Path) -> Result<String, String> {
+    let file =
+        std::fs::File::open(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let mut text = String::new();
+    file.take(MAX_CONFIG_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if text.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(format!(
+            "{} is larger than {} MiB, the most a configuration may be",
+            path.display(),
+            MAX_CONFIG_BYTES >> 20
+        ));
+    }
+    Ok(text)
+}
+
+/// Refuses text no configuration needs: over the size limit, or flow
+/// collections nested too deep.
+pub fn precheck(text: &str) -> Result<(), String> {
+    if text.len() as u64 > MAX_CONFIG_BYTES {
+        return Err(format!(
+            "the configuration is larger than {} MiB, the most it may be",
+            MAX_CONFIG_BYTES >> 20
+        ));
+    }
+    let depth = flow_depth(text);
+    if depth > MAX_FLOW_DEPTH {
+        return Err(format!(
+            "brackets or braces nested {depth} deep; a configuration needs a few, at most {MAX_FLOW_DEPTH} are accepted"
+        ));
+    }
+    Ok(())
+}
+
+/// The deepest nesting of `[` and `{` outside quoted scalars and comments.
+/// A quote opens a scalar only where a scalar may start (after `: `, `- `,
+/// `[`, `{`, `,`, `?` or at a line's start), as in YAML; a `#` opens a
+/// comment only at a line's start or after a blank.
+pub fn flow_depth(text: &str) -> usize {
+    let (mut depth, mut max) = (0usize, 0usize);
+    let mut quote: Option<char> = None;
+    // The last character that was not a blank, and the one just before.
+    let (mut last_solid, mut prev) = ('\n', '\n');
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        match quote {
+            Some('"') => match c {
+                '\\' => {
+                    chars.next();
+                }
+                '"' => quote = None,
+                _ => {}
+            },
+            Some(_) => {
+                if c == '\'' {
+                    if chars.peek() == Some(&'\'') {
+                        chars.next();
+                    } else {
+                        quote = None;
+                    }
+                }
+            }
+            None => match c {
+                '#' if prev.is_whitespace() => {
+                    while chars.peek().is_some_and(|n| *n != '\n') {
+                        chars.next();
+                    }
+                }
+                '"' | '\'' if matches!(last_solid, '\n' | ':' | '-' | '[' | '{' | ',' | '?') => {
+                    quote = Some(c)
+                }
+                '[' | '{' => {
+                    depth += 1;
+                    max = max.max(depth);
+                }
+                ']' | '}' => depth = depth.saturating_sub(1),
+                _ => {}
+            },
+        }
+        if c == '\n' || !c.is_whitespace() {
+            last_solid = c;
+        }
+        prev = c;
+    }
+    max
+}
+
+/// Deserializes `T` (the raw configuration) from `text`, reporting every
+/// setting, VIP, backend and health check that does not parse.
+pub fn deserialize_all<T>(text: &str, vips_key: &str) -> Parsed<T>
+where
+    T: serde::de::DeserializeOwned,
+{
+    let first = match serde_yaml::from_str::<T>(text) {
+        Ok(raw) => {
+            return Parsed {
+                raw: Some(raw),
+                errors: Vec::new(),
+                bad_paths: Vec::new(),
+                vip_index: Vec::new(),
+            };
+        }
+        Err(e) => crate::config::serde_error(&e.to_string()),
+    };
+    let mut parsed = Parsed {
+        raw: None,
+        errors: Vec::new(),
+        bad_paths: Vec::new(),
+        vip_index: Vec::new(),
+    };
+    let Ok(Value::Mapping(mut top)) = serde_yaml::from_str::<Value>(text) else {
+        // Not even YAML, or not a mapping: serde_yaml's one error says it.
+        parsed.errors.push(first);
+        return parsed;
+    };
+    check_settings::<T>(&mut top, vips_key, &mut parsed);
+    if let Some(Value::Sequence(vips)) = top.get_mut(vips_key) {
+        let mut kept = Vec::new();
+        for (i, v) in vips.iter().enumerate() {
+            match VipConfig::deserialize(v.clone()) {
+                Ok(_) => {
+                    kept.push(v.clone());
+                    parsed.vip_index.push(i);
+                }
+                Err(e) => {
+                    let at = format!("{vips_key}[{i}]");
+                    parsed.errors.extend(vip_errors(&at, v, &e));
+                    parsed.bad_paths.push(at);
+                }
+            }
+        }
+        *vips = kept;
+    }
+    match T::deserialize(Value::Mapping(top)) {
+        Ok(raw) => parsed.raw = Some(raw),
+        Err(e) => parsed.errors.push(error("", &e)),
+    }
+    merge_first(&mut parsed.errors, first);
+    parsed
+}
+
+/// Deserializes each top-level setting but the VIP list (a sequence) on
+/// its own; removes the ones that fail and reports them.
+fn check_settings<T: serde::de::DeserializeOwned>(
+    top: &mut Mapping,
+    vips_key: &str,
+    parsed: &mut Parsed<T>,
+) {
+    let mut bad = Vec::new();
+    for (k, v) in top.iter() {
+        let name = k
+            .as_str()
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("{k:?}"));
+        if name == vips_key && v.is_sequence() {
+            continue;
+        }
+        let single = Mapping::from_iter([(k.clone(), v.clone())]);
+        if let Err(e) = T::deserialize(Value::Mapping(single)) {
+            let message = e.to_string();
+            // An unknown key is the key's problem, not its value's.
+            let at = if message.starts_with("unknown field") {
+                String::new()
+            } else {
+                name.clone()
+            };
+            parsed.errors.push(error(&at, &e));
+            parsed.bad_paths.push(name);
+            bad.push(k.clone());
+        }
+    }
+    for k in bad {
+        top.remove(&k);
+    }
+}
+
+/// The problems of one VIP that did not parse: each backend and the health
+/// check on their own, then the rest of the VIP without them.
+fn vip_errors(at: &str, value: &Value, whole: &serde_yaml::Error) -> Vec<ConfigError> {
+    let Value::Mapping(vip) = value else {
+        return vec![error(at, whole)];
+    };
+    let mut errors = Vec::new();
+    let mut rest = vip.clone();
+    if let Some(Value::Sequence(backends)) = vip.get("backends") {
+        for (j, b) in backends.iter().enumerate() {
+            if let Err(e) = BackendConfig::deserialize(b.clone()) {
+                errors.push(error(&format!("{at}.backends[{j}]"), &e));
+            }
+        }
+        rest.insert("backends".into(), Value::Sequence(Vec::new()));
+    }
+    if let Some(h) = vip.get("health_check") {
+        if let Err(e) = HealthCheck::deserialize(h.clone()) {
+            errors.push(error(&format!("{at}.health_check"), &e));
+        }
+        rest.remove("health_check");
+    }
+    if let Err(e) = VipConfig::deserialize(Value::Mapping(rest)) {
+        errors.push(error(at, &e));
+    }
+    if errors.is_empty() {
+        errors.push(error(at, whole));
+    }
+    errors
+}
+
+fn error(at: &str, e: &serde_yaml::Error) -> ConfigError {
+    let inner = crate::config::serde_error(&e.to_string());
+    let field = match (at.is_empty(), inner.field.is_empty()) {
+        (true, _) => inner.field,
+        (false, true) => at.to_string(),
+        (false, false) => format!("{at}.{}", inner.field),
+    };
+    ConfigError {
+        field,
+        message: inner.message,
+    }
+}
+
+/// Adds serde_yaml's first error (which knows its line) in place of the
+/// same problem found again part by part (which does not).
+fn merge_first(errors: &mut Vec<ConfigError>, first: ConfigError) {
+    let same = |e: &ConfigError| {
+        first.message.starts_with(&e.message)
+            && (first.field.starts_with(&e.field) || e.field.starts_with(&first.field))
+    };
+    match errors.iter().position(same) {
+        Some(i) => errors[i] = first,
+        None => errors.insert(0, first),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flow_depth_counts_real_brackets_only() {
+        assert_eq!(flow_depth("a: [1, [2, {b: 3}]]"), 3);
+        assert_eq!(flow_depth("a: \"[[[[\"\nb: '[[''[['"), 0);
+        assert_eq!(flow_depth("a: x # [[[[[\nb: [1]"), 1);
+        // A quote inside a plain scalar opens nothing.
+        assert_eq!(flow_depth("a: don't [[x]]"), 2);
+        // A `#` inside a quoted scalar is not a comment.
+        assert_eq!(flow_depth("a: \"x #\" [[[x]]]"), 3);
+        let deep = format!("a: {}{}", "[".repeat(40_000), "]".repeat(40_000));
+        assert_eq!(flow_depth(&deep), 40_000);
+    }
+}
