@@ -30,8 +30,14 @@ use crate::{
     lifecycle::BackendState,
 };
 
-/// Largest request or response line accepted.
-pub const MAX_MESSAGE: usize = 4 << 20;
+/// Largest request line `lbd` reads: room for a VIP with ~8,000 backends,
+/// more than `max_backends` allows by default. A longer one is refused.
+pub const MAX_REQUEST: usize = 1 << 20;
+/// Largest answer `lbctl` reads (`vip list` of thousands of VIPs).
+pub const MAX_RESPONSE: usize = 64 << 20;
+/// Connections `lbd` serves at once; one more is answered with an error
+/// and closed, so held connections cannot make it buffer without bound.
+pub const MAX_CONNECTIONS: usize = 64;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
@@ -342,31 +348,45 @@ pub struct NodeChange {
 
 #[derive(Debug, Error)]
 pub enum ClientError {
-    #[error("cannot connect to lbd at {path}: {source} (is lbd running, and are you root?)")]
-    Connect {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("talking to lbd: {0}")]
+    /// Why the socket could not be reached, in words (each reason once).
+    #[error("{0}")]
+    Connect(String),
+    #[error("talking to lbd")]
     Io(#[from] std::io::Error),
-    #[error("bad answer from lbd: {0}")]
+    #[error("bad answer from lbd")]
     Decode(#[from] serde_json::Error),
     #[error("lbd: {0}")]
     Daemon(String),
 }
 
+impl ClientError {
+    fn connect(path: &Path, e: &std::io::Error) -> Self {
+        let path = path.display();
+        ClientError::Connect(match e.kind() {
+            std::io::ErrorKind::NotFound => {
+                format!("no lbd socket at {path}: is lbd running, and is this its instance?")
+            }
+            std::io::ErrorKind::PermissionDenied => {
+                format!(
+                    "permission denied on {path}: lbd's socket is root's (mode 0600); run lbctl as root"
+                )
+            }
+            std::io::ErrorKind::ConnectionRefused => {
+                format!("nothing answers at {path}: lbd is not running (the socket is stale)")
+            }
+            _ => format!("cannot connect to lbd at {path}: {e}"),
+        })
+    }
+}
+
 /// Sends one request and returns the `data` of a successful answer.
 pub fn call(socket: &Path, request: &Request) -> Result<serde_json::Value, ClientError> {
-    let mut stream = UnixStream::connect(socket).map_err(|source| ClientError::Connect {
-        path: socket.display().to_string(),
-        source,
-    })?;
+    let mut stream = UnixStream::connect(socket).map_err(|e| ClientError::connect(socket, &e))?;
     stream.set_read_timeout(Some(Duration::from_secs(30)))?;
     let mut line = serde_json::to_vec(request)?;
     line.push(b'\n');
     stream.write_all(&line)?;
-    let mut reader = BufReader::new(stream);
+    let mut reader = BufReader::new(std::io::Read::take(stream, MAX_RESPONSE as u64));
     let mut answer = String::new();
     reader.read_line(&mut answer)?;
     let response: Response = serde_json::from_str(&answer)?;

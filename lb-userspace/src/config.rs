@@ -809,9 +809,16 @@ impl RawVip {
 impl Serialize for VipConfig {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         #[derive(Serialize)]
+        #[serde(untagged)]
+        enum Port {
+            Number(u16),
+            /// All ports: written `all`, as a file says it (0 is refused).
+            All(&'static str),
+        }
+        #[derive(Serialize)]
         struct Out<'a> {
             address: IpAddr,
-            port: u16,
+            port: Port,
             protocol: Protocol,
             encap: Encap,
             conntrack: bool,
@@ -828,7 +835,10 @@ impl Serialize for VipConfig {
         }
         Out {
             address: self.id.addr,
-            port: self.id.port,
+            port: match self.id.port {
+                0 => Port::All("all"),
+                p => Port::Number(p),
+            },
             protocol: self.id.proto,
             encap: self.encap,
             conntrack: self.conntrack,

@@ -3,6 +3,7 @@
 
 pub mod announce;
 pub mod api;
+pub mod atomic_file;
 pub mod config;
 pub mod config_parse;
 pub mod dataplane;

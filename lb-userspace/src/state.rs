@@ -12,7 +12,6 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    io::Write as _,
     net::IpAddr,
     path::Path,
 };
@@ -228,40 +227,46 @@ impl Overlay {
             path: path.display().to_string(),
             message,
         };
+        let broken = |e: serde_json::Error| {
+            file_err(format!(
+                "{e}; it holds the changes made with lbctl: fix it, or move it away to start without them"
+            ))
+        };
         match std::fs::read(path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
-                file_err(format!(
-                    "{e}; it holds the changes made with lbctl: fix it, or move it away to start without them"
-                ))
-            }),
+            Ok(bytes) => {
+                let mut value: serde_json::Value =
+                    serde_json::from_slice(&bytes).map_err(broken)?;
+                upgrade_all_ports(&mut value);
+                serde_json::from_value(value).map_err(broken)
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Overlay::default()),
             Err(e) => Err(file_err(e.to_string())),
         }
     }
 
-    /// Writes the overlay atomically and durably.
+    /// Writes the overlay atomically and durably, readable by root only.
     pub fn save(&self, path: &Path) -> Result<(), StateError> {
         let file_err = |message: String| StateError::File {
             path: path.display().to_string(),
             message,
         };
-        let dir = path
-            .parent()
-            .filter(|p| !p.as_os_str().is_empty())
-            .unwrap_or(Path::new("."));
-        std::fs::create_dir_all(dir)
-            .map_err(|e| file_err(format!("creating {}: {e}", dir.display())))?;
-        let tmp = path.with_extension("json.tmp");
-        let body = serde_json::to_vec_pretty(self).map_err(|e| file_err(e.to_string()))?;
-        let write = || -> std::io::Result<()> {
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&body)?;
-            f.write_all(b"\n")?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, path)?;
-            std::fs::File::open(dir)?.sync_all()
-        };
-        write().map_err(|e| file_err(e.to_string()))
+        let mut body = serde_json::to_vec_pretty(self).map_err(|e| file_err(e.to_string()))?;
+        body.push(b'\n');
+        crate::atomic_file::write_private(path, &body).map_err(|e| file_err(e.to_string()))
+    }
+}
+
+/// Versions before port 0 was refused wrote all-ports VIPs with `"port":
+/// 0`; such a file still loads (its VIPs become `all`).
+fn upgrade_all_ports(value: &mut serde_json::Value) {
+    if let Some(added) = value.get_mut("vips_added").and_then(|v| v.as_object_mut()) {
+        for vip in added.values_mut() {
+            if let Some(port) = vip.get_mut("port")
+                && port.as_u64() == Some(0)
+            {
+                *port = serde_json::Value::from("all");
+            }
+        }
     }
 }
 
@@ -367,6 +372,32 @@ mod tests {
         o.set_drained(&b, &v, ip("10.1.0.1"), true).unwrap();
         o.set_drained(&b, &v, ip("10.1.0.1"), false).unwrap();
         assert!(o.drained.is_empty());
+    }
+
+    #[test]
+    fn an_older_file_with_port_zero_still_loads() {
+        let dir = std::env::temp_dir().join(format!("lb-state-old-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("s.json");
+        std::fs::write(
+            &path,
+            r#"{"vips_added":{"10.0.0.9:*/udp":{"address":"10.0.0.9","port":0,"protocol":"udp","backends":[{"address":"10.1.0.1"}]}}}"#,
+        )
+        .unwrap();
+        let o = Overlay::load(&path).expect("an older state file");
+        assert_eq!(
+            o.vips_added.keys().next().unwrap().to_string(),
+            "10.0.0.9:*/udp"
+        );
+        o.save(&path).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains(r#""port": "all""#), "{text}");
+        assert_eq!(Overlay::load(&path).unwrap(), o);
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(&path).unwrap().permissions(),
+        );
+        assert_eq!(mode & 0o777, 0o600, "the state file is root's alone");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -388,3 +388,114 @@ fn hostile_files_are_refused_on_reload_with_every_problem_named() {
         Ok(())
     })());
 }
+
+/// Resident memory of process `pid`, in KiB.
+fn rss_kib(pid: u32) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .context("no VmRSS")
+}
+
+/// Reads one answer line from a raw API connection.
+fn answer(stream: &mut std::os::unix::net::UnixStream) -> Result<serde_json::Value> {
+    use std::io::BufRead as _;
+    stream.set_read_timeout(Some(Duration::from_secs(15)))?;
+    let mut line = String::new();
+    std::io::BufReader::new(stream).read_line(&mut line)?;
+    Ok(serde_json::from_str(&line).with_context(|| format!("answer {line:?}"))?)
+}
+
+#[test]
+fn the_api_bounds_requests_and_connections_and_lbctl_behaves_as_a_unix_tool() {
+    use std::io::Write as _;
+    use std::os::unix::net::UnixStream;
+    let _serial = serial();
+    check((|| {
+        let (_rig, lbd) = setup(1, &[Some(1)])?;
+        let base = rss_kib(lbd.pid())?;
+        // Every slot held by a connection that sent half a megabyte and
+        // no newline.
+        let mut held = Vec::new();
+        for _ in 0..lb::api::MAX_CONNECTIONS {
+            let mut s = UnixStream::connect(&lbd.socket)?;
+            s.write_all(&vec![b'x'; 512 << 10])?;
+            held.push(s);
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let mut extra = UnixStream::connect(&lbd.socket)?;
+        let a = answer(&mut extra)?;
+        if a["ok"] != false
+            || !a["error"]
+                .as_str()
+                .unwrap_or("")
+                .contains("connections already")
+        {
+            bail!("a connection beyond the limit: {a}");
+        }
+        let peak = rss_kib(lbd.pid())?;
+        eprintln!(
+            "lbd RSS {base} KiB, {peak} KiB with {} connections holding 512 KiB each",
+            held.len()
+        );
+        // Bounded by the slots and the request limit, not by the peer.
+        let bound = base + (lb::api::MAX_CONNECTIONS * lb::api::MAX_REQUEST) as u64 / 1024 * 2;
+        if peak > bound {
+            bail!("lbd grew from {base} to {peak} KiB (bound {bound})");
+        }
+        drop(held);
+        std::thread::sleep(Duration::from_millis(300));
+        // A request past the limit is refused with a reason.
+        let mut big = UnixStream::connect(&lbd.socket)?;
+        big.write_all(&vec![b'x'; lb::api::MAX_REQUEST + 10])?;
+        let a = answer(&mut big)?;
+        if !a["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("request longer than 1024 KiB")
+        {
+            bail!("an oversized request: {a}");
+        }
+        lbd.lbctl(&["status"])?;
+
+        // `lbctl stats | head -1`: the pipe closes early; lbctl ends
+        // quietly.
+        let mut child = Command::new(bin_path("lbctl")?)
+            .arg("--socket")
+            .arg(&lbd.socket)
+            .arg("stats")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        drop(child.stdout.take());
+        let out = child.wait_with_output()?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        if err.contains("panicked") || err.contains("Broken pipe") {
+            bail!("lbctl into a closed pipe: {err}");
+        }
+        // A user who is not root: one clear reason, once.
+        let out = Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(bin_path("lbctl")?)
+            .arg("--socket")
+            .arg(&lbd.socket)
+            .arg("status")
+            .output()?;
+        let err = String::from_utf8_lossy(&out.stderr).to_lowercase();
+        if out.status.success() || err.matches("permission denied").count() != 1 {
+            bail!("lbctl as nobody: {err}");
+        }
+
+        // The state file is root's alone.
+        lbd.lbctl(&["backend", "weight", "10.99.0.1:80/tcp", "10.10.31.2", "2"])?;
+        let state = lbd.config.with_file_name("state.json");
+        let mode =
+            std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&state)?.permissions());
+        if mode & 0o777 != 0o600 {
+            bail!("{} has mode {:o}", state.display(), mode & 0o777);
+        }
+        Ok(())
+    })());
+}

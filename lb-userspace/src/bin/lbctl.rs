@@ -194,6 +194,11 @@ enum ModeArg {
 }
 
 fn main() {
+    // Like any Unix tool: a closed pipe (`lbctl bgp | head -1`) ends the
+    // process quietly, instead of a panic in println!.
+    // SAFETY: restoring the default disposition of SIGPIPE before any
+    // thread exists.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     if let Err(e) = run(Args::parse()) {
         eprintln!("lbctl: {e:#}");
         std::process::exit(1);

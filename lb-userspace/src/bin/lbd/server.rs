@@ -5,7 +5,7 @@
 use std::{os::unix::fs::PermissionsExt as _, path::Path, time::Duration};
 
 use anyhow::{Context as _, Result};
-use lb::api::{MAX_MESSAGE, Request, Response};
+use lb::api::{MAX_CONNECTIONS, MAX_REQUEST, Request, Response};
 use tokio::{
     io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader},
     net::{UnixListener, UnixStream},
@@ -42,11 +42,21 @@ pub fn bind(path: &Path) -> Result<UnixListener> {
 }
 
 pub async fn serve(listener: UnixListener, calls: mpsc::Sender<Call>) {
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         match listener.accept().await {
-            Ok((stream, _)) => {
-                tokio::spawn(handle(stream, calls.clone()));
-            }
+            Ok((stream, _)) => match slots.clone().try_acquire_owned() {
+                Ok(slot) => {
+                    let calls = calls.clone();
+                    tokio::spawn(async move {
+                        handle(stream, calls).await;
+                        drop(slot);
+                    });
+                }
+                Err(_) => {
+                    tokio::spawn(refuse(stream));
+                }
+            },
             Err(e) => {
                 warn!(error = %e, "accept on the control socket failed");
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -55,36 +65,55 @@ pub async fn serve(listener: UnixListener, calls: mpsc::Sender<Call>) {
     }
 }
 
-async fn handle(stream: UnixStream, calls: mpsc::Sender<Call>) {
-    let (read, mut write) = stream.into_split();
-    let mut reader = BufReader::new(read.take(MAX_MESSAGE as u64));
-    let mut line = String::new();
-    let response =
-        match tokio::time::timeout(Duration::from_secs(10), reader.read_line(&mut line)).await {
-            Err(_) => Response::err("timed out waiting for the request"),
-            Ok(Err(e)) => Response::err(format!("reading the request: {e}")),
-            Ok(Ok(_)) if !line.ends_with('\n') => {
-                Response::err("request too long or not terminated by a newline")
-            }
-            Ok(Ok(_)) => match serde_json::from_str::<Request>(&line) {
-                Err(e) => Response::err(format!("bad request: {e}")),
-                Ok(request) => {
-                    debug!(?request, "api request");
-                    let (tx, rx) = oneshot::channel();
-                    if calls.send((request, tx)).await.is_err() {
-                        Response::err("lbd is shutting down")
-                    } else {
-                        rx.await
-                            .unwrap_or_else(|_| Response::err("lbd dropped the request"))
-                    }
-                }
-            },
-        };
-    let mut out = serde_json::to_vec(&response).unwrap_or_else(|e| {
+/// Answers a connection beyond [`MAX_CONNECTIONS`] with an error, without
+/// reading it.
+async fn refuse(mut stream: UnixStream) {
+    let response = Response::err(format!(
+        "lbd is serving {MAX_CONNECTIONS} connections already; try again"
+    ));
+    let _ = write_response(&mut stream, &response).await;
+}
+
+async fn write_response(
+    write: &mut (impl tokio::io::AsyncWrite + Unpin),
+    response: &Response,
+) -> std::io::Result<()> {
+    let mut out = serde_json::to_vec(response).unwrap_or_else(|e| {
         format!(r#"{{"ok":false,"error":"encoding the answer: {e}"}}"#).into_bytes()
     });
     out.push(b'\n');
-    if let Err(e) = write.write_all(&out).await {
+    write.write_all(&out).await
+}
+
+async fn handle(stream: UnixStream, calls: mpsc::Sender<Call>) {
+    let (read, mut write) = stream.into_split();
+    let mut reader = BufReader::new(read.take(MAX_REQUEST as u64));
+    let mut line = String::new();
+    let response = match tokio::time::timeout(Duration::from_secs(10), reader.read_line(&mut line))
+        .await
+    {
+        Err(_) => Response::err("timed out waiting for the request"),
+        Ok(Err(e)) => Response::err(format!("reading the request: {e}")),
+        Ok(Ok(n)) if !line.ends_with('\n') && n >= MAX_REQUEST => Response::err(format!(
+            "request longer than {} KiB, the most lbd reads",
+            MAX_REQUEST >> 10
+        )),
+        Ok(Ok(_)) if !line.ends_with('\n') => Response::err("request not terminated by a newline"),
+        Ok(Ok(_)) => match serde_json::from_str::<Request>(&line) {
+            Err(e) => Response::err(format!("bad request: {e}")),
+            Ok(request) => {
+                debug!(?request, "api request");
+                let (tx, rx) = oneshot::channel();
+                if calls.send((request, tx)).await.is_err() {
+                    Response::err("lbd is shutting down")
+                } else {
+                    rx.await
+                        .unwrap_or_else(|_| Response::err("lbd dropped the request"))
+                }
+            }
+        },
+    };
+    if let Err(e) = write_response(&mut write, &response).await {
         debug!(error = %e, "client went away before the answer");
     }
 }
