@@ -295,8 +295,12 @@ impl Jitter {
 }
 
 /// Probes `target` forever: first after a random fraction of the interval,
-/// then every `interval ± jitter%`. Results go to `results` tagged with
-/// `key`; the task ends when the receiver is gone or it is aborted.
+/// then a probe *starts* every `interval ± jitter%`, however long the last
+/// one took (at most `timeout`, which is at most the interval). So a dead
+/// backend is found within `fall × interval × (1 + jitter) + timeout`
+/// ([`crate::config::HealthCheck::detection_bound`]) whether its probes
+/// are refused or time out. Results go to `results` tagged with `key`; the
+/// task ends when the receiver is gone or it is aborted.
 pub fn spawn_prober<K: Clone + Send + 'static>(
     key: K,
     check: HealthCheck,
@@ -304,17 +308,38 @@ pub fn spawn_prober<K: Clone + Send + 'static>(
     seed: u64,
     results: mpsc::Sender<(K, ProbeResult)>,
 ) -> JoinHandle<()> {
+    spawn_prober_with(key, check, target, seed, results, |c, t| async move {
+        probe(&c, &t).await
+    })
+}
+
+/// [`spawn_prober`] with the probe given (tests give one that fails after
+/// a chosen delay).
+fn spawn_prober_with<K, F, Fut>(
+    key: K,
+    check: HealthCheck,
+    target: ProbeTarget,
+    seed: u64,
+    results: mpsc::Sender<(K, ProbeResult)>,
+    probe: F,
+) -> JoinHandle<()>
+where
+    K: Clone + Send + 'static,
+    F: Fn(HealthCheck, ProbeTarget) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ProbeResult> + Send,
+{
     tokio::spawn(async move {
         let mut jitter = Jitter::new(seed);
         tokio::time::sleep(check.interval.mul_f64(jitter.next())).await;
         loop {
-            let result = probe(&check, &target).await;
+            let started = tokio::time::Instant::now();
+            let result = probe(check.clone(), target.clone()).await;
             if results.send((key.clone(), result)).await.is_err() {
                 return;
             }
             let spread = check.jitter as f64 / 100.0;
             let factor = 1.0 + spread * (2.0 * jitter.next() - 1.0);
-            tokio::time::sleep(check.interval.mul_f64(factor)).await;
+            tokio::time::sleep_until(started + check.interval.mul_f64(factor)).await;
         }
     })
 }
@@ -470,6 +495,65 @@ mod tests {
     #[test]
     fn escapes_are_understood() {
         assert_eq!(unescape("a\\r\\n\\t\\\\b\\x"), b"a\r\n\t\\b\\x");
+    }
+
+    /// A backend that dies just after a good probe, whose probes then all
+    /// time out: with the clock paused (virtual time), the `fall`-th
+    /// failure arrives within the documented bound, not `fall × (interval
+    /// + timeout)`.
+    #[tokio::test(start_paused = true)]
+    async fn detection_stays_within_the_bound_when_probes_time_out() {
+        let mut c = check();
+        c.interval = Duration::from_millis(300);
+        c.timeout = Duration::from_millis(300);
+        let bound = c.detection_bound();
+        for seed in 0..20 {
+            let (tx, mut rx) = mpsc::channel(8);
+            let dead_at = std::sync::Arc::new(std::sync::Mutex::new(None));
+            let (d, timeout) = (dead_at.clone(), c.timeout);
+            let task =
+                spawn_prober_with("k", c.clone(), server(hold_open), seed, tx, move |_, _| {
+                    let d = d.clone();
+                    async move {
+                        // The first probe succeeds; the backend dies right after.
+                        let first = {
+                            let mut dead = d.lock().expect("lock");
+                            let first = dead.is_none();
+                            if first {
+                                *dead = Some(tokio::time::Instant::now());
+                            }
+                            first
+                        };
+                        if first {
+                            return ProbeResult {
+                                ok: true,
+                                latency_us: 0,
+                                detail: String::new(),
+                            };
+                        }
+                        tokio::time::sleep(timeout).await;
+                        ProbeResult {
+                            ok: false,
+                            latency_us: 0,
+                            detail: "timed out".into(),
+                        }
+                    }
+                });
+            let mut tracker = Tracker::new(c.rise, c.fall);
+            loop {
+                let (_, r) = rx.recv().await.expect("prober reports");
+                if tracker.record(r) == Some(false) {
+                    break;
+                }
+            }
+            let died = dead_at.lock().expect("lock").expect("first probe ran");
+            let took = died.elapsed();
+            assert!(
+                took <= bound,
+                "seed {seed}: down after {took:?}, bound {bound:?}"
+            );
+            task.abort();
+        }
     }
 
     #[tokio::test]

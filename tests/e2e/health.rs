@@ -3,9 +3,11 @@
 //! real client connections. Needs root.
 //!
 //! Detection and recovery times are measured (from the moment a server
-//! stops to the moment its slots leave the kernel table) and printed; the
-//! test checks them against the configured bound with generous slack for a
-//! busy machine — the bound is a functional promise, not a benchmark.
+//! stops to the moment its slots leave the kernel table) and printed. What
+//! the test asserts is counted, not timed: the backend leaves after `fall`
+//! failed probes (one more may have been under way when it died). The
+//! prober's schedule, which turns that count into the documented time
+//! bound, is checked in virtual time by a unit test (`health.rs`).
 
 use std::{
     collections::BTreeMap,
@@ -58,6 +60,15 @@ fn vip_health(lbd: &Lbd) -> Result<serde_json::Value> {
         .with_context(|| format!("no health entry for {VIP}: {h}"))
 }
 
+/// Probes run so far against backend `addr`.
+fn probes(lbd: &Lbd, addr: &str) -> Result<u64> {
+    vip_health(lbd)?["backends"]
+        .as_array()
+        .and_then(|b| b.iter().find(|b| b["address"] == addr))
+        .and_then(|b| b["probes"].as_u64())
+        .with_context(|| format!("no probe count for {addr}"))
+}
+
 fn state(lbd: &Lbd, addr: &str) -> Result<String> {
     vip_health(lbd)?["backends"]
         .as_array()
@@ -92,13 +103,17 @@ fn a_dead_backend_leaves_within_the_bound_and_returns_after_rise() {
         let streams = run_streams(&rig, 50_000..50_030)?;
         std::thread::sleep(Duration::from_millis(500));
 
+        let probes_before = probes(&lbd, be2)?;
         rig.stop_server("be2");
         let stopped = Instant::now();
         wait_for(Duration::from_secs(20), || Ok(slots(&lbd, be2)? == 0))?;
         let detection = stopped.elapsed();
-        eprintln!("detection: {detection:?} from server stop to zero slots (bound {BOUND:?})");
-        if detection > BOUND * 2 + Duration::from_secs(1) {
-            bail!("be2 left the table after {detection:?}, bound {BOUND:?}");
+        let failed = probes(&lbd, be2)? - probes_before;
+        eprintln!(
+            "detection: {detection:?} from server stop to zero slots (bound {BOUND:?}), after {failed} probes (fall 3)"
+        );
+        if failed > 3 + 1 {
+            bail!("be2 left the table after {failed} probes; fall is 3");
         }
         if state(&lbd, be2)? != "down" {
             bail!("be2 is not reported down");
