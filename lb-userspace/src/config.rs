@@ -2372,6 +2372,48 @@ vips:
         }
     }
 
+    /// The fields serde knows for `T`, read from its "unknown field"
+    /// error, so this list can never fall behind the types.
+    fn fields_of<T: serde::de::DeserializeOwned + fmt::Debug>() -> Vec<String> {
+        let e = serde_yaml::from_str::<T>("__no_such_field__: 1\n").expect_err("unknown field");
+        let text = e.to_string();
+        let list = text
+            .split_once("expected one of ")
+            .or_else(|| text.split_once("expected "))
+            .map(|(_, l)| l)
+            .unwrap_or_else(|| panic!("no field list in {text}"));
+        list.split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn the_annotated_example_names_every_setting() {
+        let example = include_str!("../../config/example.yaml");
+        let mut all = fields_of::<RawConfig>();
+        all.extend(fields_of::<RawVip>());
+        all.extend(fields_of::<BackendConfig>());
+        all.extend(fields_of::<HealthCheck>());
+        all.extend(fields_of::<HttpCheck>());
+        all.extend(fields_of::<crate::announce::AnnounceConfig>());
+        all.extend(fields_of::<crate::announce::bgp::BgpConfig>());
+        all.extend(fields_of::<crate::announce::bgp::PeerConfig>());
+        all.extend(fields_of::<crate::announce::bgp::ConnectRetry>());
+        all.extend(fields_of::<crate::announce::exabgp::ExabgpConfig>());
+        all.extend(fields_of::<crate::announce::exec::ExecConfig>());
+        assert!(all.len() > 60, "{all:?}");
+        let missing: Vec<&String> = all
+            .iter()
+            .filter(|f| !example.contains(&format!("{f}:")))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "config/example.yaml does not show {missing:?}"
+        );
+    }
+
     #[test]
     fn every_example_in_config_dir_loads() {
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config");

@@ -27,7 +27,7 @@ use lb::announce::{
 use lb_tests::{
     routers::{
         BgpRig, ROUTER_AS, Router, RouterKind, SPEAKER_AS, VIP4, VIP6, kernel_next_hops,
-        kernel_routes, start_router, wait_for,
+        kernel_routes, start_router, start_router_with, wait_for,
     },
     speaker::{Probe, SpeakerThread},
 };
@@ -61,10 +61,8 @@ fn speaker_config(i: usize) -> BgpConfig {
         next_hop_v4: None,
         next_hop_v6: Some(BgpRig::speaker_v6(i)),
         peers: vec![PeerConfig {
-            address: BgpRig::router_v4(i).into(),
-            remote_as: ROUTER_AS,
-            port: 179,
             local_address: Some(BgpRig::speaker_v4(i).into()),
+            ..PeerConfig::new(BgpRig::router_v4(i).into(), ROUTER_AS)
         }],
     }
 }
@@ -522,12 +520,10 @@ fn cases() -> Vec<Case> {
             want: Notification::new(3, 1, []),
         },
         Case {
-            name: "ORIGIN 7",
+            name: "path attributes past the message",
             in_open: false,
-            bytes: update(&[
-                0, 0, 0, 18, 0x40, 1, 1, 7, 0x40, 2, 0, 0x40, 3, 4, 10, 0, 0, 1, 32, 10, 99, 0, 1,
-            ]),
-            want: Notification::new(3, 6, []),
+            bytes: update(&[0, 0, 0, 40, 0x40, 1, 1, 0]),
+            want: Notification::new(3, 1, []),
         },
         Case {
             name: "OPEN when Established",
@@ -636,10 +632,8 @@ fn malformed_messages_from_a_peer_get_the_right_notification() {
             next_hop_v4: None,
             next_hop_v6: None,
             peers: vec![PeerConfig {
-                address: peer.ip(),
-                remote_as: ROUTER_AS,
                 port: peer.port(),
-                local_address: None,
+                ..PeerConfig::new(peer.ip(), ROUTER_AS)
             }],
         };
         let mut lb = SpeakerThread::start(ns, config)?;
@@ -686,4 +680,129 @@ fn malformed_messages_from_a_peer_get_the_right_notification() {
         eprintln!("malformed input, one reconnection each:{report}");
         Ok(())
     })());
+}
+
+/// Runs the speaker with `config` for `watch` and fails if the router
+/// reaches Established (and, with `ours_too`, if the speaker does). Only
+/// the router's view decides where its check is the one that drops: our
+/// first segments can beat its `IP_MINTTL` set after accept, so our FSM
+/// may see its OPEN and KEEPALIVE while it never sees ours.
+fn no_session(
+    rig: &BgpRig,
+    router: &dyn Router,
+    config: BgpConfig,
+    what: &str,
+    ours_too: bool,
+    watch: Duration,
+) -> Result<()> {
+    let mut lb = SpeakerThread::start(&rig.speakers[0], config)?;
+    let start = Instant::now();
+    while start.elapsed() < watch {
+        if (ours_too && lb.peer(&peer_name(1))?.state == SessionState::Established)
+            || router.established(BgpRig::speaker_v4(1))?
+        {
+            bail!(
+                "{} established a session {what}:\n{}",
+                router.name(),
+                router.logs()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    lb.shutdown()
+}
+
+/// TCP MD5 (RFC 2385) and GTSM (RFC 5082). Against a router that demands
+/// both: with the key and TTL 255, the session and the route; without the
+/// key, no session; without GTSM, none either where the router enforces
+/// it on connections it accepts (FRR does; BIRD 2.0.12 does not). Against
+/// a router without GTSM (which sends eBGP with TTL 1), the speaker's own
+/// check refuses the session.
+fn md5_and_gtsm(kind: RouterKind) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let _serial = serial();
+    let rig = BgpRig::new(1)?;
+    let mut spec = rig.router_spec();
+    spec.peers[0].password = Some("lb-md5-Key-1".into());
+    spec.peers[0].ttl_security = true;
+    let router = start_router_with(kind, &rig, &spec)?;
+    let name = router.name();
+    let key = rig.dir.path.join("lb1.key");
+    std::fs::write(&key, "lb-md5-Key-1\n")?;
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600))?;
+    let full = || {
+        let mut c = speaker_config(1);
+        c.peers[0].password_file = Some(key.clone());
+        c.peers[0].ttl_security = Some(1);
+        c
+    };
+
+    let mut lb = SpeakerThread::start(&rig.speakers[0], full())?;
+    let up = wait_established(&lb, router.as_ref(), 1, Duration::from_secs(15))?;
+    let v4: IpAddr = VIP4.into();
+    lb.set(&[v4])?;
+    wait_for(
+        "the VIP in the router's kernel",
+        Duration::from_secs(5),
+        POLL,
+        || routed_via(&rig, v4, &[BgpRig::speaker_v4(1).into()]),
+    )
+    .with_context(|| router.logs())?;
+    lb.shutdown()?;
+    wait_for(
+        "the router seeing the session closed",
+        Duration::from_secs(5),
+        POLL,
+        || Ok(!router.established(BgpRig::speaker_v4(1))?),
+    )?;
+
+    let watch = Duration::from_millis(2500);
+    let mut no_key = full();
+    no_key.peers[0].password_file = None;
+    no_session(
+        &rig,
+        router.as_ref(),
+        no_key,
+        "without the key",
+        true,
+        watch,
+    )?;
+    if kind == RouterKind::Frr {
+        let mut no_gtsm = full();
+        no_gtsm.peers[0].ttl_security = None;
+        no_session(&rig, router.as_ref(), no_gtsm, "without GTSM", false, watch)?;
+    }
+    drop(router);
+
+    spec.peers[0].ttl_security = false;
+    let router = start_router_with(kind, &rig, &spec)?;
+    no_session(
+        &rig,
+        router.as_ref(),
+        full(),
+        "sending with TTL 1 to a GTSM speaker",
+        true,
+        watch,
+    )?;
+    eprintln!(
+        "{name} with TCP MD5 and GTSM: established in {}; no session without the key, none with a router that does not send TTL 255{} (watched {} each)",
+        ms(up),
+        if kind == RouterKind::Frr {
+            ", none without GTSM"
+        } else {
+            ""
+        },
+        ms(watch)
+    );
+    Ok(())
+}
+
+#[test]
+fn bird_with_md5_and_gtsm() {
+    check(md5_and_gtsm(RouterKind::Bird));
+}
+
+#[test]
+fn frr_with_md5_and_gtsm() {
+    check(md5_and_gtsm(RouterKind::Frr));
 }

@@ -91,6 +91,23 @@ fn a_second_lbd_on_a_running_instance_is_refused() {
         if lbd.wait_exit(Duration::from_secs(15))?.is_none() {
             bail!("lbd did not stop on SIGTERM");
         }
+        // README's form of teardown (the option after the subcommand) on
+        // the stopped instance removes its pins.
+        let out = run_bounded(
+            rig.lb
+                .command(bin_path("lbd")?)
+                .arg("teardown")
+                .arg("--config")
+                .arg(&config),
+            Duration::from_secs(10),
+        )?;
+        if !out.status.success() || rig.pin_dir().exists() {
+            bail!(
+                "lbd teardown --config FILE: {}\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
         let next = Lbd::start(&rig, &config).context("an lbd after the first stopped")?;
         next.lbctl(&["status"])?;
         Ok(())
@@ -488,8 +505,25 @@ fn the_api_bounds_requests_and_connections_and_lbctl_behaves_as_a_unix_tool() {
             bail!("lbctl as nobody: {err}");
         }
 
-        // The state file is root's alone.
+        // The state file is root's alone; a GUE VIP can be made with lbctl.
         lbd.lbctl(&["backend", "weight", "10.99.0.1:80/tcp", "10.10.31.2", "2"])?;
+        lbd.lbctl(&[
+            "vip",
+            "add",
+            "10.99.0.9:80/tcp",
+            "--backend",
+            "10.10.31.2",
+            "--encap",
+            "gue",
+        ])?;
+        let vips = lbd.lbctl_json(&["vip", "list"])?;
+        let gue = vips
+            .as_array()
+            .and_then(|v| v.iter().find(|v| v["vip"] == "10.99.0.9:80/tcp"))
+            .with_context(|| format!("the new VIP in {vips}"))?;
+        if gue["encap"] != "gue" {
+            bail!("lbctl vip add --encap gue made {gue}");
+        }
         let state = lbd.config.with_file_name("state.json");
         let mode =
             std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&state)?.permissions());

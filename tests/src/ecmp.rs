@@ -146,6 +146,8 @@ impl EcmpRig {
                     name: format!("lb{i}"),
                     local: router_addr(i),
                     address: balancer_addr(i),
+                    password: None,
+                    ttl_security: false,
                 })
                 .collect(),
         };

@@ -182,6 +182,8 @@ impl BgpRig {
                     name: format!("lb{i}"),
                     local: Self::router_v4(i),
                     address: Self::speaker_v4(i),
+                    password: None,
+                    ttl_security: false,
                 })
                 .collect(),
         }
@@ -206,6 +208,11 @@ pub struct RouterPeer {
     /// The router's own address towards the peer.
     pub local: Ipv4Addr,
     pub address: Ipv4Addr,
+    /// TCP MD5 key (RFC 2385) of the session.
+    pub password: Option<String>,
+    /// GTSM (RFC 5082), one hop: the router sends TTL 255 and accepts
+    /// only 255.
+    pub ttl_security: bool,
 }
 
 /// Which router implementation.
@@ -235,7 +242,17 @@ pub trait Router {
 
 /// Starts a router of `kind` in `rig`'s router namespace.
 pub fn start_router(kind: RouterKind, rig: &BgpRig) -> Result<Box<dyn Router>> {
-    let spec = rig.router_spec();
+    start_router_with(kind, rig, &rig.router_spec())
+}
+
+/// Starts a router of `kind` in `rig`'s router namespace configured as
+/// `spec` says.
+pub fn start_router_with(
+    kind: RouterKind,
+    rig: &BgpRig,
+    spec: &RouterSpec,
+) -> Result<Box<dyn Router>> {
+    let spec = spec.clone();
     Ok(match kind {
         RouterKind::Bird => Box::new(Bird::start(&rig.router, &rig.dir.path, &spec)?),
         RouterKind::Frr => Box::new(Frr::start(&rig.router, &rig.dir.path, &spec)?),
@@ -287,6 +304,21 @@ fn log_file(path: &Path) -> Result<std::fs::File> {
         .with_context(|| format!("opening {}", path.display()))
 }
 
+/// BIRD's lines for a peer's MD5 key and GTSM.
+fn bird_security(p: &RouterPeer) -> String {
+    let mut s = String::new();
+    if let Some(key) = &p.password {
+        let _ = write!(s, "\n  password \"{key}\";");
+    }
+    if p.ttl_security {
+        // Passive: lb never listens, and its kernel's resets to BIRD's own
+        // connection attempts leave with TTL 64, which GTSM drops; BIRD
+        // would sit in its connect timeout and refuse lb's connections.
+        s.push_str("\n  ttl security yes;\n  passive yes;");
+    }
+    s
+}
+
 /// BIRD 2 in a namespace.
 pub struct Bird {
     ns_path: String,
@@ -323,7 +355,7 @@ define VIPS6 = [ {VIP6_RANGE}{{128,128}} ];
   neighbor {addr} as {SPEAKER_AS};
   hold time 3; keepalive time 1; connect retry time 1;
   error wait time 1, 2;
-  check link {check};
+  check link {check};{security}
   ipv4 {{ import where net ~ VIPS4; export none; }};
   ipv6 {{ import where net ~ VIPS6; export none; }};
 }}
@@ -332,6 +364,7 @@ define VIPS6 = [ {VIP6_RANGE}{{128,128}} ];
                 local = p.local,
                 addr = p.address,
                 check = if spec.check_link { "yes" } else { "no" },
+                security = bird_security(p),
             );
         }
         c
@@ -486,6 +519,13 @@ impl Frr {
                 " neighbor {a} remote-as {SPEAKER_AS}\n neighbor {a} timers 1 3\n neighbor {a} timers connect 1\n",
                 a = p.address
             );
+            if let Some(key) = &p.password {
+                let _ = writeln!(c, " neighbor {} password {key}", p.address);
+            }
+            if p.ttl_security {
+                let _ = writeln!(c, " neighbor {} ttl-security hops 1", p.address);
+                let _ = writeln!(c, " neighbor {} passive", p.address);
+            }
         }
         for (family, map) in [("ipv4", "VIPS4"), ("ipv6", "VIPS6")] {
             let _ = writeln!(c, " address-family {family} unicast\n  maximum-paths 16");

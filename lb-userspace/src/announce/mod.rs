@@ -118,6 +118,10 @@ pub struct PeerStatus {
     /// BGP UPDATEs (or prefix changes) sent and received.
     pub updates_sent: u64,
     pub updates_received: u64,
+    /// UPDATEs with malformed attributes, ignored as RFC 7606's
+    /// treat-as-withdraw (BGP only).
+    #[serde(default)]
+    pub updates_ignored: u64,
 }
 
 impl PeerStatus {
@@ -136,6 +140,7 @@ impl PeerStatus {
             messages_received: 0,
             updates_sent: 0,
             updates_received: 0,
+            updates_ignored: 0,
         }
     }
 }
@@ -269,6 +274,15 @@ impl AnnounceConfig {
             errors.extend(prefixed("exec", exec.validate()));
         }
         errors
+    }
+
+    /// Checks the files the section names (BGP key files), with paths
+    /// relative to the whole configuration (`announce.bgp.peers[0]...`).
+    pub fn check_files(&self) -> Vec<ConfigError> {
+        match &self.bgp {
+            Some(bgp) => prefixed("announce", prefixed("bgp", bgp.check_files())),
+            None => Vec::new(),
+        }
     }
 
     /// Starts every configured announcer (inside a tokio runtime; the

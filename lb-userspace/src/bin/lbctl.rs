@@ -110,6 +110,7 @@ enum VipCommand {
 enum EncapArg {
     Ipip,
     Gre,
+    Gue,
 }
 
 #[derive(Subcommand)]
@@ -260,6 +261,7 @@ fn run(args: Args) -> Result<()> {
             config.encap = match encap {
                 EncapArg::Ipip => Encap::Ipip,
                 EncapArg::Gre => Encap::Gre,
+                EncapArg::Gue => Encap::Gue,
             };
             config.conntrack = !no_conntrack;
             config.min_healthy = min_healthy;

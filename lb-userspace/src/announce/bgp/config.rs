@@ -6,6 +6,7 @@
 use std::{
     collections::BTreeSet,
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
+    path::{Path, PathBuf},
     time::Duration,
 };
 
@@ -97,12 +98,85 @@ pub struct PeerConfig {
     /// default: whatever the kernel picks for the route to the peer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub local_address: Option<IpAddr>,
+    /// TCP MD5 signatures (RFC 2385): a file holding the key shared with
+    /// the router, 1-80 bytes (one trailing newline is not part of it),
+    /// readable by its owner only. Read at every connection attempt, so a
+    /// new key applies from the next session on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_file: Option<PathBuf>,
+    /// GTSM (RFC 5082): the router is at most this many hops away (1:
+    /// on the same link). The session sends with TTL 255 and the kernel
+    /// drops segments that arrive below `256 - hops`, so no one further
+    /// away can reset or spoof it. The router must be configured alike.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_security: Option<u8>,
+    /// Next hops for this peer only, replacing the speaker's
+    /// `next_hop_v4`/`next_hop_v6` (a router on another link needs an
+    /// address of ours on its own link).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_hop_v4: Option<Ipv4Addr>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_hop_v6: Option<Ipv6Addr>,
 }
 
 impl PeerConfig {
+    /// A peer with no optional setting.
+    pub fn new(address: IpAddr, remote_as: u32) -> Self {
+        Self {
+            address,
+            remote_as,
+            port: BGP_PORT,
+            local_address: None,
+            password_file: None,
+            ttl_security: None,
+            next_hop_v4: None,
+            next_hop_v6: None,
+        }
+    }
+
     pub fn socket_addr(&self) -> SocketAddr {
         SocketAddr::new(self.address, self.port)
     }
+
+    /// The TCP MD5 key from `password_file`, if one is set; refused if the
+    /// file is readable by others or the key's length is out of range.
+    pub fn md5_key(&self) -> Result<Option<Vec<u8>>, String> {
+        let Some(path) = &self.password_file else {
+            return Ok(None);
+        };
+        read_key(path).map(Some)
+    }
+}
+
+/// Reads a TCP MD5 key file (see [`PeerConfig::password_file`]).
+fn read_key(path: &Path) -> Result<Vec<u8>, String> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let shown = path.display();
+    let meta = std::fs::metadata(path).map_err(|e| format!("{shown}: {e}"))?;
+    if meta.permissions().mode() & 0o077 != 0 {
+        return Err(format!(
+            "{shown} is readable by others (mode {:o}): `chmod 600` it",
+            meta.permissions().mode() & 0o777
+        ));
+    }
+    if meta.len() > 4096 {
+        return Err(format!("{shown} is {} bytes: not a key file", meta.len()));
+    }
+    let mut key = std::fs::read(path).map_err(|e| format!("{shown}: {e}"))?;
+    if key.ends_with(b"\n") {
+        key.pop();
+        if key.ends_with(b"\r") {
+            key.pop();
+        }
+    }
+    if key.is_empty() || key.len() > super::sockopt::MD5_MAX_KEY {
+        return Err(format!(
+            "{shown}: a TCP MD5 key is 1-{} bytes, this one {}",
+            super::sockopt::MD5_MAX_KEY,
+            key.len()
+        ));
+    }
+    Ok(key)
 }
 
 fn default_hold_time() -> Duration {
@@ -195,6 +269,29 @@ impl BgpConfig {
                     ));
                 }
             }
+            if let Some(hops) = peer.ttl_security
+                && !(1..=254).contains(&hops)
+            {
+                errors.push(problem(
+                    at("ttl_security"),
+                    format!("{hops} hops: GTSM allows 1-254"),
+                ));
+            }
+            for (field, nh) in [
+                ("next_hop_v4", peer.next_hop_v4.map(IpAddr::from)),
+                ("next_hop_v6", peer.next_hop_v6.map(IpAddr::from)),
+            ] {
+                if let Some(nh) = nh {
+                    check_unicast(&at(field), nh, &mut errors);
+                }
+            }
+            if peer
+                .password_file
+                .as_ref()
+                .is_some_and(|p| p.as_os_str().is_empty())
+            {
+                errors.push(problem(at("password_file"), "must not be empty"));
+            }
             if !seen.insert(peer.socket_addr()) {
                 errors.push(problem(
                     at("address"),
@@ -203,6 +300,21 @@ impl BgpConfig {
             }
         }
         errors
+    }
+
+    /// Checks what lives outside the configuration: each peer's key file
+    /// (readable, private, of a valid length). `lbd check` and the
+    /// speaker's start call it.
+    pub fn check_files(&self) -> Vec<ConfigError> {
+        self.peers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| {
+                p.md5_key()
+                    .err()
+                    .map(|e| problem(format!("peers[{i}].password_file"), e))
+            })
+            .collect()
     }
 }
 
@@ -236,6 +348,40 @@ mod tests {
         assert_eq!(c.hold_time_secs(), 3);
         assert_eq!(c.connect_retry.initial, Duration::from_millis(200));
         assert_eq!(c.peers[0].socket_addr().to_string(), "[2001:db8::1]:1179");
+    }
+
+    #[test]
+    fn key_files_must_be_private_and_of_a_valid_length() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = std::env::temp_dir().join(format!("lb-md5-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let key = dir.join("peer.key");
+        let c = |path: &Path| {
+            parse(&format!(
+                "local_as: 65001\nrouter_id: 10.0.0.11\npeers:\n  - {{ address: 10.0.0.1, remote_as: 65000, password_file: {}, ttl_security: 1 }}\n",
+                path.display()
+            ))
+        };
+        std::fs::write(&key, "s3cret\n").unwrap();
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let good = c(&key);
+        assert!(good.validate().is_empty() && good.check_files().is_empty());
+        assert_eq!(good.peers[0].md5_key().unwrap().unwrap(), b"s3cret");
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(good.check_files()[0].message.contains("readable by others"));
+        std::fs::write(&key, "x".repeat(81)).unwrap();
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(
+            good.check_files()[0]
+                .message
+                .contains("1-80 bytes, this one 81")
+        );
+        let missing = c(&dir.join("nope"));
+        assert_eq!(missing.check_files()[0].field, "peers[0].password_file");
+        let mut bad = good.clone();
+        bad.peers[0].ttl_security = Some(255);
+        assert_eq!(bad.validate()[0].field, "peers[0].ttl_security");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

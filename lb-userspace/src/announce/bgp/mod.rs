@@ -16,6 +16,7 @@
 
 pub mod config;
 mod session;
+mod sockopt;
 pub mod wire;
 
 use std::{collections::BTreeSet, net::IpAddr, sync::Arc, time::Duration};
@@ -54,7 +55,8 @@ impl BgpSpeaker {
     /// current tokio runtime. Nothing is announced until
     /// [`Announcer::set_announced`].
     pub fn start(config: BgpConfig) -> Result<Self, AnnounceError> {
-        let errors = config.validate();
+        let mut errors = config.validate();
+        errors.extend(config.check_files());
         if !errors.is_empty() {
             return Err(ConfigErrors {
                 source_name: None,
@@ -188,10 +190,8 @@ mod tests {
             next_hop_v4: None,
             next_hop_v6: None,
             peers: vec![PeerConfig {
-                address: Ipv4Addr::LOCALHOST.into(),
-                remote_as: 65000,
                 port,
-                local_address: None,
+                ..PeerConfig::new(Ipv4Addr::LOCALHOST.into(), 65000)
             }],
         }
     }
@@ -361,6 +361,68 @@ mod tests {
         assert_eq!(got, want);
         let s = wait_for_state(&speaker, SessionState::Established).await;
         assert_eq!((s.prefixes_announced, s.last_error), (2, None));
+        speaker.shutdown().await.expect("clean shutdown");
+    }
+
+    #[tokio::test]
+    async fn a_peer_of_its_own_next_hop_gets_it_not_the_speakers() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mut cfg = config(port, 3);
+        // The speaker-wide next hop is on another link; this peer has its
+        // own.
+        cfg.next_hop_v6 = Some("2001:db8:aaaa::11".parse().unwrap());
+        cfg.peers[0].next_hop_v6 = Some("2001:db8:bbbb::11".parse().unwrap());
+        let mut speaker = BgpSpeaker::start(cfg).expect("starts");
+        let v6: std::net::Ipv6Addr = "fd00:99::1".parse().unwrap();
+        speaker
+            .set_announced(&[IpAddr::from(v6)].into_iter().collect())
+            .unwrap();
+        let mut sock = establish(&listener, 3).await;
+        let attrs = RouteAttrs {
+            local_as: 65001,
+            ebgp: true,
+            asn4: true,
+        };
+        let want = announce_v6(&attrs, "2001:db8:bbbb::11".parse().unwrap(), &[v6]).unwrap();
+        assert_eq!(vec![frame(&mut sock).await], want);
+        speaker.shutdown().await.expect("clean shutdown");
+    }
+
+    #[tokio::test]
+    async fn malformed_attributes_in_an_update_are_ignored_not_a_reset() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mut speaker = BgpSpeaker::start(config(port, 3)).expect("starts");
+        let mut sock = establish(&listener, 3).await;
+        wait_for_state(&speaker, SessionState::Established).await;
+        let update = |body: &[u8]| {
+            let mut m = vec![0xff; 16];
+            m.extend_from_slice(&((HEADER_LEN + body.len()) as u16).to_be_bytes());
+            m.push(TYPE_UPDATE);
+            m.extend_from_slice(body);
+            m
+        };
+        // A 3-byte COMMUNITIES, three times (as a router would resend it).
+        let bad = update(&[
+            0, 0, 0, 24, 0x40, 1, 1, 0, 0x40, 2, 0, 0x40, 3, 4, 10, 0, 0, 1, 0xc0, 8, 3, 1, 2, 3,
+            32, 10, 99, 0, 1,
+        ]);
+        for _ in 0..3 {
+            sock.write_all(&bad).await.unwrap();
+        }
+        // The session goes on: keepalives keep coming, no NOTIFICATION.
+        for _ in 0..3 {
+            let m = frame(&mut sock).await;
+            assert_eq!(
+                m,
+                keepalive(),
+                "the speaker answered a bad UPDATE with {m:?}"
+            );
+        }
+        let s = speaker.status().remove(0);
+        assert_eq!(s.state, SessionState::Established);
+        assert_eq!((s.updates_ignored, s.sessions_established), (3, 1), "{s:?}");
         speaker.shutdown().await.expect("clean shutdown");
     }
 

@@ -42,6 +42,9 @@ const OPEN_HOLD: Duration = Duration::from_secs(240);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Giving up on a peer that does not read what we send.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// A session that stayed Established this long was a working one: the
+/// reconnection backoff starts over after it.
+const STABLE_SESSION: Duration = Duration::from_secs(10);
 /// How long we read (and discard) after our NOTIFICATION before closing,
 /// so that the kernel sends FIN, not RST, and the peer gets to read it.
 const LINGER: Duration = Duration::from_millis(500);
@@ -76,6 +79,8 @@ struct Counters {
     messages_received: u64,
     updates_sent: u64,
     updates_received: u64,
+    /// UPDATEs with malformed attributes, ignored (RFC 7606).
+    updates_ignored: u64,
 }
 
 impl Default for Counters {
@@ -91,6 +96,7 @@ impl Default for Counters {
             messages_received: 0,
             updates_sent: 0,
             updates_received: 0,
+            updates_ignored: 0,
         }
     }
 }
@@ -117,6 +123,7 @@ impl PeerShared {
             messages_received: c.messages_received,
             updates_sent: c.updates_sent,
             updates_received: c.updates_received,
+            updates_ignored: c.updates_ignored,
         }
     }
 
@@ -164,6 +171,15 @@ impl Backoff {
         self.next = self.initial;
     }
 
+    /// After a session: back to `initial` only if it stayed Established
+    /// for [`STABLE_SESSION`]. A peer that accepts and resets at once
+    /// keeps us backing off, as any failure does.
+    fn session_ended(&mut self, established_for: Option<Duration>) {
+        if established_for.is_some_and(|d| d >= STABLE_SESSION) {
+            self.reset();
+        }
+    }
+
     /// The next wait: the current step shortened by 0–25% at random; the
     /// step doubles up to `max`.
     fn next_delay(&mut self) -> Duration {
@@ -188,6 +204,15 @@ async fn connect(peer: &PeerConfig) -> io::Result<TcpStream> {
     } else {
         TcpSocket::new_v6()?
     };
+    if let Some(hops) = peer.ttl_security {
+        super::sockopt::set_ttl_security(&socket2::SockRef::from(&socket), addr.ip(), hops)?;
+    }
+    if let Some(key) = peer
+        .md5_key()
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?
+    {
+        super::sockopt::set_md5_key(&socket, addr, &key)?;
+    }
     if let Some(local) = peer.local_address {
         socket.bind(SocketAddr::new(local, 0))?;
     }
@@ -224,9 +249,7 @@ pub(super) async fn run_peer(
                 debug!(peer = %addr, "BGP connection up");
                 let mut session = Session::new(&local, &peer, &shared, stream);
                 let end = session.run(&mut desired, &mut stop).await;
-                if session.reached_established {
-                    backoff.reset();
-                }
+                backoff.session_ended(session.established_for());
                 match end {
                     End::Stopped => break,
                     End::Failed(reason) => {
@@ -280,7 +303,8 @@ struct Session<'a> {
     /// VIPs we could not announce to this peer (family not accepted, no
     /// next hop), as last reported.
     skipped: BTreeSet<IpAddr>,
-    reached_established: bool,
+    /// When it reached Established, if it did.
+    established_at: Option<Instant>,
 }
 
 impl<'a> Session<'a> {
@@ -310,8 +334,13 @@ impl<'a> Session<'a> {
             v6: false,
             adj_out: BTreeSet::new(),
             skipped: BTreeSet::new(),
-            reached_established: false,
+            established_at: None,
         }
+    }
+
+    /// How long the session was Established (`None`: it never was).
+    fn established_for(&self) -> Option<Duration> {
+        self.established_at.map(|t| t.elapsed())
     }
 
     fn addr(&self) -> SocketAddr {
@@ -508,7 +537,7 @@ impl<'a> Session<'a> {
             (SessionState::OpenSent, Message::Open(open)) => self.on_open(&open).await,
             (SessionState::OpenConfirm, Message::Keepalive) => {
                 self.set_state(SessionState::Established);
-                self.reached_established = true;
+                self.established_at = Some(Instant::now());
                 {
                     let mut c = self.shared.lock();
                     c.established_at = Some(Instant::now());
@@ -528,6 +557,24 @@ impl<'a> Session<'a> {
             (SessionState::Established, Message::Keepalive) => Ok(()),
             (SessionState::Established, Message::Update) => {
                 self.shared.lock().updates_received += 1;
+                Ok(())
+            }
+            (SessionState::Established, Message::UpdateIgnored(why)) => {
+                let first = {
+                    let mut c = self.shared.lock();
+                    c.updates_received += 1;
+                    c.updates_ignored += 1;
+                    c.updates_ignored == 1
+                };
+                // Once per session: a peer that sends the same broken
+                // attribute in every UPDATE must not flood the log.
+                if first {
+                    warn!(
+                        peer = %self.addr(),
+                        error = %why,
+                        "ignoring a malformed UPDATE (RFC 7606 treat-as-withdraw; lbd takes no routes); further ones are counted, not logged"
+                    );
+                }
                 Ok(())
             }
             (SessionState::Established, Message::RouteRefresh) => {
@@ -601,16 +648,20 @@ impl<'a> Session<'a> {
         match vip {
             IpAddr::V4(_) if !self.v4 => Err("the peer did not offer IPv4 unicast"),
             IpAddr::V6(_) if !self.v6 => Err("the peer did not offer IPv6 unicast"),
-            IpAddr::V4(_) => match local {
-                Some(IpAddr::V4(a)) => Ok(a.into()),
+            // A peer's own next hop first, then the session's own
+            // address, then the speaker's setting for the other family.
+            IpAddr::V4(_) => match (self.peer.next_hop_v4, local) {
+                (Some(nh), _) => Ok(nh.into()),
+                (None, Some(IpAddr::V4(a))) => Ok(a.into()),
                 _ => self
                     .local
                     .next_hop_v4
                     .map(IpAddr::from)
                     .ok_or("the session is over IPv6 and next_hop_v4 is not set"),
             },
-            IpAddr::V6(_) => match local {
-                Some(IpAddr::V6(a)) => Ok(a.into()),
+            IpAddr::V6(_) => match (self.peer.next_hop_v6, local) {
+                (Some(nh), _) => Ok(nh.into()),
+                (None, Some(IpAddr::V6(a))) => Ok(a.into()),
                 _ => self
                     .local
                     .next_hop_v6
@@ -746,6 +797,26 @@ mod tests {
         }
         b.reset();
         assert!(b.next_delay() <= Duration::from_secs(1));
+    }
+
+    #[test]
+    fn sessions_that_die_at_once_do_not_reset_the_backoff() {
+        let mut b = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
+        // Established, then reset by the peer within a second, five times:
+        // the waits keep doubling (each at least 75% of its step).
+        let mut waits = Vec::new();
+        for _ in 0..5 {
+            b.session_ended(Some(Duration::from_millis(300)));
+            waits.push(b.next_delay());
+        }
+        for (w, step) in waits.iter().zip([1u64, 2, 4, 8, 16]) {
+            assert!(*w >= Duration::from_secs(step).mul_f64(0.75), "{waits:?}");
+        }
+        // A session that worked for a while starts the backoff over.
+        b.session_ended(Some(STABLE_SESSION));
+        assert!(b.next_delay() <= Duration::from_secs(1));
+        b.session_ended(None);
+        assert!(b.next_delay() >= Duration::from_millis(1500));
     }
 
     #[test]

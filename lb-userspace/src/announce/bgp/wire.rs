@@ -488,6 +488,11 @@ pub enum Message {
     Open(BgpOpenMessage),
     /// Parsed and checked, then ignored: we take no routes.
     Update,
+    /// An UPDATE whose attributes are malformed (or missing, or unknown
+    /// and well-known), handled as RFC 7606's "treat-as-withdraw": the
+    /// peer's routes in it are withdrawn, which for a speaker that keeps
+    /// none means ignored. The session goes on.
+    UpdateIgnored(String),
     Notification(Notification),
     Keepalive,
     RouteRefresh,
@@ -497,7 +502,7 @@ impl Message {
     pub fn type_code(&self) -> u8 {
         match self {
             Self::Open(_) => TYPE_OPEN,
-            Self::Update => TYPE_UPDATE,
+            Self::Update | Self::UpdateIgnored(_) => TYPE_UPDATE,
             Self::Notification(_) => TYPE_NOTIFICATION,
             Self::Keepalive => TYPE_KEEPALIVE,
             Self::RouteRefresh => TYPE_ROUTE_REFRESH,
@@ -621,15 +626,22 @@ impl Decoder {
     }
 
     fn parse(&mut self, frame: &[u8]) -> Result<Option<Message>, Malformed> {
+        let is_update = frame[18] == TYPE_UPDATE;
+        if is_update {
+            check_update_lengths(&frame[HEADER_LEN..])?;
+        }
         let parsed = BgpMessage::parse(&mut SliceReader::new(frame), &mut self.ctx);
         // Errors tolerated by the context pile up in it: drop them.
         let _ = self.ctx.reset_parsing_errors();
         match parsed {
             Ok(BgpMessage::Open(open)) => Ok(Some(Message::Open(open))),
-            Ok(BgpMessage::Update(update)) => {
-                check_well_known(&update)?;
-                Ok(Some(Message::Update))
-            }
+            Ok(BgpMessage::Update(update)) => Ok(Some(match check_well_known(&update) {
+                Ok(()) => Message::Update,
+                Err(missing) => Message::UpdateIgnored(missing.detail),
+            })),
+            // RFC 7606: the lengths are sound, so the error is in the
+            // attributes: treat-as-withdraw.
+            Err(e) if is_update => Ok(Some(Message::UpdateIgnored(e.to_string()))),
             Ok(other) => Err(Malformed {
                 reply: Some(Notification::new(MESSAGE_HEADER_ERROR, 0, [])),
                 detail: format!(
@@ -645,8 +657,32 @@ impl Decoder {
     }
 }
 
+/// RFC 7606 §4/§5.3: the Withdrawn Routes Length and Total Path
+/// Attribute Length must fit the message, or the NLRI cannot be located
+/// and no error handling but a session reset is safe (UPDATE Message
+/// Error, Malformed Attribute List). Every other UPDATE error is an
+/// attribute's, handled as treat-as-withdraw.
+fn check_update_lengths(body: &[u8]) -> Result<(), Malformed> {
+    let len = |at: usize| -> Option<usize> {
+        Some(usize::from(u16::from_be_bytes([
+            *body.get(at)?,
+            *body.get(at + 1)?,
+        ])))
+    };
+    let fits = len(0).and_then(|withdrawn| {
+        let attrs = len(2 + withdrawn)?;
+        (4 + withdrawn + attrs <= body.len()).then_some(())
+    });
+    fits.ok_or_else(|| Malformed {
+        reply: Some(Notification::new(UPDATE_MESSAGE_ERROR, 1, [])),
+        detail: "UPDATE whose withdrawn-routes or path-attribute length overruns the message"
+            .into(),
+    })
+}
+
 /// RFC 4271 §6.3: an UPDATE that carries routes must have ORIGIN and
-/// AS_PATH, and NEXT_HOP for classic IPv4 NLRI.
+/// AS_PATH, and NEXT_HOP for classic IPv4 NLRI (RFC 7606 §3.d: without
+/// them, treat-as-withdraw).
 fn check_well_known(update: &BgpUpdateMessage) -> Result<(), Malformed> {
     let has =
         |f: fn(&PathAttributeValue) -> bool| update.path_attributes().iter().any(|a| f(a.value()));
@@ -998,22 +1034,58 @@ mod tests {
         let overflow = message(TYPE_UPDATE, &[0, 50, 0, 0]);
         assert_eq!(reply_of(&overflow), Notification::new(3, 1, []));
 
-        // ORIGIN 7 does not exist.
+        // Attributes past the message: the NLRI cannot be found, reset.
+        let attrs_overflow = message(TYPE_UPDATE, &[0, 0, 0, 40, 0x40, 1, 1, 0]);
+        assert_eq!(reply_of(&attrs_overflow), Notification::new(3, 1, []));
+
+        // Attribute errors are treat-as-withdraw (RFC 7606): the UPDATE is
+        // ignored and the session goes on. ORIGIN 7 does not exist.
         let bad_origin = message(
             TYPE_UPDATE,
             &[
                 0, 0, 0, 18, 0x40, 1, 1, 7, 0x40, 2, 0, 0x40, 3, 4, 10, 0, 0, 1, 32, 10, 99, 0, 1,
             ],
         );
-        let n = reply_of(&bad_origin);
-        assert_eq!((n.code, n.subcode), (3, 6), "{n}");
-
         // Routes without NEXT_HOP.
         let no_next_hop = message(
             TYPE_UPDATE,
             &[0, 0, 0, 7, 0x40, 1, 1, 0, 0x40, 2, 0, 32, 10, 99, 0, 1],
         );
-        assert_eq!(reply_of(&no_next_hop), Notification::new(3, 3, [3]));
+        // COMMUNITIES (optional transitive, type 8) of 3 bytes: not a
+        // multiple of 4.
+        let short_communities = message(
+            TYPE_UPDATE,
+            &[
+                0, 0, 0, 24, 0x40, 1, 1, 0, 0x40, 2, 0, 0x40, 3, 4, 10, 0, 0, 1, 0xc0, 8, 3, 1, 2,
+                3, 32, 10, 99, 0, 1,
+            ],
+        );
+        // A well-known attribute (optional bit clear) of a type nobody
+        // defined (99).
+        let unknown_well_known = message(
+            TYPE_UPDATE,
+            &[
+                0, 0, 0, 23, 0x40, 1, 1, 0, 0x40, 2, 0, 0x40, 3, 4, 10, 0, 0, 1, 0x40, 99, 2, 0, 0,
+                32, 10, 99, 0, 1,
+            ],
+        );
+        for (what, m) in [
+            ("ORIGIN 7", &bad_origin),
+            ("no NEXT_HOP", &no_next_hop),
+            ("3-byte COMMUNITIES", &short_communities),
+            ("unknown well-known attribute", &unknown_well_known),
+        ] {
+            let mut d = Decoder::new();
+            d.set_asn4(true);
+            d.extend(m);
+            // A KEEPALIVE after it is read as usual: the stream is intact.
+            d.extend(&keepalive());
+            match d.next_message() {
+                Ok(Some(Message::UpdateIgnored(why))) => assert!(!why.is_empty(), "{what}"),
+                other => panic!("{what}: {other:?}"),
+            }
+            assert_eq!(d.next_message(), Ok(Some(Message::Keepalive)), "{what}");
+        }
 
         // A peer's ordinary UPDATE (and an End-of-RIB) is accepted.
         let routes = announce_v4(

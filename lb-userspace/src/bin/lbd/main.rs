@@ -20,8 +20,8 @@ use tracing_subscriber::EnvFilter;
 #[derive(Parser)]
 #[command(version, about = "lb: XDP layer-4 load balancer daemon")]
 struct Args {
-    /// Configuration file (YAML).
-    #[arg(short, long, default_value = "/etc/lb/lb.yaml")]
+    /// Configuration file (YAML); before or after the subcommand.
+    #[arg(short, long, global = true, default_value = "/etc/lb/lb.yaml")]
     config: PathBuf,
     #[command(subcommand)]
     command: Option<Command>,
@@ -61,6 +61,14 @@ fn run() -> Result<()> {
     match args.command.unwrap_or(Command::Run) {
         Command::Check => {
             let config = Config::load(&args.config)?;
+            let files = config.announce.check_files();
+            if !files.is_empty() {
+                return Err(lb::config::ConfigErrors {
+                    source_name: Some(args.config.display().to_string()),
+                    errors: files,
+                }
+                .into());
+            }
             for w in &config.warnings {
                 println!("warning: {w}");
             }

@@ -1,0 +1,97 @@
+//! Socket options a BGP session may need before it connects, which no
+//! safe wrapper offers: the TCP MD5 signature key for the peer (RFC 2385,
+//! `TCP_MD5SIG`) and the minimum TTL or hop limit of what it receives
+//! (GTSM, RFC 5082: `IP_MINTTL`, `IPV6_MINHOPCOUNT`). The TTL we send with
+//! is set through socket2.
+//!
+//! The library's one other `unsafe` is the Maglev builder's AVX-512
+//! module; each call here is one `setsockopt(2)` on a socket we own, with
+//! a value whose layout is the kernel's.
+#![allow(unsafe_code)]
+
+use std::{
+    io,
+    net::{IpAddr, SocketAddr},
+    os::fd::AsRawFd,
+};
+
+/// `TCP_MD5SIG_MAXKEYLEN` (include/uapi/linux/tcp.h).
+pub const MD5_MAX_KEY: usize = 80;
+
+/// `struct tcp_md5sig` (include/uapi/linux/tcp.h).
+#[repr(C)]
+struct TcpMd5Sig {
+    addr: libc::sockaddr_storage,
+    flags: u8,
+    prefix_len: u8,
+    key_len: u16,
+    ifindex: libc::c_int,
+    key: [u8; MD5_MAX_KEY],
+}
+
+const _: () = assert!(std::mem::size_of::<TcpMd5Sig>() == 216);
+
+fn setsockopt<T>(
+    fd: &impl AsRawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: &T,
+) -> io::Result<()> {
+    // SAFETY: `value` is a live `T` of the size passed; the kernel copies
+    // it and keeps no pointer.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            (value as *const T).cast(),
+            std::mem::size_of::<T>() as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Signs every segment of connections to `peer` with `key` (RFC 2385).
+pub fn set_md5_key(fd: &impl AsRawFd, peer: SocketAddr, key: &[u8]) -> io::Result<()> {
+    if key.is_empty() || key.len() > MD5_MAX_KEY {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("a TCP MD5 key is 1-{MD5_MAX_KEY} bytes, not {}", key.len()),
+        ));
+    }
+    let sock: socket2::SockAddr = peer.into();
+    // SAFETY: all-zero is a valid `tcp_md5sig` (and sockaddr_storage).
+    let mut sig: TcpMd5Sig = unsafe { std::mem::zeroed() };
+    // SAFETY: `sock` holds a sockaddr of `sock.len()` bytes, which fits a
+    // sockaddr_storage.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            sock.as_ptr().cast::<u8>(),
+            (&mut sig.addr as *mut libc::sockaddr_storage).cast::<u8>(),
+            sock.len() as usize,
+        );
+    }
+    sig.key_len = key.len() as u16;
+    sig.key[..key.len()].copy_from_slice(key);
+    setsockopt(fd, libc::IPPROTO_TCP, libc::TCP_MD5SIG, &sig)
+}
+
+/// GTSM for a peer at most `hops` routers away: send with TTL (hop limit)
+/// 255 and accept only what arrives with at least `256 - hops`.
+pub fn set_ttl_security(socket: &socket2::Socket, family: IpAddr, hops: u8) -> io::Result<()> {
+    let min = libc::c_int::from(255 - hops.saturating_sub(1));
+    match family {
+        IpAddr::V4(_) => {
+            socket.set_ttl_v4(255)?;
+            setsockopt(socket, libc::IPPROTO_IP, libc::IP_MINTTL, &min)
+        }
+        IpAddr::V6(_) => {
+            socket.set_unicast_hops_v6(255)?;
+            setsockopt(socket, libc::IPPROTO_IPV6, libc::IPV6_MINHOPCOUNT, &min)
+        }
+    }
+}
