@@ -123,7 +123,7 @@ fn concurrent_decap_changes_on_one_interface_are_refused() {
         // Hold the interface's decap lock as a concurrent `lbctl decap
         // attach` would, from this process.
         let dir = be.decap_pin_dir();
-        let held = lb::lock::DirLock::acquire(&dir, "test", "interface")?;
+        let held = lb::lock::DirLock::acquire(dir, "test", "interface")?;
         for args in [
             &["decap", "attach", "eth0"][..],
             &["decap", "detach", "eth0"],
@@ -422,7 +422,7 @@ fn answer(stream: &mut std::os::unix::net::UnixStream) -> Result<serde_json::Val
     stream.set_read_timeout(Some(Duration::from_secs(15)))?;
     let mut line = String::new();
     std::io::BufReader::new(stream).read_line(&mut line)?;
-    Ok(serde_json::from_str(&line).with_context(|| format!("answer {line:?}"))?)
+    serde_json::from_str(&line).with_context(|| format!("answer {line:?}"))
 }
 
 #[test]
