@@ -5,7 +5,6 @@ pub mod announce;
 pub mod api;
 pub mod atomic_file;
 pub mod config;
-pub mod config_parse;
 pub mod dataplane;
 pub mod decap;
 pub mod health;

@@ -20,7 +20,11 @@ use std::{io::Read as _, path::Path};
 use serde::Deserialize;
 use serde_yaml::{Mapping, Value};
 
-use crate::config::{BackendConfig, ConfigError, HealthCheck, VipConfig};
+use super::{
+    error::ConfigError,
+    health::HealthCheck,
+    vip::{BackendConfig, VipConfig},
+};
 
 /// Largest configuration file `lbd` reads: room for thousands of VIPs
 /// with hundreds of backends each.
@@ -145,7 +149,7 @@ where
                 vip_index: Vec::new(),
             };
         }
-        Err(e) => crate::config::serde_error(&e.to_string()),
+        Err(e) => crate::config::error::serde_error(&e.to_string()),
     };
     let mut parsed = Parsed {
         raw: None,
@@ -251,7 +255,7 @@ fn vip_errors(at: &str, value: &Value, whole: &serde_yaml::Error) -> Vec<ConfigE
 }
 
 fn error(at: &str, e: &serde_yaml::Error) -> ConfigError {
-    let inner = crate::config::serde_error(&e.to_string());
+    let inner = crate::config::error::serde_error(&e.to_string());
     let field = match (at.is_empty(), inner.field.is_empty()) {
         (true, _) => inner.field,
         (false, true) => at.to_string(),

@@ -1,0 +1,73 @@
+//! Durations in YAML: a number of seconds, or a string with a unit
+//! (`500ms`, `2s`, `5m`, `1h`). Written back as a string with a unit.
+//! A leaf: nothing of the crate but [`super::error::excerpt`].
+
+use std::time::Duration;
+
+use serde::{Deserializer, Serializer, de};
+
+pub fn parse(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num.parse().map_err(|_| {
+        format!(
+            "{} is not a duration (e.g. 500ms, 2s, 5m)",
+            super::error::excerpt(s)
+        )
+    })?;
+    let secs = match unit.trim() {
+        "ms" => n / 1000.0,
+        "s" | "" => n,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        u => {
+            return Err(format!(
+                "unknown unit {} in {} (use ms, s, m or h)",
+                super::error::excerpt(u),
+                super::error::excerpt(s)
+            ));
+        }
+    };
+    if !(0.0..=86_400.0 * 365.0).contains(&secs) {
+        return Err(format!("{} is out of range", super::error::excerpt(s)));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+pub fn format(d: &Duration) -> String {
+    if d.subsec_millis() != 0 || d.is_zero() {
+        format!("{}ms", d.as_millis())
+    } else {
+        format!("{}s", d.as_secs())
+    }
+}
+
+pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&format(d))
+}
+
+pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    struct V;
+    impl de::Visitor<'_> for V {
+        type Value = Duration;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a duration: seconds, or a string such as 500ms, 2s, 5m")
+        }
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<Duration, E> {
+            parse(&v.to_string()).map_err(E::custom)
+        }
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<Duration, E> {
+            parse(&v.to_string()).map_err(E::custom)
+        }
+        fn visit_f64<E: de::Error>(self, v: f64) -> Result<Duration, E> {
+            parse(&v.to_string()).map_err(E::custom)
+        }
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<Duration, E> {
+            parse(v).map_err(E::custom)
+        }
+    }
+    d.deserialize_any(V)
+}

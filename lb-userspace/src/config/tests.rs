@@ -1,0 +1,725 @@
+//! The configuration's unit tests: parsing, every rule, the shipped files.
+use super::*;
+
+const GOOD: &str = r#"
+instance: t1
+interfaces: [eth0]
+gateway_mac: "02:00:00:00:00:01"
+outer_source_v4: 10.0.0.2
+outer_source_v6: fd00::2
+table_size: 4099
+vips:
+  - address: 10.99.0.1
+    port: 80
+    protocol: tcp
+    backends:
+      - address: 10.1.0.1
+        weight: 2
+      - address: 10.1.0.2
+  - address: 2001:db8::1
+    port: all
+    protocol: udp
+    encap: gre
+    conntrack: false
+    backends:
+      - address: fd00:1::1
+"#;
+
+fn errors(text: &str) -> Vec<String> {
+    Config::parse(text)
+        .expect_err("must be rejected")
+        .errors
+        .iter()
+        .map(ToString::to_string)
+        .collect()
+}
+
+fn with(replace: &str, by: &str) -> String {
+    assert!(GOOD.contains(replace), "fixture lacks {replace:?}");
+    GOOD.replacen(replace, by, 1)
+}
+
+#[test]
+fn a_good_config_parses_with_defaults() {
+    let c = Config::parse(GOOD).expect("valid");
+    assert_eq!(c.instance, "t1");
+    assert_eq!(c.layout.table_size, 4099);
+    assert_eq!(c.layout.ct_buckets, 1 << 18);
+    assert_eq!(c.xdp_mode, XdpModeSetting::Native);
+    assert_eq!(c.gateway, Gateway::Mac(Mac([2, 0, 0, 0, 0, 1])));
+    assert_eq!(c.api_socket, PathBuf::from("/run/lb/t1.sock"));
+    assert_eq!(c.pin_dir(), PathBuf::from("/sys/fs/bpf/lb/t1"));
+    assert_eq!(c.vips.len(), 2);
+    assert_eq!(c.vips[0].id.to_string(), "10.99.0.1:80/tcp");
+    assert_eq!(c.vips[0].backends[1].weight, 1, "default weight");
+    assert!(c.vips[0].conntrack);
+    assert_eq!(c.vips[1].id.to_string(), "[2001:db8::1]:*/udp");
+    assert_eq!(c.vips[1].encap, Encap::Gre);
+    assert!(!c.vips[1].conntrack);
+    assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+}
+
+#[test]
+fn unknown_field_names_field_and_line() {
+    let e = errors(&with("        weight: 2", "        wieght: 2"));
+    assert_eq!(e.len(), 1);
+    assert!(
+        e[0].starts_with("vips[0].backends[0]: unknown field `wieght`"),
+        "{e:?}"
+    );
+    assert!(e[0].contains("line 14"), "{e:?}");
+}
+
+#[test]
+fn bad_address_names_field_and_line() {
+    let e = errors(&with("address: 10.1.0.2", "address: 10.1.0.300"));
+    assert!(
+        e[0].starts_with("vips[0].backends[1].address: invalid IP address"),
+        "{e:?}"
+    );
+    assert!(e[0].contains("line 15"), "{e:?}");
+}
+
+#[test]
+fn bad_port_protocol_encap_mac_are_named() {
+    assert!(
+        errors(&with("port: 80", "port: 70000"))[0]
+            .starts_with("vips[0].port: port 70000 is out of range")
+    );
+    assert!(
+        errors(&with("port: 80", "port: http"))[0]
+            .starts_with("vips[0].port: `http` is not a port")
+    );
+    assert!(
+        errors(&with("protocol: tcp", "protocol: sctp"))[0]
+            .starts_with("vips[0].protocol: unknown variant `sctp`")
+    );
+    assert!(
+        errors(&with("encap: gre", "encap: vxlan"))[0]
+            .starts_with("vips[1].encap: unknown variant `vxlan`")
+    );
+    assert!(
+        errors(&with("\"02:00:00:00:00:01\"", "\"02:00:00:00:01\""))[0]
+            .starts_with("gateway_mac: `02:00:00:00:01` is not a MAC address")
+    );
+}
+
+#[test]
+fn duplicate_vip_and_backend() {
+    let dup_vip = format!(
+        "{GOOD}  - address: 10.99.0.1\n    port: 80\n    protocol: tcp\n    backends:\n      - address: 10.1.0.9\n"
+    );
+    assert_eq!(
+        errors(&dup_vip),
+        vec!["vips[2]: VIP 10.99.0.1:80/tcp is defined twice"]
+    );
+    let e = errors(&with("address: 10.1.0.2", "address: 10.1.0.1"));
+    assert_eq!(
+        e,
+        vec![
+            "vips[0].backends[1].address: backend 10.1.0.1 is listed twice for VIP 10.99.0.1:80/tcp"
+        ]
+    );
+}
+
+#[test]
+fn table_size_must_be_prime_and_not_too_large_and_warns_when_small() {
+    assert!(
+        errors(&with("table_size: 4099", "table_size: 4096"))[0]
+            .starts_with("table_size: 4096 is not prime")
+    );
+    assert!(
+        errors(&with("table_size: 4099", "table_size: 16777259"))[0]
+            .starts_with("table_size: 16777259 is larger than the maximum, 16777216")
+    );
+    let c = Config::parse(&with("table_size: 4099", "table_size: 101")).expect("valid");
+    assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
+    assert!(c.warnings[0].contains("below 100 × 2"), "{:?}", c.warnings);
+}
+
+#[test]
+fn a_vip_whose_weights_are_all_zero_is_warned_about() {
+    let text = with("weight: 2", "weight: 0").replace(
+        "      - address: 10.1.0.2\n",
+        "      - address: 10.1.0.2\n        weight: 0\n",
+    );
+    let c = Config::parse(&text).expect("still valid");
+    assert!(
+        c.warnings
+            .iter()
+            .any(|w| w.contains("has no backend with a weight above 0: it will drop every packet")),
+        "{:?}",
+        c.warnings
+    );
+}
+
+#[test]
+fn weight_out_of_range() {
+    assert_eq!(
+        errors(&with("weight: 2", "weight: 10001")),
+        vec!["vips[0].backends[0].weight: weight 10001 is out of range 0-10000"]
+    );
+    assert!(
+        errors(&with("weight: 2", "weight: -1"))[0]
+            .starts_with("vips[0].backends[0].weight: invalid type")
+    );
+}
+
+#[test]
+fn shipped_configurations_parse() {
+    for (name, text) in [
+        ("example.yaml", include_str!("../../../config/example.yaml")),
+        ("minimal.yaml", include_str!("../../../config/minimal.yaml")),
+        ("health.yaml", include_str!("../../../config/health.yaml")),
+        ("demo.yaml", include_str!("../../../config/demo.yaml")),
+    ] {
+        if let Err(e) = Config::parse(text) {
+            panic!("config/{name}: {e}");
+        }
+    }
+}
+
+#[test]
+fn datapath_defaults_are_on() {
+    let c = Config::parse(GOOD).expect("valid");
+    assert_eq!(c.mtu, 1500);
+    assert_eq!(c.gue_port, GUE_PORT);
+    assert!(c.icmp_echo);
+    assert_eq!(c.too_big_no_df, TooBigPolicy::Drop);
+    assert!(c.vips.iter().all(|v| v.fragments == FragmentPolicy::Drop));
+    assert_eq!(c.outer_source_v4_prefix, None);
+}
+
+#[test]
+fn datapath_settings_parse() {
+    let text = with(
+        "table_size: 4099",
+        "table_size: 4099\nmtu: 9000\ngue_port: 7000\nicmp_echo: false\ntoo_big_no_df: pass",
+    )
+    .replace(
+        "conntrack: false",
+        "conntrack: false\n    fragments: hash\n    encap: gue",
+    )
+    .replace("    encap: gre\n", "");
+    let c = Config::parse(&text).expect("valid");
+    assert_eq!((c.mtu, c.gue_port, c.icmp_echo), (9000, 7000, false));
+    assert_eq!(c.too_big_no_df, TooBigPolicy::Pass);
+    assert_eq!(c.vips[1].fragments, FragmentPolicy::Hash);
+    assert_eq!(c.vips[1].encap, Encap::Gue);
+    // Written back in the same shape.
+    let yaml = serde_yaml::to_string(&c.vips[1]).expect("serialize");
+    assert!(yaml.contains("fragments: hash"), "{yaml}");
+    assert!(yaml.contains("encap: gue"), "{yaml}");
+}
+
+#[test]
+fn mtu_too_small_for_ipv6_is_rejected() {
+    assert_eq!(
+        errors(&with("table_size: 4099", "table_size: 4099\nmtu: 1300")),
+        vec![
+            "mtu: 1300 is below 1328 (1280, the IPv6 minimum, plus 48 bytes of encapsulation); 0 turns the check off"
+        ]
+    );
+    Config::parse(&with("table_size: 4099", "table_size: 4099\nmtu: 0")).expect("0 is off");
+}
+
+#[test]
+fn outer_source_prefixes() {
+    let c = Config::parse(
+        &GOOD
+            .replace(
+                "outer_source_v4: 10.0.0.2",
+                "outer_source_v4_prefix: 10.99.0.0/16",
+            )
+            .replace(
+                "outer_source_v6: fd00::2",
+                "outer_source_v6_prefix: fd00:99::/96",
+            ),
+    )
+    .expect("prefixes stand in for fixed sources");
+    let p = c.outer_source_v4_prefix.expect("v4 prefix");
+    assert_eq!((p.to_string(), p.host_bits()), ("10.99.0.0/16".into(), 16));
+    assert_eq!(c.outer_source_v6_prefix.expect("v6").host_bits(), 32);
+
+    assert_eq!(
+        errors(&with(
+            "outer_source_v4: 10.0.0.2",
+            "outer_source_v4: 10.0.0.2\nouter_source_v4_prefix: 10.99.0.0/16"
+        )),
+        vec![
+            "outer_source_v4_prefix: set either outer_source_v4 or outer_source_v4_prefix, not both"
+        ]
+    );
+    assert_eq!(
+        errors(&GOOD.replace(
+            "outer_source_v6: fd00::2",
+            "outer_source_v6_prefix: fd00:99::/64"
+        )),
+        vec![
+            "outer_source_v6_prefix: fd00:99::/64: the prefix must be /96 or longer (host bits come from the client's last 32 bits)"
+        ]
+    );
+    assert_eq!(
+        errors(&GOOD.replace(
+            "outer_source_v4: 10.0.0.2",
+            "outer_source_v4_prefix: fd00::/120"
+        )),
+        vec!["outer_source_v4_prefix: fd00::/120 is not an IPv4 prefix"]
+    );
+    assert!(
+        errors(&GOOD.replace(
+            "outer_source_v4: 10.0.0.2",
+            "outer_source_v4_prefix: 10.0.0.0/33"
+        ))[0]
+            .contains("`33` is not a prefix length 0-32")
+    );
+}
+
+#[test]
+fn one_vip_per_address_and_protocol_hashes_fragments() {
+    let text = r#"
+interfaces: [eth0]
+outer_source_v4: 10.0.0.2
+vips:
+  - {address: 10.99.0.1, port: 53, protocol: udp, fragments: hash, backends: [{address: 10.1.0.1}]}
+  - {address: 10.99.0.1, port: 5353, protocol: udp, fragments: hash, backends: [{address: 10.1.0.1}]}
+  - {address: 10.99.0.1, port: 53, protocol: tcp, fragments: hash, backends: [{address: 10.1.0.1}]}
+"#;
+    assert_eq!(
+        errors(text),
+        vec![
+            "vips[1].fragments: VIP 10.99.0.1:53/udp already hashes the fragments to 10.99.0.1 udp; fragments carry no port, so only one VIP per address and protocol can"
+        ]
+    );
+}
+
+#[test]
+fn empty_vip_is_rejected() {
+    let text = "interfaces: [eth0]\nouter_source_v4: 10.0.0.2\nvips:\n  - address: 10.99.0.1\n    port: 80\n    protocol: tcp\n";
+    assert_eq!(
+        errors(text),
+        vec!["vips[0].backends: VIP 10.99.0.1:80/tcp has no backends; list at least one"]
+    );
+}
+
+#[test]
+fn backend_family_needs_an_outer_source() {
+    let e = errors(&with("outer_source_v6: fd00::2\n", ""));
+    assert_eq!(
+        e,
+        vec![
+            "vips[1].backends[0].address: IPv6 backend fd00:1::1 needs an IPv6 tunnel source: set outer_source_v6"
+        ]
+    );
+}
+
+#[test]
+fn several_errors_are_reported_together() {
+    let text = with("table_size: 4099", "table_size: 4096").replace("weight: 2", "weight: 20000");
+    let e = errors(&text);
+    assert_eq!(e.len(), 2, "layout errors and VIP errors together: {e:?}");
+    let text = with("weight: 2", "weight: 20000").replace("address: 10.1.0.2", "address: 10.1.0.1");
+    assert_eq!(errors(&text).len(), 2);
+}
+
+#[test]
+fn every_problem_of_a_file_is_reported_in_one_run() {
+    // Three parse errors in three places (a top-level setting, a
+    // backend of the first VIP, the port of the second) and a rule
+    // broken by a part that did parse.
+    let text = with("table_size: 4099", "table_size: 4099\nmtu: lots")
+        .replace("        weight: 2", "        wieght: 2")
+        .replace("port: all", "port: 0")
+        .replace("instance: t1", "instance: \"t 1\"");
+    let e = errors(&text);
+    assert_eq!(e.len(), 4, "{e:#?}");
+    assert!(
+        e.iter()
+            .any(|m| m.starts_with("vips[0].backends[0]: unknown field `wieght`")),
+        "{e:?}"
+    );
+    // serde_yaml's first error keeps its line.
+    assert!(
+        e.iter()
+            .any(|m| m.starts_with("mtu: ") && m.contains("at line 8")),
+        "{e:?}"
+    );
+    assert!(
+        e.iter()
+            .any(|m| m.starts_with("vips[1].port: port 0 is not a port")
+                || m.starts_with("vips[1]: port 0 is not a port")),
+        "{e:?}"
+    );
+    assert!(
+        e.iter().any(|m| m.starts_with("instance: `t 1` must be")),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn addresses_sizes_and_paths_that_cannot_work_are_named() {
+    // (what the file says instead of the good value, the error)
+    let cases: &[(&str, &str, &str)] = &[
+        (
+            "table_size: 4099",
+            "table_size: 4099\nconntrack_buckets: 1",
+            "conntrack_buckets: 1 buckets hold 6 flows",
+        ),
+        (
+            "table_size: 4099",
+            "table_size: 13",
+            "table_size: 13 slots cannot balance",
+        ),
+        ("    port: 80", "    port: 0", "port 0 is not a port"),
+        (
+            "  - address: 10.99.0.1",
+            "  - address: 127.0.0.1",
+            "127.0.0.1 cannot be a VIP: loopback",
+        ),
+        (
+            "  - address: 10.99.0.1",
+            "  - address: 255.255.255.255",
+            "255.255.255.255 cannot be a VIP: it is not a unicast",
+        ),
+        (
+            "  - address: 10.99.0.1",
+            "  - address: \"::ffff:198.51.100.1\"",
+            "::ffff:198.51.100.1 cannot be a VIP: it is an IPv4-mapped",
+        ),
+        (
+            "  - address: 10.99.0.1",
+            "  - address: 169.254.1.1",
+            "169.254.1.1 cannot be a VIP: link-local",
+        ),
+        (
+            "      - address: 10.1.0.1",
+            "      - address: 255.255.255.255",
+            "255.255.255.255 cannot be a backend",
+        ),
+        (
+            "      - address: fd00:1::1",
+            "      - address: fe80::1",
+            "fe80::1 cannot be a backend: a link-local",
+        ),
+        (
+            "      - address: fd00:1::1",
+            "      - address: \"::ffff:127.0.0.1\"",
+            "::ffff:127.0.0.1 cannot be a backend",
+        ),
+        (
+            "      - address: 10.1.0.1",
+            "      - address: 10.99.0.1",
+            "10.99.0.1 is a VIP address of this balancer",
+        ),
+        (
+            "      - address: 10.1.0.1",
+            "      - address: 10.0.0.2",
+            "10.0.0.2 is this balancer's own tunnel source",
+        ),
+        (
+            "outer_source_v4: 10.0.0.2",
+            "outer_source_v4: 0.0.0.0",
+            "outer_source_v4: 0.0.0.0 is unspecified",
+        ),
+        (
+            "outer_source_v4: 10.0.0.2",
+            "outer_source_v4: 224.0.0.5",
+            "outer_source_v4: 224.0.0.5 is a multicast",
+        ),
+        (
+            "outer_source_v6: fd00::2",
+            "outer_source_v6: \"::1\"",
+            "outer_source_v6: ::1 is a loopback",
+        ),
+        (
+            "instance: t1",
+            "instance: t1\napi_socket: \"\"",
+            "api_socket: must not be empty",
+        ),
+        (
+            "instance: t1",
+            "instance: t1\nstate_file: \"\"",
+            "state_file: must not be empty",
+        ),
+    ];
+    for (from, to, want) in cases {
+        assert!(GOOD.contains(from), "{from}");
+        let e = errors(&with(from, to));
+        assert!(
+            e.iter().any(|m| m.contains(want)),
+            "`{to}`: want an error containing {want:?}, got {e:?}"
+        );
+    }
+    // The same rules hold for API changes (runtime VIPs).
+    let c = Config::parse(GOOD).expect("good");
+    let mut vips = c.vips.clone();
+    vips[0].backends[0].address = "10.99.0.1".parse().unwrap();
+    let e = c.check_vips(&vips).expect_err("a VIP as a backend");
+    assert!(
+        e.to_string().contains("is a VIP address of this balancer"),
+        "{e}"
+    );
+    assert!(
+        "10.0.0.1:0/tcp"
+            .parse::<VipId>()
+            .unwrap_err()
+            .contains("port 0 is not a port")
+    );
+}
+
+#[test]
+fn bounds_on_size_nesting_and_echoed_values() {
+    let deep = format!("instance: {}{}\n", "[".repeat(40_000), "]".repeat(40_000));
+    let started = std::time::Instant::now();
+    let e = errors(&deep);
+    assert!(e[0].contains("nested 40000 deep"), "{e:?}");
+    // Refused by the scan, before the parser: well under a second on
+    // any machine (the parser took seven).
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    let big = format!("{GOOD}# {}\n", "x".repeat(17 << 20));
+    assert!(errors(&big)[0].contains("larger than 16 MiB"));
+    let long = with(
+        "instance: t1",
+        &format!("instance: {}", "y".repeat(10 << 20)),
+    );
+    let e = errors(&long);
+    assert!(
+        e[0].contains("(10485760 bytes)"),
+        "{}",
+        &e[0][..200.min(e[0].len())]
+    );
+    assert!(e.iter().all(|m| m.len() < 400), "every message is cut");
+}
+
+#[test]
+fn interfaces_and_instance_are_checked() {
+    assert!(
+        errors(&with("interfaces: [eth0]", "interfaces: []"))[0]
+            .starts_with("interfaces: at least one")
+    );
+    assert!(
+        errors(&with("interfaces: [eth0]", "interfaces: [eth0, eth0]"))[0]
+            .starts_with("interfaces[1]: `eth0` is listed twice")
+    );
+    assert!(
+        errors(&with("instance: t1", "instance: a/b"))[0].starts_with("instance: `a/b` must be")
+    );
+    assert!(
+        errors(&with(
+            "interfaces: [eth0]",
+            "interfaces: [averyveryverylongname]"
+        ))[0]
+            .starts_with("interfaces[0]")
+    );
+}
+
+#[test]
+fn health_settings_parse_and_are_checked() {
+    let hc = |body: &str| {
+        with(
+            "    backends:\n      - address: 10.1.0.1",
+            &format!("{body}    backends:\n      - address: 10.1.0.1"),
+        )
+    };
+    let c = Config::parse(&hc("    health_check:\n      interval: 500ms\n      timeout: 0.2\n      http: { path: /h }\n    slow_start: 1m\n    drain_timeout: 90\n")).expect("valid");
+    let v = &c.vips[0];
+    let h = v.health_check.as_ref().expect("check");
+    assert_eq!(
+        (h.interval, h.timeout),
+        (Duration::from_millis(500), Duration::from_millis(200))
+    );
+    assert_eq!((h.rise, h.fall, h.jitter), (2, 3, 10));
+    assert_eq!(
+        h.http.as_ref().map(|h| (h.path.as_str(), h.status)),
+        Some(("/h", 200))
+    );
+    assert_eq!(
+        (v.slow_start, v.drain_timeout),
+        (Duration::from_secs(60), Duration::from_secs(90))
+    );
+    assert_eq!(h.detection_bound(), Duration::from_millis(1850));
+
+    for (body, want) in [
+        (
+            "    health_check:\n      interval: 1s\n      timeout: 2s\n",
+            "vips[0].health_check.timeout: must be above 0 and at most the interval",
+        ),
+        (
+            "    health_check:\n      http: {}\n      expect: x\n",
+            "vips[0].health_check: use either `http` or `send`/`expect`",
+        ),
+        (
+            "    health_check:\n      fall: 0\n",
+            "vips[0].health_check.fall: 0 is out of range",
+        ),
+        (
+            "    health_check:\n      interval: 2 days\n",
+            "vips[0].health_check.interval: unknown unit",
+        ),
+        (
+            "    panic_threshold: 150\n",
+            "vips[0].panic_threshold: 150% is out of range",
+        ),
+    ] {
+        let e = errors(&hc(body));
+        assert!(e[0].starts_with(want), "{body:?}: {e:?}");
+    }
+    // An all-ports VIP must say which port to probe.
+    let e = errors(&with("encap: gre\n", "encap: gre\n    health_check: {}\n"));
+    assert!(
+        e[0].starts_with("vips[1].health_check.port: the VIP covers all ports"),
+        "{e:?}"
+    );
+    // Tunnelled probes need a backend of the VIP's family.
+    let e = errors(&with(
+        "encap: gre\n",
+        "encap: gre\n    health_check: { port: 53, through_tunnel: true }\n",
+    ));
+    assert!(
+        e.iter().any(|e| e
+            .starts_with("vips[1].health_check.through_tunnel: probes through the tunnel are TCP")),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn announce_settings_parse_with_defaults_and_are_checked() {
+    let c = Config::parse(GOOD).expect("valid");
+    assert_eq!(c.announce, AnnounceConfig::default());
+    assert_eq!(c.shutdown_grace, Duration::from_secs(5));
+    assert!(!c.detach_on_exit);
+    assert_eq!(c.vips[0].min_healthy, 1);
+
+    let text = format!(
+        "{GOOD}announce:\n  bgp:\n    local_as: 65001\n    router_id: 10.0.0.11\n    peers:\n      - {{ address: 10.0.0.1, remote_as: 65000 }}\nshutdown_grace: 2s\ndetach_on_exit: true\n"
+    );
+    let c = Config::parse(&text.replace(
+        "    protocol: tcp\n",
+        "    protocol: tcp\n    min_healthy: 2\n",
+    ))
+    .expect("valid");
+    assert_eq!(c.announce.bgp.as_ref().map(|b| b.local_as), Some(65001));
+    assert_eq!(c.shutdown_grace, Duration::from_secs(2));
+    assert!(c.detach_on_exit);
+    assert_eq!(c.vips[0].min_healthy, 2);
+
+    // The announcers' own errors come under `announce.`.
+    let e = errors(&text.replace("local_as: 65001", "local_as: 0"));
+    assert_eq!(e, vec!["announce.bgp.local_as: AS 0 is reserved"]);
+    let e = errors(&format!("{GOOD}announce:\n  bpg: {{}}\n"));
+    assert!(e[0].starts_with("announce: unknown field `bpg`"), "{e:?}");
+    assert_eq!(
+        errors(&format!("{GOOD}shutdown_grace: 1h\n")),
+        vec!["shutdown_grace: is longer than 10 minutes"]
+    );
+    // A min_healthy no VIP can meet is a mistake in a file, a warning
+    // through the API.
+    let e = errors(&with(
+        "    protocol: tcp\n",
+        "    protocol: tcp\n    min_healthy: 3\n",
+    ));
+    assert_eq!(
+        e,
+        vec![
+            "vips[0].min_healthy: min_healthy 3 is more than the 2 backend(s) of VIP 10.99.0.1:80/tcp: it would never be announced"
+        ]
+    );
+    let mut vips = c.vips.clone();
+    vips[0].min_healthy = 3;
+    let warnings = c.check_vips(&vips).expect("allowed at runtime");
+    assert!(warnings[0].contains("never be announced"), "{warnings:?}");
+}
+
+#[test]
+fn durations_parse_and_print() {
+    for (text, d) in [
+        ("500ms", 500),
+        ("2s", 2000),
+        ("1.5s", 1500),
+        ("3m", 180_000),
+        ("1h", 3_600_000),
+        ("7", 7000),
+    ] {
+        assert_eq!(
+            duration::parse(text),
+            Ok(Duration::from_millis(d)),
+            "{text}"
+        );
+    }
+    assert_eq!(duration::format(&Duration::from_millis(1500)), "1500ms");
+    assert_eq!(duration::format(&Duration::from_secs(30)), "30s");
+    assert!(duration::parse("soon").is_err());
+}
+
+#[test]
+fn vip_ids_round_trip() {
+    for s in ["10.0.0.1:80/tcp", "[2001:db8::1]:443/udp", "10.0.0.1:*/tcp"] {
+        assert_eq!(s.parse::<VipId>().expect(s).to_string(), s);
+    }
+    assert_eq!("10.0.0.1:all/tcp".parse::<VipId>().unwrap().port, 0);
+    for bad in [
+        "10.0.0.1:80",
+        "10.0.0.1/tcp",
+        "x:80/tcp",
+        "10.0.0.1:99999/tcp",
+        "10.0.0.1:80/sctp",
+    ] {
+        assert!(bad.parse::<VipId>().is_err(), "{bad}");
+    }
+}
+
+/// The fields serde knows for `T`, read from its "unknown field"
+/// error, so this list can never fall behind the types.
+fn fields_of<T: serde::de::DeserializeOwned + std::fmt::Debug>() -> Vec<String> {
+    let e = serde_yaml::from_str::<T>("__no_such_field__: 1\n").expect_err("unknown field");
+    let text = e.to_string();
+    let list = text
+        .split_once("expected one of ")
+        .or_else(|| text.split_once("expected "))
+        .map(|(_, l)| l)
+        .unwrap_or_else(|| panic!("no field list in {text}"));
+    list.split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn the_annotated_example_names_every_setting() {
+    let example = include_str!("../../../config/example.yaml");
+    let mut all = fields_of::<RawConfig>();
+    all.extend(fields_of::<RawVip>());
+    all.extend(fields_of::<BackendConfig>());
+    all.extend(fields_of::<HealthCheck>());
+    all.extend(fields_of::<HttpCheck>());
+    all.extend(fields_of::<crate::announce::AnnounceConfig>());
+    all.extend(fields_of::<crate::announce::bgp::BgpConfig>());
+    all.extend(fields_of::<crate::announce::bgp::PeerConfig>());
+    all.extend(fields_of::<crate::announce::bgp::ConnectRetry>());
+    all.extend(fields_of::<crate::announce::exabgp::ExabgpConfig>());
+    all.extend(fields_of::<crate::announce::exec::ExecConfig>());
+    assert!(all.len() > 60, "{all:?}");
+    let missing: Vec<&String> = all
+        .iter()
+        .filter(|f| !example.contains(&format!("{f}:")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "config/example.yaml does not show {missing:?}"
+    );
+}
+
+#[test]
+fn every_example_in_config_dir_loads() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config");
+    let mut n = 0;
+    for entry in std::fs::read_dir(&dir).expect("config/ exists") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            Config::load(&path).unwrap_or_else(|e| panic!("{e}"));
+            n += 1;
+        }
+    }
+    assert!(n >= 2, "expected example configs in {}", dir.display());
+}

@@ -1,0 +1,672 @@
+//! VIPs and their backends as configured: the identity of a VIP
+//! ([`VipId`], written `10.0.0.1:80/tcp`), its settings ([`VipConfig`]),
+//! its backends, and the rules a set of VIPs must follow
+//! ([`check_vips`]: duplicates, address classes, families against the
+//! tunnel sources, limits, fragment hashing, weights).
+
+use std::{
+    collections::BTreeSet,
+    fmt,
+    net::{IpAddr, Ipv4Addr},
+    str::FromStr,
+    time::Duration,
+};
+
+use lb_common::{
+    VipKey,
+    consts::{ENCAP_GRE, ENCAP_GUE, ENCAP_IPIP, PROTO_TCP, PROTO_UDP},
+};
+use serde::{Deserialize, Deserializer, Serialize, Serializer, de};
+
+use super::{
+    datapath::{Sources, link_local, mapped_v4},
+    duration,
+    error::{ConfigError, excerpt, from_str_field},
+    health::{HealthCheck, check_health},
+};
+use crate::dataplane::Layout;
+
+/// Largest weight accepted in a configuration.
+pub const MAX_WEIGHT: u32 = 10_000;
+
+/// L4 protocol of a VIP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    Tcp,
+    Udp,
+}
+
+impl Protocol {
+    pub fn number(self) -> u8 {
+        match self {
+            Protocol::Tcp => PROTO_TCP,
+            Protocol::Udp => PROTO_UDP,
+        }
+    }
+
+    pub fn from_number(n: u8) -> Option<Self> {
+        match n {
+            PROTO_TCP => Some(Protocol::Tcp),
+            PROTO_UDP => Some(Protocol::Udp),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+        })
+    }
+}
+
+impl FromStr for Protocol {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "tcp" => Ok(Protocol::Tcp),
+            "udp" => Ok(Protocol::Udp),
+            _ => Err(format!(
+                "unknown protocol {}, expected `tcp` or `udp`",
+                excerpt(s)
+            )),
+        }
+    }
+}
+
+/// Tunnel toward the backends.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Encap {
+    /// IP-in-IP: 4in4, 6in6, 4in6 or 6in4 by the families involved.
+    #[default]
+    Ipip,
+    /// GRE (RFC 2784, no options) over IPv4 or IPv6.
+    Gre,
+    /// GUE variant 1 / FOU: the packet after an outer UDP header whose
+    /// source port comes from the flow hash (spreads flows over the
+    /// backend's receive queues) and whose destination is `gue_port`.
+    Gue,
+}
+
+impl Encap {
+    pub fn code(self) -> u8 {
+        match self {
+            Encap::Ipip => ENCAP_IPIP,
+            Encap::Gre => ENCAP_GRE,
+            Encap::Gue => ENCAP_GUE,
+        }
+    }
+
+    pub fn from_code(code: u8) -> Option<Self> {
+        match code {
+            ENCAP_IPIP => Some(Encap::Ipip),
+            ENCAP_GRE => Some(Encap::Gre),
+            ENCAP_GUE => Some(Encap::Gue),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Encap {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Encap::Ipip => "ipip",
+            Encap::Gre => "gre",
+            Encap::Gue => "gue",
+        })
+    }
+}
+
+/// The identity of a VIP: `{address, port, protocol}`; port 0 is all ports.
+/// Written `10.0.0.1:80/tcp`, `[2001:db8::1]:443/tcp`, `10.0.0.1:*/udp`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct VipId {
+    pub addr: IpAddr,
+    pub port: u16,
+    pub proto: Protocol,
+}
+
+impl VipId {
+    pub fn key(&self) -> VipKey {
+        VipKey::new(self.addr, self.port, self.proto.number())
+    }
+
+    pub fn from_key(key: &VipKey) -> Option<Self> {
+        Some(Self {
+            addr: key.ip()?,
+            port: key.port(),
+            proto: Protocol::from_number(key.proto)?,
+        })
+    }
+}
+
+impl fmt::Display for VipId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.addr {
+            IpAddr::V4(a) => write!(f, "{a}")?,
+            IpAddr::V6(a) => write!(f, "[{a}]")?,
+        }
+        if self.port == 0 {
+            write!(f, ":*/{}", self.proto)
+        } else {
+            write!(f, ":{}/{}", self.port, self.proto)
+        }
+    }
+}
+
+impl FromStr for VipId {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let usage = || {
+            format!(
+                "{} is not a VIP; write ADDRESS:PORT/PROTO, e.g. 10.0.0.1:80/tcp, [2001:db8::1]:443/tcp or 10.0.0.1:*/udp",
+                excerpt(s)
+            )
+        };
+        let (hostport, proto) = s.rsplit_once('/').ok_or_else(usage)?;
+        let proto: Protocol = proto.parse()?;
+        let (host, port) = hostport.rsplit_once(':').ok_or_else(usage)?;
+        let host = host
+            .strip_prefix('[')
+            .and_then(|h| h.strip_suffix(']'))
+            .unwrap_or(host);
+        let addr: IpAddr = host
+            .parse()
+            .map_err(|_| format!("{} is not an IP address", excerpt(host)))?;
+        let port = match port {
+            "*" | "all" => 0,
+            "0" => return Err(PORT_ZERO.into()),
+            p => p
+                .parse::<u16>()
+                .map_err(|_| format!("{} is not a port (1-65535 or *)", excerpt(p)))?,
+        };
+        Ok(Self { addr, port, proto })
+    }
+}
+
+impl Serialize for VipId {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for VipId {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        from_str_field(d, "a VIP such as 10.0.0.1:80/tcp")
+    }
+}
+
+/// The error for a port written 0: it is not a port, and taking it for
+/// "all ports" silently would widen a VIP by mistake.
+const PORT_ZERO: &str = "port 0 is not a port (1-65535); write `all` or `*` for an all-ports VIP";
+
+/// A port: a number 1-65535, or `all` / `*` (stored as 0).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct PortSpec(u16);
+
+impl<'de> Deserialize<'de> for PortSpec {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl de::Visitor<'_> for V {
+            type Value = PortSpec;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a port number 1-65535, or `all`")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<PortSpec, E> {
+                match u16::try_from(v) {
+                    Ok(0) => Err(E::custom(PORT_ZERO)),
+                    Ok(p) => Ok(PortSpec(p)),
+                    Err(_) => Err(E::custom(format!("port {v} is out of range 1-65535"))),
+                }
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<PortSpec, E> {
+                u64::try_from(v)
+                    .map_err(|_| E::custom(format!("port {v} is out of range 1-65535")))
+                    .and_then(|v| self.visit_u64(v))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<PortSpec, E> {
+                match v {
+                    "all" | "*" => Ok(PortSpec(0)),
+                    _ => v
+                        .parse::<u64>()
+                        .map_err(|_| {
+                            E::custom(format!("{} is not a port (1-65535 or `all`)", excerpt(v)))
+                        })
+                        .and_then(|p| self.visit_u64(p)),
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// What a VIP does with IP fragments (which carry no ports to find the
+/// VIP or hash the flow by).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FragmentPolicy {
+    /// Drop them and count `drop_fragment`.
+    #[default]
+    Drop,
+    /// Hash every packet of the VIP, fragment or not, on its 3-tuple
+    /// (addresses and protocol), so all fragments of a datagram reach the
+    /// backend its first fragment reaches. Coarser: all flows of one
+    /// client go to one backend. One VIP per address and protocol may.
+    Hash,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendConfig {
+    pub address: IpAddr,
+    #[serde(default = "default_weight")]
+    pub weight: u32,
+    /// Replaces the VIP's health check for this backend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_check: Option<HealthCheck>,
+}
+
+impl BackendConfig {
+    pub fn new(address: IpAddr, weight: u32) -> Self {
+        Self {
+            address,
+            weight,
+            health_check: None,
+        }
+    }
+}
+
+fn default_weight() -> u32 {
+    1
+}
+
+/// A VIP as configured (in the file or through the API). Serialized in the
+/// same shape as the file (`address`, `port`, `protocol`, ...).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VipConfig {
+    pub id: VipId,
+    pub encap: Encap,
+    /// Use the connection table (default). UDP services whose backends
+    /// keep no per-flow state may turn it off.
+    pub conntrack: bool,
+    /// Fragments: dropped (default) or hashed on the 3-tuple.
+    pub fragments: FragmentPolicy,
+    pub backends: Vec<BackendConfig>,
+    /// Probes for the backends; `None`: no probing, backends count as up.
+    pub health_check: Option<HealthCheck>,
+    /// How long a draining backend keeps its existing connections.
+    pub drain_timeout: Duration,
+    /// A backend that joins or recovers ramps its weight up over this long.
+    pub slow_start: Duration,
+    /// Below this percentage of usable backends, the table is built from
+    /// all of them (fail open).
+    pub panic_threshold: u32,
+    /// The VIP's address is announced (BGP, ExaBGP, exec) only while at
+    /// least this many of its backends are usable (active or in slow
+    /// start). 0 announces it whenever the program is attached.
+    pub min_healthy: u32,
+}
+
+impl VipConfig {
+    /// A VIP with default settings.
+    pub fn new(id: VipId, backends: Vec<BackendConfig>) -> Self {
+        Self {
+            id,
+            encap: Encap::default(),
+            conntrack: true,
+            fragments: FragmentPolicy::default(),
+            backends,
+            health_check: None,
+            drain_timeout: default_drain_timeout(),
+            slow_start: Duration::ZERO,
+            panic_threshold: default_panic_threshold(),
+            min_healthy: default_min_healthy(),
+        }
+    }
+
+    /// The health check of one backend: its own, else the VIP's.
+    pub fn health_check_of<'a>(&'a self, b: &'a BackendConfig) -> Option<&'a HealthCheck> {
+        b.health_check.as_ref().or(self.health_check.as_ref())
+    }
+}
+
+fn default_drain_timeout() -> Duration {
+    Duration::from_secs(60)
+}
+fn default_panic_threshold() -> u32 {
+    50
+}
+fn default_min_healthy() -> u32 {
+    1
+}
+
+/// The VIP as written in YAML or JSON.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawVip {
+    address: IpAddr,
+    port: PortSpec,
+    protocol: Protocol,
+    #[serde(default)]
+    encap: Encap,
+    #[serde(default = "yes")]
+    conntrack: bool,
+    #[serde(default)]
+    fragments: FragmentPolicy,
+    #[serde(default)]
+    backends: Vec<BackendConfig>,
+    #[serde(default)]
+    health_check: Option<HealthCheck>,
+    #[serde(default = "default_drain_timeout", with = "duration")]
+    drain_timeout: Duration,
+    #[serde(default, with = "duration")]
+    slow_start: Duration,
+    #[serde(default = "default_panic_threshold")]
+    panic_threshold: u32,
+    #[serde(default = "default_min_healthy")]
+    min_healthy: u32,
+}
+
+pub(crate) fn yes() -> bool {
+    true
+}
+
+impl RawVip {
+    fn into_vip(self) -> VipConfig {
+        VipConfig {
+            id: VipId {
+                addr: self.address,
+                port: self.port.0,
+                proto: self.protocol,
+            },
+            encap: self.encap,
+            conntrack: self.conntrack,
+            fragments: self.fragments,
+            backends: self.backends,
+            health_check: self.health_check,
+            drain_timeout: self.drain_timeout,
+            slow_start: self.slow_start,
+            panic_threshold: self.panic_threshold,
+            min_healthy: self.min_healthy,
+        }
+    }
+}
+
+impl Serialize for VipConfig {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        #[serde(untagged)]
+        enum Port {
+            Number(u16),
+            /// All ports: written `all`, as a file says it (0 is refused).
+            All(&'static str),
+        }
+        #[derive(Serialize)]
+        struct Out<'a> {
+            address: IpAddr,
+            port: Port,
+            protocol: Protocol,
+            encap: Encap,
+            conntrack: bool,
+            fragments: FragmentPolicy,
+            backends: &'a [BackendConfig],
+            #[serde(skip_serializing_if = "Option::is_none")]
+            health_check: &'a Option<HealthCheck>,
+            #[serde(with = "duration")]
+            drain_timeout: Duration,
+            #[serde(with = "duration")]
+            slow_start: Duration,
+            panic_threshold: u32,
+            min_healthy: u32,
+        }
+        Out {
+            address: self.id.addr,
+            port: match self.id.port {
+                0 => Port::All("all"),
+                p => Port::Number(p),
+            },
+            protocol: self.id.proto,
+            encap: self.encap,
+            conntrack: self.conntrack,
+            fragments: self.fragments,
+            backends: &self.backends,
+            health_check: &self.health_check,
+            drain_timeout: self.drain_timeout,
+            slow_start: self.slow_start,
+            panic_threshold: self.panic_threshold,
+            min_healthy: self.min_healthy,
+        }
+        .serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for VipConfig {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        RawVip::deserialize(d).map(RawVip::into_vip)
+    }
+}
+
+/// Why `addr` cannot be a VIP, if it cannot: routers must be able to send
+/// it to this balancer.
+fn unusable_vip(addr: IpAddr) -> Option<&'static str> {
+    if addr.is_unspecified() || addr.is_multicast() || addr == IpAddr::V4(Ipv4Addr::BROADCAST) {
+        Some("cannot be a VIP: it is not a unicast address")
+    } else if addr.is_loopback() {
+        Some("cannot be a VIP: loopback addresses never reach this machine from outside")
+    } else if link_local(addr) {
+        Some("cannot be a VIP: link-local addresses are not routed")
+    } else if mapped_v4(addr) {
+        Some("cannot be a VIP: it is an IPv4-mapped IPv6 address; write the IPv4 address")
+    } else {
+        None
+    }
+}
+
+/// Why `addr` cannot be a backend (a tunnel destination), if it cannot.
+fn unusable_backend(addr: IpAddr) -> Option<&'static str> {
+    if addr.is_unspecified() || addr.is_multicast() || addr == IpAddr::V4(Ipv4Addr::BROADCAST) {
+        Some("cannot be a backend: it is not a unicast address")
+    } else if addr.is_loopback() {
+        Some("cannot be a backend: a loopback address is this machine")
+    } else if link_local(addr) {
+        Some(
+            "cannot be a backend: a link-local address needs an interface scope a tunnel does not carry",
+        )
+    } else if mapped_v4(addr) {
+        Some("cannot be a backend: it is an IPv4-mapped IPv6 address; write the IPv4 address")
+    } else {
+        None
+    }
+}
+
+/// Rules for a set of VIPs. `from_file`: an empty backend list is an error
+/// in a file (a VIP that can never forward), but a state the API may reach.
+pub(crate) fn check_vips(
+    vips: &[VipConfig],
+    layout: &Layout,
+    sources: &Sources,
+    from_file: bool,
+    errors: &mut Vec<ConfigError>,
+) -> Vec<String> {
+    let (have_v4_source, have_v6_source) = (sources.v4, sources.v6);
+    let own = &sources.own;
+    let mut warnings = Vec::new();
+    let mut err = |field: String, message: String| errors.push(ConfigError { field, message });
+    if vips.len() > layout.max_vips as usize {
+        err(
+            "vips".into(),
+            format!("{} VIPs, but max_vips is {}", vips.len(), layout.max_vips),
+        );
+    }
+    let total: usize = vips.iter().map(|v| v.backends.len()).sum();
+    if total > layout.max_backends as usize {
+        err(
+            "vips".into(),
+            format!(
+                "{total} backends in all, but max_backends is {}",
+                layout.max_backends
+            ),
+        );
+    }
+    let mut ids = BTreeSet::new();
+    let vip_addrs: BTreeSet<IpAddr> = vips.iter().map(|v| v.id.addr).collect();
+    let mut frag_hash = std::collections::BTreeMap::new();
+    for (i, vip) in vips.iter().enumerate() {
+        let at = format!("vips[{i}]");
+        if !ids.insert(vip.id) {
+            err(at.clone(), format!("VIP {} is defined twice", vip.id));
+        }
+        if vip.fragments == FragmentPolicy::Hash
+            && let Some(other) = frag_hash.insert((vip.id.addr, vip.id.proto), vip.id)
+        {
+            err(
+                format!("{at}.fragments"),
+                format!(
+                    "VIP {other} already hashes the fragments to {} {}; fragments carry no port, so only one VIP per address and protocol can",
+                    vip.id.addr, vip.id.proto
+                ),
+            );
+        }
+        if let Some(why) = unusable_vip(vip.id.addr) {
+            err(format!("{at}.address"), format!("{} {why}", vip.id.addr));
+        } else if own.contains(&vip.id.addr) {
+            err(
+                format!("{at}.address"),
+                format!(
+                    "{} is this balancer's tunnel source; a VIP needs an address of its own",
+                    vip.id.addr
+                ),
+            );
+        }
+        if vip.backends.is_empty() && from_file {
+            err(
+                format!("{at}.backends"),
+                format!("VIP {} has no backends; list at least one", vip.id),
+            );
+        }
+        let mut addrs = BTreeSet::new();
+        for (j, b) in vip.backends.iter().enumerate() {
+            let at = format!("{at}.backends[{j}]");
+            if !addrs.insert(b.address) {
+                err(
+                    format!("{at}.address"),
+                    format!("backend {} is listed twice for VIP {}", b.address, vip.id),
+                );
+            }
+            if b.weight > MAX_WEIGHT {
+                err(
+                    format!("{at}.weight"),
+                    format!("weight {} is out of range 0-{MAX_WEIGHT}", b.weight),
+                );
+            }
+            if let Some(why) = unusable_backend(b.address) {
+                err(format!("{at}.address"), format!("{} {why}", b.address));
+            } else if vip_addrs.contains(&b.address) {
+                err(
+                    format!("{at}.address"),
+                    format!(
+                        "{} is a VIP address of this balancer: its packets would come back here",
+                        b.address
+                    ),
+                );
+            } else if own.contains(&b.address) {
+                err(
+                    format!("{at}.address"),
+                    format!(
+                        "{} is this balancer's own tunnel source: packets would be tunnelled to itself",
+                        b.address
+                    ),
+                );
+            }
+            match b.address {
+                IpAddr::V4(_) if !have_v4_source => err(
+                    format!("{at}.address"),
+                    format!(
+                        "IPv4 backend {} needs an IPv4 tunnel source: set outer_source_v4",
+                        b.address
+                    ),
+                ),
+                IpAddr::V6(_) if !have_v6_source => err(
+                    format!("{at}.address"),
+                    format!(
+                        "IPv6 backend {} needs an IPv6 tunnel source: set outer_source_v6",
+                        b.address
+                    ),
+                ),
+                _ => {}
+            }
+        }
+        if let Some(h) = &vip.health_check {
+            check_health(h, vip, &format!("{at}.health_check"), &mut err);
+        }
+        for (j, b) in vip.backends.iter().enumerate() {
+            if let Some(h) = &b.health_check {
+                check_health(
+                    h,
+                    vip,
+                    &format!("{at}.backends[{j}].health_check"),
+                    &mut err,
+                );
+            }
+            if vip.health_check_of(b).is_some_and(|h| h.through_tunnel)
+                && b.address.is_ipv4() != vip.id.addr.is_ipv4()
+            {
+                err(
+                    format!("{at}.backends[{j}].address"),
+                    format!(
+                        "probes through the tunnel need a backend of the VIP's family; {} is not",
+                        b.address
+                    ),
+                );
+            }
+        }
+        if vip.panic_threshold > 100 {
+            err(
+                format!("{at}.panic_threshold"),
+                format!("{}% is out of range 0-100", vip.panic_threshold),
+            );
+        }
+        if vip.slow_start > Duration::from_secs(3600) {
+            err(format!("{at}.slow_start"), "is longer than an hour".into());
+        }
+        if vip.drain_timeout > Duration::from_secs(86_400) {
+            err(format!("{at}.drain_timeout"), "is longer than a day".into());
+        }
+        if vip.min_healthy as usize > vip.backends.len() && !(from_file && vip.backends.is_empty())
+        {
+            let text = format!(
+                "min_healthy {} is more than the {} backend(s) of VIP {}: it would never be announced",
+                vip.min_healthy,
+                vip.backends.len(),
+                vip.id
+            );
+            // A file that says so is a mistake; the API may pass through
+            // such a state while backends are replaced.
+            if from_file {
+                err(format!("{at}.min_healthy"), text);
+            } else {
+                warnings.push(format!("{at}.min_healthy: {text}"));
+            }
+        }
+        if !vip.backends.is_empty() && vip.backends.iter().all(|b| b.weight == 0) {
+            warnings.push(format!(
+                "{at}: VIP {} has no backend with a weight above 0: it will drop every packet sent to it",
+                vip.id
+            ));
+        }
+        let live = vip.backends.iter().filter(|b| b.weight > 0).count() as u64;
+        if live > 0 && (layout.table_size as u64) < 100 * live {
+            warnings.push(format!(
+                "{at}: VIP {} has {live} backends; table_size {} is below 100 × {live}, so shares may be off by more than 1%",
+                vip.id, layout.table_size
+            ));
+        }
+    }
+    warnings
+}
