@@ -1,5 +1,6 @@
 //! `cargo xtask`: orchestration only. Installs prerequisites, runs the test
-//! suites, the demo and the benchmarks. No product logic lives here.
+//! suites, the demo, the benchmarks and the fuzzer. No product logic lives
+//! here.
 
 mod setup;
 
@@ -31,6 +32,17 @@ enum Task {
     /// writes, memory, Maglev build time and quality. Prints the figures and
     /// writes them into BENCHMARKS.md (between its bench markers).
     Bench,
+    /// Differential fuzzer of the XDP program: frames through
+    /// BPF_PROG_TEST_RUN against an independent oracle (release build, root).
+    Fuzz {
+        /// Frames to run.
+        #[arg(long, default_value_t = 10_000_000)]
+        packets: u64,
+        /// Seed (default: a fresh one, printed first; a violation's report
+        /// names the seed to replay).
+        #[arg(long)]
+        seed: Option<u64>,
+    },
     /// Run lbd in a namespace rig with real connections and print a summary.
     Demo {
         /// Leave the rig running afterwards.
@@ -49,6 +61,7 @@ fn main() -> Result<()> {
         Task::Lint => lint(),
         Task::Demo { keep, down } => demo(keep, down),
         Task::Bench => bench(),
+        Task::Fuzz { packets, seed } => fuzz(packets, seed),
     }
 }
 
@@ -137,6 +150,20 @@ fn bench() -> Result<()> {
     std::fs::write(path, updated).context("writing BENCHMARKS.md")?;
     eprintln!("BENCHMARKS.md updated");
     Ok(())
+}
+
+fn fuzz(packets: u64, seed: Option<u64>) -> Result<()> {
+    setup::run(setup::Mode::IfMissing)?;
+    if !setup::is_root() {
+        bail!("the fuzzer runs frames through BPF_PROG_TEST_RUN: run `cargo xtask fuzz` as root");
+    }
+    run(cargo().args(["build", "--release", "-p", "lb-tests", "--bin", "lb-fuzz"]))?;
+    let mut cmd = Command::new("target/release/lb-fuzz");
+    cmd.args(["--packets", &packets.to_string()]);
+    if let Some(seed) = seed {
+        cmd.args(["--seed", &seed.to_string()]);
+    }
+    run(&mut cmd)
 }
 
 fn demo(keep: bool, down: bool) -> Result<()> {
