@@ -38,8 +38,10 @@ pub struct Violation {
     pub code: &'static str,
     pub detail: String,
     /// What makes two violations the same (the code, and for invariants 1
-    /// and 6 the counter and the oracle's reading): the shrinker keeps a
-    /// candidate only if its signature is unchanged.
+    /// and 6 the outcome's kind and the oracle's reading; not the counter,
+    /// which a re-run may change from a new flow to a connection-table
+    /// hit): the shrinker keeps a candidate only if its signature is
+    /// unchanged.
     pub signature: String,
 }
 
@@ -182,7 +184,7 @@ pub fn frame(
     let mut judged = Judged::default();
     if action == XDP_TX {
         let read = || format!("the oracle reads {} ({})", expect.why, expect.kinds);
-        let sign = |code: &str| format!("{code} {} / {}", counter.name(), expect.why);
+        let sign = |code: &str| format!("{code} {:?} / {}", counter.kind(), expect.why);
         match (counter.kind(), &expect.forward, &expect.reply) {
             (Kind::Forward, Some(fwd), _) => {
                 judged.sent = Some(tunnel(model, input, out, fwd, expect.l2)?);
@@ -214,7 +216,7 @@ pub fn frame(
             expect.why,
             expect.kinds
         );
-        let sig = format!("{} / {} / {}", counter.name(), expect.why, expect.kinds);
+        let sig = format!("{:?} / {} / {}", counter.kind(), expect.why, expect.kinds);
         return Err(Violation::new(6, "outcome-kind", what).signed(sig));
     }
     Ok(judged)

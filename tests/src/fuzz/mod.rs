@@ -215,12 +215,14 @@ impl Fuzzer {
         Ok((counter, judged))
     }
 
-    /// Re-runs `frame` without recording flow history (for the shrinker):
-    /// the violation it breaks, if any, and the oracle's reading.
+    /// Re-runs `frame` from an empty connection table without recording
+    /// flow history (for the shrinker): the violation it breaks, if any,
+    /// and the oracle's reading.
     fn rerun(&mut self, frame: &[u8]) -> Result<Option<(Violation, String)>> {
         if frame.len() < 14 || frame.len() > self.target.linear_max {
             return Ok(None);
         }
+        self.target.clear_flows()?;
         let run = self.target.run(frame)?;
         self.target.counters(&mut self.after)?;
         let result = match run {
@@ -253,6 +255,9 @@ impl Fuzzer {
         frame: Vec<u8>,
     ) -> Result<Found> {
         // A flow's history cannot be replayed by one frame: no shrinking.
+        // Otherwise every candidate runs from an empty connection table, so
+        // the reproducer stands alone (or, if the violation needed earlier
+        // flows, the frame is reported as it was).
         let shrunk = if violation.invariant == 5 {
             frame.clone()
         } else {

@@ -15,7 +15,11 @@ use lb::{
     dataplane::{Layout, kernel::KernelDataplane},
     reconcile::Reconciler,
 };
-use lb_common::{CounterValue, consts::MAP_COUNTERS, counters::COUNTER_SLOTS};
+use lb_common::{
+    CounterValue, FlowBucket,
+    consts::{MAP_COUNTERS, MAP_FLOWS},
+    counters::COUNTER_SLOTS,
+};
 
 use super::{batch, model::Model};
 
@@ -120,6 +124,17 @@ impl Target {
         let fd = self.counters_fd()?;
         batch::read_counters(fd, COUNTER_SLOTS, self.cpus, &mut self.scratch, out)
             .context("BPF_MAP_LOOKUP_BATCH on the counters")
+    }
+
+    /// Empties the connection table (one syscall), so that a frame runs
+    /// as it would on a fresh balancer with the same tables.
+    pub fn clear_flows(&mut self) -> Result<()> {
+        let fd = match self.r.dataplane().raw_map(MAP_FLOWS)? {
+            Map::Array(data) => data.fd().as_fd().as_raw_fd(),
+            _ => bail!("{MAP_FLOWS} is not an array"),
+        };
+        let size = std::mem::size_of::<FlowBucket>();
+        batch::zero_array(fd, CT_BUCKETS, size).context("BPF_MAP_UPDATE_BATCH on the flows")
     }
 
     fn counters_fd(&self) -> Result<RawFd> {
