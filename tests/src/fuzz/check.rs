@@ -183,7 +183,7 @@ pub fn frame(
 ) -> Result<Judged, Violation> {
     let mut judged = Judged::default();
     if action == XDP_TX {
-        let read = || format!("the oracle reads {} ({})", expect.why, expect.kinds);
+        let read = || format!("the oracle reads {}", expect.reading());
         let sign = |code: &str| format!("{code} {:?} / {}", counter.kind(), expect.why);
         match (counter.kind(), &expect.forward, &expect.reply) {
             (Kind::Forward, Some(fwd), _) => {

@@ -108,8 +108,7 @@ impl Flows {
                 }
             }
             Some(b) if b == backend => {}
-            Some(b) if e.carried_over && !e.moved => {
-                let _ = b;
+            Some(_) if e.carried_over && !e.moved => {
                 e.moved = true;
                 e.backend = Some(backend);
             }

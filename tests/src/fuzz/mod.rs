@@ -167,7 +167,7 @@ impl Fuzzer {
                         self.features(frame, action, counter, &expect, judged.sent);
                         None
                     }
-                    Err(v) => Some((v, format!("{} ({})", expect.why, expect.kinds))),
+                    Err(v) => Some((v, expect.reading())),
                 }
             }
         };
@@ -175,22 +175,29 @@ impl Fuzzer {
         Ok(verdict)
     }
 
-    /// Invariants 1 to 6 for a frame the program ran in one buffer.
+    /// Invariants 1, 2, 3, 4 and 6 for the frame just run in one buffer.
+    fn verify(
+        &self,
+        frame: &[u8],
+        action: u32,
+        expect: &Expect,
+    ) -> Result<(Counter, Judged), Violation> {
+        let m = &self.model;
+        let drop = m.settings.malformed_drop;
+        let counter = check::outcome(&self.before, &self.after, frame.len(), action, drop)?;
+        let judged = check::frame(m, frame, action, self.target.output(), counter, expect)?;
+        Ok((counter, judged))
+    }
+
+    /// [`Fuzzer::verify`], then invariant 5 with the flow history.
     fn judge(
         &mut self,
         frame: &[u8],
         action: u32,
         expect: &Expect,
     ) -> Result<(Counter, Judged), Violation> {
+        let (counter, judged) = self.verify(frame, action, expect)?;
         let m = &self.model;
-        let counter = check::outcome(
-            &self.before,
-            &self.after,
-            frame.len(),
-            action,
-            m.settings.malformed_drop,
-        )?;
-        let judged = check::frame(m, frame, action, self.target.output(), counter, expect)?;
         if let Some(flow) = &expect.touches {
             self.flows.touch(flow);
         }
@@ -228,18 +235,9 @@ impl Fuzzer {
         let result = match run {
             Run::Refused => None,
             Run::Ran { action } => {
-                let m = &self.model;
-                let expect = oracle::expect(m, frame);
-                check::outcome(
-                    &self.before,
-                    &self.after,
-                    frame.len(),
-                    action,
-                    m.settings.malformed_drop,
-                )
-                .and_then(|c| check::frame(m, frame, action, self.target.output(), c, &expect))
-                .err()
-                .map(|v| (v, format!("{} ({})", expect.why, expect.kinds)))
+                let expect = oracle::expect(&self.model, frame);
+                let verdict = self.verify(frame, action, &expect);
+                verdict.err().map(|v| (v, expect.reading()))
             }
         };
         std::mem::swap(&mut self.before, &mut self.after);

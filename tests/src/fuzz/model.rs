@@ -207,6 +207,12 @@ impl Model {
         self.vips.iter().any(|v| v.addr == addr)
     }
 
+    /// The addresses of the VIPs of one family.
+    pub fn vip_addrs(&self, v6: bool) -> Vec<IpAddr> {
+        let family = self.vips.iter().filter(|v| v.is_v6() == v6);
+        family.map(|v| v.addr).collect()
+    }
+
     /// VIPs on `addr` with protocol `proto` (what a fragment may be for).
     pub fn vips_at(&self, addr: IpAddr, proto: u8) -> impl Iterator<Item = usize> + '_ {
         self.vips

@@ -105,14 +105,7 @@ pub fn error(g: &mut Generator, model: &Model, v6: bool) -> Sample {
     quote.truncate(cut.min(quote.len()));
     let dst = match g.rng.below(20) {
         0 => other_address(g, v6),
-        1 | 2 => *g.rng.pick(
-            &model
-                .vips
-                .iter()
-                .filter(|v| v.is_v6() == v6)
-                .map(|v| v.addr)
-                .collect::<Vec<_>>(),
-        ),
+        1 | 2 => *g.rng.pick(&model.vip_addrs(v6)),
         _ => vip_addr,
     };
     let src = router(g, v6);
@@ -160,14 +153,7 @@ pub fn echo(g: &mut Generator, model: &Model) -> Sample {
     let v6 = g.rng.chance(50);
     let src = g.client(v6);
     let dst = if g.rng.chance(75) {
-        *g.rng.pick(
-            &model
-                .vips
-                .iter()
-                .filter(|v| v.is_v6() == v6)
-                .map(|v| v.addr)
-                .collect::<Vec<_>>(),
-        )
+        *g.rng.pick(&model.vip_addrs(v6))
     } else {
         other_address(g, v6)
     };

@@ -142,6 +142,11 @@ impl Expect {
         Expect::only(Kinds::DROP, why)
     }
 
+    /// What the oracle read and the kinds it accepts, for reports.
+    pub fn reading(&self) -> String {
+        format!("{} ({})", self.why, self.kinds)
+    }
+
     /// Also accepts `other`'s outcomes (a frame the README lets be read
     /// two ways).
     pub fn or(mut self, other: Expect) -> Expect {
