@@ -8,6 +8,10 @@
 //! no-DF policies, MTU, echo replies, outer source prefix, GUE port) and
 //! some VIPs' backends change. On the first violation the run stops and
 //! reports the frame, shrunk as far as the same violation persists.
+//!
+//! A seed replays the same frames, epochs and connection-table buckets;
+//! which way a full bucket evicts depends on the kernel clock, so
+//! connection-table hits may differ by a few in a thousand between runs.
 //! `lb-fuzz` and `cargo xtask fuzz` run it; `tests/e2e/fuzz.rs` runs it in
 //! the suite.
 
@@ -107,7 +111,7 @@ struct Fuzzer {
 impl Fuzzer {
     fn new(seed: u64) -> Result<Fuzzer> {
         let model = Model::new();
-        let mut target = Target::load(&model)?;
+        let mut target = Target::load(&model, seed)?;
         let linear = target.probe_linear_max()?;
         let mut before = Vec::new();
         target.counters(&mut before)?;

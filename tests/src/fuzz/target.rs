@@ -12,7 +12,7 @@ use aya::{
     programs::{ProgramError, TestRun as _, TestRunOptions},
 };
 use lb::{
-    dataplane::{Layout, kernel::KernelDataplane},
+    dataplane::{Dataplane as _, Layout, kernel::KernelDataplane},
     reconcile::Reconciler,
 };
 use lb_common::{
@@ -52,16 +52,22 @@ pub struct Target {
 }
 
 impl Target {
-    /// Loads `lb_xdp` and programs `model` into its maps.
-    pub fn load(model: &Model) -> Result<Target> {
+    /// Loads `lb_xdp` and programs `model` into its maps. The
+    /// connection-table seed, which the reconciler would draw at random for
+    /// fresh maps (and keeps when set), comes from `seed`, so that a replay
+    /// puts flows in the same buckets.
+    pub fn load(model: &Model, seed: u64) -> Result<Target> {
         let layout = Layout {
             table_size: TABLE_SIZE,
             max_vips: 64,
             max_backends: 256,
             ct_buckets: CT_BUCKETS,
         };
-        let dp = KernelDataplane::load(layout)
+        let mut dp = KernelDataplane::load(layout)
             .context("loading lb_xdp (root and a kernel with XDP test runs are needed)")?;
+        let mut cfg = dp.config()?;
+        cfg.ct_seed = seed | 1;
+        dp.set_config(&cfg)?;
         let r = Reconciler::adopt(dp).context("adopting fresh maps")?;
         let cpus = aya::util::nr_cpus().map_err(|(what, e)| anyhow::anyhow!("{what}: {e}"))?;
         let mut t = Target {
