@@ -342,10 +342,10 @@ impl Settings {
     /// Epoch `n`'s settings: the malformed policy alternates (pass, drop),
     /// the no-DF policy every two epochs, echo replies are off one epoch in
     /// eight, the MTU cycles through values that make some frames too big
-    /// (and 0, unchecked); the outer source prefix takes host bits from the
+    /// (and 0, unchecked; 1,328 is the smallest the configuration accepts); the outer source prefix takes host bits from the
     /// client in two epochs of three.
     pub fn for_epoch(n: u32, rng: &mut Rng) -> Settings {
-        const MTUS: [u16; 8] = [1500, 1400, 1500, 0, 1500, 2000, 1280, 1500];
+        const MTUS: [u16; 8] = [1500, 1400, 1500, 0, 1500, 2000, 1328, 1500];
         let prefix = !n.is_multiple_of(3);
         Settings {
             malformed_drop: n % 2 == 1,
