@@ -1,5 +1,6 @@
 //! `cargo xtask`: orchestration only. Installs prerequisites, runs the test
-//! suites, the demo and the benchmarks. No product logic lives here.
+//! suites, the demo, the benchmarks and the fuzzer. No product logic lives
+//! here.
 
 mod setup;
 
@@ -36,6 +37,17 @@ enum Task {
         #[arg(long)]
         baseline: Option<String>,
     },
+    /// Differential fuzzer of the XDP program: frames through
+    /// BPF_PROG_TEST_RUN against an independent oracle (release build, root).
+    Fuzz {
+        /// Frames to run.
+        #[arg(long, default_value_t = 10_000_000)]
+        packets: u64,
+        /// Seed (default: a fresh one, printed first; a violation's report
+        /// names the seed to replay).
+        #[arg(long)]
+        seed: Option<u64>,
+    },
     /// Run lbd in a namespace rig with real connections and print a summary.
     Demo {
         /// Leave the rig running afterwards.
@@ -54,6 +66,7 @@ fn main() -> Result<()> {
         Task::Lint => lint(),
         Task::Demo { keep, down } => demo(keep, down),
         Task::Bench { baseline } => bench(baseline.as_deref()),
+        Task::Fuzz { packets, seed } => fuzz(packets, seed),
     }
 }
 
@@ -204,6 +217,20 @@ fn baseline_object(rev: &str) -> Result<std::path::PathBuf> {
     std::fs::copy(&object, &copy).with_context(|| format!("copying {}", object.display()))?;
     eprintln!("baseline: lb-xdp of {commit} at {}", copy.display());
     Ok(copy)
+}
+
+fn fuzz(packets: u64, seed: Option<u64>) -> Result<()> {
+    setup::run(setup::Mode::IfMissing)?;
+    if !setup::is_root() {
+        bail!("the fuzzer runs frames through BPF_PROG_TEST_RUN: run `cargo xtask fuzz` as root");
+    }
+    run(cargo().args(["build", "--release", "-p", "lb-tests", "--bin", "lb-fuzz"]))?;
+    let mut cmd = Command::new("target/release/lb-fuzz");
+    cmd.args(["--packets", &packets.to_string()]);
+    if let Some(seed) = seed {
+        cmd.args(["--seed", &seed.to_string()]);
+    }
+    run(&mut cmd)
 }
 
 fn demo(keep: bool, down: bool) -> Result<()> {

@@ -1,0 +1,573 @@
+//! The invariants, checked for one frame from the program's action, its
+//! output and the counters against the oracle's [`Expect`]:
+//!
+//! 1. a frame the oracle reads as no VIP's, malformed or beyond the
+//!    README's limits is never `XDP_TX`, except as a reply the README
+//!    describes (checked by [`super::reply`]);
+//! 2. a passed frame is byte-identical to the input;
+//! 3. a tunnelled frame is well formed and goes to a backend of the VIP
+//!    the packet (or the flow an ICMP error quotes) is for;
+//! 4. exactly one outcome counter moves, by one packet and the frame's
+//!    bytes, and its kind agrees with the action;
+//! 5. (in [`super::flows`]) one flow, one backend;
+//! 6. the outcome's kind is one the README prescribes for the frame.
+
+use std::{
+    fmt,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+};
+
+use etherparse::{Ipv4HeaderSlice, Ipv6HeaderSlice};
+use lb::config::Encap;
+use lb_common::{Counter, CounterValue, counters::Kind};
+
+use super::{
+    csum,
+    model::{GW_MAC, Model, Settings},
+    oracle::{Expect, Forward, Kinds},
+    reply,
+    target::{XDP_DROP, XDP_PASS, XDP_TX},
+};
+
+/// A broken invariant.
+#[derive(Clone, Debug)]
+pub struct Violation {
+    pub invariant: u8,
+    /// Short and stable: two violations with the same invariant and code
+    /// are the same bug (the reproducer shrinker keeps it).
+    pub code: &'static str,
+    pub detail: String,
+    /// What makes two violations the same (the code, and for invariants 1
+    /// and 6 the outcome's kind and the oracle's reading; not the counter,
+    /// which a re-run may change from a new flow to a connection-table
+    /// hit): the shrinker keeps a candidate only if its signature is
+    /// unchanged.
+    pub signature: String,
+}
+
+impl Violation {
+    pub fn new(invariant: u8, code: &'static str, detail: impl Into<String>) -> Violation {
+        Violation {
+            invariant,
+            code,
+            detail: detail.into(),
+            signature: code.to_string(),
+        }
+    }
+
+    fn signed(mut self, signature: String) -> Violation {
+        self.signature = signature;
+        self
+    }
+
+    pub fn same_as(&self, other: &Violation) -> bool {
+        self.invariant == other.invariant && self.signature == other.signature
+    }
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "invariant {} ({}): {}",
+            self.invariant, self.code, self.detail
+        )
+    }
+}
+
+/// What a judged frame did that later checks (invariant 5) and the
+/// report need.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Judged {
+    pub sent: Option<Sent>,
+    /// A known deviation of lb's (see [`reply::ECHO_NEGATIVE_ZERO`]).
+    pub deviation: Option<&'static str>,
+}
+
+/// Where a tunnelled frame went.
+#[derive(Clone, Copy, Debug)]
+pub struct Sent {
+    pub backend: IpAddr,
+    pub weight: u32,
+    /// The GUE source port, for GUE tunnels.
+    pub gue_sport: Option<u16>,
+}
+
+pub fn action_name(action: u32) -> &'static str {
+    match action {
+        0 => "XDP_ABORTED",
+        XDP_DROP => "XDP_DROP",
+        XDP_PASS => "XDP_PASS",
+        XDP_TX => "XDP_TX",
+        4 => "XDP_REDIRECT",
+        _ => "unknown action",
+    }
+}
+
+/// Invariant 4: the one outcome counter that moved (and the events).
+pub fn outcome(
+    before: &[CounterValue],
+    after: &[CounterValue],
+    len: usize,
+    action: u32,
+    malformed_drop: bool,
+) -> Result<Counter, Violation> {
+    let mut outcomes = Vec::new();
+    for (i, (b, a)) in before.iter().zip(after).enumerate() {
+        if a == b {
+            continue;
+        }
+        let Some(&c) = Counter::ALL.get(i) else {
+            return Err(Violation::new(
+                4,
+                "unused-slot",
+                format!("unused counter slot {i} moved"),
+            ));
+        };
+        let (p, n) = (
+            a.packets.wrapping_sub(b.packets),
+            a.bytes.wrapping_sub(b.bytes),
+        );
+        if p != 1 || n != len as u64 {
+            let what = format!(
+                "{} moved by {p} packets and {n} bytes, not 1 and {len}",
+                c.name()
+            );
+            return Err(Violation::new(4, "counter-delta", what));
+        }
+        match c.kind() {
+            Kind::Event => {}
+            Kind::Retired => {
+                return Err(Violation::new(
+                    4,
+                    "retired",
+                    format!("retired {} moved", c.name()),
+                ));
+            }
+            _ => outcomes.push(c),
+        }
+    }
+    let [c] = outcomes[..] else {
+        let names: Vec<&str> = outcomes.iter().map(|c| c.name()).collect();
+        let what = format!("{} outcome counters moved: {names:?}", outcomes.len());
+        return Err(Violation::new(4, "outcome-count", what));
+    };
+    let want = match c.kind() {
+        Kind::Forward | Kind::Reply => XDP_TX,
+        Kind::Pass => XDP_PASS,
+        Kind::Drop => XDP_DROP,
+        _ if malformed_drop => XDP_DROP,
+        _ => XDP_PASS,
+    };
+    if action != want {
+        let what = format!(
+            "{} ({:?}) with {}, not {}",
+            c.name(),
+            c.kind(),
+            action_name(action),
+            action_name(want)
+        );
+        return Err(Violation::new(4, "kind-action", what));
+    }
+    Ok(c)
+}
+
+/// Invariants 1, 2, 3 and 6 for a frame the program ran in one buffer.
+pub fn frame(
+    model: &Model,
+    input: &[u8],
+    action: u32,
+    out: &[u8],
+    counter: Counter,
+    expect: &Expect,
+) -> Result<Judged, Violation> {
+    let mut judged = Judged::default();
+    if action == XDP_TX {
+        let read = || format!("the oracle reads {}", expect.reading());
+        let sign = |code: &str| format!("{code} {:?} / {}", counter.kind(), expect.why);
+        match (counter.kind(), &expect.forward, &expect.reply) {
+            (Kind::Forward, Some(fwd), _) => {
+                judged.sent = Some(tunnel(model, input, out, fwd, expect.l2)?);
+            }
+            (Kind::Forward, None, _) => {
+                let what = format!("forwarded ({}) but {}", counter.name(), read());
+                return Err(Violation::new(1, "forwarded", what).signed(sign("forwarded")));
+            }
+            (_, _, Some(r)) => judged.deviation = reply::check(input, out, r, expect.l2)?,
+            (_, _, None) => {
+                let what = format!("answered ({}) but {}", counter.name(), read());
+                return Err(Violation::new(1, "replied", what).signed(sign("replied")));
+            }
+        }
+    }
+    if action == XDP_PASS && out != input {
+        let what = format!(
+            "passed ({}) with {} bytes changed",
+            counter.name(),
+            diff(input, out)
+        );
+        return Err(Violation::new(2, "pass-changed", what));
+    }
+    if !expect.kinds.contains(Kinds::of(counter.kind())) {
+        let what = format!(
+            "{} ({:?}), but the oracle reads {} and expects {}",
+            counter.name(),
+            counter.kind(),
+            expect.why,
+            expect.kinds
+        );
+        let sig = format!("{:?} / {} / {}", counter.kind(), expect.why, expect.kinds);
+        return Err(Violation::new(6, "outcome-kind", what).signed(sig));
+    }
+    Ok(judged)
+}
+
+/// Bytes that differ (and the length difference).
+fn diff(a: &[u8], b: &[u8]) -> String {
+    let n = a.iter().zip(b).filter(|(x, y)| x != y).count();
+    format!("{n} (lengths {} and {})", a.len(), b.len())
+}
+
+fn fail<T>(code: &'static str, what: String) -> Result<T, Violation> {
+    Err(Violation::new(3, code, what))
+}
+
+/// Invariant 3: `out` is the input's IP packet in a tunnel to a backend of
+/// `fwd.vip`.
+fn tunnel(
+    model: &Model,
+    input: &[u8],
+    out: &[u8],
+    fwd: &Forward,
+    l2: usize,
+) -> Result<Sent, Violation> {
+    let vip = &model.vips[fwd.vip];
+    ethernet(input, out, l2)?;
+    let inner = &input[fwd.inner.clone()];
+    let tun_len = match vip.encap {
+        Encap::Ipip => 0,
+        Encap::Gre => 4,
+        Encap::Gue => 8,
+    };
+    let (payload, next) = (inner.len() + tun_len, next_header(vip.encap, inner));
+    let (dst, src, ip_len) = match u16::from_be_bytes([out[l2 - 2], out[l2 - 1]]) {
+        0x0800 => outer_v4(out, l2, payload, next)?,
+        0x86dd => outer_v6(out, l2, payload, next)?,
+        t => return fail("ethertype", format!("outer ethertype {t:#06x}")),
+    };
+    let weight = owner(model, fwd, dst)?;
+    let want_src = outer_source(&model.settings, dst.is_ipv6(), fwd.source);
+    if src != want_src {
+        return fail(
+            "outer-source",
+            format!("outer source {src}, expected {want_src}"),
+        );
+    }
+    let at = l2 + ip_len;
+    let gue_sport = tunnel_header(model, out, at, vip.encap, inner)?;
+    let start = at + tun_len;
+    if out.len() < start + inner.len() || out[start..start + inner.len()] != *inner {
+        return fail(
+            "inner",
+            "inner packet differs from the input's IP packet".into(),
+        );
+    }
+    let trailer = &out[start + inner.len()..];
+    if !trailer.is_empty() && trailer != &input[fwd.inner.end..] {
+        let what = "bytes after the tunnel packet are not the input's padding";
+        return fail("trailer", what.into());
+    }
+    Ok(Sent {
+        backend: dst,
+        weight,
+        gue_sport,
+    })
+}
+
+/// The Ethernet header of a tunnelled frame: to the gateway, from our own
+/// MAC (the input's destination), the VLAN tag kept.
+fn ethernet(input: &[u8], out: &[u8], l2: usize) -> Result<(), Violation> {
+    if out.len() < l2 + 40 {
+        return fail("short", format!("tunnelled frame of {} bytes", out.len()));
+    }
+    if out[0..6] != GW_MAC || out[6..12] != input[0..6] {
+        return fail(
+            "mac",
+            "not readdressed from our MAC to the gateway's".into(),
+        );
+    }
+    if l2 == 18 && out[12..16] != input[12..16] {
+        return fail("vlan", "VLAN tag not kept".into());
+    }
+    Ok(())
+}
+
+/// The weight of backend `dst`, which must be one of `fwd.vip`'s.
+fn owner(model: &Model, fwd: &Forward, dst: IpAddr) -> Result<u32, Violation> {
+    let Some((owner, weight)) = model.backend_at(dst) else {
+        return fail(
+            "not-a-backend",
+            format!("tunnelled to {dst}, no backend of any VIP"),
+        );
+    };
+    if owner != fwd.vip {
+        let (o, v) = (&model.vips[owner], &model.vips[fwd.vip]);
+        let what = format!(
+            "tunnelled to {dst}, a backend of {} ({}:{}), but the packet is for {} ({}:{}) by {:?}",
+            o.name, o.addr, o.port, v.name, v.addr, v.port, fwd.flow
+        );
+        return fail("wrong-vip", what);
+    }
+    Ok(weight)
+}
+
+/// The outer protocol: GRE 47, UDP 17, else IP-in-IP by the inner family.
+fn next_header(encap: Encap, inner: &[u8]) -> u8 {
+    match encap {
+        Encap::Gre => 47,
+        Encap::Gue => 17,
+        Encap::Ipip if inner[0] >> 4 == 6 => 41,
+        Encap::Ipip => 4,
+    }
+}
+
+/// Checks the outer IPv4 header; returns (destination, source, header length).
+fn outer_v4(
+    out: &[u8],
+    l2: usize,
+    payload: usize,
+    next: u8,
+) -> Result<(IpAddr, IpAddr, usize), Violation> {
+    let Ok(h) = Ipv4HeaderSlice::from_slice(&out[l2..]) else {
+        return fail("outer-ipv4", "outer IPv4 header unreadable".into());
+    };
+    let problems = [
+        (h.ihl() != 5, "IHL not 5"),
+        (!csum::verifies(h.slice(), 0), "bad header checksum"),
+        (
+            usize::from(h.total_len()) != 20 + payload,
+            "wrong total length",
+        ),
+        (!h.dont_fragment(), "DF not set"),
+        (
+            h.more_fragments() || h.fragments_offset().value() != 0,
+            "fragmented",
+        ),
+        (h.ttl() != 64, "TTL not 64"),
+        (h.protocol().0 != next, "wrong protocol"),
+    ];
+    if let Some((_, what)) = problems.iter().find(|(bad, _)| *bad) {
+        return fail(
+            "outer-ipv4",
+            format!(
+                "outer IPv4: {what} (protocol {}, length {})",
+                h.protocol().0,
+                h.total_len()
+            ),
+        );
+    }
+    Ok((h.destination_addr().into(), h.source_addr().into(), 20))
+}
+
+fn outer_v6(
+    out: &[u8],
+    l2: usize,
+    payload: usize,
+    next: u8,
+) -> Result<(IpAddr, IpAddr, usize), Violation> {
+    let Ok(h) = Ipv6HeaderSlice::from_slice(&out[l2..]) else {
+        return fail("outer-ipv6", "outer IPv6 header unreadable".into());
+    };
+    let problems = [
+        (
+            usize::from(h.payload_length()) != payload,
+            "wrong payload length",
+        ),
+        (h.next_header().0 != next, "wrong next header"),
+        (h.hop_limit() != 64, "hop limit not 64"),
+    ];
+    if let Some((_, what)) = problems.iter().find(|(bad, _)| *bad) {
+        return fail("outer-ipv6", format!("outer IPv6: {what}"));
+    }
+    Ok((h.destination_addr().into(), h.source_addr().into(), 40))
+}
+
+/// Checks the GRE or GUE header at `at`; returns the GUE source port.
+fn tunnel_header(
+    model: &Model,
+    out: &[u8],
+    at: usize,
+    encap: Encap,
+    inner: &[u8],
+) -> Result<Option<u16>, Violation> {
+    let word = |i: usize| u16::from_be_bytes([out[at + i], out[at + i + 1]]);
+    match encap {
+        Encap::Ipip => Ok(None),
+        Encap::Gre => {
+            let proto = if inner[0] >> 4 == 6 { 0x86dd } else { 0x0800 };
+            if out.len() < at + 4 || word(0) != 0 || word(2) != proto {
+                return fail(
+                    "gre",
+                    format!("GRE header {:02x?}", &out[at..(at + 4).min(out.len())]),
+                );
+            }
+            Ok(None)
+        }
+        Encap::Gue => {
+            if out.len() < at + 8
+                || word(2) != model.settings.gue_port
+                || usize::from(word(4)) != 8 + inner.len()
+                || word(6) != 0
+            {
+                let what = format!(
+                    "GUE/UDP header {:02x?} (port {}, {} inner bytes)",
+                    &out[at..(at + 8).min(out.len())],
+                    model.settings.gue_port,
+                    inner.len()
+                );
+                return fail("gue", what);
+            }
+            Ok(Some(word(0)))
+        }
+    }
+}
+
+/// The outer source: the configured address, its host bits (the low
+/// `bits`) taken from the packet's source (its last 32 bits for IPv6).
+pub fn outer_source(s: &Settings, v6: bool, source: IpAddr) -> IpAddr {
+    let host = match source {
+        IpAddr::V4(a) => u32::from(a),
+        IpAddr::V6(a) => u32::from_be_bytes(a.octets()[12..16].try_into().expect("4 bytes")),
+    };
+    let mask = |bits: u8| match bits {
+        0 => 0,
+        b if b >= 32 => u32::MAX,
+        b => (1u32 << b) - 1,
+    };
+    if v6 {
+        let mut o = s.src_v6.octets();
+        let m = mask(s.src_v6_host_bits);
+        let low = u32::from_be_bytes(o[12..16].try_into().expect("4 bytes"));
+        o[12..16].copy_from_slice(&((low & !m) | (host & m)).to_be_bytes());
+        IpAddr::V6(Ipv6Addr::from(o))
+    } else {
+        let m = mask(s.src_v4_host_bits);
+        IpAddr::V4(Ipv4Addr::from((u32::from(s.src_v4) & !m) | (host & m)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fuzz::{
+        generate::Pkt,
+        oracle,
+        wire::{self, Eth},
+    };
+
+    fn input() -> Vec<u8> {
+        let (s, d): (IpAddr, IpAddr) = (
+            "192.0.2.1".parse().expect("a"),
+            "10.0.0.10".parse().expect("a"),
+        );
+        let p = Pkt::new(
+            s,
+            d,
+            wire::TCP,
+            wire::tcp((s, d), (4000, 80), wire::TCP_SYN, &[], b""),
+        );
+        Eth::default().frame(wire::ETH_IPV4, &p.build().0)
+    }
+
+    /// `input` in IP-in-IP to `backend`, as the README describes it.
+    fn tunnelled(input: &[u8], backend: [u8; 4]) -> Vec<u8> {
+        let mut outer = wire::V4::new([10, 255, 0, 1], backend, 4).packet(&input[14..]);
+        outer[4..6].copy_from_slice(&[0, 0]);
+        wire::fix_ipv4_checksum(&mut outer);
+        let eth = Eth {
+            dst: GW_MAC,
+            src: input[0..6].try_into().expect("MAC"),
+            tags: Vec::new(),
+        };
+        eth.frame(wire::ETH_IPV4, &outer)
+    }
+
+    #[test]
+    fn a_tunnel_to_a_backend_of_the_vip_passes_and_to_another_vips_fails() {
+        let m = Model::new();
+        let input = input();
+        let e = oracle::expect(&m, &input);
+        let ok = frame(
+            &m,
+            &input,
+            XDP_TX,
+            &tunnelled(&input, [10, 1, 1, 2]),
+            Counter::FwdMaglev,
+            &e,
+        )
+        .expect("a well-formed tunnel to a backend of tcp4");
+        assert_eq!(
+            ok.sent.expect("sent").backend,
+            "10.1.1.2".parse::<IpAddr>().expect("a")
+        );
+        // 10.1.2.x are udp4's backends.
+        let wrong = frame(
+            &m,
+            &input,
+            XDP_TX,
+            &tunnelled(&input, [10, 1, 2, 1]),
+            Counter::FwdMaglev,
+            &e,
+        );
+        assert_eq!(wrong.expect_err("wrong VIP").code, "wrong-vip");
+        let mut bad_ttl = tunnelled(&input, [10, 1, 1, 2]);
+        bad_ttl[22] = 63;
+        wire::fix_ipv4_checksum(&mut bad_ttl[14..]);
+        let bad = frame(&m, &input, XDP_TX, &bad_ttl, Counter::FwdMaglev, &e);
+        assert_eq!(bad.expect_err("TTL").code, "outer-ipv4");
+        let passed = frame(&m, &input, XDP_PASS, &input, Counter::PassNotVip, &e);
+        assert_eq!(passed.expect_err("a VIP packet passed").invariant, 6);
+    }
+
+    #[test]
+    fn exactly_one_outcome_counter_moves_with_the_action_of_its_kind() {
+        let slots = lb_common::counters::COUNTER_SLOTS as usize;
+        let before = vec![CounterValue::default(); slots];
+        let mut after = before.clone();
+        let bump = |v: &mut Vec<CounterValue>, c: Counter| {
+            v[c as usize] += CounterValue {
+                packets: 1,
+                bytes: 60,
+            };
+        };
+        bump(&mut after, Counter::FwdMaglev);
+        bump(&mut after, Counter::CtEvicted);
+        assert_eq!(
+            outcome(&before, &after, 60, XDP_TX, false).expect("one"),
+            Counter::FwdMaglev
+        );
+        assert_eq!(
+            outcome(&before, &after, 60, XDP_PASS, false)
+                .expect_err("")
+                .code,
+            "kind-action"
+        );
+        assert_eq!(
+            outcome(&before, &after, 61, XDP_TX, false)
+                .expect_err("")
+                .code,
+            "counter-delta"
+        );
+        bump(&mut after, Counter::PassNotVip);
+        assert_eq!(
+            outcome(&before, &after, 60, XDP_TX, false)
+                .expect_err("")
+                .code,
+            "outcome-count"
+        );
+        let mut malformed = before.clone();
+        bump(&mut malformed, Counter::MalformedVlan);
+        assert!(outcome(&before, &malformed, 60, XDP_DROP, true).is_ok());
+        assert!(outcome(&before, &malformed, 60, XDP_DROP, false).is_err());
+    }
+}

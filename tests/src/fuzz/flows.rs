@@ -1,0 +1,180 @@
+//! Invariant 5: one flow, one backend, while the tables are unchanged.
+//!
+//! Within an epoch (no table change) every forwarded packet of a 5-tuple,
+//! and every ICMP error quoting it, must reach the same backend; so must
+//! every fragment of a 3-tuple, and every packet of a fragment-hashing
+//! VIP's 3-tuple. A flow seen first in this epoch must reach a backend of
+//! positive weight (the table's pick).
+//!
+//! The connection table outlives epochs, so a flow that may have entered
+//! it in an earlier epoch is *carried over*: its packets may reach the
+//! backend the old entry names (even of weight 0, as the README says)
+//! until a SYN or an eviction re-picks it, once, after which it stays.
+//! That is the only move allowed.
+//!
+//! A GUE tunnel's source port comes from the flow hash: one flow, one
+//! source port, across the whole run.
+
+use std::{
+    collections::HashMap,
+    hash::{Hash, Hasher},
+    net::IpAddr,
+};
+
+use super::{check::Violation, oracle::Flow};
+
+/// Flows remembered before the tracker forgets (and turns lenient).
+const MAX_FLOWS: usize = 8 << 20;
+
+#[derive(Clone, Copy, Debug)]
+struct Seen {
+    epoch: u32,
+    backend: Option<IpAddr>,
+    carried_over: bool,
+    moved: bool,
+}
+
+#[derive(Default)]
+pub struct Flows {
+    seen: HashMap<u64, Seen>,
+    gue: HashMap<u64, u16>,
+    epoch: u32,
+    /// Set once the tracker had to forget: unknown flows may be carried over.
+    forgot: bool,
+}
+
+/// A 64-bit fingerprint of a flow (FNV-1a over its fields).
+fn key(flow: &Flow) -> u64 {
+    struct Fnv(u64);
+    impl Hasher for Fnv {
+        fn finish(&self) -> u64 {
+            self.0
+        }
+        fn write(&mut self, bytes: &[u8]) {
+            for b in bytes {
+                self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3);
+            }
+        }
+    }
+    let mut h = Fnv(0xcbf2_9ce4_8422_2325);
+    flow.hash(&mut h);
+    h.finish()
+}
+
+impl Flows {
+    pub fn new_epoch(&mut self) {
+        self.epoch += 1;
+    }
+
+    fn entry(&mut self, flow: &Flow) -> &mut Seen {
+        if self.seen.len() >= MAX_FLOWS {
+            self.seen.clear();
+            self.forgot = true;
+        }
+        let (epoch, forgot) = (self.epoch, self.forgot);
+        let e = self.seen.entry(key(flow)).or_insert(Seen {
+            epoch,
+            backend: None,
+            carried_over: forgot && !flow.three_tuple,
+            moved: false,
+        });
+        if e.epoch != epoch {
+            // Fragments never enter the connection table.
+            *e = Seen {
+                epoch,
+                backend: None,
+                carried_over: !flow.three_tuple,
+                moved: false,
+            };
+        }
+        e
+    }
+
+    /// A packet of `flow` that the program may have recorded in the
+    /// connection table without forwarding it.
+    pub fn touch(&mut self, flow: &Flow) {
+        self.entry(flow);
+    }
+
+    /// A packet of `flow` reached `backend` (of weight `weight`).
+    pub fn observe(&mut self, flow: &Flow, backend: IpAddr, weight: u32) -> Result<(), Violation> {
+        let e = self.entry(flow);
+        match e.backend {
+            None => {
+                e.backend = Some(backend);
+                if weight == 0 && !e.carried_over {
+                    let what = format!("new flow {flow:?} sent to {backend}, of weight 0");
+                    return Err(Violation::new(5, "weight-zero", what));
+                }
+            }
+            Some(b) if b == backend => {}
+            Some(_) if e.carried_over && !e.moved => {
+                e.moved = true;
+                e.backend = Some(backend);
+            }
+            Some(b) => {
+                let what = format!("flow {flow:?} went to {b}, now to {backend}, tables unchanged");
+                return Err(Violation::new(5, "flow-moved", what));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether `flow` may follow a connection-table entry of an earlier
+    /// epoch.
+    pub fn carried_over(&mut self, flow: &Flow) -> bool {
+        self.entry(flow).carried_over
+    }
+
+    /// A GUE tunnel of `flow` had source port `port`.
+    pub fn gue_port(&mut self, flow: &Flow, port: u16) -> Result<(), Violation> {
+        let seen = *self.gue.entry(key(flow)).or_insert(port);
+        if seen != port {
+            let what = format!("flow {flow:?}: GUE source port {port}, earlier {seen}");
+            return Err(Violation::new(5, "gue-port", what));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flow(sport: u16) -> Flow {
+        Flow {
+            src: "192.0.2.1".parse().expect("literal"),
+            dst: "10.0.0.10".parse().expect("literal"),
+            proto: 6,
+            sport,
+            dport: 80,
+            three_tuple: false,
+        }
+    }
+
+    #[test]
+    fn a_new_flow_may_not_move() {
+        let mut f = Flows::default();
+        let (a, b) = (
+            "10.1.0.1".parse().expect("a"),
+            "10.1.0.2".parse().expect("b"),
+        );
+        f.observe(&flow(1), a, 1).expect("first");
+        f.observe(&flow(1), a, 1).expect("same");
+        assert!(f.observe(&flow(1), b, 1).is_err());
+    }
+
+    #[test]
+    fn a_carried_over_flow_moves_once() {
+        let mut f = Flows::default();
+        let (a, b) = (
+            "10.1.0.1".parse().expect("a"),
+            "10.1.0.2".parse().expect("b"),
+        );
+        f.touch(&flow(1));
+        f.new_epoch();
+        f.observe(&flow(1), a, 0).expect("old entry, weight 0");
+        f.observe(&flow(1), b, 1).expect("re-picked");
+        assert!(f.observe(&flow(1), a, 0).is_err(), "no way back");
+    }
+}

@@ -1,0 +1,366 @@
+//! What the balancer is configured with, as plain data: the VIPs (address,
+//! port, protocol, encapsulation, connection-table and fragment policies,
+//! backends and weights) and the datapath settings, per epoch. The target
+//! turns it into lb's own configuration (`VipConfig`, `DatapathSettings`)
+//! and programs the maps through the reconciler, as `lbd` does; the oracle
+//! reads the same plain data and nothing of lb's.
+//!
+//! Every VIP has backend addresses of its own, so the outer destination of
+//! a tunnelled packet names the VIP it was forwarded for.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use lb::{
+    config::{BackendConfig, Encap, FragmentPolicy, MalformedPolicy, VipConfig, VipId},
+    reconcile::DatapathSettings,
+};
+
+use super::{rng::Rng, wire};
+
+/// The gateway MAC the balancer readdresses tunnelled frames to.
+pub const GW_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x03];
+
+/// Most backends a VIP gets (slots `1..=MAX_SLOTS` of its address block).
+const MAX_SLOTS: u8 = 4;
+
+/// One backend of a VIP.
+#[derive(Clone, Debug)]
+pub struct Backend {
+    pub addr: IpAddr,
+    /// 0: out of the table, its connections still honoured.
+    pub weight: u32,
+}
+
+/// One VIP.
+#[derive(Clone, Debug)]
+pub struct Vip {
+    pub name: &'static str,
+    pub addr: IpAddr,
+    /// 0: every port.
+    pub port: u16,
+    pub proto: u8,
+    pub encap: Encap,
+    pub conntrack: bool,
+    pub frag_hash: bool,
+    /// The family of its backends (`None`: a VIP that never has any).
+    pub backend_v6: Option<bool>,
+    pub backends: Vec<Backend>,
+    /// Index of its address block (`10.1.N.x`, `fd00:1:N::x`).
+    block: u8,
+}
+
+impl Vip {
+    pub fn is_v6(&self) -> bool {
+        self.addr.is_ipv6()
+    }
+
+    /// Address of backend slot `slot` of this VIP.
+    fn slot_addr(&self, slot: u8) -> IpAddr {
+        match self.backend_v6 {
+            Some(true) => IpAddr::V6(Ipv6Addr::new(
+                0xfd00,
+                1,
+                self.block.into(),
+                0,
+                0,
+                0,
+                0,
+                slot.into(),
+            )),
+            _ => IpAddr::V4(Ipv4Addr::new(10, 1, self.block, slot)),
+        }
+    }
+
+    /// Bytes the tunnel adds: outer IP header and GRE or UDP header.
+    pub fn overhead(&self) -> usize {
+        let ip = if self.backend_v6 == Some(true) {
+            40
+        } else {
+            20
+        };
+        ip + match self.encap {
+            Encap::Ipip => 0,
+            Encap::Gre => 4,
+            Encap::Gue => 8,
+        }
+    }
+
+    pub fn has_backends(&self) -> bool {
+        !self.backends.is_empty()
+    }
+}
+
+/// The datapath settings of an epoch.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub malformed_drop: bool,
+    pub icmp_echo: bool,
+    /// 0: unchecked.
+    pub mtu: u16,
+    pub pass_too_big: bool,
+    pub gue_port: u16,
+    pub src_v4: Ipv4Addr,
+    pub src_v4_host_bits: u8,
+    pub src_v6: Ipv6Addr,
+    pub src_v6_host_bits: u8,
+}
+
+/// The whole configuration the balancer runs with now.
+#[derive(Clone, Debug)]
+pub struct Model {
+    pub vips: Vec<Vip>,
+    pub settings: Settings,
+    pub epoch: u32,
+}
+
+/// `(name, VIP, encapsulation, conntrack, fragments hash, backends IPv6)`.
+type VipRow = (&'static str, &'static str, Encap, bool, bool, Option<bool>);
+
+/// Every combination the invariants must see: both families, TCP and UDP,
+/// every encapsulation over both outer families, an all-ports VIP (with a
+/// port-specific VIP on the same address), VIPs without backends, one
+/// without the connection table, and fragment-hashing VIPs next to VIPs of
+/// the same address that drop fragments.
+#[rustfmt::skip] // A table: one VIP per row.
+const VIPS: &[VipRow] = &[
+    ("tcp4", "10.0.0.10:80/tcp", Encap::Ipip, true, false, Some(false)),
+    ("udp4", "10.0.0.10:53/udp", Encap::Ipip, true, false, Some(false)),
+    ("tcp6", "[2001:db8::10]:80/tcp", Encap::Ipip, true, false, Some(true)),
+    ("udp6", "[2001:db8::10]:53/udp", Encap::Ipip, true, false, Some(true)),
+    ("tcp4in6", "10.0.0.20:80/tcp", Encap::Ipip, true, false, Some(true)),
+    ("udp6in4", "[2001:db8::20]:53/udp", Encap::Ipip, true, false, Some(false)),
+    ("gre4", "10.0.0.30:80/tcp", Encap::Gre, true, false, Some(false)),
+    ("gre6", "[2001:db8::30]:443/tcp", Encap::Gre, true, false, Some(true)),
+    ("gre4in6", "10.0.0.30:443/tcp", Encap::Gre, true, false, Some(true)),
+    ("gre6in4", "[2001:db8::30]:53/udp", Encap::Gre, true, false, Some(false)),
+    ("all4", "10.0.0.40:*/tcp", Encap::Ipip, true, false, Some(false)),
+    ("port4", "10.0.0.40:8080/tcp", Encap::Gue, true, false, Some(true)),
+    ("all6", "[2001:db8::40]:*/udp", Encap::Gre, true, false, Some(true)),
+    ("empty4", "10.0.0.50:80/tcp", Encap::Ipip, true, false, None),
+    ("empty6", "[2001:db8::50]:53/udp", Encap::Ipip, true, false, None),
+    ("noct4", "10.0.0.60:53/udp", Encap::Ipip, false, false, Some(false)),
+    ("fraghash4", "10.0.0.70:53/udp", Encap::Ipip, true, true, Some(false)),
+    ("fragdrop4", "10.0.0.70:5353/udp", Encap::Ipip, true, false, Some(false)),
+    ("fragtcp4", "10.0.0.70:80/tcp", Encap::Gre, true, false, Some(false)),
+    ("fraghash6", "[2001:db8::70]:53/udp", Encap::Gue, true, true, Some(true)),
+    ("fragdrop6", "[2001:db8::70]:80/tcp", Encap::Ipip, true, false, Some(true)),
+    ("gue4", "10.0.0.80:80/tcp", Encap::Gue, true, false, Some(false)),
+    ("gue6", "[2001:db8::80]:80/tcp", Encap::Gue, true, false, Some(true)),
+    ("gue4in6", "10.0.0.80:443/tcp", Encap::Gue, true, false, Some(true)),
+    ("gue6in4", "[2001:db8::80]:53/udp", Encap::Gue, true, false, Some(false)),
+];
+
+impl Model {
+    /// Epoch 0: every VIP with three backends of weight 1 (none for the
+    /// empty ones).
+    pub fn new() -> Model {
+        let vips = VIPS
+            .iter()
+            .enumerate()
+            .map(
+                |(i, &(name, id, encap, conntrack, frag_hash, backend_v6))| {
+                    let id: VipId = id.parse().expect("VIP literal");
+                    let mut v = Vip {
+                        name,
+                        addr: id.addr,
+                        port: id.port,
+                        proto: id.proto.number(),
+                        encap,
+                        conntrack,
+                        frag_hash,
+                        backend_v6,
+                        backends: Vec::new(),
+                        block: i as u8 + 1,
+                    };
+                    if backend_v6.is_some() {
+                        v.backends = (1..=3)
+                            .map(|s| Backend {
+                                addr: v.slot_addr(s),
+                                weight: 1,
+                            })
+                            .collect();
+                    }
+                    v
+                },
+            )
+            .collect();
+        Model {
+            vips,
+            settings: Settings::for_epoch(0, &mut Rng::new(0)),
+            epoch: 0,
+        }
+    }
+
+    /// The VIP `{addr, port, proto}` serves: the exact one, else the
+    /// address's all-ports VIP of that protocol.
+    pub fn lookup(&self, addr: IpAddr, port: u16, proto: u8) -> Option<usize> {
+        let find = |p: u16| {
+            self.vips
+                .iter()
+                .position(|v| v.addr == addr && v.port == p && v.proto == proto)
+        };
+        find(port).or_else(|| find(0))
+    }
+
+    /// Whether `addr` is the address of any VIP.
+    pub fn is_vip_addr(&self, addr: IpAddr) -> bool {
+        self.vips.iter().any(|v| v.addr == addr)
+    }
+
+    /// The addresses of the VIPs of one family.
+    pub fn vip_addrs(&self, v6: bool) -> Vec<IpAddr> {
+        let family = self.vips.iter().filter(|v| v.is_v6() == v6);
+        family.map(|v| v.addr).collect()
+    }
+
+    /// VIPs on `addr` with protocol `proto` (what a fragment may be for).
+    pub fn vips_at(&self, addr: IpAddr, proto: u8) -> impl Iterator<Item = usize> + '_ {
+        self.vips
+            .iter()
+            .enumerate()
+            .filter(move |(_, v)| v.addr == addr && v.proto == proto)
+            .map(|(i, _)| i)
+    }
+
+    /// The VIP and weight of the backend at `addr`, if any VIP has it now.
+    pub fn backend_at(&self, addr: IpAddr) -> Option<(usize, u32)> {
+        self.vips.iter().enumerate().find_map(|(i, v)| {
+            v.backends
+                .iter()
+                .find(|b| b.addr == addr)
+                .map(|b| (i, b.weight))
+        })
+    }
+
+    /// lb's configuration of these VIPs.
+    pub fn lb_vips(&self) -> Vec<VipConfig> {
+        self.vips
+            .iter()
+            .map(|v| {
+                let id = VipId {
+                    addr: v.addr,
+                    port: v.port,
+                    proto: if v.proto == wire::TCP {
+                        lb::config::Protocol::Tcp
+                    } else {
+                        lb::config::Protocol::Udp
+                    },
+                };
+                let mut c = VipConfig::new(
+                    id,
+                    v.backends
+                        .iter()
+                        .map(|b| BackendConfig::new(b.addr, b.weight))
+                        .collect(),
+                );
+                c.encap = v.encap;
+                c.conntrack = v.conntrack;
+                if v.frag_hash {
+                    c.fragments = FragmentPolicy::Hash;
+                }
+                c
+            })
+            .collect()
+    }
+
+    /// lb's datapath settings.
+    pub fn lb_settings(&self) -> DatapathSettings {
+        let s = &self.settings;
+        DatapathSettings {
+            gateway_mac: GW_MAC,
+            outer_source_v4: Some(s.src_v4),
+            outer_source_v6: Some(s.src_v6),
+            outer_source_v4_host_bits: s.src_v4_host_bits,
+            outer_source_v6_host_bits: s.src_v6_host_bits,
+            malformed: if s.malformed_drop {
+                MalformedPolicy::Drop
+            } else {
+                MalformedPolicy::Pass
+            },
+            mtu: s.mtu,
+            gue_port: s.gue_port,
+            icmp_echo: s.icmp_echo,
+            pass_too_big: s.pass_too_big,
+        }
+    }
+
+    /// The next epoch: new settings, and a few VIPs' backends changed
+    /// (one added, one removed, or re-weighted; a VIP keeps at least one
+    /// backend of positive weight).
+    pub fn next_epoch(&mut self, rng: &mut Rng) -> Vec<String> {
+        self.epoch += 1;
+        self.settings = Settings::for_epoch(self.epoch, rng);
+        let mut changes = Vec::new();
+        for _ in 0..rng.range(1, 4) {
+            let i = rng.below(self.vips.len());
+            if self.vips[i].has_backends() {
+                changes.push(self.change_backends(i, rng));
+            }
+        }
+        changes
+    }
+
+    fn change_backends(&mut self, i: usize, rng: &mut Rng) -> String {
+        let v = &mut self.vips[i];
+        let free: Vec<u8> = (1..=MAX_SLOTS)
+            .filter(|s| !v.backends.iter().any(|b| b.addr == v.slot_addr(*s)))
+            .collect();
+        match rng.below(3) {
+            0 if !free.is_empty() => {
+                let addr = v.slot_addr(*rng.pick(&free));
+                v.backends.push(Backend { addr, weight: 1 });
+                format!("{}: backend {addr} added", v.name)
+            }
+            1 if v.backends.len() > 1 => {
+                let gone = v.backends.remove(rng.below(v.backends.len()));
+                if v.backends.iter().all(|b| b.weight == 0) {
+                    v.backends[0].weight = 1;
+                }
+                format!("{}: backend {} removed", v.name, gone.addr)
+            }
+            _ => {
+                for b in &mut v.backends {
+                    b.weight = rng.range(0, 4) as u32;
+                }
+                if v.backends.iter().all(|b| b.weight == 0) {
+                    v.backends[0].weight = 1;
+                }
+                let w: Vec<u32> = v.backends.iter().map(|b| b.weight).collect();
+                format!("{}: weights {w:?}", v.name)
+            }
+        }
+    }
+}
+
+impl Default for Model {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Settings {
+    /// Epoch `n`'s settings: the malformed policy alternates (pass, drop),
+    /// the no-DF policy every two epochs, echo replies are off one epoch in
+    /// eight, the MTU cycles through values that make some frames too big
+    /// (and 0, unchecked; 1,328 is the smallest the configuration accepts); the outer source prefix takes host bits from the
+    /// client in two epochs of three.
+    pub fn for_epoch(n: u32, rng: &mut Rng) -> Settings {
+        const MTUS: [u16; 8] = [1500, 1400, 1500, 0, 1500, 2000, 1328, 1500];
+        let prefix = !n.is_multiple_of(3);
+        Settings {
+            malformed_drop: n % 2 == 1,
+            icmp_echo: n % 8 != 5,
+            mtu: MTUS[n as usize % MTUS.len()],
+            pass_too_big: n % 4 >= 2,
+            gue_port: if rng.chance(50) { 7777 } else { 6080 },
+            src_v4: Ipv4Addr::new(10, 255, 0, if prefix { 0 } else { 1 }),
+            src_v4_host_bits: if prefix { rng.range(1, 16) as u8 } else { 0 },
+            src_v6: if prefix {
+                "fd00:ff::".parse().expect("literal")
+            } else {
+                "fd00:ff::1".parse().expect("literal")
+            },
+            src_v6_host_bits: if prefix { rng.range(1, 32) as u8 } else { 0 },
+        }
+    }
+}
