@@ -37,8 +37,16 @@ pub unsafe fn ipv4_header(hdr: *const u16) -> u16 {
 
 /// Updates checksum `check` for one 16-bit word of the covered data
 /// changing from `old` to `new` (RFC 1624, eqn. 3).
+///
+/// Eqn. 3 gives 0x0000 when the new data sums to zero (an echo reply of
+/// an all-zero message, say): one's-complement's other zero, which does
+/// not verify (the sum over the data and 0x0000 is 0x0000, not 0xffff).
+/// 0xffff verifies whatever the data, so it is written instead.
 #[inline(always)]
 pub fn replace16(check: u16, old: u16, new: u16) -> u16 {
     let sum = (!check as u32) + (!old as u32) + new as u32;
-    fold(sum)
+    match fold(sum) {
+        0 => 0xffff,
+        c => c,
+    }
 }

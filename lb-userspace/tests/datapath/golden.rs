@@ -287,6 +287,24 @@ const GOLDEN: &[Golden] = &[
         outcome: Counter::ReplyIcmpEcho,
     },
     Golden {
+        name: "echo request of an all-zero message: reply checksum 0xffff",
+        vip: "10.0.0.10:80/tcp",
+        input: &[
+            "02 00 00 00 00 02 02 00 00 00 00 01 08 00", // Ethernet
+            "45 00 00 1c 12 34 40 00 40 01 f3 b1 c6 33 64 be", // IPv4 198.51.100.190 -> 10.0.0.10, ICMP
+            "0a 00 00 0a",
+            "08 00 f7 ff 00 00 00 00", // echo request, id 0, seq 0, no data
+        ],
+        filler: None,
+        output: &[
+            "02 00 00 00 00 01 02 00 00 00 00 02 08 00", // Ethernet: back to the client
+            "45 00 00 1c 12 34 40 00 40 01 f3 b1 0a 00 00 0a", // IPv4 10.0.0.10 -> 198.51.100.190
+            "c6 33 64 be",
+            "00 00 ff ff 00 00 00 00", // echo reply, checksum 0xffff (0x0000 would not verify)
+        ],
+        outcome: Counter::ReplyIcmpEcho,
+    },
+    Golden {
         name: "1500-byte ipv4 with DF, mtu 1500: fragmentation needed, mtu 1480",
         vip: "10.0.0.10:80/tcp",
         input: &[

@@ -80,7 +80,9 @@ impl fmt::Display for Violation {
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Judged {
     pub sent: Option<Sent>,
-    /// A known deviation of lb's (see [`reply::ECHO_NEGATIVE_ZERO`]).
+    /// A known deviation of lb's from the README or an RFC, tolerated
+    /// (counted, with a reproducer) so that it does not hide other
+    /// findings. None is known today.
     pub deviation: Option<&'static str>,
 }
 
