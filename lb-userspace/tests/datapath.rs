@@ -11,9 +11,8 @@ use std::{collections::BTreeSet, net::IpAddr};
 
 use aya::programs::{TestRun, TestRunOptions};
 use etherparse::{
-    EtherType, Ethernet2Header, IpFragOffset, IpHeaders, IpNumber, Ipv4Header, Ipv4HeaderSlice,
-    Ipv6FragmentHeader, Ipv6HeaderSlice, Ipv6RawExtHeader, NetSlice, PacketBuilder, SlicedPacket,
-    TransportSlice, VlanId,
+    EtherType, Ethernet2Header, IpHeaders, IpNumber, Ipv4Header, Ipv4HeaderSlice, Ipv6HeaderSlice,
+    Ipv6RawExtHeader, NetSlice, PacketBuilder, SlicedPacket, TransportSlice, VlanId,
 };
 use lb::{
     config::{BackendConfig, Encap, MalformedPolicy, VipConfig, VipId},
@@ -368,6 +367,17 @@ fn icmp6(dst: &str) -> Vec<u8> {
     out
 }
 
+/// An IPv6 fragment header laid out by hand from RFC 8200 §4.5: next
+/// header, reserved, then the offset in 8-byte units (13 bits), two
+/// reserved bits and the M flag, then the identification. (etherparse
+/// 0.16 writes the M flag and the offset to the wrong bits.)
+fn frag6(next: u8, offset: u16, more: bool, id: u32) -> [u8; 8] {
+    let word = (offset << 3) | u16::from(more);
+    let [a, b] = word.to_be_bytes();
+    let [i0, i1, i2, i3] = id.to_be_bytes();
+    [next, 0, a, b, i0, i1, i2, i3]
+}
+
 /// An 8-byte extension header (hop-by-hop, routing, destination options
 /// layout) whose next header is `next`, with PadN filling the rest.
 fn ext8(next: u8) -> [u8; 8] {
@@ -620,9 +630,8 @@ fn fixtures(v: &Vips) -> Vec<Fixture> {
     v6_bad_version[14] = 0x40;
     let mut v6_long = tcp6("2001:db8::10", 80, 1, true, b"");
     v6_long[18..20].copy_from_slice(&3000u16.to_be_bytes());
-    let frag_hdr = Ipv6FragmentHeader::new(IpNumber::UDP, IpFragOffset::ZERO, true, 7).to_bytes();
-    let atomic_frag =
-        Ipv6FragmentHeader::new(IpNumber::UDP, IpFragOffset::ZERO, false, 8).to_bytes();
+    let frag_hdr = frag6(IpNumber::UDP.0, 0, true, 7);
+    let atomic_frag = frag6(IpNumber::UDP.0, 0, false, 8);
     let mut frag_to_other = udp4("10.9.9.9", 53, 5000, b"frag");
     frag_to_other[20] |= 0x20; // MF
     let mut sctp = udp4("10.0.0.10", 53, 5000, b"not udp");

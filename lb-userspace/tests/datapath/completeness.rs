@@ -616,15 +616,8 @@ fn fragments4(client: [u8; 4], vip: &str, sport: u16) -> (Vec<u8>, Vec<u8>, Vec<
 }
 
 fn fragments6(vip: &str, sport: u16) -> (Vec<u8>, Vec<u8>) {
-    let first_hdr =
-        Ipv6FragmentHeader::new(IpNumber::UDP, IpFragOffset::ZERO, true, 0x99).to_bytes();
-    let later_hdr = Ipv6FragmentHeader::new(
-        IpNumber::UDP,
-        IpFragOffset::try_new(3).expect("offset"),
-        false,
-        0x99,
-    )
-    .to_bytes();
+    let first_hdr = frag6(IpNumber::UDP.0, 0, true, 0x99);
+    let later_hdr = frag6(IpNumber::UDP.0, 3, false, 0x99);
     let first = with_ipv6_ext(udp6(vip, 53, sport, &[0x55; 16]), 44, &first_hdr);
     // The later fragment's payload is plain data; a UDP builder's bytes
     // serve as well, the program must not read them as a header.
