@@ -26,6 +26,7 @@ use std::{
 use serde::{Deserialize, Serialize};
 
 use crate::{
+    announce::policy::VipCounts,
     config::{VipConfig, VipId},
     health::{ProbeResult, Tracker},
 };
@@ -250,6 +251,68 @@ impl Lifecycle {
             plan.vips.push(eff);
         }
         plan
+    }
+}
+
+impl Lifecycle {
+    /// What the announce policy needs of each VIP of `vips`, in order.
+    pub fn counts(&self, vips: &[VipConfig]) -> Vec<VipCounts> {
+        vips.iter()
+            .map(|v| {
+                let (usable, awaiting) = usable_backends(v, self.vips.get(&v.id));
+                VipCounts {
+                    id: v.id,
+                    min_healthy: v.min_healthy,
+                    backends: v.backends.len() as u32,
+                    usable,
+                    awaiting,
+                }
+            })
+            .collect()
+    }
+}
+
+/// Backends of `vip` in its table now, by their states:
+/// `(usable, awaiting)`, the second those that would count but await
+/// their first probe verdict.
+pub fn usable_backends(vip: &VipConfig, life: Option<&VipLife>) -> (u32, u32) {
+    let Some(life) = life else {
+        return (0, 0);
+    };
+    let in_table: Vec<_> = vip
+        .backends
+        .iter()
+        .filter(|b| b.weight > 0)
+        .filter_map(|b| life.backends.get(&b.address))
+        .filter(|l| matches!(l.state, BackendState::Active | BackendState::SlowStart))
+        .collect();
+    let awaiting = in_table
+        .iter()
+        .filter(|l| l.health.as_ref().is_some_and(|t| !t.has_verdict()))
+        .count() as u32;
+    (in_table.len() as u32 - awaiting, awaiting)
+}
+
+/// Why none of `vip`'s backends is in its table: counts by cause, e.g.
+/// `3 backends: 2 weighted 0, 1 draining`.
+pub fn why_unusable(vip: &VipConfig, life: Option<&VipLife>) -> String {
+    let mut causes: BTreeMap<&str, u32> = BTreeMap::new();
+    for b in &vip.backends {
+        let state = life
+            .and_then(|l| l.backends.get(&b.address))
+            .map(|l| l.state);
+        let cause = match state {
+            _ if b.weight == 0 => "weighted 0",
+            Some(BackendState::Draining) => "draining",
+            Some(BackendState::Down) => "down",
+            _ => "usable",
+        };
+        *causes.entry(cause).or_default() += 1;
+    }
+    let list: Vec<String> = causes.iter().map(|(c, n)| format!("{n} {c}")).collect();
+    match vip.backends.len() {
+        0 => "no backends".into(),
+        n => format!("{n} backend(s): {}", list.join(", ")),
     }
 }
 

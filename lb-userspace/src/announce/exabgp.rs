@@ -13,35 +13,15 @@
 //! (`tracing_subscriber::fmt().with_writer(std::io::stderr)`; the default
 //! writer is standard output), or ExaBGP reads them as commands.
 
-use std::{
-    collections::BTreeSet,
-    io::Write,
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
-};
+use std::{collections::BTreeSet, io::Write, net::IpAddr};
 
 use futures::future::BoxFuture;
-use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
 use super::{
     AnnounceError, Announcer, PeerStatus, SessionState, check_prefixes, diff, host_prefix,
 };
-
-/// ```yaml
-/// exabgp: {}                       # next-hop self
-/// exabgp: { next_hop_v4: 10.0.0.11 }
-/// ```
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ExabgpConfig {
-    /// Next hop written for IPv4 VIPs; default `self` (ExaBGP's own
-    /// address on each session).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub next_hop_v4: Option<Ipv4Addr>,
-    /// Next hop written for IPv6 VIPs; default `self`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub next_hop_v6: Option<Ipv6Addr>,
-}
+pub use crate::config::announce::ExabgpConfig;
 
 /// Writes ExaBGP API commands for every change of the announced set.
 pub struct ExabgpAnnouncer {

@@ -27,64 +27,21 @@ use std::{
 };
 
 use futures::future::BoxFuture;
-use serde::{Deserialize, Serialize};
 use tokio::{io::AsyncReadExt as _, process::Command, sync::watch, task::JoinHandle};
 use tracing::{info, warn};
 
 use super::{
-    AnnounceError, Announcer, PeerStatus, SessionState, diff, host_prefix, problem, publish_desired,
+    AnnounceError, Announcer, PeerStatus, SessionState, diff, host_prefix, publish_desired,
 };
-use crate::config::{ConfigError, ConfigErrors, duration};
+use crate::config::ConfigErrors;
+pub use crate::config::announce::ExecConfig;
 
 /// The most [`Announcer::shutdown`] waits for the withdraw commands.
 pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(60);
 /// Bytes of a failed command's standard error kept for the status.
 const STDERR_KEPT: usize = 400;
 
-/// ```yaml
-/// exec:
-///   command: [/usr/local/sbin/vip-route, --table, "10"]
-///   timeout: 10s
-///   retry: 5s
-/// ```
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ExecConfig {
-    /// The program and its first arguments; the action and the prefix
-    /// follow them.
-    pub command: Vec<String>,
-    /// A run that takes longer is killed and counts as failed.
-    #[serde(default = "default_timeout", with = "duration")]
-    pub timeout: Duration,
-    /// Wait before retrying failed changes.
-    #[serde(default = "default_retry", with = "duration")]
-    pub retry: Duration,
-}
-
-fn default_timeout() -> Duration {
-    Duration::from_secs(10)
-}
-fn default_retry() -> Duration {
-    Duration::from_secs(5)
-}
-
 impl ExecConfig {
-    pub fn validate(&self) -> Vec<ConfigError> {
-        let mut errors = Vec::new();
-        match self.command.first() {
-            None => errors.push(problem("command", "must name a program")),
-            Some(p) if p.is_empty() => errors.push(problem("command[0]", "must not be empty")),
-            Some(_) => {}
-        }
-        if self.timeout.is_zero() {
-            errors.push(problem("timeout", "must be more than 0"));
-        }
-        if self.retry.is_zero() {
-            errors.push(problem("retry", "must be more than 0"));
-        }
-        errors
-    }
-
     fn describe(&self) -> String {
         format!("exec {}", self.command.join(" "))
     }

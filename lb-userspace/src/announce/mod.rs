@@ -44,7 +44,8 @@ use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::config::{ConfigError, ConfigErrors};
+pub use crate::config::announce::AnnounceConfig;
+use crate::config::{ConfigErrors, error::prefixed};
 
 /// Something that makes routers send the announced VIPs to this box.
 pub trait Announcer: Send {
@@ -240,99 +241,28 @@ pub fn check_prefixes(prefixes: &BTreeSet<IpAddr>) -> Result<(), AnnounceError> 
     Ok(())
 }
 
-/// The `announce:` section of `lbd`'s configuration: any combination of
-/// the three announcers (usually exactly one).
-///
-/// ```yaml
-/// announce:
-///   bgp:
-///     local_as: 65001
-///     router_id: 10.0.0.11
-///     peers:
-///       - { address: 10.0.0.1, remote_as: 65000 }
-/// ```
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AnnounceConfig {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bgp: Option<bgp::BgpConfig>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub exabgp: Option<exabgp::ExabgpConfig>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub exec: Option<exec::ExecConfig>,
-}
-
-impl AnnounceConfig {
-    /// Every problem, with field paths relative to this section
-    /// (`bgp.peers[0].remote_as`).
-    pub fn validate(&self) -> Vec<ConfigError> {
-        let mut errors = Vec::new();
-        if let Some(bgp) = &self.bgp {
-            errors.extend(prefixed("bgp", bgp.validate()));
+/// Starts every announcer `config` asks for (inside a tokio runtime; the
+/// ExaBGP one writes to standard output).
+pub fn start(config: &AnnounceConfig) -> Result<Vec<Box<dyn Announcer>>, AnnounceError> {
+    let errors = config.validate();
+    if !errors.is_empty() {
+        return Err(ConfigErrors {
+            source_name: None,
+            errors,
         }
-        if let Some(exec) = &self.exec {
-            errors.extend(prefixed("exec", exec.validate()));
-        }
-        errors
+        .into());
     }
-
-    /// Checks the files the section names (BGP key files), with paths
-    /// relative to the whole configuration (`announce.bgp.peers[0]...`).
-    pub fn check_files(&self) -> Vec<ConfigError> {
-        match &self.bgp {
-            Some(bgp) => prefixed("announce", prefixed("bgp", bgp.check_files())),
-            None => Vec::new(),
-        }
+    let mut started: Vec<Box<dyn Announcer>> = Vec::new();
+    if let Some(bgp) = &config.bgp {
+        started.push(Box::new(bgp::BgpSpeaker::start(bgp.clone())?));
     }
-
-    /// Starts every configured announcer (inside a tokio runtime; the
-    /// ExaBGP one writes to standard output).
-    pub fn start(&self) -> Result<Vec<Box<dyn Announcer>>, AnnounceError> {
-        let errors = self.validate();
-        if !errors.is_empty() {
-            return Err(ConfigErrors {
-                source_name: None,
-                errors,
-            }
-            .into());
-        }
-        let mut started: Vec<Box<dyn Announcer>> = Vec::new();
-        if let Some(bgp) = &self.bgp {
-            started.push(Box::new(bgp::BgpSpeaker::start(bgp.clone())?));
-        }
-        if let Some(exabgp) = &self.exabgp {
-            started.push(Box::new(exabgp::ExabgpAnnouncer::stdout(exabgp.clone())));
-        }
-        if let Some(exec) = &self.exec {
-            started.push(Box::new(exec::ExecAnnouncer::start(exec.clone())?));
-        }
-        Ok(started)
+    if let Some(exabgp) = &config.exabgp {
+        started.push(Box::new(exabgp::ExabgpAnnouncer::stdout(exabgp.clone())));
     }
-}
-
-/// Puts `prefix.` in front of each error's field path.
-pub(crate) fn prefixed(prefix: &str, errors: Vec<ConfigError>) -> Vec<ConfigError> {
-    errors
-        .into_iter()
-        .map(|e| ConfigError {
-            field: if e.field.is_empty() {
-                prefix.to_string()
-            } else if e.field.starts_with('[') {
-                format!("{prefix}{}", e.field)
-            } else {
-                format!("{prefix}.{}", e.field)
-            },
-            message: e.message,
-        })
-        .collect()
-}
-
-/// One validation problem.
-pub(crate) fn problem(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
-    ConfigError {
-        field: field.into(),
-        message: message.into(),
+    if let Some(exec) = &config.exec {
+        started.push(Box::new(exec::ExecAnnouncer::start(exec.clone())?));
     }
+    Ok(started)
 }
 
 #[cfg(test)]

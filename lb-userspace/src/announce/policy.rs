@@ -13,9 +13,10 @@
 //! does not count, so a VIP whose backends are all dead is never announced,
 //! not even for the first probe interval.
 //!
-//! Pure logic over the configuration and the lifecycle's states: no I/O,
-//! no announcer. `lbd` recomputes it after every change of the dataplane
-//! and hands [`Decision::addresses`] to every announcer.
+//! Pure logic over what it is given: per VIP, its backends' counts
+//! ([`VipCounts`], which the lifecycle computes); no I/O, no announcer,
+//! no knowledge of backend states. `lbd` recomputes it after every change
+//! of the dataplane and hands [`Decision::addresses`] to every announcer.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -25,10 +26,20 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::{
-    config::{VipConfig, VipId},
-    lifecycle::{BackendState, VipLife},
-};
+use crate::config::VipId;
+
+/// What the policy needs of one VIP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VipCounts {
+    pub id: VipId,
+    pub min_healthy: u32,
+    /// Backends configured.
+    pub backends: u32,
+    /// Backends in the table now, confirmed by their probes (or unprobed).
+    pub usable: u32,
+    /// Backends in the table awaiting their first probe verdict.
+    pub awaiting: u32,
+}
 
 /// What the node as a whole is doing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -76,66 +87,12 @@ pub struct Decision {
     pub vips: Vec<VipVerdict>,
 }
 
-/// Backends of `vip` in its table now, by the lifecycle's states:
-/// `(usable, awaiting)`, the second those that would count but await
-/// their first probe verdict.
-pub fn usable_backends(vip: &VipConfig, life: Option<&VipLife>) -> (u32, u32) {
-    let Some(life) = life else {
-        return (0, 0);
-    };
-    let in_table: Vec<_> = vip
-        .backends
-        .iter()
-        .filter(|b| b.weight > 0)
-        .filter_map(|b| life.backends.get(&b.address))
-        .filter(|l| matches!(l.state, BackendState::Active | BackendState::SlowStart))
-        .collect();
-    let awaiting = in_table
-        .iter()
-        .filter(|l| l.health.as_ref().is_some_and(|t| !t.has_verdict()))
-        .count() as u32;
-    (in_table.len() as u32 - awaiting, awaiting)
-}
-
-/// Why none of `vip`'s backends is in its table: counts by cause, e.g.
-/// `3 backends: 2 weighted 0, 1 draining`.
-pub fn why_unusable(vip: &VipConfig, life: Option<&VipLife>) -> String {
-    let mut causes: BTreeMap<&str, u32> = BTreeMap::new();
-    for b in &vip.backends {
-        let state = life
-            .and_then(|l| l.backends.get(&b.address))
-            .map(|l| l.state);
-        let cause = match state {
-            _ if b.weight == 0 => "weighted 0",
-            Some(BackendState::Draining) => "draining",
-            Some(BackendState::Down) => "down",
-            _ => "usable",
-        };
-        *causes.entry(cause).or_default() += 1;
-    }
-    let list: Vec<String> = causes.iter().map(|(c, n)| format!("{n} {c}")).collect();
-    match vip.backends.len() {
-        0 => "no backends".into(),
-        n => format!("{n} backend(s): {}", list.join(", ")),
-    }
-}
-
-/// Applies the policy to `vips` (the effective configuration) with the
-/// lifecycle's per-VIP states.
-pub fn decide(
-    vips: &[VipConfig],
-    lives: &BTreeMap<VipId, VipLife>,
-    attached: bool,
-    node: NodeState,
-) -> Decision {
-    let counted: Vec<(&VipConfig, (u32, u32))> = vips
-        .iter()
-        .map(|v| (v, usable_backends(v, lives.get(&v.id))))
-        .collect();
+/// Applies the policy to `vips` (each VIP's counts, in VIP order).
+pub fn decide(vips: &[VipCounts], attached: bool, node: NodeState) -> Decision {
     // The first VIP (in VIP order) that qualifies each address.
     let mut qualified: BTreeMap<IpAddr, VipId> = BTreeMap::new();
-    for (v, (usable, _)) in &counted {
-        if *usable >= v.min_healthy {
+    for v in vips {
+        if v.usable >= v.min_healthy {
             qualified.entry(v.id.addr).or_insert(v.id);
         }
     }
@@ -145,39 +102,44 @@ pub fn decide(
     } else {
         BTreeSet::new()
     };
-    let vips = counted
-        .into_iter()
-        .map(|(v, (usable, awaiting))| {
-            let (min, n) = (v.min_healthy, v.backends.len());
-            let waiting = if awaiting > 0 {
-                format!(" ({awaiting} more awaiting their first probe verdict)")
-            } else {
-                String::new()
-            };
-            let health = format!("{usable} of {n} backends usable{waiting}, min_healthy {min}");
-            let reason = match (attached, node, qualified.get(&v.id.addr)) {
-                (false, _, _) => "withheld: the XDP program is not attached".to_string(),
-                (true, NodeState::Drained, _) => {
-                    "withdrawn: the node is drained (`lbctl node undrain` ends it)".to_string()
-                }
-                (true, NodeState::Stopping, _) => "withdrawn: lbd is shutting down".to_string(),
-                (true, NodeState::Serving, None) => format!("withheld: {health}"),
-                (true, NodeState::Serving, Some(by)) if *by == v.id || usable >= min => health,
-                (true, NodeState::Serving, Some(by)) => {
-                    format!("announced for {by}; this VIP has {health}")
-                }
-            };
-            VipVerdict {
-                vip: v.id,
-                usable,
-                backends: n as u32,
-                min_healthy: min,
-                announced: addresses.contains(&v.id.addr),
-                reason,
-            }
+    let vips = vips
+        .iter()
+        .map(|v| VipVerdict {
+            vip: v.id,
+            usable: v.usable,
+            backends: v.backends,
+            min_healthy: v.min_healthy,
+            announced: addresses.contains(&v.id.addr),
+            reason: reason(v, attached, node, qualified.get(&v.id.addr)),
         })
         .collect();
     Decision { addresses, vips }
+}
+
+/// Why `v` is announced or not, in words; `by`: the VIP that qualifies
+/// its address, if one does.
+fn reason(v: &VipCounts, attached: bool, node: NodeState, by: Option<&VipId>) -> String {
+    let waiting = if v.awaiting > 0 {
+        format!(" ({} more awaiting their first probe verdict)", v.awaiting)
+    } else {
+        String::new()
+    };
+    let health = format!(
+        "{} of {} backends usable{waiting}, min_healthy {}",
+        v.usable, v.backends, v.min_healthy
+    );
+    match (attached, node, by) {
+        (false, _, _) => "withheld: the XDP program is not attached".to_string(),
+        (true, NodeState::Drained, _) => {
+            "withdrawn: the node is drained (`lbctl node undrain` ends it)".to_string()
+        }
+        (true, NodeState::Stopping, _) => "withdrawn: lbd is shutting down".to_string(),
+        (true, NodeState::Serving, None) => format!("withheld: {health}"),
+        (true, NodeState::Serving, Some(by)) if *by == v.id || v.usable >= v.min_healthy => health,
+        (true, NodeState::Serving, Some(by)) => {
+            format!("announced for {by}; this VIP has {health}")
+        }
+    }
 }
 
 #[cfg(test)]
@@ -186,10 +148,23 @@ mod tests {
 
     use super::*;
     use crate::{
-        config::BackendConfig,
+        config::{BackendConfig, VipConfig},
         health::{ProbeResult, Tracker},
-        lifecycle::Lifecycle,
+        lifecycle::{Lifecycle, VipLife},
     };
+
+    /// The policy over the lifecycle's counts of `lives`, as lbd calls it.
+    fn decide(
+        vips: &[VipConfig],
+        lives: &BTreeMap<VipId, VipLife>,
+        attached: bool,
+        node: NodeState,
+    ) -> Decision {
+        let lc = Lifecycle {
+            vips: lives.clone(),
+        };
+        super::decide(&lc.counts(vips), attached, node)
+    }
 
     fn vip(id: &str, backends: &[(&str, u32)], min_healthy: u32) -> VipConfig {
         let mut v = VipConfig::new(

@@ -15,6 +15,7 @@
 //! [`duration`], which import nothing of the crate. [`parse`] turns text
 //! into the raw form, reporting every problem of a file.
 
+pub mod announce;
 pub mod datapath;
 pub mod duration;
 pub mod error;
@@ -32,6 +33,7 @@ use std::{
 use lb_common::consts::GUE_PORT;
 use serde::Deserialize;
 
+use self::{announce::AnnounceConfig, error::prefixed};
 pub use self::{
     datapath::{Gateway, Mac, MalformedPolicy, Prefix, TooBigPolicy, XdpModeSetting},
     error::{ConfigError, ConfigErrors, excerpt},
@@ -43,11 +45,7 @@ use self::{
     error::cut_message,
     vip::check_vips,
 };
-use crate::{
-    announce::{AnnounceConfig, prefixed},
-    dataplane::Layout,
-    maglev,
-};
+use crate::{dataplane::Layout, maglev};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -693,12 +693,12 @@ fn the_annotated_example_names_every_setting() {
     all.extend(fields_of::<BackendConfig>());
     all.extend(fields_of::<HealthCheck>());
     all.extend(fields_of::<HttpCheck>());
-    all.extend(fields_of::<crate::announce::AnnounceConfig>());
-    all.extend(fields_of::<crate::announce::bgp::BgpConfig>());
-    all.extend(fields_of::<crate::announce::bgp::PeerConfig>());
-    all.extend(fields_of::<crate::announce::bgp::ConnectRetry>());
-    all.extend(fields_of::<crate::announce::exabgp::ExabgpConfig>());
-    all.extend(fields_of::<crate::announce::exec::ExecConfig>());
+    all.extend(fields_of::<super::announce::AnnounceConfig>());
+    all.extend(fields_of::<super::announce::bgp::BgpConfig>());
+    all.extend(fields_of::<super::announce::bgp::PeerConfig>());
+    all.extend(fields_of::<super::announce::bgp::ConnectRetry>());
+    all.extend(fields_of::<super::announce::ExabgpConfig>());
+    all.extend(fields_of::<super::announce::ExecConfig>());
     assert!(all.len() > 60, "{all:?}");
     let missing: Vec<&String> = all
         .iter()

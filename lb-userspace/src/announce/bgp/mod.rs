@@ -12,9 +12,8 @@
 //! table. It never listens for connections.
 //!
 //! Encoding and parsing live in [`wire`] (netgauze-bgp-pkt, see there why),
-//! the configuration in [`config`].
+//! the configuration in `crate::config::announce::bgp`.
 
-pub mod config;
 mod session;
 mod sockopt;
 pub mod wire;
@@ -25,10 +24,10 @@ use futures::future::BoxFuture;
 use tokio::{sync::watch, task::JoinHandle};
 use tracing::info;
 
-pub use self::config::{BgpConfig, ConnectRetry, PeerConfig};
 use self::session::{Local, PeerShared};
 use super::{AnnounceError, Announcer, PeerStatus, publish_desired};
 use crate::config::ConfigErrors;
+pub use crate::config::announce::bgp::{BgpConfig, ConnectRetry, PeerConfig};
 
 /// How long [`Announcer::shutdown`] waits for the sessions to withdraw,
 /// send Cease and close before it abandons them.

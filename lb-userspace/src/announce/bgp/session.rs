@@ -30,7 +30,7 @@ use tokio::{
 use tracing::{debug, info, warn};
 
 use super::{
-    config::PeerConfig,
+    PeerConfig,
     wire::{self, Decoder, Message, Notification, RouteAttrs},
 };
 use crate::announce::{PeerStatus, SessionState, diff};

@@ -16,7 +16,7 @@ use std::{
 };
 
 /// `TCP_MD5SIG_MAXKEYLEN` (include/uapi/linux/tcp.h).
-pub const MD5_MAX_KEY: usize = 80;
+pub use crate::config::announce::bgp::MD5_MAX_KEY;
 
 /// `struct tcp_md5sig` (include/uapi/linux/tcp.h).
 #[repr(C)]

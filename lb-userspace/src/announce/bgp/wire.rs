@@ -46,7 +46,7 @@ use netgauze_iana::address_family::AddressType;
 use netgauze_parse_utils::{WritablePdu as _, reader::SliceReader, traits::ParseFromWithOneInput};
 use thiserror::Error;
 
-use super::config::AS_TRANS;
+use crate::config::announce::bgp::AS_TRANS;
 
 /// Every message starts with 16 bytes of ones.
 pub const MARKER: [u8; 16] = [0xff; 16];

@@ -504,7 +504,7 @@ impl Daemon {
     /// Applies the announce policy to `effective` and hands the answer to
     /// every announcer (they ignore a set they already have).
     fn announce_for(&mut self, effective: &[VipConfig]) {
-        let decision = policy::decide(effective, &self.lifecycle.vips, self.attached, self.node);
+        let decision = policy::decide(&self.lifecycle.counts(effective), self.attached, self.node);
         // Logged only when someone listens; a withdrawal for health is a
         // warning, one for a drain or a stop is the operator's wish.
         let listened = !self.announcers.is_empty();
@@ -545,11 +545,8 @@ impl Daemon {
 
     /// Starts the configured announcers (none without `announce:`).
     fn start_announcers(&mut self) -> Result<()> {
-        self.announcers = self
-            .config
-            .announce
-            .start()
-            .context("starting the route announcers")?;
+        self.announcers =
+            lb::announce::start(&self.config.announce).context("starting the route announcers")?;
         if !self.announcers.is_empty() {
             info!(
                 announcers = %announcer_kinds(&self.config.announce).join(","),
@@ -907,7 +904,7 @@ impl Daemon {
         if new.announce != self.config.announce {
             info!("the announce section changed: restarting the announcers");
             self.stop_announcers().await;
-            match new.announce.start() {
+            match lb::announce::start(&new.announce) {
                 Ok(started) => self.announcers = started,
                 Err(e) => {
                     let _ = self.reconciler.apply_settings(&self.settings);
@@ -958,12 +955,13 @@ impl Daemon {
             .filter(|v| v.announced && v.usable > 0)
             .filter_map(|v| {
                 let vip = effective.iter().find(|c| c.id == v.vip)?;
-                let (usable, awaiting) = policy::usable_backends(vip, lifecycle.vips.get(&vip.id));
+                let (usable, awaiting) =
+                    lb::lifecycle::usable_backends(vip, lifecycle.vips.get(&vip.id));
                 (usable + awaiting == 0).then(|| {
                     format!(
                         "VIP {} is announced and would have no usable backend ({})",
                         vip.id,
-                        policy::why_unusable(vip, lifecycle.vips.get(&vip.id))
+                        lb::lifecycle::why_unusable(vip, lifecycle.vips.get(&vip.id))
                     )
                 })
             })

@@ -1,7 +1,9 @@
 //! The built-in speaker's configuration: who we are (AS, router id), the
-//! timers we offer, and the routers we connect to. Deserialized from the
-//! `announce.bgp` section of `lbd`'s YAML (unknown fields are errors) and
-//! checked by [`BgpConfig::validate`].
+//! timers we offer, and the routers we connect to, with their keys, GTSM
+//! and next hops. Deserialized from the `announce.bgp` section of `lbd`'s
+//! YAML (unknown fields are errors) and checked by
+//! [`BgpConfig::validate`] (and [`BgpConfig::check_files`] for key files).
+//! The speaker itself is `crate::announce::bgp`.
 
 use std::{
     collections::BTreeSet,
@@ -12,15 +14,17 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::{
-    announce::problem,
-    config::{ConfigError, duration},
+use crate::config::{
+    duration,
+    error::{ConfigError, problem},
 };
 
 /// The 2-octet AS number that stands for a 4-octet one (RFC 6793).
 pub const AS_TRANS: u32 = 23456;
 /// The BGP port.
 pub const BGP_PORT: u16 = 179;
+/// Longest TCP MD5 key (RFC 2385; the kernel's `TCP_MD5SIG_MAXKEYLEN`).
+pub const MD5_MAX_KEY: usize = 80;
 
 /// ```yaml
 /// local_as: 65001
@@ -169,10 +173,10 @@ fn read_key(path: &Path) -> Result<Vec<u8>, String> {
             key.pop();
         }
     }
-    if key.is_empty() || key.len() > super::sockopt::MD5_MAX_KEY {
+    if key.is_empty() || key.len() > MD5_MAX_KEY {
         return Err(format!(
             "{shown}: a TCP MD5 key is 1-{} bytes, this one {}",
-            super::sockopt::MD5_MAX_KEY,
+            MD5_MAX_KEY,
             key.len()
         ));
     }
