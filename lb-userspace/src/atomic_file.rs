@@ -50,12 +50,10 @@ pub fn write_private(path: &Path, body: &[u8]) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::scratch::ScratchDir;
 
-    fn scratch(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("lb-atomic-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("scratch dir");
-        dir
+    fn scratch(name: &str) -> ScratchDir {
+        ScratchDir::new(&format!("atomic-{name}"))
     }
 
     #[test]
@@ -69,7 +67,6 @@ mod tests {
         let mode = std::fs::metadata(&path).expect("stat").permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
         assert!(!temporary(&path).exists());
-        std::fs::remove_dir_all(&dir).expect("cleanup");
     }
 
     #[test]
@@ -80,6 +77,5 @@ mod tests {
         std::fs::create_dir_all(path.join("inside")).expect("blocker");
         assert!(write_private(&path, b"x").is_err());
         assert!(!temporary(&path).exists(), "temporary file left behind");
-        std::fs::remove_dir_all(&dir).expect("cleanup");
     }
 }

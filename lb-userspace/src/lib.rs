@@ -5,6 +5,7 @@ pub mod announce;
 pub mod api;
 pub mod atomic_file;
 pub mod config;
+pub mod daemon;
 pub mod dataplane;
 pub mod decap;
 pub mod health;
@@ -15,4 +16,6 @@ pub mod net;
 pub mod objects;
 pub mod predict;
 pub mod reconcile;
+#[cfg(test)]
+mod scratch;
 pub mod state;

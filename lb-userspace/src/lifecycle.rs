@@ -85,6 +85,18 @@ pub struct Lifecycle {
     pub vips: BTreeMap<VipId, VipLife>,
 }
 
+/// What a probe result changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProbeEffect {
+    /// Nothing anyone else needs to know.
+    Nothing,
+    /// The probes confirmed the state the backend started in: it now
+    /// counts toward announcing its VIP (the table is unchanged).
+    FirstVerdict,
+    /// The backend went up or down: the table changes.
+    Changed,
+}
+
 impl Lifecycle {
     /// Aligns the bookkeeping with the configured VIPs and drains. Backends
     /// seen for the first time join now, except at start-up (`initial`),
@@ -148,28 +160,30 @@ impl Lifecycle {
         self.vips.get_mut(vip)?.backends.get_mut(addr)
     }
 
-    /// Records a probe result; `true` if the backend's verdict changed.
+    /// Records a probe result and says what it changed.
     pub fn record_probe(
         &mut self,
         vip: &VipId,
         addr: &IpAddr,
         result: ProbeResult,
         now: Instant,
-    ) -> bool {
+    ) -> ProbeEffect {
         let Some(b) = self.backend_mut(vip, addr) else {
-            return false;
+            return ProbeEffect::Nothing;
         };
         let Some(t) = b.health.as_mut() else {
-            return false;
+            return ProbeEffect::Nothing;
         };
+        let had_verdict = t.has_verdict();
         match t.record(result) {
             Some(up) => {
                 if up {
                     b.joined = now;
                 }
-                true
+                ProbeEffect::Changed
             }
-            None => false,
+            None if !had_verdict && t.has_verdict() => ProbeEffect::FirstVerdict,
+            None => ProbeEffect::Nothing,
         }
     }
 
@@ -379,8 +393,23 @@ mod tests {
             weights(&l.plan(std::slice::from_ref(&v), now)),
             vec![100, 100, 100]
         );
-        assert!(!l.record_probe(&v.id, &addr(2), fail(), now));
-        assert!(l.record_probe(&v.id, &addr(2), fail(), now), "fall = 2");
+        assert_eq!(
+            l.record_probe(&v.id, &addr(1), pass(), now),
+            ProbeEffect::FirstVerdict
+        );
+        assert_eq!(
+            l.record_probe(&v.id, &addr(1), pass(), now),
+            ProbeEffect::Nothing
+        );
+        assert_eq!(
+            l.record_probe(&v.id, &addr(2), fail(), now),
+            ProbeEffect::Nothing
+        );
+        assert_eq!(
+            l.record_probe(&v.id, &addr(2), fail(), now),
+            ProbeEffect::Changed,
+            "fall = 2"
+        );
         let p = l.plan(std::slice::from_ref(&v), now);
         assert_eq!(weights(&p), vec![100, 0, 100]);
         assert!(
@@ -389,7 +418,11 @@ mod tests {
         );
         assert_eq!(l.vips[&v.id].backends[&addr(2)].state, BackendState::Down);
         l.record_probe(&v.id, &addr(2), pass(), now);
-        assert!(l.record_probe(&v.id, &addr(2), pass(), now), "rise = 2");
+        assert_eq!(
+            l.record_probe(&v.id, &addr(2), pass(), now),
+            ProbeEffect::Changed,
+            "rise = 2"
+        );
         assert_eq!(
             weights(&l.plan(std::slice::from_ref(&v), now)),
             vec![100, 100, 100]
@@ -526,7 +559,10 @@ mod tests {
         let now = Instant::now();
         let mut l = Lifecycle::default();
         l.sync(std::slice::from_ref(&v), &BTreeSet::new(), now, true);
-        assert!(!l.record_probe(&v.id, &addr(1), fail(), now));
+        assert_eq!(
+            l.record_probe(&v.id, &addr(1), fail(), now),
+            ProbeEffect::Nothing
+        );
         assert_eq!(
             weights(&l.plan(std::slice::from_ref(&v), now)),
             vec![100, 100]

@@ -145,7 +145,8 @@ mod tests {
 
     #[test]
     fn a_second_lock_is_refused_naming_the_holder() {
-        let dir = std::env::temp_dir().join(format!("lb-lock-test-{}", std::process::id()));
+        let scratch = crate::scratch::ScratchDir::new("lock");
+        let dir = scratch.join("pins");
         let first = DirLock::acquire(&dir, "instance t1", "instance").expect("first lock");
         let err = DirLock::acquire(&dir, "instance t1", "instance").expect_err("second lock");
         let text = err.to_string();
@@ -160,7 +161,6 @@ mod tests {
         let again = DirLock::acquire(&dir, "instance t1", "instance").expect("lock after release");
         assert_eq!(again.dir(), dir);
         drop(again);
-        std::fs::remove_dir(&dir).expect("cleanup");
     }
 
     #[test]

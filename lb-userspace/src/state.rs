@@ -376,8 +376,7 @@ mod tests {
 
     #[test]
     fn an_older_file_with_port_zero_still_loads() {
-        let dir = std::env::temp_dir().join(format!("lb-state-old-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = crate::scratch::ScratchDir::new("state-old");
         let path = dir.join("s.json");
         std::fs::write(
             &path,
@@ -397,12 +396,11 @@ mod tests {
             &std::fs::metadata(&path).unwrap().permissions(),
         );
         assert_eq!(mode & 0o777, 0o600, "the state file is root's alone");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn survives_a_round_trip_through_the_file() {
-        let dir = std::env::temp_dir().join(format!("lb-state-test-{}", std::process::id()));
+        let dir = crate::scratch::ScratchDir::new("state");
         let path = dir.join("s.json");
         let b = base();
         let mut o = Overlay::default();
@@ -420,6 +418,5 @@ mod tests {
             Overlay::load(&dir.join("missing.json")).unwrap(),
             Overlay::default()
         );
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -288,31 +288,14 @@ mod tests {
     };
 
     use super::*;
+    use crate::scratch::ScratchDir;
 
-    /// A scratch directory removed on drop.
-    struct TempDir(PathBuf);
-
-    impl TempDir {
-        fn new(tag: &str) -> Self {
-            let dir = std::env::temp_dir().join(format!("lb-exec-{tag}-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&dir);
-            std::fs::create_dir_all(&dir).expect("temp dir");
-            Self(dir)
-        }
-
-        /// An executable shell script `name` with `body`.
-        fn script(&self, name: &str, body: &str) -> PathBuf {
-            let path = self.0.join(name);
-            std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).expect("script");
-            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-            path
-        }
-    }
-
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
+    /// An executable shell script `name` with `body` in `dir`.
+    fn script(dir: &ScratchDir, name: &str, body: &str) -> PathBuf {
+        let path = dir.join(name);
+        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).expect("script");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        path
     }
 
     fn set(addrs: &[&str]) -> BTreeSet<IpAddr> {
@@ -346,9 +329,10 @@ mod tests {
 
     #[tokio::test]
     async fn runs_the_command_per_change_with_arguments_and_environment() {
-        let dir = TempDir::new("args");
-        let log = dir.0.join("log");
-        let script = dir.script(
+        let dir = ScratchDir::new("exec-args");
+        let log = dir.join("log");
+        let script = script(
+            &dir,
             "route",
             &format!(
                 "echo \"$* | $LB_ACTION $LB_PREFIX $LB_VIP $LB_FAMILY\" >> '{}'",
@@ -403,11 +387,12 @@ mod tests {
 
     #[tokio::test]
     async fn failures_are_reported_and_retried() {
-        let dir = TempDir::new("fail");
-        let flag = dir.0.join("ok");
-        let log = dir.0.join("log");
+        let dir = ScratchDir::new("exec-fail");
+        let flag = dir.join("ok");
+        let log = dir.join("log");
         // Fails (with a message) until the flag file exists.
-        let script = dir.script(
+        let script = script(
+            &dir,
             "route",
             &format!(
                 "echo \"$LB_ACTION $LB_PREFIX\" >> '{log}'\n[ -e '{flag}' ] || {{ echo 'router says no' >&2; exit 3; }}",
@@ -444,8 +429,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_hung_command_is_killed_at_the_timeout() {
-        let dir = TempDir::new("hang");
-        let script = dir.script("route", "exec sleep 30");
+        let dir = ScratchDir::new("exec-hang");
+        let script = script(&dir, "route", "exec sleep 30");
         let mut a = ExecAnnouncer::start(config(&script, 200)).expect("starts");
         let started = Instant::now();
         a.set_announced(&set(&["10.0.0.1"])).unwrap();

@@ -7,7 +7,7 @@
 //! program and removes every pinned object of the instance (this drops the
 //! connection table).
 
-mod daemon;
+mod run;
 mod server;
 
 use std::path::PathBuf;
@@ -81,7 +81,7 @@ fn run() -> Result<()> {
             .enable_all()
             .build()
             .context("starting the async runtime")?
-            .block_on(daemon::run(args.config)),
+            .block_on(run::run(args.config)),
     }
 }
 

@@ -5,7 +5,7 @@
 use std::{os::unix::fs::PermissionsExt as _, path::Path, time::Duration};
 
 use anyhow::{Context as _, Result};
-use lb::api::{MAX_CONNECTIONS, MAX_REQUEST, Request, Response};
+use lb::api::{Envelope, MAX_CONNECTIONS, MAX_REQUEST, Request, Response};
 use tokio::{
     io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader},
     net::{UnixListener, UnixStream},
@@ -99,8 +99,8 @@ async fn handle(stream: UnixStream, calls: mpsc::Sender<Call>) {
             MAX_REQUEST >> 10
         )),
         Ok(Ok(_)) if !line.ends_with('\n') => Response::err("request not terminated by a newline"),
-        Ok(Ok(_)) => match serde_json::from_str::<Request>(&line) {
-            Err(e) => Response::err(format!("bad request: {e}")),
+        Ok(Ok(_)) => match Envelope::parse(&line) {
+            Err(e) => Response::err(e),
             Ok(request) => {
                 debug!(?request, "api request");
                 let (tx, rx) = oneshot::channel();

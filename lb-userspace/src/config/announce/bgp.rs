@@ -357,8 +357,7 @@ mod tests {
     #[test]
     fn key_files_must_be_private_and_of_a_valid_length() {
         use std::os::unix::fs::PermissionsExt as _;
-        let dir = std::env::temp_dir().join(format!("lb-md5-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = crate::scratch::ScratchDir::new("md5");
         let key = dir.join("peer.key");
         let c = |path: &Path| {
             parse(&format!(
@@ -385,7 +384,6 @@ mod tests {
         let mut bad = good.clone();
         bad.peers[0].ttl_security = Some(255);
         assert_eq!(bad.validate()[0].field, "peers[0].ttl_security");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -1,0 +1,254 @@
+//! The control API between `lbctl` and `lbd`: JSON over a Unix socket.
+//!
+//! One request per connection: the client writes one JSON object and a
+//! newline, the daemon answers with one JSON object and a newline, then
+//! closes. Requests are a tagged enum ([`Request`], in [`request`]: the
+//! one statement of each request, also `lbctl`'s command line); every
+//! answer is a [`Response`] whose `data` has the shape documented on each
+//! request ([`wire`]). Both carry the API's version ([`API_VERSION`]): a
+//! request of another version is refused with a message that says so.
+//! The socket is created with mode 0600: only root talks to the balancer.
+//!
+//! This module owns the wire types and the blocking client; the handlers
+//! are `crate::daemon`'s, the socket `lbd`'s.
+
+pub mod request;
+pub mod wire;
+
+use std::{
+    io::{BufRead as _, BufReader, Write as _},
+    os::unix::net::UnixStream,
+    path::Path,
+    time::Duration,
+};
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+pub use self::{request::*, wire::*};
+
+/// Largest request line `lbd` reads: room for a VIP with ~8,000 backends,
+/// more than `max_backends` allows by default. A longer one is refused.
+pub const MAX_REQUEST: usize = 1 << 20;
+/// Largest answer `lbctl` reads (`vip list` of thousands of VIPs).
+pub const MAX_RESPONSE: usize = 64 << 20;
+/// Connections `lbd` serves at once; one more is answered with an error
+/// and closed, so held connections cannot make it buffer without bound.
+pub const MAX_CONNECTIONS: usize = 64;
+
+/// The API's version. 2: requests nested under `vip`, `backend` and
+/// `node` (1 had them flat), answers of the API's own types.
+pub const API_VERSION: u32 = 2;
+
+/// A request as it travels: its version and the request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Envelope {
+    /// Absent in version 1's requests.
+    #[serde(default = "version_one")]
+    pub api: u32,
+    #[serde(flatten)]
+    pub request: Request,
+}
+
+fn version_one() -> u32 {
+    1
+}
+
+impl Envelope {
+    pub fn new(request: Request) -> Self {
+        Self {
+            api: API_VERSION,
+            request,
+        }
+    }
+
+    /// Reads one request line: a request of another version, or one that
+    /// is no request, is refused with the reason.
+    pub fn parse(line: &str) -> Result<Request, String> {
+        let value: serde_json::Value =
+            serde_json::from_str(line).map_err(|e| format!("bad request: {e}"))?;
+        let api = value
+            .get("api")
+            .and_then(serde_json::Value::as_u64)
+            .unwrap_or(1);
+        if api != u64::from(API_VERSION) {
+            return Err(format!(
+                "this lbd speaks API version {API_VERSION}, the request is version {api}: use the lbctl of the same release"
+            ));
+        }
+        serde_json::from_value::<Envelope>(value)
+            .map(|e| e.request)
+            .map_err(|e| format!("bad request: {e}"))
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Response {
+    /// The API version of the daemon that answered.
+    #[serde(default = "version_one")]
+    pub api: u32,
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(default)]
+    pub data: serde_json::Value,
+}
+
+impl Response {
+    pub fn ok(data: impl Serialize) -> Self {
+        Self {
+            api: API_VERSION,
+            ok: true,
+            error: None,
+            data: serde_json::to_value(data).unwrap_or(serde_json::Value::Null),
+        }
+    }
+
+    pub fn err(message: impl Into<String>) -> Self {
+        Self {
+            api: API_VERSION,
+            ok: false,
+            error: Some(message.into()),
+            data: serde_json::Value::Null,
+        }
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum ClientError {
+    /// Why the socket could not be reached, in words (each reason once).
+    #[error("{0}")]
+    Connect(String),
+    #[error("talking to lbd")]
+    Io(#[from] std::io::Error),
+    #[error("bad answer from lbd")]
+    Decode(#[from] serde_json::Error),
+    #[error("lbd: {0}")]
+    Daemon(String),
+}
+
+impl ClientError {
+    fn connect(path: &Path, e: &std::io::Error) -> Self {
+        let path = path.display();
+        ClientError::Connect(match e.kind() {
+            std::io::ErrorKind::NotFound => {
+                format!("no lbd socket at {path}: is lbd running, and is this its instance?")
+            }
+            std::io::ErrorKind::PermissionDenied => {
+                format!(
+                    "permission denied on {path}: lbd's socket is root's (mode 0600); run lbctl as root"
+                )
+            }
+            std::io::ErrorKind::ConnectionRefused => {
+                format!("nothing answers at {path}: lbd is not running (the socket is stale)")
+            }
+            _ => format!("cannot connect to lbd at {path}: {e}"),
+        })
+    }
+}
+
+/// Sends one request and returns the `data` of a successful answer.
+pub fn call(socket: &Path, request: &Request) -> Result<serde_json::Value, ClientError> {
+    let mut stream = UnixStream::connect(socket).map_err(|e| ClientError::connect(socket, &e))?;
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let mut line = serde_json::to_vec(&Envelope::new(request.clone()))?;
+    line.push(b'\n');
+    stream.write_all(&line)?;
+    let mut reader = BufReader::new(std::io::Read::take(stream, MAX_RESPONSE as u64));
+    let mut answer = String::new();
+    reader.read_line(&mut answer)?;
+    let response: Response = serde_json::from_str(&answer)?;
+    if response.ok {
+        Ok(response.data)
+    } else {
+        Err(ClientError::Daemon(
+            response.error.unwrap_or_else(|| "unknown error".into()),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wire(r: Request) -> String {
+        serde_json::to_string(&Envelope::new(r)).unwrap()
+    }
+
+    #[test]
+    fn requests_have_a_stable_wire_form() {
+        // The wire form, written out: a change here is an API change.
+        let cases = [
+            (Request::Status, r#"{"api":2,"op":"status"}"#),
+            (
+                Request::Backend(BackendRequest::Weight {
+                    vip: "10.0.0.1:80/tcp".parse().unwrap(),
+                    address: "10.1.0.1".parse().unwrap(),
+                    weight: 3,
+                    force: false,
+                }),
+                r#"{"api":2,"op":"backend","action":"weight","vip":"10.0.0.1:80/tcp","address":"10.1.0.1","weight":3,"force":false}"#,
+            ),
+            (
+                Request::Node(NodeRequest::Drain { no_wait: false }),
+                r#"{"api":2,"op":"node","action":"drain"}"#,
+            ),
+            (
+                Request::Reload { force: true },
+                r#"{"api":2,"op":"reload","force":true}"#,
+            ),
+        ];
+        for (r, text) in cases {
+            assert_eq!(wire(r.clone()), text);
+            assert_eq!(Envelope::parse(text), Ok(r));
+        }
+        // Optional fields may be left out.
+        let add = Envelope::parse(
+            r#"{"api":2,"op":"vip","action":"add","vip":"10.0.0.2:53/udp","backends":[{"address":"10.1.0.1"}]}"#,
+        )
+        .unwrap();
+        let Request::Vip(VipRequest::Add(add)) = add else {
+            panic!("vip add")
+        };
+        assert_eq!(add.vip.to_string(), "10.0.0.2:53/udp");
+        assert_eq!((add.backends[0].weight, add.min_healthy), (1, 1));
+        assert_eq!(add.encap, EncapName::Ipip);
+    }
+
+    #[test]
+    fn other_versions_and_bad_requests_are_refused_with_a_reason() {
+        for (text, want) in [
+            (
+                r#"{"op":"status"}"#,
+                "API version 2, the request is version 1",
+            ),
+            (r#"{"api":3,"op":"status"}"#, "the request is version 3"),
+            (r#"{"api":2,"op":"explode"}"#, "unknown variant `explode`"),
+            (
+                r#"{"api":2,"op":"vip","action":"del","vip":"10.0.0.1"}"#,
+                "is not a VIP",
+            ),
+            (
+                r#"{"api":2,"op":"backend","action":"add","vip":"10.0.0.1:80/tcp","address":"x"}"#,
+                "invalid IP address",
+            ),
+            ("not json", "bad request"),
+        ] {
+            let err = Envelope::parse(text).unwrap_err();
+            assert!(err.contains(want), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn backends_on_the_command_line() {
+        assert_eq!(
+            "10.1.0.1=3".parse::<BackendSpec>(),
+            Ok(BackendSpec {
+                address: "10.1.0.1".parse().unwrap(),
+                weight: 3
+            })
+        );
+        assert!("10.1.0.1=x".parse::<BackendSpec>().is_err());
+        assert!("nope".parse::<BackendSpec>().is_err());
+    }
+}

@@ -1,0 +1,205 @@
+//! Every request `lbd` answers, stated once. Each type is both the JSON
+//! on the wire (serde, tagged by `op`, and inside `vip`, `backend` and
+//! `node` by `action`) and `lbctl`'s command line (clap): `lbctl vip add
+//! ...` parses straight into [`Request::Vip`]`(`[`VipRequest::Add`]`)`,
+//! which is what goes to `lbd` and what its dispatch matches on.
+//!
+//! Adding a request: a variant here (with its clap and serde
+//! attributes), its answer's type in [`super::wire`], its handler in
+//! `crate::daemon`, its table in `lbctl`.
+
+use std::{net::IpAddr, str::FromStr};
+
+use clap::{Args, Subcommand, ValueEnum};
+use serde::{Deserialize, Serialize};
+
+use crate::config::{Protocol, VipId};
+
+/// A request to `lbd` (the answer's type is named on each variant).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Subcommand)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    /// The daemon: interfaces, maps, limits, last reload. → [`super::Status`]
+    Status,
+    /// VIPs.
+    #[command(subcommand)]
+    Vip(VipRequest),
+    /// Backends of a VIP.
+    #[command(subcommand)]
+    Backend(BackendRequest),
+    /// Counters and rates: outcomes, drop reasons, per VIP and backend.
+    /// → [`super::Stats`]
+    Stats,
+    /// Backend states and the last probe of each. → `Vec<`[`super::VipHealth`]`>`
+    Health,
+    /// A VIP's Maglev table: slots per backend, share against weight.
+    /// → [`super::TableInfo`]
+    Table { vip: VipId },
+    /// Which backend a flow gets, and why. → [`super::Simulation`]
+    Simulate {
+        src: IpAddr,
+        dst: IpAddr,
+        protocol: Protocol,
+        sport: u16,
+        dport: u16,
+        /// As a TCP SYN (a new connection: skips the connection table).
+        #[arg(long)]
+        #[serde(default)]
+        syn: bool,
+    },
+    /// Re-read the configuration file (an invalid file is rejected and the
+    /// running configuration stays). → `Vec<String>` (warnings)
+    Reload {
+        /// Apply a file that leaves an announced VIP without a usable
+        /// backend (refused otherwise; SIGHUP never forces).
+        #[arg(long)]
+        #[serde(default)]
+        force: bool,
+    },
+    /// Route announcement: each peer's session, and which VIPs are
+    /// announced or withheld, and why. → [`super::AnnounceStatus`]
+    Bgp,
+    /// The balancer as a whole: take it out of the routers' paths and back.
+    /// → [`super::NodeChange`]
+    #[command(subcommand)]
+    Node(NodeRequest),
+}
+
+/// `lbctl vip ...`
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Subcommand)]
+#[serde(tag = "action", rename_all = "snake_case", deny_unknown_fields)]
+pub enum VipRequest {
+    /// → `Vec<`[`super::VipInfo`]`>`
+    List,
+    /// Add a VIP, e.g. `vip add 10.0.0.1:80/tcp --backend 10.1.0.1 --backend 10.1.0.2=2`. → `null`
+    Add(VipAdd),
+    /// → `null`
+    Del { vip: VipId },
+}
+
+/// A VIP added at runtime.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Args)]
+#[serde(deny_unknown_fields)]
+pub struct VipAdd {
+    pub vip: VipId,
+    /// ADDRESS or ADDRESS=WEIGHT; repeat for each backend.
+    #[arg(short, long = "backend")]
+    pub backends: Vec<BackendSpec>,
+    #[arg(long, value_enum, default_value_t = EncapName::Ipip)]
+    #[serde(default)]
+    pub encap: EncapName,
+    /// Hash every packet; keep no per-flow state.
+    #[arg(long)]
+    #[serde(default)]
+    pub no_conntrack: bool,
+    /// Announce the VIP only while this many backends are usable.
+    #[arg(long, default_value_t = 1)]
+    #[serde(default = "one")]
+    pub min_healthy: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// A tunnel, as the API names it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum EncapName {
+    #[default]
+    Ipip,
+    Gre,
+    Gue,
+}
+
+/// `ADDRESS` or `ADDRESS=WEIGHT` on the command line; `{address, weight}`
+/// on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendSpec {
+    pub address: IpAddr,
+    #[serde(default = "one")]
+    pub weight: u32,
+}
+
+impl FromStr for BackendSpec {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (addr, weight) = match s.split_once('=') {
+            Some((a, w)) => (
+                a,
+                w.parse()
+                    .map_err(|_| format!("weight in `{s}` is not a number"))?,
+            ),
+            None => (s, 1),
+        };
+        let address = addr
+            .parse()
+            .map_err(|_| format!("`{addr}` is not an IP address"))?;
+        Ok(Self { address, weight })
+    }
+}
+
+/// `lbctl backend ...`; changes that would leave a serving VIP with no
+/// usable backend are refused unless `force`. Each → `null`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Subcommand)]
+#[serde(tag = "action", rename_all = "snake_case", deny_unknown_fields)]
+pub enum BackendRequest {
+    Add {
+        vip: VipId,
+        address: IpAddr,
+        #[arg(short, long, default_value_t = 1)]
+        #[serde(default = "one")]
+        weight: u32,
+    },
+    Del {
+        vip: VipId,
+        address: IpAddr,
+        /// Even if it leaves an announced VIP without a usable backend.
+        #[arg(long)]
+        #[serde(default)]
+        force: bool,
+    },
+    Weight {
+        vip: VipId,
+        address: IpAddr,
+        weight: u32,
+        /// Even if it leaves an announced VIP without a usable backend.
+        #[arg(long)]
+        #[serde(default)]
+        force: bool,
+    },
+    /// Stop sending it new flows; its connections continue until the VIP's
+    /// drain_timeout. Persisted.
+    Drain {
+        vip: VipId,
+        address: IpAddr,
+        /// Even if it leaves an announced VIP without a usable backend.
+        #[arg(long)]
+        #[serde(default)]
+        force: bool,
+    },
+    Undrain {
+        vip: VipId,
+        address: IpAddr,
+    },
+}
+
+/// `lbctl node ...` → [`super::NodeChange`]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Subcommand)]
+#[serde(tag = "action", rename_all = "snake_case", deny_unknown_fields)]
+pub enum NodeRequest {
+    /// Withdraw every VIP from the routers; forwarding goes on for what
+    /// still arrives. Lasts until `node undrain` or a restart of lbd.
+    /// Waits out `shutdown_grace` (the routers moving traffic away) before
+    /// returning.
+    Drain {
+        /// Return at once (`lbctl` only: the request is the same).
+        #[arg(long)]
+        #[serde(skip)]
+        no_wait: bool,
+    },
+    /// Announce again what the backends' health allows.
+    Undrain,
+}

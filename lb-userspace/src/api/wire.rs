@@ -1,0 +1,322 @@
+//! The answers `lbd` gives, as they travel: types of the API's own, so
+//! that renaming something inside `lbd` cannot change what `lbctl` and
+//! scripts read. `crate::daemon` fills them from its state. Field names
+//! are the wire format: add fields with `#[serde(default)]`, never rename.
+
+use std::net::IpAddr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::VipId;
+
+/// A backend's state (see `crate::lifecycle`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BackendState {
+    Active,
+    SlowStart,
+    Draining,
+    Down,
+}
+
+impl BackendState {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Active => "active",
+            Self::SlowStart => "slow-start",
+            Self::Draining => "draining",
+            Self::Down => "down",
+        }
+    }
+}
+
+/// What the node as a whole is doing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum NodeState {
+    Serving,
+    Drained,
+    Stopping,
+}
+
+impl std::fmt::Display for NodeState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Serving => "serving",
+            Self::Drained => "drained",
+            Self::Stopping => "stopping",
+        })
+    }
+}
+
+/// A BGP session's state (RFC 4271), or an announcer's (Idle, Established).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SessionState {
+    Idle,
+    Connect,
+    Active,
+    OpenSent,
+    OpenConfirm,
+    Established,
+}
+
+impl std::fmt::Display for SessionState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self, f)
+    }
+}
+
+/// The outcome of one probe.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProbeInfo {
+    pub ok: bool,
+    /// From the start of the connect to the verdict, in microseconds.
+    pub latency_us: u64,
+    /// What was seen: `connected`, `HTTP 200`, or why it failed.
+    pub detail: String,
+}
+
+/// One BGP peer, ExaBGP pipe or exec command, for `lbctl bgp`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerRow {
+    /// `10.0.0.1:179` for a BGP peer, `exabgp` or `exec <command>`.
+    pub peer: String,
+    /// The peer's AS (BGP only).
+    pub remote_as: Option<u32>,
+    pub state: SessionState,
+    /// Seconds since the session reached `Established` (0 when it is not).
+    pub uptime_secs: u64,
+    /// Hold time agreed with the peer in the current session (BGP only).
+    pub hold_time_secs: Option<u16>,
+    /// Prefixes the peer (or target) has from us now.
+    pub prefixes_announced: usize,
+    /// How often the session reached `Established` (BGP only; 0 otherwise).
+    pub sessions_established: u64,
+    /// The most recent failure, kept after recovery.
+    pub last_error: Option<String>,
+    /// Messages (or lines, or command runs) sent and received.
+    pub messages_sent: u64,
+    pub messages_received: u64,
+    /// UPDATEs (or prefix changes) sent and received.
+    pub updates_sent: u64,
+    pub updates_received: u64,
+    /// UPDATEs with malformed attributes, ignored (RFC 7606).
+    #[serde(default)]
+    pub updates_ignored: u64,
+}
+
+/// One VIP's announcement verdict, for `lbctl bgp`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VipAnnouncement {
+    pub vip: VipId,
+    /// Backends in the table now, confirmed by their probes.
+    pub usable: u32,
+    pub backends: u32,
+    pub min_healthy: u32,
+    /// The VIP's address is announced.
+    pub announced: bool,
+    /// Why, in words.
+    pub reason: String,
+}
+
+/// One interface the program is attached to.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct InterfaceInfo {
+    pub name: String,
+    /// `native`, `generic` or `auto`.
+    pub mode: String,
+    /// The attachment was adopted from a previous `lbd` (not re-created).
+    pub adopted: bool,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Status {
+    pub instance: String,
+    pub pid: u32,
+    pub uptime_secs: u64,
+    pub config_file: String,
+    pub interfaces: Vec<InterfaceInfo>,
+    pub gateway_mac: String,
+    pub pin_dir: String,
+    /// Maps were adopted from a previous `lbd` at start.
+    pub maps_adopted: bool,
+    pub vips: usize,
+    pub backends: usize,
+    pub table_size: u32,
+    pub ct_buckets: u32,
+    pub max_vips: u32,
+    pub max_backends: u32,
+    /// Bytes of map memory by map name.
+    pub map_bytes: Vec<(String, u64)>,
+    /// Runtime changes on top of the configuration file are present.
+    pub api_changes: bool,
+    pub last_reload: Option<String>,
+    pub warnings: Vec<String>,
+    /// One line on route announcement: announcers, peers up, prefixes.
+    #[serde(default)]
+    pub announce: String,
+    /// With `gateway_mac: auto`: what the gateway watcher knows.
+    #[serde(default)]
+    pub gateway: Option<GatewayInfo>,
+}
+
+/// The gateway watcher's state (`gateway_mac: auto`).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct GatewayInfo {
+    pub address: Option<IpAddr>,
+    /// A lookup is under way right now (the daemon answers meanwhile).
+    pub looking_up: bool,
+    /// Why the last lookup failed, if it did.
+    pub error: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct BackendInfo {
+    pub address: IpAddr,
+    /// Configured weight.
+    pub weight: u32,
+    pub state: Option<BackendState>,
+    /// Its connection-table entries are honoured.
+    pub usable: bool,
+    pub handle: u32,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct BackendHealth {
+    pub address: IpAddr,
+    pub state: BackendState,
+    /// `up`, `down` or `unchecked`.
+    pub health: String,
+    /// What is probed, how often.
+    pub check: Option<String>,
+    pub weight: u32,
+    /// The weight in the table now (ramping in slow start, 0 when out).
+    pub effective_weight: f64,
+    pub in_state_secs: f64,
+    pub last_probe: Option<ProbeInfo>,
+    pub probes: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct VipHealth {
+    pub vip: VipId,
+    /// Too few backends are healthy: the table uses all of them.
+    pub panic: bool,
+    /// Times panic mode was entered since `lbd` started.
+    pub panic_entered: u64,
+    pub backends: Vec<BackendHealth>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct VipInfo {
+    pub vip: VipId,
+    pub encap: String,
+    pub conntrack: bool,
+    pub backends: Vec<BackendInfo>,
+}
+
+/// A counter value and its rate over the last sampling interval.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Rate {
+    pub packets: u64,
+    pub bytes: u64,
+    pub pps: f64,
+    pub bps: f64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct CounterInfo {
+    pub name: String,
+    /// `pass`, `forward`, `drop`, `malformed` or `event`.
+    pub kind: String,
+    #[serde(flatten)]
+    pub value: Rate,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct BackendStats {
+    pub address: IpAddr,
+    #[serde(flatten)]
+    pub value: Rate,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct VipStats {
+    pub vip: VipId,
+    #[serde(flatten)]
+    pub value: Rate,
+    pub backends: Vec<BackendStats>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Stats {
+    /// Seconds the rates are measured over.
+    pub interval_secs: f64,
+    pub counters: Vec<CounterInfo>,
+    pub vips: Vec<VipStats>,
+    /// `pass` or `drop`: what happens to the malformed counters' packets.
+    pub malformed_policy: String,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TableShare {
+    pub address: IpAddr,
+    pub weight: u32,
+    pub slots: u32,
+    /// Fraction of slots owned.
+    pub share: f64,
+    /// Fraction of the VIP's total weight (of backends in the table).
+    pub weight_share: f64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TableInfo {
+    pub vip: VipId,
+    pub table_size: u32,
+    /// Which of the VIP's two table halves is live.
+    pub active_half: u32,
+    pub backends: Vec<TableShare>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Simulation {
+    /// `None` if the destination is not a VIP.
+    pub vip: Option<VipId>,
+    pub hash: String,
+    pub slot: u32,
+    /// `None`: dropped (no usable backend) or not a VIP.
+    pub backend: Option<IpAddr>,
+    /// `connection table` or `maglev`.
+    pub via: String,
+}
+
+/// `lbctl bgp`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct AnnounceStatus {
+    pub node: NodeState,
+    /// Seconds in that state (drained or stopping); 0 while serving.
+    pub node_state_secs: f64,
+    /// The XDP program is attached (nothing is announced otherwise).
+    pub attached: bool,
+    pub shutdown_grace_secs: f64,
+    /// The addresses handed to the announcers.
+    pub announced: Vec<IpAddr>,
+    /// Announcer kinds configured (`bgp`, `exabgp`, `exec`).
+    pub announcers: Vec<String>,
+    /// One row per BGP peer, ExaBGP pipe or exec command.
+    pub peers: Vec<PeerRow>,
+    pub vips: Vec<VipAnnouncement>,
+}
+
+/// The answer to `node_drain` and `node_undrain`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct NodeChange {
+    pub node: NodeState,
+    /// The request changed the state (false: it was already so).
+    pub changed: bool,
+    /// Addresses withdrawn (drain) or announced (undrain) by the request.
+    pub addresses: Vec<IpAddr>,
+    /// Drain: seconds left of `shutdown_grace` since the withdrawal, for a
+    /// caller that wants to wait until the routers moved traffic away.
+    pub wait_secs: f64,
+}

@@ -1,0 +1,103 @@
+//! `lbctl decap ...`: the backend-side decapsulation program on this
+//! machine (no `lbd` involved).
+
+use std::{net::IpAddr, path::PathBuf};
+
+use anyhow::{Context as _, Result};
+use clap::{Subcommand, ValueEnum};
+
+use crate::print::print_rows;
+
+#[derive(Subcommand)]
+pub enum DecapCommand {
+    /// Attach the decapsulation program to IFACE (stays attached after exit).
+    Attach {
+        iface: String,
+        #[arg(long, value_enum, default_value_t = ModeArg::Native)]
+        mode: ModeArg,
+        /// Tunnel endpoint addresses to accept (default: IFACE's addresses).
+        #[arg(long = "local")]
+        local: Vec<IpAddr>,
+        /// UDP port on which GUE tunnels are accepted (the balancer's
+        /// `gue_port`); 0 accepts no GUE.
+        #[arg(long, default_value_t = lb_common::consts::GUE_PORT)]
+        gue_port: u16,
+    },
+    /// Detach it from IFACE.
+    Detach { iface: String },
+    /// Its counters on IFACE.
+    Stats { iface: String },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum ModeArg {
+    Native,
+    Generic,
+    Auto,
+}
+
+fn decap_dir(iface: &str) -> PathBuf {
+    // Interfaces of the same name may exist in several network namespaces:
+    // key the pins by the namespace too.
+    let ns = std::fs::read_link("/proc/self/ns/net")
+        .map(|p| {
+            p.to_string_lossy()
+                .trim_start_matches("net:[")
+                .trim_end_matches(']')
+                .to_string()
+        })
+        .unwrap_or_else(|_| "0".into());
+    PathBuf::from(format!("/sys/fs/bpf/lb/decap/{ns}-{iface}"))
+}
+
+pub fn run(cmd: DecapCommand, json: bool) -> Result<()> {
+    use aya::programs::XdpMode;
+    match cmd {
+        DecapCommand::Attach {
+            iface,
+            mode,
+            local,
+            gue_port,
+        } => {
+            let mode = match mode {
+                ModeArg::Native => XdpMode::Driver,
+                ModeArg::Generic => XdpMode::Skb,
+                ModeArg::Auto => XdpMode::Default,
+            };
+            lb::decap::attach(&iface, mode, &local, gue_port, &decap_dir(&iface))
+                .with_context(|| format!("attaching the decap program to {iface}"))?;
+            println!("decap attached to {iface}");
+        }
+        DecapCommand::Detach { iface } => {
+            lb::decap::detach(&decap_dir(&iface))
+                .with_context(|| format!("detaching from {iface}"))?;
+            println!("decap detached from {iface}");
+        }
+        DecapCommand::Stats { iface } => {
+            let counters = lb::decap::counters_pinned(&decap_dir(&iface))
+                .with_context(|| format!("no decap program attached to {iface} by lbctl?"))?;
+            let rows: Vec<(String, u64, u64)> = lb_common::counters::DecapCounter::ALL
+                .iter()
+                .map(|c| {
+                    let v = counters.get(*c as usize).copied().unwrap_or_default();
+                    (c.name().to_string(), v.packets, v.bytes)
+                })
+                .collect();
+            if json {
+                let map: serde_json::Map<String, serde_json::Value> = rows
+                    .iter()
+                    .map(|(n, p, b)| (n.clone(), serde_json::json!({"packets": p, "bytes": b})))
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&map)?);
+            } else {
+                print_rows(
+                    &["counter", "packets", "bytes"],
+                    rows.iter()
+                        .map(|(n, p, b)| vec![n.clone(), p.to_string(), b.to_string()])
+                        .collect(),
+                );
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,155 @@
+//! `lbctl`: the operator's CLI. Every command but `decap` is a request to
+//! `lbd` over its control socket, parsed straight into
+//! [`lb::api::Request`] (the one statement of each request) and printed
+//! by [`print`]; `decap` installs the backend-side program on this
+//! machine ([`decap`]). Human-readable tables by default, `-o json` for
+//! scripts.
+
+mod decap;
+mod print;
+
+use std::path::PathBuf;
+
+use anyhow::{Context as _, Result};
+use clap::{Parser, Subcommand, ValueEnum};
+use lb::api::{self, NodeChange, NodeRequest, Request, VipRequest};
+use serde::de::DeserializeOwned;
+
+#[derive(Parser)]
+#[command(version, about = "Control an lb balancer (lbd)")]
+struct Args {
+    /// lbd's control socket (default: /run/lb/<instance>.sock).
+    #[arg(short, long, global = true)]
+    socket: Option<PathBuf>,
+    /// Instance name, used to find the socket.
+    #[arg(short, long, global = true, default_value = "default")]
+    instance: String,
+    /// Output format.
+    #[arg(short, long, global = true, value_enum, default_value_t = Output::Table)]
+    output: Output,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    #[command(flatten)]
+    Api(Request),
+    /// The backend-side decapsulation program on this machine.
+    #[command(subcommand)]
+    Decap(decap::DecapCommand),
+}
+
+fn main() {
+    // Like any Unix tool: a closed pipe (`lbctl bgp | head -1`) ends the
+    // process quietly, instead of a panic in println!.
+    // SAFETY: restoring the default disposition of SIGPIPE before any
+    // thread exists.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    if let Err(e) = run(Args::parse()) {
+        eprintln!("lbctl: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: Args) -> Result<()> {
+    let json = args.output == Output::Json;
+    let request = match args.command {
+        Command::Decap(cmd) => return decap::run(cmd, json),
+        Command::Api(request) => request,
+    };
+    let socket = args
+        .socket
+        .unwrap_or_else(|| PathBuf::from(format!("/run/lb/{}.sock", args.instance)));
+    let data = api::call(&socket, &request)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&data)?);
+    } else {
+        show(&request, data.clone())?;
+    }
+    if let Request::Node(NodeRequest::Drain { no_wait: false }) = request {
+        wait_grace(decode(data)?, json);
+    }
+    Ok(())
+}
+
+/// Prints `data`, the answer to `request`, as a table or a line.
+fn show(request: &Request, data: serde_json::Value) -> Result<()> {
+    match request {
+        Request::Status => print::print_status(decode(data)?),
+        Request::Vip(VipRequest::List) => print::print_vips(decode(data)?),
+        Request::Vip(VipRequest::Add(a)) => done(&format!("added VIP {}", a.vip)),
+        Request::Vip(VipRequest::Del { vip }) => done(&format!("deleted VIP {vip}")),
+        Request::Backend(b) => done(&describe_backend(b)),
+        Request::Stats => print::print_stats(decode(data)?),
+        Request::Health => print::print_health(decode(data)?),
+        Request::Table { .. } => print::print_table(decode(data)?),
+        Request::Simulate { .. } => print::print_simulation(decode(data)?),
+        Request::Reload { .. } => {
+            let warnings: Vec<String> = decode(data)?;
+            for w in &warnings {
+                println!("warning: {w}");
+            }
+            done("reloaded")
+        }
+        Request::Bgp => print::print_bgp(decode(data)?),
+        Request::Node(NodeRequest::Drain { .. }) => {
+            print::print_node_change(&decode(data)?, "drained", "withdrew");
+            Ok(())
+        }
+        Request::Node(NodeRequest::Undrain) => {
+            print::print_node_change(&decode(data)?, "serving", "announced");
+            Ok(())
+        }
+    }
+}
+
+fn done(what: &str) -> Result<()> {
+    println!("{what}");
+    Ok(())
+}
+
+fn describe_backend(b: &api::BackendRequest) -> String {
+    use api::BackendRequest::*;
+    match b {
+        Add {
+            vip,
+            address,
+            weight,
+        } => format!("added backend {address} (weight {weight}) to {vip}"),
+        Del { vip, address, .. } => format!("deleted backend {address} from {vip}"),
+        Weight {
+            vip,
+            address,
+            weight,
+            ..
+        } => format!("backend {address} of {vip} now has weight {weight}"),
+        Drain { vip, address, .. } => format!("draining backend {address} of {vip}"),
+        Undrain { vip, address } => format!("backend {address} of {vip} is no longer draining"),
+    }
+}
+
+/// `node drain` without `--no-wait`: waits out what is left of
+/// `shutdown_grace`, so that the routers have moved traffic away when
+/// `lbctl` returns.
+fn wait_grace(change: NodeChange, json: bool) {
+    if change.wait_secs > 0.0 {
+        if !json {
+            println!(
+                "waiting {:.1}s (shutdown_grace) for the routers to move traffic away",
+                change.wait_secs
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_secs_f64(change.wait_secs));
+    }
+}
+
+fn decode<T: DeserializeOwned>(v: serde_json::Value) -> Result<T> {
+    serde_json::from_value(v).context("unexpected answer from lbd (version mismatch?)")
+}

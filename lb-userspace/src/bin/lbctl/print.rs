@@ -1,0 +1,434 @@
+//! `lbctl`'s tables: each answer of `lbd` as a person reads it. `-o json`
+//! prints the answer as it came instead.
+
+use anyhow::{Result, bail};
+use lb::api::{
+    AnnounceStatus, NodeChange, Simulation, Stats, Status, TableInfo, VipHealth, VipInfo,
+};
+
+pub fn print_node_change(c: &NodeChange, state: &str, verb: &str) {
+    let list: Vec<String> = c.addresses.iter().map(ToString::to_string).collect();
+    match (c.changed, list.is_empty()) {
+        (false, _) => println!("the node was already {state}"),
+        (true, true) => println!("node {state}; no route to change"),
+        (true, false) => println!("node {state}; {verb} {}", list.join(", ")),
+    }
+}
+
+pub fn print_rows(header: &[&str], rows: Vec<Vec<String>>) {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let numeric: Vec<bool> = (0..header.len())
+        .map(|col| {
+            !rows.is_empty()
+                && rows.iter().all(|r| {
+                    r.get(col).is_some_and(|c| {
+                        c.matches('.').count() <= 1
+                            && c.chars()
+                                .all(|ch| ch.is_ascii_digit() || ".%kMG-".contains(ch))
+                    })
+                })
+        })
+        .collect();
+    let line = |cells: Vec<String>| {
+        let parts: Vec<String> = cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                if numeric[i] {
+                    format!("{c:>w$}", w = widths[i])
+                } else {
+                    format!("{c:<w$}", w = widths[i])
+                }
+            })
+            .collect();
+        println!("{}", parts.join("  ").trim_end());
+    };
+    line(header.iter().map(|h| h.to_uppercase()).collect());
+    for row in rows {
+        line(row);
+    }
+}
+
+fn si(x: f64) -> String {
+    match x {
+        x if x >= 1e9 => format!("{:.1}G", x / 1e9),
+        x if x >= 1e6 => format!("{:.1}M", x / 1e6),
+        x if x >= 1e3 => format!("{:.1}k", x / 1e3),
+        x => format!("{x:.0}"),
+    }
+}
+
+fn bytes(b: u64) -> String {
+    match b {
+        b if b >= 1 << 30 => format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64),
+        b if b >= 1 << 20 => format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64),
+        b if b >= 1 << 10 => format!("{:.1} KiB", b as f64 / 1024.0),
+        b => format!("{b} B"),
+    }
+}
+
+pub fn print_status(s: Status) -> Result<()> {
+    let ifaces: Vec<String> = s
+        .interfaces
+        .iter()
+        .map(|i| {
+            format!(
+                "{} ({}{})",
+                i.name,
+                i.mode,
+                if i.adopted { ", adopted" } else { "" }
+            )
+        })
+        .collect();
+    let (h, m, sec) = (
+        s.uptime_secs / 3600,
+        s.uptime_secs / 60 % 60,
+        s.uptime_secs % 60,
+    );
+    let total: u64 = s.map_bytes.iter().map(|(_, b)| b).sum();
+    println!(
+        "instance      {} (pid {}, up {h}h{m:02}m{sec:02}s)",
+        s.instance, s.pid
+    );
+    println!(
+        "config        {}{}",
+        s.config_file,
+        if s.api_changes {
+            " + runtime changes"
+        } else {
+            ""
+        }
+    );
+    println!("interfaces    {}", ifaces.join(", "));
+    match &s.gateway {
+        None => println!("gateway MAC   {}", s.gateway_mac),
+        Some(g) => println!(
+            "gateway MAC   {} (auto{}{}{})",
+            s.gateway_mac,
+            g.address
+                .map(|a| format!(", gateway {a}"))
+                .unwrap_or_default(),
+            if g.looking_up {
+                "; looking it up now"
+            } else {
+                ""
+            },
+            g.error
+                .as_ref()
+                .map(|e| format!("; last lookup failed: {e}"))
+                .unwrap_or_default()
+        ),
+    }
+    println!(
+        "pinned maps   {}{}",
+        s.pin_dir,
+        if s.maps_adopted {
+            " (adopted at start)"
+        } else {
+            ""
+        }
+    );
+    println!("VIPs          {} of {}", s.vips, s.max_vips);
+    println!("backends      {} of {}", s.backends, s.max_backends);
+    println!(
+        "tables        M = {}; connection table {} buckets ({} flows)",
+        s.table_size,
+        s.ct_buckets,
+        s.ct_buckets as u64 * lb_common::consts::CT_WAYS as u64
+    );
+    let maps: Vec<String> = s
+        .map_bytes
+        .iter()
+        .map(|(n, b)| format!("{n} {}", bytes(*b)))
+        .collect();
+    println!("map memory    {} ({})", bytes(total), maps.join(", "));
+    println!(
+        "last reload   {}",
+        s.last_reload.as_deref().unwrap_or("none since start")
+    );
+    println!("announce      {}", s.announce);
+    for w in &s.warnings {
+        println!("warning       {w}");
+    }
+    Ok(())
+}
+
+pub fn print_bgp(s: AnnounceStatus) -> Result<()> {
+    let node = match s.node {
+        lb::api::NodeState::Serving => "serving".to_string(),
+        other => format!("{other} for {}", duration(s.node_state_secs)),
+    };
+    println!(
+        "node          {node}{}",
+        if s.attached {
+            ""
+        } else {
+            " (XDP program not attached)"
+        }
+    );
+    println!(
+        "announcers    {}",
+        if s.announcers.is_empty() {
+            "none configured (`announce:` in the configuration file)".to_string()
+        } else {
+            s.announcers.join(", ")
+        }
+    );
+    println!(
+        "grace         {} (shutdown_grace)",
+        duration(s.shutdown_grace_secs)
+    );
+    if !s.peers.is_empty() {
+        println!();
+        let rows = s
+            .peers
+            .iter()
+            .map(|p| {
+                vec![
+                    p.peer.clone(),
+                    p.remote_as.map_or("-".into(), |a| a.to_string()),
+                    p.state.to_string(),
+                    if p.state == lb::api::SessionState::Established {
+                        duration(p.uptime_secs as f64)
+                    } else {
+                        "-".into()
+                    },
+                    p.prefixes_announced.to_string(),
+                    p.updates_sent.to_string(),
+                    p.last_error.clone().unwrap_or_else(|| "-".into()),
+                ]
+            })
+            .collect();
+        print_rows(
+            &[
+                "peer",
+                "remote as",
+                "state",
+                "uptime",
+                "prefixes",
+                "updates",
+                "last error",
+            ],
+            rows,
+        );
+    }
+    println!();
+    let rows = s
+        .vips
+        .iter()
+        .map(|v| {
+            vec![
+                v.vip.to_string(),
+                if v.announced { "announced" } else { "withheld" }.into(),
+                format!("{}/{}", v.usable, v.backends),
+                v.min_healthy.to_string(),
+                v.reason.clone(),
+            ]
+        })
+        .collect();
+    print_rows(&["vip", "route", "usable", "min", "why"], rows);
+    Ok(())
+}
+
+pub fn print_vips(vips: Vec<VipInfo>) -> Result<()> {
+    let mut rows = Vec::new();
+    for v in vips {
+        if v.backends.is_empty() {
+            rows.push(vec![
+                v.vip.to_string(),
+                v.encap.clone(),
+                if v.conntrack { "yes" } else { "no" }.into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+            ]);
+        }
+        for b in &v.backends {
+            rows.push(vec![
+                v.vip.to_string(),
+                v.encap.clone(),
+                if v.conntrack { "yes" } else { "no" }.into(),
+                b.address.to_string(),
+                b.weight.to_string(),
+                b.state.map(state_name).unwrap_or("-").into(),
+            ]);
+        }
+    }
+    print_rows(
+        &["vip", "encap", "conntrack", "backend", "weight", "state"],
+        rows,
+    );
+    Ok(())
+}
+
+fn state_name(s: lb::api::BackendState) -> &'static str {
+    s.name()
+}
+
+fn duration(secs: f64) -> String {
+    let s = secs as u64;
+    match s {
+        s if s >= 3600 => format!("{}h{:02}m", s / 3600, s / 60 % 60),
+        s if s >= 60 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{secs:.1}s"),
+    }
+}
+
+pub fn print_health(vips: Vec<VipHealth>) -> Result<()> {
+    let mut rows = Vec::new();
+    for v in &vips {
+        for b in &v.backends {
+            let (last, latency) = match &b.last_probe {
+                Some(p) => (
+                    format!("{} {}", if p.ok { "ok" } else { "FAIL" }, p.detail),
+                    format!("{:.1}ms", p.latency_us as f64 / 1000.0),
+                ),
+                None => ("-".into(), "-".into()),
+            };
+            rows.push(vec![
+                v.vip.to_string(),
+                b.address.to_string(),
+                state_name(b.state).into(),
+                b.health.clone(),
+                format!("{:.2}", b.effective_weight),
+                duration(b.in_state_secs),
+                last,
+                latency,
+            ]);
+        }
+    }
+    print_rows(
+        &[
+            "vip",
+            "backend",
+            "state",
+            "health",
+            "weight now",
+            "in state",
+            "last probe",
+            "latency",
+        ],
+        rows,
+    );
+    for v in &vips {
+        if v.panic {
+            println!(
+                "PANIC {}: too few healthy backends, the table uses all of them",
+                v.vip
+            );
+        }
+        if v.panic_entered > 0 {
+            println!(
+                "{}: entered panic mode {} time(s) since lbd started",
+                v.vip, v.panic_entered
+            );
+        }
+    }
+    let checks: std::collections::BTreeSet<String> = vips
+        .iter()
+        .flat_map(|v| v.backends.iter().filter_map(|b| b.check.clone()))
+        .collect();
+    for c in checks {
+        println!("check: {c}");
+    }
+    Ok(())
+}
+
+pub fn print_stats(s: Stats) -> Result<()> {
+    println!(
+        "rates over the last {:.1}s; malformed packets are {}ed",
+        s.interval_secs, s.malformed_policy
+    );
+    println!();
+    let rows = s
+        .counters
+        .iter()
+        .filter(|c| c.value.packets > 0 || c.kind == "forward")
+        .map(|c| {
+            vec![
+                c.name.clone(),
+                c.kind.clone(),
+                c.value.packets.to_string(),
+                c.value.bytes.to_string(),
+                si(c.value.pps),
+            ]
+        })
+        .collect();
+    print_rows(&["counter", "kind", "packets", "bytes", "pps"], rows);
+    println!();
+    let mut rows = Vec::new();
+    for v in &s.vips {
+        rows.push(vec![
+            v.vip.to_string(),
+            "(all)".into(),
+            v.value.packets.to_string(),
+            v.value.bytes.to_string(),
+            si(v.value.pps),
+            si(v.value.bps),
+        ]);
+        for b in &v.backends {
+            rows.push(vec![
+                String::new(),
+                b.address.to_string(),
+                b.value.packets.to_string(),
+                b.value.bytes.to_string(),
+                si(b.value.pps),
+                si(b.value.bps),
+            ]);
+        }
+    }
+    print_rows(&["vip", "backend", "packets", "bytes", "pps", "bps"], rows);
+    Ok(())
+}
+
+pub fn print_table(t: TableInfo) -> Result<()> {
+    println!(
+        "{}: M = {}, active half {}",
+        t.vip, t.table_size, t.active_half
+    );
+    let rows = t
+        .backends
+        .iter()
+        .map(|b| {
+            vec![
+                b.address.to_string(),
+                b.weight.to_string(),
+                b.slots.to_string(),
+                format!("{:.2}%", b.share * 100.0),
+                format!("{:.2}%", b.weight_share * 100.0),
+            ]
+        })
+        .collect();
+    print_rows(
+        &["backend", "weight", "slots", "share", "weight share"],
+        rows,
+    );
+    Ok(())
+}
+
+pub fn print_simulation(s: Simulation) -> Result<()> {
+    match s.vip {
+        None => println!(
+            "not a VIP: the packet is passed to the kernel (hash {})",
+            s.hash
+        ),
+        Some(vip) => {
+            println!("vip       {vip}");
+            println!("hash      {} (slot {})", s.hash, s.slot);
+            match s.backend {
+                Some(b) => println!("backend   {b}"),
+                None => println!("backend   none"),
+            }
+            println!("via       {}", s.via);
+        }
+    }
+    if s.vip.is_some() && s.backend.is_none() {
+        bail!("no backend for this flow");
+    }
+    Ok(())
+}

@@ -1,0 +1,329 @@
+//! `lbd run`: the wiring around [`lb::daemon::Daemon`]. Start-up (lock
+//! the instance, load or adopt the pinned program and maps, program them,
+//! attach, start the announcers, bind the socket), then one loop that
+//! feeds the daemon one event at a time: an API request, a reload read
+//! off the loop, a probe result, a gateway change, the one-second tick, a
+//! signal.
+//!
+//! Stopping (SIGTERM/SIGINT): withdraw every VIP, keep serving the API and
+//! the probes for `shutdown_grace` so the routers move traffic away, then
+//! shut the announcers down (BGP: Cease) and exit, leaving the program
+//! attached unless `detach_on_exit`. A second signal cuts the wait short.
+
+use std::{
+    net::IpAddr,
+    path::{Path, PathBuf},
+};
+
+use anyhow::{Context as _, Result, bail};
+use aya::programs::XdpMode;
+use lb::{
+    api::{InterfaceInfo, Request, Response},
+    config::{Config, ConfigErrors, Gateway, Mac, XdpModeSetting},
+    daemon::{
+        Announcers, Daemon, Probes, SAMPLE_EVERY,
+        reload::{datapath_settings, resolve_gateway},
+    },
+    dataplane::kernel::KernelDataplane,
+    net,
+    reconcile::Reconciler,
+    state::Overlay,
+};
+use tokio::{
+    signal::unix::{SignalKind, signal},
+    sync::{mpsc, oneshot},
+};
+use tracing::{error, info, warn};
+
+use crate::server::{self, Call};
+
+fn xdp_mode(m: XdpModeSetting) -> XdpMode {
+    match m {
+        XdpModeSetting::Native => XdpMode::Driver,
+        XdpModeSetting::Generic => XdpMode::Skb,
+        XdpModeSetting::Auto => XdpMode::Default,
+    }
+}
+
+fn mode_name(m: XdpModeSetting) -> &'static str {
+    match m {
+        XdpModeSetting::Native => "native",
+        XdpModeSetting::Generic => "generic",
+        XdpModeSetting::Auto => "auto",
+    }
+}
+
+/// Mounts a bpffs at `dir` unless one is there already.
+fn ensure_bpffs(dir: &Path) -> Result<()> {
+    let mounts = std::fs::read_to_string("/proc/mounts").context("reading /proc/mounts")?;
+    let want = dir.to_string_lossy();
+    if mounts.lines().any(|l| {
+        let mut f = l.split_whitespace();
+        let (_, point, fstype) = (f.next(), f.next(), f.next());
+        point == Some(&*want) && fstype == Some("bpf")
+    }) {
+        return Ok(());
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let status = std::process::Command::new("mount")
+        .args(["-t", "bpf", "bpf"])
+        .arg(dir)
+        .status()
+        .context("running mount")?;
+    if !status.success() {
+        bail!("{} is not a bpffs and mounting one failed", dir.display());
+    }
+    info!(dir = %dir.display(), "mounted bpffs");
+    Ok(())
+}
+
+/// For `gateway_mac: auto`: the watcher that looks the gateway up again
+/// every `gateway_refresh`, off the daemon's loop.
+struct GatewayWatch {
+    state: tokio::sync::watch::Receiver<net::GatewayState>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl GatewayWatch {
+    fn start(config: &Config, resolved: (Option<IpAddr>, [u8; 6])) -> Option<GatewayWatch> {
+        let (Gateway::Auto, (Some(ip), mac)) = (config.gateway, resolved) else {
+            return None;
+        };
+        let (state, task) = net::watch_gateway(
+            config.interfaces[0].clone(),
+            config.gateway_refresh,
+            (ip, Mac(mac)),
+        );
+        Some(GatewayWatch { state, task })
+    }
+
+    /// Waits for the watcher's next change (forever without a watcher).
+    async fn changed(watch: &mut Option<GatewayWatch>) -> net::GatewayState {
+        if let Some(w) = watch
+            && w.state.changed().await.is_ok()
+        {
+            return w.state.borrow_and_update().clone();
+        }
+        std::future::pending().await
+    }
+}
+
+impl Drop for GatewayWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A reload whose file was read and parsed on a blocking thread, so that
+/// a large or hostile file never holds up the loop (the API, probe
+/// verdicts, announcements).
+struct ParsedReload {
+    config: Result<Config, ConfigErrors>,
+    force: bool,
+    /// `lbctl reload` waits for the answer; SIGHUP does not.
+    reply: Option<oneshot::Sender<Response>>,
+}
+
+impl ParsedReload {
+    fn start(
+        path: &Path,
+        force: bool,
+        reply: Option<oneshot::Sender<Response>>,
+        to: &mpsc::Sender<ParsedReload>,
+    ) {
+        let (path, to) = (path.to_path_buf(), to.clone());
+        tokio::task::spawn_blocking(move || {
+            let config = Config::load(&path);
+            let _ = to.blocking_send(ParsedReload {
+                config,
+                force,
+                reply,
+            });
+        });
+    }
+}
+
+/// Waits until `at`, or forever.
+async fn until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The configuration, the API's changes on top, checked together.
+fn load(config_path: &Path) -> Result<(Config, Overlay)> {
+    let config = Config::load(config_path)?;
+    for w in &config.warnings {
+        warn!("{w}");
+    }
+    let overlay = Overlay::load(&config.state_file)?;
+    config
+        .check_vips(&overlay.apply(&config.vips))
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "the runtime changes in {} no longer fit {}: {e}",
+                config.state_file.display(),
+                config_path.display()
+            )
+        })?;
+    Ok((config, overlay))
+}
+
+/// Attaches the program (and the probe tunnel) to every configured
+/// interface.
+fn attach(daemon: &mut Daemon<KernelDataplane>) -> Result<()> {
+    let config = &daemon.config;
+    let pin_dir = config.pin_dir();
+    let mut interfaces = Vec::new();
+    for iface in &config.interfaces {
+        let dp = daemon.reconciler.dataplane_mut();
+        let adopted = dp
+            .attach(iface, xdp_mode(config.xdp_mode), &pin_dir)
+            .with_context(|| format!("attaching XDP to {iface}"))?;
+        info!(iface = %iface, mode = mode_name(config.xdp_mode), adopted, "XDP attached");
+        interfaces.push(InterfaceInfo {
+            name: iface.clone(),
+            mode: mode_name(config.xdp_mode).into(),
+            adopted,
+        });
+        // Health probes through the tunnel leave by this interface.
+        dp.attach_probe_encap(iface)
+            .with_context(|| format!("attaching the probe tunnel program to {iface}"))?;
+    }
+    daemon.startup.interfaces = interfaces;
+    daemon.startup.attached = true;
+    Ok(())
+}
+
+pub async fn run(config_path: PathBuf) -> Result<()> {
+    let (config, overlay) = load(&config_path)?;
+    ensure_bpffs(&config.bpffs)?;
+    // Before any pin or the socket is touched: one lbd per instance.
+    let _lock = crate::lock_instance(&config)?;
+    let pin_dir = config.pin_dir();
+    let (dp, maps_adopted) = KernelDataplane::open_pinned(config.layout, &pin_dir)
+        .with_context(|| format!("loading the XDP program (pins in {})", pin_dir.display()))?;
+    let mut reconciler = Reconciler::adopt(dp)?;
+    let resolved = resolve_gateway(&config).await?;
+    let mut gateway = GatewayWatch::start(&config, resolved);
+    let settings = datapath_settings(&config, resolved.1);
+    reconciler.apply_settings(&settings)?;
+
+    let (probe_tx, mut probe_rx) = mpsc::channel(1024);
+    let mut daemon = Daemon::new(
+        config_path,
+        config,
+        overlay,
+        reconciler,
+        settings,
+        Probes::real(probe_tx),
+        Announcers::real(),
+    );
+    daemon.startup.maps_adopted = maps_adopted;
+    if let Some(g) = &gateway {
+        daemon.gateway = Some(g.state.borrow().clone());
+    }
+    // Maps first, attachment second: the first packet sees the full state.
+    let effective = daemon.effective();
+    let report = daemon.program(&effective, true)?;
+    info!(?report, adopted = maps_adopted, "dataplane programmed");
+    attach(&mut daemon)?;
+    // Announce only now: the maps are written and the program attached.
+    daemon.start_announcers()?;
+    daemon.announce();
+
+    let listener = server::bind(&daemon.config.api_socket)?;
+    let socket = daemon.config.api_socket.clone();
+    let (tx, mut calls) = mpsc::channel::<Call>(64);
+    tokio::spawn(server::serve(listener, tx));
+    info!(socket = %socket.display(), instance = %daemon.config.instance, "lbd ready");
+    daemon.sample();
+
+    let mut hup = signal(SignalKind::hangup())?;
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut sample_tick = tokio::time::interval(SAMPLE_EVERY);
+    let (parsed_tx, mut parsed_rx) = mpsc::channel::<ParsedReload>(4);
+    // Set by the first SIGTERM/SIGINT: when the grace period ends.
+    let mut stop_at: Option<tokio::time::Instant> = None;
+    loop {
+        tokio::select! {
+            Some((request, reply)) = calls.recv() => match request {
+                Request::Reload { force } if !daemon.stopping() => {
+                    ParsedReload::start(&daemon.config_path, force, Some(reply), &parsed_tx);
+                }
+                request => {
+                    let response = daemon.handle(request).await;
+                    let _ = reply.send(response);
+                }
+            },
+            _ = hup.recv() => {
+                info!("SIGHUP: reloading");
+                ParsedReload::start(&daemon.config_path, false, None, &parsed_tx);
+            }
+            Some(parsed) = parsed_rx.recv() => apply_reload(&mut daemon, &mut gateway, parsed).await,
+            Some((key, result)) = probe_rx.recv() => daemon.on_probe(key, result),
+            _ = sample_tick.tick() => daemon.tick(),
+            state = GatewayWatch::changed(&mut gateway) => daemon.on_gateway(state),
+            _ = term.recv() => match daemon.begin_stop("SIGTERM") {
+                Some(wait) => stop_at = Some(tokio::time::Instant::now() + wait),
+                None => break,
+            },
+            _ = int.recv() => match daemon.begin_stop("SIGINT") {
+                Some(wait) => stop_at = Some(tokio::time::Instant::now() + wait),
+                None => break,
+            },
+            _ = until(stop_at) => break,
+        }
+    }
+    let _ = std::fs::remove_file(&socket);
+    finish(daemon).await
+}
+
+/// Applies a reload read off the loop, answers `lbctl reload` (SIGHUP's
+/// failures are logged), and restarts the gateway watcher if its settings
+/// changed.
+async fn apply_reload(
+    daemon: &mut Daemon<KernelDataplane>,
+    gateway: &mut Option<GatewayWatch>,
+    parsed: ParsedReload,
+) {
+    let result = daemon.reload(parsed.config, parsed.force).await;
+    if let Ok(r) = &result
+        && let Some(resolved) = r.regateway
+    {
+        *gateway = GatewayWatch::start(&daemon.config, resolved);
+    }
+    match (parsed.reply, result) {
+        (Some(reply), Ok(r)) => {
+            let _ = reply.send(Response::ok(r.warnings));
+        }
+        (Some(reply), Err(e)) => {
+            let _ = reply.send(Response::err(e.to_string()));
+        }
+        (None, Err(e)) => error!("reload failed, keeping the running configuration: {e}"),
+        (None, Ok(_)) => {}
+    }
+}
+
+/// The end of a graceful stop: announcers shut down (Cease), probers
+/// stopped, and the program detached if so configured.
+async fn finish(mut daemon: Daemon<KernelDataplane>) -> Result<()> {
+    daemon.stop_announcers().await;
+    daemon.probes.stop();
+    let config = &daemon.config;
+    if config.detach_on_exit {
+        crate::remove_pins(config)?;
+        info!(
+            pins = %config.pin_dir().display(),
+            "lbd exiting; detached and pins removed (detach_on_exit)"
+        );
+    } else {
+        info!(
+            pins = %config.pin_dir().display(),
+            "lbd exiting; the XDP program stays attached and keeps forwarding (`lbd teardown` removes it)"
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,328 @@
+//! The daemon's side of route announcement: the running announcers, the
+//! node's state (serving, drained, stopping), the announce policy's last
+//! answer and when everything was last withdrawn (the grace the routers
+//! get). How announcers are started is given ([`StartAnnouncers`]): `lbd`
+//! starts the configured ones, tests give recording fakes.
+
+use std::{
+    net::IpAddr,
+    time::{Duration, Instant},
+};
+
+use tracing::{error, info, warn};
+
+use super::{Daemon, Result, refused};
+use crate::{
+    announce::{
+        self, AnnounceError, Announcer, SessionState,
+        policy::{self, Decision, NodeState},
+    },
+    api::{self, AnnounceStatus, NodeChange},
+    config::{VipConfig, announce::AnnounceConfig},
+    dataplane::Dataplane,
+};
+
+/// Starts the announcers a configuration asks for.
+pub type StartAnnouncers =
+    Box<dyn Fn(&AnnounceConfig) -> Result<Vec<Box<dyn Announcer>>, AnnounceError> + Send>;
+
+/// The announcers and the node's state.
+pub struct Announcers {
+    running: Vec<Box<dyn Announcer>>,
+    start: StartAnnouncers,
+    pub node: NodeState,
+    pub node_since: Instant,
+    /// The announce policy's last answer.
+    pub decision: Decision,
+    /// When the announced set last lost its last address: the routers
+    /// have had since then to move traffic away.
+    withdrawn_at: Option<Instant>,
+    /// The last error an announcer returned, logged once.
+    error: Option<String>,
+}
+
+impl Announcers {
+    pub fn new(start: StartAnnouncers) -> Self {
+        Self {
+            running: Vec::new(),
+            start,
+            node: NodeState::Serving,
+            node_since: Instant::now(),
+            decision: Decision::default(),
+            withdrawn_at: None,
+            error: None,
+        }
+    }
+
+    /// The announcers the configuration names ([`announce::start`]).
+    pub fn real() -> Self {
+        Self::new(Box::new(announce::start))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.running.is_empty()
+    }
+}
+
+/// The announcer kinds an `announce:` section configures.
+fn kinds(a: &AnnounceConfig) -> Vec<String> {
+    [
+        (a.bgp.is_some(), "bgp"),
+        (a.exabgp.is_some(), "exabgp"),
+        (a.exec.is_some(), "exec"),
+    ]
+    .into_iter()
+    .filter(|(on, _)| *on)
+    .map(|(_, k)| k.to_string())
+    .collect()
+}
+
+impl<D: Dataplane> Daemon<D> {
+    /// Applies the announce policy to the running configuration.
+    pub fn announce(&mut self) {
+        let effective = self.effective();
+        self.announce_for(&effective);
+    }
+
+    /// Applies the announce policy to `effective` and hands the answer to
+    /// every announcer (they ignore a set they already have).
+    pub fn announce_for(&mut self, effective: &[VipConfig]) {
+        let a = &mut self.announcers;
+        let decision = policy::decide(
+            &self.lifecycle.counts(effective),
+            self.startup.attached,
+            a.node,
+        );
+        if !a.running.is_empty() {
+            log_changes(&a.decision, &decision, a.node);
+        }
+        if !a.decision.addresses.is_empty() && decision.addresses.is_empty() {
+            a.withdrawn_at = Some(Instant::now());
+        }
+        let mut failed = None;
+        for announcer in &mut a.running {
+            if let Err(e) = announcer.set_announced(&decision.addresses) {
+                failed = Some(e.to_string());
+            }
+        }
+        if failed != a.error {
+            if let Some(e) = &failed {
+                error!(error = %e, "an announcer refused the VIP set; retrying every second");
+            }
+            a.error = failed;
+        }
+        a.decision = decision;
+    }
+
+    /// Starts the configured announcers (none without `announce:`).
+    pub fn start_announcers(&mut self) -> Result<()> {
+        self.announcers.running = (self.announcers.start)(&self.config.announce)?;
+        if !self.announcers.running.is_empty() {
+            info!(
+                announcers = %kinds(&self.config.announce).join(","),
+                "route announcers started"
+            );
+        }
+        Ok(())
+    }
+
+    /// Shuts every announcer down: withdrawals, then (BGP) Cease. Bounded
+    /// by each announcer's own shutdown limit.
+    pub async fn stop_announcers(&mut self) {
+        let mut running = std::mem::take(&mut self.announcers.running);
+        let results = futures::future::join_all(running.iter_mut().map(|a| a.shutdown())).await;
+        for e in results.into_iter().filter_map(Result::err) {
+            warn!(error = %e, "an announcer did not shut down cleanly");
+        }
+    }
+
+    /// How long the routers still need, out of `shutdown_grace`, since the
+    /// last announced address was withdrawn (0 without announcers).
+    pub fn grace_left(&self) -> Duration {
+        match (
+            self.announcers.running.is_empty(),
+            self.announcers.withdrawn_at,
+        ) {
+            (false, Some(at)) => self.config.shutdown_grace.saturating_sub(at.elapsed()),
+            _ => Duration::ZERO,
+        }
+    }
+
+    /// A stop signal came: only the grace period is left.
+    pub fn stopping(&self) -> bool {
+        self.announcers.node == NodeState::Stopping
+    }
+
+    /// `lbctl node drain` / `undrain`.
+    pub fn set_drained(&mut self, drained: bool) -> Result<NodeChange> {
+        if self.announcers.node == NodeState::Stopping {
+            return Err(refused("lbd is shutting down"));
+        }
+        let want = if drained {
+            NodeState::Drained
+        } else {
+            NodeState::Serving
+        };
+        let changed = self.announcers.node != want;
+        if changed {
+            self.announcers.node = want;
+            self.announcers.node_since = Instant::now();
+        }
+        let before = self.announcers.decision.addresses.clone();
+        self.announce();
+        let after = &self.announcers.decision.addresses;
+        let addresses: Vec<IpAddr> = if drained {
+            before.difference(after).copied().collect()
+        } else {
+            after.difference(&before).copied().collect()
+        };
+        if changed {
+            info!(
+                node = %self.announcers.node,
+                addresses = ?addresses,
+                "node {}",
+                if drained { "drained: every VIP withdrawn, forwarding goes on" } else { "undrained" }
+            );
+        }
+        Ok(NodeChange {
+            node: node_wire(self.announcers.node),
+            changed,
+            addresses,
+            wait_secs: if drained {
+                self.grace_left().as_secs_f64()
+            } else {
+                0.0
+            },
+        })
+    }
+
+    /// The first SIGTERM/SIGINT withdraws every VIP and returns how long
+    /// to wait before stopping; a second one returns `None`: stop now.
+    pub fn begin_stop(&mut self, signal: &str) -> Option<Duration> {
+        if self.announcers.node == NodeState::Stopping {
+            info!(signal, "second signal: stopping now");
+            return None;
+        }
+        self.announcers.node = NodeState::Stopping;
+        self.announcers.node_since = Instant::now();
+        self.announce();
+        let wait = self.grace_left();
+        info!(
+            signal,
+            wait_ms = wait.as_millis() as u64,
+            "stopping: every VIP withdrawn, waiting for the routers to move traffic away"
+        );
+        Some(wait)
+    }
+
+    /// `lbctl bgp`.
+    pub fn announce_status(&self) -> AnnounceStatus {
+        let a = &self.announcers;
+        AnnounceStatus {
+            node: node_wire(a.node),
+            node_state_secs: match a.node {
+                NodeState::Serving => 0.0,
+                _ => a.node_since.elapsed().as_secs_f64(),
+            },
+            attached: self.startup.attached,
+            shutdown_grace_secs: self.config.shutdown_grace.as_secs_f64(),
+            announced: a.decision.addresses.iter().copied().collect(),
+            announcers: kinds(&self.config.announce),
+            peers: a
+                .running
+                .iter()
+                .flat_map(|x| x.status())
+                .map(|p| api::PeerRow {
+                    peer: p.peer,
+                    remote_as: p.remote_as,
+                    state: session_wire(p.state),
+                    uptime_secs: p.uptime_secs,
+                    hold_time_secs: p.hold_time_secs,
+                    prefixes_announced: p.prefixes_announced,
+                    sessions_established: p.sessions_established,
+                    last_error: p.last_error,
+                    messages_sent: p.messages_sent,
+                    messages_received: p.messages_received,
+                    updates_sent: p.updates_sent,
+                    updates_received: p.updates_received,
+                    updates_ignored: p.updates_ignored,
+                })
+                .collect(),
+            vips: a
+                .decision
+                .vips
+                .iter()
+                .map(|v| api::VipAnnouncement {
+                    vip: v.vip,
+                    usable: v.usable,
+                    backends: v.backends,
+                    min_healthy: v.min_healthy,
+                    announced: v.announced,
+                    reason: v.reason.clone(),
+                })
+                .collect(),
+        }
+    }
+
+    /// One line for `lbctl status`.
+    pub fn announce_summary(&self) -> String {
+        let a = &self.announcers;
+        let n = a.decision.addresses.len();
+        let kinds = kinds(&self.config.announce);
+        if kinds.is_empty() {
+            return "no announcer configured (`announce:`)".into();
+        }
+        let peers: Vec<_> = a.running.iter().flat_map(|x| x.status()).collect();
+        let up = peers
+            .iter()
+            .filter(|p| p.state == SessionState::Established)
+            .count();
+        let node = match a.node {
+            NodeState::Serving => String::new(),
+            other => format!("; node {other}"),
+        };
+        format!(
+            "{}: {up} of {} up, {n} address(es) announced{node}",
+            kinds.join(", "),
+            peers.len()
+        )
+    }
+}
+
+/// Logs each VIP that is newly announced or withdrawn: a withdrawal for
+/// health is a warning, one for a drain or a stop is the operator's wish.
+fn log_changes(before: &Decision, after: &Decision, node: NodeState) {
+    let chosen = node == NodeState::Serving;
+    for v in &after.vips {
+        let was = before
+            .vips
+            .iter()
+            .find(|o| o.vip == v.vip)
+            .is_some_and(|o| o.announced);
+        match (was, v.announced) {
+            (false, true) => info!(vip = %v.vip, reason = %v.reason, "VIP announced"),
+            (true, false) if chosen => warn!(vip = %v.vip, reason = %v.reason, "VIP withdrawn"),
+            (true, false) => info!(vip = %v.vip, reason = %v.reason, "VIP withdrawn"),
+            _ => {}
+        }
+    }
+}
+
+pub(super) fn node_wire(n: NodeState) -> api::NodeState {
+    match n {
+        NodeState::Serving => api::NodeState::Serving,
+        NodeState::Drained => api::NodeState::Drained,
+        NodeState::Stopping => api::NodeState::Stopping,
+    }
+}
+
+fn session_wire(s: SessionState) -> api::SessionState {
+    match s {
+        SessionState::Idle => api::SessionState::Idle,
+        SessionState::Connect => api::SessionState::Connect,
+        SessionState::Active => api::SessionState::Active,
+        SessionState::OpenSent => api::SessionState::OpenSent,
+        SessionState::OpenConfirm => api::SessionState::OpenConfirm,
+        SessionState::Established => api::SessionState::Established,
+    }
+}

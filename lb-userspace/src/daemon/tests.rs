@@ -1,0 +1,580 @@
+//! Unit tests of the daemon: every request against the in-memory dataplane,
+//! with recording fakes for probers and announcers. What `lbd` adds around
+//! this (socket, signals, attachment) is tested end to end in `tests/e2e`.
+
+use std::{
+    collections::BTreeSet,
+    net::IpAddr,
+    sync::{Arc, Mutex},
+};
+
+use futures::future::BoxFuture;
+
+use super::*;
+use crate::{
+    announce::{Announcer, PeerStatus},
+    api::{BackendSpec, EncapName, NodeState, Simulation, VipAdd},
+    config::Protocol,
+    dataplane::fake::FakeDataplane,
+    scratch::ScratchDir,
+};
+
+const FILE: &str = r#"
+instance: unit
+interfaces: [eth0]
+gateway_mac: "02:00:00:00:00:01"
+outer_source_v4: 10.0.0.2
+outer_source_v6: fd00::2
+table_size: 101
+conntrack_buckets: 1024
+vips:
+  - address: 10.99.0.1
+    port: 80
+    protocol: tcp
+    backends:
+      - address: 10.1.0.1
+        weight: 2
+      - address: 10.1.0.2
+"#;
+
+const WEB: &str = "10.99.0.1:80/tcp";
+
+/// What the fake announcers were told, in order, across restarts.
+type Told = Arc<Mutex<Vec<BTreeSet<IpAddr>>>>;
+
+/// An announcer that records every set it is handed.
+struct Recording(Told);
+
+impl Announcer for Recording {
+    fn set_announced(&mut self, prefixes: &BTreeSet<IpAddr>) -> Result<(), AnnounceError> {
+        self.0.lock().unwrap().push(prefixes.clone());
+        Ok(())
+    }
+
+    fn status(&self) -> Vec<PeerStatus> {
+        Vec::new()
+    }
+
+    fn shutdown(&mut self) -> BoxFuture<'_, Result<(), AnnounceError>> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// Probers started, by backend.
+type Spawned = Arc<Mutex<Vec<BackendKey>>>;
+
+struct Rig {
+    daemon: Daemon<FakeDataplane>,
+    told: Told,
+    spawned: Spawned,
+    _dir: ScratchDir,
+}
+
+/// A daemon programmed from `text` (its state file in a scratch
+/// directory), attached, with one recording announcer.
+fn rig(text: &str) -> Rig {
+    let dir = ScratchDir::new("daemon");
+    let state = dir.join("state.json");
+    let text = format!("{text}\nstate_file: {}\n", state.display());
+    let config = Config::parse(&text).expect("test config parses");
+    let mut reconciler = Reconciler::adopt(FakeDataplane::new(config.layout)).unwrap();
+    let settings = reload::datapath_settings(&config, [2, 0, 0, 0, 0, 1]);
+    reconciler.apply_settings(&settings).unwrap();
+    let spawned = Spawned::default();
+    let record = spawned.clone();
+    let probes = Probes::new(Box::new(move |key, _, _, _| {
+        record.lock().unwrap().push(key);
+        tokio::spawn(async {})
+    }));
+    let told = Told::default();
+    let sink = told.clone();
+    let announcers = Announcers::new(Box::new(move |_| {
+        Ok(vec![Box::new(Recording(sink.clone())) as Box<dyn Announcer>])
+    }));
+    let mut daemon = Daemon::new(
+        dir.join("lb.yaml"),
+        config,
+        Overlay::default(),
+        reconciler,
+        settings,
+        probes,
+        announcers,
+    );
+    daemon.startup.attached = true;
+    let effective = daemon.effective();
+    daemon.program(&effective, true).expect("programs");
+    daemon.start_announcers().unwrap();
+    daemon.announce();
+    Rig {
+        daemon,
+        told,
+        spawned,
+        _dir: dir,
+    }
+}
+
+fn id(s: &str) -> VipId {
+    s.parse().unwrap()
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+impl Rig {
+    async fn ask(&mut self, request: Request) -> Response {
+        self.daemon.handle(request).await
+    }
+
+    /// `request` must succeed; its data.
+    async fn ok(&mut self, request: Request) -> serde_json::Value {
+        let what = format!("{request:?}");
+        let r = self.ask(request).await;
+        assert!(r.ok, "{what} failed: {:?}", r.error);
+        r.data
+    }
+
+    /// `request` must fail; its error.
+    async fn refused(&mut self, request: Request) -> String {
+        let what = format!("{request:?}");
+        let r = self.ask(request).await;
+        assert!(!r.ok, "{what} should have been refused");
+        r.error.unwrap_or_default()
+    }
+
+    /// The last set the announcer was handed.
+    fn announced(&self) -> BTreeSet<IpAddr> {
+        self.told
+            .lock()
+            .unwrap()
+            .last()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// The backends in `vip`'s table, from the dataplane's own map.
+    fn in_table(&self, vip: &str) -> BTreeSet<IpAddr> {
+        let info = self.daemon.table(&id(vip)).expect("VIP programmed");
+        info.backends
+            .iter()
+            .filter(|b| b.slots > 0)
+            .map(|b| b.address)
+            .collect()
+    }
+
+    fn drain(&self, vip: &str, address: &str, force: bool) -> Request {
+        Request::Backend(BackendRequest::Drain {
+            vip: id(vip),
+            address: ip(address),
+            force,
+        })
+    }
+}
+
+fn del_backend(vip: &str, address: &str, force: bool) -> Request {
+    Request::Backend(BackendRequest::Del {
+        vip: id(vip),
+        address: ip(address),
+        force,
+    })
+}
+
+fn parse<T: serde::de::DeserializeOwned>(data: serde_json::Value) -> T {
+    serde_json::from_value(data).expect("answer has its documented type")
+}
+
+#[tokio::test]
+async fn status_reports_the_running_configuration() {
+    let mut r = rig(FILE);
+    let s: api::Status = parse(r.ok(Request::Status).await);
+    assert_eq!(s.instance, "unit");
+    assert_eq!(s.vips, 1);
+    assert_eq!(s.backends, 2);
+    assert_eq!(s.table_size, 101);
+    assert_eq!(s.gateway_mac, "02:00:00:00:00:01");
+    assert!(!s.api_changes);
+    assert_eq!(s.last_reload, None);
+    assert_eq!(r.announced(), BTreeSet::from([ip("10.99.0.1")]));
+}
+
+#[tokio::test]
+async fn a_vip_added_is_programmed_announced_persisted_and_deleted() {
+    let mut r = rig(FILE);
+    let add = VipAdd {
+        vip: id("10.99.0.2:53/udp"),
+        backends: vec![
+            BackendSpec {
+                address: ip("10.1.0.7"),
+                weight: 1,
+            },
+            BackendSpec {
+                address: ip("10.1.0.8"),
+                weight: 3,
+            },
+        ],
+        encap: EncapName::Gue,
+        no_conntrack: true,
+        min_healthy: 1,
+    };
+    r.ok(Request::Vip(VipRequest::Add(add))).await;
+    let list: Vec<api::VipInfo> = parse(r.ok(Request::Vip(VipRequest::List)).await);
+    let added = list
+        .iter()
+        .find(|v| v.vip == id("10.99.0.2:53/udp"))
+        .expect("listed");
+    assert_eq!(added.encap, "gue");
+    assert!(!added.conntrack);
+    assert_eq!(added.backends.len(), 2);
+    assert_eq!(
+        r.in_table("10.99.0.2:53/udp"),
+        BTreeSet::from([ip("10.1.0.7"), ip("10.1.0.8")])
+    );
+    assert!(r.announced().contains(&ip("10.99.0.2")));
+    let saved = Overlay::load(&r.daemon.config.state_file).unwrap();
+    assert!(saved.vips_added.contains_key(&id("10.99.0.2:53/udp")));
+
+    let again = VipAdd {
+        vip: id("10.99.0.2:53/udp"),
+        backends: vec![],
+        encap: EncapName::Ipip,
+        no_conntrack: false,
+        min_healthy: 1,
+    };
+    let e = r.refused(Request::Vip(VipRequest::Add(again))).await;
+    assert!(e.contains("10.99.0.2:53/udp"), "{e}");
+
+    r.ok(Request::Vip(VipRequest::Del {
+        vip: id("10.99.0.2:53/udp"),
+    }))
+    .await;
+    assert!(!r.announced().contains(&ip("10.99.0.2")));
+    assert!(r.daemon.table(&id("10.99.0.2:53/udp")).is_err());
+    let saved = Overlay::load(&r.daemon.config.state_file).unwrap();
+    assert!(saved.is_empty(), "{saved:?}");
+}
+
+#[tokio::test]
+async fn backends_added_reweighted_and_deleted_reach_the_table() {
+    let mut r = rig(FILE);
+    r.ok(Request::Backend(BackendRequest::Add {
+        vip: id(WEB),
+        address: ip("10.1.0.3"),
+        weight: 1,
+    }))
+    .await;
+    assert_eq!(
+        r.in_table(WEB),
+        BTreeSet::from([ip("10.1.0.1"), ip("10.1.0.2"), ip("10.1.0.3")])
+    );
+    r.ok(Request::Backend(BackendRequest::Weight {
+        vip: id(WEB),
+        address: ip("10.1.0.1"),
+        weight: 0,
+        force: false,
+    }))
+    .await;
+    assert_eq!(
+        r.in_table(WEB),
+        BTreeSet::from([ip("10.1.0.2"), ip("10.1.0.3")])
+    );
+    r.ok(del_backend(WEB, "10.1.0.3", false)).await;
+    assert_eq!(r.in_table(WEB), BTreeSet::from([ip("10.1.0.2")]));
+    let e = r.refused(del_backend(WEB, "10.1.0.9", false)).await;
+    assert!(e.contains("10.1.0.9"), "{e}");
+    let s: api::Status = parse(r.ok(Request::Status).await);
+    assert!(s.api_changes);
+}
+
+#[tokio::test]
+async fn the_last_usable_backend_is_not_removed_without_force() {
+    let mut r = rig(FILE);
+    r.ok(del_backend(WEB, "10.1.0.2", false)).await;
+    let before = r.daemon.overlay.clone();
+    let e = r.refused(del_backend(WEB, "10.1.0.1", false)).await;
+    assert!(
+        e.contains("would blackhole") && e.contains("--force"),
+        "{e}"
+    );
+    assert_eq!(r.daemon.overlay, before, "a refused change changes nothing");
+    assert_eq!(r.in_table(WEB), BTreeSet::from([ip("10.1.0.1")]));
+    let e = r.refused(r.drain(WEB, "10.1.0.1", false)).await;
+    assert!(e.contains("would blackhole"), "{e}");
+    let e = r
+        .refused(Request::Backend(BackendRequest::Weight {
+            vip: id(WEB),
+            address: ip("10.1.0.1"),
+            weight: 0,
+            force: false,
+        }))
+        .await;
+    assert!(e.contains("would blackhole"), "{e}");
+
+    r.ok(del_backend(WEB, "10.1.0.1", true)).await;
+    assert!(r.in_table(WEB).is_empty());
+    assert!(r.announced().is_empty(), "no usable backend: withdrawn");
+}
+
+#[tokio::test]
+async fn drained_backends_leave_the_table_and_come_back() {
+    let mut r = rig(FILE);
+    r.ok(r.drain(WEB, "10.1.0.1", false)).await;
+    let health: Vec<api::VipHealth> = parse(r.ok(Request::Health).await);
+    let b = health[0]
+        .backends
+        .iter()
+        .find(|b| b.address == ip("10.1.0.1"))
+        .unwrap();
+    assert_eq!(b.state, api::BackendState::Draining);
+    assert_eq!(b.effective_weight, 0.0);
+    assert_eq!(r.in_table(WEB), BTreeSet::from([ip("10.1.0.2")]));
+    r.ok(Request::Backend(BackendRequest::Undrain {
+        vip: id(WEB),
+        address: ip("10.1.0.1"),
+    }))
+    .await;
+    assert_eq!(
+        r.in_table(WEB),
+        BTreeSet::from([ip("10.1.0.1"), ip("10.1.0.2")])
+    );
+}
+
+#[tokio::test]
+async fn the_table_shares_slots_by_weight() {
+    let mut r = rig(FILE);
+    let t: api::TableInfo = parse(r.ok(Request::Table { vip: id(WEB) }).await);
+    assert_eq!(t.table_size, 101);
+    let slots: u32 = t.backends.iter().map(|b| b.slots).sum();
+    assert_eq!(slots, 101, "every slot has an owner");
+    let heavy = t
+        .backends
+        .iter()
+        .find(|b| b.address == ip("10.1.0.1"))
+        .unwrap();
+    // Weight 2 of 3: two thirds of 101 slots, give or take Maglev's spread.
+    assert!((60..=74).contains(&heavy.slots), "{heavy:?}");
+    let e = r
+        .refused(Request::Table {
+            vip: id("10.99.0.9:80/tcp"),
+        })
+        .await;
+    assert!(e.contains("10.99.0.9"), "{e}");
+}
+
+#[tokio::test]
+async fn simulate_names_a_backend_in_the_table_or_none() {
+    let mut r = rig(FILE);
+    let simulate = |sport, dst: &str| Request::Simulate {
+        src: ip("192.0.2.7"),
+        dst: ip(dst),
+        protocol: Protocol::Tcp,
+        sport,
+        dport: 80,
+        syn: true,
+    };
+    let mut seen = BTreeSet::new();
+    for sport in 1000..1064 {
+        let s: Simulation = parse(r.ok(simulate(sport, "10.99.0.1")).await);
+        assert_eq!(s.vip, Some(id(WEB)));
+        assert!(s.via.starts_with("maglev"), "{}", s.via);
+        seen.insert(s.backend.expect("a backend"));
+    }
+    assert_eq!(seen, r.in_table(WEB), "64 flows reach both backends");
+    let s: Simulation = parse(r.ok(simulate(1000, "10.99.0.5")).await);
+    assert_eq!((s.vip, s.backend), (None, None));
+    let e = r
+        .refused(Request::Simulate {
+            src: ip("2001:db8::7"),
+            dst: ip("10.99.0.1"),
+            protocol: Protocol::Tcp,
+            sport: 1,
+            dport: 80,
+            syn: true,
+        })
+        .await;
+    assert!(e.contains("same family"), "{e}");
+}
+
+#[tokio::test]
+async fn stats_read_the_dataplane_counters() {
+    let mut r = rig(FILE);
+    let counters = &mut r.daemon.reconciler.dataplane_mut().counters;
+    let maglev = lb_common::counters::Counter::FwdMaglev as usize;
+    counters[maglev].packets = 7;
+    counters[maglev].bytes = 700;
+    let s: api::Stats = parse(r.ok(Request::Stats).await);
+    let c = s
+        .counters
+        .iter()
+        .find(|c| c.name == "fwd_maglev_new_flow")
+        .unwrap();
+    assert_eq!((c.value.packets, c.value.bytes), (7, 700));
+    assert_eq!(s.vips.len(), 1);
+}
+
+#[tokio::test]
+async fn node_drain_withdraws_everything_and_undrain_brings_it_back() {
+    let mut r = rig(FILE);
+    let c: api::NodeChange = parse(
+        r.ok(Request::Node(NodeRequest::Drain { no_wait: false }))
+            .await,
+    );
+    assert!(c.changed);
+    assert_eq!(c.node, NodeState::Drained);
+    assert_eq!(c.addresses, vec![ip("10.99.0.1")]);
+    assert!(r.announced().is_empty());
+    assert_eq!(r.in_table(WEB).len(), 2, "forwarding goes on");
+    let c: api::NodeChange = parse(
+        r.ok(Request::Node(NodeRequest::Drain { no_wait: false }))
+            .await,
+    );
+    assert!(!c.changed);
+    let b: api::AnnounceStatus = parse(r.ok(Request::Bgp).await);
+    assert_eq!(b.node, NodeState::Drained);
+    assert!(b.announced.is_empty());
+    assert_eq!(b.vips.len(), 1);
+    let c: api::NodeChange = parse(r.ok(Request::Node(NodeRequest::Undrain)).await);
+    assert_eq!(c.addresses, vec![ip("10.99.0.1")]);
+    assert_eq!(r.announced(), BTreeSet::from([ip("10.99.0.1")]));
+    r.daemon.begin_stop("SIGTERM");
+    let e = r.refused(Request::Node(NodeRequest::Undrain)).await;
+    assert!(e.contains("shutting down"), "{e}");
+}
+
+#[tokio::test]
+async fn a_reload_request_on_the_loop_is_refused() {
+    let mut r = rig(FILE);
+    let e = r.refused(Request::Reload { force: false }).await;
+    assert!(e.contains("socket"), "{e}");
+}
+
+fn reparse(r: &Rig, text: &str) -> std::result::Result<Config, ConfigErrors> {
+    let state = r.daemon.config.state_file.display().to_string();
+    Config::parse(&format!("{text}\nstate_file: {state}\n"))
+}
+
+#[tokio::test]
+async fn a_reload_applies_a_good_file_and_keeps_the_running_one_otherwise() {
+    let mut r = rig(FILE);
+    let grown = FILE.replace(
+        "      - address: 10.1.0.2\n",
+        "      - address: 10.1.0.2\n      - address: 10.1.0.3\n",
+    );
+    let parsed = reparse(&r, &grown);
+    let done = r.daemon.reload(parsed, false).await.expect("applies");
+    assert!(done.regateway.is_none());
+    assert_eq!(r.in_table(WEB).len(), 3);
+    assert!(
+        r.daemon
+            .last_reload
+            .as_deref()
+            .unwrap()
+            .starts_with("ok at")
+    );
+
+    let bad = reparse(&r, &FILE.replace("weight: 2", "weight: -2"));
+    let e = r.daemon.reload(bad, false).await.unwrap_err().to_string();
+    assert!(e.contains("weight"), "{e}");
+    assert_eq!(r.in_table(WEB).len(), 3, "the running configuration stays");
+    assert!(
+        r.daemon
+            .last_reload
+            .as_deref()
+            .unwrap()
+            .starts_with("failed at")
+    );
+
+    let renamed = reparse(&r, &FILE.replace("instance: unit", "instance: other"));
+    let e = r
+        .daemon
+        .reload(renamed, false)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("instance cannot change on reload"), "{e}");
+}
+
+#[tokio::test]
+async fn a_reload_that_empties_an_announced_vip_needs_force() {
+    let mut r = rig(FILE);
+    let empty = FILE.replace("weight: 2", "weight: 0").replace(
+        "      - address: 10.1.0.2\n",
+        "      - address: 10.1.0.2\n        weight: 0\n",
+    );
+    let e = r
+        .daemon
+        .reload(reparse(&r, &empty), false)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("lbctl reload --force"), "{e}");
+    assert_eq!(r.in_table(WEB).len(), 2);
+    let done = r.daemon.reload(reparse(&r, &empty), true).await.unwrap();
+    assert!(
+        done.warnings
+            .iter()
+            .any(|w| w.contains("no usable backend")),
+        "{:?}",
+        done.warnings
+    );
+    assert!(r.in_table(WEB).is_empty());
+    assert!(r.announced().is_empty());
+}
+
+const PROBED: &str = r#"
+    health_check:
+      interval: 1s
+      timeout: 500ms
+      rise: 1
+      fall: 2
+"#;
+
+#[tokio::test]
+async fn probed_backends_are_announced_after_their_first_verdict_and_leave_when_down() {
+    let text = FILE.replace("    protocol: tcp\n", &format!("    protocol: tcp{PROBED}"));
+    let mut r = rig(&text);
+    let probed: BTreeSet<BackendKey> = r.spawned.lock().unwrap().iter().cloned().collect();
+    assert_eq!(
+        probed,
+        BTreeSet::from([(id(WEB), ip("10.1.0.1")), (id(WEB), ip("10.1.0.2"))])
+    );
+    assert!(r.announced().is_empty(), "no verdict yet: not announced");
+    let result = |ok| ProbeResult {
+        ok,
+        latency_us: 100,
+        detail: if ok { "connected" } else { "refused" }.into(),
+    };
+    for b in ["10.1.0.1", "10.1.0.2"] {
+        r.daemon.on_probe((id(WEB), ip(b)), result(true));
+    }
+    assert_eq!(r.announced(), BTreeSet::from([ip("10.99.0.1")]));
+    for _ in 0..2 {
+        r.daemon.on_probe((id(WEB), ip("10.1.0.2")), result(false));
+    }
+    assert_eq!(r.in_table(WEB), BTreeSet::from([ip("10.1.0.1")]));
+    let health: Vec<api::VipHealth> = parse(r.ok(Request::Health).await);
+    let down = health[0]
+        .backends
+        .iter()
+        .find(|b| b.address == ip("10.1.0.2"))
+        .unwrap();
+    assert_eq!(down.health, "down");
+    assert_eq!(down.last_probe.as_ref().unwrap().detail, "refused");
+    // A result from a prober that was stopped since is ignored.
+    r.daemon.on_probe((id(WEB), ip("10.1.0.9")), result(true));
+    assert_eq!(r.in_table(WEB), BTreeSet::from([ip("10.1.0.1")]));
+}
+
+#[tokio::test]
+async fn a_new_gateway_mac_is_written_to_the_dataplane() {
+    let mut r = rig(FILE);
+    r.daemon.on_gateway(GatewayState {
+        gateway: Some(ip("10.0.0.1")),
+        mac: Some(Mac([2, 0, 0, 0, 0, 9])),
+        looking_up: false,
+        error: None,
+    });
+    let written = r.daemon.reconciler.dataplane_mut().config().unwrap();
+    assert_eq!(written.gw_mac, [2, 0, 0, 0, 0, 9]);
+    let s: api::Status = parse(r.ok(Request::Status).await);
+    assert_eq!(s.gateway.unwrap().address, Some(ip("10.0.0.1")));
+}

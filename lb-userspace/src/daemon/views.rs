@@ -1,0 +1,458 @@
+//! The answers to read-only requests (`status`, `vip list`, `health`,
+//! `stats`, `table`, `simulate`), built from the daemon's state into the
+//! API's wire types, and the counter samples behind the rates.
+
+use std::{
+    collections::BTreeMap,
+    net::IpAddr,
+    time::{Instant, SystemTime},
+};
+
+use lb_common::{Counter, CounterValue, FlowKey, consts::BACKEND_INDEX_MASK, counters::Kind};
+use tracing::warn;
+
+use super::{Daemon, Result, refused};
+use crate::{
+    api::{
+        self, BackendHealth, BackendInfo, BackendStats, CounterInfo, EncapName, ProbeInfo, Rate,
+        Simulation, Stats, Status, TableInfo, TableShare, VipAdd, VipHealth, VipInfo, VipStats,
+    },
+    config::{BackendConfig, Encap, HealthCheck, Mac, MalformedPolicy, VipConfig, VipId, duration},
+    dataplane::Dataplane,
+    lifecycle::{BackendLife, BackendState, WEIGHT_SCALE},
+    predict::Via,
+};
+
+/// Counter values at one instant.
+#[derive(Clone, Default)]
+struct Sample {
+    at: Option<Instant>,
+    counters: Vec<CounterValue>,
+    vips: BTreeMap<VipId, (CounterValue, BTreeMap<IpAddr, CounterValue>)>,
+}
+
+/// The two latest samples: rates are taken against the older one, so the
+/// interval is between one and two sampling periods.
+#[derive(Clone, Default)]
+pub struct Samples {
+    previous: Sample,
+    latest: Sample,
+}
+
+/// The VIP an `lbctl vip add` describes.
+pub fn vip_config(add: &VipAdd) -> VipConfig {
+    let backends = add
+        .backends
+        .iter()
+        .map(|b| BackendConfig::new(b.address, b.weight))
+        .collect();
+    let mut v = VipConfig::new(add.vip, backends);
+    v.encap = match add.encap {
+        EncapName::Ipip => Encap::Ipip,
+        EncapName::Gre => Encap::Gre,
+        EncapName::Gue => Encap::Gue,
+    };
+    v.conntrack = !add.no_conntrack;
+    v.min_healthy = add.min_healthy;
+    v
+}
+
+pub(super) fn state_wire(s: BackendState) -> api::BackendState {
+    match s {
+        BackendState::Active => api::BackendState::Active,
+        BackendState::SlowStart => api::BackendState::SlowStart,
+        BackendState::Draining => api::BackendState::Draining,
+        BackendState::Down => api::BackendState::Down,
+    }
+}
+
+fn rate(now: CounterValue, before: Option<CounterValue>, secs: f64) -> Rate {
+    let (pps, bps) = match before {
+        Some(b) if secs > 0.0 => (
+            now.packets.saturating_sub(b.packets) as f64 / secs,
+            now.bytes.saturating_sub(b.bytes) as f64 * 8.0 / secs,
+        ),
+        _ => (0.0, 0.0),
+    };
+    Rate {
+        packets: now.packets,
+        bytes: now.bytes,
+        pps,
+        bps,
+    }
+}
+
+fn kind_name(k: Kind) -> &'static str {
+    match k {
+        Kind::Pass => "pass",
+        Kind::Forward => "forward",
+        Kind::Drop => "drop",
+        Kind::Malformed => "malformed",
+        Kind::Reply => "reply",
+        Kind::Event => "event",
+        Kind::Retired => "retired",
+    }
+}
+
+impl<D: Dataplane> Daemon<D> {
+    /// `lbctl status`.
+    pub fn status(&self) -> Status {
+        let layout = self.reconciler.layout();
+        let ncpus = aya::util::nr_cpus().unwrap_or(1);
+        let vips = self.reconciler.vips();
+        Status {
+            instance: self.config.instance.clone(),
+            pid: std::process::id(),
+            uptime_secs: self.started.elapsed().as_secs(),
+            config_file: self.config_path.display().to_string(),
+            interfaces: self.startup.interfaces.clone(),
+            gateway_mac: Mac(self.settings.gateway_mac).to_string(),
+            pin_dir: self.config.pin_dir().display().to_string(),
+            maps_adopted: self.startup.maps_adopted,
+            vips: vips.len(),
+            backends: vips.values().map(|v| v.backends.len()).sum(),
+            table_size: layout.table_size,
+            ct_buckets: layout.ct_buckets,
+            max_vips: layout.max_vips,
+            max_backends: layout.max_backends,
+            map_bytes: layout
+                .map_bytes(ncpus)
+                .into_iter()
+                .map(|(n, b)| (n.to_string(), b))
+                .collect(),
+            api_changes: !self.overlay.is_empty(),
+            last_reload: self.last_reload.clone(),
+            warnings: self.config.warnings.clone(),
+            announce: self.announce_summary(),
+            gateway: self.gateway.as_ref().map(|state| api::GatewayInfo {
+                address: state.gateway,
+                looking_up: state.looking_up,
+                error: state.error.clone(),
+            }),
+        }
+    }
+
+    /// `lbctl vip list`.
+    pub fn vip_list(&self) -> Vec<VipInfo> {
+        self.effective()
+            .iter()
+            .map(|v| {
+                let kernel = self.reconciler.vips().get(&v.id);
+                let life = self.lifecycle.vips.get(&v.id);
+                VipInfo {
+                    vip: v.id,
+                    encap: v.encap.to_string(),
+                    conntrack: v.conntrack,
+                    backends: v
+                        .backends
+                        .iter()
+                        .map(|b| {
+                            let k = kernel.and_then(|k| k.backends.get(&b.address));
+                            BackendInfo {
+                                address: b.address,
+                                weight: b.weight,
+                                state: life
+                                    .and_then(|l| l.backends.get(&b.address))
+                                    .map(|l| state_wire(l.state)),
+                                usable: k.is_some_and(|k| k.usable),
+                                handle: k.map(|k| k.handle).unwrap_or(0),
+                            }
+                        })
+                        .collect(),
+                }
+            })
+            .collect()
+    }
+
+    /// `lbctl health`.
+    pub fn health(&self) -> Vec<VipHealth> {
+        let now = Instant::now();
+        self.effective()
+            .iter()
+            .map(|v| {
+                let life = self.lifecycle.vips.get(&v.id);
+                VipHealth {
+                    vip: v.id,
+                    panic: life.is_some_and(|l| l.panic),
+                    panic_entered: life.map(|l| l.panic_entered).unwrap_or(0),
+                    backends: v
+                        .backends
+                        .iter()
+                        .filter_map(|b| {
+                            let l = life?.backends.get(&b.address)?;
+                            Some(backend_health(v, b, l, now))
+                        })
+                        .collect(),
+                }
+            })
+            .collect()
+    }
+
+    fn read_sample(&self) -> Result<Sample> {
+        let counters = self.reconciler.dataplane().counters()?;
+        let mut vips = BTreeMap::new();
+        for id in self.reconciler.vips().keys() {
+            if let Some((v, backends)) = self.reconciler.vip_counters(id)? {
+                vips.insert(*id, (v, backends.into_iter().collect()));
+            }
+        }
+        Ok(Sample {
+            at: Some(Instant::now()),
+            counters,
+            vips,
+        })
+    }
+
+    /// Takes a counter sample (the one-second tick).
+    pub fn sample(&mut self) {
+        match self.read_sample() {
+            Ok(s) => {
+                let s = std::mem::replace(&mut self.samples.latest, s);
+                self.samples.previous = s;
+            }
+            Err(e) => warn!(error = %e, "reading counters failed"),
+        }
+    }
+
+    /// `lbctl stats`: counters now, with rates against the older sample.
+    pub fn stats(&mut self) -> Stats {
+        let now = self.read_sample().unwrap_or_else(|e| {
+            warn!(error = %e, "reading counters failed");
+            self.samples.latest.clone()
+        });
+        let s = &self.samples;
+        let before = if s.previous.at.is_some() {
+            &s.previous
+        } else {
+            &s.latest
+        };
+        let secs = match (now.at, before.at) {
+            (Some(a), Some(b)) => a.duration_since(b).as_secs_f64(),
+            _ => 0.0,
+        };
+        Stats {
+            interval_secs: secs,
+            counters: counter_rates(&now, before, secs),
+            vips: vip_rates(&now, before, secs),
+            malformed_policy: match self.config.malformed {
+                MalformedPolicy::Pass => "pass".into(),
+                MalformedPolicy::Drop => "drop".into(),
+            },
+        }
+    }
+
+    /// `lbctl table VIP`: slots per backend against its weight's share.
+    pub fn table(&self, id: &VipId) -> Result<TableInfo> {
+        let v = self
+            .reconciler
+            .vips()
+            .get(id)
+            .ok_or_else(|| refused(format!("no VIP {id}")))?;
+        let mut slots: BTreeMap<u32, u32> = BTreeMap::new();
+        for h in v.table() {
+            *slots.entry(*h).or_default() += 1;
+        }
+        let m = self.reconciler.layout().table_size;
+        // The reconciler holds effective weights (scaled, ramped, panic);
+        // the share they give is what the table should show.
+        let in_table_weight: u32 = v
+            .backends
+            .values()
+            .filter(|b| slots.contains_key(&b.handle))
+            .map(|b| b.weight)
+            .sum();
+        let configured: BTreeMap<IpAddr, u32> = self
+            .effective()
+            .into_iter()
+            .find(|c| c.id == *id)
+            .map(|c| c.backends.iter().map(|b| (b.address, b.weight)).collect())
+            .unwrap_or_default();
+        Ok(TableInfo {
+            vip: *id,
+            table_size: m,
+            active_half: self.reconciler.layout().active_half(&v.meta),
+            backends: v
+                .backends
+                .iter()
+                .map(|(addr, b)| {
+                    let n = slots.get(&b.handle).copied().unwrap_or(0);
+                    TableShare {
+                        address: *addr,
+                        weight: configured.get(addr).copied().unwrap_or(0),
+                        slots: n,
+                        share: n as f64 / m as f64,
+                        weight_share: if n > 0 && in_table_weight > 0 {
+                            b.weight as f64 / in_table_weight as f64
+                        } else {
+                            0.0
+                        },
+                    }
+                })
+                .collect(),
+        })
+    }
+
+    /// `lbctl simulate`: the backend a flow gets, and why.
+    pub fn simulate(
+        &self,
+        src: IpAddr,
+        dst: IpAddr,
+        proto: u8,
+        sport: u16,
+        dport: u16,
+        syn: bool,
+    ) -> Result<Simulation> {
+        if src.is_ipv4() != dst.is_ipv4() {
+            return Err(refused("source and destination must be of the same family"));
+        }
+        let flow = FlowKey::new(src, dst, proto, sport, dport);
+        let Some(p) = self.reconciler.simulate(&flow, syn)? else {
+            return Ok(Simulation {
+                vip: None,
+                hash: format!("{:#018x}", flow.hash()),
+                slot: 0,
+                backend: None,
+                via: "not a VIP: passed to the kernel".into(),
+            });
+        };
+        Ok(Simulation {
+            vip: VipId::from_key(&p.vip),
+            hash: format!("{:#018x}", p.hash),
+            slot: p.slot,
+            backend: p.backend.and_then(|b| {
+                self.reconciler
+                    .backend_by_handle(b.handle)
+                    .map(|(_, a)| a)
+                    .or_else(|| b.ip())
+            }),
+            via: match (p.backend, p.via) {
+                (None, _) => "no usable backend: dropped".into(),
+                (Some(_), Via::ConnTrack) => "connection table".into(),
+                (Some(b), Via::Maglev) => format!(
+                    "maglev slot {} (backend index {})",
+                    p.slot,
+                    b.handle & BACKEND_INDEX_MASK
+                ),
+            },
+        })
+    }
+}
+
+/// One backend's row of `lbctl health`.
+fn backend_health(
+    v: &VipConfig,
+    b: &BackendConfig,
+    l: &BackendLife,
+    now: Instant,
+) -> BackendHealth {
+    BackendHealth {
+        address: b.address,
+        state: state_wire(l.state),
+        health: match &l.health {
+            None => "unchecked".into(),
+            Some(t) if t.is_up() => "up".into(),
+            Some(_) => "down".into(),
+        },
+        check: v
+            .health_check_of(b)
+            .map(|c| describe_check(c, v, b.address)),
+        weight: b.weight,
+        effective_weight: l.effective_weight as f64 / WEIGHT_SCALE as f64,
+        in_state_secs: now.saturating_duration_since(l.state_since).as_secs_f64(),
+        last_probe: l
+            .health
+            .as_ref()
+            .and_then(|t| t.last.as_ref())
+            .map(|p| ProbeInfo {
+                ok: p.ok,
+                latency_us: p.latency_us,
+                detail: p.detail.clone(),
+            }),
+        probes: l.health.as_ref().map(|t| t.probes).unwrap_or(0),
+    }
+}
+
+fn counter_rates(now: &Sample, before: &Sample, secs: f64) -> Vec<CounterInfo> {
+    Counter::ALL
+        .iter()
+        .filter(|c| c.kind() != Kind::Retired)
+        .map(|c| CounterInfo {
+            name: c.name().into(),
+            kind: kind_name(c.kind()).into(),
+            value: rate(
+                now.counters.get(*c as usize).copied().unwrap_or_default(),
+                before.counters.get(*c as usize).copied(),
+                secs,
+            ),
+        })
+        .collect()
+}
+
+fn vip_rates(now: &Sample, before: &Sample, secs: f64) -> Vec<VipStats> {
+    now.vips
+        .iter()
+        .map(|(id, (v, backends))| {
+            let old = before.vips.get(id);
+            VipStats {
+                vip: *id,
+                value: rate(*v, old.map(|o| o.0), secs),
+                backends: backends
+                    .iter()
+                    .map(|(addr, b)| BackendStats {
+                        address: *addr,
+                        value: rate(*b, old.and_then(|o| o.1.get(addr)).copied(), secs),
+                    })
+                    .collect(),
+            }
+        })
+        .collect()
+}
+
+/// What a check probes, for `lbctl health`.
+fn describe_check(c: &HealthCheck, vip: &VipConfig, backend: IpAddr) -> String {
+    let port = c.port.unwrap_or(vip.id.port);
+    let what = if let Some(h) = &c.http {
+        format!("http GET {} → {}", h.path, h.status)
+    } else if c.send.is_some() || c.expect.is_some() {
+        "tcp send/expect".to_string()
+    } else {
+        "tcp connect".to_string()
+    };
+    let target = if c.through_tunnel {
+        format!("{}:{port} through the tunnel", vip.id.addr)
+    } else {
+        std::net::SocketAddr::from((backend, port)).to_string()
+    };
+    format!(
+        "{what} {target} every {} (timeout {}, rise {}, fall {})",
+        duration::format(&c.interval),
+        duration::format(&c.timeout),
+        c.rise,
+        c.fall
+    )
+}
+
+/// `YYYY-MM-DDTHH:MM:SSZ` without a date crate.
+pub fn humantime(t: SystemTime) -> String {
+    let secs = t
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil-from-days (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
