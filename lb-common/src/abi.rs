@@ -172,9 +172,7 @@ pub struct DatapathConfig {
     pub _reserved: u32,
 }
 
-/// Bits of the VIP filter: 16,384 bits (2 KiB, one map value) keep false
-/// positives under 1% for a few dozen VIPs.
-pub const VIP_FILTER_WORDS: usize = 256;
+pub use crate::consts::VIP_FILTER_WORDS;
 
 /// The single element of `LB_VIP_FILTER`: bit [`crate::flow::vip_filter_bit`]
 /// of each VIP key (exact port, or port 0 for all-ports VIPs) is set. A
@@ -243,6 +241,15 @@ pub struct FlowKey {
 }
 
 impl FlowKey {
+    /// The flow hash the datapath computes for this 5-tuple.
+    pub fn hash(&self) -> u64 {
+        if self.family == FAMILY_V6 {
+            crate::flow::hash_v6(&self.src, &self.dst, self.ports_word(), self.proto)
+        } else {
+            crate::flow::hash_v4(self.src[0], self.dst[0], self.ports_word(), self.proto)
+        }
+    }
+
     /// Ports in host order. Panics in debug if the families differ; the
     /// datapath never sees such a flow.
     pub fn new(src: IpAddr, dst: IpAddr, proto: u8, sport: u16, dport: u16) -> Self {

@@ -182,3 +182,7 @@ pub const PROG_DECAP: &str = "lb_decap";
 /// Name of the trivial `XDP_PASS` program in the same object (for the peer
 /// of a veth that receives `XDP_TX` frames).
 pub const PROG_PASS: &str = "lb_pass";
+
+/// Bits of the VIP filter: 16,384 bits (2 KiB, one map value) keep false
+/// positives under 1% for a few dozen VIPs.
+pub const VIP_FILTER_WORDS: usize = 256;

@@ -12,8 +12,7 @@
 //! [`crate::abi`]): addresses as network-order words, the ports as the first
 //! four bytes of the L4 header read little-endian.
 
-use crate::abi::FlowKey;
-use crate::consts::FAMILY_V6;
+use crate::consts::VIP_FILTER_WORDS;
 
 const K_LANE: u64 = 0x9E37_79B9_7F4A_7C15;
 const SEED_V4: u64 = 0x243F_6A88_85A3_08D3;
@@ -58,7 +57,7 @@ pub const fn hash_v6(src: &[u32; 4], dst: &[u32; 4], ports: u32, proto: u8) -> u
 }
 
 /// Number of bits in the VIP filter (a power of two).
-pub const VIP_FILTER_BITS: u32 = 64 * crate::abi::VIP_FILTER_WORDS as u32;
+pub const VIP_FILTER_BITS: u32 = 64 * VIP_FILTER_WORDS as u32;
 
 /// The VIP filter bit of `{addr, port, proto}` (`port` network order, 0
 /// for all-ports VIPs): the top bits of a multiplicative hash, which depend
@@ -87,20 +86,10 @@ pub const fn ct_position(hash: u64, seed: u64) -> (u32, u32) {
     (h as u32, (h >> 32) as u32)
 }
 
-impl FlowKey {
-    /// The flow hash the datapath computes for this 5-tuple.
-    pub fn hash(&self) -> u64 {
-        if self.family == FAMILY_V6 {
-            hash_v6(&self.src, &self.dst, self.ports_word(), self.proto)
-        } else {
-            hash_v4(self.src[0], self.dst[0], self.ports_word(), self.proto)
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::abi::FlowKey;
 
     fn key(src: &str, dst: &str, sport: u16) -> FlowKey {
         FlowKey::new(src.parse().unwrap(), dst.parse().unwrap(), 6, sport, 80)

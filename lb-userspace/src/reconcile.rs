@@ -477,66 +477,85 @@ impl<D: Dataplane> Reconciler<D> {
         Ok(())
     }
 
+    /// Brings one VIP's backends, table and entry to `vip`: new backends
+    /// first (before a table names them), then the table into the inactive
+    /// half, then the VIP entry that publishes it, and only then the
+    /// backends that left are retired.
     fn apply_vip(
         &mut self,
         vip: &VipConfig,
         usable: &dyn Fn(&VipId, &IpAddr) -> bool,
         report: &mut ApplyReport,
     ) -> Result<()> {
-        let id = vip.id;
-        let is_new = !self.vips.contains_key(&id);
-        if is_new {
-            let vip_id = self.free_vip_id()?;
-            // A reused id starts its counters from zero.
-            self.dp.clear_vip_stats(vip_id)?;
-            let m = self.layout.table_size as usize;
-            self.vips.insert(
-                id,
-                VipState {
-                    meta: VipMeta {
-                        vip_id,
-                        table_base: self.layout.half_base(vip_id, 0),
-                        flags: VIP_F_NO_BACKENDS,
-                        encap: vip.encap.code(),
-                        ..Default::default()
-                    },
-                    encap: vip.encap,
-                    conntrack: vip.conntrack,
-                    backends: BTreeMap::new(),
-                    // Unknown contents: never equal to a built table.
-                    active: vec![u32::MAX; m],
-                },
-            );
-            report.vips_added += 1;
+        let is_new = self.ensure_vip(vip, report)?;
+        let retire = self.sync_backends(vip, is_new, usable, report)?;
+        let handles = self.build_table(&vip.id)?;
+        self.publish(vip, is_new, handles, report)?;
+        for handle in retire {
+            self.retire_backend(handle)?;
         }
-        let vip_id = self.vips[&id].meta.vip_id;
+        Ok(())
+    }
 
-        // Backends: add new ones (before any table names them), update the
-        // usable flag of existing ones, and note the ones to retire.
+    /// Gives a VIP seen for the first time an id and state; `true` if it
+    /// was new.
+    fn ensure_vip(&mut self, vip: &VipConfig, report: &mut ApplyReport) -> Result<bool> {
+        if self.vips.contains_key(&vip.id) {
+            return Ok(false);
+        }
+        let vip_id = self.free_vip_id()?;
+        // A reused id starts its counters from zero.
+        self.dp.clear_vip_stats(vip_id)?;
+        let m = self.layout.table_size as usize;
+        self.vips.insert(
+            vip.id,
+            VipState {
+                meta: VipMeta {
+                    vip_id,
+                    table_base: self.layout.half_base(vip_id, 0),
+                    flags: VIP_F_NO_BACKENDS,
+                    encap: vip.encap.code(),
+                    ..Default::default()
+                },
+                encap: vip.encap,
+                conntrack: vip.conntrack,
+                backends: BTreeMap::new(),
+                // Unknown contents: never equal to a built table.
+                active: vec![u32::MAX; m],
+            },
+        );
+        report.vips_added += 1;
+        Ok(true)
+    }
+
+    /// Adds new backends, rewrites the ones whose usable flag or tunnel
+    /// changed, and drops the ones that left from the VIP's state; returns
+    /// the handles of those to retire once no table names them.
+    fn sync_backends(
+        &mut self,
+        vip: &VipConfig,
+        is_new: bool,
+        usable: &dyn Fn(&VipId, &IpAddr) -> bool,
+        report: &mut ApplyReport,
+    ) -> Result<Vec<u32>> {
+        let id = vip.id;
+        let vip_id = self.vips[&id].meta.vip_id;
         let wanted: BTreeMap<IpAddr, u32> =
             vip.backends.iter().map(|b| (b.address, b.weight)).collect();
+        let state = self.vips.get_mut(&id).expect("present");
+        let encap_changed = !is_new && state.encap != vip.encap;
         let mut retire = Vec::new();
-        let current: Vec<(IpAddr, BackendState)> = self.vips[&id]
-            .backends
-            .iter()
-            .map(|(a, b)| (*a, *b))
-            .collect();
-        for (addr, state) in &current {
-            if !wanted.contains_key(addr) {
-                retire.push(state.handle);
-                self.vips
-                    .get_mut(&id)
-                    .expect("present")
-                    .backends
-                    .remove(addr);
+        state.backends.retain(|addr, b| {
+            let keep = wanted.contains_key(addr);
+            if !keep {
+                retire.push(b.handle);
                 report.backends_removed += 1;
             }
-        }
-        let encap_changed = !is_new && self.vips[&id].encap != vip.encap;
+            keep
+        });
         for (addr, weight) in &wanted {
             let ok = usable(&id, addr);
-            let existing = self.vips[&id].backends.get(addr).copied();
-            let state = match existing {
+            let state = match self.vips[&id].backends.get(addr).copied() {
                 Some(mut s) => {
                     if s.usable != ok || encap_changed {
                         self.dp.set_backend(
@@ -557,15 +576,16 @@ impl<D: Dataplane> Reconciler<D> {
                     }
                 }
             };
-            self.vips
-                .get_mut(&id)
-                .expect("present")
-                .backends
-                .insert(*addr, state);
+            let vip_state = self.vips.get_mut(&id).expect("present");
+            vip_state.backends.insert(*addr, state);
         }
+        Ok(retire)
+    }
 
-        // The table from usable backends with positive weight.
-        let members: Vec<(IpAddr, BackendState)> = self.vips[&id]
+    /// The Maglev table of the VIP's usable backends with positive weight,
+    /// as backend handles; `None` when there is none.
+    fn build_table(&self, id: &VipId) -> Result<Option<Vec<u32>>> {
+        let members: Vec<(IpAddr, BackendState)> = self.vips[id]
             .backends
             .iter()
             .filter(|(_, b)| b.usable && b.weight > 0)
@@ -579,8 +599,8 @@ impl<D: Dataplane> Reconciler<D> {
             })
             .collect();
         let table = maglev::build(&input, self.layout.table_size)
-            .map_err(|source| ReconcileError::Maglev { vip: id, source })?;
-        let handles: Option<Vec<u32>> = match table {
+            .map_err(|source| ReconcileError::Maglev { vip: *id, source })?;
+        Ok(match table {
             MaglevTable::Empty => None,
             MaglevTable::Slots(slots) => Some(
                 slots
@@ -588,9 +608,23 @@ impl<D: Dataplane> Reconciler<D> {
                     .map(|i| members[i as usize].1.handle)
                     .collect(),
             ),
-        };
+        })
+    }
 
-        let mut meta = self.vips[&id].meta;
+    /// Writes a changed table into the inactive half and the VIP entry
+    /// (flags, tunnel, live half) when it differs from what is published.
+    fn publish(
+        &mut self,
+        vip: &VipConfig,
+        is_new: bool,
+        handles: Option<Vec<u32>>,
+        report: &mut ApplyReport,
+    ) -> Result<()> {
+        let id = vip.id;
+        let state = self.vips.get_mut(&id).expect("present");
+        state.encap = vip.encap;
+        state.conntrack = vip.conntrack;
+        let mut meta = state.meta;
         meta.encap = vip.encap.code();
         meta.flags &= !(VIP_F_NO_CONNTRACK | VIP_F_FRAG_HASH);
         if !vip.conntrack {
@@ -599,32 +633,14 @@ impl<D: Dataplane> Reconciler<D> {
         if vip.fragments == FragmentPolicy::Hash {
             meta.flags |= VIP_F_FRAG_HASH;
         }
-        let state = self.vips.get_mut(&id).expect("present");
-        state.encap = vip.encap;
-        state.conntrack = vip.conntrack;
         let mut swapped = false;
-        match &handles {
+        match handles {
             None => meta.flags |= VIP_F_NO_BACKENDS,
-            Some(h) if meta.flags & VIP_F_NO_BACKENDS == 0 && *h == state.active => {}
+            Some(h) if meta.flags & VIP_F_NO_BACKENDS == 0 && h == state.active => {}
             Some(h) => {
-                // Write the inactive half, chunk by chunk where it differs
-                // from what the kernel holds there.
-                let half = 1 - self.layout.active_half(&meta);
-                let base = self.layout.half_base(vip_id, half);
-                let old = self.dp.read_table(base, self.layout.table_size)?;
-                for (c, (new, old)) in h
-                    .chunks(TABLE_CHUNK_SLOTS as usize)
-                    .zip(old.chunks(TABLE_CHUNK_SLOTS as usize))
-                    .enumerate()
-                {
-                    if new != old {
-                        self.dp.write_table(base + c as u32, new)?;
-                        report.chunks_written += 1;
-                    }
-                }
-                meta.table_base = base;
+                meta.table_base = self.write_inactive_half(&meta, &h, report)?;
                 meta.flags &= !VIP_F_NO_BACKENDS;
-                self.vips.get_mut(&id).expect("present").active = h.clone();
+                self.vips.get_mut(&id).expect("present").active = h;
                 swapped = true;
             }
         }
@@ -640,10 +656,32 @@ impl<D: Dataplane> Reconciler<D> {
                 debug!(vip = %id, "table swapped");
             }
         }
-        for handle in retire {
-            self.retire_backend(handle)?;
-        }
         Ok(())
+    }
+
+    /// Writes `table` into the half `meta` does not publish, chunk by
+    /// chunk where it differs from what the kernel holds there; returns
+    /// that half's base.
+    fn write_inactive_half(
+        &mut self,
+        meta: &VipMeta,
+        table: &[u32],
+        report: &mut ApplyReport,
+    ) -> Result<u32> {
+        let half = 1 - self.layout.active_half(meta);
+        let base = self.layout.half_base(meta.vip_id, half);
+        let old = self.dp.read_table(base, self.layout.table_size)?;
+        for (c, (new, old)) in table
+            .chunks(TABLE_CHUNK_SLOTS as usize)
+            .zip(old.chunks(TABLE_CHUNK_SLOTS as usize))
+            .enumerate()
+        {
+            if new != old {
+                self.dp.write_table(base + c as u32, new)?;
+                report.chunks_written += 1;
+            }
+        }
+        Ok(base)
     }
 
     /// What the datapath would do with a packet of `flow`.

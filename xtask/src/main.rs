@@ -3,6 +3,7 @@
 //! here.
 
 mod setup;
+mod structure;
 
 use std::process::Command;
 
@@ -48,6 +49,14 @@ enum Task {
         #[arg(long)]
         seed: Option<u64>,
     },
+    /// The runtime code's shape: largest files, functions over 80 lines,
+    /// module cycles (the suite holds the rules; this prints the figures).
+    Structure {
+        /// Another checkout to measure (e.g. a `git worktree` of an older
+        /// revision), for before/after figures.
+        #[arg(long)]
+        workspace: Option<std::path::PathBuf>,
+    },
     /// Run lbd in a namespace rig with real connections and print a summary.
     Demo {
         /// Leave the rig running afterwards.
@@ -67,6 +76,7 @@ fn main() -> Result<()> {
         Task::Demo { keep, down } => demo(keep, down),
         Task::Bench { baseline } => bench(baseline.as_deref()),
         Task::Fuzz { packets, seed } => fuzz(packets, seed),
+        Task::Structure { workspace } => structure::report(workspace),
     }
 }
 

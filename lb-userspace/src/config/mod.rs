@@ -285,8 +285,75 @@ fn finish_errors(errors: Vec<ConfigError>) -> ConfigErrors {
 
 /// The rules; `None` if any failed (the errors are in `errors`).
 fn validate_raw(raw: RawConfig, errors: &mut Vec<ConfigError>) -> Option<Config> {
-    let mut err = |field: String, message: String| errors.push(ConfigError { field, message });
+    check_identity(&raw, errors);
+    check_sizes(&raw, errors);
+    check_datapath(&raw, errors);
+    check_sources(&raw, errors);
+    errors.extend(prefixed("announce", raw.announce.validate()));
+    let layout = Layout {
+        table_size: raw.table_size,
+        max_vips: raw.max_vips,
+        max_backends: raw.max_backends,
+        ct_buckets: raw.conntrack_buckets,
+    };
+    if errors.is_empty()
+        && let Err(e) = layout.validate()
+    {
+        errors.push(ConfigError {
+            field: String::new(),
+            message: e.to_string(),
+        });
+    }
+    let sources = Sources::new(
+        raw.outer_source_v4,
+        raw.outer_source_v6,
+        raw.outer_source_v4_prefix,
+        raw.outer_source_v6_prefix,
+    );
+    let warnings = check_vips(&raw.vips, &layout, &sources, true, errors);
+    if !errors.is_empty() {
+        return None;
+    }
+    Some(build(raw, layout, warnings))
+}
 
+/// The validated configuration, with the defaults that depend on others.
+fn build(raw: RawConfig, layout: Layout, warnings: Vec<String>) -> Config {
+    let run = PathBuf::from("/run/lb");
+    Config {
+        api_socket: raw
+            .api_socket
+            .unwrap_or_else(|| run.join(format!("{}.sock", raw.instance))),
+        state_file: raw.state_file.unwrap_or_else(|| {
+            PathBuf::from("/var/lib/lb").join(format!("{}.state.json", raw.instance))
+        }),
+        instance: raw.instance,
+        interfaces: raw.interfaces,
+        xdp_mode: raw.xdp_mode,
+        gateway: raw.gateway_mac,
+        gateway_refresh: raw.gateway_refresh,
+        outer_source_v4: raw.outer_source_v4,
+        outer_source_v6: raw.outer_source_v6,
+        outer_source_v4_prefix: raw.outer_source_v4_prefix,
+        outer_source_v6_prefix: raw.outer_source_v6_prefix,
+        mtu: raw.mtu,
+        gue_port: raw.gue_port,
+        icmp_echo: raw.icmp_echo,
+        too_big_no_df: raw.too_big_no_df,
+        layout,
+        malformed: raw.malformed,
+        bpffs: raw.bpffs,
+        vips: raw.vips,
+        announce: raw.announce,
+        shutdown_grace: raw.shutdown_grace,
+        detach_on_exit: raw.detach_on_exit,
+        warnings,
+    }
+}
+
+/// The instance name and the interfaces.
+fn check_identity(raw: &RawConfig, errors: &mut Vec<ConfigError>) {
+    let mut err = |field: String, message: String| errors.push(ConfigError { field, message });
     if raw.instance.is_empty()
         || raw.instance.len() > 32
         || !raw
@@ -326,6 +393,11 @@ fn validate_raw(raw: RawConfig, errors: &mut Vec<ConfigError>) -> Option<Config>
             );
         }
     }
+}
+
+/// The maps' sizes.
+fn check_sizes(raw: &RawConfig, errors: &mut Vec<ConfigError>) {
+    let mut err = |field: String, message: String| errors.push(ConfigError { field, message });
     if !maglev::is_prime(raw.table_size) {
         err(
             "table_size".into(),
@@ -388,6 +460,11 @@ fn validate_raw(raw: RawConfig, errors: &mut Vec<ConfigError>) -> Option<Config>
             ),
         );
     }
+}
+
+/// The datapath's settings, paths and the stop grace.
+fn check_datapath(raw: &RawConfig, errors: &mut Vec<ConfigError>) {
+    let mut err = |field: String, message: String| errors.push(ConfigError { field, message });
     if raw.mtu != 0 && raw.mtu < MIN_MTU {
         err(
             "mtu".into(),
@@ -405,6 +482,24 @@ fn validate_raw(raw: RawConfig, errors: &mut Vec<ConfigError>) -> Option<Config>
     {
         err("gateway_refresh".into(), "must be between 1s and 1h".into());
     }
+    for (field, path) in [
+        ("api_socket", raw.api_socket.as_deref()),
+        ("state_file", raw.state_file.as_deref()),
+        ("bpffs", Some(raw.bpffs.as_path())),
+    ] {
+        if path.is_some_and(|p| p.as_os_str().is_empty()) {
+            err(field.into(), "must not be empty".into());
+        }
+    }
+    if raw.shutdown_grace > Duration::from_secs(600) {
+        err("shutdown_grace".into(), "is longer than 10 minutes".into());
+    }
+}
+
+/// The tunnels' outer sources: fixed or a prefix, never both, and no
+/// address that can never be one.
+fn check_sources(raw: &RawConfig, errors: &mut Vec<ConfigError>) {
+    let mut err = |field: String, message: String| errors.push(ConfigError { field, message });
     for (field, fixed, prefix, family, min_len) in [
         (
             "outer_source_v4_prefix",
@@ -458,76 +553,6 @@ fn validate_raw(raw: RawConfig, errors: &mut Vec<ConfigError>) -> Option<Config>
             err(field.into(), format!("{} {why}", addr.expect("checked")));
         }
     }
-    for (field, path) in [
-        ("api_socket", raw.api_socket.as_deref()),
-        ("state_file", raw.state_file.as_deref()),
-        ("bpffs", Some(raw.bpffs.as_path())),
-    ] {
-        if path.is_some_and(|p| p.as_os_str().is_empty()) {
-            err(field.into(), "must not be empty".into());
-        }
-    }
-    errors.extend(prefixed("announce", raw.announce.validate()));
-    if raw.shutdown_grace > Duration::from_secs(600) {
-        errors.push(ConfigError {
-            field: "shutdown_grace".into(),
-            message: "is longer than 10 minutes".into(),
-        });
-    }
-    let layout = Layout {
-        table_size: raw.table_size,
-        max_vips: raw.max_vips,
-        max_backends: raw.max_backends,
-        ct_buckets: raw.conntrack_buckets,
-    };
-    if errors.is_empty()
-        && let Err(e) = layout.validate()
-    {
-        errors.push(ConfigError {
-            field: String::new(),
-            message: e.to_string(),
-        });
-    }
-    let sources = Sources::new(
-        raw.outer_source_v4,
-        raw.outer_source_v6,
-        raw.outer_source_v4_prefix,
-        raw.outer_source_v6_prefix,
-    );
-    let warnings = check_vips(&raw.vips, &layout, &sources, true, errors);
-    if !errors.is_empty() {
-        return None;
-    }
-    let run = PathBuf::from("/run/lb");
-    Some(Config {
-        api_socket: raw
-            .api_socket
-            .unwrap_or_else(|| run.join(format!("{}.sock", raw.instance))),
-        state_file: raw.state_file.unwrap_or_else(|| {
-            PathBuf::from("/var/lib/lb").join(format!("{}.state.json", raw.instance))
-        }),
-        instance: raw.instance,
-        interfaces: raw.interfaces,
-        xdp_mode: raw.xdp_mode,
-        gateway: raw.gateway_mac,
-        gateway_refresh: raw.gateway_refresh,
-        outer_source_v4: raw.outer_source_v4,
-        outer_source_v6: raw.outer_source_v6,
-        outer_source_v4_prefix: raw.outer_source_v4_prefix,
-        outer_source_v6_prefix: raw.outer_source_v6_prefix,
-        mtu: raw.mtu,
-        gue_port: raw.gue_port,
-        icmp_echo: raw.icmp_echo,
-        too_big_no_df: raw.too_big_no_df,
-        layout,
-        malformed: raw.malformed,
-        bpffs: raw.bpffs,
-        vips: raw.vips,
-        announce: raw.announce,
-        shutdown_grace: raw.shutdown_grace,
-        detach_on_exit: raw.detach_on_exit,
-        warnings,
-    })
 }
 
 #[cfg(test)]

@@ -494,19 +494,23 @@ pub(crate) fn check_vips(
     from_file: bool,
     errors: &mut Vec<ConfigError>,
 ) -> Vec<String> {
-    let (have_v4_source, have_v6_source) = (sources.v4, sources.v6);
-    let own = &sources.own;
-    let mut warnings = Vec::new();
-    let mut err = |field: String, message: String| errors.push(ConfigError { field, message });
+    let mut rules = VipRules {
+        layout,
+        sources,
+        from_file,
+        vip_addrs: vips.iter().map(|v| v.id.addr).collect(),
+        errors,
+        warnings: Vec::new(),
+    };
     if vips.len() > layout.max_vips as usize {
-        err(
+        rules.err(
             "vips".into(),
             format!("{} VIPs, but max_vips is {}", vips.len(), layout.max_vips),
         );
     }
     let total: usize = vips.iter().map(|v| v.backends.len()).sum();
     if total > layout.max_backends as usize {
-        err(
+        rules.err(
             "vips".into(),
             format!(
                 "{total} backends in all, but max_backends is {}",
@@ -515,17 +519,16 @@ pub(crate) fn check_vips(
         );
     }
     let mut ids = BTreeSet::new();
-    let vip_addrs: BTreeSet<IpAddr> = vips.iter().map(|v| v.id.addr).collect();
     let mut frag_hash = std::collections::BTreeMap::new();
     for (i, vip) in vips.iter().enumerate() {
         let at = format!("vips[{i}]");
         if !ids.insert(vip.id) {
-            err(at.clone(), format!("VIP {} is defined twice", vip.id));
+            rules.err(at.clone(), format!("VIP {} is defined twice", vip.id));
         }
         if vip.fragments == FragmentPolicy::Hash
             && let Some(other) = frag_hash.insert((vip.id.addr, vip.id.proto), vip.id)
         {
-            err(
+            rules.err(
                 format!("{at}.fragments"),
                 format!(
                     "VIP {other} already hashes the fragments to {} {}; fragments carry no port, so only one VIP per address and protocol can",
@@ -533,10 +536,40 @@ pub(crate) fn check_vips(
                 ),
             );
         }
+        rules.vip_address(vip, &at);
+        for (j, b) in vip.backends.iter().enumerate() {
+            rules.backend(vip, b, &format!("{at}.backends[{j}]"));
+        }
+        rules.duplicates(vip, &at);
+        rules.health(vip, &at);
+        rules.settings(vip, &at);
+        rules.shares(vip, &at);
+    }
+    rules.warnings
+}
+
+/// The rules of [`check_vips`], one method per concern, and what they found.
+struct VipRules<'a> {
+    layout: &'a Layout,
+    sources: &'a Sources,
+    from_file: bool,
+    /// Every VIP address of the set (a backend must be none of them).
+    vip_addrs: BTreeSet<IpAddr>,
+    errors: &'a mut Vec<ConfigError>,
+    warnings: Vec<String>,
+}
+
+impl VipRules<'_> {
+    fn err(&mut self, field: String, message: String) {
+        self.errors.push(ConfigError { field, message });
+    }
+
+    /// The VIP's own address, and that it has backends (in a file).
+    fn vip_address(&mut self, vip: &VipConfig, at: &str) {
         if let Some(why) = unusable_vip(vip.id.addr) {
-            err(format!("{at}.address"), format!("{} {why}", vip.id.addr));
-        } else if own.contains(&vip.id.addr) {
-            err(
+            self.err(format!("{at}.address"), format!("{} {why}", vip.id.addr));
+        } else if self.sources.own.contains(&vip.id.addr) {
+            self.err(
                 format!("{at}.address"),
                 format!(
                     "{} is this balancer's tunnel source; a VIP needs an address of its own",
@@ -544,102 +577,113 @@ pub(crate) fn check_vips(
                 ),
             );
         }
-        if vip.backends.is_empty() && from_file {
-            err(
+        if vip.backends.is_empty() && self.from_file {
+            self.err(
                 format!("{at}.backends"),
                 format!("VIP {} has no backends; list at least one", vip.id),
             );
         }
+    }
+
+    /// One backend: its weight, and an address a tunnel can reach that
+    /// does not lead back here.
+    fn backend(&mut self, vip: &VipConfig, b: &BackendConfig, at: &str) {
+        if b.weight > MAX_WEIGHT {
+            self.err(
+                format!("{at}.weight"),
+                format!("weight {} is out of range 0-{MAX_WEIGHT}", b.weight),
+            );
+        }
+        let why = if let Some(why) = unusable_backend(b.address) {
+            Some(why.to_string())
+        } else if self.vip_addrs.contains(&b.address) {
+            Some("is a VIP address of this balancer: its packets would come back here".into())
+        } else if self.sources.own.contains(&b.address) {
+            Some(
+                "is this balancer's own tunnel source: packets would be tunnelled to itself".into(),
+            )
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            self.err(format!("{at}.address"), format!("{} {why}", b.address));
+        }
+        let (family, missing) = match b.address {
+            IpAddr::V4(_) => ("IPv4", !self.sources.v4),
+            IpAddr::V6(_) => ("IPv6", !self.sources.v6),
+        };
+        if missing {
+            let setting = if family == "IPv4" {
+                "outer_source_v4"
+            } else {
+                "outer_source_v6"
+            };
+            self.err(
+                format!("{at}.address"),
+                format!(
+                    "{family} backend {} needs an {family} tunnel source: set {setting}",
+                    b.address
+                ),
+            );
+        }
+        if vip.health_check_of(b).is_some_and(|h| h.through_tunnel)
+            && b.address.is_ipv4() != vip.id.addr.is_ipv4()
+        {
+            self.err(
+                format!("{at}.address"),
+                format!(
+                    "probes through the tunnel need a backend of the VIP's family; {} is not",
+                    b.address
+                ),
+            );
+        }
+    }
+
+    /// No backend listed twice.
+    fn duplicates(&mut self, vip: &VipConfig, at: &str) {
         let mut addrs = BTreeSet::new();
         for (j, b) in vip.backends.iter().enumerate() {
-            let at = format!("{at}.backends[{j}]");
             if !addrs.insert(b.address) {
-                err(
-                    format!("{at}.address"),
+                self.err(
+                    format!("{at}.backends[{j}].address"),
                     format!("backend {} is listed twice for VIP {}", b.address, vip.id),
                 );
             }
-            if b.weight > MAX_WEIGHT {
-                err(
-                    format!("{at}.weight"),
-                    format!("weight {} is out of range 0-{MAX_WEIGHT}", b.weight),
-                );
-            }
-            if let Some(why) = unusable_backend(b.address) {
-                err(format!("{at}.address"), format!("{} {why}", b.address));
-            } else if vip_addrs.contains(&b.address) {
-                err(
-                    format!("{at}.address"),
-                    format!(
-                        "{} is a VIP address of this balancer: its packets would come back here",
-                        b.address
-                    ),
-                );
-            } else if own.contains(&b.address) {
-                err(
-                    format!("{at}.address"),
-                    format!(
-                        "{} is this balancer's own tunnel source: packets would be tunnelled to itself",
-                        b.address
-                    ),
-                );
-            }
-            match b.address {
-                IpAddr::V4(_) if !have_v4_source => err(
-                    format!("{at}.address"),
-                    format!(
-                        "IPv4 backend {} needs an IPv4 tunnel source: set outer_source_v4",
-                        b.address
-                    ),
-                ),
-                IpAddr::V6(_) if !have_v6_source => err(
-                    format!("{at}.address"),
-                    format!(
-                        "IPv6 backend {} needs an IPv6 tunnel source: set outer_source_v6",
-                        b.address
-                    ),
-                ),
-                _ => {}
-            }
         }
+    }
+
+    /// The VIP's health check and each backend's own.
+    fn health(&mut self, vip: &VipConfig, at: &str) {
+        let mut err = |field: String, message: String| {
+            self.errors.push(ConfigError { field, message });
+        };
         if let Some(h) = &vip.health_check {
             check_health(h, vip, &format!("{at}.health_check"), &mut err);
         }
         for (j, b) in vip.backends.iter().enumerate() {
             if let Some(h) = &b.health_check {
-                check_health(
-                    h,
-                    vip,
-                    &format!("{at}.backends[{j}].health_check"),
-                    &mut err,
-                );
-            }
-            if vip.health_check_of(b).is_some_and(|h| h.through_tunnel)
-                && b.address.is_ipv4() != vip.id.addr.is_ipv4()
-            {
-                err(
-                    format!("{at}.backends[{j}].address"),
-                    format!(
-                        "probes through the tunnel need a backend of the VIP's family; {} is not",
-                        b.address
-                    ),
-                );
+                let field = format!("{at}.backends[{j}].health_check");
+                check_health(h, vip, &field, &mut err);
             }
         }
+    }
+
+    /// Panic threshold, timers and `min_healthy`.
+    fn settings(&mut self, vip: &VipConfig, at: &str) {
         if vip.panic_threshold > 100 {
-            err(
+            self.err(
                 format!("{at}.panic_threshold"),
                 format!("{}% is out of range 0-100", vip.panic_threshold),
             );
         }
         if vip.slow_start > Duration::from_secs(3600) {
-            err(format!("{at}.slow_start"), "is longer than an hour".into());
+            self.err(format!("{at}.slow_start"), "is longer than an hour".into());
         }
         if vip.drain_timeout > Duration::from_secs(86_400) {
-            err(format!("{at}.drain_timeout"), "is longer than a day".into());
+            self.err(format!("{at}.drain_timeout"), "is longer than a day".into());
         }
-        if vip.min_healthy as usize > vip.backends.len() && !(from_file && vip.backends.is_empty())
-        {
+        let no_backends_in_file = self.from_file && vip.backends.is_empty();
+        if vip.min_healthy as usize > vip.backends.len() && !no_backends_in_file {
             let text = format!(
                 "min_healthy {} is more than the {} backend(s) of VIP {}: it would never be announced",
                 vip.min_healthy,
@@ -648,25 +692,29 @@ pub(crate) fn check_vips(
             );
             // A file that says so is a mistake; the API may pass through
             // such a state while backends are replaced.
-            if from_file {
-                err(format!("{at}.min_healthy"), text);
+            if self.from_file {
+                self.err(format!("{at}.min_healthy"), text);
             } else {
-                warnings.push(format!("{at}.min_healthy: {text}"));
+                self.warnings.push(format!("{at}.min_healthy: {text}"));
             }
         }
+    }
+
+    /// Warnings: no weight at all, or a table too small for fair shares.
+    fn shares(&mut self, vip: &VipConfig, at: &str) {
         if !vip.backends.is_empty() && vip.backends.iter().all(|b| b.weight == 0) {
-            warnings.push(format!(
+            self.warnings.push(format!(
                 "{at}: VIP {} has no backend with a weight above 0: it will drop every packet sent to it",
                 vip.id
             ));
         }
         let live = vip.backends.iter().filter(|b| b.weight > 0).count() as u64;
-        if live > 0 && (layout.table_size as u64) < 100 * live {
-            warnings.push(format!(
-                "{at}: VIP {} has {live} backends; table_size {} is below 100 × {live}, so shares may be off by more than 1%",
-                vip.id, layout.table_size
+        let table_size = self.layout.table_size;
+        if live > 0 && (table_size as u64) < 100 * live {
+            self.warnings.push(format!(
+                "{at}: VIP {} has {live} backends; table_size {table_size} is below 100 × {live}, so shares may be off by more than 1%",
+                vip.id
             ));
         }
     }
-    warnings
 }

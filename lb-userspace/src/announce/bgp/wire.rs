@@ -169,83 +169,94 @@ impl fmt::Display for Notification {
     }
 }
 
+/// NOTIFICATION error codes: name, and subcode names by number (RFC
+/// 4271 §4.5, RFC 4486 and later for Cease, RFC 7313 for code 7).
+const ERROR_NAMES: &[(u8, &str, &[&str])] = &[
+    (
+        MESSAGE_HEADER_ERROR,
+        "message header error",
+        &[
+            "",
+            "connection not synchronized",
+            "bad message length",
+            "bad message type",
+        ],
+    ),
+    (
+        OPEN_MESSAGE_ERROR,
+        "OPEN message error",
+        &[
+            "",
+            "unsupported version number",
+            "bad peer AS",
+            "bad BGP identifier",
+            "unsupported optional parameter",
+            "",
+            "unacceptable hold time",
+            "unsupported capability",
+            "",
+            "",
+            "",
+            "role mismatch",
+        ],
+    ),
+    (
+        UPDATE_MESSAGE_ERROR,
+        "UPDATE message error",
+        &[
+            "",
+            "malformed attribute list",
+            "unrecognized well-known attribute",
+            "missing well-known attribute",
+            "attribute flags error",
+            "attribute length error",
+            "invalid ORIGIN attribute",
+            "",
+            "invalid NEXT_HOP attribute",
+            "optional attribute error",
+            "invalid network field",
+            "malformed AS_PATH",
+        ],
+    ),
+    (HOLD_TIMER_EXPIRED, "hold timer expired", &[]),
+    (
+        FSM_ERROR,
+        "finite state machine error",
+        &[
+            "",
+            "unexpected message in OpenSent",
+            "unexpected message in OpenConfirm",
+            "unexpected message in Established",
+        ],
+    ),
+    (
+        CEASE,
+        "Cease",
+        &[
+            "",
+            "maximum number of prefixes reached",
+            "administrative shutdown",
+            "peer de-configured",
+            "administrative reset",
+            "connection rejected",
+            "other configuration change",
+            "connection collision resolution",
+            "out of resources",
+            "hard reset",
+            "BFD down",
+        ],
+    ),
+    (
+        7,
+        "ROUTE-REFRESH message error",
+        &["", "invalid message length"],
+    ),
+];
+
 /// The RFC names of a NOTIFICATION's code and subcode.
 pub fn describe(code: u8, subcode: u8) -> String {
-    let (name, subs): (&str, &[&str]) = match code {
-        MESSAGE_HEADER_ERROR => (
-            "message header error",
-            &[
-                "",
-                "connection not synchronized",
-                "bad message length",
-                "bad message type",
-            ],
-        ),
-        OPEN_MESSAGE_ERROR => (
-            "OPEN message error",
-            &[
-                "",
-                "unsupported version number",
-                "bad peer AS",
-                "bad BGP identifier",
-                "unsupported optional parameter",
-                "",
-                "unacceptable hold time",
-                "unsupported capability",
-                "",
-                "",
-                "",
-                "role mismatch",
-            ],
-        ),
-        UPDATE_MESSAGE_ERROR => (
-            "UPDATE message error",
-            &[
-                "",
-                "malformed attribute list",
-                "unrecognized well-known attribute",
-                "missing well-known attribute",
-                "attribute flags error",
-                "attribute length error",
-                "invalid ORIGIN attribute",
-                "",
-                "invalid NEXT_HOP attribute",
-                "optional attribute error",
-                "invalid network field",
-                "malformed AS_PATH",
-            ],
-        ),
-        HOLD_TIMER_EXPIRED => ("hold timer expired", &[]),
-        FSM_ERROR => (
-            "finite state machine error",
-            &[
-                "",
-                "unexpected message in OpenSent",
-                "unexpected message in OpenConfirm",
-                "unexpected message in Established",
-            ],
-        ),
-        CEASE => (
-            "Cease",
-            &[
-                "",
-                "maximum number of prefixes reached",
-                "administrative shutdown",
-                "peer de-configured",
-                "administrative reset",
-                "connection rejected",
-                "other configuration change",
-                "connection collision resolution",
-                "out of resources",
-                "hard reset",
-                "BFD down",
-            ],
-        ),
-        7 => (
-            "ROUTE-REFRESH message error",
-            &["", "invalid message length"],
-        ),
-        _ => return format!("unknown error code {code}, subcode {subcode}"),
+    let Some((_, name, subs)) = ERROR_NAMES.iter().find(|(c, _, _)| *c == code) else {
+        return format!("unknown error code {code}, subcode {subcode}");
     };
     match subs.get(usize::from(subcode)) {
         Some(sub) if !sub.is_empty() => format!("{name}: {sub}"),

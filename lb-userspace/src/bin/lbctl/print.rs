@@ -73,66 +73,21 @@ fn bytes(b: u64) -> String {
 }
 
 pub fn print_status(s: Status) -> Result<()> {
-    let ifaces: Vec<String> = s
-        .interfaces
-        .iter()
-        .map(|i| {
-            format!(
-                "{} ({}{})",
-                i.name,
-                i.mode,
-                if i.adopted { ", adopted" } else { "" }
-            )
-        })
-        .collect();
     let (h, m, sec) = (
         s.uptime_secs / 3600,
         s.uptime_secs / 60 % 60,
         s.uptime_secs % 60,
     );
-    let total: u64 = s.map_bytes.iter().map(|(_, b)| b).sum();
     println!(
         "instance      {} (pid {}, up {h}h{m:02}m{sec:02}s)",
         s.instance, s.pid
     );
-    println!(
-        "config        {}{}",
-        s.config_file,
-        if s.api_changes {
-            " + runtime changes"
-        } else {
-            ""
-        }
-    );
-    println!("interfaces    {}", ifaces.join(", "));
-    match &s.gateway {
-        None => println!("gateway MAC   {}", s.gateway_mac),
-        Some(g) => println!(
-            "gateway MAC   {} (auto{}{}{})",
-            s.gateway_mac,
-            g.address
-                .map(|a| format!(", gateway {a}"))
-                .unwrap_or_default(),
-            if g.looking_up {
-                "; looking it up now"
-            } else {
-                ""
-            },
-            g.error
-                .as_ref()
-                .map(|e| format!("; last lookup failed: {e}"))
-                .unwrap_or_default()
-        ),
-    }
-    println!(
-        "pinned maps   {}{}",
-        s.pin_dir,
-        if s.maps_adopted {
-            " (adopted at start)"
-        } else {
-            ""
-        }
-    );
+    let changes = if_set(s.api_changes, " + runtime changes");
+    println!("config        {}{changes}", s.config_file);
+    println!("interfaces    {}", interfaces(&s));
+    println!("gateway MAC   {}", gateway(&s));
+    let adopted = if_set(s.maps_adopted, " (adopted at start)");
+    println!("pinned maps   {}{adopted}", s.pin_dir);
     println!("VIPs          {} of {}", s.vips, s.max_vips);
     println!("backends      {} of {}", s.backends, s.max_backends);
     println!(
@@ -141,6 +96,7 @@ pub fn print_status(s: Status) -> Result<()> {
         s.ct_buckets,
         s.ct_buckets as u64 * lb_common::consts::CT_WAYS as u64
     );
+    let total: u64 = s.map_bytes.iter().map(|(_, b)| b).sum();
     let maps: Vec<String> = s
         .map_bytes
         .iter()
@@ -156,6 +112,39 @@ pub fn print_status(s: Status) -> Result<()> {
         println!("warning       {w}");
     }
     Ok(())
+}
+
+fn if_set(flag: bool, text: &str) -> &str {
+    if flag { text } else { "" }
+}
+
+/// `eth0 (native, adopted), eth1 (native)`.
+fn interfaces(s: &Status) -> String {
+    let list: Vec<String> = s
+        .interfaces
+        .iter()
+        .map(|i| format!("{} ({}{})", i.name, i.mode, if_set(i.adopted, ", adopted")))
+        .collect();
+    list.join(", ")
+}
+
+/// The MAC, and with `gateway_mac: auto` what the watcher knows.
+fn gateway(s: &Status) -> String {
+    let Some(g) = &s.gateway else {
+        return s.gateway_mac.clone();
+    };
+    let address = g.address.map(|a| format!(", gateway {a}"));
+    let error = g
+        .error
+        .as_ref()
+        .map(|e| format!("; last lookup failed: {e}"));
+    format!(
+        "{} (auto{}{}{})",
+        s.gateway_mac,
+        address.unwrap_or_default(),
+        if_set(g.looking_up, "; looking it up now"),
+        error.unwrap_or_default()
+    )
 }
 
 pub fn print_bgp(s: AnnounceStatus) -> Result<()> {

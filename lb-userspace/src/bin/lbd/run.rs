@@ -196,21 +196,50 @@ fn attach(daemon: &mut Daemon<KernelDataplane>) -> Result<()> {
     Ok(())
 }
 
+/// A started daemon and what feeds it besides requests.
+struct Started {
+    daemon: Daemon<KernelDataplane>,
+    gateway: Option<GatewayWatch>,
+    probes: mpsc::Receiver<(lb::daemon::BackendKey, lb::health::ProbeResult)>,
+    /// Held until `lbd` exits: one `lbd` per instance.
+    _lock: lb::lock::DirLock,
+}
+
 pub async fn run(config_path: PathBuf) -> Result<()> {
+    let Started {
+        mut daemon,
+        mut gateway,
+        probes,
+        _lock,
+    } = start(config_path).await?;
+    let listener = server::bind(&daemon.config.api_socket)?;
+    let socket = daemon.config.api_socket.clone();
+    let (tx, calls) = mpsc::channel::<Call>(64);
+    tokio::spawn(server::serve(listener, tx));
+    info!(socket = %socket.display(), instance = %daemon.config.instance, "lbd ready");
+    daemon.sample();
+    let result = serve(&mut daemon, &mut gateway, probes, calls).await;
+    let _ = std::fs::remove_file(&socket);
+    result?;
+    finish(daemon).await
+}
+
+/// Loads and locks, programs the maps, attaches, and starts announcing.
+async fn start(config_path: PathBuf) -> Result<Started> {
     let (config, overlay) = load(&config_path)?;
     ensure_bpffs(&config.bpffs)?;
     // Before any pin or the socket is touched: one lbd per instance.
-    let _lock = crate::lock_instance(&config)?;
+    let lock = crate::lock_instance(&config)?;
     let pin_dir = config.pin_dir();
     let (dp, maps_adopted) = KernelDataplane::open_pinned(config.layout, &pin_dir)
         .with_context(|| format!("loading the XDP program (pins in {})", pin_dir.display()))?;
     let mut reconciler = Reconciler::adopt(dp)?;
     let resolved = resolve_gateway(&config).await?;
-    let mut gateway = GatewayWatch::start(&config, resolved);
+    let gateway = GatewayWatch::start(&config, resolved);
     let settings = datapath_settings(&config, resolved.1);
     reconciler.apply_settings(&settings)?;
 
-    let (probe_tx, mut probe_rx) = mpsc::channel(1024);
+    let (probe_tx, probes) = mpsc::channel(1024);
     let mut daemon = Daemon::new(
         config_path,
         config,
@@ -232,14 +261,22 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
     // Announce only now: the maps are written and the program attached.
     daemon.start_announcers()?;
     daemon.announce();
+    Ok(Started {
+        daemon,
+        gateway,
+        probes,
+        _lock: lock,
+    })
+}
 
-    let listener = server::bind(&daemon.config.api_socket)?;
-    let socket = daemon.config.api_socket.clone();
-    let (tx, mut calls) = mpsc::channel::<Call>(64);
-    tokio::spawn(server::serve(listener, tx));
-    info!(socket = %socket.display(), instance = %daemon.config.instance, "lbd ready");
-    daemon.sample();
-
+/// The loop: one event at a time until a second stop signal or the end
+/// of the grace period after the first.
+async fn serve(
+    daemon: &mut Daemon<KernelDataplane>,
+    gateway: &mut Option<GatewayWatch>,
+    mut probes: mpsc::Receiver<(lb::daemon::BackendKey, lb::health::ProbeResult)>,
+    mut calls: mpsc::Receiver<Call>,
+) -> Result<()> {
     let mut hup = signal(SignalKind::hangup())?;
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
@@ -262,23 +299,21 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
                 info!("SIGHUP: reloading");
                 ParsedReload::start(&daemon.config_path, false, None, &parsed_tx);
             }
-            Some(parsed) = parsed_rx.recv() => apply_reload(&mut daemon, &mut gateway, parsed).await,
-            Some((key, result)) = probe_rx.recv() => daemon.on_probe(key, result),
+            Some(parsed) = parsed_rx.recv() => apply_reload(daemon, gateway, parsed).await,
+            Some((key, result)) = probes.recv() => daemon.on_probe(key, result),
             _ = sample_tick.tick() => daemon.tick(),
-            state = GatewayWatch::changed(&mut gateway) => daemon.on_gateway(state),
+            state = GatewayWatch::changed(gateway) => daemon.on_gateway(state),
             _ = term.recv() => match daemon.begin_stop("SIGTERM") {
                 Some(wait) => stop_at = Some(tokio::time::Instant::now() + wait),
-                None => break,
+                None => return Ok(()),
             },
             _ = int.recv() => match daemon.begin_stop("SIGINT") {
                 Some(wait) => stop_at = Some(tokio::time::Instant::now() + wait),
-                None => break,
+                None => return Ok(()),
             },
-            _ = until(stop_at) => break,
+            _ = until(stop_at) => return Ok(()),
         }
     }
-    let _ = std::fs::remove_file(&socket);
-    finish(daemon).await
 }
 
 /// Applies a reload read off the loop, answers `lbctl reload` (SIGHUP's

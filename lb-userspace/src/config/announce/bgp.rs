@@ -124,6 +124,51 @@ pub struct PeerConfig {
 }
 
 impl PeerConfig {
+    /// This peer's problems, with field paths under `prefix`.
+    fn validate(&self, prefix: &str, errors: &mut Vec<ConfigError>) {
+        let at = |f: &str| format!("{prefix}.{f}");
+        check_as(&at("remote_as"), self.remote_as, errors);
+        check_unicast(&at("address"), self.address, errors);
+        if self.port == 0 {
+            errors.push(problem(at("port"), "must not be 0"));
+        }
+        if let Some(local) = self.local_address {
+            check_unicast(&at("local_address"), local, errors);
+            if local.is_ipv4() != self.address.is_ipv4() {
+                errors.push(problem(
+                    at("local_address"),
+                    format!(
+                        "{local} and the peer address {} are of different families",
+                        self.address
+                    ),
+                ));
+            }
+        }
+        if let Some(hops) = self.ttl_security
+            && !(1..=254).contains(&hops)
+        {
+            errors.push(problem(
+                at("ttl_security"),
+                format!("{hops} hops: GTSM allows 1-254"),
+            ));
+        }
+        for (field, nh) in [
+            ("next_hop_v4", self.next_hop_v4.map(IpAddr::from)),
+            ("next_hop_v6", self.next_hop_v6.map(IpAddr::from)),
+        ] {
+            if let Some(nh) = nh {
+                check_unicast(&at(field), nh, errors);
+            }
+        }
+        if self
+            .password_file
+            .as_ref()
+            .is_some_and(|p| p.as_os_str().is_empty())
+        {
+            errors.push(problem(at("password_file"), "must not be empty"));
+        }
+    }
+
     /// A peer with no optional setting.
     pub fn new(address: IpAddr, remote_as: u32) -> Self {
         Self {
@@ -255,50 +300,10 @@ impl BgpConfig {
         }
         let mut seen = BTreeSet::new();
         for (i, peer) in self.peers.iter().enumerate() {
-            let at = |f: &str| format!("peers[{i}].{f}");
-            check_as(&at("remote_as"), peer.remote_as, &mut errors);
-            check_unicast(&at("address"), peer.address, &mut errors);
-            if peer.port == 0 {
-                errors.push(problem(at("port"), "must not be 0"));
-            }
-            if let Some(local) = peer.local_address {
-                check_unicast(&at("local_address"), local, &mut errors);
-                if local.is_ipv4() != peer.address.is_ipv4() {
-                    errors.push(problem(
-                        at("local_address"),
-                        format!(
-                            "{local} and the peer address {} are of different families",
-                            peer.address
-                        ),
-                    ));
-                }
-            }
-            if let Some(hops) = peer.ttl_security
-                && !(1..=254).contains(&hops)
-            {
-                errors.push(problem(
-                    at("ttl_security"),
-                    format!("{hops} hops: GTSM allows 1-254"),
-                ));
-            }
-            for (field, nh) in [
-                ("next_hop_v4", peer.next_hop_v4.map(IpAddr::from)),
-                ("next_hop_v6", peer.next_hop_v6.map(IpAddr::from)),
-            ] {
-                if let Some(nh) = nh {
-                    check_unicast(&at(field), nh, &mut errors);
-                }
-            }
-            if peer
-                .password_file
-                .as_ref()
-                .is_some_and(|p| p.as_os_str().is_empty())
-            {
-                errors.push(problem(at("password_file"), "must not be empty"));
-            }
+            peer.validate(&format!("peers[{i}]"), &mut errors);
             if !seen.insert(peer.socket_addr()) {
                 errors.push(problem(
-                    at("address"),
+                    format!("peers[{i}].address"),
                     format!("peer {} is listed twice", peer.socket_addr()),
                 ));
             }
