@@ -6,6 +6,7 @@
 //! to the verifier, and no helper call crosses a function boundary.
 #![no_std]
 
+pub mod access;
 pub mod csum;
 pub mod hdr;
 pub mod parse;

@@ -6,8 +6,8 @@
 //! or ICMP over IP whose headers are complete and consistent; a fragment
 //! has no ports), or the counter that names why not: a `Pass*` counter for
 //! traffic that is simply not ours, a `Malformed*` counter for packets the
-//! entry point passes or drops by policy. [`ptr_at`] is the only code in the
-//! programs that computes packet pointers.
+//! entry point passes or drops by policy. It reads the packet through
+//! [`At`], as everything else does.
 
 use aya_ebpf::programs::XdpContext;
 use lb_common::{
@@ -18,20 +18,10 @@ use lb_common::{
     },
 };
 
-use crate::hdr::{
-    EthHdr, IP_DF, IP_MF, IP_OFFSET, Ipv4Hdr, Ipv6Hdr, TcpHdr, UdpHdr, VlanHdr, be16,
+use crate::{
+    access::At,
+    hdr::{EthHdr, IP_DF, IP_MF, IP_OFFSET, Ipv4Hdr, Ipv6Hdr, TcpHdr, UdpHdr, VlanHdr, be16},
 };
-
-/// A bounds-checked pointer to a `T` at byte `off` of the packet.
-#[inline(always)]
-pub fn ptr_at<T>(ctx: &XdpContext, off: usize) -> Option<*mut T> {
-    let start = ctx.data();
-    let end = ctx.data_end();
-    if start + off + core::mem::size_of::<T>() > end {
-        return None;
-    }
-    Some((start + off) as *mut T)
-}
 
 /// A TCP, UDP or ICMP packet, parsed. Addresses and ports are raw packet
 /// words.
@@ -115,21 +105,18 @@ use Reject::{Malformed, NotOurs};
 #[inline(always)]
 pub fn parse(ctx: &XdpContext) -> Result<Packet, Reject> {
     let frame_len = (ctx.data_end() - ctx.data()) as u32;
-    let eth: *const EthHdr = ptr_at(ctx, 0).ok_or(Malformed(Counter::MalformedEth))?;
-    // SAFETY: `ptr_at` checked that the whole header is inside the packet.
-    let mut proto = unsafe { (*eth).h_proto };
+    let eth = At::<EthHdr>::new(ctx, 0).ok_or(Malformed(Counter::MalformedEth))?;
+    let mut proto = eth.read().h_proto;
     let mut l2_len = ETH_HDR_LEN;
     let mut vlan_tci = 0;
     let mut vlan_tpid = 0;
     if proto == be16(ETH_P_8021Q) || proto == be16(ETH_P_8021AD) {
-        let vlan: *const VlanHdr =
-            ptr_at(ctx, ETH_HDR_LEN).ok_or(Malformed(Counter::MalformedVlan))?;
+        let vlan = At::<VlanHdr>::new(ctx, ETH_HDR_LEN)
+            .ok_or(Malformed(Counter::MalformedVlan))?
+            .read();
         vlan_tpid = proto;
-        // SAFETY: bounds checked by `ptr_at`.
-        unsafe {
-            vlan_tci = (*vlan).tci;
-            proto = (*vlan).encapsulated_proto;
-        }
+        vlan_tci = vlan.tci;
+        proto = vlan.encapsulated_proto;
         if proto == be16(ETH_P_8021Q) || proto == be16(ETH_P_8021AD) {
             return Err(Malformed(Counter::MalformedVlan));
         }
@@ -179,9 +166,9 @@ pub fn parse(ctx: &XdpContext) -> Result<Packet, Reject> {
 
 #[inline(always)]
 fn parse_ipv4(ctx: &XdpContext, off: usize, room: usize, pkt: &mut Packet) -> Result<(), Reject> {
-    let ip: *const Ipv4Hdr = ptr_at(ctx, off).ok_or(Malformed(Counter::MalformedIpv4Truncated))?;
-    // SAFETY: bounds checked by `ptr_at`.
-    let ip = unsafe { &*ip };
+    let ip = At::<Ipv4Hdr>::new(ctx, off)
+        .ok_or(Malformed(Counter::MalformedIpv4Truncated))?
+        .read();
     if ip.version_ihl >> 4 != 4 {
         return Err(Malformed(Counter::MalformedIpv4Header));
     }
@@ -245,9 +232,9 @@ fn is_walked_ext(nexthdr: u8) -> bool {
 
 #[inline(always)]
 fn parse_ipv6(ctx: &XdpContext, off: usize, room: usize, pkt: &mut Packet) -> Result<(), Reject> {
-    let ip: *const Ipv6Hdr = ptr_at(ctx, off).ok_or(Malformed(Counter::MalformedIpv6Truncated))?;
-    // SAFETY: bounds checked by `ptr_at`.
-    let ip = unsafe { &*ip };
+    let ip = At::<Ipv6Hdr>::new(ctx, off)
+        .ok_or(Malformed(Counter::MalformedIpv6Truncated))?
+        .read();
     let vtc = u32::from_be(ip.vtc_flow);
     if vtc >> 28 != 6 {
         return Err(Malformed(Counter::MalformedIpv6Header));
@@ -273,9 +260,9 @@ fn parse_ipv6(ctx: &XdpContext, off: usize, room: usize, pkt: &mut Packet) -> Re
         let at = off + IPV6_HDR_LEN + ext;
         // Every walked header starts with (next header, length) and is at
         // least 8 bytes long; the fragment header is exactly 8.
-        let h: *const [u8; 8] = ptr_at(ctx, at).ok_or(Malformed(Counter::MalformedIpv6Ext))?;
-        // SAFETY: bounds checked by `ptr_at`.
-        let h = unsafe { &*h };
+        let h = At::<[u8; 8]>::new(ctx, at)
+            .ok_or(Malformed(Counter::MalformedIpv6Ext))?
+            .read();
         let len = match nexthdr {
             IPV6_FRAGMENT => {
                 // Offset and M flag; an atomic fragment (both 0, RFC 6946)
@@ -326,18 +313,18 @@ fn parse_l4(ctx: &XdpContext, ip_end: usize, pkt: &mut Packet) -> Result<(), Rej
         return Err(Malformed(Counter::MalformedL4));
     }
     if pkt.proto == PROTO_TCP {
-        let tcp: *const TcpHdr = ptr_at(ctx, off).ok_or(Malformed(Counter::MalformedL4))?;
-        // SAFETY: bounds checked by `ptr_at`.
-        let tcp = unsafe { &*tcp };
+        let tcp = At::<TcpHdr>::new(ctx, off)
+            .ok_or(Malformed(Counter::MalformedL4))?
+            .read();
         if tcp.doff_res >> 4 < 5 {
             return Err(Malformed(Counter::MalformedL4));
         }
         pkt.tcp_flags = tcp.flags;
         pkt.ports = u32::from(tcp.source) | (u32::from(tcp.dest) << 16);
     } else {
-        let udp: *const UdpHdr = ptr_at(ctx, off).ok_or(Malformed(Counter::MalformedL4))?;
-        // SAFETY: bounds checked by `ptr_at`.
-        let udp = unsafe { &*udp };
+        let udp = At::<UdpHdr>::new(ctx, off)
+            .ok_or(Malformed(Counter::MalformedL4))?
+            .read();
         pkt.ports = u32::from(udp.source) | (u32::from(udp.dest) << 16);
     }
     Ok(())

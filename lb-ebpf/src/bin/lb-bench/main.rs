@@ -23,7 +23,7 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use lb_common::{BENCH_RESTORE_LEN, BenchPacket};
-use lb_ebpf::{hdr::EthHdr, parse::ptr_at};
+use lb_ebpf::{access::ptr_at, hdr::EthHdr};
 
 #[map]
 static BENCH_PACKET: Array<BenchPacket> = Array::with_max_entries(1, 0);

@@ -6,8 +6,8 @@
 use aya_ebpf::{helpers::generated::bpf_xdp_adjust_head, programs::XdpContext};
 use lb_common::consts::ETH_HDR_LEN;
 use lb_ebpf::{
+    access::At,
     hdr::{EthHdr, VlanHdr},
-    parse::ptr_at,
 };
 
 use crate::tunnel::Tunnel;
@@ -24,18 +24,16 @@ pub struct StripError;
 /// unusable, and the caller drops it.
 #[inline(always)]
 pub fn strip(ctx: &XdpContext, t: &Tunnel) -> Result<(), StripError> {
-    let eth: *const EthHdr = ptr_at(ctx, 0).ok_or(StripError)?;
-    // SAFETY: bounds checked by `ptr_at`.
-    let mut eth = unsafe { *eth };
+    let mut eth = At::<EthHdr>::new(ctx, 0).ok_or(StripError)?.read();
     let tagged = t.l2_len > ETH_HDR_LEN;
     let mut vlan = VlanHdr {
         tci: 0,
         encapsulated_proto: 0,
     };
     if tagged {
-        let v: *const VlanHdr = ptr_at(ctx, ETH_HDR_LEN).ok_or(StripError)?;
-        // SAFETY: bounds checked by `ptr_at`.
-        vlan = unsafe { *v };
+        vlan = At::<VlanHdr>::new(ctx, ETH_HDR_LEN)
+            .ok_or(StripError)?
+            .read();
         vlan.encapsulated_proto = t.inner_ethertype;
     } else {
         eth.h_proto = t.inner_ethertype;
@@ -47,13 +45,11 @@ pub fn strip(ctx: &XdpContext, t: &Tunnel) -> Result<(), StripError> {
         return Err(StripError);
     }
 
-    let out: *mut EthHdr = ptr_at(ctx, 0).ok_or(StripError)?;
-    // SAFETY: bounds checked by `ptr_at` after the adjustment.
-    unsafe { *out = eth };
+    At::<EthHdr>::new(ctx, 0).ok_or(StripError)?.write(eth);
     if tagged {
-        let v: *mut VlanHdr = ptr_at(ctx, ETH_HDR_LEN).ok_or(StripError)?;
-        // SAFETY: bounds checked by `ptr_at` after the adjustment.
-        unsafe { *v = vlan };
+        At::<VlanHdr>::new(ctx, ETH_HDR_LEN)
+            .ok_or(StripError)?
+            .write(vlan);
     }
     Ok(())
 }

@@ -40,8 +40,8 @@ use lb_common::{
     },
 };
 use lb_ebpf::{
+    access::At,
     hdr::{EthHdr, GreHdr, IP_MF, IP_OFFSET, Ipv4Hdr, Ipv6Hdr, UdpHdr, VlanHdr, be16},
-    parse::ptr_at,
 };
 
 use crate::maps::LB_DECAP_ADDRS;
@@ -105,17 +105,17 @@ fn local(addr: [u32; 4], family: u8) -> Option<u16> {
 #[inline(always)]
 pub fn parse(ctx: &XdpContext) -> Result<Tunnel, DecapCounter> {
     let frame_len = ctx.data_end() - ctx.data();
-    let eth: *const EthHdr = ptr_at(ctx, 0).ok_or(PassNotTunnel)?;
-    // SAFETY: `ptr_at` checked that the whole header is inside the packet.
-    let mut proto = unsafe { (*eth).h_proto };
+    let mut proto = At::<EthHdr>::new(ctx, 0)
+        .ok_or(PassNotTunnel)?
+        .read()
+        .h_proto;
     let mut l2_len = ETH_HDR_LEN;
     if proto == be16(ETH_P_8021Q) || proto == be16(ETH_P_8021AD) {
-        let vlan: *const VlanHdr = ptr_at(ctx, ETH_HDR_LEN).ok_or(PassNotTunnel)?;
-        // SAFETY: bounds checked by `ptr_at`.
-        proto = unsafe { (*vlan).encapsulated_proto };
+        let vlan = At::<VlanHdr>::new(ctx, ETH_HDR_LEN).ok_or(PassNotTunnel)?;
+        proto = vlan.read().encapsulated_proto;
         l2_len += VLAN_HDR_LEN;
     }
-    // `ptr_at` above proved the frame holds `l2_len` bytes.
+    // The reads above proved the frame holds `l2_len` bytes.
     let room = frame_len - l2_len;
     let outer = if proto == be16(ETH_P_IPV4) {
         outer_ipv4(ctx, l2_len, room)?
@@ -126,53 +126,8 @@ pub fn parse(ctx: &XdpContext) -> Result<Tunnel, DecapCounter> {
     };
 
     let outer_end = l2_len + outer.len;
-    let mut inner_off = l2_len + outer.hdr_len;
-    let (inner_v6, outcome) = if outer.next == PROTO_UDP {
-        let udp: *const UdpHdr = ptr_at(ctx, inner_off).ok_or(PassNotTunnel)?;
-        // SAFETY: bounds checked by `ptr_at`.
-        let udp = unsafe { *udp };
-        if outer.gue_port == 0 || udp.dest != outer.gue_port {
-            return Err(PassNotTunnel);
-        }
-        if inner_off + UDP_HDR_LEN + 1 > outer_end
-            || u16::from_be(udp.len) as usize != outer_end - inner_off
-        {
-            return Err(MalformedOuter);
-        }
-        inner_off += UDP_HDR_LEN;
-        // Two bytes, not one: a 1-byte check compiles to a comparison the
-        // verifier does not take as a bound.
-        let version: *const [u8; 2] = ptr_at(ctx, inner_off).ok_or(MalformedInner)?;
-        // SAFETY: bounds checked by `ptr_at`.
-        let inner_v6 = match unsafe { (*version)[0] } >> 4 {
-            4 => false,
-            6 => true,
-            _ => return Err(MalformedInner),
-        };
-        (inner_v6, DecapGue)
-    } else if outer.next == PROTO_GRE {
-        if inner_off + GRE_HDR_LEN > outer_end {
-            return Err(MalformedOuter);
-        }
-        let gre: *const GreHdr = ptr_at(ctx, inner_off).ok_or(MalformedOuter)?;
-        // SAFETY: bounds checked by `ptr_at`.
-        let gre = unsafe { *gre };
-        if gre.flags_version != 0 {
-            return Err(PassGreUnsupported);
-        }
-        let inner_v6 = if gre.protocol == be16(ETH_P_IPV4) {
-            false
-        } else if gre.protocol == be16(ETH_P_IPV6) {
-            true
-        } else {
-            return Err(PassGreUnsupported);
-        };
-        inner_off += GRE_HDR_LEN;
-        (inner_v6, DecapGre)
-    } else {
-        (outer.next == PROTO_IPV6, DecapIpip)
-    };
-
+    let (inner_off, inner_v6, outcome) =
+        tunnel_header(ctx, &outer, l2_len + outer.hdr_len, outer_end)?;
     // Bytes the outer packet carries after the inner header's start.
     let inner_room = outer_end - inner_off;
     let inner_ethertype = if inner_v6 {
@@ -190,12 +145,68 @@ pub fn parse(ctx: &XdpContext) -> Result<Tunnel, DecapCounter> {
     })
 }
 
+/// The GUE (UDP) or GRE header at `off` if `outer` says there is one:
+/// where the inner IP header starts, whether it is IPv6, and the outcome.
+#[inline(always)]
+fn tunnel_header(
+    ctx: &XdpContext,
+    outer: &Outer,
+    off: usize,
+    outer_end: usize,
+) -> Result<(usize, bool, DecapCounter), DecapCounter> {
+    let mut inner_off = off;
+    let (inner_v6, outcome) = if outer.next == PROTO_UDP {
+        let udp = At::<UdpHdr>::new(ctx, inner_off)
+            .ok_or(PassNotTunnel)?
+            .read();
+        if outer.gue_port == 0 || udp.dest != outer.gue_port {
+            return Err(PassNotTunnel);
+        }
+        if inner_off + UDP_HDR_LEN + 1 > outer_end
+            || u16::from_be(udp.len) as usize != outer_end - inner_off
+        {
+            return Err(MalformedOuter);
+        }
+        inner_off += UDP_HDR_LEN;
+        // Two bytes, not one: a 1-byte check compiles to a comparison the
+        // verifier does not take as a bound.
+        let version = At::<[u8; 2]>::new(ctx, inner_off).ok_or(MalformedInner)?;
+        let inner_v6 = match version.read()[0] >> 4 {
+            4 => false,
+            6 => true,
+            _ => return Err(MalformedInner),
+        };
+        (inner_v6, DecapGue)
+    } else if outer.next == PROTO_GRE {
+        if inner_off + GRE_HDR_LEN > outer_end {
+            return Err(MalformedOuter);
+        }
+        let gre = At::<GreHdr>::new(ctx, inner_off)
+            .ok_or(MalformedOuter)?
+            .read();
+        if gre.flags_version != 0 {
+            return Err(PassGreUnsupported);
+        }
+        let inner_v6 = if gre.protocol == be16(ETH_P_IPV4) {
+            false
+        } else if gre.protocol == be16(ETH_P_IPV6) {
+            true
+        } else {
+            return Err(PassGreUnsupported);
+        };
+        inner_off += GRE_HDR_LEN;
+        (inner_v6, DecapGre)
+    } else {
+        (outer.next == PROTO_IPV6, DecapIpip)
+    };
+
+    Ok((inner_off, inner_v6, outcome))
+}
+
 /// The outer IPv4 header at `off`; `room` is what the frame holds from it.
 #[inline(always)]
 fn outer_ipv4(ctx: &XdpContext, off: usize, room: usize) -> Result<Outer, DecapCounter> {
-    let ip: *const Ipv4Hdr = ptr_at(ctx, off).ok_or(PassNotTunnel)?;
-    // SAFETY: bounds checked by `ptr_at`.
-    let ip = unsafe { &*ip };
+    let ip = At::<Ipv4Hdr>::new(ctx, off).ok_or(PassNotTunnel)?.read();
     if ip.version_ihl >> 4 != 4 || !is_tunnel_proto(ip.protocol) {
         return Err(PassNotTunnel);
     }
@@ -225,9 +236,7 @@ fn outer_ipv4(ctx: &XdpContext, off: usize, room: usize) -> Result<Outer, DecapC
 /// protocol must be its next header.
 #[inline(always)]
 fn outer_ipv6(ctx: &XdpContext, off: usize, room: usize) -> Result<Outer, DecapCounter> {
-    let ip: *const Ipv6Hdr = ptr_at(ctx, off).ok_or(PassNotTunnel)?;
-    // SAFETY: bounds checked by `ptr_at`.
-    let ip = unsafe { &*ip };
+    let ip = At::<Ipv6Hdr>::new(ctx, off).ok_or(PassNotTunnel)?.read();
     if u32::from_be(ip.vtc_flow) >> 28 != 6 || !is_tunnel_proto(ip.nexthdr) {
         return Err(PassNotTunnel);
     }
@@ -252,9 +261,7 @@ fn outer_ipv6(ctx: &XdpContext, off: usize, room: usize) -> Result<Outer, DecapC
 /// from there. Inner fragments are fine: the stack reassembles them.
 #[inline(always)]
 fn inner_ipv4(ctx: &XdpContext, off: usize, room: usize) -> Result<(), DecapCounter> {
-    let ip: *const Ipv4Hdr = ptr_at(ctx, off).ok_or(MalformedInner)?;
-    // SAFETY: bounds checked by `ptr_at`.
-    let ip = unsafe { &*ip };
+    let ip = At::<Ipv4Hdr>::new(ctx, off).ok_or(MalformedInner)?.read();
     if ip.version_ihl >> 4 != 4 {
         return Err(MalformedInner);
     }
@@ -269,9 +276,7 @@ fn inner_ipv4(ctx: &XdpContext, off: usize, room: usize) -> Result<(), DecapCoun
 /// The inner IPv6 header at `off`; `room` as for [`inner_ipv4`].
 #[inline(always)]
 fn inner_ipv6(ctx: &XdpContext, off: usize, room: usize) -> Result<(), DecapCounter> {
-    let ip: *const Ipv6Hdr = ptr_at(ctx, off).ok_or(MalformedInner)?;
-    // SAFETY: bounds checked by `ptr_at`.
-    let ip = unsafe { &*ip };
+    let ip = At::<Ipv6Hdr>::new(ctx, off).ok_or(MalformedInner)?.read();
     if u32::from_be(ip.vtc_flow) >> 28 != 6 {
         return Err(MalformedInner);
     }

@@ -12,15 +12,16 @@ use aya_ebpf::{helpers::generated::bpf_xdp_adjust_head, programs::XdpContext};
 use lb_common::{
     BackendDef, DatapathConfig,
     consts::{
-        ENCAP_GRE, ENCAP_GUE, ETH_P_IPV4, ETH_P_IPV6, FAMILY_V4, FAMILY_V6, GRE_HDR_LEN,
-        IPV4_HDR_LEN, IPV6_HDR_LEN, OUTER_TTL, PROTO_GRE, PROTO_IPIP, PROTO_IPV6, PROTO_UDP,
-        UDP_HDR_LEN, VLAN_HDR_LEN,
+        ENCAP_GRE, ENCAP_GUE, ETH_HDR_LEN, ETH_P_IPV4, ETH_P_IPV6, FAMILY_V4, FAMILY_V6,
+        GRE_HDR_LEN, IPV4_HDR_LEN, IPV6_HDR_LEN, OUTER_TTL, PROTO_GRE, PROTO_IPIP, PROTO_IPV6,
+        PROTO_UDP, UDP_HDR_LEN, VLAN_HDR_LEN,
     },
 };
 use lb_ebpf::{
+    access::At,
     csum,
     hdr::{EthHdr, GreHdr, IP_DF, Ipv4Hdr, Ipv6Hdr, UdpHdr, VlanHdr, be16, be32},
-    parse::{Packet, ptr_at},
+    parse::Packet,
 };
 
 /// Why encapsulation failed (the frame could not be grown or re-read).
@@ -48,11 +49,22 @@ pub fn overhead(backend: &BackendDef) -> u32 {
 
 /// The GRE or UDP header after the outer IP header, 0 for IP-in-IP.
 #[inline(always)]
-fn tunnel_len(encap: u8) -> usize {
+pub fn tunnel_len(encap: u8) -> usize {
     match encap {
         ENCAP_GRE => GRE_HDR_LEN,
         ENCAP_GUE => UDP_HDR_LEN,
         _ => 0,
+    }
+}
+
+/// The protocol (next header) of the outer IP header.
+#[inline(always)]
+pub fn next_header(encap: u8, inner_v4: bool) -> u8 {
+    match encap {
+        ENCAP_GRE => PROTO_GRE,
+        ENCAP_GUE => PROTO_UDP,
+        _ if inner_v4 => PROTO_IPIP,
+        _ => PROTO_IPV6,
     }
 }
 
@@ -73,11 +85,20 @@ pub fn encapsulate(
     pkt: &Packet,
     hash: u64,
 ) -> Result<(), EncapError> {
-    let gre = backend.encap == ENCAP_GRE;
-    let gue = backend.encap == ENCAP_GUE;
-    let outer_v6 = backend.family == FAMILY_V6;
     let tun_len = tunnel_len(backend.encap);
     let overhead = overhead(backend) as usize;
+    // Our own MAC (the frame's destination) becomes the new source.
+    let own_mac = At::<EthHdr>::new(ctx, 0).ok_or(EncapError)?.read().h_dest;
+
+    // SAFETY: `ctx.ctx` is the program's context; no packet pointer is
+    // used across this call.
+    if unsafe { bpf_xdp_adjust_head(ctx.ctx, -(overhead as i32)) } != 0 {
+        return Err(EncapError);
+    }
+
+    let outer_v6 = backend.family == FAMILY_V6;
+    let l3 = write_l2(ctx, cfg, pkt, own_mac, outer_v6)?;
+    let next = next_header(backend.encap, pkt.family == FAMILY_V4);
     // Host bits of the outer source, from the client (masks are 0 without
     // an outer source prefix).
     let client = if pkt.family == FAMILY_V4 {
@@ -85,130 +106,109 @@ pub fn encapsulate(
     } else {
         pkt.src[3]
     };
-
-    // Our own MAC (the frame's destination) becomes the new source.
-    let eth: *const EthHdr = ptr_at(ctx, 0).ok_or(EncapError)?;
-    // SAFETY: bounds checked by `ptr_at`.
-    let own_mac = unsafe { (*eth).h_dest };
-
-    // SAFETY: `ctx.ctx` is the program's context.
-    if unsafe { bpf_xdp_adjust_head(ctx.ctx, -(overhead as i32)) } != 0 {
-        return Err(EncapError);
-    }
-
-    let inner_proto = if pkt.family == FAMILY_V4 {
-        PROTO_IPIP
-    } else {
-        PROTO_IPV6
-    };
-    let inner_ethertype = if pkt.family == FAMILY_V4 {
-        ETH_P_IPV4
-    } else {
-        ETH_P_IPV6
-    };
-    let outer_ethertype = be16(if outer_v6 { ETH_P_IPV6 } else { ETH_P_IPV4 });
-    let next = if gre {
-        PROTO_GRE
-    } else if gue {
-        PROTO_UDP
-    } else {
-        inner_proto
-    };
-
-    let eth: *mut EthHdr = ptr_at(ctx, 0).ok_or(EncapError)?;
-    let l3 = if pkt.l2_len as usize > core::mem::size_of::<EthHdr>() {
-        let vlan: *mut VlanHdr = ptr_at(ctx, core::mem::size_of::<EthHdr>()).ok_or(EncapError)?;
-        // SAFETY: both headers bounds checked by `ptr_at`.
-        unsafe {
-            (*eth).h_proto = pkt.vlan_tpid;
-            (*vlan).tci = pkt.vlan_tci;
-            (*vlan).encapsulated_proto = outer_ethertype;
-        }
-        core::mem::size_of::<EthHdr>() + VLAN_HDR_LEN
-    } else {
-        // SAFETY: bounds checked by `ptr_at`.
-        unsafe { (*eth).h_proto = outer_ethertype };
-        core::mem::size_of::<EthHdr>()
-    };
-    // SAFETY: bounds checked by `ptr_at`.
-    unsafe {
-        (*eth).h_dest = mac_words(&cfg.gw_mac);
-        (*eth).h_source = own_mac;
-    }
-
     let inner_len = pkt.ip_len as usize;
     if outer_v6 {
-        let ip: *mut Ipv6Hdr = ptr_at(ctx, l3).ok_or(EncapError)?;
+        let ip = At::<Ipv6Hdr>::new(ctx, l3).ok_or(EncapError)?;
         let vtc = 6 << 28 | (pkt.tos as u32) << 20 | (hash as u32 & 0x000f_ffff);
-        // SAFETY: bounds checked by `ptr_at`.
-        unsafe {
-            (*ip).vtc_flow = be32(vtc);
-            (*ip).payload_len = be16((inner_len + tun_len) as u16);
-            (*ip).nexthdr = next;
-            (*ip).hop_limit = OUTER_TTL;
-            // Word by word: an array assignment would become a byte loop.
-            (*ip).saddr[0] = cfg.src_v6[0];
-            (*ip).saddr[1] = cfg.src_v6[1];
-            (*ip).saddr[2] = cfg.src_v6[2];
-            (*ip).saddr[3] =
-                (cfg.src_v6[3] & !cfg.src_v6_host_mask) | (client & cfg.src_v6_host_mask);
-            (*ip).daddr[0] = backend.addr[0];
-            (*ip).daddr[1] = backend.addr[1];
-            (*ip).daddr[2] = backend.addr[2];
-            (*ip).daddr[3] = backend.addr[3];
-        }
+        ip.set_vtc_flow(be32(vtc));
+        ip.set_payload_len(be16((inner_len + tun_len) as u16));
+        ip.set_nexthdr(next);
+        ip.set_hop_limit(OUTER_TTL);
+        let src = &cfg.src_v6;
+        let last = (src[3] & !cfg.src_v6_host_mask) | (client & cfg.src_v6_host_mask);
+        ip.set_saddr(&[src[0], src[1], src[2], last]);
+        ip.set_daddr(&backend.addr);
     } else {
-        let ip: *mut Ipv4Hdr = ptr_at(ctx, l3).ok_or(EncapError)?;
-        let tot_len = be16((inner_len + overhead) as u16);
-        let frag_off = be16(IP_DF);
+        let ip = At::<Ipv4Hdr>::new(ctx, l3).ok_or(EncapError)?;
         let saddr = (cfg.src_v4 & !cfg.src_v4_host_mask) | (client & cfg.src_v4_host_mask);
-        let daddr = backend.addr[0];
-        // The checksum from the values rather than read back from the
-        // packet: loading 16-bit words just stored a byte at a time stalls
-        // store forwarding (6% of lb_xdp's samples forwarding on a veth).
-        let check = csum::fold(
-            u16::from_ne_bytes([0x45, pkt.tos]) as u32
-                + tot_len as u32
-                + frag_off as u32
-                + u16::from_ne_bytes([OUTER_TTL, next]) as u32
-                + csum::halves(saddr)
-                + csum::halves(daddr),
+        write_ipv4(
+            &ip,
+            pkt.tos,
+            (inner_len + overhead) as u16,
+            next,
+            saddr,
+            backend.addr[0],
         );
-        // SAFETY: bounds checked by `ptr_at`.
-        unsafe {
-            (*ip).version_ihl = 0x45;
-            (*ip).tos = pkt.tos;
-            (*ip).tot_len = tot_len;
-            (*ip).id = 0;
-            (*ip).frag_off = frag_off;
-            (*ip).ttl = OUTER_TTL;
-            (*ip).protocol = next;
-            (*ip).check = check;
-            (*ip).saddr = saddr;
-            (*ip).daddr = daddr;
-        }
     }
     debug_assert!(backend.family == FAMILY_V4 || backend.family == FAMILY_V6);
 
     let off = l3 + overhead - tun_len;
-    if gre {
-        let g: *mut GreHdr = ptr_at(ctx, off).ok_or(EncapError)?;
-        // SAFETY: bounds checked by `ptr_at`.
-        unsafe {
-            (*g).flags_version = 0;
-            (*g).protocol = be16(inner_ethertype);
+    match backend.encap {
+        ENCAP_GRE => {
+            let g = At::<GreHdr>::new(ctx, off).ok_or(EncapError)?;
+            g.set_flags_version(0);
+            g.set_protocol(be16(if pkt.family == FAMILY_V4 {
+                ETH_P_IPV4
+            } else {
+                ETH_P_IPV6
+            }));
         }
-    } else if gue {
-        let u: *mut UdpHdr = ptr_at(ctx, off).ok_or(EncapError)?;
-        // SAFETY: bounds checked by `ptr_at`.
-        unsafe {
-            (*u).source = gue_source_port(hash);
-            (*u).dest = cfg.gue_port;
-            (*u).len = be16((inner_len + UDP_HDR_LEN) as u16);
+        ENCAP_GUE => {
+            let u = At::<UdpHdr>::new(ctx, off).ok_or(EncapError)?;
+            u.set_source(gue_source_port(hash));
+            u.set_dest(cfg.gue_port);
+            u.set_len(be16((inner_len + UDP_HDR_LEN) as u16));
             // Zero: no checksum (RFC 768 for IPv4; RFC 6935 and 6936 allow
             // it for tunnels over IPv6, and the inner packet carries its own).
-            (*u).check = 0;
+            u.set_check(0);
         }
+        _ => {}
     }
     Ok(())
+}
+
+/// Readdresses the grown frame from us (`own_mac`) to the gateway, keeping
+/// the VLAN tag, with the outer header's ethertype; returns where the
+/// outer IP header starts.
+#[inline(always)]
+fn write_l2(
+    ctx: &XdpContext,
+    cfg: &DatapathConfig,
+    pkt: &Packet,
+    own_mac: [u16; 3],
+    outer_v6: bool,
+) -> Result<usize, EncapError> {
+    let outer_ethertype = be16(if outer_v6 { ETH_P_IPV6 } else { ETH_P_IPV4 });
+    let eth = At::<EthHdr>::new(ctx, 0).ok_or(EncapError)?;
+    let l3 = if pkt.l2_len as usize > ETH_HDR_LEN {
+        let vlan = At::<VlanHdr>::new(ctx, ETH_HDR_LEN).ok_or(EncapError)?;
+        eth.set_proto(pkt.vlan_tpid);
+        vlan.set_tci(pkt.vlan_tci);
+        vlan.set_encapsulated_proto(outer_ethertype);
+        ETH_HDR_LEN + VLAN_HDR_LEN
+    } else {
+        eth.set_proto(outer_ethertype);
+        ETH_HDR_LEN
+    };
+    eth.set_dest(mac_words(&cfg.gw_mac));
+    eth.set_source(own_mac);
+    Ok(l3)
+}
+
+/// The outer IPv4 header: no options, DF set, TTL [`OUTER_TTL`].
+#[inline(always)]
+fn write_ipv4(ip: &At<Ipv4Hdr>, tos: u8, len: u16, next: u8, saddr: u32, daddr: u32) {
+    let tot_len = be16(len);
+    let frag_off = be16(IP_DF);
+    // The checksum from the values rather than read back from the packet:
+    // loading 16-bit words just stored a byte at a time stalls store
+    // forwarding (6% of lb_xdp's samples forwarding on a veth).
+    let check = csum::fold(
+        u16::from_ne_bytes([0x45, tos]) as u32
+            + tot_len as u32
+            + frag_off as u32
+            + u16::from_ne_bytes([OUTER_TTL, next]) as u32
+            + csum::halves(saddr)
+            + csum::halves(daddr),
+    );
+    ip.set_version_ihl(0x45);
+    ip.set_tos(tos);
+    ip.set_tot_len(tot_len);
+    ip.set_id(0);
+    ip.set_frag_off(frag_off);
+    ip.set_ttl(OUTER_TTL);
+    ip.set_protocol(next);
+    ip.set_check(check);
+    ip.set_saddr(saddr);
+    ip.set_daddr(daddr);
 }

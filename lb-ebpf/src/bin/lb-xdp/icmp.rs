@@ -20,6 +20,7 @@ use lb_common::consts::{
     PROTO_TCP, PROTO_UDP,
 };
 use lb_ebpf::{
+    access::At,
     csum,
     hdr::{
         EthHdr, ICMP_DEST_UNREACH, ICMP_ECHO, ICMP_ECHO_REPLY, ICMP_FRAG_NEEDED,
@@ -27,7 +28,7 @@ use lb_ebpf::{
         ICMPV6_PKT_TOOBIG, ICMPV6_TIME_EXCEED, IP_OFFSET, IPV6_MIN_MTU, IcmpHdr, Ipv4Hdr, Ipv6Hdr,
         VlanHdr, be16, be32,
     },
-    parse::{Packet, ptr_at},
+    parse::Packet,
 };
 
 const ICMP_HDR_LEN: usize = 8;
@@ -73,11 +74,10 @@ pub fn classify(ctx: &XdpContext, pkt: &Packet) -> Message {
     if off + ICMP_HDR_LEN > ip_end {
         return Message::Other;
     }
-    let Some(h) = ptr_at::<IcmpHdr>(ctx, off) else {
+    let Some(h) = At::<IcmpHdr>::new(ctx, off) else {
         return Message::Other;
     };
-    // SAFETY: bounds checked by `ptr_at`.
-    let h = unsafe { *h };
+    let h = h.read();
     let quote = off + ICMP_HDR_LEN;
     if pkt.family == FAMILY_V4 {
         match h.kind {
@@ -106,11 +106,10 @@ fn quoted_v4(ctx: &XdpContext, pkt: &Packet, off: usize) -> Message {
     if off + IPV4_HDR_LEN > ip_end {
         return Message::Other;
     }
-    let Some(ip) = ptr_at::<Ipv4Hdr>(ctx, off) else {
+    let Some(ip) = At::<Ipv4Hdr>::new(ctx, off) else {
         return Message::Other;
     };
-    // SAFETY: bounds checked by `ptr_at`.
-    let ip = unsafe { *ip };
+    let ip = ip.read();
     // At most 60: the mask below only restates that for the verifier.
     let ihl = ((ip.version_ihl & 0x0f) as usize) * 4;
     if ip.version_ihl >> 4 != 4
@@ -122,11 +121,10 @@ fn quoted_v4(ctx: &XdpContext, pkt: &Packet, off: usize) -> Message {
     {
         return Message::Other;
     }
-    let Some(ports) = ptr_at::<u32>(ctx, off + (ihl & 0x3c)) else {
+    let Some(ports) = At::<u32>::new(ctx, off + (ihl & 0x3c)) else {
         return Message::Other;
     };
-    // SAFETY: bounds checked by `ptr_at`.
-    let ports = unsafe { *ports };
+    let ports = ports.read();
     Message::Error(Quoted {
         client: [ip.daddr, 0, 0, 0],
         vip: [ip.saddr, 0, 0, 0],
@@ -142,11 +140,10 @@ fn quoted_v6(ctx: &XdpContext, pkt: &Packet, off: usize) -> Message {
     if off + IPV6_HDR_LEN + PORTS_LEN > pkt.ip_end() {
         return Message::Other;
     }
-    let Some(ip) = ptr_at::<Ipv6Hdr>(ctx, off) else {
+    let Some(ip) = At::<Ipv6Hdr>::new(ctx, off) else {
         return Message::Other;
     };
-    // SAFETY: bounds checked by `ptr_at`.
-    let ip = unsafe { &*ip };
+    let ip = ip.read();
     if u32::from_be(ip.vtc_flow) >> 28 != 6
         || (ip.nexthdr != PROTO_TCP && ip.nexthdr != PROTO_UDP)
         || ip.saddr[0] != pkt.dst[0]
@@ -157,11 +154,10 @@ fn quoted_v6(ctx: &XdpContext, pkt: &Packet, off: usize) -> Message {
         return Message::Other;
     }
     let (client, vip, proto) = (ip.daddr, ip.saddr, ip.nexthdr);
-    let Some(ports) = ptr_at::<u32>(ctx, off + IPV6_HDR_LEN) else {
+    let Some(ports) = At::<u32>::new(ctx, off + IPV6_HDR_LEN) else {
         return Message::Other;
     };
-    // SAFETY: bounds checked by `ptr_at`.
-    let ports = unsafe { *ports };
+    let ports = ports.read();
     Message::Error(Quoted {
         client,
         vip,
@@ -179,56 +175,44 @@ pub fn echo_reply(ctx: &XdpContext, pkt: &Packet) -> Result<(), ReplyError> {
     swap_macs(ctx)?;
     let l3 = pkt.l2_len as usize & 0x1f;
     let off = pkt.l4_off();
-    let h: *mut IcmpHdr = ptr_at(ctx, off).ok_or(ReplyError)?;
+    let h = At::<IcmpHdr>::new(ctx, off).ok_or(ReplyError)?;
     let (old, new_kind) = if pkt.family == FAMILY_V4 {
-        let ip: *mut Ipv4Hdr = ptr_at(ctx, l3).ok_or(ReplyError)?;
-        // SAFETY: bounds checked by `ptr_at`.
-        unsafe {
-            let (src, dst) = ((*ip).saddr, (*ip).daddr);
-            (*ip).saddr = dst;
-            (*ip).daddr = src;
-            // TTL and protocol share a checksummed word.
-            let old = u16::from_ne_bytes([(*ip).ttl, (*ip).protocol]);
-            let new = u16::from_ne_bytes([OUTER_TTL, (*ip).protocol]);
-            (*ip).ttl = OUTER_TTL;
-            (*ip).check = csum::replace16((*ip).check, old, new);
-        }
+        let at = At::<Ipv4Hdr>::new(ctx, l3).ok_or(ReplyError)?;
+        let ip = at.read();
+        at.set_saddr(ip.daddr);
+        at.set_daddr(ip.saddr);
+        // TTL and protocol share a checksummed word.
+        let old = u16::from_ne_bytes([ip.ttl, ip.protocol]);
+        let new = u16::from_ne_bytes([OUTER_TTL, ip.protocol]);
+        at.set_ttl(OUTER_TTL);
+        at.set_check(csum::replace16(ip.check, old, new));
         (ICMP_ECHO, ICMP_ECHO_REPLY)
     } else {
-        let ip: *mut Ipv6Hdr = ptr_at(ctx, l3).ok_or(ReplyError)?;
-        // SAFETY: bounds checked by `ptr_at`. Swapping the addresses leaves
-        // the pseudo-header sum, and so the checksum, unchanged.
-        unsafe {
-            let (src, dst) = ((*ip).saddr, (*ip).daddr);
-            (*ip).saddr = dst;
-            (*ip).daddr = src;
-            (*ip).hop_limit = OUTER_TTL;
-        }
+        // Swapping the addresses leaves the pseudo-header sum, and so the
+        // checksum, unchanged.
+        let at = At::<Ipv6Hdr>::new(ctx, l3).ok_or(ReplyError)?;
+        let ip = at.read();
+        at.set_saddr(&ip.daddr);
+        at.set_daddr(&ip.saddr);
+        at.set_hop_limit(OUTER_TTL);
         (ICMPV6_ECHO_REQUEST, ICMPV6_ECHO_REPLY)
     };
-    // SAFETY: bounds checked by `ptr_at` (before the writes above, which do
-    // not move the packet).
-    unsafe {
-        let code = (*h).code;
-        (*h).kind = new_kind;
-        (*h).check = csum::replace16(
-            (*h).check,
-            u16::from_ne_bytes([old, code]),
-            u16::from_ne_bytes([new_kind, code]),
-        );
-    }
+    let icmp = h.read();
+    h.set_kind(new_kind);
+    h.set_check(csum::replace16(
+        icmp.check,
+        u16::from_ne_bytes([old, icmp.code]),
+        u16::from_ne_bytes([new_kind, icmp.code]),
+    ));
     Ok(())
 }
 
 #[inline(always)]
 fn swap_macs(ctx: &XdpContext) -> Result<(), ReplyError> {
-    let eth: *mut EthHdr = ptr_at(ctx, 0).ok_or(ReplyError)?;
-    // SAFETY: bounds checked by `ptr_at`.
-    unsafe {
-        let (d, s) = ((*eth).h_dest, (*eth).h_source);
-        (*eth).h_dest = s;
-        (*eth).h_source = d;
-    }
+    let at = At::<EthHdr>::new(ctx, 0).ok_or(ReplyError)?;
+    let eth = at.read();
+    at.set_dest(eth.h_source);
+    at.set_source(eth.h_dest);
     Ok(())
 }
 
@@ -252,9 +236,7 @@ pub fn frag_needed(ctx: &XdpContext, pkt: &Packet, mtu: u32) -> Result<(), Reply
         return Err(ReplyError);
     }
     let l2 = pkt.l2_len as usize & 0x1f;
-    let ip: *const Ipv4Hdr = ptr_at(ctx, l2).ok_or(ReplyError)?;
-    // SAFETY: bounds checked by `ptr_at`.
-    let ip = unsafe { *ip };
+    let ip = At::<Ipv4Hdr>::new(ctx, l2).ok_or(ReplyError)?.read();
     let quote = FRAG_NEEDED_QUOTE_LEN;
     let new_hdrs = IPV4_HDR_LEN + ICMP_HDR_LEN;
     // The frame becomes [L2][IPv4][ICMP][quote]: cut everything after the
@@ -263,34 +245,28 @@ pub fn frag_needed(ctx: &XdpContext, pkt: &Packet, mtu: u32) -> Result<(), Reply
     let (mac, vlan) = reverse_l2(ctx, l2)?;
     resize(ctx, l2 + quote, new_hdrs)?;
     write_l2(ctx, mac, vlan)?;
-    let out: *mut Ipv4Hdr = ptr_at(ctx, l2).ok_or(ReplyError)?;
-    // SAFETY: bounds checked by `ptr_at`.
-    unsafe {
-        (*out).version_ihl = 0x45;
-        (*out).tos = 0;
-        (*out).tot_len = be16((new_hdrs + quote) as u16);
-        (*out).id = 0;
-        (*out).frag_off = 0;
-        (*out).ttl = OUTER_TTL;
-        (*out).protocol = PROTO_ICMP;
-        (*out).check = 0;
-        (*out).saddr = ip.daddr;
-        (*out).daddr = ip.saddr;
-        (*out).check = csum::ipv4_header(out as *const u16);
-    }
+    let out = At::<Ipv4Hdr>::new(ctx, l2).ok_or(ReplyError)?;
+    out.set_version_ihl(0x45);
+    out.set_tos(0);
+    out.set_tot_len(be16((new_hdrs + quote) as u16));
+    out.set_id(0);
+    out.set_frag_off(0);
+    out.set_ttl(OUTER_TTL);
+    out.set_protocol(PROTO_ICMP);
+    out.set_check(0);
+    out.set_saddr(ip.daddr);
+    out.set_daddr(ip.saddr);
+    // SAFETY: `out` is a whole IPv4 header without options in the packet.
+    out.set_check(unsafe { csum::ipv4_header(out.as_ptr() as *const u16) });
     let off = l2 + IPV4_HDR_LEN;
-    let h: *mut IcmpHdr = ptr_at(ctx, off).ok_or(ReplyError)?;
-    // SAFETY: bounds checked by `ptr_at`.
-    unsafe {
-        (*h).kind = ICMP_DEST_UNREACH;
-        (*h).code = ICMP_FRAG_NEEDED;
-        (*h).check = 0;
-        // Unused (16 bits), then the next-hop MTU (RFC 1191).
-        (*h).rest = be32(mtu & 0xffff);
-    }
+    let h = At::<IcmpHdr>::new(ctx, off).ok_or(ReplyError)?;
+    h.set_kind(ICMP_DEST_UNREACH);
+    h.set_code(ICMP_FRAG_NEEDED);
+    h.set_check(0);
+    // Unused (16 bits), then the next-hop MTU (RFC 1191).
+    h.set_rest(be32(mtu & 0xffff));
     let sum = sum_bytes::<{ ICMP_HDR_LEN + FRAG_NEEDED_QUOTE_LEN }>(ctx, off, 0)?;
-    // SAFETY: `h` was checked above and the packet has not moved since.
-    unsafe { (*h).check = csum::fold(sum) };
+    h.set_check(csum::fold(sum));
     Ok(())
 }
 
@@ -308,33 +284,26 @@ pub fn packet_too_big(ctx: &XdpContext, pkt: &Packet, mtu: u32) -> Result<(), Re
     resize(ctx, l2 + PTB_QUOTE_LEN, new_hdrs)?;
     write_l2(ctx, mac, vlan)?;
     let payload = ICMP_HDR_LEN + PTB_QUOTE_LEN;
-    let out: *mut Ipv6Hdr = ptr_at(ctx, l2).ok_or(ReplyError)?;
+    let out = At::<Ipv6Hdr>::new(ctx, l2).ok_or(ReplyError)?;
+    out.set_vtc_flow(be32(6 << 28));
+    out.set_payload_len(be16(payload as u16));
+    out.set_nexthdr(PROTO_ICMPV6);
+    out.set_hop_limit(OUTER_TTL);
+    // The addresses are the original packet's (in `pkt`), reversed.
+    out.set_saddr(&pkt.dst);
+    out.set_daddr(&pkt.src);
     let mut sum = csum::halves(be32(payload as u32)) + csum::halves(be32(PROTO_ICMPV6 as u32));
-    // SAFETY: bounds checked by `ptr_at`. The addresses are the original
-    // packet's (in `pkt`), reversed.
-    unsafe {
-        (*out).vtc_flow = be32(6 << 28);
-        (*out).payload_len = be16(payload as u16);
-        (*out).nexthdr = PROTO_ICMPV6;
-        (*out).hop_limit = OUTER_TTL;
-        for i in 0..4 {
-            (*out).saddr[i] = pkt.dst[i];
-            (*out).daddr[i] = pkt.src[i];
-            sum += csum::halves(pkt.dst[i]) + csum::halves(pkt.src[i]);
-        }
+    for i in 0..4 {
+        sum += csum::halves(pkt.dst[i]) + csum::halves(pkt.src[i]);
     }
     let off = l2 + IPV6_HDR_LEN;
-    let h: *mut IcmpHdr = ptr_at(ctx, off).ok_or(ReplyError)?;
-    // SAFETY: bounds checked by `ptr_at`.
-    unsafe {
-        (*h).kind = ICMPV6_PKT_TOOBIG;
-        (*h).code = 0;
-        (*h).check = 0;
-        (*h).rest = be32(mtu);
-    }
+    let h = At::<IcmpHdr>::new(ctx, off).ok_or(ReplyError)?;
+    h.set_kind(ICMPV6_PKT_TOOBIG);
+    h.set_code(0);
+    h.set_check(0);
+    h.set_rest(be32(mtu));
     let sum = sum_bytes::<{ ICMP_HDR_LEN + PTB_QUOTE_LEN }>(ctx, off, sum)?;
-    // SAFETY: `h` was checked above and the packet has not moved since.
-    unsafe { (*h).check = csum::fold(sum) };
+    h.set_check(csum::fold(sum));
     Ok(())
 }
 
@@ -342,14 +311,14 @@ pub fn packet_too_big(ctx: &XdpContext, pkt: &Packet, mtu: u32) -> Result<(), Re
 /// VLAN tag if `l2` says there is one.
 #[inline(always)]
 fn reverse_l2(ctx: &XdpContext, l2: usize) -> Result<(EthHdr, Option<VlanHdr>), ReplyError> {
-    let eth: *const EthHdr = ptr_at(ctx, 0).ok_or(ReplyError)?;
-    // SAFETY: bounds checked by `ptr_at`.
-    let mut eth = unsafe { *eth };
+    let mut eth = At::<EthHdr>::new(ctx, 0).ok_or(ReplyError)?.read();
     core::mem::swap(&mut eth.h_dest, &mut eth.h_source);
     let vlan = if l2 > ETH_HDR_LEN {
-        let v: *const VlanHdr = ptr_at(ctx, ETH_HDR_LEN).ok_or(ReplyError)?;
-        // SAFETY: bounds checked by `ptr_at`.
-        Some(unsafe { *v })
+        Some(
+            At::<VlanHdr>::new(ctx, ETH_HDR_LEN)
+                .ok_or(ReplyError)?
+                .read(),
+        )
     } else {
         None
     };
@@ -358,14 +327,12 @@ fn reverse_l2(ctx: &XdpContext, l2: usize) -> Result<(EthHdr, Option<VlanHdr>), 
 
 #[inline(always)]
 fn write_l2(ctx: &XdpContext, eth: EthHdr, vlan: Option<VlanHdr>) -> Result<(), ReplyError> {
-    let out: *mut EthHdr = ptr_at(ctx, 0).ok_or(ReplyError)?;
-    // SAFETY: bounds checked by `ptr_at`; the ethertypes are unchanged (the
-    // reply has the request's IP version).
-    unsafe { *out = eth };
+    // The ethertypes are unchanged (the reply has the request's IP version).
+    At::<EthHdr>::new(ctx, 0).ok_or(ReplyError)?.write(eth);
     if let Some(vlan) = vlan {
-        let v: *mut VlanHdr = ptr_at(ctx, ETH_HDR_LEN).ok_or(ReplyError)?;
-        // SAFETY: bounds checked by `ptr_at`.
-        unsafe { *v = vlan };
+        At::<VlanHdr>::new(ctx, ETH_HDR_LEN)
+            .ok_or(ReplyError)?
+            .write(vlan);
     }
     Ok(())
 }
@@ -394,9 +361,17 @@ fn resize(ctx: &XdpContext, keep: usize, grow: usize) -> Result<(), ReplyError> 
 /// by the kernel's `bpf_csum_diff`. `N` is a multiple of 4, at most 512.
 #[inline(always)]
 fn sum_bytes<const N: usize>(ctx: &XdpContext, off: usize, seed: u32) -> Result<u32, ReplyError> {
-    let p: *mut [u8; N] = ptr_at(ctx, off).ok_or(ReplyError)?;
-    // SAFETY: `p` covers `N` bytes of the packet (checked by `ptr_at`).
-    let sum = unsafe { bpf_csum_diff(core::ptr::null_mut(), 0, p as *mut u32, N as u32, seed) };
+    let p = At::<[u8; N]>::new(ctx, off).ok_or(ReplyError)?;
+    // SAFETY: `p` covers `N` bytes of the packet (checked by `At::new`).
+    let sum = unsafe {
+        bpf_csum_diff(
+            core::ptr::null_mut(),
+            0,
+            p.as_ptr() as *mut u32,
+            N as u32,
+            seed,
+        )
+    };
     if sum < 0 {
         return Err(ReplyError);
     }

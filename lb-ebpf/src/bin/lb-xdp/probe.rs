@@ -22,15 +22,17 @@ use aya_ebpf::{
 };
 use lb_common::consts::{
     BACKEND_INDEX_MASK, ENCAP_GRE, ENCAP_GUE, ETH_HDR_LEN, ETH_P_IPV4, ETH_P_IPV6, FAMILY_V4,
-    FAMILY_V6, GRE_HDR_LEN, IPV4_HDR_LEN, IPV6_HDR_LEN, OUTER_TTL, PROBE_MARK, PROBE_MARK_MASK,
-    PROTO_GRE, PROTO_IPIP, PROTO_IPV6, PROTO_UDP, UDP_HDR_LEN,
+    FAMILY_V6, IPV4_HDR_LEN, IPV6_HDR_LEN, OUTER_TTL, PROBE_MARK, PROBE_MARK_MASK, UDP_HDR_LEN,
 };
 use lb_ebpf::{
     csum,
     hdr::{GreHdr, IP_DF, Ipv4Hdr, Ipv6Hdr, UdpHdr, be16, be32},
 };
 
-use crate::maps::{LB_BACKENDS, LB_CONFIG};
+use crate::{
+    encap::{next_header, tunnel_len},
+    maps::{LB_BACKENDS, LB_CONFIG},
+};
 
 /// `bpf_skb_adjust_room` mode: grow right after the MAC header.
 const BPF_ADJ_ROOM_MAC: u32 = 1;
@@ -49,8 +51,6 @@ fn wrap(ctx: &TcContext) -> Result<(), ()> {
         return Ok(());
     }
     let backend = LB_BACKENDS.get(mark & BACKEND_INDEX_MASK).ok_or(())?;
-    let gre = backend.encap == ENCAP_GRE;
-    let gue = backend.encap == ENCAP_GUE;
     let cfg = LB_CONFIG.get(0).ok_or(())?;
     let ethertype: u16 = ctx.load(12).map_err(|_| ())?;
     let v4 = ethertype == be16(ETH_P_IPV4);
@@ -61,58 +61,24 @@ fn wrap(ctx: &TcContext) -> Result<(), ()> {
     if backend.family != if v4 { FAMILY_V4 } else { FAMILY_V6 } {
         return Ok(());
     }
-    let gre_len = if gre {
-        GRE_HDR_LEN
-    } else if gue {
-        UDP_HDR_LEN
-    } else {
-        0
-    };
+    let tun_len = tunnel_len(backend.encap);
     let ip_len = if v4 { IPV4_HDR_LEN } else { IPV6_HDR_LEN };
     let inner_len = ctx.len() as usize - ETH_HDR_LEN;
-    let flags = if v4 {
-        BPF_F_ADJ_ROOM_ENCAP_L3_IPV4
-    } else {
-        BPF_F_ADJ_ROOM_ENCAP_L3_IPV6
-    } as u64
-        | if gre {
-            BPF_F_ADJ_ROOM_ENCAP_L4_GRE as u64
-        } else if gue {
-            BPF_F_ADJ_ROOM_ENCAP_L4_UDP as u64
-        } else {
-            0
-        };
-    ctx.adjust_room((ip_len + gre_len) as i32, BPF_ADJ_ROOM_MAC, flags)
-        .map_err(|_| ())?;
-    let next = if gre {
-        PROTO_GRE
-    } else if gue {
-        PROTO_UDP
-    } else if v4 {
-        PROTO_IPIP
-    } else {
-        PROTO_IPV6
-    };
+    ctx.adjust_room(
+        (ip_len + tun_len) as i32,
+        BPF_ADJ_ROOM_MAC,
+        room_flags(v4, backend.encap),
+    )
+    .map_err(|_| ())?;
+    let next = next_header(backend.encap, v4);
     if v4 {
-        let mut ip = Ipv4Hdr {
-            version_ihl: 0x45,
-            tos: 0,
-            tot_len: be16((IPV4_HDR_LEN + gre_len + inner_len) as u16),
-            id: 0,
-            frag_off: be16(IP_DF),
-            ttl: OUTER_TTL,
-            protocol: next,
-            check: 0,
-            saddr: cfg.src_v4,
-            daddr: backend.addr[0],
-        };
-        // SAFETY: `ip` is a 20-byte header on the stack.
-        ip.check = unsafe { csum::ipv4_header(&ip as *const Ipv4Hdr as *const u16) };
+        let len = (IPV4_HDR_LEN + tun_len + inner_len) as u16;
+        let ip = outer_ipv4(len, next, cfg.src_v4, backend.addr[0]);
         ctx.store(ETH_HDR_LEN, &ip, 0).map_err(|_| ())?;
     } else {
         let ip = Ipv6Hdr {
             vtc_flow: be32(6 << 28),
-            payload_len: be16((gre_len + inner_len) as u16),
+            payload_len: be16((tun_len + inner_len) as u16),
             nexthdr: next,
             hop_limit: OUTER_TTL,
             saddr: cfg.src_v6,
@@ -120,21 +86,62 @@ fn wrap(ctx: &TcContext) -> Result<(), ()> {
         };
         ctx.store(ETH_HDR_LEN, &ip, 0).map_err(|_| ())?;
     }
-    if gre {
-        let g = GreHdr {
-            flags_version: 0,
-            protocol: ethertype,
-        };
-        ctx.store(ETH_HDR_LEN + ip_len, &g, 0).map_err(|_| ())?;
-    } else if gue {
-        let u = UdpHdr {
-            // Any port of the ephemeral range: one per backend.
-            source: be16(0xc000 | (mark & 0x3fff) as u16),
-            dest: cfg.gue_port,
-            len: be16((UDP_HDR_LEN + inner_len) as u16),
-            check: 0,
-        };
-        ctx.store(ETH_HDR_LEN + ip_len, &u, 0).map_err(|_| ())?;
+    let off = ETH_HDR_LEN + ip_len;
+    match backend.encap {
+        ENCAP_GRE => {
+            let g = GreHdr {
+                flags_version: 0,
+                protocol: ethertype,
+            };
+            ctx.store(off, &g, 0).map_err(|_| ())?;
+        }
+        ENCAP_GUE => {
+            let u = UdpHdr {
+                // Any port of the ephemeral range: one per backend.
+                source: be16(0xc000 | (mark & 0x3fff) as u16),
+                dest: cfg.gue_port,
+                len: be16((UDP_HDR_LEN + inner_len) as u16),
+                check: 0,
+            };
+            ctx.store(off, &u, 0).map_err(|_| ())?;
+        }
+        _ => {}
     }
     Ok(())
+}
+
+/// `bpf_skb_adjust_room` flags for the outer header and tunnel.
+#[inline(always)]
+fn room_flags(v4: bool, encap: u8) -> u64 {
+    let l3 = if v4 {
+        BPF_F_ADJ_ROOM_ENCAP_L3_IPV4
+    } else {
+        BPF_F_ADJ_ROOM_ENCAP_L3_IPV6
+    };
+    let l4 = match encap {
+        ENCAP_GRE => BPF_F_ADJ_ROOM_ENCAP_L4_GRE,
+        ENCAP_GUE => BPF_F_ADJ_ROOM_ENCAP_L4_UDP,
+        _ => 0,
+    };
+    (l3 | l4) as u64
+}
+
+/// An outer IPv4 header (DF set) with its checksum.
+#[inline(always)]
+fn outer_ipv4(len: u16, next: u8, saddr: u32, daddr: u32) -> Ipv4Hdr {
+    let mut ip = Ipv4Hdr {
+        version_ihl: 0x45,
+        tos: 0,
+        tot_len: be16(len),
+        id: 0,
+        frag_off: be16(IP_DF),
+        ttl: OUTER_TTL,
+        protocol: next,
+        check: 0,
+        saddr,
+        daddr,
+    };
+    // SAFETY: `ip` is a 20-byte header on the stack.
+    ip.check = unsafe { csum::ipv4_header(&ip as *const Ipv4Hdr as *const u16) };
+    ip
 }
