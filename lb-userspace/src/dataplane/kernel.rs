@@ -1,12 +1,19 @@
 //! The real [`Dataplane`]: loads the embedded `lb_xdp` object with aya, sized
 //! by a [`Layout`], optionally pinning (or adopting) its maps, and reads and
 //! writes the maps with one syscall per element.
+//!
+//! Every map is taken out of the object and converted to its typed handle
+//! once, when the program is loaded or adopted ([`Maps::take`]): a missing
+//! map or one of the wrong kind fails the load, never a later write.
 
-use std::path::Path;
+use std::{
+    os::fd::{AsFd as _, BorrowedFd},
+    path::Path,
+};
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, HashMap, Map, MapData, PerCpuArray, PerCpuValues},
+    maps::{Array, HashMap, IterableMap as _, Map, MapData, PerCpuArray, PerCpuValues},
     programs::{
         SchedClassifier, TcAttachType, Xdp, XdpMode,
         links::{FdLink, PinnedLink},
@@ -27,7 +34,50 @@ use crate::objects;
 
 pub struct KernelDataplane {
     ebpf: Ebpf,
+    maps: Maps,
     layout: Layout,
+}
+
+/// Per-CPU counters, one [`CounterValue`] per CPU and index.
+type Counts = PerCpuArray<MapData, CounterValue>;
+
+/// The program's maps as typed handles, taken once at load.
+struct Maps {
+    config: Array<MapData, DatapathConfig>,
+    vips: HashMap<MapData, VipKey, VipMeta>,
+    backends: Array<MapData, BackendDef>,
+    tables: Array<MapData, TableChunk>,
+    flows: Array<MapData, FlowBucket>,
+    counters: Counts,
+    vip_stats: Counts,
+    backend_stats: Counts,
+    vip_filter: Array<MapData, VipFilter>,
+}
+
+impl Maps {
+    /// Takes every map out of `ebpf` as its typed handle.
+    fn take(ebpf: &mut Ebpf) -> Result<Self> {
+        fn typed<M: TryFrom<Map, Error = aya::maps::MapError>>(
+            ebpf: &mut Ebpf,
+            name: &'static str,
+        ) -> Result<M> {
+            let map = ebpf
+                .take_map(name)
+                .ok_or(DataplaneError::MissingMap(name))?;
+            M::try_from(map).map_err(map_err(name))
+        }
+        Ok(Self {
+            config: typed(ebpf, MAP_CONFIG)?,
+            vips: typed(ebpf, MAP_VIPS)?,
+            backends: typed(ebpf, MAP_BACKENDS)?,
+            tables: typed(ebpf, MAP_TABLES)?,
+            flows: typed(ebpf, MAP_FLOWS)?,
+            counters: typed(ebpf, MAP_COUNTERS)?,
+            vip_stats: typed(ebpf, MAP_VIP_STATS)?,
+            backend_stats: typed(ebpf, MAP_BACKEND_STATS)?,
+            vip_filter: typed(ebpf, MAP_VIP_FILTER)?,
+        })
+    }
 }
 
 fn map_err(name: &'static str) -> impl FnOnce(aya::maps::MapError) -> DataplaneError {
@@ -89,7 +139,8 @@ impl KernelDataplane {
             .try_into()
             .map_err(prog_err)?;
         tc.load().map_err(prog_err)?;
-        Ok(Self { ebpf, layout })
+        let maps = Maps::take(&mut ebpf)?;
+        Ok(Self { ebpf, maps, layout })
     }
 
     /// The TC egress program that tunnels health probes sent with a probe
@@ -187,48 +238,34 @@ impl KernelDataplane {
             .expect("an XDP program")
     }
 
-    /// The underlying map, for callers that need raw access (benchmarks).
-    pub fn raw_map(&self, name: &'static str) -> Result<&Map> {
-        self.ebpf.map(name).ok_or(DataplaneError::MissingMap(name))
+    /// The connection table's file descriptor, for batch syscalls (the
+    /// fuzzer empties it in one).
+    pub fn flows_fd(&self) -> BorrowedFd<'_> {
+        self.maps.flows.map().fd().as_fd()
     }
 
-    fn map(&self, name: &'static str) -> Result<&Map> {
-        self.raw_map(name)
+    /// The outcome counters' file descriptor, for batch lookups.
+    pub fn counters_fd(&self) -> BorrowedFd<'_> {
+        self.maps.counters.map().fd().as_fd()
     }
+}
 
-    fn map_mut(&mut self, name: &'static str) -> Result<&mut Map> {
-        self.ebpf
-            .map_mut(name)
-            .ok_or(DataplaneError::MissingMap(name))
-    }
+/// Zeroes one index of per-CPU counters.
+fn per_cpu_clear(map: &mut Counts, name: &'static str, index: u32) -> Result<()> {
+    let cpus = aya::util::nr_cpus().map_err(|(_, e)| DataplaneError::Io(e))?;
+    let zeros =
+        PerCpuValues::try_from(vec![CounterValue::default(); cpus]).map_err(DataplaneError::Io)?;
+    map.set(index, zeros, 0).map_err(map_err(name))
+}
 
-    fn array<V: aya::Pod>(&self, name: &'static str) -> Result<Array<&MapData, V>> {
-        Array::try_from(self.map(name)?).map_err(map_err(name))
+/// One index of per-CPU counters, summed over the CPUs.
+fn per_cpu_sum(map: &Counts, name: &'static str, index: u32) -> Result<CounterValue> {
+    let values = map.get(&index, 0).map_err(map_err(name))?;
+    let mut sum = CounterValue::default();
+    for v in values.iter() {
+        sum += *v;
     }
-
-    fn array_mut<V: aya::Pod>(&mut self, name: &'static str) -> Result<Array<&mut MapData, V>> {
-        Array::try_from(self.map_mut(name)?).map_err(map_err(name))
-    }
-
-    fn per_cpu_clear(&mut self, name: &'static str, index: u32) -> Result<()> {
-        let cpus = aya::util::nr_cpus().map_err(|(_, e)| DataplaneError::Io(e))?;
-        let zeros = PerCpuValues::try_from(vec![CounterValue::default(); cpus])
-            .map_err(DataplaneError::Io)?;
-        let mut map: PerCpuArray<&mut MapData, CounterValue> =
-            PerCpuArray::try_from(self.map_mut(name)?).map_err(map_err(name))?;
-        map.set(index, zeros, 0).map_err(map_err(name))
-    }
-
-    fn per_cpu_sum(&self, name: &'static str, index: u32) -> Result<CounterValue> {
-        let map: PerCpuArray<&MapData, CounterValue> =
-            PerCpuArray::try_from(self.map(name)?).map_err(map_err(name))?;
-        let values = map.get(&index, 0).map_err(map_err(name))?;
-        let mut sum = CounterValue::default();
-        for v in values.iter() {
-            sum += *v;
-        }
-        Ok(sum)
-    }
+    Ok(sum)
 }
 
 /// Sizes of each map for `layout`: (name, max entries, value size).
@@ -288,29 +325,23 @@ impl Dataplane for KernelDataplane {
     }
 
     fn config(&self) -> Result<DatapathConfig> {
-        self.array(MAP_CONFIG)?
-            .get(&0, 0)
-            .map_err(map_err(MAP_CONFIG))
+        self.maps.config.get(&0, 0).map_err(map_err(MAP_CONFIG))
     }
 
     fn set_config(&mut self, cfg: &DatapathConfig) -> Result<()> {
-        self.array_mut::<DatapathConfig>(MAP_CONFIG)?
-            .set(0, cfg, 0)
-            .map_err(map_err(MAP_CONFIG))
+        self.maps.config.set(0, cfg, 0).map_err(map_err(MAP_CONFIG))
     }
 
     fn vips(&self) -> Result<Vec<(VipKey, VipMeta)>> {
-        let map: HashMap<&MapData, VipKey, VipMeta> =
-            HashMap::try_from(self.map(MAP_VIPS)?).map_err(map_err(MAP_VIPS))?;
-        map.iter()
+        self.maps
+            .vips
+            .iter()
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(map_err(MAP_VIPS))
     }
 
     fn vip(&self, key: &VipKey) -> Result<Option<VipMeta>> {
-        let map: HashMap<&MapData, VipKey, VipMeta> =
-            HashMap::try_from(self.map(MAP_VIPS)?).map_err(map_err(MAP_VIPS))?;
-        match map.get(key, 0) {
+        match self.maps.vips.get(key, 0) {
             Ok(v) => Ok(Some(v)),
             Err(aya::maps::MapError::KeyNotFound) => Ok(None),
             Err(e) => Err(map_err(MAP_VIPS)(e)),
@@ -318,34 +349,35 @@ impl Dataplane for KernelDataplane {
     }
 
     fn upsert_vip(&mut self, key: &VipKey, meta: &VipMeta) -> Result<()> {
-        let mut map: HashMap<&mut MapData, VipKey, VipMeta> =
-            HashMap::try_from(self.map_mut(MAP_VIPS)?).map_err(map_err(MAP_VIPS))?;
-        map.insert(key, meta, 0).map_err(map_err(MAP_VIPS))
+        self.maps
+            .vips
+            .insert(key, meta, 0)
+            .map_err(map_err(MAP_VIPS))
     }
 
     fn remove_vip(&mut self, key: &VipKey) -> Result<()> {
-        let mut map: HashMap<&mut MapData, VipKey, VipMeta> =
-            HashMap::try_from(self.map_mut(MAP_VIPS)?).map_err(map_err(MAP_VIPS))?;
-        match map.remove(key) {
+        match self.maps.vips.remove(key) {
             Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
             Err(e) => Err(map_err(MAP_VIPS)(e)),
         }
     }
 
     fn backend(&self, index: u32) -> Result<BackendDef> {
-        self.array(MAP_BACKENDS)?
+        self.maps
+            .backends
             .get(&index, 0)
             .map_err(map_err(MAP_BACKENDS))
     }
 
     fn set_backend(&mut self, index: u32, def: &BackendDef) -> Result<()> {
-        self.array_mut::<BackendDef>(MAP_BACKENDS)?
+        self.maps
+            .backends
             .set(index, def, 0)
             .map_err(map_err(MAP_BACKENDS))
     }
 
     fn write_table(&mut self, base: u32, slots: &[u32]) -> Result<()> {
-        let mut map = self.array_mut::<TableChunk>(MAP_TABLES)?;
+        let map = &mut self.maps.tables;
         let mut chunk = Box::new(TableChunk::default());
         for (i, part) in slots.chunks(TABLE_CHUNK_SLOTS as usize).enumerate() {
             chunk.slots[..part.len()].copy_from_slice(part);
@@ -357,7 +389,7 @@ impl Dataplane for KernelDataplane {
     }
 
     fn read_table(&self, base: u32, len: u32) -> Result<Vec<u32>> {
-        let map = self.array::<TableChunk>(MAP_TABLES)?;
+        let map = &self.maps.tables;
         let mut out = Vec::with_capacity(len as usize);
         let mut index = base;
         while out.len() < len as usize {
@@ -371,46 +403,47 @@ impl Dataplane for KernelDataplane {
 
     fn counters(&self) -> Result<Counters> {
         (0..COUNTER_SLOTS)
-            .map(|i| self.per_cpu_sum(MAP_COUNTERS, i))
+            .map(|i| per_cpu_sum(&self.maps.counters, MAP_COUNTERS, i))
             .collect()
     }
 
     fn vip_stats(&self, vip_id: u32) -> Result<CounterValue> {
-        self.per_cpu_sum(MAP_VIP_STATS, vip_id)
+        per_cpu_sum(&self.maps.vip_stats, MAP_VIP_STATS, vip_id)
     }
 
     fn backend_stats(&self, index: u32) -> Result<CounterValue> {
-        self.per_cpu_sum(MAP_BACKEND_STATS, index)
+        per_cpu_sum(&self.maps.backend_stats, MAP_BACKEND_STATS, index)
     }
 
     fn clear_vip_stats(&mut self, vip_id: u32) -> Result<()> {
-        self.per_cpu_clear(MAP_VIP_STATS, vip_id)
+        per_cpu_clear(&mut self.maps.vip_stats, MAP_VIP_STATS, vip_id)
     }
 
     fn clear_backend_stats(&mut self, index: u32) -> Result<()> {
-        self.per_cpu_clear(MAP_BACKEND_STATS, index)
+        per_cpu_clear(&mut self.maps.backend_stats, MAP_BACKEND_STATS, index)
     }
 
     fn flow_bucket(&self, index: u32) -> Result<FlowBucket> {
-        self.array(MAP_FLOWS)?
-            .get(&index, 0)
-            .map_err(map_err(MAP_FLOWS))
+        self.maps.flows.get(&index, 0).map_err(map_err(MAP_FLOWS))
     }
 
     fn set_flow_bucket(&mut self, index: u32, bucket: &FlowBucket) -> Result<()> {
-        self.array_mut::<FlowBucket>(MAP_FLOWS)?
+        self.maps
+            .flows
             .set(index, bucket, 0)
             .map_err(map_err(MAP_FLOWS))
     }
 
     fn vip_filter(&self) -> Result<VipFilter> {
-        self.array(MAP_VIP_FILTER)?
+        self.maps
+            .vip_filter
             .get(&0, 0)
             .map_err(map_err(MAP_VIP_FILTER))
     }
 
     fn set_vip_filter(&mut self, filter: &VipFilter) -> Result<()> {
-        self.array_mut::<VipFilter>(MAP_VIP_FILTER)?
+        self.maps
+            .vip_filter
             .set(0, filter, 0)
             .map_err(map_err(MAP_VIP_FILTER))
     }

@@ -4,22 +4,15 @@
 //! through `BPF_PROG_TEST_RUN`; the outcome counters come back with one
 //! batch syscall per frame. Nothing here interprets a packet.
 
-use std::os::fd::{AsFd as _, AsRawFd as _, RawFd};
+use std::os::fd::{AsRawFd as _, RawFd};
 
-use anyhow::{Context as _, Result, bail};
-use aya::{
-    maps::Map,
-    programs::{ProgramError, TestRun as _, TestRunOptions},
-};
+use anyhow::{Context as _, Result};
+use aya::programs::{ProgramError, TestRun as _, TestRunOptions};
 use lb::{
     dataplane::{Dataplane as _, Layout, kernel::KernelDataplane},
     reconcile::Reconciler,
 };
-use lb_common::{
-    CounterValue, FlowBucket,
-    consts::{MAP_COUNTERS, MAP_FLOWS},
-    counters::COUNTER_SLOTS,
-};
+use lb_common::{CounterValue, FlowBucket, counters::COUNTER_SLOTS};
 
 use super::{batch, model::Model};
 
@@ -135,19 +128,13 @@ impl Target {
     /// Empties the connection table (one syscall), so that a frame runs
     /// as it would on a fresh balancer with the same tables.
     pub fn clear_flows(&mut self) -> Result<()> {
-        let fd = match self.r.dataplane().raw_map(MAP_FLOWS)? {
-            Map::Array(data) => data.fd().as_fd().as_raw_fd(),
-            _ => bail!("{MAP_FLOWS} is not an array"),
-        };
+        let fd = self.r.dataplane().flows_fd().as_raw_fd();
         let size = std::mem::size_of::<FlowBucket>();
         batch::zero_array(fd, CT_BUCKETS, size).context("BPF_MAP_UPDATE_BATCH on the flows")
     }
 
     fn counters_fd(&self) -> Result<RawFd> {
-        match self.r.dataplane().raw_map(MAP_COUNTERS)? {
-            Map::PerCpuArray(data) => Ok(data.fd().as_fd().as_raw_fd()),
-            _ => bail!("{MAP_COUNTERS} is not a per-CPU array"),
-        }
+        Ok(self.r.dataplane().counters_fd().as_raw_fd())
     }
 
     /// Finds the largest frame `BPF_PROG_TEST_RUN` gives the program in one
