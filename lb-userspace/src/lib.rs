@@ -8,6 +8,7 @@ pub mod config;
 pub mod daemon;
 pub mod dataplane;
 pub mod decap;
+pub mod digest;
 pub mod health;
 pub mod lifecycle;
 pub mod lock;
@@ -16,6 +17,7 @@ pub mod net;
 pub mod objects;
 pub mod predict;
 pub mod reconcile;
+pub mod revisions;
 #[cfg(test)]
 mod scratch;
 pub mod state;

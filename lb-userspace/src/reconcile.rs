@@ -585,30 +585,35 @@ impl<D: Dataplane> Reconciler<D> {
     /// The Maglev table of the VIP's usable backends with positive weight,
     /// as backend handles; `None` when there is none.
     fn build_table(&self, id: &VipId) -> Result<Option<Vec<u32>>> {
-        let members: Vec<(IpAddr, BackendState)> = self.vips[id]
+        let state = &self.vips[id];
+        let members: BTreeMap<IpAddr, u32> = state
             .backends
             .iter()
-            .filter(|(_, b)| b.usable && b.weight > 0)
-            .map(|(a, b)| (*a, *b))
+            .filter(|(_, b)| b.usable)
+            .map(|(a, b)| (*a, b.weight))
             .collect();
-        let input: Vec<MaglevBackend> = members
-            .iter()
-            .map(|(addr, b)| MaglevBackend {
-                addr: *addr,
-                weight: b.weight,
-            })
-            .collect();
-        let table = maglev::build(&input, self.layout.table_size)
+        let table = maglev_table(&members, self.layout.table_size)
             .map_err(|source| ReconcileError::Maglev { vip: *id, source })?;
-        Ok(match table {
-            MaglevTable::Empty => None,
-            MaglevTable::Slots(slots) => Some(
-                slots
-                    .into_iter()
-                    .map(|i| members[i as usize].1.handle)
-                    .collect(),
-            ),
-        })
+        Ok(table.map(|slots| {
+            slots
+                .into_iter()
+                .map(|addr| state.backends[&addr].handle)
+                .collect()
+        }))
+    }
+
+    /// The published table of `id` as backend addresses, slot by slot
+    /// (`None`: the slot drops; every slot of a VIP without backends).
+    /// `None` if the VIP is not programmed.
+    pub fn table_addresses(&self, id: &VipId) -> Option<Vec<Option<IpAddr>>> {
+        let state = self.vips.get(id)?;
+        let by_handle: BTreeMap<u32, IpAddr> =
+            state.backends.iter().map(|(a, b)| (b.handle, *a)).collect();
+        let table = state.table();
+        if table.is_empty() {
+            return Some(vec![None; self.layout.table_size as usize]);
+        }
+        Some(table.iter().map(|h| by_handle.get(h).copied()).collect())
     }
 
     /// Writes a changed table into the inactive half and the VIP entry
@@ -711,6 +716,30 @@ impl<D: Dataplane> Reconciler<D> {
         }
         Ok(Some((vip, backends)))
     }
+}
+
+/// The Maglev table over `members` (address → effective weight; those of
+/// weight 0 take no slot), as the backend address of each slot; `None`
+/// when no member has a weight. The reconciler publishes exactly this
+/// table (as handles), so a preview built with it is what an apply builds.
+pub fn maglev_table(
+    members: &BTreeMap<IpAddr, u32>,
+    m: u32,
+) -> std::result::Result<Option<Vec<IpAddr>>, MaglevError> {
+    let input: Vec<MaglevBackend> = members
+        .iter()
+        .filter(|(_, w)| **w > 0)
+        .map(|(addr, weight)| MaglevBackend {
+            addr: *addr,
+            weight: *weight,
+        })
+        .collect();
+    Ok(match maglev::build(&input, m)? {
+        MaglevTable::Empty => None,
+        MaglevTable::Slots(slots) => {
+            Some(slots.into_iter().map(|i| input[i as usize].addr).collect())
+        }
+    })
 }
 
 /// An auxiliary `LB_VIPS` key (ICMP or fragment policy), not a VIP.

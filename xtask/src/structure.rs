@@ -520,7 +520,7 @@ mod tests {
         assert!(
             lib.functions
                 .iter()
-                .any(|f| f.name == "daemon::Daemon::handle")
+                .any(|f| f.name == "daemon::requests::Daemon::handle")
         );
         assert!(lib.files.len() > 30, "{} files", lib.files.len());
     }

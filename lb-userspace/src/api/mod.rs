@@ -40,7 +40,8 @@ pub const MAX_CONNECTIONS: usize = 64;
 /// `node` (1 had them flat), answers of the API's own types.
 pub const API_VERSION: u32 = 2;
 
-/// A request as it travels: its version and the request.
+/// A request as it travels: its version, the request, and how a change
+/// is applied.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Envelope {
     /// Absent in version 1's requests.
@@ -48,6 +49,8 @@ pub struct Envelope {
     pub api: u32,
     #[serde(flatten)]
     pub request: Request,
+    #[serde(default, skip_serializing_if = "ChangeOptions::is_default")]
+    pub change: ChangeOptions,
 }
 
 fn version_one() -> u32 {
@@ -55,16 +58,17 @@ fn version_one() -> u32 {
 }
 
 impl Envelope {
-    pub fn new(request: Request) -> Self {
+    pub fn new(request: Request, change: ChangeOptions) -> Self {
         Self {
             api: API_VERSION,
             request,
+            change,
         }
     }
 
     /// Reads one request line: a request of another version, or one that
     /// is no request, is refused with the reason.
-    pub fn parse(line: &str) -> Result<Request, String> {
+    pub fn parse(line: &str) -> Result<Envelope, String> {
         let value: serde_json::Value =
             serde_json::from_str(line).map_err(|e| format!("bad request: {e}"))?;
         let api = value
@@ -76,9 +80,7 @@ impl Envelope {
                 "this lbd speaks API version {API_VERSION}, the request is version {api}: use the lbctl of the same release"
             ));
         }
-        serde_json::from_value::<Envelope>(value)
-            .map(|e| e.request)
-            .map_err(|e| format!("bad request: {e}"))
+        serde_json::from_value::<Envelope>(value).map_err(|e| format!("bad request: {e}"))
     }
 }
 
@@ -149,9 +151,18 @@ impl ClientError {
 
 /// Sends one request and returns the `data` of a successful answer.
 pub fn call(socket: &Path, request: &Request) -> Result<serde_json::Value, ClientError> {
+    call_with(socket, request, &ChangeOptions::default())
+}
+
+/// [`call`], with options for a change.
+pub fn call_with(
+    socket: &Path,
+    request: &Request,
+    change: &ChangeOptions,
+) -> Result<serde_json::Value, ClientError> {
     let mut stream = UnixStream::connect(socket).map_err(|e| ClientError::connect(socket, &e))?;
     stream.set_read_timeout(Some(Duration::from_secs(30)))?;
-    let mut line = serde_json::to_vec(&Envelope::new(request.clone()))?;
+    let mut line = serde_json::to_vec(&Envelope::new(request.clone(), change.clone()))?;
     line.push(b'\n');
     stream.write_all(&line)?;
     let mut reader = BufReader::new(std::io::Read::take(stream, MAX_RESPONSE as u64));
@@ -172,7 +183,7 @@ mod tests {
     use super::*;
 
     fn wire(r: Request) -> String {
-        serde_json::to_string(&Envelope::new(r)).unwrap()
+        serde_json::to_string(&Envelope::new(r, ChangeOptions::default())).unwrap()
     }
 
     #[test]
@@ -200,13 +211,30 @@ mod tests {
         ];
         for (r, text) in cases {
             assert_eq!(wire(r.clone()), text);
-            assert_eq!(Envelope::parse(text), Ok(r));
+            assert_eq!(Envelope::parse(text).map(|e| e.request), Ok(r));
         }
+        // Options of a change travel beside the request.
+        let confirmed = Envelope::new(
+            Request::Reload { force: false },
+            ChangeOptions {
+                dry_run: false,
+                confirm_within: Some("2m".parse().unwrap()),
+            },
+        );
+        let text = r#"{"api":2,"op":"reload","force":false,"change":{"confirm_within":"120s"}}"#;
+        assert_eq!(serde_json::to_string(&confirmed).unwrap(), text);
+        assert_eq!(Envelope::parse(text), Ok(confirmed));
+        assert!(
+            Envelope::parse(r#"{"api":2,"op":"confirm","change":{"confirm_within":"2d"}}"#)
+                .unwrap_err()
+                .contains("1s to 24h")
+        );
         // Optional fields may be left out.
         let add = Envelope::parse(
             r#"{"api":2,"op":"vip","action":"add","vip":"10.0.0.2:53/udp","backends":[{"address":"10.1.0.1"}]}"#,
         )
-        .unwrap();
+        .unwrap()
+        .request;
         let Request::Vip(VipRequest::Add(add)) = add else {
             panic!("vip add")
         };

@@ -8,7 +8,7 @@
 //! attributes), its answer's type in [`super::wire`], its handler in
 //! `crate::daemon`, its table in `lbctl`.
 
-use std::{net::IpAddr, str::FromStr};
+use std::{net::IpAddr, path::PathBuf, str::FromStr};
 
 use clap::{Args, Subcommand, ValueEnum};
 use serde::{Deserialize, Serialize};
@@ -32,9 +32,16 @@ pub enum Request {
     Stats,
     /// Backend states and the last probe of each. → `Vec<`[`super::VipHealth`]`>`
     Health,
-    /// A VIP's Maglev table: slots per backend, share against weight.
-    /// → [`super::TableInfo`]
-    Table { vip: VipId },
+    /// A VIP's Maglev table: slots per backend, share against weight, and
+    /// its digest (equal on two balancers exactly when they send every flow
+    /// to the same backend). → [`super::TableInfo`]
+    Table {
+        vip: VipId,
+        /// Also list every slot's backend (`-o json`).
+        #[arg(long)]
+        #[serde(default)]
+        slots: bool,
+    },
     /// Which backend a flow gets, and why. → [`super::Simulation`]
     Simulate {
         src: IpAddr,
@@ -48,7 +55,7 @@ pub enum Request {
         syn: bool,
     },
     /// Re-read the configuration file (an invalid file is rejected and the
-    /// running configuration stays). → `Vec<String>` (warnings)
+    /// running configuration stays). → [`super::Committed`]
     Reload {
         /// Apply a file that leaves an announced VIP without a usable
         /// backend (refused otherwise; SIGHUP never forces).
@@ -56,6 +63,30 @@ pub enum Request {
         #[serde(default)]
         force: bool,
     },
+    /// What a reload of FILE (default: the configured file) would change:
+    /// VIPs and backends added, removed and re-weighted, settings, the
+    /// share of each table's slots that move, and the connections that
+    /// would break. Changes nothing. → [`super::ChangePreview`]
+    Diff { file: Option<PathBuf> },
+    /// The last revisions: every configuration applied (or refused), with
+    /// its source and digest. → `Vec<`[`super::RevisionRow`]`>`
+    History {
+        /// How many, newest first.
+        #[arg(long, default_value_t = 20)]
+        #[serde(default = "twenty")]
+        last: usize,
+    },
+    /// Apply an earlier revision again (default: the one before the
+    /// running one). The file on disk is not rewritten. → [`super::Committed`]
+    Revert {
+        revision: Option<u64>,
+        /// Even if it leaves an announced VIP without a usable backend.
+        #[arg(long)]
+        #[serde(default)]
+        force: bool,
+    },
+    /// Keep a change made with `--confirm-within`. → [`super::Committed`]
+    Confirm,
     /// Route announcement: each peer's session, and which VIPs are
     /// announced or withheld, and why. → [`super::AnnounceStatus`]
     Bgp,
@@ -102,6 +133,10 @@ fn one() -> u32 {
     1
 }
 
+fn twenty() -> usize {
+    20
+}
+
 /// A tunnel, as the API names it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
 #[serde(rename_all = "lowercase")]
@@ -142,7 +177,7 @@ impl FromStr for BackendSpec {
 }
 
 /// `lbctl backend ...`; changes that would leave a serving VIP with no
-/// usable backend are refused unless `force`. Each → `null`.
+/// usable backend are refused unless `force`. Each → [`super::Committed`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Subcommand)]
 #[serde(tag = "action", rename_all = "snake_case", deny_unknown_fields)]
 pub enum BackendRequest {
@@ -202,4 +237,64 @@ pub enum NodeRequest {
     },
     /// Announce again what the backends' health allows.
     Undrain,
+}
+
+/// How a change (`vip add|del`, `backend ...`, `reload`, `revert`) is
+/// applied. Sent beside the request ([`super::Envelope`]); `lbd` refuses
+/// them on requests that change nothing.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, Args)]
+#[serde(deny_unknown_fields)]
+pub struct ChangeOptions {
+    /// Show what the change would do, as `lbctl diff` does; change nothing.
+    #[arg(long, global = true)]
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub dry_run: bool,
+    /// Revert to the previous revision by itself unless `lbctl confirm`
+    /// arrives within this long (e.g. `2m`); sooner if the change makes a
+    /// VIP that was announced lose its announcement.
+    #[arg(long, global = true, value_name = "DURATION")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confirm_within: Option<Within>,
+}
+
+impl ChangeOptions {
+    /// Neither option is set.
+    pub fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// A confirmation window, `2m` or `90s` (at most a day).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct Within(pub std::time::Duration);
+
+impl FromStr for Within {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let d = crate::config::duration::parse(s)?;
+        if d < std::time::Duration::from_secs(1) || d > std::time::Duration::from_secs(86_400) {
+            return Err(format!("{s}: a confirmation window is 1s to 24h"));
+        }
+        Ok(Self(d))
+    }
+}
+
+impl TryFrom<String> for Within {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, String> {
+        s.parse()
+    }
+}
+
+impl From<Within> for String {
+    fn from(w: Within) -> String {
+        crate::config::duration::format(&w.0)
+    }
 }

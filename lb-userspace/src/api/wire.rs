@@ -158,6 +158,31 @@ pub struct Status {
     /// With `gateway_mac: auto`: what the gateway watcher knows.
     #[serde(default)]
     pub gateway: Option<GatewayInfo>,
+    /// The running revision (`lbctl history`).
+    pub revision: u64,
+    /// Where it came from (`reload`, `revert to 7`, ...).
+    pub revision_source: String,
+    /// Digest of the effective configuration: equal on the balancers of a
+    /// tier that run the same configuration.
+    pub config_digest: String,
+    /// Set when the running configuration is not the file's (after a
+    /// revert), saying so.
+    pub file_differs: Option<String>,
+    /// A change awaiting `lbctl confirm`.
+    pub pending_confirm: Option<PendingConfirm>,
+    /// Changes reverted because they were not confirmed in time, or broke
+    /// an announcement, since `lbd` started.
+    pub auto_reverts: u64,
+}
+
+/// A change made with `--confirm-within`, not confirmed yet.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PendingConfirm {
+    pub revision: u64,
+    /// The revision it reverts to without a confirmation.
+    pub fallback: u64,
+    /// Seconds left.
+    pub secs_left: f64,
 }
 
 /// The gateway watcher's state (`gateway_mac: auto`).
@@ -276,6 +301,11 @@ pub struct TableInfo {
     /// Which of the VIP's two table halves is live.
     pub active_half: u32,
     pub backends: Vec<TableShare>,
+    /// Digest of the slot → backend assignment (`crate::digest::table`).
+    pub digest: String,
+    /// Every slot's backend (`None`: dropped), with `--slots`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slots: Option<Vec<Option<IpAddr>>>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -319,4 +349,108 @@ pub struct NodeChange {
     /// Drain: seconds left of `shutdown_grace` since the withdrawal, for a
     /// caller that wants to wait until the routers moved traffic away.
     pub wait_secs: f64,
+}
+
+/// A setting's value before and after a change, in the file's words.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SettingChange {
+    pub name: String,
+    pub before: String,
+    pub after: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BackendWeight {
+    pub address: IpAddr,
+    pub weight: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Reweight {
+    pub address: IpAddr,
+    pub before: u32,
+    pub after: u32,
+}
+
+/// What a change does to one VIP that exists before and after it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VipChange {
+    pub vip: VipId,
+    pub backends_added: Vec<BackendWeight>,
+    pub backends_removed: Vec<IpAddr>,
+    pub backends_reweighted: Vec<Reweight>,
+    pub settings: Vec<SettingChange>,
+    /// Slots of the table whose backend changes (the tables before and
+    /// after, both built, compared slot by slot).
+    pub slots_moved: u32,
+    pub table_size: u32,
+    /// `slots_moved / table_size`: the share of new flows that go
+    /// elsewhere (and of established ones that would, without the
+    /// connection table).
+    pub share_moved: f64,
+    /// Connection-table entries that point at backends that leave: those
+    /// connections break (entries of idle or closed flows included).
+    pub flows_breaking: u64,
+}
+
+/// A VIP a change removes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VipRemoved {
+    pub vip: VipId,
+    /// Its connection-table entries: those connections break.
+    pub flows_breaking: u64,
+}
+
+/// What a change would do (`lbctl diff`, `--dry-run`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChangePreview {
+    pub digest_before: String,
+    pub digest_after: String,
+    pub vips_added: Vec<VipId>,
+    pub vips_removed: Vec<VipRemoved>,
+    /// VIPs that exist before and after and change (only those).
+    pub vips_changed: Vec<VipChange>,
+    /// Global settings that change.
+    pub settings: Vec<SettingChange>,
+    /// Problems of the change that a reload would also report.
+    pub warnings: Vec<String>,
+}
+
+impl ChangePreview {
+    /// The change changes nothing.
+    pub fn is_empty(&self) -> bool {
+        self.vips_added.is_empty()
+            && self.vips_removed.is_empty()
+            && self.vips_changed.is_empty()
+            && self.settings.is_empty()
+    }
+}
+
+/// The answer to a change (`vip`, `backend`, `reload`, `revert`,
+/// `confirm`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Committed {
+    /// The revision now running (`None` for a dry run).
+    pub revision: Option<u64>,
+    pub warnings: Vec<String>,
+    /// With `--dry-run`: what the change would do.
+    pub preview: Option<ChangePreview>,
+    /// With `--confirm-within`: seconds until the automatic revert.
+    pub confirm_within_secs: Option<f64>,
+    /// In words, when there is something to say (nothing to do, ...).
+    pub note: Option<String>,
+}
+
+/// One revision, for `lbctl history`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RevisionRow {
+    pub revision: u64,
+    /// When, UTC.
+    pub time: String,
+    pub source: String,
+    pub digest: Option<String>,
+    /// `ok`, `failed: ...` or `unreadable: ...`.
+    pub result: String,
+    /// This revision runs now.
+    pub running: bool,
 }

@@ -96,6 +96,12 @@ struct RawConfig {
     shutdown_grace: Duration,
     #[serde(default)]
     detach_on_exit: bool,
+    #[serde(default = "default_history")]
+    history: usize,
+}
+
+fn default_history() -> usize {
+    50
 }
 
 fn default_gateway_refresh() -> Duration {
@@ -180,6 +186,8 @@ pub struct Config {
     /// Detach the program and remove its pins on a graceful exit. Default:
     /// it stays attached and keeps forwarding, so a restart drops nothing.
     pub detach_on_exit: bool,
+    /// Revisions kept (`lbctl history`, `lbctl revert`).
+    pub history: usize,
     /// Advice that does not stop the configuration from loading.
     pub warnings: Vec<String>,
 }
@@ -195,14 +203,29 @@ impl Config {
     /// Reads (at most [`self::parse::MAX_CONFIG_BYTES`]), parses
     /// and validates a file; errors name the file.
     pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
-        let text =
-            self::parse::read_bounded(path).map_err(|e| ConfigErrors::one("", e).named(path))?;
+        let text = Self::read_text(path)?;
         Self::parse(&text).map_err(|e| e.named(path))
+    }
+
+    /// Reads a configuration file's text (at most
+    /// [`self::parse::MAX_CONFIG_BYTES`]); errors name the file.
+    pub fn read_text(path: &Path) -> Result<String, ConfigErrors> {
+        self::parse::read_bounded(path).map_err(|e| ConfigErrors::one("", e).named(path))
     }
 
     /// Pin directory of this instance.
     pub fn pin_dir(&self) -> PathBuf {
         self.bpffs.join("lb").join(&self.instance)
+    }
+
+    /// Where the revisions are kept: `<instance>.revisions/` beside the
+    /// state file.
+    pub fn revisions_dir(&self) -> PathBuf {
+        let dir = self
+            .state_file
+            .parent()
+            .unwrap_or(std::path::Path::new("."));
+        dir.join(format!("{}.revisions", self.instance))
     }
 
     /// Checks a set of VIPs against this configuration's rules (the API
@@ -347,6 +370,7 @@ fn build(raw: RawConfig, layout: Layout, warnings: Vec<String>) -> Config {
         announce: raw.announce,
         shutdown_grace: raw.shutdown_grace,
         detach_on_exit: raw.detach_on_exit,
+        history: raw.history,
         warnings,
     }
 }
@@ -493,6 +517,12 @@ fn check_datapath(raw: &RawConfig, errors: &mut Vec<ConfigError>) {
     }
     if raw.shutdown_grace > Duration::from_secs(600) {
         err("shutdown_grace".into(), "is longer than 10 minutes".into());
+    }
+    if !(1..=10_000).contains(&raw.history) {
+        err(
+            "history".into(),
+            format!("{} is out of range 1-10000", raw.history),
+        );
     }
 }
 

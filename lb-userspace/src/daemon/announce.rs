@@ -87,12 +87,17 @@ impl<D: Dataplane> Daemon<D> {
     /// Applies the announce policy to `effective` and hands the answer to
     /// every announcer (they ignore a set they already have).
     pub fn announce_for(&mut self, effective: &[VipConfig]) {
-        let a = &mut self.announcers;
         let decision = policy::decide(
             &self.lifecycle.counts(effective),
             self.startup.attached,
-            a.node,
+            self.announcers.node,
         );
+        // A change on probation that costs a VIP its announcement is
+        // reverted before any router hears of it.
+        if self.probation_breaks(&decision) {
+            return;
+        }
+        let a = &mut self.announcers;
         if !a.running.is_empty() {
             log_changes(&a.decision, &decision, a.node);
         }

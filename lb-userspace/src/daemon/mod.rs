@@ -12,18 +12,29 @@
 //! ([`Daemon::begin_stop`]). After each change of the dataplane the
 //! announce policy runs again and its answer goes to every announcer.
 //!
-//! Submodules: [`announce`] (announcers, node drain and stop), [`probes`]
-//! (one prober per probed backend), [`reload`] (file reloads and the
-//! blackhole guard), [`views`] (the answers to read-only requests).
+//! Every configuration change (reload, API change, revert) goes through
+//! [`Daemon::commit`], which previews it, or applies it and records it as
+//! a revision, on probation with `--confirm-within`; [`Daemon::settle`]
+//! runs a revert that came due, after every event.
+//!
+//! Submodules: [`requests`] (the dispatch of API requests), [`commit`]
+//! (changes, revisions, probation), [`preview`] (what a change would do),
+//! [`reload`] (file reloads, datapath settings, the blackhole guard),
+//! [`announce`] (announcers, node drain and stop), [`probes`] (one prober
+//! per probed backend), [`views`] (the answers to read-only requests).
 
 pub mod announce;
+pub mod commit;
+pub mod preview;
 pub mod probes;
 pub mod reload;
+pub mod requests;
 pub mod views;
 
 use std::{
     net::IpAddr,
     path::PathBuf,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -32,19 +43,22 @@ use tracing::{error, info, warn};
 
 use crate::{
     announce::AnnounceError,
-    api::{self, BackendRequest, NodeRequest, Request, Response, VipRequest},
+    api,
     config::{Config, ConfigErrors, Mac, VipConfig, VipId},
     dataplane::{Dataplane, DataplaneError},
     health::ProbeResult,
     lifecycle::{Lifecycle, ProbeEffect},
     net::GatewayState,
     reconcile::{ApplyReport, DatapathSettings, ReconcileError, Reconciler},
+    revisions::RevisionStore,
     state::{Overlay, StateError},
 };
 
 pub use self::{
     announce::{Announcers, StartAnnouncers},
+    commit::{Force, Kind, Pending, Target},
     probes::{BackendKey, Probes, SpawnProber},
+    reload::FileRead,
 };
 
 /// How often counters are sampled for rates.
@@ -102,25 +116,55 @@ pub struct Daemon<D: Dataplane> {
     pub announcers: Announcers,
     /// `gateway_mac: auto`: what the gateway watcher last said.
     pub gateway: Option<GatewayState>,
+    /// The configuration file's text that runs.
+    pub text: Arc<str>,
+    /// The digest of the configuration file as last read from disk (it
+    /// differs from `text`'s after a revert).
+    pub file_digest: String,
+    pub revisions: RevisionStore,
+    /// The running revision and where it came from.
+    pub revision: u64,
+    pub revision_source: String,
+    /// A change on probation (`--confirm-within`).
+    pub confirm: Option<Pending>,
+    /// Automatic reverts since start.
+    pub auto_reverts: u64,
+    /// Why an automatic revert is due ([`Daemon::settle`] runs it).
+    revert_due: Option<String>,
+    /// A change of the gateway settings: `lbd` restarts its watcher from
+    /// this gateway and MAC.
+    pub regateway: Option<(Option<IpAddr>, [u8; 6])>,
     samples: views::Samples,
 }
 
 impl<D: Dataplane> Daemon<D> {
     /// A daemon over `reconciler` (maps already adopted or created) with
     /// `settings` written; nothing programmed yet (see [`Daemon::program`]).
+    /// `target` is what runs (its text is taken to be the file's);
+    /// revisions go to `revisions` ([`Daemon::start_revision`] records the
+    /// first).
     pub fn new(
         config_path: PathBuf,
-        config: Config,
-        overlay: Overlay,
+        target: Target,
         reconciler: Reconciler<D>,
         settings: DatapathSettings,
         probes: Probes,
         announcers: Announcers,
+        revisions: RevisionStore,
     ) -> Self {
         Self {
             config_path,
-            config,
-            overlay,
+            file_digest: crate::digest::text(&target.text),
+            text: target.text,
+            config: target.config,
+            overlay: target.overlay,
+            revisions,
+            revision: 0,
+            revision_source: String::new(),
+            confirm: None,
+            auto_reverts: 0,
+            revert_due: None,
+            regateway: None,
             reconciler,
             settings,
             startup: Startup::default(),
@@ -173,11 +217,13 @@ impl<D: Dataplane> Daemon<D> {
         }
     }
 
-    /// The one-second tick: counters sampled for rates, and either a
-    /// re-plan (a ramp or a drain timer is running) or the announce policy
-    /// again (which also retries what an announcer could not take).
+    /// The one-second tick: counters sampled for rates, a probation's
+    /// deadline checked, and either a re-plan (a ramp or a drain timer is
+    /// running) or the announce policy again (which also retries what an
+    /// announcer could not take).
     pub fn tick(&mut self) {
         self.sample();
+        self.check_deadline();
         if self.pending {
             self.replan();
         } else {
@@ -228,131 +274,6 @@ impl<D: Dataplane> Daemon<D> {
         }
         self.gateway = Some(state);
     }
-
-    /// Applies an overlay change: validate, refuse a blackhole (unless
-    /// `force`), program, persist. Any failure leaves the running state
-    /// and the state file as they were.
-    pub fn change(
-        &mut self,
-        force: bool,
-        edit: impl FnOnce(&mut Overlay, &[VipConfig]) -> Result<()>,
-    ) -> Result<()> {
-        let mut overlay = self.overlay.clone();
-        edit(&mut overlay, &self.config.vips)?;
-        let effective = overlay.apply(&self.config.vips);
-        for w in self.config.check_vips(&effective)? {
-            warn!("{w}");
-        }
-        self.refuse_blackhole(
-            &effective,
-            &overlay.drained_in(&effective),
-            force,
-            "--force",
-        )?;
-        let old = std::mem::replace(&mut self.overlay, overlay);
-        let result = self
-            .program(&effective, false)
-            .and_then(|_| Ok(self.overlay.save(&self.config.state_file)?));
-        if let Err(e) = result {
-            self.overlay = old;
-            let previous = self.effective();
-            let _ = self.program(&previous, false);
-            return Err(e);
-        }
-        Ok(())
-    }
-
-    /// Answers one request (a reload is [`Daemon::reload`], which needs
-    /// the file read first; one that reaches here is refused).
-    pub async fn handle(&mut self, request: Request) -> Response {
-        let result = match request {
-            Request::Vip(r) => self.handle_vip(r),
-            Request::Backend(r) => self.handle_backend(r),
-            Request::Node(r) => self.handle_node(r),
-            Request::Reload { .. } => Err(refused(
-                "a reload is read from the file off the daemon's loop: send it through lbd's socket",
-            )),
-            Request::Status => Ok(json(self.status())),
-            Request::Health => Ok(json(self.health())),
-            Request::Stats => Ok(json(self.stats())),
-            Request::Table { vip } => self.table(&vip).map(json),
-            Request::Simulate {
-                src,
-                dst,
-                protocol,
-                sport,
-                dport,
-                syn,
-            } => self
-                .simulate(src, dst, protocol.number(), sport, dport, syn)
-                .map(json),
-            Request::Bgp => Ok(json(self.announce_status())),
-        };
-        match result {
-            Ok(data) => Response::ok(data),
-            Err(e) => Response::err(e.to_string()),
-        }
-    }
-
-    fn handle_vip(&mut self, r: VipRequest) -> Result<serde_json::Value> {
-        match r {
-            VipRequest::List => Ok(json(self.vip_list())),
-            VipRequest::Add(add) => {
-                let vip = views::vip_config(&add);
-                self.change(false, |o, base| Ok(o.add_vip(base, vip)?))?;
-                Ok(serde_json::Value::Null)
-            }
-            VipRequest::Del { vip } => {
-                self.change(true, |o, base| Ok(o.delete_vip(base, &vip)?))?;
-                Ok(serde_json::Value::Null)
-            }
-        }
-    }
-
-    fn handle_backend(&mut self, r: BackendRequest) -> Result<serde_json::Value> {
-        match r {
-            BackendRequest::Add {
-                vip,
-                address,
-                weight,
-            } => self.change(false, |o, base| {
-                Ok(o.add_backend(base, &vip, address, weight)?)
-            }),
-            BackendRequest::Del {
-                vip,
-                address,
-                force,
-            } => self.change(force, |o, base| Ok(o.delete_backend(base, &vip, address)?)),
-            BackendRequest::Weight {
-                vip,
-                address,
-                weight,
-                force,
-            } => self.change(force, |o, base| {
-                Ok(o.set_weight(base, &vip, address, weight)?)
-            }),
-            BackendRequest::Drain {
-                vip,
-                address,
-                force,
-            } => self.change(force, |o, base| {
-                Ok(o.set_drained(base, &vip, address, true)?)
-            }),
-            BackendRequest::Undrain { vip, address } => self.change(false, |o, base| {
-                Ok(o.set_drained(base, &vip, address, false)?)
-            }),
-        }
-        .map(|_| serde_json::Value::Null)
-    }
-
-    fn handle_node(&mut self, r: NodeRequest) -> Result<serde_json::Value> {
-        let drain = matches!(r, NodeRequest::Drain { .. });
-        self.set_drained(drain).map(json)
-    }
-}
-
-fn json(value: impl serde::Serialize) -> serde_json::Value {
-    serde_json::to_value(value).unwrap_or_default()
 }
 
 #[cfg(test)]

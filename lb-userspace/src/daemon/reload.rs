@@ -9,23 +9,42 @@ use std::{
     time::{Instant, SystemTime},
 };
 
-use tracing::{error, info, warn};
+use tracing::{error, info};
 
-use super::{BackendKey, Daemon, DaemonError, Result, refused, views::humantime};
+use super::{
+    BackendKey, Daemon, DaemonError, Result,
+    commit::{Force, Kind, Target},
+    refused,
+    views::humantime,
+};
 use crate::{
+    api::{ChangeOptions, Committed},
     config::{Config, ConfigErrors, Gateway, TooBigPolicy, VipConfig},
     dataplane::Dataplane,
-    lifecycle,
+    digest, lifecycle,
     reconcile::DatapathSettings,
 };
 
-/// What a reload changed that `lbd` must act on outside the daemon.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Reloaded {
-    pub warnings: Vec<String>,
-    /// The gateway setting (or its refresh) changed: restart the watcher
-    /// from this gateway and MAC.
-    pub regateway: Option<(Option<IpAddr>, [u8; 6])>,
+/// A configuration file as read: its text, the text's digest, and the
+/// configuration it parses to.
+#[derive(Clone, Debug)]
+pub struct FileRead {
+    pub text: std::sync::Arc<str>,
+    pub digest: String,
+    pub config: Config,
+}
+
+impl FileRead {
+    /// Reads (bounded) and parses `path`; errors name the file.
+    pub fn load(path: &std::path::Path) -> std::result::Result<Self, ConfigErrors> {
+        let text = Config::read_text(path)?;
+        let config = Config::parse(&text).map_err(|e| e.named(path))?;
+        Ok(Self {
+            digest: digest::text(&text),
+            text: text.into(),
+            config,
+        })
+    }
 }
 
 /// The datapath's global settings for `config`, with `gateway_mac`.
@@ -73,7 +92,7 @@ pub async fn resolve_gateway(config: &Config) -> Result<(Option<IpAddr>, [u8; 6]
 }
 
 /// Settings that only a restart may change, and whether `new` changes one.
-fn fixed_setting_changed(old: &Config, new: &Config) -> Option<&'static str> {
+pub(super) fn fixed_setting_changed(old: &Config, new: &Config) -> Option<&'static str> {
     [
         ("instance", new.instance != old.instance),
         ("interfaces", new.interfaces != old.interfaces),
@@ -92,75 +111,83 @@ fn fixed_setting_changed(old: &Config, new: &Config) -> Option<&'static str> {
 }
 
 impl<D: Dataplane> Daemon<D> {
-    /// Applies a configuration read from the file (or the reason it could
-    /// not be read). On any error the running configuration stays; either
-    /// way the outcome is kept for `lbctl status`.
+    /// A reload of the configuration file, read and parsed off the loop
+    /// (`lbctl reload`, SIGHUP, and with `dry_run` `lbctl diff`). A file
+    /// unchanged since it was last read does not undo a revert. The
+    /// outcome is kept for `lbctl status`.
     pub async fn reload(
         &mut self,
-        parsed: Result<Config, ConfigErrors>,
+        file: std::result::Result<FileRead, ConfigErrors>,
         force: bool,
-    ) -> Result<Reloaded> {
-        let result = match parsed {
-            Ok(new) => self.try_reload(new, force).await,
-            Err(e) => Err(e.into()),
-        };
-        let when = humantime(SystemTime::now());
-        self.last_reload = Some(match &result {
-            Ok(_) => format!("ok at {when}"),
-            Err(e) => format!("failed at {when}: {e}"),
-        });
+        options: &ChangeOptions,
+    ) -> Result<Committed> {
+        let result = self.try_reload(file, force, options).await;
+        if !options.dry_run {
+            let when = humantime(SystemTime::now());
+            self.last_reload = Some(match &result {
+                Ok(_) => format!("ok at {when}"),
+                Err(e) => format!("failed at {when}: {e}"),
+            });
+        }
         result
     }
 
-    async fn try_reload(&mut self, new: Config, force: bool) -> Result<Reloaded> {
-        if let Some(what) = fixed_setting_changed(&self.config, &new) {
-            return Err(refused(format!(
-                "{what} cannot change on reload; restart lbd to change it"
-            )));
-        }
-        let effective = self.overlay.apply(&new.vips);
-        let mut warnings = new.check_vips(&effective)?;
-        warnings.extend(new.warnings.iter().cloned());
-        warnings.extend(self.refuse_blackhole(
-            &effective,
-            &self.overlay.drained_in(&effective),
-            force,
-            "lbctl reload --force",
-        )?);
-        let regateway = new.gateway != self.config.gateway
-            || new.gateway_refresh != self.config.gateway_refresh;
-        let resolved = if new.gateway == self.config.gateway {
-            let ip = self.gateway.as_ref().and_then(|g| g.gateway);
-            (ip, self.settings.gateway_mac)
-        } else {
-            resolve_gateway(&new).await?
+    async fn try_reload(
+        &mut self,
+        file: std::result::Result<FileRead, ConfigErrors>,
+        force: bool,
+        options: &ChangeOptions,
+    ) -> Result<Committed> {
+        let read = match file {
+            Ok(read) => read,
+            Err(e) => {
+                if !options.dry_run {
+                    self.record("reload", Err(e.to_string()));
+                }
+                return Err(e.into());
+            }
         };
-        let settings = datapath_settings(&new, resolved.1);
-        self.reconciler.apply_settings(&settings)?;
-        if let Err(e) = self.program(&effective, false) {
-            self.restore();
-            return Err(e);
+        let reverted = digest::text(&self.text) != self.file_digest;
+        if !options.dry_run && reverted && read.digest == self.file_digest {
+            return Ok(Committed {
+                revision: Some(self.revision),
+                note: Some(format!(
+                    "{} is unchanged since it was last read: revision {} ({}) keeps running; a changed file applies, `lbctl revert N` runs another revision",
+                    self.config_path.display(),
+                    self.revision,
+                    self.revision_source
+                )),
+                ..Committed::default()
+            });
         }
-        if new.announce != self.config.announce {
-            self.restart_announcers(&new).await?;
+        // The revision records the file it was made from; a failed reload
+        // leaves the file as not read (the next reload tries it again).
+        let seen = if options.dry_run {
+            self.file_digest.clone()
+        } else {
+            std::mem::replace(&mut self.file_digest, read.digest)
+        };
+        let target = Target {
+            config: read.config,
+            text: read.text,
+            overlay: self.overlay.clone(),
+        };
+        let force = Force {
+            yes: force,
+            how: "lbctl reload --force",
+        };
+        let result = self
+            .commit(target, "reload".into(), options, force, Kind::Change)
+            .await;
+        if result.is_err() {
+            self.file_digest = seen;
         }
-        for w in &warnings {
-            warn!("{w}");
-        }
-        self.settings = settings;
-        self.config = new;
-        // min_healthy may have changed, and new announcers know nothing yet.
-        self.announce();
-        info!("configuration reloaded");
-        Ok(Reloaded {
-            warnings,
-            regateway: regateway.then_some(resolved),
-        })
+        result
     }
 
     /// Puts the running configuration back into the maps after a failed
     /// reload.
-    fn restore(&mut self) {
+    pub(super) fn restore(&mut self) {
         let _ = self.reconciler.apply_settings(&self.settings);
         let old = self.effective();
         let _ = self.program(&old, false);
@@ -169,7 +196,7 @@ impl<D: Dataplane> Daemon<D> {
     /// The announce section changed: the announcers restart (a short
     /// withdrawal). If the new ones cannot start, the old configuration
     /// goes back, with its announcers.
-    async fn restart_announcers(&mut self, new: &Config) -> Result<()> {
+    pub(super) async fn restart_announcers(&mut self, new: &Config) -> Result<()> {
         info!("the announce section changed: restarting the announcers");
         self.stop_announcers().await;
         let previous = std::mem::replace(&mut self.config.announce, new.announce.clone());
@@ -189,7 +216,7 @@ impl<D: Dataplane> Daemon<D> {
     /// serving now (announced, with a usable backend) with a backend in
     /// its table. A VIP left without one would drop all its traffic while
     /// the routers still send it here: refused, unless `force`, in which
-    /// case the problems come back as warnings (and are logged as errors).
+    /// case the problems come back (the caller logs them when it applies).
     /// `how` says how to force it.
     pub fn refuse_blackhole(
         &self,
@@ -229,9 +256,6 @@ impl<D: Dataplane> Daemon<D> {
                 "refused, it would blackhole traffic: {}; fix it, or force it with `{how}`",
                 problems.join("; ")
             )));
-        }
-        for p in &problems {
-            error!("forced: {p}");
         }
         Ok(problems)
     }

@@ -13,9 +13,13 @@ use futures::future::BoxFuture;
 use super::*;
 use crate::{
     announce::{Announcer, PeerStatus},
-    api::{BackendSpec, EncapName, NodeState, Simulation, VipAdd},
+    api::{
+        BackendRequest, BackendSpec, ChangeOptions, EncapName, NodeRequest, NodeState, Request,
+        Response, Simulation, VipAdd, VipRequest,
+    },
     config::Protocol,
     dataplane::fake::FakeDataplane,
+    revisions::RevisionStore,
     scratch::ScratchDir,
 };
 
@@ -77,6 +81,7 @@ fn rig(text: &str) -> Rig {
     let state = dir.join("state.json");
     let text = format!("{text}\nstate_file: {}\n", state.display());
     let config = Config::parse(&text).expect("test config parses");
+    let revisions = RevisionStore::open(&config.revisions_dir(), config.history).unwrap();
     let mut reconciler = Reconciler::adopt(FakeDataplane::new(config.layout)).unwrap();
     let settings = reload::datapath_settings(&config, [2, 0, 0, 0, 0, 1]);
     reconciler.apply_settings(&settings).unwrap();
@@ -91,20 +96,26 @@ fn rig(text: &str) -> Rig {
     let announcers = Announcers::new(Box::new(move |_| {
         Ok(vec![Box::new(Recording(sink.clone())) as Box<dyn Announcer>])
     }));
+    let target = Target {
+        config,
+        text: text.into(),
+        overlay: Overlay::default(),
+    };
     let mut daemon = Daemon::new(
         dir.join("lb.yaml"),
-        config,
-        Overlay::default(),
+        target,
         reconciler,
         settings,
         probes,
         announcers,
+        revisions,
     );
     daemon.startup.attached = true;
     let effective = daemon.effective();
     daemon.program(&effective, true).expect("programs");
     daemon.start_announcers().unwrap();
     daemon.announce();
+    daemon.start_revision();
     Rig {
         daemon,
         told,
@@ -123,7 +134,7 @@ fn ip(s: &str) -> IpAddr {
 
 impl Rig {
     async fn ask(&mut self, request: Request) -> Response {
-        self.daemon.handle(request).await
+        self.daemon.handle(request, ChangeOptions::default()).await
     }
 
     /// `request` must succeed; its data.
@@ -154,7 +165,7 @@ impl Rig {
 
     /// The backends in `vip`'s table, from the dataplane's own map.
     fn in_table(&self, vip: &str) -> BTreeSet<IpAddr> {
-        let info = self.daemon.table(&id(vip)).expect("VIP programmed");
+        let info = self.daemon.table(&id(vip), false).expect("VIP programmed");
         info.backends
             .iter()
             .filter(|b| b.slots > 0)
@@ -248,7 +259,7 @@ async fn a_vip_added_is_programmed_announced_persisted_and_deleted() {
     }))
     .await;
     assert!(!r.announced().contains(&ip("10.99.0.2")));
-    assert!(r.daemon.table(&id("10.99.0.2:53/udp")).is_err());
+    assert!(r.daemon.table(&id("10.99.0.2:53/udp"), false).is_err());
     let saved = Overlay::load(&r.daemon.config.state_file).unwrap();
     assert!(saved.is_empty(), "{saved:?}");
 }
@@ -341,7 +352,13 @@ async fn drained_backends_leave_the_table_and_come_back() {
 #[tokio::test]
 async fn the_table_shares_slots_by_weight() {
     let mut r = rig(FILE);
-    let t: api::TableInfo = parse(r.ok(Request::Table { vip: id(WEB) }).await);
+    let t: api::TableInfo = parse(
+        r.ok(Request::Table {
+            vip: id(WEB),
+            slots: false,
+        })
+        .await,
+    );
     assert_eq!(t.table_size, 101);
     let slots: u32 = t.backends.iter().map(|b| b.slots).sum();
     assert_eq!(slots, 101, "every slot has an owner");
@@ -355,6 +372,7 @@ async fn the_table_shares_slots_by_weight() {
     let e = r
         .refused(Request::Table {
             vip: id("10.99.0.9:80/tcp"),
+            slots: false,
         })
         .await;
     assert!(e.contains("10.99.0.9"), "{e}");
@@ -447,9 +465,21 @@ async fn a_reload_request_on_the_loop_is_refused() {
     assert!(e.contains("socket"), "{e}");
 }
 
-fn reparse(r: &Rig, text: &str) -> std::result::Result<Config, ConfigErrors> {
+/// `text` as the configuration file would read (with the rig's state
+/// file).
+fn reparse(r: &Rig, text: &str) -> std::result::Result<FileRead, ConfigErrors> {
     let state = r.daemon.config.state_file.display().to_string();
-    Config::parse(&format!("{text}\nstate_file: {state}\n"))
+    let text = format!("{text}\nstate_file: {state}\n");
+    let config = Config::parse(&text)?;
+    Ok(FileRead {
+        digest: crate::digest::text(&text),
+        text: text.into(),
+        config,
+    })
+}
+
+fn plain() -> ChangeOptions {
+    ChangeOptions::default()
 }
 
 #[tokio::test]
@@ -460,8 +490,13 @@ async fn a_reload_applies_a_good_file_and_keeps_the_running_one_otherwise() {
         "      - address: 10.1.0.2\n      - address: 10.1.0.3\n",
     );
     let parsed = reparse(&r, &grown);
-    let done = r.daemon.reload(parsed, false).await.expect("applies");
-    assert!(done.regateway.is_none());
+    let done = r
+        .daemon
+        .reload(parsed, false, &plain())
+        .await
+        .expect("applies");
+    assert!(r.daemon.regateway.is_none());
+    assert!(done.revision.is_some());
     assert_eq!(r.in_table(WEB).len(), 3);
     assert!(
         r.daemon
@@ -472,7 +507,12 @@ async fn a_reload_applies_a_good_file_and_keeps_the_running_one_otherwise() {
     );
 
     let bad = reparse(&r, &FILE.replace("weight: 2", "weight: -2"));
-    let e = r.daemon.reload(bad, false).await.unwrap_err().to_string();
+    let e = r
+        .daemon
+        .reload(bad, false, &plain())
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("weight"), "{e}");
     assert_eq!(r.in_table(WEB).len(), 3, "the running configuration stays");
     assert!(
@@ -486,7 +526,7 @@ async fn a_reload_applies_a_good_file_and_keeps_the_running_one_otherwise() {
     let renamed = reparse(&r, &FILE.replace("instance: unit", "instance: other"));
     let e = r
         .daemon
-        .reload(renamed, false)
+        .reload(renamed, false, &plain())
         .await
         .unwrap_err()
         .to_string();
@@ -502,13 +542,17 @@ async fn a_reload_that_empties_an_announced_vip_needs_force() {
     );
     let e = r
         .daemon
-        .reload(reparse(&r, &empty), false)
+        .reload(reparse(&r, &empty), false, &plain())
         .await
         .unwrap_err()
         .to_string();
     assert!(e.contains("lbctl reload --force"), "{e}");
     assert_eq!(r.in_table(WEB).len(), 2);
-    let done = r.daemon.reload(reparse(&r, &empty), true).await.unwrap();
+    let done = r
+        .daemon
+        .reload(reparse(&r, &empty), true, &plain())
+        .await
+        .unwrap();
     assert!(
         done.warnings
             .iter()
@@ -578,3 +622,5 @@ async fn a_new_gateway_mac_is_written_to_the_dataplane() {
     let s: api::Status = parse(r.ok(Request::Status).await);
     assert_eq!(s.gateway.unwrap().address, Some(ip("10.0.0.1")));
 }
+
+mod change;

@@ -129,7 +129,32 @@ impl<D: Dataplane> Daemon<D> {
                 looking_up: state.looking_up,
                 error: state.error.clone(),
             }),
+            revision: self.revision,
+            revision_source: self.revision_source.clone(),
+            config_digest: self.running().digest(),
+            file_differs: self.file_differs(),
+            pending_confirm: self.confirm.as_ref().map(|p| api::PendingConfirm {
+                revision: p.revision,
+                fallback: p.fallback,
+                secs_left: p
+                    .deadline
+                    .saturating_duration_since(tokio::time::Instant::now())
+                    .as_secs_f64(),
+            }),
+            auto_reverts: self.auto_reverts,
         }
+    }
+
+    /// After a revert: the running configuration is not the file's.
+    fn file_differs(&self) -> Option<String> {
+        (crate::digest::text(&self.text) != self.file_digest).then(|| {
+            format!(
+                "the running configuration is revision {}'s ({}), not {} as last read; a reload applies the file once it changes",
+                self.revision,
+                self.revision_source,
+                self.config_path.display()
+            )
+        })
     }
 
     /// `lbctl vip list`.
@@ -242,7 +267,7 @@ impl<D: Dataplane> Daemon<D> {
     }
 
     /// `lbctl table VIP`: slots per backend against its weight's share.
-    pub fn table(&self, id: &VipId) -> Result<TableInfo> {
+    pub fn table(&self, id: &VipId, list_slots: bool) -> Result<TableInfo> {
         let v = self
             .reconciler
             .vips()
@@ -267,7 +292,10 @@ impl<D: Dataplane> Daemon<D> {
             .find(|c| c.id == *id)
             .map(|c| c.backends.iter().map(|b| (b.address, b.weight)).collect())
             .unwrap_or_default();
+        let addresses = self.reconciler.table_addresses(id).unwrap_or_default();
         Ok(TableInfo {
+            digest: crate::digest::table(&addresses),
+            slots: list_slots.then_some(addresses),
             vip: *id,
             table_size: m,
             active_half: self.reconciler.layout().active_half(&v.meta),

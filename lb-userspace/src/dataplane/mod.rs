@@ -11,6 +11,7 @@
 
 pub mod fake;
 pub mod kernel;
+mod mmap;
 
 use lb_common::{
     BackendDef, CounterValue, DatapathConfig, FlowBucket, VipFilter, VipKey, VipMeta,
@@ -212,6 +213,16 @@ pub trait Dataplane {
 
     fn flow_bucket(&self, index: u32) -> Result<FlowBucket>;
     fn set_flow_bucket(&mut self, index: u32, bucket: &FlowBucket) -> Result<()>;
+
+    /// Visits every connection-table bucket once, in index order (a
+    /// snapshot per bucket, not of the table: the datapath goes on
+    /// writing).
+    fn scan_flows(&self, visit: &mut dyn FnMut(&FlowBucket)) -> Result<()> {
+        for index in 0..self.layout().ct_buckets {
+            visit(&self.flow_bucket(index)?);
+        }
+        Ok(())
+    }
 
     fn vip_filter(&self) -> Result<VipFilter>;
     fn set_vip_filter(&mut self, filter: &VipFilter) -> Result<()>;

@@ -5,6 +5,7 @@
 //! machine ([`decap`]). Human-readable tables by default, `-o json` for
 //! scripts.
 
+mod change;
 mod decap;
 mod print;
 
@@ -12,7 +13,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand, ValueEnum};
-use lb::api::{self, NodeChange, NodeRequest, Request, VipRequest};
+use lb::api::{self, ChangeOptions, Committed, NodeChange, NodeRequest, Request, VipRequest};
 use serde::de::DeserializeOwned;
 
 #[derive(Parser)]
@@ -27,6 +28,8 @@ struct Args {
     /// Output format.
     #[arg(short, long, global = true, value_enum, default_value_t = Output::Table)]
     output: Output,
+    #[command(flatten)]
+    change: ChangeOptions,
     #[command(subcommand)]
     command: Command,
 }
@@ -60,14 +63,20 @@ fn main() {
 
 fn run(args: Args) -> Result<()> {
     let json = args.output == Output::Json;
-    let request = match args.command {
+    let mut request = match args.command {
         Command::Decap(cmd) => return decap::run(cmd, json),
         Command::Api(request) => request,
     };
+    // lbd reads the file: make a relative path relative to here.
+    if let Request::Diff { file: Some(path) } = &mut request
+        && path.is_relative()
+    {
+        *path = std::env::current_dir()?.join(&*path);
+    }
     let socket = args
         .socket
         .unwrap_or_else(|| PathBuf::from(format!("/run/lb/{}.sock", args.instance)));
-    let data = api::call(&socket, &request)?;
+    let data = api::call_with(&socket, &request, &args.change)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&data)?);
     } else {
@@ -84,20 +93,27 @@ fn show(request: &Request, data: serde_json::Value) -> Result<()> {
     match request {
         Request::Status => print::print_status(decode(data)?),
         Request::Vip(VipRequest::List) => print::print_vips(decode(data)?),
-        Request::Vip(VipRequest::Add(a)) => done(&format!("added VIP {}", a.vip)),
-        Request::Vip(VipRequest::Del { vip }) => done(&format!("deleted VIP {vip}")),
-        Request::Backend(b) => done(&describe_backend(b)),
+        Request::Vip(VipRequest::Add(a)) => committed(data, &format!("added VIP {}", a.vip)),
+        Request::Vip(VipRequest::Del { vip }) => committed(data, &format!("deleted VIP {vip}")),
+        Request::Backend(b) => committed(data, &describe_backend(b)),
         Request::Stats => print::print_stats(decode(data)?),
         Request::Health => print::print_health(decode(data)?),
         Request::Table { .. } => print::print_table(decode(data)?),
         Request::Simulate { .. } => print::print_simulation(decode(data)?),
-        Request::Reload { .. } => {
-            let warnings: Vec<String> = decode(data)?;
-            for w in &warnings {
-                println!("warning: {w}");
+        Request::Reload { .. } => committed(data, "reloaded"),
+        Request::Diff { .. } => {
+            let c: Committed = decode(data)?;
+            if let Some(p) = &c.preview {
+                change::print_preview(p);
             }
-            done("reloaded")
+            Ok(())
         }
+        Request::History { .. } => {
+            change::print_history(&decode::<Vec<api::RevisionRow>>(data)?);
+            Ok(())
+        }
+        Request::Revert { .. } => committed(data, "reverted"),
+        Request::Confirm => committed(data, "confirmed"),
         Request::Bgp => print::print_bgp(decode(data)?),
         Request::Node(NodeRequest::Drain { .. }) => {
             print::print_node_change(&decode(data)?, "drained", "withdrew");
@@ -110,8 +126,8 @@ fn show(request: &Request, data: serde_json::Value) -> Result<()> {
     }
 }
 
-fn done(what: &str) -> Result<()> {
-    println!("{what}");
+fn committed(data: serde_json::Value, what: &str) -> Result<()> {
+    change::print_committed(&decode(data)?, what);
     Ok(())
 }
 

@@ -108,10 +108,33 @@ pub fn print_status(s: Status) -> Result<()> {
         s.last_reload.as_deref().unwrap_or("none since start")
     );
     println!("announce      {}", s.announce);
+    print_revision(&s);
     for w in &s.warnings {
         println!("warning       {w}");
     }
     Ok(())
+}
+
+/// The running revision, a probation, a revert.
+fn print_revision(s: &Status) {
+    println!(
+        "revision      {} ({}); configuration digest {}",
+        s.revision, s.revision_source, s.config_digest
+    );
+    if let Some(p) = &s.pending_confirm {
+        println!(
+            "confirm       revision {} awaits `lbctl confirm`: {} left, then lbd reverts to {}",
+            p.revision,
+            duration(p.secs_left),
+            p.fallback
+        );
+    }
+    if let Some(note) = &s.file_differs {
+        println!("file          {note}");
+    }
+    if s.auto_reverts > 0 {
+        println!("auto reverts  {} since lbd started", s.auto_reverts);
+    }
 }
 
 fn if_set(flag: bool, text: &str) -> &str {
@@ -377,8 +400,8 @@ pub fn print_stats(s: Stats) -> Result<()> {
 
 pub fn print_table(t: TableInfo) -> Result<()> {
     println!(
-        "{}: M = {}, active half {}",
-        t.vip, t.table_size, t.active_half
+        "{}: M = {}, active half {}, digest {}",
+        t.vip, t.table_size, t.active_half, t.digest
     );
     let rows = t
         .backends

@@ -18,15 +18,16 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use aya::programs::XdpMode;
 use lb::{
-    api::{InterfaceInfo, Request, Response},
+    api::{ChangeOptions, InterfaceInfo, Request, Response},
     config::{Config, ConfigErrors, Gateway, Mac, XdpModeSetting},
     daemon::{
-        Announcers, Daemon, Probes, SAMPLE_EVERY,
+        Announcers, Daemon, FileRead, Probes, SAMPLE_EVERY, Target,
         reload::{datapath_settings, resolve_gateway},
     },
     dataplane::kernel::KernelDataplane,
     net,
     reconcile::Reconciler,
+    revisions::RevisionStore,
     state::Overlay,
 };
 use tokio::{
@@ -117,9 +118,12 @@ impl Drop for GatewayWatch {
 /// A reload whose file was read and parsed on a blocking thread, so that
 /// a large or hostile file never holds up the loop (the API, probe
 /// verdicts, announcements).
+/// `lbctl diff` reads its file the same way, as a reload with
+/// `--dry-run`.
 struct ParsedReload {
-    config: Result<Config, ConfigErrors>,
+    file: Result<FileRead, ConfigErrors>,
     force: bool,
+    options: ChangeOptions,
     /// `lbctl reload` waits for the answer; SIGHUP does not.
     reply: Option<oneshot::Sender<Response>>,
 }
@@ -128,15 +132,17 @@ impl ParsedReload {
     fn start(
         path: &Path,
         force: bool,
+        options: ChangeOptions,
         reply: Option<oneshot::Sender<Response>>,
         to: &mpsc::Sender<ParsedReload>,
     ) {
         let (path, to) = (path.to_path_buf(), to.clone());
         tokio::task::spawn_blocking(move || {
-            let config = Config::load(&path);
+            let file = FileRead::load(&path);
             let _ = to.blocking_send(ParsedReload {
-                config,
+                file,
                 force,
+                options,
                 reply,
             });
         });
@@ -151,12 +157,27 @@ async fn until(at: Option<tokio::time::Instant>) {
     }
 }
 
-/// The configuration, the API's changes on top, checked together.
-fn load(config_path: &Path) -> Result<(Config, Overlay)> {
-    let config = Config::load(config_path)?;
-    for w in &config.warnings {
+/// What to run at start, and the file as read: the file's configuration,
+/// or, when the file is unchanged since the newest revision was made and
+/// that revision is a revert, the revision's (a restart does not undo a
+/// revert); the API's changes on top, checked together.
+fn load(config_path: &Path) -> Result<(Target, FileRead, RevisionStore)> {
+    let file = FileRead::load(config_path)?;
+    for w in &file.config.warnings {
         warn!("{w}");
     }
+    let store = RevisionStore::open(&file.config.revisions_dir(), file.config.history)?;
+    let (config, text) = match reverted_revision(&store, &file) {
+        Some((number, config, text)) => {
+            warn!(
+                revision = number,
+                "starting from revision {number}, a revert: {} is unchanged since",
+                config_path.display()
+            );
+            (config, text)
+        }
+        None => (file.config.clone(), file.text.clone()),
+    };
     let overlay = Overlay::load(&config.state_file)?;
     config
         .check_vips(&overlay.apply(&config.vips))
@@ -167,7 +188,35 @@ fn load(config_path: &Path) -> Result<(Config, Overlay)> {
                 config_path.display()
             )
         })?;
-    Ok((config, overlay))
+    let target = Target {
+        config,
+        text,
+        overlay,
+    };
+    Ok((target, file, store))
+}
+
+/// The newest revision, if it runs another text than `file` while `file`
+/// is the file it was made beside (a revert that a restart must keep).
+fn reverted_revision(
+    store: &RevisionStore,
+    file: &FileRead,
+) -> Option<(u64, Config, std::sync::Arc<str>)> {
+    let latest = store.latest_applied(None).ok()??;
+    let text = latest.config?;
+    if latest.file_digest.as_deref() != Some(file.digest.as_str()) || *text == *file.text {
+        return None;
+    }
+    match Config::parse(&text) {
+        Ok(config) => Some((latest.number, config, text.into())),
+        Err(e) => {
+            warn!(
+                revision = latest.number,
+                "the newest revision no longer parses; starting from the file: {e}"
+            );
+            None
+        }
+    }
 }
 
 /// Attaches the program (and the probe tunnel) to every configured
@@ -226,29 +275,31 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
 
 /// Loads and locks, programs the maps, attaches, and starts announcing.
 async fn start(config_path: PathBuf) -> Result<Started> {
-    let (config, overlay) = load(&config_path)?;
+    let (target, file, revisions) = load(&config_path)?;
+    let config = &target.config;
     ensure_bpffs(&config.bpffs)?;
     // Before any pin or the socket is touched: one lbd per instance.
-    let lock = crate::lock_instance(&config)?;
+    let lock = crate::lock_instance(config)?;
     let pin_dir = config.pin_dir();
     let (dp, maps_adopted) = KernelDataplane::open_pinned(config.layout, &pin_dir)
         .with_context(|| format!("loading the XDP program (pins in {})", pin_dir.display()))?;
     let mut reconciler = Reconciler::adopt(dp)?;
-    let resolved = resolve_gateway(&config).await?;
-    let gateway = GatewayWatch::start(&config, resolved);
-    let settings = datapath_settings(&config, resolved.1);
+    let resolved = resolve_gateway(config).await?;
+    let gateway = GatewayWatch::start(config, resolved);
+    let settings = datapath_settings(config, resolved.1);
     reconciler.apply_settings(&settings)?;
 
     let (probe_tx, probes) = mpsc::channel(1024);
     let mut daemon = Daemon::new(
         config_path,
-        config,
-        overlay,
+        target,
         reconciler,
         settings,
         Probes::real(probe_tx),
         Announcers::real(),
+        revisions,
     );
+    daemon.file_digest = file.digest;
     daemon.startup.maps_adopted = maps_adopted;
     if let Some(g) = &gateway {
         daemon.gateway = Some(g.state.borrow().clone());
@@ -261,6 +312,7 @@ async fn start(config_path: PathBuf) -> Result<Started> {
     // Announce only now: the maps are written and the program attached.
     daemon.start_announcers()?;
     daemon.announce();
+    daemon.start_revision();
     Ok(Started {
         daemon,
         gateway,
@@ -286,20 +338,13 @@ async fn serve(
     let mut stop_at: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
-            Some((request, reply)) = calls.recv() => match request {
-                Request::Reload { force } if !daemon.stopping() => {
-                    ParsedReload::start(&daemon.config_path, force, Some(reply), &parsed_tx);
-                }
-                request => {
-                    let response = daemon.handle(request).await;
-                    let _ = reply.send(response);
-                }
-            },
+            Some((envelope, reply)) = calls.recv() => on_call(daemon, envelope, reply, &parsed_tx).await,
             _ = hup.recv() => {
                 info!("SIGHUP: reloading");
-                ParsedReload::start(&daemon.config_path, false, None, &parsed_tx);
+                let options = ChangeOptions::default();
+                ParsedReload::start(&daemon.config_path, false, options, None, &parsed_tx);
             }
-            Some(parsed) = parsed_rx.recv() => apply_reload(daemon, gateway, parsed).await,
+            Some(parsed) = parsed_rx.recv() => apply_reload(daemon, parsed).await,
             Some((key, result)) = probes.recv() => daemon.on_probe(key, result),
             _ = sample_tick.tick() => daemon.tick(),
             state = GatewayWatch::changed(gateway) => daemon.on_gateway(state),
@@ -313,32 +358,60 @@ async fn serve(
             },
             _ = until(stop_at) => return Ok(()),
         }
+        // A change on probation that came due is reverted now.
+        daemon.settle().await;
+        if let Some(resolved) = daemon.regateway.take() {
+            *gateway = GatewayWatch::start(&daemon.config, resolved);
+        }
     }
 }
 
-/// Applies a reload read off the loop, answers `lbctl reload` (SIGHUP's
-/// failures are logged), and restarts the gateway watcher if its settings
-/// changed.
-async fn apply_reload(
+/// An API request: reloads and diffs are read off the loop, everything
+/// else is answered here.
+async fn on_call(
     daemon: &mut Daemon<KernelDataplane>,
-    gateway: &mut Option<GatewayWatch>,
-    parsed: ParsedReload,
+    envelope: lb::api::Envelope,
+    reply: oneshot::Sender<Response>,
+    parsed: &mpsc::Sender<ParsedReload>,
 ) {
-    let result = daemon.reload(parsed.config, parsed.force).await;
-    if let Ok(r) = &result
-        && let Some(resolved) = r.regateway
-    {
-        *gateway = GatewayWatch::start(&daemon.config, resolved);
+    let options = envelope.change;
+    match envelope.request {
+        Request::Reload { force } if !daemon.stopping() => {
+            ParsedReload::start(&daemon.config_path, force, options, Some(reply), parsed);
+        }
+        Request::Diff { file } => {
+            let path = file.unwrap_or_else(|| daemon.config_path.clone());
+            let options = ChangeOptions {
+                dry_run: true,
+                ..options
+            };
+            ParsedReload::start(&path, true, options, Some(reply), parsed);
+        }
+        request => {
+            let _ = reply.send(daemon.handle(request, options).await);
+        }
     }
+}
+
+/// Applies a reload (or a diff) read off the loop and answers `lbctl`
+/// (SIGHUP's outcome is logged).
+async fn apply_reload(daemon: &mut Daemon<KernelDataplane>, parsed: ParsedReload) {
+    let result = daemon
+        .reload(parsed.file, parsed.force, &parsed.options)
+        .await;
     match (parsed.reply, result) {
-        (Some(reply), Ok(r)) => {
-            let _ = reply.send(Response::ok(r.warnings));
+        (Some(reply), Ok(committed)) => {
+            let _ = reply.send(Response::ok(committed));
         }
         (Some(reply), Err(e)) => {
             let _ = reply.send(Response::err(e.to_string()));
         }
         (None, Err(e)) => error!("reload failed, keeping the running configuration: {e}"),
-        (None, Ok(_)) => {}
+        (None, Ok(committed)) => {
+            if let Some(note) = committed.note {
+                info!("{note}");
+            }
+        }
     }
 }
 

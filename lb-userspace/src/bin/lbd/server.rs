@@ -5,7 +5,7 @@
 use std::{os::unix::fs::PermissionsExt as _, path::Path, time::Duration};
 
 use anyhow::{Context as _, Result};
-use lb::api::{Envelope, MAX_CONNECTIONS, MAX_REQUEST, Request, Response};
+use lb::api::{Envelope, MAX_CONNECTIONS, MAX_REQUEST, Response};
 use tokio::{
     io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader},
     net::{UnixListener, UnixStream},
@@ -13,7 +13,7 @@ use tokio::{
 };
 use tracing::{debug, warn};
 
-pub type Call = (Request, oneshot::Sender<Response>);
+pub type Call = (Envelope, oneshot::Sender<Response>);
 
 /// Binds the socket with mode 0600, replacing a stale one (a socket no
 /// process answers on). A socket something still answers on belongs to
@@ -101,10 +101,10 @@ async fn handle(stream: UnixStream, calls: mpsc::Sender<Call>) {
         Ok(Ok(_)) if !line.ends_with('\n') => Response::err("request not terminated by a newline"),
         Ok(Ok(_)) => match Envelope::parse(&line) {
             Err(e) => Response::err(e),
-            Ok(request) => {
-                debug!(?request, "api request");
+            Ok(envelope) => {
+                debug!(request = ?envelope.request, "api request");
                 let (tx, rx) = oneshot::channel();
-                if calls.send((request, tx)).await.is_err() {
+                if calls.send((envelope, tx)).await.is_err() {
                     Response::err("lbd is shutting down")
                 } else {
                     rx.await

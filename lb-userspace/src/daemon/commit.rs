@@ -1,0 +1,425 @@
+//! Every configuration change goes through one path, [`Daemon::commit`]:
+//! a reload, an API change, a revert, an automatic revert. It checks the
+//! change (rules, fixed settings, the blackhole guard), previews it
+//! (`--dry-run`), or applies it (settings, tables, state file,
+//! announcers), records it as a revision, and with `--confirm-within`
+//! arms the automatic revert.
+//!
+//! Commit confirmed: until `lbctl confirm`, the change runs on probation.
+//! When the window ends, or as soon as the change makes a VIP that was
+//! announced lose its announcement (checked before the announcers hear of
+//! it, so the routers never see the withdrawal), `lbd` reverts to the
+//! revision that ran before ([`Daemon::settle`]), logs it and counts it.
+
+use std::{collections::BTreeSet, sync::Arc, time::SystemTime};
+
+use tracing::{error, info, warn};
+
+use super::{Daemon, Result, refused, reload::datapath_settings};
+use crate::{
+    announce::policy::NodeState,
+    api::{ChangeOptions, Committed},
+    config::{Config, VipConfig, VipId},
+    dataplane::Dataplane,
+    digest,
+    revisions::Revision,
+    state::Overlay,
+};
+
+/// A configuration to run: the file's (and its text), and the API's
+/// changes on top.
+#[derive(Clone, Debug)]
+pub struct Target {
+    pub config: Config,
+    pub text: Arc<str>,
+    pub overlay: Overlay,
+}
+
+impl Target {
+    /// The effective VIPs.
+    pub fn effective(&self) -> Vec<VipConfig> {
+        self.overlay.apply(&self.config.vips)
+    }
+
+    /// The digest of the effective configuration.
+    pub fn digest(&self) -> String {
+        digest::config(self.config.layout.table_size, &self.effective())
+    }
+}
+
+/// Whether a change may leave a serving VIP without a usable backend, and
+/// how the operator says so.
+#[derive(Clone, Copy, Debug)]
+pub struct Force {
+    pub yes: bool,
+    pub how: &'static str,
+}
+
+/// A change on probation (`--confirm-within`).
+#[derive(Clone, Debug)]
+pub struct Pending {
+    pub revision: u64,
+    /// What runs again without a confirmation.
+    pub fallback: u64,
+    pub deadline: tokio::time::Instant,
+    /// VIPs announced when the probation began: losing one reverts.
+    pub announced: BTreeSet<VipId>,
+}
+
+/// What kind of change a commit is (reverts may cut a probation short).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Change,
+    Revert,
+}
+
+impl<D: Dataplane> Daemon<D> {
+    /// The running configuration as a [`Target`].
+    pub fn running(&self) -> Target {
+        Target {
+            config: self.config.clone(),
+            text: self.text.clone(),
+            overlay: self.overlay.clone(),
+        }
+    }
+
+    /// Checks, previews or applies `target` (see the module docs). A
+    /// change that fails is recorded as a refused revision; the running
+    /// configuration stays.
+    pub async fn commit(
+        &mut self,
+        target: Target,
+        source: String,
+        options: &ChangeOptions,
+        force: Force,
+        kind: Kind,
+    ) -> Result<Committed> {
+        let result = self.try_commit(target, &source, options, force, kind).await;
+        if let Err(e) = &result
+            && !options.dry_run
+        {
+            self.record(&source, Err(e.to_string()));
+        }
+        result
+    }
+
+    async fn try_commit(
+        &mut self,
+        target: Target,
+        source: &str,
+        options: &ChangeOptions,
+        force: Force,
+        kind: Kind,
+    ) -> Result<Committed> {
+        let warnings = self.check(&target, force, options.dry_run)?;
+        if options.dry_run {
+            let mut preview = self.preview(&target)?;
+            preview.warnings = warnings;
+            return Ok(Committed {
+                preview: Some(preview),
+                ..Committed::default()
+            });
+        }
+        if let Some(p) = &self.confirm
+            && kind == Kind::Change
+            && options.confirm_within.is_none()
+        {
+            return Err(refused(format!(
+                "revision {} awaits confirmation: `lbctl confirm` it, `lbctl revert` it, or make this change with --confirm-within too",
+                p.revision
+            )));
+        }
+        if self.is_running(&target) {
+            return Ok(Committed {
+                revision: Some(self.revision),
+                warnings,
+                note: Some("nothing changed".into()),
+                ..Committed::default()
+            });
+        }
+        let before = self.confirm.clone();
+        if let Some(within) = &options.confirm_within {
+            self.confirm = Some(Pending {
+                revision: 0,
+                fallback: before.as_ref().map_or(self.revision, |p| p.fallback),
+                deadline: tokio::time::Instant::now() + within.0,
+                announced: self.announced_vips(),
+            });
+        } else if kind == Kind::Revert {
+            self.confirm = None;
+        }
+        if let Err(e) = self.apply(target).await {
+            self.confirm = before;
+            return Err(e);
+        }
+        let number = self.record(source, Ok(()));
+        if let Some(p) = &mut self.confirm
+            && options.confirm_within.is_some()
+        {
+            p.revision = number;
+            info!(
+                revision = number,
+                fallback = p.fallback,
+                "change on probation until `lbctl confirm`"
+            );
+        }
+        for w in &warnings {
+            warn!("{w}");
+        }
+        Ok(Committed {
+            revision: Some(number),
+            warnings,
+            confirm_within_secs: options.confirm_within.map(|w| w.0.as_secs_f64()),
+            ..Committed::default()
+        })
+    }
+
+    /// `target` is what runs now (same text, same API changes).
+    fn is_running(&self, target: &Target) -> bool {
+        target.text == self.text && target.overlay == self.overlay && target.config == self.config
+    }
+
+    /// The rules a change must pass before anything is written: settings
+    /// only a restart may change, the VIP rules, the blackhole guard.
+    /// Returns the warnings.
+    fn check(&self, target: &Target, force: Force, dry_run: bool) -> Result<Vec<String>> {
+        if let Some(what) = super::reload::fixed_setting_changed(&self.config, &target.config) {
+            return Err(refused(format!(
+                "{what} cannot change on reload; restart lbd to change it"
+            )));
+        }
+        let effective = target.effective();
+        let mut warnings = target.config.check_vips(&effective)?;
+        if target.text != self.text {
+            warnings.extend(target.config.warnings.iter().cloned());
+        }
+        let drained = target.overlay.drained_in(&effective);
+        let forced = self.refuse_blackhole(&effective, &drained, force.yes, force.how)?;
+        if !dry_run {
+            for p in &forced {
+                error!("forced: {p}");
+            }
+        }
+        warnings.extend(forced);
+        Ok(warnings)
+    }
+
+    /// Makes `target` run: datapath settings, tables, the state file,
+    /// announcers. Any failure puts the running configuration back.
+    async fn apply(&mut self, target: Target) -> Result<()> {
+        let new = &target.config;
+        let resolved = if new.gateway == self.config.gateway {
+            let ip = self.gateway.as_ref().and_then(|g| g.gateway);
+            (ip, self.settings.gateway_mac)
+        } else {
+            super::reload::resolve_gateway(new).await?
+        };
+        let settings = datapath_settings(new, resolved.1);
+        self.reconciler.apply_settings(&settings)?;
+        let effective = target.effective();
+        let old_overlay = std::mem::replace(&mut self.overlay, target.overlay.clone());
+        let programmed = self
+            .program(&effective, false)
+            .and_then(|_| Ok(self.overlay.save(&new.state_file)?));
+        if let Err(e) = programmed {
+            self.overlay = old_overlay;
+            self.restore();
+            return Err(e);
+        }
+        if new.announce != self.config.announce {
+            self.restart_announcers(new).await?;
+        }
+        if new.gateway != self.config.gateway || new.gateway_refresh != self.config.gateway_refresh
+        {
+            self.regateway = Some(resolved);
+        }
+        self.settings = settings;
+        self.config = target.config;
+        self.text = target.text;
+        // min_healthy may have changed, and new announcers know nothing yet.
+        self.announce();
+        Ok(())
+    }
+
+    /// Records a revision: of what runs now (`Ok`), or of a refused change
+    /// and why; returns its number. A revision that cannot be written is
+    /// logged, never fatal: the change itself took effect.
+    pub fn record(&mut self, source: &str, result: std::result::Result<(), String>) -> u64 {
+        let number = match self.revisions.next_number() {
+            Ok(n) => n,
+            Err(e) => {
+                error!("revisions: {e}");
+                return self.revision;
+            }
+        };
+        let time = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let applied = result.is_ok();
+        let running = applied.then(|| self.running());
+        let revision = Revision {
+            number,
+            time,
+            source: source.to_string(),
+            digest: running.as_ref().map(Target::digest),
+            error: result.err(),
+            config: running.as_ref().map(|t| t.text.to_string()),
+            overlay: running.map(|t| t.overlay),
+            file_digest: Some(self.file_digest.clone()),
+        };
+        if let Err(e) = self.revisions.append(&revision) {
+            error!("revisions: {e}");
+        }
+        if applied {
+            self.revision = number;
+            self.revision_source = source.to_string();
+        }
+        number
+    }
+
+    /// The VIPs announced now.
+    fn announced_vips(&self) -> BTreeSet<VipId> {
+        let decision = &self.announcers.decision;
+        decision
+            .vips
+            .iter()
+            .filter(|v| v.announced)
+            .map(|v| v.vip)
+            .collect()
+    }
+
+    /// During a probation: whether this announce decision takes a VIP's
+    /// announcement away that it had when the probation began (and still
+    /// exists). Then the decision is held back and the revert is due.
+    pub(super) fn probation_breaks(
+        &mut self,
+        decision: &crate::announce::policy::Decision,
+    ) -> bool {
+        let Some(p) = &self.confirm else {
+            return false;
+        };
+        if self.announcers.node != NodeState::Serving || !self.startup.attached {
+            return false;
+        }
+        let lost: Vec<String> = decision
+            .vips
+            .iter()
+            .filter(|v| !v.announced && p.announced.contains(&v.vip))
+            .map(|v| v.vip.to_string())
+            .collect();
+        if lost.is_empty() {
+            return false;
+        }
+        if self.revert_due.is_none() {
+            self.revert_due = Some(format!("it made {} lose its announcement", lost.join(", ")));
+        }
+        true
+    }
+
+    /// Called by the tick: a probation whose window ended is due.
+    pub(super) fn check_deadline(&mut self) {
+        if let Some(p) = &self.confirm
+            && tokio::time::Instant::now() >= p.deadline
+            && self.revert_due.is_none()
+        {
+            self.revert_due = Some("it was not confirmed in time".into());
+        }
+    }
+
+    /// Runs the automatic revert if one is due (after every event).
+    pub async fn settle(&mut self) {
+        let Some(reason) = self.revert_due.take() else {
+            return;
+        };
+        let Some(p) = self.confirm.take() else {
+            return;
+        };
+        let source = format!(
+            "automatic revert of {} to {}: {reason}",
+            p.revision, p.fallback
+        );
+        error!(
+            "reverting revision {} to {}: {reason}",
+            p.revision, p.fallback
+        );
+        let result = match self.target_of(p.fallback) {
+            Ok(target) => {
+                let force = Force {
+                    yes: true,
+                    how: "automatic revert",
+                };
+                self.commit(
+                    target,
+                    source,
+                    &ChangeOptions::default(),
+                    force,
+                    Kind::Revert,
+                )
+                .await
+            }
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(_) => self.auto_reverts += 1,
+            Err(e) => error!("the automatic revert to {} failed: {e}", p.fallback),
+        }
+    }
+
+    /// The configuration of revision `number`, ready to run again.
+    pub fn target_of(&self, number: u64) -> Result<Target> {
+        let revision = self
+            .revisions
+            .get(number)
+            .map_err(|e| refused(e.to_string()))?;
+        let (Some(text), Some(overlay)) = (revision.config, revision.overlay) else {
+            return Err(refused(format!(
+                "revision {number} was refused ({}); it cannot run",
+                revision.error.unwrap_or_default()
+            )));
+        };
+        let config = Config::parse(&text).map_err(|e| {
+            refused(format!(
+                "revision {number} no longer parses (was it made by another release?): {e}"
+            ))
+        })?;
+        Ok(Target {
+            config,
+            text: text.into(),
+            overlay,
+        })
+    }
+
+    /// At start-up, after the first [`Daemon::program`]: the running
+    /// configuration becomes a revision, unless it is the newest one
+    /// already (a restart with nothing changed).
+    pub fn start_revision(&mut self) {
+        let digest = self.running().digest();
+        let latest = self.revisions.latest_applied(None).ok().flatten();
+        match latest {
+            Some(r)
+                if r.digest.as_deref() == Some(digest.as_str())
+                    && r.config.as_deref() == Some(&*self.text) =>
+            {
+                self.revision = r.number;
+                self.revision_source = r.source;
+            }
+            _ => {
+                self.record("start", Ok(()));
+            }
+        }
+    }
+
+    /// `lbctl confirm`: the change on probation stays.
+    pub fn confirm(&mut self) -> Result<Committed> {
+        let Some(p) = self.confirm.take() else {
+            return Err(refused("no change awaits confirmation"));
+        };
+        self.revert_due = None;
+        info!(revision = p.revision, "change confirmed");
+        Ok(Committed {
+            revision: Some(p.revision),
+            note: Some(format!("revision {} confirmed", p.revision)),
+            ..Committed::default()
+        })
+    }
+}

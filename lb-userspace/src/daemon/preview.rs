@@ -1,0 +1,332 @@
+//! What a change would do, before it is made (`lbctl diff`, `--dry-run`):
+//! VIPs added and removed; per VIP, backends added, removed and
+//! re-weighted and settings changed; the share of each table's slots
+//! that would get another backend; and the connection-table entries
+//! that point at backends that would leave.
+//!
+//! The tables compared are the one published now (as the reconciler
+//! holds it) and the one the change would publish, built by the same
+//! function the reconciler builds with ([`crate::reconcile::maglev_table`])
+//! from the lifecycle's plan for the new configuration (health, drains,
+//! slow start and panic as they stand now).
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+    time::Instant,
+};
+
+use lb_common::FlowEntry;
+
+use super::{Daemon, Result, commit::Target, refused};
+use crate::{
+    api::{BackendWeight, ChangePreview, Reweight, SettingChange, VipChange, VipRemoved},
+    config::{Config, VipConfig, VipId},
+    dataplane::Dataplane,
+    digest,
+    lifecycle::Plan,
+    reconcile::maglev_table,
+};
+
+impl<D: Dataplane> Daemon<D> {
+    /// What running `target` instead of the running configuration changes.
+    pub fn preview(&self, target: &Target) -> Result<ChangePreview> {
+        let before = self.effective();
+        let after = target.effective();
+        let m = self.config.layout.table_size;
+        let now = Instant::now();
+        let mut prospect = self.lifecycle.clone();
+        prospect.sync(&after, &target.overlay.drained_in(&after), now, false);
+        let plan = prospect.plan(&after, now);
+
+        let old: BTreeMap<VipId, &VipConfig> = before.iter().map(|v| (v.id, v)).collect();
+        let new: BTreeMap<VipId, &VipConfig> = after.iter().map(|v| (v.id, v)).collect();
+        let leaving = self.leaving_handles(&old, &new);
+        let flows = self.count_flows(&leaving.values().flatten().copied().collect())?;
+        let breaking = |id: &VipId| -> u64 {
+            leaving
+                .get(id)
+                .into_iter()
+                .flatten()
+                .map(|h| flows.get(h).copied().unwrap_or(0))
+                .sum()
+        };
+        let mut vips_changed = Vec::new();
+        for (id, was) in &old {
+            let Some(will) = new.get(id) else { continue };
+            let change = self.vip_change(was, will, &plan, m, breaking(id))?;
+            if let Some(change) = change {
+                vips_changed.push(change);
+            }
+        }
+        Ok(ChangePreview {
+            digest_before: digest::config(m, &before),
+            digest_after: digest::config(m, &after),
+            vips_added: new
+                .keys()
+                .filter(|id| !old.contains_key(id))
+                .copied()
+                .collect(),
+            vips_removed: old
+                .keys()
+                .filter(|id| !new.contains_key(id))
+                .map(|id| VipRemoved {
+                    vip: *id,
+                    flows_breaking: breaking(id),
+                })
+                .collect(),
+            vips_changed,
+            settings: global_changes(&self.config, &target.config),
+            warnings: Vec::new(),
+        })
+    }
+
+    /// Per VIP, the handles of its backends that the change removes (all
+    /// of them for a VIP that goes).
+    fn leaving_handles(
+        &self,
+        old: &BTreeMap<VipId, &VipConfig>,
+        new: &BTreeMap<VipId, &VipConfig>,
+    ) -> BTreeMap<VipId, Vec<u32>> {
+        let programmed = self.reconciler.vips();
+        old.keys()
+            .filter_map(|id| {
+                let state = programmed.get(id)?;
+                let stays: BTreeSet<IpAddr> = new
+                    .get(id)
+                    .map(|v| v.backends.iter().map(|b| b.address).collect())
+                    .unwrap_or_default();
+                let handles = state
+                    .backends
+                    .iter()
+                    .filter(|(addr, _)| !stays.contains(addr))
+                    .map(|(_, b)| b.handle)
+                    .collect();
+                Some((*id, handles))
+            })
+            .collect()
+    }
+
+    /// Connection-table entries per backend handle, for `handles`.
+    fn count_flows(&self, handles: &BTreeSet<u32>) -> Result<BTreeMap<u32, u64>> {
+        let mut counts = BTreeMap::new();
+        if handles.is_empty() {
+            return Ok(counts);
+        }
+        self.reconciler.dataplane().scan_flows(&mut |bucket| {
+            for e in &bucket.entries {
+                if *e != FlowEntry::EMPTY && handles.contains(&e.handle()) {
+                    *counts.entry(e.handle()).or_insert(0) += 1;
+                }
+            }
+        })?;
+        Ok(counts)
+    }
+
+    /// One VIP's change; `None` if nothing about it changes.
+    fn vip_change(
+        &self,
+        was: &VipConfig,
+        will: &VipConfig,
+        plan: &Plan,
+        m: u32,
+        flows_breaking: u64,
+    ) -> Result<Option<VipChange>> {
+        let before = self
+            .reconciler
+            .table_addresses(&was.id)
+            .unwrap_or_else(|| vec![None; m as usize]);
+        let after = planned_table(plan, &will.id, m)?;
+        let slots_moved = before.iter().zip(&after).filter(|(a, b)| a != b).count() as u32;
+        let (added, removed, reweighted) = backend_changes(was, will);
+        let settings = vip_settings(was, will);
+        let unchanged = slots_moved == 0
+            && added.is_empty()
+            && removed.is_empty()
+            && reweighted.is_empty()
+            && settings.is_empty();
+        if unchanged {
+            return Ok(None);
+        }
+        Ok(Some(VipChange {
+            vip: will.id,
+            backends_added: added,
+            backends_removed: removed,
+            backends_reweighted: reweighted,
+            settings,
+            slots_moved,
+            table_size: m,
+            share_moved: f64::from(slots_moved) / f64::from(m),
+            flows_breaking,
+        }))
+    }
+}
+
+/// The table `plan` gives VIP `id`, slot by slot.
+fn planned_table(plan: &Plan, id: &VipId, m: u32) -> Result<Vec<Option<IpAddr>>> {
+    let Some(vip) = plan.vips.iter().find(|v| v.id == *id) else {
+        return Ok(vec![None; m as usize]);
+    };
+    let members: BTreeMap<IpAddr, u32> = vip
+        .backends
+        .iter()
+        .filter(|b| plan.usable.get(&(*id, b.address)).copied().unwrap_or(true))
+        .map(|b| (b.address, b.weight))
+        .collect();
+    let table = maglev_table(&members, m).map_err(|e| refused(format!("VIP {id}: {e}")))?;
+    Ok(match table {
+        Some(slots) => slots.into_iter().map(Some).collect(),
+        None => vec![None; m as usize],
+    })
+}
+
+/// Backends added (with weights), removed, and re-weighted (configured
+/// weights).
+fn backend_changes(
+    was: &VipConfig,
+    will: &VipConfig,
+) -> (Vec<BackendWeight>, Vec<IpAddr>, Vec<Reweight>) {
+    let old: BTreeMap<IpAddr, u32> = was.backends.iter().map(|b| (b.address, b.weight)).collect();
+    let new: BTreeMap<IpAddr, u32> = will
+        .backends
+        .iter()
+        .map(|b| (b.address, b.weight))
+        .collect();
+    let added = new
+        .iter()
+        .filter(|(a, _)| !old.contains_key(a))
+        .map(|(a, w)| BackendWeight {
+            address: *a,
+            weight: *w,
+        })
+        .collect();
+    let removed = old
+        .keys()
+        .filter(|a| !new.contains_key(a))
+        .copied()
+        .collect();
+    let reweighted = new
+        .iter()
+        .filter_map(|(a, w)| {
+            let before = *old.get(a)?;
+            (before != *w).then_some(Reweight {
+                address: *a,
+                before,
+                after: *w,
+            })
+        })
+        .collect();
+    (added, removed, reweighted)
+}
+
+/// The VIP's settings (everything but its backends) that differ, in the
+/// file's names and notation.
+fn vip_settings(was: &VipConfig, will: &VipConfig) -> Vec<SettingChange> {
+    let fields = |v: &VipConfig| -> BTreeMap<String, serde_json::Value> {
+        match serde_json::to_value(v) {
+            Ok(serde_json::Value::Object(map)) => {
+                map.into_iter().filter(|(k, _)| k != "backends").collect()
+            }
+            _ => BTreeMap::new(),
+        }
+    };
+    let (old, new) = (fields(was), fields(will));
+    let names: BTreeSet<&String> = old.keys().chain(new.keys()).collect();
+    names
+        .into_iter()
+        .filter(|n| old.get(*n) != new.get(*n))
+        .map(|n| SettingChange {
+            name: n.clone(),
+            before: show(old.get(n)),
+            after: show(new.get(n)),
+        })
+        .collect()
+}
+
+fn show(v: Option<&serde_json::Value>) -> String {
+    match v {
+        None | Some(serde_json::Value::Null) => "(default)".into(),
+        Some(serde_json::Value::String(s)) => s.clone(),
+        Some(other) => other.to_string(),
+    }
+}
+
+/// The global settings a reload can change that differ.
+fn global_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
+    let d = |v: &dyn std::fmt::Debug| format!("{v:?}");
+    let rows: [(&str, String, String); 12] = [
+        ("gateway_mac", d(&old.gateway), d(&new.gateway)),
+        (
+            "gateway_refresh",
+            d(&old.gateway_refresh),
+            d(&new.gateway_refresh),
+        ),
+        (
+            "outer_source_v4",
+            d(&old.outer_source_v4),
+            d(&new.outer_source_v4),
+        ),
+        (
+            "outer_source_v6",
+            d(&old.outer_source_v6),
+            d(&new.outer_source_v6),
+        ),
+        (
+            "outer_source_v4_prefix",
+            d(&old.outer_source_v4_prefix),
+            d(&new.outer_source_v4_prefix),
+        ),
+        (
+            "outer_source_v6_prefix",
+            d(&old.outer_source_v6_prefix),
+            d(&new.outer_source_v6_prefix),
+        ),
+        ("mtu", d(&old.mtu), d(&new.mtu)),
+        ("gue_port", d(&old.gue_port), d(&new.gue_port)),
+        ("icmp_echo", d(&old.icmp_echo), d(&new.icmp_echo)),
+        (
+            "too_big_no_df",
+            d(&old.too_big_no_df),
+            d(&new.too_big_no_df),
+        ),
+        ("malformed", d(&old.malformed), d(&new.malformed)),
+        (
+            "shutdown_grace",
+            d(&old.shutdown_grace),
+            d(&new.shutdown_grace),
+        ),
+    ];
+    let mut changes: Vec<SettingChange> = rows
+        .into_iter()
+        .filter(|(_, a, b)| a != b)
+        .map(|(name, before, after)| SettingChange {
+            name: name.into(),
+            before,
+            after,
+        })
+        .collect();
+    if old.announce != new.announce {
+        changes.push(SettingChange {
+            name: "announce".into(),
+            before: "(as running)".into(),
+            after: "changed: the announcers restart (a short withdrawal)".into(),
+        });
+    }
+    for (name, a, b) in [
+        (
+            "detach_on_exit",
+            old.detach_on_exit.to_string(),
+            new.detach_on_exit.to_string(),
+        ),
+        ("history", old.history.to_string(), new.history.to_string()),
+    ] {
+        if a != b {
+            changes.push(SettingChange {
+                name: name.into(),
+                before: a,
+                after: b,
+            });
+        }
+    }
+    changes
+}

@@ -1,0 +1,281 @@
+//! The dispatch of API requests: one arm per [`Request`], read-only ones
+//! answered from [`super::views`], changes turned into a [`Target`] and
+//! handed to [`Daemon::commit`]. Reloads and diffs need the file read
+//! first (off the loop): `lbd` reads it and calls [`Daemon::reload`].
+
+use super::{
+    Daemon, Result,
+    commit::{Force, Kind, Target},
+    refused, views,
+};
+use crate::{
+    api::{
+        BackendRequest, ChangeOptions, Committed, NodeRequest, Request, Response, RevisionRow,
+        VipRequest,
+    },
+    config::VipConfig,
+    dataplane::Dataplane,
+    state::Overlay,
+};
+
+impl<D: Dataplane> Daemon<D> {
+    /// Answers one request; `options` apply to changes only.
+    pub async fn handle(&mut self, request: Request, options: ChangeOptions) -> Response {
+        let result = if options.is_default() || is_change(&request) {
+            self.dispatch(request, &options).await
+        } else {
+            Err(refused(
+                "--dry-run and --confirm-within apply to changes (vip add|del, backend ..., reload, revert)",
+            ))
+        };
+        match result {
+            Ok(data) => Response::ok(data),
+            Err(e) => Response::err(e.to_string()),
+        }
+    }
+
+    async fn dispatch(
+        &mut self,
+        request: Request,
+        options: &ChangeOptions,
+    ) -> Result<serde_json::Value> {
+        match request {
+            Request::Vip(VipRequest::List) => Ok(json(self.vip_list())),
+            Request::Vip(r) => self.handle_vip(r, options).await.map(json),
+            Request::Backend(r) => self.handle_backend(r, options).await.map(json),
+            Request::Node(r) => self.handle_node(r).map(json),
+            Request::Reload { .. } | Request::Diff { .. } => Err(refused(
+                "a reload is read from the file off the daemon's loop: send it through lbd's socket",
+            )),
+            Request::Revert { revision, force } => {
+                self.revert(revision, force, options).await.map(json)
+            }
+            Request::Confirm => self.confirm().map(json),
+            Request::History { last } => self.history(last).map(json),
+            Request::Status => Ok(json(self.status())),
+            Request::Health => Ok(json(self.health())),
+            Request::Stats => Ok(json(self.stats())),
+            Request::Table { vip, slots } => self.table(&vip, slots).map(json),
+            Request::Simulate {
+                src,
+                dst,
+                protocol,
+                sport,
+                dport,
+                syn,
+            } => self
+                .simulate(src, dst, protocol.number(), sport, dport, syn)
+                .map(json),
+            Request::Bgp => Ok(json(self.announce_status())),
+        }
+    }
+
+    /// Applies an edit of the API's changes as a revision (see
+    /// [`Daemon::commit`]). A failed edit changes nothing.
+    pub async fn change(
+        &mut self,
+        source: String,
+        force: Force,
+        options: &ChangeOptions,
+        edit: impl FnOnce(&mut Overlay, &[VipConfig]) -> Result<()>,
+    ) -> Result<Committed> {
+        let mut target = self.running();
+        edit(&mut target.overlay, &self.config.vips)?;
+        self.commit(target, source, options, force, Kind::Change)
+            .await
+    }
+
+    async fn handle_vip(&mut self, r: VipRequest, options: &ChangeOptions) -> Result<Committed> {
+        let source = format!("api: {}", describe(&Request::Vip(r.clone())));
+        match r {
+            VipRequest::List => Err(refused("not a change")),
+            VipRequest::Add(add) => {
+                let vip = views::vip_config(&add);
+                let force = forced(false);
+                self.change(source, force, options, |o, base| Ok(o.add_vip(base, vip)?))
+                    .await
+            }
+            VipRequest::Del { vip } => {
+                // Deleting a VIP withdraws it on purpose.
+                let force = forced(true);
+                self.change(source, force, options, |o, base| {
+                    Ok(o.delete_vip(base, &vip)?)
+                })
+                .await
+            }
+        }
+    }
+
+    async fn handle_backend(
+        &mut self,
+        r: BackendRequest,
+        options: &ChangeOptions,
+    ) -> Result<Committed> {
+        let source = format!("api: {}", describe(&Request::Backend(r.clone())));
+        match r {
+            BackendRequest::Add {
+                vip,
+                address,
+                weight,
+            } => {
+                self.change(source, forced(false), options, |o, base| {
+                    Ok(o.add_backend(base, &vip, address, weight)?)
+                })
+                .await
+            }
+            BackendRequest::Del {
+                vip,
+                address,
+                force,
+            } => {
+                self.change(source, forced(force), options, |o, base| {
+                    Ok(o.delete_backend(base, &vip, address)?)
+                })
+                .await
+            }
+            BackendRequest::Weight {
+                vip,
+                address,
+                weight,
+                force,
+            } => {
+                self.change(source, forced(force), options, |o, base| {
+                    Ok(o.set_weight(base, &vip, address, weight)?)
+                })
+                .await
+            }
+            BackendRequest::Drain {
+                vip,
+                address,
+                force,
+            } => {
+                self.change(source, forced(force), options, |o, base| {
+                    Ok(o.set_drained(base, &vip, address, true)?)
+                })
+                .await
+            }
+            BackendRequest::Undrain { vip, address } => {
+                self.change(source, forced(false), options, |o, base| {
+                    Ok(o.set_drained(base, &vip, address, false)?)
+                })
+                .await
+            }
+        }
+    }
+
+    fn handle_node(&mut self, r: NodeRequest) -> Result<crate::api::NodeChange> {
+        self.set_drained(matches!(r, NodeRequest::Drain { .. }))
+    }
+
+    /// `lbctl revert [N]`: revision `N` (default: the last applied one
+    /// before the running one) runs again, as a new revision.
+    pub async fn revert(
+        &mut self,
+        revision: Option<u64>,
+        force: bool,
+        options: &ChangeOptions,
+    ) -> Result<Committed> {
+        let number = match revision {
+            Some(n) => n,
+            None => self
+                .revisions
+                .latest_applied(Some(self.revision))
+                .map_err(|e| refused(e.to_string()))?
+                .map(|r| r.number)
+                .ok_or_else(|| refused("no earlier revision to revert to"))?,
+        };
+        let target: Target = self.target_of(number)?;
+        let force = Force {
+            yes: force,
+            how: "lbctl revert --force",
+        };
+        self.commit(
+            target,
+            format!("revert to {number}"),
+            options,
+            force,
+            Kind::Revert,
+        )
+        .await
+    }
+
+    /// `lbctl history`: the newest `last` revisions.
+    pub fn history(&self, last: usize) -> Result<Vec<RevisionRow>> {
+        let listed = self
+            .revisions
+            .list(last.clamp(1, 10_000))
+            .map_err(|e| refused(e.to_string()))?;
+        Ok(listed
+            .into_iter()
+            .map(|r| match r {
+                Ok(r) => RevisionRow {
+                    revision: r.number,
+                    time: views::humantime(
+                        std::time::UNIX_EPOCH + std::time::Duration::from_secs(r.time),
+                    ),
+                    result: r.error.map_or("ok".into(), |e| format!("failed: {e}")),
+                    running: r.number == self.revision,
+                    source: r.source,
+                    digest: r.digest,
+                },
+                Err(e) => RevisionRow {
+                    revision: e.number().unwrap_or(0),
+                    time: String::new(),
+                    source: String::new(),
+                    digest: None,
+                    result: format!("unreadable: {e}"),
+                    running: false,
+                },
+            })
+            .collect())
+    }
+}
+
+fn forced(yes: bool) -> Force {
+    Force {
+        yes,
+        how: "--force",
+    }
+}
+
+/// Requests that change the configuration (and so take options).
+fn is_change(r: &Request) -> bool {
+    matches!(
+        r,
+        Request::Vip(VipRequest::Add(_) | VipRequest::Del { .. })
+            | Request::Backend(_)
+            | Request::Reload { .. }
+            | Request::Revert { .. }
+    )
+}
+
+/// A change in a few words, for revisions: `backend del 10.0.0.1:80/tcp 10.1.0.2`.
+pub fn describe(r: &Request) -> String {
+    match r {
+        Request::Vip(VipRequest::Add(a)) => format!("vip add {}", a.vip),
+        Request::Vip(VipRequest::Del { vip }) => format!("vip del {vip}"),
+        Request::Backend(b) => match b {
+            BackendRequest::Add {
+                vip,
+                address,
+                weight,
+            } => format!("backend add {vip} {address} weight {weight}"),
+            BackendRequest::Del { vip, address, .. } => format!("backend del {vip} {address}"),
+            BackendRequest::Weight {
+                vip,
+                address,
+                weight,
+                ..
+            } => format!("backend weight {vip} {address} {weight}"),
+            BackendRequest::Drain { vip, address, .. } => format!("backend drain {vip} {address}"),
+            BackendRequest::Undrain { vip, address } => {
+                format!("backend undrain {vip} {address}")
+            }
+        },
+        other => format!("{other:?}"),
+    }
+}
+
+fn json(value: impl serde::Serialize) -> serde_json::Value {
+    serde_json::to_value(value).unwrap_or_default()
+}

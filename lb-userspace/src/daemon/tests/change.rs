@@ -1,0 +1,369 @@
+//! Safe change: previews against independently built tables, revisions,
+//! reverts, and the probation of `--confirm-within` on virtual time.
+
+use std::{collections::BTreeMap, time::Duration};
+
+use lb_common::{FlowBucket, FlowEntry};
+
+use super::*;
+use crate::{
+    api::{ChangePreview, Committed, Within},
+    lifecycle::WEIGHT_SCALE,
+    maglev::{self, MaglevBackend, MaglevTable},
+};
+
+/// The tables of `backends` (address, configured weight) as an apply
+/// builds them, by the Maglev builder alone: effective weights are the
+/// configured ones scaled, members in address order.
+fn table_of(backends: &[(&str, u32)]) -> Vec<Option<IpAddr>> {
+    let mut members: Vec<MaglevBackend> = backends
+        .iter()
+        .map(|(a, w)| MaglevBackend {
+            addr: ip(a),
+            weight: w * WEIGHT_SCALE,
+        })
+        .collect();
+    members.sort_by_key(|b| b.addr);
+    match maglev::build(&members, 101).unwrap() {
+        MaglevTable::Empty => vec![None; 101],
+        MaglevTable::Slots(s) => s.iter().map(|i| Some(members[*i as usize].addr)).collect(),
+    }
+}
+
+fn dry() -> ChangeOptions {
+    ChangeOptions {
+        dry_run: true,
+        confirm_within: None,
+    }
+}
+
+fn within(secs: u64) -> ChangeOptions {
+    ChangeOptions {
+        dry_run: false,
+        confirm_within: Some(Within(Duration::from_secs(secs))),
+    }
+}
+
+/// FILE with 10.1.0.2 replaced by 10.1.0.3.
+fn replaced() -> String {
+    FILE.replace("address: 10.1.0.2", "address: 10.1.0.3")
+}
+
+/// Puts `n` connection-table entries pointing at `addr`'s backend of WEB.
+fn flows_to(r: &mut Rig, addr: &str, first_bucket: u32, n: u32) {
+    let handle = r.daemon.reconciler.vips()[&id(WEB)].backends[&ip(addr)].handle;
+    let dp = r.daemon.reconciler.dataplane_mut();
+    for i in 0..n {
+        let mut bucket = FlowBucket::default();
+        bucket.entries[0] = FlowEntry::new(0x1000 + i, handle);
+        dp.set_flow_bucket(first_bucket + i, &bucket).unwrap();
+    }
+}
+
+async fn preview(r: &mut Rig, text: &str) -> ChangePreview {
+    let c = r
+        .daemon
+        .reload(reparse(r, text), false, &dry())
+        .await
+        .unwrap();
+    c.preview.expect("a dry run previews")
+}
+
+#[tokio::test]
+async fn a_diff_counts_moved_slots_and_breaking_flows_against_built_tables() {
+    let mut r = rig(FILE);
+    let before = table_of(&[("10.1.0.1", 2), ("10.1.0.2", 1)]);
+    assert_eq!(
+        r.daemon.reconciler.table_addresses(&id(WEB)).unwrap(),
+        before
+    );
+    flows_to(&mut r, "10.1.0.2", 0, 3);
+    flows_to(&mut r, "10.1.0.1", 10, 2);
+
+    let p = preview(&mut r, &replaced()).await;
+    let after = table_of(&[("10.1.0.1", 2), ("10.1.0.3", 1)]);
+    let moved = before.iter().zip(&after).filter(|(a, b)| a != b).count() as u32;
+    assert!(moved > 0);
+    assert_eq!(p.vips_changed.len(), 1, "{p:?}");
+    let v = &p.vips_changed[0];
+    assert_eq!((v.slots_moved, v.table_size), (moved, 101));
+    assert!((v.share_moved - f64::from(moved) / 101.0).abs() < 1e-12);
+    assert_eq!(v.flows_breaking, 3, "entries of the backend that leaves");
+    assert_eq!(v.backends_removed, vec![ip("10.1.0.2")]);
+    assert_eq!(v.backends_added[0].address, ip("10.1.0.3"));
+    assert_ne!(p.digest_before, p.digest_after);
+    assert!(p.vips_added.is_empty() && p.vips_removed.is_empty());
+
+    // The dry run changed nothing; the apply publishes the previewed table.
+    assert_eq!(
+        r.daemon.reconciler.table_addresses(&id(WEB)).unwrap(),
+        before
+    );
+    let revision = r.daemon.revision;
+    r.daemon
+        .reload(reparse(&r, &replaced()), false, &plain())
+        .await
+        .unwrap();
+    assert_eq!(
+        r.daemon.reconciler.table_addresses(&id(WEB)).unwrap(),
+        after
+    );
+    assert_eq!(r.daemon.revision, revision + 1);
+}
+
+#[tokio::test]
+async fn a_diff_names_vips_added_removed_and_settings() {
+    let mut r = rig(FILE);
+    flows_to(&mut r, "10.1.0.1", 0, 4);
+    let text = FILE
+        .replace("10.99.0.1", "10.99.0.2")
+        .replace("table_size: 101", "table_size: 101\nmtu: 9000");
+    let p = preview(&mut r, &text).await;
+    assert_eq!(p.vips_added, vec![id("10.99.0.2:80/tcp")]);
+    assert_eq!(p.vips_removed.len(), 1);
+    assert_eq!(p.vips_removed[0].flows_breaking, 4);
+    assert_eq!(p.settings.len(), 1, "{:?}", p.settings);
+    assert_eq!(
+        (p.settings[0].name.as_str(), p.settings[0].after.as_str()),
+        ("mtu", "9000")
+    );
+    // Settings of a VIP, in the file's words.
+    let p = preview(
+        &mut r,
+        &FILE.replace("protocol: tcp", "protocol: tcp\n    encap: gre"),
+    )
+    .await;
+    let s = &p.vips_changed[0].settings;
+    assert_eq!(s.len(), 1, "{s:?}");
+    assert_eq!(
+        (
+            s[0].name.as_str(),
+            s[0].before.as_str(),
+            s[0].after.as_str()
+        ),
+        ("encap", "ipip", "gre")
+    );
+    assert_eq!(p.vips_changed[0].slots_moved, 0);
+    // No change at all.
+    let p = preview(&mut r, FILE).await;
+    assert!(p.is_empty(), "{p:?}");
+}
+
+#[tokio::test]
+async fn a_dry_run_of_an_api_change_changes_nothing() {
+    let mut r = rig(FILE);
+    let overlay = r.daemon.overlay.clone();
+    let revision = r.daemon.revision;
+    let numbers = r.daemon.revisions.numbers().unwrap();
+    let answer = r
+        .daemon
+        .handle(del_backend(WEB, "10.1.0.2", false), dry())
+        .await;
+    assert!(answer.ok, "{:?}", answer.error);
+    let c: Committed = parse(answer.data);
+    let p = c.preview.unwrap();
+    assert_eq!(p.vips_changed[0].backends_removed, vec![ip("10.1.0.2")]);
+    assert_eq!(r.daemon.overlay, overlay);
+    assert_eq!(r.daemon.revision, revision);
+    assert_eq!(r.daemon.revisions.numbers().unwrap(), numbers);
+    assert_eq!(r.in_table(WEB).len(), 2);
+    // Options on a request that changes nothing are refused.
+    let answer = r.daemon.handle(Request::Status, dry()).await;
+    assert!(answer.error.unwrap().contains("apply to changes"));
+}
+
+#[tokio::test]
+async fn every_change_is_a_revision_that_survives_a_reopen() {
+    let mut r = rig(FILE);
+    r.ok(del_backend(WEB, "10.1.0.2", false)).await;
+    let bad = reparse(&r, &FILE.replace("weight: 2", "weight: 99999"));
+    assert!(r.daemon.reload(bad, false, &plain()).await.is_err());
+    let rows: Vec<api::RevisionRow> = parse(r.ok(Request::History { last: 10 }).await);
+    let summary: Vec<(u64, &str, bool)> = rows
+        .iter()
+        .map(|r| (r.revision, r.source.as_str(), r.running))
+        .collect();
+    assert_eq!(
+        summary,
+        vec![
+            (3, "reload", false),
+            (2, "api: backend del 10.99.0.1:80/tcp 10.1.0.2", true),
+            (1, "start", false),
+        ]
+    );
+    assert!(rows[0].result.starts_with("failed: "), "{}", rows[0].result);
+    assert_eq!(rows[1].result, "ok");
+    let status: api::Status = parse(r.ok(Request::Status).await);
+    assert_eq!(status.revision, 2);
+    assert_eq!(Some(&status.config_digest), rows[1].digest.as_ref());
+    let reopened = RevisionStore::open(r.daemon.revisions.dir(), 50).unwrap();
+    assert_eq!(reopened.numbers().unwrap(), vec![1, 2, 3]);
+    assert_eq!(
+        reopened.get(2).unwrap().overlay,
+        Some(r.daemon.overlay.clone())
+    );
+}
+
+#[tokio::test]
+async fn a_revert_runs_an_earlier_revision_until_the_file_changes() {
+    let mut r = rig(FILE);
+    let grown = FILE.replace(
+        "      - address: 10.1.0.2\n",
+        "      - address: 10.1.0.2\n      - address: 10.1.0.3\n",
+    );
+    r.daemon
+        .reload(reparse(&r, &grown), false, &plain())
+        .await
+        .unwrap();
+    assert_eq!(r.in_table(WEB).len(), 3);
+    let c: Committed = parse(
+        r.ok(Request::Revert {
+            revision: None,
+            force: false,
+        })
+        .await,
+    );
+    assert_eq!(c.revision, Some(3));
+    assert_eq!(r.in_table(WEB).len(), 2, "revision 1 again");
+    let status: api::Status = parse(r.ok(Request::Status).await);
+    assert_eq!(status.revision_source, "revert to 1");
+    assert!(status.file_differs.unwrap().contains("revision 3"));
+
+    // The file did not change: a reload keeps the revert.
+    let c = r
+        .daemon
+        .reload(reparse(&r, &grown), false, &plain())
+        .await
+        .unwrap();
+    assert!(c.note.unwrap().contains("unchanged"));
+    assert_eq!(r.in_table(WEB).len(), 2);
+    // A changed file applies.
+    let edited = grown.replace("weight: 2", "weight: 3");
+    r.daemon
+        .reload(reparse(&r, &edited), false, &plain())
+        .await
+        .unwrap();
+    assert_eq!(r.in_table(WEB).len(), 3);
+    let status: api::Status = parse(r.ok(Request::Status).await);
+    assert!(status.file_differs.is_none());
+    // Reverting by number; a number that does not exist is named.
+    r.ok(Request::Revert {
+        revision: Some(2),
+        force: false,
+    })
+    .await;
+    assert_eq!(r.daemon.revision_source, "revert to 2");
+    let e = r
+        .refused(Request::Revert {
+            revision: Some(99),
+            force: false,
+        })
+        .await;
+    assert!(e.contains("revision 99 does not exist"), "{e}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unconfirmed_change_is_reverted_when_its_window_ends() {
+    let mut r = rig(FILE);
+    let c = r
+        .daemon
+        .reload(reparse(&r, &replaced()), false, &within(3))
+        .await
+        .unwrap();
+    assert_eq!(c.confirm_within_secs, Some(3.0));
+    assert!(r.in_table(WEB).contains(&ip("10.1.0.3")));
+    let status: api::Status = parse(r.ok(Request::Status).await);
+    let pending = status.pending_confirm.unwrap();
+    assert_eq!((pending.revision, pending.fallback), (2, 1));
+    // Another change must wait for the confirmation.
+    let e = r.refused(del_backend(WEB, "10.1.0.3", false)).await;
+    assert!(e.contains("awaits confirmation"), "{e}");
+
+    tokio::time::advance(Duration::from_secs(2)).await;
+    r.daemon.tick();
+    r.daemon.settle().await;
+    assert!(r.daemon.confirm.is_some(), "still inside the window");
+    tokio::time::advance(Duration::from_secs(2)).await;
+    r.daemon.tick();
+    r.daemon.settle().await;
+    assert!(r.daemon.confirm.is_none());
+    assert_eq!(r.daemon.auto_reverts, 1);
+    assert_eq!(
+        r.in_table(WEB),
+        BTreeSet::from([ip("10.1.0.1"), ip("10.1.0.2")])
+    );
+    assert_eq!(
+        r.daemon.revision_source,
+        "automatic revert of 2 to 1: it was not confirmed in time"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_confirmed_change_stays() {
+    let mut r = rig(FILE);
+    r.daemon
+        .reload(reparse(&r, &replaced()), false, &within(3))
+        .await
+        .unwrap();
+    let c: Committed = parse(r.ok(Request::Confirm).await);
+    assert_eq!(c.revision, Some(2));
+    tokio::time::advance(Duration::from_secs(10)).await;
+    r.daemon.tick();
+    r.daemon.settle().await;
+    assert_eq!(r.daemon.auto_reverts, 0);
+    assert!(r.in_table(WEB).contains(&ip("10.1.0.3")));
+    let e = r.refused(Request::Confirm).await;
+    assert!(e.contains("no change awaits confirmation"), "{e}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_change_that_costs_an_announcement_is_reverted_before_the_routers_hear() {
+    let mut r = rig(FILE);
+    let vip = ip("10.99.0.1");
+    let told_before = r.told.lock().unwrap().len();
+    let empty = FILE.replace("weight: 2", "weight: 0").replace(
+        "      - address: 10.1.0.2\n",
+        "      - address: 10.1.0.2\n        weight: 0\n",
+    );
+    r.daemon
+        .reload(reparse(&r, &empty), true, &within(60))
+        .await
+        .unwrap();
+    r.daemon.settle().await;
+    assert_eq!(r.daemon.auto_reverts, 1);
+    assert_eq!(r.in_table(WEB).len(), 2);
+    let told = r.told.lock().unwrap();
+    assert!(
+        told[told_before..].iter().all(|set| set.contains(&vip)),
+        "the announcers never lost {vip}: {told:?}"
+    );
+    assert!(r.daemon.revision_source.contains("lose its announcement"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_revert_ends_a_probation() {
+    let mut r = rig(FILE);
+    r.daemon
+        .reload(reparse(&r, &replaced()), false, &within(30))
+        .await
+        .unwrap();
+    r.ok(Request::Revert {
+        revision: None,
+        force: false,
+    })
+    .await;
+    assert!(r.daemon.confirm.is_none());
+    tokio::time::advance(Duration::from_secs(60)).await;
+    r.daemon.tick();
+    r.daemon.settle().await;
+    assert_eq!(r.daemon.auto_reverts, 0);
+    let weights: BTreeMap<IpAddr, u32> = r.daemon.effective()[0]
+        .backends
+        .iter()
+        .map(|b| (b.address, b.weight))
+        .collect();
+    assert_eq!(
+        weights,
+        BTreeMap::from([(ip("10.1.0.1"), 2), (ip("10.1.0.2"), 1)])
+    );
+}

@@ -1,0 +1,101 @@
+//! Digests that let two balancers of a tier be compared with one command
+//! each: of the effective configuration (what every balancer of a tier
+//! must agree on) and of each VIP's Maglev table as it is published.
+//!
+//! Both are SHA-256, shown as the first 16 bytes in hex. The configuration
+//! digest covers `table_size` and the effective VIPs (the file's with the
+//! API's changes on top, in VIP order, as their canonical JSON): not the
+//! box's own settings (instance, interfaces, tunnel sources, announce),
+//! which differ between balancers of one tier by design. The table digest
+//! covers the backend address of every slot, in slot order, so it is
+//! equal on two balancers exactly when they send every flow of the VIP to
+//! the same backend.
+
+use std::net::IpAddr;
+
+use sha2::{Digest as _, Sha256};
+
+use crate::config::VipConfig;
+
+/// Hex of the first 16 bytes of `hasher`'s digest.
+fn finish(hasher: Sha256) -> String {
+    hasher.finalize()[..16]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The digest of an effective configuration (see the module docs).
+pub fn config(table_size: u32, vips: &[VipConfig]) -> String {
+    let mut sorted: Vec<&VipConfig> = vips.iter().collect();
+    sorted.sort_by_key(|v| v.id);
+    let mut h = Sha256::new();
+    h.update(b"lb config 1\n");
+    h.update(table_size.to_be_bytes());
+    for vip in sorted {
+        // Serialising a VipConfig cannot fail (no maps with non-string
+        // keys); an empty line would still separate the VIPs.
+        h.update(serde_json::to_vec(vip).unwrap_or_default());
+        h.update(b"\n");
+    }
+    finish(h)
+}
+
+/// The digest of a table: `slots[i]` is the backend of slot `i` (`None`:
+/// the VIP has no backend, every slot drops).
+pub fn table(slots: &[Option<IpAddr>]) -> String {
+    let mut h = Sha256::new();
+    h.update(b"lb table 1\n");
+    h.update((slots.len() as u64).to_be_bytes());
+    for slot in slots {
+        let bytes = match slot {
+            None => [0u8; 16],
+            Some(IpAddr::V4(a)) => a.to_ipv6_mapped().octets(),
+            Some(IpAddr::V6(a)) => a.octets(),
+        };
+        h.update(bytes);
+    }
+    finish(h)
+}
+
+/// The digest of a file's text, to tell whether it changed.
+pub fn text(text: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(text.as_bytes());
+    finish(h)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn digests_are_sha256_of_their_definition() {
+        // Independent check: SHA-256 of the empty string is a published
+        // constant (FIPS 180-2 test vectors).
+        assert_eq!(text(""), "e3b0c44298fc1c149afbf4c8996fb924");
+        let a: IpAddr = "10.1.0.1".parse().unwrap();
+        let b: IpAddr = "10.1.0.2".parse().unwrap();
+        assert_eq!(table(&[Some(a), Some(b)]), table(&[Some(a), Some(b)]));
+        assert_ne!(table(&[Some(a), Some(b)]), table(&[Some(b), Some(a)]));
+        assert_ne!(table(&[Some(a)]), table(&[None]));
+    }
+
+    #[test]
+    fn the_configuration_digest_ignores_vip_order_but_not_weights() {
+        let vip = |s: &str, w: u32| {
+            let backend = crate::config::BackendConfig::new("10.1.0.1".parse().unwrap(), w);
+            VipConfig::new(s.parse().unwrap(), vec![backend])
+        };
+        let (x, y) = (vip("10.0.0.1:80/tcp", 1), vip("10.0.0.2:80/tcp", 1));
+        assert_eq!(
+            config(4099, &[x.clone(), y.clone()]),
+            config(4099, &[y.clone(), x.clone()])
+        );
+        assert_ne!(
+            config(4099, std::slice::from_ref(&x)),
+            config(4099, &[vip("10.0.0.1:80/tcp", 2)])
+        );
+        assert_ne!(config(4099, std::slice::from_ref(&x)), config(65537, &[x]));
+    }
+}

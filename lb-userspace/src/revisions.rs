@@ -1,0 +1,307 @@
+//! Revisions: every configuration `lbd` applied (or tried to), numbered,
+//! kept across restarts so that an operator can list them and go back to
+//! one (`lbctl history`, `lbctl revert`).
+//!
+//! A revision holds what is needed to run it again: the configuration
+//! file's text as it was applied and the API's changes on top (the
+//! overlay), with its time, its source (`start`, `reload`, `api: ...`,
+//! `revert to 7`, ...), the digest of the effective configuration
+//! ([`crate::digest::config`]), the result, and the digest of the file on
+//! disk when it was applied (so that a reload of an unchanged file does not
+//! undo a revert).
+//!
+//! One private file per revision (`00000012.json`, mode 0600, written
+//! atomically) in a private directory beside the state file; the newest
+//! `keep` are kept. Numbers come from the file names, so a corrupt file
+//! never makes a number be used twice: it is listed with the reason and
+//! left in place, and every other revision stays usable.
+
+use std::{
+    os::unix::fs::PermissionsExt as _,
+    path::{Path, PathBuf},
+};
+
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+use crate::{atomic_file, state::Overlay};
+
+/// Largest revision file read back (a configuration is at most 16 MiB).
+const MAX_REVISION_BYTES: u64 = 40 << 20;
+
+#[derive(Debug, Error)]
+pub enum RevisionError {
+    #[error("revision {0} does not exist (see `lbctl history`)")]
+    Missing(u64),
+    #[error("revision {number}: {path} is unreadable: {reason}")]
+    Corrupt {
+        number: u64,
+        path: String,
+        reason: String,
+    },
+    #[error("revisions in {path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl RevisionError {
+    /// The revision it is about, if one.
+    pub fn number(&self) -> Option<u64> {
+        match self {
+            Self::Missing(n) | Self::Corrupt { number: n, .. } => Some(*n),
+            Self::Io { .. } => None,
+        }
+    }
+}
+
+/// One applied (or refused) configuration.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Revision {
+    pub number: u64,
+    /// Seconds since the Unix epoch.
+    pub time: u64,
+    /// Where it came from, in words.
+    pub source: String,
+    /// The effective configuration's digest (`None` if it never parsed).
+    pub digest: Option<String>,
+    /// `None`: applied; otherwise why not.
+    pub error: Option<String>,
+    /// The configuration file's text as applied.
+    pub config: Option<String>,
+    /// The API's changes on top of it.
+    pub overlay: Option<Overlay>,
+    /// The digest of the configuration file on disk when this revision
+    /// was made (it differs from `config`'s after a revert).
+    pub file_digest: Option<String>,
+}
+
+impl Revision {
+    /// It ran (it can be reverted to).
+    pub fn applied(&self) -> bool {
+        self.error.is_none() && self.config.is_some() && self.overlay.is_some()
+    }
+}
+
+/// A revision as listed: the revision, or why its file cannot be read.
+pub type Listed = Result<Revision, RevisionError>;
+
+/// The revisions of one instance, on disk.
+#[derive(Clone, Debug)]
+pub struct RevisionStore {
+    dir: PathBuf,
+    keep: usize,
+}
+
+impl RevisionStore {
+    /// The store in `dir` (created, private, if missing), keeping the
+    /// newest `keep` revisions.
+    pub fn open(dir: &Path, keep: usize) -> Result<Self, RevisionError> {
+        let io = |source| RevisionError::Io {
+            path: dir.display().to_string(),
+            source,
+        };
+        std::fs::create_dir_all(dir).map_err(io)?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(io)?;
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            keep: keep.max(1),
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn path(&self, number: u64) -> PathBuf {
+        self.dir.join(format!("{number:08}.json"))
+    }
+
+    /// The revision numbers on disk, ascending (from the file names).
+    pub fn numbers(&self) -> Result<Vec<u64>, RevisionError> {
+        let io = |source| RevisionError::Io {
+            path: self.dir.display().to_string(),
+            source,
+        };
+        let mut numbers: Vec<u64> = std::fs::read_dir(&self.dir)
+            .map_err(io)?
+            .filter_map(|e| e.ok())
+            .filter_map(|e| {
+                let name = e.file_name().into_string().ok()?;
+                let stem = name.strip_suffix(".json")?;
+                (stem.len() == 8 && stem.bytes().all(|b| b.is_ascii_digit()))
+                    .then(|| stem.parse().ok())?
+            })
+            .collect();
+        numbers.sort_unstable();
+        Ok(numbers)
+    }
+
+    /// The number the next revision gets.
+    pub fn next_number(&self) -> Result<u64, RevisionError> {
+        Ok(self.numbers()?.last().map_or(1, |n| n + 1))
+    }
+
+    /// Reads revision `number`.
+    pub fn get(&self, number: u64) -> Result<Revision, RevisionError> {
+        let path = self.path(number);
+        let corrupt = |reason: String| RevisionError::Corrupt {
+            number,
+            path: path.display().to_string(),
+            reason,
+        };
+        let text = match read_bounded(&path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(RevisionError::Missing(number));
+            }
+            Err(e) => return Err(corrupt(e.to_string())),
+        };
+        let revision: Revision = serde_json::from_str(&text).map_err(|e| corrupt(e.to_string()))?;
+        if revision.number != number {
+            return Err(corrupt(format!(
+                "it says it is revision {}",
+                revision.number
+            )));
+        }
+        Ok(revision)
+    }
+
+    /// Writes `revision` (numbered by the caller from
+    /// [`next_number`](Self::next_number)) and drops the oldest beyond
+    /// `keep`.
+    pub fn append(&self, revision: &Revision) -> Result<(), RevisionError> {
+        let path = self.path(revision.number);
+        let io = |source| RevisionError::Io {
+            path: path.display().to_string(),
+            source,
+        };
+        let text = serde_json::to_vec_pretty(revision).map_err(|e| io(e.into()))?;
+        atomic_file::write_private(&path, &text).map_err(io)?;
+        let numbers = self.numbers()?;
+        let excess = numbers.len().saturating_sub(self.keep);
+        for old in &numbers[..excess] {
+            let _ = std::fs::remove_file(self.path(*old));
+        }
+        Ok(())
+    }
+
+    /// The newest `last` revisions, newest first, each read or the reason
+    /// it cannot be.
+    pub fn list(&self, last: usize) -> Result<Vec<Listed>, RevisionError> {
+        let numbers = self.numbers()?;
+        Ok(numbers
+            .iter()
+            .rev()
+            .take(last)
+            .map(|n| self.get(*n))
+            .collect())
+    }
+
+    /// The newest revision that was applied and is readable, before
+    /// `before` (or at all, with `None`).
+    pub fn latest_applied(&self, before: Option<u64>) -> Result<Option<Revision>, RevisionError> {
+        for n in self.numbers()?.iter().rev() {
+            if before.is_some_and(|b| *n >= b) {
+                continue;
+            }
+            if let Ok(r) = self.get(*n)
+                && r.applied()
+            {
+                return Ok(Some(r));
+            }
+        }
+        Ok(None)
+    }
+}
+
+fn read_bounded(path: &Path) -> std::io::Result<String> {
+    use std::io::Read as _;
+    let file = std::fs::File::open(path)?;
+    let mut text = String::new();
+    file.take(MAX_REVISION_BYTES + 1)
+        .read_to_string(&mut text)?;
+    if text.len() as u64 > MAX_REVISION_BYTES {
+        return Err(std::io::Error::other(format!(
+            "larger than {MAX_REVISION_BYTES} bytes"
+        )));
+    }
+    Ok(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scratch::ScratchDir;
+
+    fn revision(number: u64, ok: bool) -> Revision {
+        Revision {
+            number,
+            time: 1_700_000_000 + number,
+            source: format!("reload {number}"),
+            digest: Some(format!("d{number}")),
+            error: (!ok).then(|| "refused".to_string()),
+            config: Some(format!("instance: r{number}\n")),
+            overlay: Some(Overlay::default()),
+            file_digest: Some("f".into()),
+        }
+    }
+
+    #[test]
+    fn revisions_survive_a_reopen_and_the_oldest_are_dropped() {
+        let dir = ScratchDir::new("revisions");
+        let store = RevisionStore::open(&dir.join("r"), 3).unwrap();
+        assert_eq!(store.next_number().unwrap(), 1);
+        for n in 1..=5 {
+            store.append(&revision(n, n != 4)).unwrap();
+        }
+        let again = RevisionStore::open(&dir.join("r"), 3).unwrap();
+        assert_eq!(again.numbers().unwrap(), vec![3, 4, 5]);
+        assert_eq!(again.next_number().unwrap(), 6);
+        assert_eq!(again.get(5).unwrap(), revision(5, true));
+        assert!(matches!(again.get(1), Err(RevisionError::Missing(1))));
+        // 4 was refused: the one before 5 that can be run again is 3.
+        assert_eq!(again.latest_applied(Some(5)).unwrap().unwrap().number, 3);
+        let mode = std::fs::metadata(again.path(5))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let mode = std::fs::metadata(again.dir()).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
+    }
+
+    #[test]
+    fn a_corrupt_revision_is_named_and_loses_nothing_else() {
+        let dir = ScratchDir::new("revisions-corrupt");
+        let store = RevisionStore::open(&dir.join("r"), 10).unwrap();
+        for n in 1..=3 {
+            store.append(&revision(n, true)).unwrap();
+        }
+        std::fs::write(store.path(2), b"{ half a revis").unwrap();
+        std::fs::write(store.dir().join("notes.txt"), b"not a revision").unwrap();
+        let listed = store.list(10).unwrap();
+        assert_eq!(listed.len(), 3);
+        assert_eq!(listed[0].as_ref().unwrap().number, 3);
+        let err = listed[1].as_ref().unwrap_err().to_string();
+        assert!(
+            err.starts_with("revision 2: ") && err.contains("00000002.json"),
+            "{err}"
+        );
+        assert_eq!(listed[2].as_ref().unwrap().number, 1);
+        // The corrupt one is skipped, not reused, and left for inspection.
+        assert_eq!(store.latest_applied(Some(3)).unwrap().unwrap().number, 1);
+        assert_eq!(store.next_number().unwrap(), 4);
+        assert!(store.path(2).exists());
+        // A file whose content names another number is corrupt too.
+        std::fs::write(
+            store.path(3),
+            serde_json::to_vec(&revision(9, true)).unwrap(),
+        )
+        .unwrap();
+        let err = store.get(3).unwrap_err().to_string();
+        assert!(err.contains("it says it is revision 9"), "{err}");
+    }
+}
