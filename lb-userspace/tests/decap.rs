@@ -15,6 +15,8 @@
 //! `/sys/fs/bpf`. Without them every test fails with a message saying so;
 //! none is skipped.
 
+mod common;
+
 use std::{
     ffi::CString,
     io,
@@ -26,10 +28,7 @@ use std::{
 };
 
 use aya::programs::{TestRun, TestRunOptions, XdpMode};
-use etherparse::{
-    EtherType, Ethernet2Header, IpNumber, Ipv4Header, Ipv6FlowLabel, Ipv6Header, PacketBuilder,
-    VlanId,
-};
+use etherparse::{EtherType, IpNumber, Ipv4Header, Ipv6FlowLabel, Ipv6Header, PacketBuilder};
 use lb::decap::{self, Decap, DecapError, PassProgram};
 use lb_common::{
     CounterValue,
@@ -37,14 +36,24 @@ use lb_common::{
     counters::{DECAP_COUNTER_SLOTS, DecapCounter, DecapKind},
 };
 
-mod common;
-use common::{ip, require_root, v4, v6};
-
-const XDP_DROP: u32 = 1;
-const XDP_PASS: u32 = 2;
+use common::{
+    XDP_DROP, XDP_PASS, ip,
+    packets::{self, Link, arp, fix_ipv4_checksum, icmp4, l2_len},
+    require_root, v4, v6,
+};
 
 const LB_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x0a];
 const BACKEND_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x0b];
+/// The client (inner packets): 192.0.2.7 and 2001:db8:c::7.
+const CLIENT_V4: [u8; 4] = [192, 0, 2, 7];
+const CLIENT_V6: [u8; 16] = [0x20, 0x01, 0x0d, 0xb8, 0, 0xc, 0, 0, 0, 0, 0, 0, 0, 0, 0, 7];
+/// Frames from the balancer to the backend, carrying the client's packets.
+const TO_BACKEND: Link = Link {
+    src_mac: LB_MAC,
+    dst_mac: BACKEND_MAC,
+    client_v4: CLIENT_V4,
+    client_v6: CLIENT_V6,
+};
 /// Outer sources (the balancer).
 const LB_V4: &str = "10.255.0.1";
 const LB_V6: &str = "fd00:ff::1";
@@ -54,9 +63,7 @@ const BACKEND_V6: &str = "fd00:1::1";
 /// Another backend's addresses.
 const OTHER_V4: &str = "10.1.0.2";
 const OTHER_V6: &str = "fd00:1::2";
-/// The client and the VIPs (inner packets).
-const CLIENT_V4: &str = "192.0.2.7";
-const CLIENT_V6: &str = "2001:db8:c::7";
+/// The VIPs (inner packets).
 const VIP_V4: &str = "10.0.0.10";
 const VIP_V6: &str = "2001:db8::10";
 
@@ -152,51 +159,26 @@ enum L4 {
 /// Ethernet from the balancer to the backend (tagged if asked), IPv4 or IPv6
 /// from the client to a VIP, then TCP or UDP.
 fn inner_frame(inner_v6: bool, l4: L4, vlan: Vlan, payload: &[u8]) -> Vec<u8> {
-    let eth = PacketBuilder::ethernet2(LB_MAC, BACKEND_MAC);
-    let mut out = vec![];
-    macro_rules! finish {
-        ($b:expr) => {{
-            let b = $b;
-            match (inner_v6, l4) {
-                (false, L4::Tcp) => b
-                    .ipv4(v4(CLIENT_V4), v4(VIP_V4), 64)
-                    .tcp(40000, 80, 1000, 65535)
-                    .ack(2000)
-                    .write(&mut out, payload),
-                (false, L4::Udp) => b
-                    .ipv4(v4(CLIENT_V4), v4(VIP_V4), 64)
-                    .udp(5353, 53)
-                    .write(&mut out, payload),
-                (true, L4::Tcp) => b
-                    .ipv6(v6(CLIENT_V6), v6(VIP_V6), 64)
-                    .tcp(40000, 80, 1000, 65535)
-                    .ack(2000)
-                    .write(&mut out, payload),
-                (true, L4::Udp) => b
-                    .ipv6(v6(CLIENT_V6), v6(VIP_V6), 64)
-                    .udp(5353, 53)
-                    .write(&mut out, payload),
-            }
-            .expect("build packet")
-        }};
-    }
+    let frame = match (inner_v6, l4) {
+        (false, L4::Tcp) => packets::tcp4(TO_BACKEND, VIP_V4, 80, 40000, false, payload),
+        (false, L4::Udp) => packets::udp4(TO_BACKEND, VIP_V4, 53, 5353, payload),
+        (true, L4::Tcp) => packets::tcp6(TO_BACKEND, VIP_V6, 80, 40000, false, payload),
+        (true, L4::Udp) => packets::udp6(TO_BACKEND, VIP_V6, 53, 5353, payload),
+    };
     match vlan {
-        Vlan::Untagged => finish!(eth),
-        Vlan::Dot1q(id) | Vlan::Dot1ad(id) => {
-            finish!(eth.single_vlan(VlanId::try_new(id).expect("vlan id")))
-        }
+        Vlan::Untagged => frame,
+        Vlan::Dot1q(id) => with_vlan(frame, 0x8100, id),
+        Vlan::Dot1ad(id) => with_vlan(frame, 0x88a8, id),
     }
-    if let Vlan::Dot1ad(_) = vlan {
-        out[12..14].copy_from_slice(&0x88a8u16.to_be_bytes());
-    }
-    out
 }
 
-fn l2_len(frame: &[u8]) -> usize {
-    match u16::from_be_bytes([frame[12], frame[13]]) {
-        0x8100 | 0x88a8 => 18,
-        _ => 14,
-    }
+/// Inserts a VLAN tag (`tpid`, priority 0, VLAN `id`) after the MAC
+/// addresses.
+fn with_vlan(mut frame: Vec<u8>, tpid: u16, id: u16) -> Vec<u8> {
+    let [t0, t1] = tpid.to_be_bytes();
+    let [i0, i1] = id.to_be_bytes();
+    frame.splice(12..12, [t0, t1, i0, i1]);
+    frame
 }
 
 /// How to wrap an inner frame.
@@ -304,9 +286,10 @@ fn encap(inner: &[u8], outer: Outer) -> Vec<u8> {
     out
 }
 
+/// A plain TCP SYN (no tunnel) from the client to port 22 of `dst`.
 fn tcp4_plain(dst: &str) -> Vec<u8> {
     let b = PacketBuilder::ethernet2(LB_MAC, BACKEND_MAC)
-        .ipv4(v4(CLIENT_V4), v4(dst), 64)
+        .ipv4(CLIENT_V4, v4(dst), 64)
         .tcp(40000, 22, 1, 65535)
         .syn();
     let mut out = vec![];
@@ -316,33 +299,11 @@ fn tcp4_plain(dst: &str) -> Vec<u8> {
 
 fn tcp6_plain(dst: &str) -> Vec<u8> {
     let b = PacketBuilder::ethernet2(LB_MAC, BACKEND_MAC)
-        .ipv6(v6(CLIENT_V6), v6(dst), 64)
+        .ipv6(CLIENT_V6, v6(dst), 64)
         .tcp(40000, 22, 1, 65535)
         .syn();
     let mut out = vec![];
     b.write(&mut out, b"").expect("build packet");
-    out
-}
-
-fn icmp4(dst: &str) -> Vec<u8> {
-    let b = PacketBuilder::ethernet2(LB_MAC, BACKEND_MAC)
-        .ipv4(v4(CLIENT_V4), v4(dst), 64)
-        .icmpv4_echo_request(1, 1);
-    let mut out = vec![];
-    b.write(&mut out, b"ping").expect("build packet");
-    out
-}
-
-fn arp() -> Vec<u8> {
-    let mut out = vec![];
-    Ethernet2Header {
-        source: LB_MAC,
-        destination: [0xff; 6],
-        ether_type: EtherType::ARP,
-    }
-    .write(&mut out)
-    .expect("eth");
-    out.extend_from_slice(&[0u8; 28]);
     out
 }
 
@@ -353,21 +314,6 @@ fn put16(frame: &mut [u8], off: usize, v: u16) {
 
 fn get16(frame: &[u8], off: usize) -> u16 {
     u16::from_be_bytes([frame[off], frame[off + 1]])
-}
-
-/// Recomputes the IPv4 header checksum at `off` (after a fixture edit, so
-/// that only the edited field is wrong).
-fn fix_ipv4_checksum(frame: &mut [u8], off: usize) {
-    let ihl = ((frame[off] & 0x0f) as usize * 4).max(20);
-    frame[off + 10..off + 12].fill(0);
-    let mut sum = 0u32;
-    for i in (0..ihl).step_by(2) {
-        sum += u32::from(get16(frame, off + i));
-    }
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    put16(frame, off + 10, !(sum as u16));
 }
 
 // ---------------------------------------------------------------- fixtures
@@ -437,7 +383,6 @@ fn tunnels() -> [(&'static str, Outer<'static>, bool, DecapCounter); 12] {
 /// Round trips: every tunnel × VLAN tagging × TCP/UDP, plus shapes the
 /// balancer does not emit but the program must handle.
 fn round_trips() -> Vec<Fixture> {
-    use DecapCounter::*;
     let mut out = vec![];
     for (tunnel, outer, inner_v6, counter) in tunnels() {
         for vlan in [Vlan::Untagged, Vlan::Dot1q(42), Vlan::Dot1ad(7)] {
@@ -451,7 +396,15 @@ fn round_trips() -> Vec<Fixture> {
             }
         }
     }
+    out.extend(other_shapes());
+    out
+}
 
+/// Tunnels of shapes the balancer does not emit (or not often): a large
+/// payload, outer options, padding, other outer sources, inner fragments.
+fn other_shapes() -> Vec<Fixture> {
+    use DecapCounter::*;
+    let mut out = vec![];
     let big = inner_frame(false, L4::Tcp, Vlan::Untagged, &[0x5a; 1400]);
     out.push(fixture(
         "4in4, 1400-byte payload",
@@ -519,19 +472,45 @@ fn round_trips() -> Vec<Fixture> {
     out
 }
 
+/// The inner frame most rejects carry: UDP over IPv4, untagged.
+fn inner_udp4() -> Vec<u8> {
+    inner_frame(false, L4::Udp, Vlan::Untagged, b"payload")
+}
+
+fn inner_udp6() -> Vec<u8> {
+    inner_frame(true, L4::Udp, Vlan::Untagged, b"payload")
+}
+
+// Untagged 4in4 / 6in6 / GRE: outer header at 14, inner after it.
+
+fn ipip4() -> Vec<u8> {
+    encap(&inner_udp4(), Outer::ipip(BACKEND_V4))
+}
+
+fn ipip6() -> Vec<u8> {
+    encap(&inner_udp6(), Outer::ipip(BACKEND_V6))
+}
+
+fn gre4() -> Vec<u8> {
+    encap(&inner_udp4(), Outer::gre(BACKEND_V4))
+}
+
 /// Frames that are not ours to strip, or that are broken.
 fn rejects() -> Vec<Fixture> {
-    use DecapCounter::*;
-    use Expect::{Drop, Pass};
-    let udp4 = || inner_frame(false, L4::Udp, Vlan::Untagged, b"payload");
-    let udp6 = || inner_frame(true, L4::Udp, Vlan::Untagged, b"payload");
-    // Untagged 4in4 / 6in6 / GRE: outer header at 14, inner after it.
-    let ipip4 = || encap(&udp4(), Outer::ipip(BACKEND_V4));
-    let ipip6 = || encap(&udp6(), Outer::ipip(BACKEND_V6));
-    let gre4 = || encap(&udp4(), Outer::gre(BACKEND_V4));
+    let mut out = not_ours();
+    out.extend(outer_fragments_and_other_gre());
+    out.extend(broken_outer());
+    out.extend(broken_inner());
+    out.extend(gue_rejects());
+    out
+}
 
+/// Frames passed to the stack: not tunnels, or tunnels to other addresses.
+fn not_ours() -> Vec<Fixture> {
+    use DecapCounter::*;
+    use Expect::Pass;
     let mut out = vec![
-        fixture("arp", arp(), Pass(PassNotTunnel)),
+        fixture("arp", arp(LB_MAC), Pass(PassNotTunnel)),
         fixture(
             "plain tcp to us",
             tcp4_plain(BACKEND_V4),
@@ -542,7 +521,11 @@ fn rejects() -> Vec<Fixture> {
             tcp6_plain(BACKEND_V6),
             Pass(PassNotTunnel),
         ),
-        fixture("icmp echo to us", icmp4(BACKEND_V4), Pass(PassNotTunnel)),
+        fixture(
+            "icmp echo to us",
+            icmp4(TO_BACKEND, BACKEND_V4),
+            Pass(PassNotTunnel),
+        ),
         fixture(
             "plain udp to a vip",
             inner_frame(false, L4::Udp, Vlan::Dot1q(3), b"x"),
@@ -550,12 +533,12 @@ fn rejects() -> Vec<Fixture> {
         ),
         fixture(
             "4in4 to another address",
-            encap(&udp4(), Outer::ipip(OTHER_V4)),
+            encap(&inner_udp4(), Outer::ipip(OTHER_V4)),
             Pass(PassNotLocal),
         ),
         fixture(
             "6in6 to another address",
-            encap(&udp6(), Outer::ipip(OTHER_V6)),
+            encap(&inner_udp6(), Outer::ipip(OTHER_V6)),
             Pass(PassNotLocal),
         ),
         fixture(
@@ -568,7 +551,7 @@ fn rejects() -> Vec<Fixture> {
         ),
         fixture(
             "4in4 to a vip (not a tunnel endpoint)",
-            encap(&udp4(), Outer::ipip(VIP_V4)),
+            encap(&inner_udp4(), Outer::ipip(VIP_V4)),
             Pass(PassNotLocal),
         ),
     ];
@@ -586,17 +569,27 @@ fn rejects() -> Vec<Fixture> {
     ));
 
     // Two VLAN tags: the program reads one.
-    let mut qinq = encap(
-        &inner_frame(false, L4::Udp, Vlan::Dot1q(5), b"x"),
-        Outer::ipip(BACKEND_V4),
+    let qinq = with_vlan(
+        encap(
+            &inner_frame(false, L4::Udp, Vlan::Dot1q(5), b"x"),
+            Outer::ipip(BACKEND_V4),
+        ),
+        0x88a8,
+        7,
     );
-    qinq.splice(12..12, [0x88, 0xa8, 0x00, 0x07]);
     out.push(fixture(
         "4in4 with two vlan tags",
         qinq,
         Pass(PassNotTunnel),
     ));
+    out
+}
 
+/// Tunnels passed to the stack: outer fragments, GRE that lb never sends.
+fn outer_fragments_and_other_gre() -> Vec<Fixture> {
+    use DecapCounter::*;
+    use Expect::Pass;
+    let mut out = vec![];
     let mut frag_mf = ipip4();
     frag_mf[20] = 0x20; // MF, DF clear
     fix_ipv4_checksum(&mut frag_mf, 14);
@@ -613,7 +606,7 @@ fn rejects() -> Vec<Fixture> {
         frag_off,
         Pass(PassOuterFragment),
     ));
-    let mut frag_other = encap(&udp4(), Outer::ipip(OTHER_V4));
+    let mut frag_other = encap(&inner_udp4(), Outer::ipip(OTHER_V4));
     frag_other[20] = 0x20;
     fix_ipv4_checksum(&mut frag_other, 14);
     out.push(fixture(
@@ -644,8 +637,14 @@ fn rejects() -> Vec<Fixture> {
         gre_teb,
         Pass(PassGreUnsupported),
     ));
+    out
+}
 
-    // Broken outer headers of tunnel packets to us.
+/// Broken outer headers of tunnel packets to us.
+fn broken_outer() -> Vec<Fixture> {
+    use DecapCounter::*;
+    use Expect::Drop;
+    let mut out = vec![];
     let mut ihl4 = ipip4();
     ihl4[14] = 0x44;
     out.push(fixture("4in4 outer ihl 4", ihl4, Drop(MalformedOuter)));
@@ -683,8 +682,14 @@ fn rejects() -> Vec<Fixture> {
         gre_cut,
         Drop(MalformedOuter),
     ));
+    out
+}
 
-    // Broken inner packets of tunnel packets to us.
+/// Broken inner packets of tunnel packets to us.
+fn broken_inner() -> Vec<Fixture> {
+    use DecapCounter::*;
+    use Expect::Drop;
+    let mut out = vec![];
     let mut wrong_version = ipip4();
     wrong_version[34] = 0x65;
     out.push(fixture(
@@ -747,9 +752,15 @@ fn rejects() -> Vec<Fixture> {
     let mut inner_ihl = ipip4();
     inner_ihl[34] = 0x44;
     out.push(fixture("4in4 inner ihl 4", inner_ihl, Drop(MalformedInner)));
+    out
+}
 
-    // GUE: only UDP to the GUE port of a local address is a tunnel.
-    let gue4 = || encap(&udp4(), Outer::gue(BACKEND_V4));
+/// GUE: only UDP to the GUE port of a local address is a tunnel.
+fn gue_rejects() -> Vec<Fixture> {
+    use DecapCounter::*;
+    use Expect::{Drop, Pass};
+    let mut out = vec![];
+    let gue4 = || encap(&inner_udp4(), Outer::gue(BACKEND_V4));
     let mut other_port = gue4();
     put16(&mut other_port, 14 + 20 + 2, 53);
     out.push(fixture(
@@ -759,7 +770,7 @@ fn rejects() -> Vec<Fixture> {
     ));
     out.push(fixture(
         "gue to another host is just udp",
-        encap(&udp4(), Outer::gue(OTHER_V4)),
+        encap(&inner_udp4(), Outer::gue(OTHER_V4)),
         Pass(PassNotTunnel),
     ));
     let mut udp_len = gue4();
@@ -776,7 +787,7 @@ fn rejects() -> Vec<Fixture> {
         bad_inner,
         Drop(MalformedInner),
     ));
-    let mut gue6_cut = encap(&udp6(), Outer::gue(BACKEND_V6));
+    let mut gue6_cut = encap(&inner_udp6(), Outer::gue(BACKEND_V6));
     gue6_cut.truncate(14 + 40 + 8 + 20);
     put16(&mut gue6_cut, 18, 28);
     put16(&mut gue6_cut, 14 + 40 + 4, 28);

@@ -6,8 +6,19 @@
 //! destination does not depend on the Maglev table; the hash-derived
 //! fields pin the hash itself. A change in any byte the balancer writes
 //! fails here.
+//!
+//! Needs root and a kernel that runs XDP test runs (≥ 5.15). Without them
+//! every test fails with a message saying so; none is skipped.
 
-use super::*;
+mod common;
+
+use lb::config::{Encap, MalformedPolicy};
+use lb_common::Counter;
+
+use common::{
+    XDP_TX,
+    xdp::{Rig, settings},
+};
 
 struct Golden {
     name: &'static str,

@@ -1,6 +1,30 @@
-//! Helpers shared by the kernel test suites (`datapath`, `decap`).
+//! Helpers shared by the kernel test suites: every file of `tests/` is a
+//! test crate that declares `mod common;` and uses part of what is here.
+//!
+//! - this module: addresses from literals, the XDP actions, the root check;
+//! - [`packets`]: frame builders and checksum helpers (for `lb_xdp` and
+//!   `lb_decap` alike);
+//! - [`xdp`]: the `lb_xdp` rig (the loaded program, programmed through the
+//!   reconciler), its standard VIPs, the encapsulation check, and the
+//!   fixture type with the runner that the feature suites' tables share.
+//!
+//! Nothing here is a test. The suites that exercise `lb_xdp` are `parse`,
+//! `forward`, `golden`, `icmp` and `fragments`; `decap` exercises `lb_decap`.
+
+// Each test crate compiles this module whole and uses a subset of it, so
+// what one crate leaves unused is dead there; `expect` would be unfulfilled
+// in the crates that do use everything, hence `allow`.
+#![allow(dead_code, reason = "each test crate uses a subset of the helpers")]
+
+pub mod packets;
+pub mod xdp;
 
 use std::net::IpAddr;
+
+/// XDP actions (`enum xdp_action`), as `BPF_PROG_TEST_RUN` returns them.
+pub const XDP_DROP: u32 = 1;
+pub const XDP_PASS: u32 = 2;
+pub const XDP_TX: u32 = 3;
 
 pub fn ip(s: &str) -> IpAddr {
     s.parse().expect("test address")

@@ -1,0 +1,675 @@
+//! Forwarding, in the kernel (`lb_xdp`): packets to a VIP leave tunnelled
+//! to the backend the reference (`lb::predict`) names, per encapsulation
+//! (IP-in-IP in all four family pairs, GRE, GUE), with the VIP's and the
+//! backend's stats; the connection table (established flows keep their
+//! backend across rebuilds, down and reused backends, eviction, a SYN
+//! flood); health probes wrapped by `lb_probe_encap`; the outer source's
+//! host bits; GUE tunnels taken apart by `lb_decap` on the backend.
+//! Whole frames, byte for byte, are in `golden.rs`.
+//!
+//! Needs root and a kernel that runs XDP test runs (≥ 5.15). Without them
+//! every test fails with a message saying so; none is skipped.
+
+mod common;
+
+use std::{collections::BTreeSet, net::IpAddr};
+
+use aya::programs::{TestRun, TestRunOptions};
+use etherparse::{Ipv4HeaderSlice, Ipv6HeaderSlice, PacketBuilder};
+use lb::{
+    config::{BackendConfig, VipId},
+    dataplane::Dataplane,
+    decap::Decap,
+    predict::{Via, predict},
+};
+use lb_common::{Counter, CounterValue, FlowBucket, FlowKey, consts::*, counters::DecapCounter};
+
+use common::{
+    XDP_PASS, XDP_TX, ip,
+    packets::{tcp4, tcp4_vlan, tcp6, udp4, udp6},
+    v4,
+    xdp::{
+        BACKENDS, CLIENT_MAC, CLIENT_V4, Expect, Fixture, GUE_TEST_PORT, GW_MAC, LB_MAC, Rig,
+        TO_LB, V4_BACKENDS, Vips, check_encapsulated, flow_of, forward, port_for_backend,
+        run_table, with_settings,
+    },
+};
+
+/// Forwarding per encapsulation; the second packet of a flow follows the
+/// connection table, a VIP without one follows Maglev every time.
+fn fixtures(v: &Vips) -> Vec<Fixture> {
+    use Counter::*;
+    use Expect::*;
+    let f = Fixture::new;
+    vec![
+        f(
+            "tcp syn to ipv4 vip, ipip",
+            tcp4(TO_LB, "10.0.0.10", 80, 40000, true, b""),
+            Forward(v.tcp4, Via::Maglev, FwdMaglev),
+        ),
+        f(
+            "tcp ack of that flow, ipip",
+            tcp4(TO_LB, "10.0.0.10", 80, 40000, false, b"data"),
+            Forward(v.tcp4, Via::ConnTrack, FwdConntrack),
+        ),
+        f(
+            "tcp ack of an unseen flow",
+            tcp4(TO_LB, "10.0.0.10", 80, 40100, false, &[7; 1200]),
+            Forward(v.tcp4, Via::Maglev, FwdMaglev),
+        ),
+        f(
+            "udp to ipv4 vip",
+            udp4(TO_LB, "10.0.0.10", 53, 5353, b"query"),
+            Forward(v.udp4, Via::Maglev, FwdMaglev),
+        ),
+        f(
+            "udp again, same flow",
+            udp4(TO_LB, "10.0.0.10", 53, 5353, b"query2"),
+            Forward(v.udp4, Via::ConnTrack, FwdConntrack),
+        ),
+        f(
+            "tcp syn to ipv6 vip, ip6ip6",
+            tcp6(TO_LB, "2001:db8::10", 80, 40000, true, b""),
+            Forward(v.tcp6, Via::Maglev, FwdMaglev),
+        ),
+        f(
+            "tcp ack to ipv6 vip",
+            tcp6(TO_LB, "2001:db8::10", 80, 40000, false, b"data"),
+            Forward(v.tcp6, Via::ConnTrack, FwdConntrack),
+        ),
+        f(
+            "udp to ipv6 vip",
+            udp6(TO_LB, "2001:db8::10", 53, 5353, b"query"),
+            Forward(v.udp6, Via::Maglev, FwdMaglev),
+        ),
+        f(
+            "tcp syn to ipv4 vip, ipv6 backends (4in6)",
+            tcp4(TO_LB, "10.0.0.20", 80, 40000, true, b""),
+            Forward(v.tcp4_on_v6, Via::Maglev, FwdMaglev),
+        ),
+        f(
+            "tcp ack 4in6",
+            tcp4(TO_LB, "10.0.0.20", 80, 40000, false, b"data"),
+            Forward(v.tcp4_on_v6, Via::ConnTrack, FwdConntrack),
+        ),
+        f(
+            "udp 4in6",
+            udp4(TO_LB, "10.0.0.20", 53, 5353, b"q"),
+            Forward(v.udp4_on_v6, Via::Maglev, FwdMaglev),
+        ),
+        f(
+            "tcp syn gre over ipv4",
+            tcp4(TO_LB, "10.0.0.30", 80, 40000, true, b""),
+            Forward(v.gre4, Via::Maglev, FwdMaglev),
+        ),
+        f(
+            "tcp ack gre over ipv4",
+            tcp4(TO_LB, "10.0.0.30", 80, 40000, false, b"x"),
+            Forward(v.gre4, Via::ConnTrack, FwdConntrack),
+        ),
+        f(
+            "tcp syn gre over ipv6",
+            tcp6(TO_LB, "2001:db8::30", 443, 40000, true, b""),
+            Forward(v.gre6, Via::Maglev, FwdMaglev),
+        ),
+        f(
+            "tcp syn gue over ipv4",
+            tcp4(TO_LB, "10.0.0.80", 80, 40000, true, b""),
+            Forward(v.gue4, Via::Maglev, FwdMaglev),
+        ),
+        f(
+            "tcp ack gue over ipv4",
+            tcp4(TO_LB, "10.0.0.80", 80, 40000, false, b"x"),
+            Forward(v.gue4, Via::ConnTrack, FwdConntrack),
+        ),
+        f(
+            "tcp syn gue, ipv6 over ipv6",
+            tcp6(TO_LB, "2001:db8::80", 80, 40000, true, b""),
+            Forward(v.gue6, Via::Maglev, FwdMaglev),
+        ),
+        f(
+            "tcp syn gue, ipv4 over ipv6",
+            tcp4(TO_LB, "10.0.0.80", 443, 40001, true, b""),
+            Forward(v.gue4_on_v6, Via::Maglev, FwdMaglev),
+        ),
+        f(
+            "vlan-tagged tcp to ipv4 vip keeps its tag",
+            tcp4_vlan(TO_LB, "10.0.0.10", 80, 40050, 42),
+            Forward(v.tcp4, Via::Maglev, FwdMaglev),
+        ),
+        f(
+            "all-ports vip, any port",
+            tcp4(TO_LB, "10.0.0.40", 9999, 40000, true, b""),
+            Forward(v.all_ports4, Via::Maglev, FwdMaglev),
+        ),
+        f(
+            "udp vip without connection table",
+            udp4(TO_LB, "10.0.0.60", 53, 6000, b"q"),
+            Forward(v.udp4_no_ct, Via::Maglev, FwdMaglevNoConntrack),
+        ),
+        f(
+            "udp vip without connection table, again",
+            udp4(TO_LB, "10.0.0.60", 53, 6000, b"q"),
+            Forward(v.udp4_no_ct, Via::Maglev, FwdMaglevNoConntrack),
+        ),
+        f(
+            "vip without backends",
+            tcp4(TO_LB, "10.0.0.50", 80, 1, true, b""),
+            Drop(v.empty4, DropNoBackend),
+        ),
+    ]
+}
+
+#[test]
+fn fixture_table() {
+    run_table(fixtures);
+}
+
+// ---------------------------------------------------------------- connection table
+
+#[test]
+fn established_flow_keeps_its_backend_after_rebuild() {
+    let mut rig = Rig::new(1 << 12);
+    let vips = rig.standard_vips();
+    let sport = port_for_backend(&rig, "10.0.0.10", 80, 1);
+    assert_eq!(
+        forward(&mut rig, &tcp4(TO_LB, "10.0.0.10", 80, sport, true, b"")),
+        (1, Counter::FwdMaglev)
+    );
+
+    // Rebuild without backend 1 (weight 0, as when it drains): the slot
+    // now belongs to someone else, but the connection stays on backend 1.
+    rig.set_weight(&vips.tcp4, 1, 0);
+    let flow = FlowKey::new(
+        IpAddr::from(CLIENT_V4),
+        ip("10.0.0.10"),
+        PROTO_TCP,
+        sport,
+        80,
+    );
+    let fresh = predict(rig.dp(), &flow, true)
+        .expect("predict")
+        .expect("vip");
+    assert_ne!(
+        fresh.backend.and_then(|b| b.ip()),
+        Some(ip(BACKENDS[1])),
+        "slot moved"
+    );
+    for _ in 0..3 {
+        assert_eq!(
+            forward(
+                &mut rig,
+                &tcp4(TO_LB, "10.0.0.10", 80, sport, false, b"more")
+            ),
+            (1, Counter::FwdConntrack)
+        );
+    }
+    // A new connection on the same 5-tuple (SYN) follows the new table.
+    let (to, via) = forward(&mut rig, &tcp4(TO_LB, "10.0.0.10", 80, sport, true, b""));
+    assert_eq!(via, Counter::FwdMaglev);
+    assert_eq!(Some(ip(BACKENDS[to])), fresh.backend.and_then(|b| b.ip()));
+}
+
+#[test]
+fn flow_on_a_down_backend_is_repicked() {
+    let mut rig = Rig::new(1 << 12);
+    let vips = rig.standard_vips();
+    let sport = port_for_backend(&rig, "10.0.0.10", 80, 2);
+    assert_eq!(
+        forward(&mut rig, &tcp4(TO_LB, "10.0.0.10", 80, sport, true, b"")).0,
+        2
+    );
+
+    rig.mark_down(&vips.tcp4, 2);
+    let before = rig.counters()[Counter::CtStale as usize].packets;
+    let (to, via) = forward(&mut rig, &tcp4(TO_LB, "10.0.0.10", 80, sport, false, b"x"));
+    assert_ne!(to, 2, "re-picked away from the down backend");
+    assert_eq!(via, Counter::FwdMaglev);
+    assert_eq!(
+        rig.counters()[Counter::CtStale as usize].packets,
+        before + 1
+    );
+    // The re-pick was recorded: the next packet is a connection-table hit.
+    assert_eq!(
+        forward(&mut rig, &tcp4(TO_LB, "10.0.0.10", 80, sport, false, b"x")),
+        (to, Counter::FwdConntrack)
+    );
+}
+
+#[test]
+fn a_reused_backend_index_does_not_inherit_flows() {
+    let mut rig = Rig::new(1 << 12);
+    let vips = rig.standard_vips();
+    let sport = port_for_backend(&rig, "10.0.0.10", 80, 0);
+    assert_eq!(
+        forward(&mut rig, &tcp4(TO_LB, "10.0.0.10", 80, sport, true, b"")).0,
+        0
+    );
+
+    // Backend 0 leaves, and a newcomer takes its index with a new
+    // generation: in the configuration with weight 0, so not in the table
+    // but usable. The old flow must not follow the index to it.
+    let old = rig.handle(&vips.tcp4, 0);
+    rig.remove_backend(&vips.tcp4, 0);
+    let newcomer = ip("10.1.0.99");
+    rig.vip_mut(&vips.tcp4)
+        .backends
+        .push(BackendConfig::new(newcomer, 0));
+    rig.apply();
+    let id = VipId::from_key(&vips.tcp4).expect("vip");
+    let new = rig.r.vips()[&id].backends[&newcomer].handle;
+    assert_eq!(
+        new & BACKEND_INDEX_MASK,
+        old & BACKEND_INDEX_MASK,
+        "index reused"
+    );
+    assert_ne!(new, old, "with a new generation");
+    let stale = rig.counters()[Counter::CtStale as usize].packets;
+    let (to, via) = forward(&mut rig, &tcp4(TO_LB, "10.0.0.10", 80, sport, false, b"x"));
+    assert!(to == 1 || to == 2, "went to {to}");
+    assert_eq!(via, Counter::FwdMaglev);
+    assert_eq!(rig.counters()[Counter::CtStale as usize].packets, stale + 1);
+}
+
+#[test]
+fn table_swap_changes_only_moved_flows() {
+    let mut rig = Rig::new(1 << 12);
+    let vips = rig.standard_vips();
+    // UDP flows without connection table follow the active table exactly.
+    let flows: Vec<u16> = (7000..7200).collect();
+    let route = |rig: &mut Rig| -> Vec<usize> {
+        flows
+            .iter()
+            .map(|&p| {
+                let (_, out) = rig.run(&udp4(TO_LB, "10.0.0.60", 53, p, b"q"));
+                let dst: IpAddr = Ipv4HeaderSlice::from_slice(&out[14..])
+                    .expect("outer")
+                    .destination_addr()
+                    .into();
+                BACKENDS
+                    .iter()
+                    .position(|b| ip(b) == dst)
+                    .expect("known backend")
+            })
+            .collect()
+    };
+    let before = route(&mut rig);
+    assert!(
+        V4_BACKENDS.iter().all(|b| before.contains(b)),
+        "all three backends used"
+    );
+    rig.set_weight(&vips.udp4_no_ct, 2, 0);
+    let after = route(&mut rig);
+    for (b, a) in before.iter().zip(&after) {
+        if *b != 2 {
+            assert_eq!(a, b, "a flow not on the removed backend moved");
+        } else {
+            assert_ne!(*a, 2);
+        }
+    }
+}
+
+#[test]
+fn full_bucket_evicts_the_stalest_way_and_syn_replaces_in_place() {
+    // One bucket: every flow competes for the same six ways.
+    let mut rig = Rig::new(1);
+    rig.standard_vips();
+    let flow = |p: u16| tcp4(TO_LB, "10.0.0.10", 80, p, true, b"");
+    for p in 0..CT_WAYS as u16 {
+        forward(&mut rig, &flow(30000 + p));
+    }
+    let full: FlowBucket = rig.dp().flow_bucket(0).expect("bucket");
+    assert!(
+        full.entries.iter().all(|e| e.0 != 0),
+        "six flows fill six ways"
+    );
+
+    // A SYN of a known flow replaces its own way: nothing evicted.
+    let before = rig.counters()[Counter::CtEvicted as usize].packets;
+    forward(&mut rig, &flow(30003));
+    assert_eq!(rig.counters()[Counter::CtEvicted as usize].packets, before);
+    assert_eq!(
+        rig.dp().flow_bucket(0).expect("bucket").entries,
+        full.entries
+    );
+
+    // A seventh flow evicts one entry and is counted.
+    forward(&mut rig, &flow(30100));
+    assert_eq!(
+        rig.counters()[Counter::CtEvicted as usize].packets,
+        before + 1
+    );
+    let after = rig.dp().flow_bucket(0).expect("bucket");
+    let kept = after
+        .entries
+        .iter()
+        .filter(|e| full.entries.contains(e))
+        .count();
+    assert_eq!(kept, CT_WAYS - 1, "exactly one way replaced");
+    // The newcomer is found again.
+    assert_eq!(
+        forward(&mut rig, &tcp4(TO_LB, "10.0.0.10", 80, 30100, false, b"")).1,
+        Counter::FwdConntrack
+    );
+}
+
+#[test]
+fn a_syn_flood_never_evicts_an_established_flow() {
+    // One bucket: the flood and the established flows compete for the
+    // same six ways.
+    let mut rig = Rig::new(1);
+    let v = rig.standard_vips();
+    let events = |rig: &Rig| {
+        let c = rig.counters();
+        (
+            c[Counter::CtEvicted as usize].packets,
+            c[Counter::CtEvictedConfirmed as usize].packets,
+        )
+    };
+    // Three established flows, one per backend: a SYN, then an ACK that
+    // confirms the entry.
+    let established: Vec<u16> = V4_BACKENDS
+        .iter()
+        .map(|&b| port_for_backend(&rig, "10.0.0.10", 80, b))
+        .collect();
+    let mut owners = vec![];
+    for &p in &established {
+        forward(&mut rig, &tcp4(TO_LB, "10.0.0.10", 80, p, true, b""));
+        let (to, via) = forward(&mut rig, &tcp4(TO_LB, "10.0.0.10", 80, p, false, b"ack"));
+        assert_eq!(via, Counter::FwdConntrack, "port {p}: the ACK hits");
+        owners.push(to);
+    }
+    assert_eq!(owners, V4_BACKENDS);
+    let bucket = rig.dp().flow_bucket(0).expect("bucket");
+    let confirmed = bucket
+        .stamps
+        .iter()
+        .filter(|s| **s & CT_STAMP_CONFIRMED != 0)
+        .count();
+    assert_eq!(confirmed, 3, "the ACKs confirmed three ways: {bucket:?}");
+
+    // 500 spoofed SYNs, each a new flow: they fight over the other three
+    // ways only.
+    let (evicted_before, _) = events(&rig);
+    for p in 0..500u16 {
+        let syn = tcp4(TO_LB, "10.0.0.10", 80, 40000 + p, true, b"");
+        let (action, _, ev) = rig.run_counted(&syn, Counter::FwdMaglev);
+        assert_eq!(action, XDP_TX);
+        assert!(
+            !ev.contains(&Counter::CtEvictedConfirmed),
+            "SYN {p} evicted an established flow"
+        );
+    }
+    let (evicted, evicted_confirmed) = events(&rig);
+    assert_eq!(
+        evicted - evicted_before,
+        500 - 3,
+        "every SYN past the free ways evicted one"
+    );
+    assert_eq!(evicted_confirmed, 0);
+
+    // The established flows still hit, and keep their backend across a
+    // table change that moves every flow off backend 0.
+    rig.set_weight(&v.tcp4, 0, 0);
+    for (&p, &owner) in established.iter().zip(&owners) {
+        let (to, via) = forward(&mut rig, &tcp4(TO_LB, "10.0.0.10", 80, p, false, b"data"));
+        assert_eq!(
+            (to, via),
+            (owner, Counter::FwdConntrack),
+            "port {p} kept its entry and backend"
+        );
+    }
+
+    // With every way confirmed, a new flow must take one: the stalest
+    // established flow goes, and says so.
+    for p in 31003..31006u16 {
+        forward(&mut rig, &tcp4(TO_LB, "10.0.0.10", 80, p, true, b""));
+        forward(&mut rig, &tcp4(TO_LB, "10.0.0.10", 80, p, false, b"ack"));
+    }
+    let syn = tcp4(TO_LB, "10.0.0.10", 80, 45000, true, b"");
+    let (_, _, ev) = rig.run_counted(&syn, Counter::FwdMaglev);
+    assert_eq!(ev, vec![Counter::CtEvicted, Counter::CtEvictedConfirmed]);
+}
+
+// ---------------------------------------------------------------- stats
+
+#[test]
+fn vip_and_backend_stats_add_up() {
+    let mut rig = Rig::new(1 << 12);
+    let vips = rig.standard_vips();
+    let meta = rig.dp().vip(&vips.tcp4).expect("vip").expect("exists");
+    let mut bytes = 0u64;
+    for p in 0..50u16 {
+        let pkt = tcp4(
+            TO_LB,
+            "10.0.0.10",
+            80,
+            20000 + p,
+            true,
+            &vec![0; p as usize],
+        );
+        bytes += pkt.len() as u64;
+        forward(&mut rig, &pkt);
+    }
+    let vip = rig.dp().vip_stats(meta.vip_id).expect("vip stats");
+    assert_eq!((vip.packets, vip.bytes), (50, bytes));
+    let per_backend: Vec<CounterValue> = V4_BACKENDS
+        .iter()
+        .map(|&b| {
+            rig.dp()
+                .backend_stats(rig.handle(&vips.tcp4, b) & BACKEND_INDEX_MASK)
+                .expect("stats")
+        })
+        .collect();
+    assert_eq!(per_backend.iter().map(|c| c.packets).sum::<u64>(), 50);
+    assert_eq!(per_backend.iter().map(|c| c.bytes).sum::<u64>(), bytes);
+    assert!(per_backend.iter().all(|c| c.packets > 0), "{per_backend:?}");
+
+    // What the reconciler does before reusing an id or an index.
+    let index = rig.handle(&vips.tcp4, V4_BACKENDS[0]) & BACKEND_INDEX_MASK;
+    let dp = rig.r.dataplane_mut();
+    dp.clear_vip_stats(meta.vip_id).expect("clear");
+    dp.clear_backend_stats(index).expect("clear");
+    assert_eq!(
+        dp.vip_stats(meta.vip_id).expect("stats"),
+        CounterValue::default()
+    );
+    assert_eq!(
+        dp.backend_stats(index).expect("stats"),
+        CounterValue::default()
+    );
+}
+
+// ---------------------------------------------------------------- health probes
+
+/// Runs `frame` through `lb_probe_encap` with `mark` on the skb:
+/// `(TC action, output frame)`.
+fn run_probe_encap(rig: &mut Rig, frame: &[u8], mark: u32) -> (u32, Vec<u8>) {
+    // struct __sk_buff is 192 bytes; `mark` is at offset 8 (kernel BTF).
+    let mut ctx = [0u8; 192];
+    ctx[8..12].copy_from_slice(&mark.to_ne_bytes());
+    let mut out = vec![0u8; frame.len() + 256];
+    let result = rig
+        .r
+        .dataplane_mut()
+        .probe_encap()
+        .test_run(TestRunOptions {
+            data_in: Some(frame),
+            data_out: Some(&mut out),
+            ctx_in: Some(&ctx),
+            ..TestRunOptions::new()
+        })
+        .expect("BPF_PROG_TEST_RUN on the classifier");
+    out.truncate(result.data_size_out as usize);
+    (result.return_value, out)
+}
+
+#[test]
+fn probes_with_a_probe_mark_are_tunnelled_to_that_backend() {
+    const TC_ACT_OK: u32 = 0;
+    let mut rig = Rig::new(1 << 4);
+    let vips = rig.standard_vips();
+    // A probe from the balancer to the VIP, as the kernel hands it to TC
+    // egress (Ethernet header included).
+    let probe = tcp4(TO_LB, "10.0.0.10", 80, 45000, true, b"");
+    for (vip, backend, gre) in [
+        (vips.tcp4, 0usize, false),
+        (vips.gre4, 1, true),
+        (vips.tcp6, 3, false),
+    ] {
+        let index = rig.handle(&vip, backend) & BACKEND_INDEX_MASK;
+        let (action, out) = run_probe_encap(&mut rig, &probe, probe_mark(index, gre));
+        assert_eq!(action, TC_ACT_OK);
+        let def = rig.dp().backend(index).expect("backend");
+        if def.family == FAMILY_V6 {
+            // An IPv6 backend cannot carry an IPv4 probe in a same-family
+            // tunnel: it goes out untouched (and fails, as it should).
+            assert_eq!(out, probe, "backend {backend}: untouched");
+            continue;
+        }
+        let encap = if gre { ENCAP_GRE } else { ENCAP_IPIP };
+        check_encapsulated(&probe, &rewrite_macs(&out, &probe), &def, encap);
+    }
+    // Without the mark nothing happens.
+    let (action, out) = run_probe_encap(&mut rig, &probe, 0x1234);
+    assert_eq!((action, out), (TC_ACT_OK, probe));
+}
+
+/// The TC program leaves the MACs to the stack; `check_encapsulated`
+/// expects the balancer's rewrite (gateway, own MAC), so put those in.
+fn rewrite_macs(out: &[u8], input: &[u8]) -> Vec<u8> {
+    let mut frame = out.to_vec();
+    assert_eq!(
+        frame[0..12],
+        input[0..12],
+        "MACs untouched by the TC program"
+    );
+    frame[0..6].copy_from_slice(&GW_MAC);
+    frame[6..12].copy_from_slice(&input[0..6]);
+    frame
+}
+
+// ---------------------------------------------------------------- outer source, GUE on the backend
+
+/// `lb_decap` as every backend of the rig runs it (all backend addresses,
+/// GUE on the rig's port).
+fn backend_decap() -> Decap {
+    let mut decap = Decap::load().expect("load lb_decap");
+    let local: Vec<IpAddr> = BACKENDS.iter().map(|b| ip(b)).collect();
+    decap
+        .set_local_addrs(&local, GUE_TEST_PORT)
+        .expect("local addresses");
+    decap
+}
+
+/// Runs a tunnelled frame through `lb_decap`; it must pass the inner frame.
+fn decapsulate(decap: &mut Decap, frame: &[u8]) -> Vec<u8> {
+    let mut buf = vec![0u8; frame.len()];
+    let r = decap
+        .program()
+        .test_run(TestRunOptions {
+            data_in: Some(frame),
+            data_out: Some(&mut buf),
+            ..TestRunOptions::new()
+        })
+        .expect("decap run");
+    assert_eq!(r.return_value, XDP_PASS, "decapsulated and passed");
+    buf.truncate(r.data_size_out as usize);
+    buf
+}
+
+#[test]
+fn outer_source_takes_host_bits_from_the_client() {
+    let mut rig = Rig::new(1 << 12);
+    rig.standard_vips();
+    with_settings(&mut rig, |s| {
+        s.outer_source_v4 = Some("10.255.0.0".parse().expect("literal"));
+        s.outer_source_v4_host_bits = 16;
+        s.outer_source_v6 = Some("fd00:ff::".parse().expect("literal"));
+        s.outer_source_v6_host_bits = 32;
+    });
+    let mut decap = backend_decap();
+
+    let v4_client = |c: [u8; 4], dst: &str, dport: u16| {
+        let mut f = vec![];
+        PacketBuilder::ethernet2(CLIENT_MAC, LB_MAC)
+            .ipv4(c, v4(dst), 64)
+            .tcp(40000, dport, 1, 1000)
+            .syn()
+            .write(&mut f, b"")
+            .expect("build");
+        f
+    };
+    for (client, dst, dport, want_src) in [
+        ([192, 0, 2, 7], "10.0.0.10", 80, "10.255.2.7"),
+        ([198, 18, 5, 9], "10.0.0.10", 80, "10.255.5.9"),
+        ([198, 18, 5, 9], "10.0.0.30", 80, "10.255.5.9"),
+        ([198, 18, 5, 9], "10.0.0.20", 80, "fd00:ff::c612:509"),
+    ] {
+        let req = v4_client(client, dst, dport);
+        let (action, out) = rig.run(&req);
+        assert_eq!(action, XDP_TX, "{dst}");
+        let src: IpAddr = if out[12..14] == [0x08, 0x00] {
+            let h = Ipv4HeaderSlice::from_slice(&out[14..]).expect("outer");
+            let header = h.to_header();
+            assert_eq!(header.header_checksum, header.calc_header_checksum());
+            h.source_addr().into()
+        } else {
+            Ipv6HeaderSlice::from_slice(&out[14..])
+                .expect("outer")
+                .source_addr()
+                .into()
+        };
+        assert_eq!(src, ip(want_src), "client {client:?} to {dst}");
+        // The backend's decap program takes any outer source.
+        let buf = decapsulate(&mut decap, &out);
+        assert_eq!(buf[14..], req[14..], "decapsulated to the client's packet");
+    }
+    let v6 = tcp6(TO_LB, "2001:db8::10", 80, 40000, true, b"");
+    let (_, out) = rig.run(&v6);
+    let src: IpAddr = Ipv6HeaderSlice::from_slice(&out[14..])
+        .expect("outer")
+        .source_addr()
+        .into();
+    assert_eq!(src, ip("fd00:ff::7"), "IPv6 client: its last 32 bits");
+}
+
+#[test]
+fn gue_tunnels_decapsulate_on_the_backend() {
+    let mut rig = Rig::new(1 << 12);
+    let v = rig.standard_vips();
+    let mut decap = backend_decap();
+    let mut ports = BTreeSet::new();
+    for sport in 42000..42016u16 {
+        for (req, key) in [
+            (tcp4(TO_LB, "10.0.0.80", 80, sport, true, b"gue"), v.gue4),
+            (tcp6(TO_LB, "2001:db8::80", 80, sport, true, b"gue"), v.gue6),
+            (
+                tcp4(TO_LB, "10.0.0.80", 443, sport, true, b"gue"),
+                v.gue4_on_v6,
+            ),
+        ] {
+            let (flow, syn) = flow_of(&req);
+            let want = predict(rig.dp(), &flow, syn)
+                .expect("predict")
+                .expect("vip");
+            assert_eq!(want.vip, key);
+            let (action, out, _) = rig.run_counted(&req, Counter::FwdMaglev);
+            assert_eq!(action, XDP_TX);
+            check_encapsulated(&req, &out, &want.backend.expect("backend"), ENCAP_GUE);
+            let l3 = 14 + if out[12..14] == [0x08, 0x00] { 20 } else { 40 };
+            ports.insert(u16::from_be_bytes([out[l3], out[l3 + 1]]));
+
+            let before = decap.counters().expect("counters")[DecapCounter::DecapGue as usize];
+            let buf = decapsulate(&mut decap, &out);
+            assert_eq!(buf[12..], req[12..], "the client's packet, its ethertype");
+            let after = decap.counters().expect("counters")[DecapCounter::DecapGue as usize];
+            assert_eq!(after.packets, before.packets + 1, "counted as GUE");
+        }
+    }
+    assert!(
+        ports.len() >= 24,
+        "source ports spread flows: {} of 48",
+        ports.len()
+    );
+}
