@@ -225,7 +225,7 @@ mod tests {
         assert_eq!(serde_json::to_string(&confirmed).unwrap(), text);
         assert_eq!(Envelope::parse(text), Ok(confirmed));
         assert!(
-            Envelope::parse(r#"{"api":2,"op":"confirm","change":{"confirm_within":"2d"}}"#)
+            Envelope::parse(r#"{"api":2,"op":"confirm","change":{"confirm_within":"25h"}}"#)
                 .unwrap_err()
                 .contains("1s to 24h")
         );
