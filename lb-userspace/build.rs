@@ -5,6 +5,7 @@ use anyhow::{Context as _, anyhow};
 use aya_build::Toolchain;
 
 fn main() -> anyhow::Result<()> {
+    git_commit();
     let cargo_metadata::Metadata { packages, .. } = cargo_metadata::MetadataCommand::new()
         .no_deps()
         .exec()
@@ -26,4 +27,24 @@ fn main() -> anyhow::Result<()> {
         "building the eBPF programs failed; run `cargo xtask setup` to install \
          the nightly rust-src component and bpf-linker",
     )
+}
+
+/// `LB_GIT_COMMIT`: the commit being built (`lb_build_info`), or
+/// `unknown` outside a git checkout (a source tarball).
+fn git_commit() {
+    let commit = std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "unknown".into());
+    println!("cargo:rustc-env=LB_GIT_COMMIT={commit}");
+    for path in ["../.git/HEAD", "../.git/refs/heads"] {
+        if std::path::Path::new(path).exists() {
+            println!("cargo:rerun-if-changed={path}");
+        }
+    }
 }

@@ -13,6 +13,7 @@ pub mod health;
 pub mod lifecycle;
 pub mod lock;
 pub mod maglev;
+pub mod metrics;
 pub mod net;
 pub mod objects;
 pub mod predict;

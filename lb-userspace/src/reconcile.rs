@@ -154,11 +154,18 @@ pub struct ApplyReport {
     pub backends_removed: usize,
     pub tables_published: usize,
     pub chunks_written: usize,
+    /// How long each table built took (one per VIP applied).
+    pub table_builds: Vec<std::time::Duration>,
 }
 
 impl ApplyReport {
+    /// Nothing was written (tables may have been built and found equal).
     pub fn is_noop(&self) -> bool {
-        *self == ApplyReport::default()
+        let wrote = ApplyReport {
+            table_builds: Vec::new(),
+            ..self.clone()
+        };
+        wrote == ApplyReport::default()
     }
 }
 
@@ -489,7 +496,9 @@ impl<D: Dataplane> Reconciler<D> {
     ) -> Result<()> {
         let is_new = self.ensure_vip(vip, report)?;
         let retire = self.sync_backends(vip, is_new, usable, report)?;
+        let started = std::time::Instant::now();
         let handles = self.build_table(&vip.id)?;
+        report.table_builds.push(started.elapsed());
         self.publish(vip, is_new, handles, report)?;
         for handle in retire {
             self.retire_backend(handle)?;

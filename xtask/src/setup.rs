@@ -22,6 +22,9 @@ const PACKAGES: &[&str] = &[
     // Real BGP routers for the interop and active-active tests.
     "bird2",
     "frr",
+    // A real Prometheus (and promtool) scrapes lbd in the metrics test and
+    // checks the alert rules.
+    "prometheus",
 ];
 
 /// The linker known to work with the machine's nightly (see TOOLCHAIN.md):

@@ -98,6 +98,21 @@ struct RawConfig {
     detach_on_exit: bool,
     #[serde(default = "default_history")]
     history: usize,
+    metrics: Option<MetricsConfig>,
+}
+
+/// `metrics:`: where `lbd` serves Prometheus metrics. Absent (the
+/// default): no listener at all, as `lbd` listens on nothing it was not
+/// asked to; present without `listen`: localhost only.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    #[serde(default = "default_metrics_listen")]
+    pub listen: std::net::SocketAddr,
+}
+
+fn default_metrics_listen() -> std::net::SocketAddr {
+    std::net::SocketAddr::from(([127, 0, 0, 1], 9469))
 }
 
 fn default_history() -> usize {
@@ -188,6 +203,8 @@ pub struct Config {
     pub detach_on_exit: bool,
     /// Revisions kept (`lbctl history`, `lbctl revert`).
     pub history: usize,
+    /// Prometheus metrics endpoint (none by default).
+    pub metrics: Option<MetricsConfig>,
     /// Advice that does not stop the configuration from loading.
     pub warnings: Vec<String>,
 }
@@ -371,6 +388,7 @@ fn build(raw: RawConfig, layout: Layout, warnings: Vec<String>) -> Config {
         shutdown_grace: raw.shutdown_grace,
         detach_on_exit: raw.detach_on_exit,
         history: raw.history,
+        metrics: raw.metrics,
         warnings,
     }
 }

@@ -62,6 +62,11 @@ impl Announcers {
     pub fn is_empty(&self) -> bool {
         self.running.is_empty()
     }
+
+    /// Every announcer's rows (peers, pipes, commands).
+    pub fn peer_rows(&self) -> Vec<crate::announce::PeerStatus> {
+        self.running.iter().flat_map(|a| a.status()).collect()
+    }
 }
 
 /// The announcer kinds an `announce:` section configures.

@@ -25,6 +25,7 @@
 
 pub mod announce;
 pub mod commit;
+pub mod metrics;
 pub mod preview;
 pub mod probes;
 pub mod reload;
@@ -134,6 +135,14 @@ pub struct Daemon<D: Dataplane> {
     /// A change of the gateway settings: `lbd` restarts its watcher from
     /// this gateway and MAC.
     pub regateway: Option<(Option<IpAddr>, [u8; 6])>,
+    /// What `metrics:` exports (kept whether or not it is served).
+    pub metrics: std::sync::Arc<crate::metrics::Metrics>,
+    /// Each VIP's published table's digest, as of the last apply.
+    table_digests: std::collections::BTreeMap<VipId, String>,
+    /// Ticks since the connection table was last scanned for metrics, and
+    /// what the scan found (ways in use, in all).
+    ticks_since_scan: u32,
+    metrics_conntrack: Option<(u64, u64)>,
     samples: views::Samples,
 }
 
@@ -165,6 +174,10 @@ impl<D: Dataplane> Daemon<D> {
             auto_reverts: 0,
             revert_due: None,
             regateway: None,
+            metrics: std::sync::Arc::new(crate::metrics::Metrics::new()),
+            table_digests: std::collections::BTreeMap::new(),
+            ticks_since_scan: u32::MAX,
+            metrics_conntrack: None,
             reconciler,
             settings,
             startup: Startup::default(),
@@ -201,9 +214,15 @@ impl<D: Dataplane> Daemon<D> {
         let usable =
             |id: &VipId, addr: &IpAddr| plan.usable.get(&(*id, *addr)).copied().unwrap_or(true);
         let result = self.reconciler.apply(&plan.vips, &usable);
-        if result.is_ok() {
-            self.probes
-                .sync(effective, &self.reconciler, &mut self.lifecycle);
+        match &result {
+            Ok(report) => {
+                self.probes
+                    .sync(effective, &self.reconciler, &mut self.lifecycle);
+                self.record_builds(report);
+            }
+            Err(_) => {
+                self.metrics.reconcile_errors.inc();
+            }
         }
         self.announce_for(effective);
         Ok(result?)
@@ -223,6 +242,7 @@ impl<D: Dataplane> Daemon<D> {
     /// announcer could not take).
     pub fn tick(&mut self) {
         self.sample();
+        self.refresh_metrics();
         self.check_deadline();
         if self.pending {
             self.replan();
@@ -238,6 +258,10 @@ impl<D: Dataplane> Daemon<D> {
         }
         let (vip, addr) = key;
         let detail = result.detail.clone();
+        self.metrics
+            .probe_duration
+            .with_label_values(&[vip.to_string(), addr.to_string()])
+            .observe(result.latency_us as f64 / 1e6);
         match self
             .lifecycle
             .record_probe(&vip, &addr, result, Instant::now())

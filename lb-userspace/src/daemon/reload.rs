@@ -104,6 +104,7 @@ pub(super) fn fixed_setting_changed(old: &Config, new: &Config) -> Option<&'stat
         ("bpffs", new.bpffs != old.bpffs),
         ("api_socket", new.api_socket != old.api_socket),
         ("state_file", new.state_file != old.state_file),
+        ("metrics", new.metrics != old.metrics),
     ]
     .into_iter()
     .find(|(_, changed)| *changed)
@@ -123,6 +124,7 @@ impl<D: Dataplane> Daemon<D> {
     ) -> Result<Committed> {
         let result = self.try_reload(file, force, options).await;
         if !options.dry_run {
+            self.metrics.reload(result.is_ok());
             let when = humantime(SystemTime::now());
             self.last_reload = Some(match &result {
                 Ok(_) => format!("ok at {when}"),

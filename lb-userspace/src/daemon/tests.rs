@@ -624,3 +624,42 @@ async fn a_new_gateway_mac_is_written_to_the_dataplane() {
 }
 
 mod change;
+
+#[tokio::test]
+async fn metrics_report_counters_states_and_digests_after_a_tick() {
+    let mut r = rig(FILE);
+    let maglev = lb_common::counters::Counter::FwdMaglev as usize;
+    r.daemon.reconciler.dataplane_mut().counters[maglev].packets = 5;
+    r.daemon.reconciler.dataplane_mut().counters[maglev].bytes = 640;
+    r.ok(r.drain(WEB, "10.1.0.2", false)).await;
+    r.daemon.tick();
+    let text = r.daemon.metrics.encode().unwrap();
+    if std::env::var("LB_PRINT_METRICS").is_ok() {
+        eprintln!("{text}");
+    }
+    let has = |line: &str| {
+        assert!(
+            text.lines().any(|l| l == line),
+            "no line {line:?} in:\n{text}"
+        )
+    };
+    has(r#"lb_datapath_packets_total{counter="fwd_maglev_new_flow",kind="forward"} 5"#);
+    has(r#"lb_datapath_bytes_total{counter="fwd_maglev_new_flow",kind="forward"} 640"#);
+    has(r#"lb_backend_state{vip="10.99.0.1:80/tcp",backend="10.1.0.2",state="draining"} 1"#);
+    has(r#"lb_backend_state{vip="10.99.0.1:80/tcp",backend="10.1.0.1",state="active"} 1"#);
+    has(r#"lb_vip_announced{vip="10.99.0.1:80/tcp"} 1"#);
+    has(r#"lb_address_announced{address="10.99.0.1"} 1"#);
+    let digest = r.daemon.table(&id(WEB), false).unwrap().digest;
+    has(&format!(
+        r#"lb_vip_table_info{{vip="10.99.0.1:80/tcp",digest="{digest}"}} 1"#
+    ));
+    let config = r.daemon.running().digest();
+    assert!(text.contains(&format!(
+        r#"lb_config_info{{digest="{config}",revision="2"}} 1"#
+    )));
+    assert!(text.contains("lb_table_builds_total "));
+    assert!(text.contains(&format!("version=\"{}\"", env!("CARGO_PKG_VERSION"))));
+    if std::env::var("LB_PRINT_METRICS").is_ok() {
+        eprintln!("{text}");
+    }
+}

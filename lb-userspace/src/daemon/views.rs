@@ -82,7 +82,7 @@ fn rate(now: CounterValue, before: Option<CounterValue>, secs: f64) -> Rate {
     }
 }
 
-fn kind_name(k: Kind) -> &'static str {
+pub(super) fn kind_name(k: Kind) -> &'static str {
     match k {
         Kind::Pass => "pass",
         Kind::Forward => "forward",
@@ -226,6 +226,18 @@ impl<D: Dataplane> Daemon<D> {
             counters,
             vips,
         })
+    }
+
+    /// The datapath counters of the latest sample.
+    pub(super) fn samples_latest_counters(&self) -> &[CounterValue] {
+        &self.samples.latest.counters
+    }
+
+    /// Per VIP (and backend) counters of the latest sample.
+    pub(super) fn samples_latest_vips(
+        &self,
+    ) -> &BTreeMap<VipId, (CounterValue, BTreeMap<IpAddr, CounterValue>)> {
+        &self.samples.latest.vips
     }
 
     /// Takes a counter sample (the one-second tick).

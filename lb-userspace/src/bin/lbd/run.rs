@@ -265,6 +265,13 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
     let socket = daemon.config.api_socket.clone();
     let (tx, calls) = mpsc::channel::<Call>(64);
     tokio::spawn(server::serve(listener, tx));
+    if let Some(m) = &daemon.config.metrics {
+        let listener = lb::metrics::bind(m.listen)
+            .await
+            .with_context(|| format!("metrics: listening on {}", m.listen))?;
+        info!(listen = %m.listen, "serving Prometheus metrics at /metrics");
+        tokio::spawn(lb::metrics::serve(listener, daemon.metrics.clone()));
+    }
     info!(socket = %socket.display(), instance = %daemon.config.instance, "lbd ready");
     daemon.sample();
     let result = serve(&mut daemon, &mut gateway, probes, calls).await;

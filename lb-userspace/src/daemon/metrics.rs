@@ -1,0 +1,162 @@
+//! The daemon's side of the metrics: once a second (the tick) the state
+//! the metrics report is copied into a [`Snapshot`]; events (table builds,
+//! reloads, probes) are recorded where they happen.
+
+use std::collections::BTreeSet;
+
+use lb_common::{FlowEntry, counters::Counter};
+
+use super::{Daemon, views::state_wire};
+use crate::{
+    announce::SessionState,
+    dataplane::Dataplane,
+    metrics::{BackendSample, CounterSample, PeerSample, Snapshot, VipSample},
+    reconcile::ApplyReport,
+};
+
+/// Ticks between two scans of the connection table (a scan reads every
+/// bucket: tens of milliseconds for 2M buckets).
+const SCAN_EVERY_TICKS: u32 = 15;
+
+impl<D: Dataplane> Daemon<D> {
+    /// After an apply: table builds, and the digests of what is published.
+    pub(super) fn record_builds(&mut self, report: &ApplyReport) {
+        for d in &report.table_builds {
+            self.metrics.table_builds.inc();
+            self.metrics.table_build_duration.observe(d.as_secs_f64());
+        }
+        self.table_digests = self
+            .reconciler
+            .vips()
+            .keys()
+            .filter_map(|id| {
+                let slots = self.reconciler.table_addresses(id)?;
+                Some((*id, crate::digest::table(&slots)))
+            })
+            .collect();
+    }
+
+    /// Copies the state the metrics report (the tick).
+    pub fn refresh_metrics(&mut self) {
+        self.ticks_since_scan = self.ticks_since_scan.saturating_add(1);
+        let conntrack = if self.ticks_since_scan >= SCAN_EVERY_TICKS {
+            self.ticks_since_scan = 0;
+            self.conntrack_occupancy()
+        } else {
+            self.metrics_conntrack
+        };
+        self.metrics_conntrack = conntrack;
+        let snapshot = Snapshot {
+            counters: self.counter_samples(),
+            vips: self.vip_samples(),
+            peers: self.peer_samples(),
+            addresses: self.address_samples(),
+            conntrack,
+            revision: self.revision,
+            config_digest: self.running().digest(),
+            auto_reverts: self.auto_reverts,
+        };
+        self.metrics.set_snapshot(snapshot);
+    }
+
+    fn conntrack_occupancy(&self) -> Option<(u64, u64)> {
+        let mut used = 0u64;
+        let mut all = 0u64;
+        let scan = self.reconciler.dataplane().scan_flows(&mut |bucket| {
+            all += bucket.entries.len() as u64;
+            used += bucket
+                .entries
+                .iter()
+                .filter(|e| **e != FlowEntry::EMPTY)
+                .count() as u64;
+        });
+        scan.ok().map(|()| (used, all))
+    }
+
+    fn counter_samples(&self) -> Vec<CounterSample> {
+        let values = self.samples_latest_counters();
+        Counter::ALL
+            .iter()
+            .filter(|c| c.kind() != lb_common::counters::Kind::Retired)
+            .filter_map(|c| {
+                let v = values.get(*c as usize)?;
+                Some(CounterSample {
+                    name: c.name(),
+                    kind: super::views::kind_name(c.kind()),
+                    packets: v.packets,
+                    bytes: v.bytes,
+                })
+            })
+            .collect()
+    }
+
+    fn vip_samples(&self) -> Vec<VipSample> {
+        let announced: BTreeSet<_> = self
+            .announcers
+            .decision
+            .vips
+            .iter()
+            .filter(|v| v.announced)
+            .map(|v| v.vip)
+            .collect();
+        let stats = self.samples_latest_vips();
+        self.effective()
+            .iter()
+            .map(|vip| {
+                let life = self.lifecycle.vips.get(&vip.id);
+                let (packets, bytes, by_backend) = stats
+                    .get(&vip.id)
+                    .map(|(v, b)| (v.packets, v.bytes, b.clone()))
+                    .unwrap_or_default();
+                VipSample {
+                    vip: vip.id.to_string(),
+                    packets,
+                    bytes,
+                    panic: life.is_some_and(|l| l.panic),
+                    announced: announced.contains(&vip.id),
+                    table_digest: self.table_digests.get(&vip.id).cloned().unwrap_or_default(),
+                    backends: vip
+                        .backends
+                        .iter()
+                        .map(|b| {
+                            let c = by_backend.get(&b.address).copied().unwrap_or_default();
+                            let state = life
+                                .and_then(|l| l.backends.get(&b.address))
+                                .map_or("down", |l| state_wire(l.state).name());
+                            BackendSample {
+                                address: b.address.to_string(),
+                                packets: c.packets,
+                                bytes: c.bytes,
+                                state,
+                            }
+                        })
+                        .collect(),
+                }
+            })
+            .collect()
+    }
+
+    fn peer_samples(&self) -> Vec<PeerSample> {
+        self.announcers
+            .peer_rows()
+            .into_iter()
+            .map(|p| PeerSample {
+                established: p.state == SessionState::Established,
+                uptime_secs: p.uptime_secs,
+                updates_sent: p.updates_sent,
+                updates_received: p.updates_received,
+                updates_ignored: p.updates_ignored,
+                peer: p.peer,
+            })
+            .collect()
+    }
+
+    fn address_samples(&self) -> Vec<(String, bool)> {
+        let announced = &self.announcers.decision.addresses;
+        let addresses: BTreeSet<_> = self.effective().iter().map(|v| v.id.addr).collect();
+        addresses
+            .into_iter()
+            .map(|a| (a.to_string(), announced.contains(&a)))
+            .collect()
+    }
+}

@@ -1,0 +1,618 @@
+//! Prometheus metrics: the families `lbd` exports and the HTTP endpoint
+//! that serves them (`metrics:` in the configuration; off by default).
+//!
+//! Two kinds of source. Events are recorded as they happen, into metrics
+//! of the `prometheus` crate held here (probe durations, table builds,
+//! reconcile errors, reloads). State is copied once a second by the daemon
+//! into a [`Snapshot`] (datapath counters read from the maps, backend
+//! states, BGP sessions, announcements, table digests, connection-table
+//! occupancy), which a [`Collector`] turns into metric families at scrape
+//! time. A scrape never waits for the daemon's loop, and the text is
+//! encoded by the crate (Prometheus text format 0.0.4, which `promtool
+//! check metrics` lints; `prometheus-client` writes only OpenMetrics,
+//! which it cannot), never by hand.
+//!
+//! Names follow Prometheus' conventions: `lb_` prefix, base units
+//! (seconds, bytes), `_total` on counters, `_info` on info gauges, states
+//! as a label with 0/1.
+
+use std::{
+    net::SocketAddr,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use prometheus::{
+    Encoder as _, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts,
+    Registry, TextEncoder,
+    core::{Collector, Desc},
+    proto::{self, MetricFamily, MetricType},
+};
+use tokio::{
+    io::{AsyncReadExt as _, AsyncWriteExt as _},
+    net::{TcpListener, TcpStream},
+    sync::Semaphore,
+};
+use tracing::{debug, warn};
+
+/// The version and commit `lbd` was built from.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+pub const COMMIT: &str = env!("LB_GIT_COMMIT");
+
+/// A datapath counter as read from the maps.
+#[derive(Clone, Debug, Default)]
+pub struct CounterSample {
+    pub name: &'static str,
+    /// `pass`, `forward`, `drop`, `malformed` or `event`.
+    pub kind: &'static str,
+    pub packets: u64,
+    pub bytes: u64,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct BackendSample {
+    pub address: String,
+    pub packets: u64,
+    pub bytes: u64,
+    /// `active`, `slow-start`, `draining` or `down`.
+    pub state: &'static str,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct VipSample {
+    pub vip: String,
+    pub packets: u64,
+    pub bytes: u64,
+    pub panic: bool,
+    pub announced: bool,
+    pub table_digest: String,
+    pub backends: Vec<BackendSample>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct PeerSample {
+    pub peer: String,
+    pub established: bool,
+    pub uptime_secs: u64,
+    pub updates_sent: u64,
+    pub updates_received: u64,
+    pub updates_ignored: u64,
+}
+
+/// The daemon's state as of its last tick.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    pub counters: Vec<CounterSample>,
+    pub vips: Vec<VipSample>,
+    pub peers: Vec<PeerSample>,
+    /// VIP addresses and whether each is announced.
+    pub addresses: Vec<(String, bool)>,
+    /// Connection-table ways in use and in all, as of the last scan.
+    pub conntrack: Option<(u64, u64)>,
+    pub revision: u64,
+    pub config_digest: String,
+    pub auto_reverts: u64,
+}
+
+/// Every metric `lbd` exports.
+pub struct Metrics {
+    registry: Registry,
+    /// Each probe's duration, by `vip` and `backend`.
+    pub probe_duration: HistogramVec,
+    pub table_builds: IntCounter,
+    pub table_build_duration: Histogram,
+    pub reconcile_errors: IntCounter,
+    /// Reloads by `result` (`ok`, `failed`).
+    reloads: IntCounterVec,
+    reload_last_success: Gauge,
+    snapshot: Arc<Mutex<Snapshot>>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// `factor^i × start` for `count` buckets.
+fn buckets(start: f64, factor: f64, count: usize) -> Vec<f64> {
+    prometheus::exponential_buckets(start, factor, count).unwrap_or_default()
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let probe_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "lb_backend_probe_duration_seconds",
+                "Health probe duration, from connect to verdict.",
+            )
+            .buckets(buckets(0.0001, 4.0, 9)),
+            &["vip", "backend"],
+        )
+        .expect("valid metric");
+        let table_builds = IntCounter::new(
+            "lb_table_builds_total",
+            "Maglev tables built (one per VIP each time the dataplane is programmed).",
+        )
+        .expect("valid metric");
+        let table_build_duration = Histogram::with_opts(
+            HistogramOpts::new(
+                "lb_table_build_duration_seconds",
+                "Time to build one Maglev table.",
+            )
+            .buckets(buckets(0.0001, 4.0, 8)),
+        )
+        .expect("valid metric");
+        let reconcile_errors = IntCounter::new(
+            "lb_reconcile_errors_total",
+            "Failed attempts to program the dataplane's maps.",
+        )
+        .expect("valid metric");
+        let reloads = IntCounterVec::new(
+            Opts::new(
+                "lb_reloads_total",
+                "Reloads of the configuration file, by result.",
+            ),
+            &["result"],
+        )
+        .expect("valid metric");
+        let reload_last_success = Gauge::new(
+            "lb_reload_last_success_timestamp_seconds",
+            "When the configuration file was last applied (Unix time; 0: not since start).",
+        )
+        .expect("valid metric");
+        let snapshot = Arc::new(Mutex::new(Snapshot::default()));
+        let collectors: [Box<dyn Collector>; 7] = [
+            Box::new(probe_duration.clone()),
+            Box::new(table_builds.clone()),
+            Box::new(table_build_duration.clone()),
+            Box::new(reconcile_errors.clone()),
+            Box::new(reloads.clone()),
+            Box::new(reload_last_success.clone()),
+            Box::new(SnapshotCollector::new(snapshot.clone())),
+        ];
+        for c in collectors {
+            registry.register(c).expect("metric names are unique");
+        }
+        Self {
+            registry,
+            probe_duration,
+            table_builds,
+            table_build_duration,
+            reconcile_errors,
+            reloads,
+            reload_last_success,
+            snapshot,
+        }
+    }
+
+    /// Replaces the state the next scrape reports.
+    pub fn set_snapshot(&self, snapshot: Snapshot) {
+        if let Ok(mut s) = self.snapshot.lock() {
+            *s = snapshot;
+        }
+    }
+
+    /// A reload's result.
+    pub fn reload(&self, ok: bool) {
+        let result = if ok { "ok" } else { "failed" };
+        self.reloads.with_label_values(&[result]).inc();
+        if ok {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |d| d.as_secs_f64());
+            self.reload_last_success.set(now);
+        }
+    }
+
+    /// The exposition text (Prometheus text format 0.0.4).
+    pub fn encode(&self) -> Result<String, prometheus::Error> {
+        let mut out = Vec::new();
+        TextEncoder::new().encode(&self.registry.gather(), &mut out)?;
+        Ok(String::from_utf8_lossy(&out).into_owned())
+    }
+}
+
+/// The families the snapshot fills: (name, help, kind, labels).
+const FAMILIES: &[(&str, &str, MetricType, &[&str])] = &[
+    (
+        "lb_datapath_packets_total",
+        "Packets by outcome counter (one outcome per packet) and events.",
+        MetricType::COUNTER,
+        &["counter", "kind"],
+    ),
+    (
+        "lb_datapath_bytes_total",
+        "Bytes by outcome counter and events.",
+        MetricType::COUNTER,
+        &["counter", "kind"],
+    ),
+    (
+        "lb_conntrack_entries",
+        "Connection-table ways in use (scanned every 15 s).",
+        MetricType::GAUGE,
+        &[],
+    ),
+    (
+        "lb_conntrack_capacity",
+        "Connection-table ways in all.",
+        MetricType::GAUGE,
+        &[],
+    ),
+    (
+        "lb_conntrack_evictions_total",
+        "Connection-table entries replaced by a new flow (which: any, or established ones).",
+        MetricType::COUNTER,
+        &["which"],
+    ),
+    (
+        "lb_vip_packets_total",
+        "Packets forwarded (or dropped for want of a backend) per VIP.",
+        MetricType::COUNTER,
+        &["vip"],
+    ),
+    (
+        "lb_vip_bytes_total",
+        "Bytes per VIP.",
+        MetricType::COUNTER,
+        &["vip"],
+    ),
+    (
+        "lb_vip_panic",
+        "1 while too few backends are healthy and the table uses all of them.",
+        MetricType::GAUGE,
+        &["vip"],
+    ),
+    (
+        "lb_vip_announced",
+        "1 while the VIP qualifies its address for announcement.",
+        MetricType::GAUGE,
+        &["vip"],
+    ),
+    (
+        "lb_vip_table_info",
+        "The digest of the VIP's published table: equal on balancers that send every flow to the same backend.",
+        MetricType::GAUGE,
+        &["vip", "digest"],
+    ),
+    (
+        "lb_address_announced",
+        "1 while the VIP address is announced to the routers.",
+        MetricType::GAUGE,
+        &["address"],
+    ),
+    (
+        "lb_backend_packets_total",
+        "Packets forwarded per backend.",
+        MetricType::COUNTER,
+        &["vip", "backend"],
+    ),
+    (
+        "lb_backend_bytes_total",
+        "Bytes forwarded per backend.",
+        MetricType::COUNTER,
+        &["vip", "backend"],
+    ),
+    (
+        "lb_backend_state",
+        "1 for the backend's state (active, slow-start, draining, down), 0 for the others.",
+        MetricType::GAUGE,
+        &["vip", "backend", "state"],
+    ),
+    (
+        "lb_bgp_session_established",
+        "1 while the session with the peer is Established.",
+        MetricType::GAUGE,
+        &["peer"],
+    ),
+    (
+        "lb_bgp_session_uptime_seconds",
+        "Time since the session reached Established (0 when it is not).",
+        MetricType::GAUGE,
+        &["peer"],
+    ),
+    (
+        "lb_bgp_updates_sent_total",
+        "BGP UPDATEs sent to the peer.",
+        MetricType::COUNTER,
+        &["peer"],
+    ),
+    (
+        "lb_bgp_updates_received_total",
+        "BGP UPDATEs received from the peer.",
+        MetricType::COUNTER,
+        &["peer"],
+    ),
+    (
+        "lb_bgp_updates_ignored_total",
+        "Received UPDATEs with malformed attributes, ignored (RFC 7606).",
+        MetricType::COUNTER,
+        &["peer"],
+    ),
+    (
+        "lb_build_info",
+        "The lbd build: version and git commit.",
+        MetricType::GAUGE,
+        &["version", "commit"],
+    ),
+    (
+        "lb_config_info",
+        "The effective configuration's digest (equal across a tier running one configuration) and revision.",
+        MetricType::GAUGE,
+        &["digest", "revision"],
+    ),
+    (
+        "lb_config_auto_reverts_total",
+        "Changes reverted because they were not confirmed in time or cost an announcement.",
+        MetricType::COUNTER,
+        &[],
+    ),
+];
+
+/// The snapshot as metric families, at scrape time.
+struct SnapshotCollector {
+    snapshot: Arc<Mutex<Snapshot>>,
+    descs: Vec<Desc>,
+}
+
+impl SnapshotCollector {
+    fn new(snapshot: Arc<Mutex<Snapshot>>) -> Self {
+        let descs = FAMILIES
+            .iter()
+            .map(|(name, help, _, labels)| {
+                let labels = labels.iter().map(ToString::to_string).collect();
+                Desc::new(
+                    name.to_string(),
+                    help.to_string(),
+                    labels,
+                    Default::default(),
+                )
+                .expect("valid metric")
+            })
+            .collect();
+        Self { snapshot, descs }
+    }
+}
+
+/// The samples of one family, as they are added.
+struct Families(std::collections::BTreeMap<&'static str, Vec<proto::Metric>>);
+
+impl Families {
+    fn add(&mut self, name: &'static str, labels: &[(&str, &str)], value: f64) {
+        let kind = FAMILIES
+            .iter()
+            .find(|f| f.0 == name)
+            .map_or(MetricType::GAUGE, |f| f.2);
+        let mut m = proto::Metric::from_label(
+            labels
+                .iter()
+                .map(|(k, v)| {
+                    let mut l = proto::LabelPair::default();
+                    l.set_name(k.to_string());
+                    l.set_value(v.to_string());
+                    l
+                })
+                .collect(),
+        );
+        if kind == MetricType::COUNTER {
+            let mut c = proto::Counter::default();
+            c.set_value(value);
+            m.set_counter(c);
+        } else {
+            let mut g = proto::Gauge::default();
+            g.set_value(value);
+            m.set_gauge(g);
+        }
+        self.0.entry(name).or_default().push(m);
+    }
+}
+
+impl Collector for SnapshotCollector {
+    fn desc(&self) -> Vec<&Desc> {
+        self.descs.iter().collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let s = match self.snapshot.lock() {
+            Ok(s) => s.clone(),
+            Err(_) => return Vec::new(),
+        };
+        let mut f = Families(Default::default());
+        add_datapath(&mut f, &s);
+        add_vips(&mut f, &s);
+        add_bgp(&mut f, &s);
+        add_daemon(&mut f, &s);
+        FAMILIES
+            .iter()
+            .filter_map(|(name, help, kind, _)| {
+                let metrics = f.0.remove(name)?;
+                let mut mf = MetricFamily::default();
+                mf.set_name(name.to_string());
+                mf.set_help(help.to_string());
+                mf.set_field_type(*kind);
+                mf.set_metric(metrics);
+                Some(mf)
+            })
+            .collect()
+    }
+}
+
+fn add_datapath(f: &mut Families, s: &Snapshot) {
+    for c in &s.counters {
+        let labels = [("counter", c.name), ("kind", c.kind)];
+        f.add("lb_datapath_packets_total", &labels, c.packets as f64);
+        f.add("lb_datapath_bytes_total", &labels, c.bytes as f64);
+    }
+    if let Some((used, capacity)) = s.conntrack {
+        f.add("lb_conntrack_entries", &[], used as f64);
+        f.add("lb_conntrack_capacity", &[], capacity as f64);
+    }
+    let count = |name: &str| {
+        s.counters
+            .iter()
+            .find(|c| c.name == name)
+            .map_or(0, |c| c.packets) as f64
+    };
+    let evictions = "lb_conntrack_evictions_total";
+    f.add(evictions, &[("which", "any")], count("ct_evicted"));
+    f.add(
+        evictions,
+        &[("which", "established")],
+        count("ct_evicted_established"),
+    );
+}
+
+const STATES: [&str; 4] = ["active", "slow-start", "draining", "down"];
+
+fn add_vips(f: &mut Families, s: &Snapshot) {
+    for v in &s.vips {
+        let vip = [("vip", v.vip.as_str())];
+        f.add("lb_vip_packets_total", &vip, v.packets as f64);
+        f.add("lb_vip_bytes_total", &vip, v.bytes as f64);
+        f.add("lb_vip_panic", &vip, f64::from(u8::from(v.panic)));
+        f.add("lb_vip_announced", &vip, f64::from(u8::from(v.announced)));
+        let table = [("vip", v.vip.as_str()), ("digest", v.table_digest.as_str())];
+        f.add("lb_vip_table_info", &table, 1.0);
+        for b in &v.backends {
+            let labels = [("vip", v.vip.as_str()), ("backend", b.address.as_str())];
+            f.add("lb_backend_packets_total", &labels, b.packets as f64);
+            f.add("lb_backend_bytes_total", &labels, b.bytes as f64);
+            for state in STATES {
+                let l = [labels[0], labels[1], ("state", state)];
+                f.add(
+                    "lb_backend_state",
+                    &l,
+                    f64::from(u8::from(b.state == state)),
+                );
+            }
+        }
+    }
+    for (address, on) in &s.addresses {
+        let l = [("address", address.as_str())];
+        f.add("lb_address_announced", &l, f64::from(u8::from(*on)));
+    }
+}
+
+fn add_bgp(f: &mut Families, s: &Snapshot) {
+    for p in &s.peers {
+        let peer = [("peer", p.peer.as_str())];
+        let up = f64::from(u8::from(p.established));
+        f.add("lb_bgp_session_established", &peer, up);
+        f.add("lb_bgp_session_uptime_seconds", &peer, p.uptime_secs as f64);
+        f.add("lb_bgp_updates_sent_total", &peer, p.updates_sent as f64);
+        f.add(
+            "lb_bgp_updates_received_total",
+            &peer,
+            p.updates_received as f64,
+        );
+        f.add(
+            "lb_bgp_updates_ignored_total",
+            &peer,
+            p.updates_ignored as f64,
+        );
+    }
+}
+
+fn add_daemon(f: &mut Families, s: &Snapshot) {
+    f.add(
+        "lb_build_info",
+        &[("version", VERSION), ("commit", COMMIT)],
+        1.0,
+    );
+    let revision = s.revision.to_string();
+    let config = [
+        ("digest", s.config_digest.as_str()),
+        ("revision", revision.as_str()),
+    ];
+    f.add("lb_config_info", &config, 1.0);
+    f.add("lb_config_auto_reverts_total", &[], s.auto_reverts as f64);
+}
+
+/// Most scrapes served at once.
+const MAX_SCRAPES: usize = 8;
+/// Largest request head read.
+const MAX_REQUEST_HEAD: usize = 8 << 10;
+
+/// Serves `GET /metrics` on `listener` until the task is dropped.
+pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
+    let slots = Arc::new(Semaphore::new(MAX_SCRAPES));
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                warn!(error = %e, "metrics: accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            debug!(%peer, "metrics: too many scrapes at once; closing");
+            continue;
+        };
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            if let Err(e) = answer(stream, &metrics).await {
+                debug!(%peer, error = %e, "metrics: scrape failed");
+            }
+            drop(permit);
+        });
+    }
+}
+
+/// Reads one request head (bounded in size and time) and answers it.
+async fn answer(mut stream: TcpStream, metrics: &Metrics) -> std::io::Result<()> {
+    let mut head = Vec::new();
+    let mut buf = [0u8; 1024];
+    let read = async {
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < MAX_REQUEST_HEAD {
+            let n = stream.read(&mut buf).await?;
+            if n == 0 {
+                break;
+            }
+            head.extend_from_slice(&buf[..n]);
+        }
+        Ok::<_, std::io::Error>(())
+    };
+    tokio::time::timeout(Duration::from_secs(5), read)
+        .await
+        .map_err(|_| std::io::Error::other("timed out reading the request"))??;
+    let line = String::from_utf8_lossy(&head);
+    let mut words = line.split_whitespace();
+    let (status, kind, body) = match (words.next(), words.next()) {
+        (Some("GET"), Some(path)) if path == "/metrics" || path.starts_with("/metrics?") => {
+            match metrics.encode() {
+                Ok(text) => ("200 OK", "text/plain; version=0.0.4; charset=utf-8", text),
+                Err(_) => (
+                    "500 Internal Server Error",
+                    "text/plain",
+                    "encoding failed\n".into(),
+                ),
+            }
+        }
+        (Some("GET"), _) => ("404 Not Found", "text/plain", "only /metrics here\n".into()),
+        _ => (
+            "405 Method Not Allowed",
+            "text/plain",
+            "GET /metrics\n".into(),
+        ),
+    };
+    let reply = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(reply.as_bytes()).await?;
+    stream.write_all(body.as_bytes()).await?;
+    stream.shutdown().await
+}
+
+/// Binds the metrics listener (a named error if the address is taken).
+pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr).await
+}
