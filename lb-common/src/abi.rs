@@ -223,6 +223,52 @@ impl Default for TableChunk {
     }
 }
 
+/// The single element of `LB_TRACE`: which packets a trace describes.
+/// Addresses are packet words (network order), as in [`VipKey`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TraceFilter {
+    /// Copied into every event, so that a reader skips the events of an
+    /// earlier trace still in the ring.
+    pub session: u32,
+    /// The VIP's family ([`FAMILY_V4`]/[`FAMILY_V6`]); 0: any destination.
+    pub vip_family: u8,
+    pub vip_proto: u8,
+    /// Network order; 0: any port (and all-ports VIPs).
+    pub vip_port: u16,
+    pub vip_addr: [u32; 4],
+    /// The client's family; 0: any client. A client matches when
+    /// `src & client_mask == client_net`, word by word.
+    pub client_family: u8,
+    pub _pad: [u8; 3],
+    pub client_net: [u32; 4],
+    pub client_mask: [u32; 4],
+}
+
+/// One traced packet, as `LB_TRACE_EVENTS` carries it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TraceEvent {
+    pub session: u32,
+    /// The outcome counter's id ([`crate::Counter`]).
+    pub counter: u16,
+    pub family: u8,
+    pub proto: u8,
+    pub src: [u32; 4],
+    pub dst: [u32; 4],
+    /// As [`FlowKey::ports`] reads them: source port low, network order.
+    pub ports: u32,
+    pub frame_len: u32,
+    /// The flow hash (the Maglev slot is `hash % M`); 0 if none was taken.
+    pub hash: u64,
+    /// The backend it was sent to (`backend_family` 0: none).
+    pub backend: [u32; 4],
+    pub backend_family: u8,
+    /// `ENCAP_*` of the backend.
+    pub encap: u8,
+    pub _pad: [u8; 6],
+}
+
 /// A flow's 5-tuple, the input of the flow hash ([`crate::flow`]). The
 /// datapath hashes the same words straight from the packet; userspace builds
 /// a `FlowKey` to predict what the datapath will do (`lbctl simulate`, tests).
@@ -398,6 +444,8 @@ const _: () = {
     assert!(core::mem::align_of::<FlowBucket>() == 64);
     assert!(core::mem::size_of::<CounterValue>() == 16);
     assert!(core::mem::size_of::<DecapAddr>() == 20);
+    assert!(core::mem::size_of::<TraceFilter>() == 60);
+    assert!(core::mem::size_of::<TraceEvent>() == 80);
 };
 
 #[cfg(feature = "user")]
@@ -419,6 +467,8 @@ mod pod {
     unsafe impl aya::Pod for CounterValue {}
     unsafe impl aya::Pod for BenchPacket {}
     unsafe impl aya::Pod for DecapAddr {}
+    unsafe impl aya::Pod for TraceFilter {}
+    unsafe impl aya::Pod for TraceEvent {}
 }
 
 #[cfg(test)]

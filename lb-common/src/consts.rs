@@ -92,6 +92,14 @@ pub const CFG_F_ICMP_ECHO: u32 = 1 << 2;
 /// [`crate::DatapathConfig::flags`]: an IPv4 packet without DF that is too
 /// big once encapsulated is passed to the kernel (default: dropped).
 pub const CFG_F_PASS_TOO_BIG: u32 = 1 << 3;
+/// [`crate::DatapathConfig::flags`]: a trace is active: packets matching
+/// `LB_TRACE`'s filter are described into `LB_TRACE_EVENTS`. Off, the
+/// datapath pays one bit test per packet.
+pub const CFG_F_TRACE: u32 = 1 << 4;
+
+/// Bytes of the trace ring buffer (a power of two, a multiple of the page
+/// size): a few thousand events.
+pub const TRACE_RING_BYTES: u32 = 256 * 1024;
 
 /// Maglev tables live in `LB_TABLES` as chunks of this many slots: one map
 /// element per chunk keeps memory at 4 bytes per slot (an array of `u32` would
@@ -147,9 +155,11 @@ pub const MAP_COUNTERS: &str = "LB_COUNTERS";
 pub const MAP_VIP_STATS: &str = "LB_VIP_STATS";
 pub const MAP_BACKEND_STATS: &str = "LB_BACKEND_STATS";
 pub const MAP_VIP_FILTER: &str = "LB_VIP_FILTER";
+pub const MAP_TRACE: &str = "LB_TRACE";
+pub const MAP_TRACE_EVENTS: &str = "LB_TRACE_EVENTS";
 
 /// Every map of the balancer object, in a stable order.
-pub const ALL_MAPS: [&str; 9] = [
+pub const ALL_MAPS: [&str; 11] = [
     MAP_CONFIG,
     MAP_VIPS,
     MAP_BACKENDS,
@@ -159,6 +169,8 @@ pub const ALL_MAPS: [&str; 9] = [
     MAP_VIP_STATS,
     MAP_BACKEND_STATS,
     MAP_VIP_FILTER,
+    MAP_TRACE,
+    MAP_TRACE_EVENTS,
 ];
 
 /// Name of the balancer's XDP program in the object file.

@@ -22,3 +22,4 @@ pub mod revisions;
 #[cfg(test)]
 mod scratch;
 pub mod state;
+pub mod trace;

@@ -28,11 +28,12 @@ use std::{
 };
 
 use lb_common::{
-    BackendDef, CounterValue, DatapathConfig, FlowKey, VipKey, VipMeta, addr_to_words,
+    BackendDef, CounterValue, DatapathConfig, FlowKey, TraceFilter, VipKey, VipMeta, addr_to_words,
     consts::{
         BACKEND_F_USABLE, BACKEND_INDEX_MASK, CFG_F_ALL_PORTS_VIPS, CFG_F_DROP_MALFORMED,
-        CFG_F_ICMP_ECHO, CFG_F_PASS_TOO_BIG, FAMILY_V4, GUE_PORT, KEY_FRAGMENTS, PROTO_ICMP,
-        PROTO_ICMPV6, TABLE_CHUNK_SLOTS, VIP_F_FRAG_HASH, VIP_F_NO_BACKENDS, VIP_F_NO_CONNTRACK,
+        CFG_F_ICMP_ECHO, CFG_F_PASS_TOO_BIG, CFG_F_TRACE, FAMILY_V4, GUE_PORT, KEY_FRAGMENTS,
+        PROTO_ICMP, PROTO_ICMPV6, TABLE_CHUNK_SLOTS, VIP_F_FRAG_HASH, VIP_F_NO_BACKENDS,
+        VIP_F_NO_CONNTRACK,
     },
 };
 use thiserror::Error;
@@ -324,6 +325,24 @@ impl<D: Dataplane> Reconciler<D> {
         }
         self.dp.set_config(&cfg)?;
         Ok(true)
+    }
+
+    /// Starts a trace with `filter`, or stops it (`None`): the filter is
+    /// written first, then `CFG_F_TRACE` set or cleared.
+    pub fn set_trace(&mut self, filter: Option<&TraceFilter>) -> Result<()> {
+        if let Some(f) = filter {
+            self.dp.set_trace_filter(f)?;
+        }
+        let mut cfg = self.dp.config()?;
+        let flags = match filter {
+            Some(_) => cfg.flags | CFG_F_TRACE,
+            None => cfg.flags & !CFG_F_TRACE,
+        };
+        if flags != cfg.flags {
+            cfg.flags = flags;
+            self.dp.set_config(&cfg)?;
+        }
+        Ok(())
     }
 
     fn all_ports_flag(&self, flags: u32) -> u32 {

@@ -87,6 +87,11 @@ pub enum Request {
     },
     /// Keep a change made with `--confirm-within`. → [`super::Committed`]
     Confirm,
+    /// `lbctl trace`'s lease on the datapath's tracing (not a command of
+    /// its own: `lbctl trace` sends it). → [`super::TraceLeased`]
+    #[command(subcommand, name = "trace-lease", hide = true)]
+    #[serde(rename = "trace")]
+    TraceLease(TraceRequest),
     /// Route announcement: each peer's session, and which VIPs are
     /// announced or withheld, and why. → [`super::AnnounceStatus`]
     Bgp,
@@ -218,6 +223,23 @@ pub enum BackendRequest {
     Undrain {
         vip: VipId,
         address: IpAddr,
+    },
+}
+
+/// A trace lease: taken or renewed (`on`), or given back (`off`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Subcommand)]
+#[serde(tag = "action", rename_all = "snake_case", deny_unknown_fields)]
+pub enum TraceRequest {
+    On {
+        session: u32,
+        #[arg(long)]
+        vip: Option<VipId>,
+        /// `ADDRESS/LEN`.
+        #[arg(long)]
+        client: Option<String>,
+    },
+    Off {
+        session: u32,
     },
 }
 

@@ -173,6 +173,9 @@ pub struct Status {
     /// Changes reverted because they were not confirmed in time, or broke
     /// an announcement, since `lbd` started.
     pub auto_reverts: u64,
+    /// `lbctl trace` holds the trace lease: the datapath describes the
+    /// packets that match its filter.
+    pub trace_active: bool,
 }
 
 /// A change made with `--confirm-within`, not confirmed yet.
@@ -439,6 +442,17 @@ pub struct Committed {
     pub confirm_within_secs: Option<f64>,
     /// In words, when there is something to say (nothing to do, ...).
     pub note: Option<String>,
+}
+
+/// The answer to a trace lease.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TraceLeased {
+    /// Where the ring buffer of events is pinned.
+    pub events: String,
+    /// Maglev table size, for the slot of each event.
+    pub table_size: u32,
+    /// Seconds the lease lasts unless renewed.
+    pub lease_secs: f64,
 }
 
 /// One revision, for `lbctl history`.

@@ -30,6 +30,7 @@ pub mod preview;
 pub mod probes;
 pub mod reload;
 pub mod requests;
+pub mod trace;
 pub mod views;
 
 use std::{
@@ -143,6 +144,8 @@ pub struct Daemon<D: Dataplane> {
     /// what the scan found (ways in use, in all).
     ticks_since_scan: u32,
     metrics_conntrack: Option<(u64, u64)>,
+    /// `lbctl trace`'s lease, while one runs.
+    pub tracing: Option<trace::Lease>,
     samples: views::Samples,
 }
 
@@ -178,6 +181,7 @@ impl<D: Dataplane> Daemon<D> {
             table_digests: std::collections::BTreeMap::new(),
             ticks_since_scan: u32::MAX,
             metrics_conntrack: None,
+            tracing: None,
             reconciler,
             settings,
             startup: Startup::default(),
@@ -244,6 +248,7 @@ impl<D: Dataplane> Daemon<D> {
         self.sample();
         self.refresh_metrics();
         self.check_deadline();
+        self.expire_trace();
         if self.pending {
             self.replan();
         } else {

@@ -51,6 +51,7 @@ impl<D: Dataplane> Daemon<D> {
                 self.revert(revision, force, options).await.map(json)
             }
             Request::Confirm => self.confirm().map(json),
+            Request::TraceLease(r) => self.trace(r).map(json),
             Request::History { last } => self.history(last).map(json),
             Request::Status => Ok(json(self.status())),
             Request::Health => Ok(json(self.health())),

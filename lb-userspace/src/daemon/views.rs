@@ -142,6 +142,7 @@ impl<D: Dataplane> Daemon<D> {
                     .as_secs_f64(),
             }),
             auto_reverts: self.auto_reverts,
+            trace_active: self.tracing.is_some(),
         }
     }
 

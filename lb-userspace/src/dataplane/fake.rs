@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use lb_common::{
-    BackendDef, CounterValue, DatapathConfig, FlowBucket, VipFilter, VipKey, VipMeta,
+    BackendDef, CounterValue, DatapathConfig, FlowBucket, TraceFilter, VipFilter, VipKey, VipMeta,
     consts::TABLE_CHUNK_SLOTS, counters::COUNTER_SLOTS,
 };
 
@@ -20,6 +20,8 @@ pub struct FakeDataplane {
     tables: Vec<u32>,
     flows: Vec<FlowBucket>,
     filter: VipFilter,
+    /// The last trace filter written.
+    pub trace: TraceFilter,
     /// Counter values tests may set to exercise readers.
     pub counters: Vec<CounterValue>,
     pub vip_stats: Vec<CounterValue>,
@@ -41,6 +43,7 @@ impl FakeDataplane {
             tables: vec![0; (layout.table_map_entries() * TABLE_CHUNK_SLOTS) as usize],
             flows: vec![FlowBucket::default(); layout.ct_buckets as usize],
             filter: VipFilter::default(),
+            trace: TraceFilter::default(),
             counters: vec![CounterValue::default(); COUNTER_SLOTS as usize],
             vip_stats: vec![CounterValue::default(); layout.max_vips as usize],
             backend_stats: vec![CounterValue::default(); layout.max_backends as usize],
@@ -190,6 +193,12 @@ impl Dataplane for FakeDataplane {
         let i = range("bucket", index, self.flows.len())?;
         self.write(1)?;
         self.flows[i] = *bucket;
+        Ok(())
+    }
+
+    fn set_trace_filter(&mut self, filter: &TraceFilter) -> Result<()> {
+        self.write(1)?;
+        self.trace = *filter;
         Ok(())
     }
 

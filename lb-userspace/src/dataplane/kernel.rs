@@ -21,10 +21,12 @@ use aya::{
     },
 };
 use lb_common::{
-    BackendDef, CounterValue, DatapathConfig, FlowBucket, TableChunk, VipFilter, VipKey, VipMeta,
+    BackendDef, CounterValue, DatapathConfig, FlowBucket, TableChunk, TraceFilter, VipFilter,
+    VipKey, VipMeta,
     consts::{
         ALL_MAPS, MAP_BACKEND_STATS, MAP_BACKENDS, MAP_CONFIG, MAP_COUNTERS, MAP_FLOWS, MAP_TABLES,
-        MAP_VIP_FILTER, MAP_VIP_STATS, MAP_VIPS, PROG_LB, PROG_PROBE_ENCAP, TABLE_CHUNK_SLOTS,
+        MAP_TRACE, MAP_TRACE_EVENTS, MAP_VIP_FILTER, MAP_VIP_STATS, MAP_VIPS, PROG_LB,
+        PROG_PROBE_ENCAP, TABLE_CHUNK_SLOTS, TRACE_RING_BYTES,
     },
     counters::COUNTER_SLOTS,
 };
@@ -52,6 +54,7 @@ struct Maps {
     vip_stats: Counts,
     backend_stats: Counts,
     vip_filter: Array<MapData, VipFilter>,
+    trace: Array<MapData, TraceFilter>,
 }
 
 impl Maps {
@@ -76,6 +79,7 @@ impl Maps {
             vip_stats: typed(ebpf, MAP_VIP_STATS)?,
             backend_stats: typed(ebpf, MAP_BACKEND_STATS)?,
             vip_filter: typed(ebpf, MAP_VIP_FILTER)?,
+            trace: typed(ebpf, MAP_TRACE)?,
         })
     }
 }
@@ -269,7 +273,7 @@ fn per_cpu_sum(map: &Counts, name: &'static str, index: u32) -> Result<CounterVa
 }
 
 /// Sizes of each map for `layout`: (name, max entries, value size).
-fn expected_maps(layout: &Layout) -> [(&'static str, u32, u32); 9] {
+fn expected_maps(layout: &Layout) -> [(&'static str, u32, u32); 11] {
     use std::mem::size_of;
     let v = |n: usize| n as u32;
     [
@@ -294,6 +298,8 @@ fn expected_maps(layout: &Layout) -> [(&'static str, u32, u32); 9] {
             v(size_of::<CounterValue>()),
         ),
         (MAP_VIP_FILTER, 1, v(size_of::<VipFilter>())),
+        (MAP_TRACE, 1, v(size_of::<TraceFilter>())),
+        (MAP_TRACE_EVENTS, TRACE_RING_BYTES, 0),
     ]
 }
 
@@ -446,6 +452,13 @@ impl Dataplane for KernelDataplane {
             .flows
             .set(index, bucket, 0)
             .map_err(map_err(MAP_FLOWS))
+    }
+
+    fn set_trace_filter(&mut self, filter: &TraceFilter) -> Result<()> {
+        self.maps
+            .trace
+            .set(0, filter, 0)
+            .map_err(map_err(MAP_TRACE))
     }
 
     fn vip_filter(&self) -> Result<VipFilter> {

@@ -14,7 +14,7 @@ pub mod kernel;
 mod mmap;
 
 use lb_common::{
-    BackendDef, CounterValue, DatapathConfig, FlowBucket, VipFilter, VipKey, VipMeta,
+    BackendDef, CounterValue, DatapathConfig, FlowBucket, TraceFilter, VipFilter, VipKey, VipMeta,
     consts::{MAX_BACKENDS, TABLE_CHUNK_SLOTS, VIP_F_NO_BACKENDS},
     counters::COUNTER_SLOTS,
 };
@@ -223,6 +223,10 @@ pub trait Dataplane {
         }
         Ok(())
     }
+
+    /// Writes the filter of a trace (`LB_TRACE`); the datapath reads it
+    /// only while `CFG_F_TRACE` is set.
+    fn set_trace_filter(&mut self, filter: &TraceFilter) -> Result<()>;
 
     fn vip_filter(&self) -> Result<VipFilter>;
     fn set_vip_filter(&mut self, filter: &VipFilter) -> Result<()>;

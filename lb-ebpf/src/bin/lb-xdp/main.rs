@@ -16,15 +16,17 @@ mod maglev;
 mod maps;
 mod probe;
 mod stats;
+mod trace;
 
 use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
 use lb_common::{
     BackendDef, Counter, DatapathConfig, VIP_FILTER_WORDS, VipKey, VipMeta,
     consts::{
         BACKEND_F_USABLE, BACKEND_INDEX_MASK, CFG_F_ALL_PORTS_VIPS, CFG_F_DROP_MALFORMED,
-        CFG_F_ICMP_ECHO, CFG_F_PASS_TOO_BIG, FAMILY_V4, KEY_FRAGMENTS, VIP_F_FRAG_HASH,
-        VIP_F_NO_BACKENDS, VIP_F_NO_CONNTRACK,
+        CFG_F_ICMP_ECHO, CFG_F_PASS_TOO_BIG, CFG_F_TRACE, FAMILY_V4, KEY_FRAGMENTS,
+        VIP_F_FRAG_HASH, VIP_F_NO_BACKENDS, VIP_F_NO_CONNTRACK,
     },
+    counters::Kind,
     flow::{ct_position, hash_v4, hash_v6, vip_filter_bit},
 };
 use lb_ebpf::{
@@ -66,13 +68,24 @@ fn run(ctx: &XdpContext) -> (u32, Counter) {
             return (action, c);
         }
     };
+    let (action, outcome) = decide(ctx, cfg, &pkt);
+    // Forwarded packets are traced where their backend is known.
+    if cfg.flags & CFG_F_TRACE != 0 && outcome.kind() != Kind::Forward {
+        trace::packet(&pkt, outcome as u32, &BackendDef::default(), 0);
+    }
+    (action, outcome)
+}
+
+/// What to do with a parsed packet.
+#[inline(always)]
+fn decide(ctx: &XdpContext, cfg: &DatapathConfig, pkt: &Packet) -> (u32, Counter) {
     if pkt.frag {
-        return fragment(ctx, cfg, &pkt);
+        return fragment(ctx, cfg, pkt);
     }
     if pkt.is_icmp() {
-        return icmp_to_vip(ctx, cfg, &pkt);
+        return icmp_to_vip(ctx, cfg, pkt);
     }
-    if !maybe_vip(cfg, &pkt) {
+    if !maybe_vip(cfg, pkt) {
         return (PASS, Counter::PassNotVip);
     }
     let hash = flow_hash(pkt.family, &pkt.src, &pkt.dst, pkt.ports, pkt.proto);
@@ -90,7 +103,7 @@ fn run(ctx: &XdpContext) -> (u32, Counter) {
         match backend_of(handle) {
             Some(def) if def.flags & BACKEND_F_USABLE != 0 => {
                 conntrack::touch(bucket, way, conntrack::now());
-                return forward(ctx, cfg, def, &pkt, hash, Counter::FwdConntrack);
+                return forward(ctx, cfg, def, pkt, hash, Counter::FwdConntrack);
             }
             _ => stats::count(Counter::CtStale, pkt.frame_len),
         }
@@ -117,7 +130,7 @@ fn run(ctx: &XdpContext) -> (u32, Counter) {
         }
         _ => Counter::FwdMaglevNoConntrack,
     };
-    forward(ctx, cfg, def, &pkt, hash, outcome)
+    forward(ctx, cfg, def, pkt, hash, outcome)
 }
 
 /// The flow hash of `{src, dst, ports, proto}` in address family `family`.
@@ -176,6 +189,9 @@ fn forward(
         return (DROP, Counter::DropEncap);
     }
     stats::backend(def.handle & BACKEND_INDEX_MASK, pkt.frame_len);
+    if cfg.flags & CFG_F_TRACE != 0 {
+        trace::packet(pkt, outcome as u32, def, hash);
+    }
     (TX, outcome)
 }
 

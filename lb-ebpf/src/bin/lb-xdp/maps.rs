@@ -4,11 +4,11 @@
 use aya_ebpf::{
     bindings::{BPF_F_MMAPABLE, BPF_F_NO_PREALLOC},
     macros::map,
-    maps::{Array, HashMap, PerCpuArray},
+    maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
 use lb_common::{
-    BackendDef, CounterValue, DatapathConfig, FlowBucket, TableChunk, VipFilter, VipKey, VipMeta,
-    counters::COUNTER_SLOTS,
+    BackendDef, CounterValue, DatapathConfig, FlowBucket, TableChunk, TraceFilter, VipFilter,
+    VipKey, VipMeta, consts::TRACE_RING_BYTES, counters::COUNTER_SLOTS,
 };
 
 /// One element: the global datapath configuration.
@@ -48,3 +48,12 @@ pub static LB_BACKEND_STATS: PerCpuArray<CounterValue> = PerCpuArray::with_max_e
 /// One element: the VIP filter (see `lb_common::VipFilter`).
 #[map]
 pub static LB_VIP_FILTER: Array<VipFilter> = Array::with_max_entries(1, 0);
+
+/// One element: which packets an active trace describes (read only while
+/// `CFG_F_TRACE` is set).
+#[map]
+pub static LB_TRACE: Array<TraceFilter> = Array::with_max_entries(1, 0);
+
+/// Trace events, read by `lbctl trace` from the pinned map.
+#[map]
+pub static LB_TRACE_EVENTS: RingBuf = RingBuf::with_byte_size(TRACE_RING_BYTES, 0);

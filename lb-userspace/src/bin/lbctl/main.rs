@@ -8,6 +8,7 @@
 mod change;
 mod decap;
 mod print;
+mod trace;
 
 use std::path::PathBuf;
 
@@ -47,6 +48,10 @@ enum Command {
     /// The backend-side decapsulation program on this machine.
     #[command(subcommand)]
     Decap(decap::DecapCommand),
+    /// Follow packets as the datapath decides them: client, VIP, outcome,
+    /// backend, connection table or Maglev slot, tunnel; until --count or
+    /// Ctrl-C.
+    Trace(trace::TraceArgs),
     /// Writes man pages or shell completions into DIR (used to build the
     /// package).
     #[command(name = "__generate", hide = true)]
@@ -67,8 +72,13 @@ fn main() {
 
 fn run(args: Args) -> Result<()> {
     let json = args.output == Output::Json;
+    let socket = args
+        .socket
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("/run/lb/{}.sock", args.instance)));
     let mut request = match args.command {
         Command::Decap(cmd) => return decap::run(cmd, json),
+        Command::Trace(t) => return trace::run(&socket, t, json),
         Command::Generate { what, dir } => return generate("lbctl", what, &dir),
         Command::Api(request) => request,
     };
@@ -78,9 +88,6 @@ fn run(args: Args) -> Result<()> {
     {
         *path = std::env::current_dir()?.join(&*path);
     }
-    let socket = args
-        .socket
-        .unwrap_or_else(|| PathBuf::from(format!("/run/lb/{}.sock", args.instance)));
     let data = api::call_with(&socket, &request, &args.change)?;
     if json {
         println!("{}", serde_json::to_string_pretty(&data)?);
@@ -119,6 +126,7 @@ fn show(request: &Request, data: serde_json::Value) -> Result<()> {
         }
         Request::Revert { .. } => committed(data, "reverted"),
         Request::Confirm => committed(data, "confirmed"),
+        Request::TraceLease(_) => Ok(()),
         Request::Bgp => print::print_bgp(decode(data)?),
         Request::Node(NodeRequest::Drain { .. }) => {
             print::print_node_change(&decode(data)?, "drained", "withdrew");

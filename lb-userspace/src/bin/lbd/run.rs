@@ -295,6 +295,8 @@ async fn start(config_path: PathBuf) -> Result<Started> {
     let gateway = GatewayWatch::start(config, resolved);
     let settings = datapath_settings(config, resolved.1);
     reconciler.apply_settings(&settings)?;
+    // A trace of an lbd that died mid-trace ends here.
+    reconciler.set_trace(None)?;
 
     let (probe_tx, probes) = mpsc::channel(1024);
     let mut daemon = Daemon::new(
@@ -425,6 +427,7 @@ async fn apply_reload(daemon: &mut Daemon<KernelDataplane>, parsed: ParsedReload
 /// The end of a graceful stop: announcers shut down (Cease), probers
 /// stopped, and the program detached if so configured.
 async fn finish(mut daemon: Daemon<KernelDataplane>) -> Result<()> {
+    daemon.stop_trace();
     daemon.stop_announcers().await;
     daemon.probes.stop();
     let config = &daemon.config;

@@ -1,0 +1,66 @@
+//! `lbctl trace`: while `CFG_F_TRACE` is set, each packet that matches
+//! `LB_TRACE`'s filter is described into the ring buffer
+//! `LB_TRACE_EVENTS` once its outcome is known: addresses, ports, outcome,
+//! flow hash, and the backend and tunnel it was sent to. Off, the caller's
+//! one bit test is the whole cost.
+//!
+//! A plain ring buffer rather than `aya-log`: the reader needs the fields
+//! (to filter, to resolve the backend, to compute the Maglev slot), not a
+//! formatted line, and a fixed-size record costs one copy per event with
+//! no format string to walk.
+
+use lb_common::{BackendDef, TraceEvent, TraceFilter};
+use lb_ebpf::parse::Packet;
+
+use crate::maps::{LB_TRACE, LB_TRACE_EVENTS};
+
+/// Describes `pkt` (sent to `backend`, unless its family is 0) if the
+/// active trace's filter matches it. Not inlined: the program carries one
+/// copy, called only while a trace is active, instead of one per call site.
+#[inline(never)]
+pub fn packet(pkt: &Packet, counter: u32, backend: &BackendDef, hash: u64) {
+    let Some(filter) = LB_TRACE.get(0) else {
+        return;
+    };
+    if !matches(filter, pkt) {
+        return;
+    }
+    let event = TraceEvent {
+        session: filter.session,
+        counter: counter as u16,
+        family: pkt.family,
+        proto: pkt.proto,
+        src: pkt.src,
+        dst: pkt.dst,
+        ports: pkt.ports,
+        frame_len: pkt.frame_len,
+        hash,
+        backend: backend.addr,
+        backend_family: backend.family,
+        encap: backend.encap,
+        ..TraceEvent::default()
+    };
+    // A full ring drops the event: the reader is behind, the packet is not.
+    let _ = LB_TRACE_EVENTS.output::<TraceEvent>(&event, 0);
+}
+
+#[inline(always)]
+fn matches(f: &TraceFilter, pkt: &Packet) -> bool {
+    if f.vip_family != 0
+        && (f.vip_family != pkt.family
+            || f.vip_proto != pkt.proto
+            || (f.vip_port != 0 && f.vip_port != pkt.dport())
+            || f.vip_addr[0] != pkt.dst[0]
+            || f.vip_addr[1] != pkt.dst[1]
+            || f.vip_addr[2] != pkt.dst[2]
+            || f.vip_addr[3] != pkt.dst[3])
+    {
+        return false;
+    }
+    f.client_family == 0
+        || (f.client_family == pkt.family
+            && pkt.src[0] & f.client_mask[0] == f.client_net[0]
+            && pkt.src[1] & f.client_mask[1] == f.client_net[1]
+            && pkt.src[2] & f.client_mask[2] == f.client_net[2]
+            && pkt.src[3] & f.client_mask[3] == f.client_net[3])
+}

@@ -1,0 +1,113 @@
+//! `lbctl trace`: takes `lbd`'s trace lease for a filter, reads the
+//! pinned ring buffer of events, prints one line (or JSON object) per
+//! packet as the datapath decided it, renews the lease every few seconds,
+//! and gives it back on exit — after N packets, or Ctrl-C.
+
+use std::{
+    path::Path,
+    sync::atomic::{AtomicBool, Ordering},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Result, bail};
+use clap::Args;
+use lb::{
+    api::{self, Request, TraceLeased, TraceRequest},
+    config::VipId,
+    trace::{Reader, describe},
+};
+
+/// `lbctl trace ...`
+#[derive(Args)]
+pub struct TraceArgs {
+    /// Only packets to this VIP (`10.0.0.1:80/tcp`).
+    #[arg(long)]
+    vip: Option<VipId>,
+    /// Only packets from clients in this prefix (`192.0.2.0/24`).
+    #[arg(long)]
+    client: Option<String>,
+    /// Stop after this many packets (default: until Ctrl-C).
+    #[arg(long)]
+    count: Option<u64>,
+}
+
+/// Set by SIGINT/SIGTERM: stop, give the lease back.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::Relaxed);
+}
+
+pub fn run(socket: &Path, args: TraceArgs, json: bool) -> Result<()> {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    // Not 0 (which no event carries), and unlike a concurrent trace's.
+    let session = (std::process::id() << 16 ^ nanos) | 1;
+    let on = Request::TraceLease(TraceRequest::On {
+        session,
+        vip: args.vip,
+        client: args.client.clone(),
+    });
+    let leased: TraceLeased = serde_json::from_value(api::call(socket, &on)?)?;
+    // SAFETY: installing a handler that only stores to an atomic.
+    unsafe {
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+    }
+    let result = follow(socket, &on, &leased, session, args.count, json);
+    let _ = api::call(socket, &Request::TraceLease(TraceRequest::Off { session }));
+    result
+}
+
+/// Prints events until `count` or a signal, renewing the lease.
+fn follow(
+    socket: &Path,
+    on: &Request,
+    leased: &TraceLeased,
+    session: u32,
+    count: Option<u64>,
+    json: bool,
+) -> Result<()> {
+    let mut reader = Reader::open(Path::new(&leased.events)).map_err(anyhow::Error::msg)?;
+    let renew_every = Duration::from_secs_f64(leased.lease_secs / 3.0);
+    let mut renewed = Instant::now();
+    let mut shown = 0u64;
+    while !STOP.load(Ordering::Relaxed) {
+        for event in reader.drain(session) {
+            let Some(line) = describe(&event, leased.table_size) else {
+                continue;
+            };
+            if json {
+                println!("{}", serde_json::to_string(&line)?);
+            } else {
+                println!(
+                    "{} {}:{} -> {}:{}/{} {} {} ({}{}) {} bytes",
+                    lb::daemon::views::humantime(std::time::SystemTime::now()),
+                    line.client,
+                    line.client_port,
+                    line.dst,
+                    line.dst_port,
+                    line.protocol,
+                    line.outcome,
+                    line.backend.map_or("-".into(), |b| format!("-> {b}")),
+                    line.via,
+                    line.encap.map(|e| format!(", {e}")).unwrap_or_default(),
+                    line.bytes
+                );
+            }
+            shown += 1;
+            if count.is_some_and(|n| shown >= n) {
+                return Ok(());
+            }
+        }
+        if renewed.elapsed() >= renew_every {
+            if let Err(e) = api::call(socket, on) {
+                bail!("renewing the trace: {e}");
+            }
+            renewed = Instant::now();
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Ok(())
+}

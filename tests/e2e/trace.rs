@@ -1,0 +1,104 @@
+//! `lbctl trace` with the real `lbd` in the namespace rig: a trace
+//! filtered to the client and the VIP shows the packets of one known
+//! connection as the datapath decided them; the backend it prints is the
+//! one `lbctl simulate` predicts and the one that answered the client.
+//!
+//! Needs root (namespaces, XDP).
+
+use std::{
+    io::Read as _,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, Result, bail};
+use lb_tests::{
+    rig::{CLIENT, bin_path},
+    scenario::{check, predicted, serial, setup},
+    traffic::tcp_request,
+};
+
+#[test]
+fn a_trace_shows_a_known_flow_at_the_backend_simulate_names() {
+    let _serial = serial();
+    check((|| {
+        let (rig, lbd) = setup(3, &[Some(1), Some(1), Some(1)])?;
+        let vip = format!("{}/tcp", rig.tcp_vip());
+        let sport = 45_123;
+        let expected = predicted(&lbd, &rig, sport)?;
+        // Four packets of the connection: SYN, ACK, the request, and more.
+        let mut child = Command::new(bin_path("lbctl")?)
+            .arg("--socket")
+            .arg(&lbd.socket)
+            .args(["-o", "json", "trace", "--vip", &vip, "--client"])
+            .arg(format!("{CLIENT}/32"))
+            .args(["--count", "4"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        // lbctl takes the lease before it reads the ring.
+        std::thread::sleep(Duration::from_millis(500));
+        if lbd.lbctl_json(&["status"])?["trace_active"] != true {
+            bail!("lbctl trace runs but lbd says no trace is active");
+        }
+        let vip_addr = rig.tcp_vip();
+        let answered = rig
+            .client
+            .within(move || tcp_request(CLIENT, sport, vip_addr))??;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while child.try_wait()?.is_none() {
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                bail!("lbctl trace did not see 4 packets within 10 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let mut out = String::new();
+        child
+            .stdout
+            .take()
+            .context("stdout")?
+            .read_to_string(&mut out)?;
+        let mut err = String::new();
+        child
+            .stderr
+            .take()
+            .context("stderr")?
+            .read_to_string(&mut err)?;
+        if !child.wait()?.success() {
+            bail!("lbctl trace failed: {err}");
+        }
+        let lines: Vec<serde_json::Value> = out
+            .lines()
+            .map(serde_json::from_str)
+            .collect::<Result<_, _>>()
+            .with_context(|| format!("lbctl trace -o json printed:\n{out}"))?;
+        eprintln!("$ lbctl trace --vip {vip} --client {CLIENT}/32 --count 4 -o json\n{out}");
+        let be = rig.backend(&expected).addr.to_string();
+        if answered != expected {
+            bail!("simulate said {expected}, but {answered} answered");
+        }
+        let syn = &lines[0];
+        if syn["outcome"] != "fwd_maglev_new_flow"
+            || syn["client_port"] != sport
+            || syn["backend"] != be.as_str()
+            || !syn["via"].as_str().unwrap_or("").starts_with("maglev slot")
+        {
+            bail!("the SYN's line: {syn}; expected {be} by a maglev slot");
+        }
+        let slot = lbd.simulate_syn(sport)?["slot"].clone();
+        if syn["via"] != format!("maglev slot {slot}") {
+            bail!("the trace says {}, lbctl simulate slot {slot}", syn["via"]);
+        }
+        for l in &lines[1..] {
+            if l["outcome"] != "fwd_conntrack_hit" || l["backend"] != be.as_str() {
+                bail!("a later packet's line: {l}; expected {be} by the connection table");
+            }
+        }
+        // The lease was given back: the datapath no longer traces.
+        if lbd.lbctl_json(&["status"])?["trace_active"] != false {
+            bail!("the trace is still active after lbctl trace exited");
+        }
+        Ok(())
+    })());
+}
