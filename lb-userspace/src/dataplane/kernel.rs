@@ -54,7 +54,8 @@ struct Maps {
     vip_stats: Counts,
     backend_stats: Counts,
     vip_filter: Array<MapData, VipFilter>,
-    trace: Array<MapData, TraceFilter>,
+    /// Absent in builds before tracing (a benchmark's baseline object).
+    trace: Option<Array<MapData, TraceFilter>>,
 }
 
 impl Maps {
@@ -79,7 +80,10 @@ impl Maps {
             vip_stats: typed(ebpf, MAP_VIP_STATS)?,
             backend_stats: typed(ebpf, MAP_BACKEND_STATS)?,
             vip_filter: typed(ebpf, MAP_VIP_FILTER)?,
-            trace: typed(ebpf, MAP_TRACE)?,
+            trace: match ebpf.map(MAP_TRACE) {
+                Some(_) => Some(typed(ebpf, MAP_TRACE)?),
+                None => None,
+            },
         })
     }
 }
@@ -457,6 +461,8 @@ impl Dataplane for KernelDataplane {
     fn set_trace_filter(&mut self, filter: &TraceFilter) -> Result<()> {
         self.maps
             .trace
+            .as_mut()
+            .ok_or(DataplaneError::MissingMap(MAP_TRACE))?
             .set(0, filter, 0)
             .map_err(map_err(MAP_TRACE))
     }
