@@ -92,9 +92,9 @@ pub const CFG_F_ICMP_ECHO: u32 = 1 << 2;
 /// [`crate::DatapathConfig::flags`]: an IPv4 packet without DF that is too
 /// big once encapsulated is passed to the kernel (default: dropped).
 pub const CFG_F_PASS_TOO_BIG: u32 = 1 << 3;
-/// [`crate::DatapathConfig::flags`]: a trace is active: packets matching
-/// `LB_TRACE`'s filter are described into `LB_TRACE_EVENTS`. Off, the
-/// datapath pays one bit test per packet.
+/// [`crate::DatapathConfig::flags`]: a trace is active: `lb_xdp_trace`
+/// (attached only then) describes the packets matching `LB_TRACE`'s filter
+/// into `LB_TRACE_EVENTS`. `lb_xdp` has no tracing code.
 pub const CFG_F_TRACE: u32 = 1 << 4;
 
 /// Bytes of the trace ring buffer (a power of two, a multiple of the page
@@ -175,6 +175,9 @@ pub const ALL_MAPS: [&str; 11] = [
 
 /// Name of the balancer's XDP program in the object file.
 pub const PROG_LB: &str = "lb_xdp";
+/// The same program with tracing compiled in, swapped into the links while
+/// `lbctl trace` runs.
+pub const PROG_LB_TRACE: &str = "lb_xdp_trace";
 /// Name of the TC egress program that tunnels health probes.
 pub const PROG_PROBE_ENCAP: &str = "lb_probe_encap";
 

@@ -327,11 +327,13 @@ impl<D: Dataplane> Reconciler<D> {
         Ok(true)
     }
 
-    /// Starts a trace with `filter`, or stops it (`None`): the filter is
-    /// written first, then `CFG_F_TRACE` set or cleared.
+    /// Starts a trace with `filter`, or stops it (`None`): the filter and
+    /// `CFG_F_TRACE` are written before the traced program is swapped in,
+    /// and the plain program is back before the flag is cleared.
     pub fn set_trace(&mut self, filter: Option<&TraceFilter>) -> Result<()> {
-        if let Some(f) = filter {
-            self.dp.set_trace_filter(f)?;
+        match filter {
+            Some(f) => self.dp.set_trace_filter(f)?,
+            None => self.dp.select_program(false)?,
         }
         let mut cfg = self.dp.config()?;
         let flags = match filter {
@@ -341,6 +343,9 @@ impl<D: Dataplane> Reconciler<D> {
         if flags != cfg.flags {
             cfg.flags = flags;
             self.dp.set_config(&cfg)?;
+        }
+        if filter.is_some() {
+            self.dp.select_program(true)?;
         }
         Ok(())
     }

@@ -99,6 +99,20 @@ struct RawConfig {
     #[serde(default = "default_history")]
     history: usize,
     metrics: Option<MetricsConfig>,
+    #[serde(default)]
+    log_format: LogFormat,
+}
+
+/// How `lbd` writes its log (to standard error).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// One line per event; under systemd (journald stamps lines) without
+    /// the time, and without colours unless standard error is a terminal.
+    #[default]
+    Text,
+    /// One JSON object per event, for log shippers.
+    Json,
 }
 
 /// `metrics:`: where `lbd` serves Prometheus metrics. Absent (the
@@ -205,6 +219,7 @@ pub struct Config {
     pub history: usize,
     /// Prometheus metrics endpoint (none by default).
     pub metrics: Option<MetricsConfig>,
+    pub log_format: LogFormat,
     /// Advice that does not stop the configuration from loading.
     pub warnings: Vec<String>,
 }
@@ -389,6 +404,7 @@ fn build(raw: RawConfig, layout: Layout, warnings: Vec<String>) -> Config {
         detach_on_exit: raw.detach_on_exit,
         history: raw.history,
         metrics: raw.metrics,
+        log_format: raw.log_format,
         warnings,
     }
 }

@@ -105,6 +105,7 @@ pub(super) fn fixed_setting_changed(old: &Config, new: &Config) -> Option<&'stat
         ("api_socket", new.api_socket != old.api_socket),
         ("state_file", new.state_file != old.state_file),
         ("metrics", new.metrics != old.metrics),
+        ("log_format", new.log_format != old.log_format),
     ]
     .into_iter()
     .find(|(_, changed)| *changed)

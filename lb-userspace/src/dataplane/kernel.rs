@@ -26,7 +26,7 @@ use lb_common::{
     consts::{
         ALL_MAPS, MAP_BACKEND_STATS, MAP_BACKENDS, MAP_CONFIG, MAP_COUNTERS, MAP_FLOWS, MAP_TABLES,
         MAP_TRACE, MAP_TRACE_EVENTS, MAP_VIP_FILTER, MAP_VIP_STATS, MAP_VIPS, PROG_LB,
-        PROG_PROBE_ENCAP, TABLE_CHUNK_SLOTS, TRACE_RING_BYTES,
+        PROG_LB_TRACE, PROG_PROBE_ENCAP, TABLE_CHUNK_SLOTS, TRACE_RING_BYTES,
     },
     counters::COUNTER_SLOTS,
 };
@@ -38,6 +38,9 @@ pub struct KernelDataplane {
     ebpf: Ebpf,
     maps: Maps,
     layout: Layout,
+    /// The pinned links of the interfaces `attach` attached, for swapping
+    /// the traced program in and out.
+    links: Vec<std::path::PathBuf>,
 }
 
 /// Per-CPU counters, one [`CounterValue`] per CPU and index.
@@ -148,7 +151,12 @@ impl KernelDataplane {
             .map_err(prog_err)?;
         tc.load().map_err(prog_err)?;
         let maps = Maps::take(&mut ebpf)?;
-        Ok(Self { ebpf, maps, layout })
+        Ok(Self {
+            ebpf,
+            maps,
+            layout,
+            links: Vec::new(),
+        })
     }
 
     /// The TC egress program that tunnels health probes sent with a probe
@@ -195,23 +203,13 @@ impl KernelDataplane {
     /// attachment was adopted.
     pub fn attach(&mut self, iface: &str, mode: XdpMode, dir: &Path) -> Result<bool> {
         let path = dir.join(format!("link-{iface}"));
-        let prog = self.program();
+        self.links.retain(|l| *l != path);
+        self.links.push(path.clone());
         if path.exists() {
-            let pinned = PinnedLink::from_pin(&path).map_err(|e| {
-                DataplaneError::Io(std::io::Error::other(format!(
-                    "opening pinned link {}: {e}",
-                    path.display()
-                )))
-            })?;
-            let link = XdpLink::try_from(FdLink::from(pinned)).map_err(|e| {
-                DataplaneError::Io(std::io::Error::other(format!(
-                    "{} is not an XDP link: {e}",
-                    path.display()
-                )))
-            })?;
-            prog.attach_to_link(link).map_err(prog_err)?;
+            Self::replace_in_link(self.program(), &path)?;
             return Ok(true);
         }
+        let prog = self.program();
         let id = prog.attach(iface, mode).map_err(prog_err)?;
         let link = prog.take_link(id).map_err(prog_err)?;
         let fd_link = FdLink::try_from(link).map_err(|e| {
@@ -226,6 +224,25 @@ impl KernelDataplane {
             )))
         })?;
         Ok(false)
+    }
+
+    /// Makes the pinned link at `path` run `prog` (atomically: no packet
+    /// goes unprocessed).
+    fn replace_in_link(prog: &mut Xdp, path: &Path) -> Result<()> {
+        let pinned = PinnedLink::from_pin(path).map_err(|e| {
+            DataplaneError::Io(std::io::Error::other(format!(
+                "opening pinned link {}: {e}",
+                path.display()
+            )))
+        })?;
+        let link = XdpLink::try_from(FdLink::from(pinned)).map_err(|e| {
+            DataplaneError::Io(std::io::Error::other(format!(
+                "{} is not an XDP link: {e}",
+                path.display()
+            )))
+        })?;
+        prog.attach_to_link(link).map_err(prog_err)?;
+        Ok(())
     }
 
     /// Detaches from `iface` (removes the pinned link). Idempotent.
@@ -456,6 +473,25 @@ impl Dataplane for KernelDataplane {
             .flows
             .set(index, bucket, 0)
             .map_err(map_err(MAP_FLOWS))
+    }
+
+    /// Swaps `lb_xdp_trace` into every attached interface's link, or
+    /// `lb_xdp` back. The traced program is loaded (verified) on first use.
+    fn select_program(&mut self, trace: bool) -> Result<()> {
+        let name = if trace { PROG_LB_TRACE } else { PROG_LB };
+        let prog: &mut Xdp = self
+            .ebpf
+            .program_mut(name)
+            .ok_or_else(|| prog_err(aya::programs::ProgramError::NotLoaded))?
+            .try_into()
+            .map_err(prog_err)?;
+        if prog.fd().is_err() {
+            prog.load().map_err(prog_err)?;
+        }
+        for path in &self.links {
+            Self::replace_in_link(prog, path)?;
+        }
+        Ok(())
     }
 
     fn set_trace_filter(&mut self, filter: &TraceFilter) -> Result<()> {

@@ -228,6 +228,14 @@ pub trait Dataplane {
     /// only while `CFG_F_TRACE` is set.
     fn set_trace_filter(&mut self, filter: &TraceFilter) -> Result<()>;
 
+    /// Runs the traced program (`lb_xdp_trace`) on the attached
+    /// interfaces, or the plain one. Nothing to do where nothing is
+    /// attached.
+    fn select_program(&mut self, trace: bool) -> Result<()> {
+        let _ = trace;
+        Ok(())
+    }
+
     fn vip_filter(&self) -> Result<VipFilter>;
     fn set_vip_filter(&mut self, filter: &VipFilter) -> Result<()>;
 

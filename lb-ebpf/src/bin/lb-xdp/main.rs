@@ -44,14 +44,28 @@ const TX: u32 = xdp_action::XDP_TX;
 #[xdp]
 #[inline(always)]
 pub fn lb_xdp(ctx: XdpContext) -> u32 {
+    entry::<false>(&ctx)
+}
+
+/// The same program, describing the packets a trace asks for: `lbd`
+/// swaps it into the interfaces' links while `lbctl trace` runs, so that
+/// `lb_xdp` itself carries no tracing code at all.
+#[xdp]
+#[inline(always)]
+pub fn lb_xdp_trace(ctx: XdpContext) -> u32 {
+    entry::<true>(&ctx)
+}
+
+#[inline(always)]
+fn entry<const TRACE: bool>(ctx: &XdpContext) -> u32 {
     let frame_len = (ctx.data_end() - ctx.data()) as u32;
-    let (action, outcome) = run(&ctx);
+    let (action, outcome) = run::<TRACE>(ctx);
     stats::count(outcome, frame_len);
     action
 }
 
 #[inline(always)]
-fn run(ctx: &XdpContext) -> (u32, Counter) {
+fn run<const TRACE: bool>(ctx: &XdpContext) -> (u32, Counter) {
     let Some(cfg) = LB_CONFIG.get(0) else {
         // Unreachable: an array always has element 0.
         return (PASS, Counter::PassNotIp);
@@ -68,9 +82,9 @@ fn run(ctx: &XdpContext) -> (u32, Counter) {
             return (action, c);
         }
     };
-    let (action, outcome) = decide(ctx, cfg, &pkt);
+    let (action, outcome) = decide::<TRACE>(ctx, cfg, &pkt);
     // Forwarded packets are traced where their backend is known.
-    if cfg.flags & CFG_F_TRACE != 0 && outcome.kind() != Kind::Forward {
+    if TRACE && cfg.flags & CFG_F_TRACE != 0 && outcome.kind() != Kind::Forward {
         trace::packet(&pkt, outcome as u32, &BackendDef::default(), 0);
     }
     (action, outcome)
@@ -78,12 +92,16 @@ fn run(ctx: &XdpContext) -> (u32, Counter) {
 
 /// What to do with a parsed packet.
 #[inline(always)]
-fn decide(ctx: &XdpContext, cfg: &DatapathConfig, pkt: &Packet) -> (u32, Counter) {
+fn decide<const TRACE: bool>(
+    ctx: &XdpContext,
+    cfg: &DatapathConfig,
+    pkt: &Packet,
+) -> (u32, Counter) {
     if pkt.frag {
-        return fragment(ctx, cfg, pkt);
+        return fragment::<TRACE>(ctx, cfg, pkt);
     }
     if pkt.is_icmp() {
-        return icmp_to_vip(ctx, cfg, pkt);
+        return icmp_to_vip::<TRACE>(ctx, cfg, pkt);
     }
     if !maybe_vip(cfg, pkt) {
         return (PASS, Counter::PassNotVip);
@@ -103,7 +121,7 @@ fn decide(ctx: &XdpContext, cfg: &DatapathConfig, pkt: &Packet) -> (u32, Counter
         match backend_of(handle) {
             Some(def) if def.flags & BACKEND_F_USABLE != 0 => {
                 conntrack::touch(bucket, way, conntrack::now());
-                return forward(ctx, cfg, def, pkt, hash, Counter::FwdConntrack);
+                return forward::<TRACE>(ctx, cfg, def, pkt, hash, Counter::FwdConntrack);
             }
             _ => stats::count(Counter::CtStale, pkt.frame_len),
         }
@@ -130,7 +148,7 @@ fn decide(ctx: &XdpContext, cfg: &DatapathConfig, pkt: &Packet) -> (u32, Counter
         }
         _ => Counter::FwdMaglevNoConntrack,
     };
-    forward(ctx, cfg, def, pkt, hash, outcome)
+    forward::<TRACE>(ctx, cfg, def, pkt, hash, outcome)
 }
 
 /// The flow hash of `{src, dst, ports, proto}` in address family `family`.
@@ -170,7 +188,7 @@ fn pick(
 /// Encapsulates for `def` and counts the packet for its VIP and itself;
 /// answers with ICMP instead if the result would exceed the MTU.
 #[inline(always)]
-fn forward(
+fn forward<const TRACE: bool>(
     ctx: &XdpContext,
     cfg: &DatapathConfig,
     def: &BackendDef,
@@ -189,7 +207,7 @@ fn forward(
         return (DROP, Counter::DropEncap);
     }
     stats::backend(def.handle & BACKEND_INDEX_MASK, pkt.frame_len);
-    if cfg.flags & CFG_F_TRACE != 0 {
+    if TRACE && cfg.flags & CFG_F_TRACE != 0 {
         trace::packet(pkt, outcome as u32, def, hash);
     }
     (TX, outcome)
@@ -225,7 +243,11 @@ fn too_big(ctx: &XdpContext, cfg: &DatapathConfig, pkt: &Packet, mtu: u32) -> (u
 /// unless a VIP there hashes fragments; then sent by the 3-tuple, like
 /// every packet of that VIP. Fragments never touch the connection table.
 #[inline(always)]
-fn fragment(ctx: &XdpContext, cfg: &DatapathConfig, pkt: &Packet) -> (u32, Counter) {
+fn fragment<const TRACE: bool>(
+    ctx: &XdpContext,
+    cfg: &DatapathConfig,
+    pkt: &Packet,
+) -> (u32, Counter) {
     if !filter_has(&pkt.dst, 0, pkt.proto) {
         return (PASS, Counter::PassFragmentNotVip);
     }
@@ -252,13 +274,17 @@ fn fragment(ctx: &XdpContext, cfg: &DatapathConfig, pkt: &Packet) -> (u32, Count
         stats::vip(meta.vip_id, pkt.frame_len);
         return (DROP, Counter::DropNoBackend);
     };
-    forward(ctx, cfg, def, pkt, hash, Counter::FwdFragment)
+    forward::<TRACE>(ctx, cfg, def, pkt, hash, Counter::FwdFragment)
 }
 
 /// ICMP or ICMPv6 to a VIP address: echo requests are answered, errors
 /// about a VIP flow go to that flow's backend, the rest is the kernel's.
 #[inline(always)]
-fn icmp_to_vip(ctx: &XdpContext, cfg: &DatapathConfig, pkt: &Packet) -> (u32, Counter) {
+fn icmp_to_vip<const TRACE: bool>(
+    ctx: &XdpContext,
+    cfg: &DatapathConfig,
+    pkt: &Packet,
+) -> (u32, Counter) {
     let key = VipKey {
         addr: pkt.dst,
         port: 0,
@@ -275,7 +301,7 @@ fn icmp_to_vip(ctx: &XdpContext, cfg: &DatapathConfig, pkt: &Packet) -> (u32, Co
                 Err(icmp::ReplyError) => (DROP, Counter::DropEncap),
             }
         }
-        icmp::Message::Error(q) => icmp_error(ctx, cfg, pkt, &q),
+        icmp::Message::Error(q) => icmp_error::<TRACE>(ctx, cfg, pkt, &q),
         icmp::Message::PtbTooSmall => (DROP, Counter::DropIcmpPtbTooSmall),
         _ => (PASS, Counter::PassIcmp),
     }
@@ -285,7 +311,7 @@ fn icmp_to_vip(ctx: &XdpContext, cfg: &DatapathConfig, pkt: &Packet) -> (u32, Co
 /// the connection table, else the one Maglev picks (as for the flow's next
 /// packet). The error does not create a connection-table entry.
 #[inline(always)]
-fn icmp_error(
+fn icmp_error<const TRACE: bool>(
     ctx: &XdpContext,
     cfg: &DatapathConfig,
     pkt: &Packet,
@@ -298,7 +324,7 @@ fn icmp_error(
         && let Some(def) = backend_of(handle)
         && def.flags & BACKEND_F_USABLE != 0
     {
-        return forward(ctx, cfg, def, pkt, hash, Counter::FwdIcmpError);
+        return forward::<TRACE>(ctx, cfg, def, pkt, hash, Counter::FwdIcmpError);
     }
     let Some(meta) = find_vip(cfg, &q.vip, q.vip_port(), q.proto, pkt.family) else {
         return (PASS, Counter::PassIcmp);
@@ -307,7 +333,7 @@ fn icmp_error(
         stats::vip(meta.vip_id, pkt.frame_len);
         return (DROP, Counter::DropNoBackend);
     };
-    forward(ctx, cfg, def, pkt, hash, Counter::FwdIcmpError)
+    forward::<TRACE>(ctx, cfg, def, pkt, hash, Counter::FwdIcmpError)
 }
 
 /// Is the VIP filter's bit for `{addr, port, proto}` set? `false` proves

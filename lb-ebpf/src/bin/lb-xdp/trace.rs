@@ -1,8 +1,8 @@
-//! `lbctl trace`: while `CFG_F_TRACE` is set, each packet that matches
-//! `LB_TRACE`'s filter is described into the ring buffer
-//! `LB_TRACE_EVENTS` once its outcome is known: addresses, ports, outcome,
-//! flow hash, and the backend and tunnel it was sent to. Off, the caller's
-//! one bit test is the whole cost.
+//! `lbctl trace`: in `lb_xdp_trace` (the program `lbd` swaps in while a
+//! trace runs), each packet that matches `LB_TRACE`'s filter is described
+//! into the ring buffer `LB_TRACE_EVENTS` once its outcome is known:
+//! addresses, ports, outcome, flow hash, and the backend and tunnel it was
+//! sent to. `lb_xdp` is compiled without any of it.
 //!
 //! A plain ring buffer rather than `aya-log`: the reader needs the fields
 //! (to filter, to resolve the backend, to compute the Maglev slot), not a

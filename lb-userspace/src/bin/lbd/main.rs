@@ -7,6 +7,7 @@
 //! program and removes every pinned object of the instance (this drops the
 //! connection table).
 
+mod notify;
 mod run;
 mod server;
 
@@ -14,7 +15,10 @@ use std::path::PathBuf;
 
 use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand, ValueEnum};
-use lb::{config::Config, dataplane::kernel::KernelDataplane};
+use lb::{
+    config::{Config, LogFormat},
+    dataplane::kernel::KernelDataplane,
+};
 use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
@@ -51,17 +55,42 @@ fn main() {
     }
 }
 
-fn run() -> Result<()> {
-    tracing_subscriber::fmt()
+/// Logs to standard error in the configured format (text by default).
+fn init_logging(format: LogFormat) {
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )
         .with_target(false)
         // Standard output is ExaBGP's command channel when lbd runs under
         // it (`announce: exabgp`): logs never go there.
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => {
+            use std::io::IsTerminal as _;
+            let builder = builder.with_ansi(std::io::stderr().is_terminal());
+            // journald stamps every line itself.
+            if std::env::var_os("JOURNAL_STREAM").is_some() {
+                builder.without_time().init();
+            } else {
+                builder.init();
+            }
+        }
+    }
+}
+
+fn run() -> Result<()> {
     let args = Args::parse();
+    // The format is a setting of the file: read it first (errors in the
+    // file are reported by the command itself, in text).
+    let format = match args.command {
+        None | Some(Command::Run) => Config::load(&args.config)
+            .map(|c| c.log_format)
+            .unwrap_or_default(),
+        _ => LogFormat::Text,
+    };
+    init_logging(format);
     match args.command.unwrap_or(Command::Run) {
         Command::Check => {
             let config = Config::load(&args.config)?;

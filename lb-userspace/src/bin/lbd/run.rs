@@ -273,6 +273,7 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
         tokio::spawn(lb::metrics::serve(listener, daemon.metrics.clone()));
     }
     info!(socket = %socket.display(), instance = %daemon.config.instance, "lbd ready");
+    crate::notify::ready(&format!("serving instance {}", daemon.config.instance));
     daemon.sample();
     let result = serve(&mut daemon, &mut gateway, probes, calls).await;
     let _ = std::fs::remove_file(&socket);
@@ -343,6 +344,7 @@ async fn serve(
     let mut int = signal(SignalKind::interrupt())?;
     let mut sample_tick = tokio::time::interval(SAMPLE_EVERY);
     let (parsed_tx, mut parsed_rx) = mpsc::channel::<ParsedReload>(4);
+    let watchdog = crate::notify::watchdog();
     // Set by the first SIGTERM/SIGINT: when the grace period ends.
     let mut stop_at: Option<tokio::time::Instant> = None;
     loop {
@@ -355,14 +357,25 @@ async fn serve(
             }
             Some(parsed) = parsed_rx.recv() => apply_reload(daemon, parsed).await,
             Some((key, result)) = probes.recv() => daemon.on_probe(key, result),
-            _ = sample_tick.tick() => daemon.tick(),
+            _ = sample_tick.tick() => {
+                daemon.tick();
+                if watchdog.is_some() {
+                    crate::notify::alive();
+                }
+            }
             state = GatewayWatch::changed(gateway) => daemon.on_gateway(state),
             _ = term.recv() => match daemon.begin_stop("SIGTERM") {
-                Some(wait) => stop_at = Some(tokio::time::Instant::now() + wait),
+                Some(wait) => {
+                    crate::notify::stopping();
+                    stop_at = Some(tokio::time::Instant::now() + wait);
+                }
                 None => return Ok(()),
             },
             _ = int.recv() => match daemon.begin_stop("SIGINT") {
-                Some(wait) => stop_at = Some(tokio::time::Instant::now() + wait),
+                Some(wait) => {
+                    crate::notify::stopping();
+                    stop_at = Some(tokio::time::Instant::now() + wait);
+                }
                 None => return Ok(()),
             },
             _ = until(stop_at) => return Ok(()),
