@@ -383,6 +383,17 @@ impl Lbd {
 
     /// Starts `lbd` in namespace `ns`, logging to `dir/lbd.log`.
     pub fn start_in(ns: &Netns, dir: &Path, config: &Path) -> Result<Lbd> {
+        Self::start_with_env(ns, dir, config, &[])
+    }
+
+    /// As [`start_in`](Self::start_in), with extra environment variables
+    /// (systemd's `NOTIFY_SOCKET`, ...).
+    pub fn start_with_env(
+        ns: &Netns,
+        dir: &Path,
+        config: &Path,
+        env: &[(&str, String)],
+    ) -> Result<Lbd> {
         let socket = lb::config::Config::load(config)?.api_socket;
         let log = dir.join("lbd.log");
         let out = std::fs::OpenOptions::new()
@@ -394,6 +405,7 @@ impl Lbd {
             .arg("--config")
             .arg(config)
             .env("RUST_LOG", "info")
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdin(Stdio::null())
             .stdout(out.try_clone()?)
             .stderr(out)

@@ -27,10 +27,17 @@ pub fn stopping() {
     send(&[NotifyState::Stopping, NotifyState::Status("stopping")]);
 }
 
-/// The watchdog period systemd asks for, if any.
+/// The watchdog period systemd asks for, if any: `WATCHDOG_USEC`, for
+/// this process unless `WATCHDOG_PID` names another (as libsystemd's
+/// `sd_watchdog_enabled` reads them).
 pub fn watchdog() -> Option<Duration> {
-    let mut usec = 0;
-    sd_notify::watchdog_enabled(false, &mut usec).then(|| Duration::from_micros(usec))
+    let usec: u64 = std::env::var("WATCHDOG_USEC").ok()?.parse().ok()?;
+    if let Some(pid) = std::env::var("WATCHDOG_PID").ok()
+        && pid.parse::<u32>().ok() != Some(std::process::id())
+    {
+        return None;
+    }
+    (usec > 0).then(|| Duration::from_micros(usec))
 }
 
 /// The loop is alive.
