@@ -106,6 +106,19 @@ impl Rig {
     /// As [`without_servers`](Self::without_servers), with `infra_mtu` on
     /// the links behind the router (1500: no room for the tunnel header).
     pub fn with_infra_mtu(n: usize, infra_mtu: u32) -> Result<Rig> {
+        Self::build(n, infra_mtu, true)
+    }
+
+    /// The rig wired but with its backends' side of direct server return
+    /// left undone: no VIP on `lo`, no `rp_filter` settings, no decap
+    /// program, no servers. For testing what sets a backend up
+    /// (`scripts/lb-backend-setup`); start servers with
+    /// [`start_server`](Self::start_server) once the VIP is there.
+    pub fn without_backend_setup(n: usize) -> Result<Rig> {
+        Self::build(n, INFRA_MTU, false)
+    }
+
+    fn build(n: usize, infra_mtu: u32, set_up_backends: bool) -> Result<Rig> {
         require_root()?;
         let id = unique("lbt");
         let dir = std::env::temp_dir().join(&id);
@@ -135,11 +148,11 @@ impl Rig {
                 decap_pins,
             });
         }
-        rig.wire().context("wiring the rig")?;
+        rig.wire(set_up_backends).context("wiring the rig")?;
         Ok(rig)
     }
 
-    fn wire(&mut self) -> Result<()> {
+    fn wire(&mut self, set_up_backends: bool) -> Result<()> {
         let r = &self.router;
         r.sysctl("net.ipv4.ip_forward", "1")?;
         r.sysctl("net.ipv4.conf.all.rp_filter", "0")?;
@@ -181,12 +194,9 @@ impl Rig {
                 "dev",
                 &format!("r-be{}", i + 1),
             ])?;
-            b.ns.ip(&["addr", "add", &format!("{VIP}/32"), "dev", "lo"])?;
-            b.ns.sysctl("net.ipv4.conf.all.rp_filter", "0")?;
-            b.ns.sysctl("net.ipv4.conf.eth0.rp_filter", "0")?;
-            let lbctl = bin_path("lbctl")?;
-            sh(b.ns.command(&lbctl).args(["decap", "attach", "eth0"]))
-                .with_context(|| format!("lbctl decap attach in {}", b.name))?;
+            if set_up_backends {
+                set_up_backend(b)?;
+            }
         }
         Ok(())
     }
@@ -341,6 +351,18 @@ impl Rig {
     }
 }
 
+/// A backend's side of direct server return: the VIP on `lo`, `rp_filter`
+/// off, lb's decap program on `eth0`.
+fn set_up_backend(b: &Backend) -> Result<()> {
+    b.ns.ip(&["addr", "add", &format!("{VIP}/32"), "dev", "lo"])?;
+    b.ns.sysctl("net.ipv4.conf.all.rp_filter", "0")?;
+    b.ns.sysctl("net.ipv4.conf.eth0.rp_filter", "0")?;
+    let lbctl = bin_path("lbctl")?;
+    sh(b.ns.command(&lbctl).args(["decap", "attach", "eth0"]))
+        .with_context(|| format!("lbctl decap attach in {}", b.name))?;
+    Ok(())
+}
+
 impl Drop for Rig {
     fn drop(&mut self) {
         self.servers.clear();
@@ -364,6 +386,23 @@ pub fn require_root() -> Result<()> {
         bail!("namespace rigs need root (network namespaces, XDP): run `cargo xtask test` as root");
     }
     Ok(())
+}
+
+/// How to run `lbd`: which binary, under which wrapper command (e.g.
+/// `setpriv` with a capability set), if any.
+pub struct LbdCommand {
+    pub program: PathBuf,
+    pub wrapper: Vec<String>,
+}
+
+impl LbdCommand {
+    /// The `lbd` built next to the running binary, run directly.
+    pub fn built() -> Result<LbdCommand> {
+        Ok(LbdCommand {
+            program: bin_path("lbd")?,
+            wrapper: Vec::new(),
+        })
+    }
 }
 
 /// A running `lbd`, killed when dropped.
@@ -394,14 +433,33 @@ impl Lbd {
         config: &Path,
         env: &[(&str, String)],
     ) -> Result<Lbd> {
+        Self::start_with(ns, dir, config, &LbdCommand::built()?, env)
+    }
+
+    /// As [`start_with_env`](Self::start_with_env), running `how`'s binary
+    /// under its wrapper.
+    pub fn start_with(
+        ns: &Netns,
+        dir: &Path,
+        config: &Path,
+        how: &LbdCommand,
+        env: &[(&str, String)],
+    ) -> Result<Lbd> {
         let socket = lb::config::Config::load(config)?.api_socket;
         let log = dir.join("lbd.log");
         let out = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(&log)?;
-        let child = ns
-            .command(bin_path("lbd")?)
+        let mut command = match how.wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = ns.command(program);
+                c.args(args).arg(&how.program);
+                c
+            }
+            None => ns.command(&how.program),
+        };
+        let child = command
             .arg("--config")
             .arg(config)
             .env("RUST_LOG", "info")
