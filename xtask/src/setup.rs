@@ -16,7 +16,16 @@ const PACKAGES: &[&str] = &[
     "ethtool",
     "bpftool",
     "procps",
+    // setpriv: the service test runs lbd with the unit's capabilities.
     "util-linux",
+    // The operations tests: systemd-analyze (the unit; man for its
+    // Documentation=), strip, dpkg-deb and dpkg-shlibdeps (the package),
+    // shellcheck (the shell scripts).
+    "systemd",
+    "man-db",
+    "binutils",
+    "dpkg-dev",
+    "shellcheck",
     // nft: the SYN-flood test drops the tunnelled flood on its router.
     "nftables",
     // Real BGP routers for the interop and active-active tests.
