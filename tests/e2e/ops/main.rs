@@ -1,10 +1,12 @@
 //! Operations, tested for real: the systemd unit (`scripts/lbd.service`,
-//! [`service`]). Needs root (namespace rigs, XDP) and the tools `cargo
-//! xtask setup` installs (systemd-analyze, setpriv); a missing tool fails
-//! the test that needs it, saying which.
+//! [`service`]) and the backend set-up script (`scripts/lb-backend-setup`,
+//! [`backend_setup`]). Needs root (namespace rigs, XDP) and the tools
+//! `cargo xtask setup` installs (systemd-analyze, setpriv, shellcheck); a
+//! missing tool fails the test that needs it, saying which.
 //!
 //! Tests run one at a time (rigs share the machine's two cores).
 
+mod backend_setup;
 mod service;
 
 use std::{
