@@ -2,6 +2,7 @@
 //! suites, the demo, the benchmarks and the fuzzer. No product logic lives
 //! here.
 
+mod package;
 mod setup;
 mod structure;
 
@@ -57,6 +58,20 @@ enum Task {
         #[arg(long)]
         workspace: Option<std::path::PathBuf>,
     },
+    /// Build the Debian package (target/debian/lb_<version>_<arch>.deb):
+    /// lbd, lbctl, lb-backend-setup, the systemd unit, the example
+    /// configuration, man pages and shell completions.
+    Package {
+        /// Build and package the binaries of this profile.
+        #[arg(long, value_enum, default_value_t = package::Profile::Release)]
+        profile: package::Profile,
+        /// Package the lbd and lbctl found in DIR instead (no build).
+        #[arg(long, value_name = "DIR")]
+        bin_dir: Option<std::path::PathBuf>,
+        /// Write the .deb into DIR (default target/debian).
+        #[arg(long, value_name = "DIR")]
+        out: Option<std::path::PathBuf>,
+    },
     /// Run lbd in a namespace rig with real connections and print a summary.
     Demo {
         /// Leave the rig running afterwards.
@@ -77,6 +92,15 @@ fn main() -> Result<()> {
         Task::Bench { baseline } => bench(baseline.as_deref()),
         Task::Fuzz { packets, seed } => fuzz(packets, seed),
         Task::Structure { workspace } => structure::report(workspace),
+        Task::Package {
+            profile,
+            bin_dir,
+            out,
+        } => package::package(&package::Options {
+            profile,
+            bin_dir,
+            out,
+        }),
     }
 }
 

@@ -360,7 +360,11 @@ fn kernel_decap(be: &Netns, state: &Path) -> Result<()> {
 #[test]
 fn the_shell_scripts_pass_shellcheck() {
     check((|| {
-        let scripts = ["scripts/lb-backend-setup"];
+        let scripts = [
+            "scripts/lb-backend-setup",
+            "scripts/debian/postinst",
+            "scripts/debian/postrm",
+        ];
         stdout(
             Command::new("shellcheck")
                 .args(["--shell=sh", "--severity=style"])
