@@ -169,7 +169,11 @@ pub struct DatapathConfig {
     pub src_v4_host_mask: u32,
     /// The same for the last word of the IPv6 outer source.
     pub src_v6_host_mask: u32,
-    pub _reserved: u32,
+    /// A SYN that finds its own flow's entry unconfirmed (nothing but the
+    /// SYN seen) and at most this many stamp ticks old is a retransmission
+    /// (passive health). 0: [`crate::consts::CT_SYN_WINDOW_DEFAULT`].
+    /// Was `_reserved` (always written 0) before passive health.
+    pub syn_window: u32,
 }
 
 pub use crate::consts::VIP_FILTER_WORDS;
@@ -366,6 +370,23 @@ pub struct FlowBucket {
     pub _pad: [u8; 4],
 }
 
+/// A backend's SYNs, the value of `LB_BACKEND_SYNS` (per CPU): the SYNs
+/// sent to it, and the SYNs retransmitted by clients whose previous SYN
+/// went to it unanswered (passive health).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SynCounts {
+    pub syns: u64,
+    pub retransmits: u64,
+}
+
+impl core::ops::AddAssign for SynCounts {
+    fn add_assign(&mut self, rhs: Self) {
+        self.syns = self.syns.wrapping_add(rhs.syns);
+        self.retransmits = self.retransmits.wrapping_add(rhs.retransmits);
+    }
+}
+
 /// Packets and bytes, the value of every counter map (per CPU).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -446,6 +467,7 @@ const _: () = {
     assert!(core::mem::size_of::<DecapAddr>() == 20);
     assert!(core::mem::size_of::<TraceFilter>() == 60);
     assert!(core::mem::size_of::<TraceEvent>() == 80);
+    assert!(core::mem::size_of::<SynCounts>() == 16);
 };
 
 #[cfg(feature = "user")]
@@ -469,6 +491,7 @@ mod pod {
     unsafe impl aya::Pod for DecapAddr {}
     unsafe impl aya::Pod for TraceFilter {}
     unsafe impl aya::Pod for TraceEvent {}
+    unsafe impl aya::Pod for SynCounts {}
 }
 
 #[cfg(test)]

@@ -120,6 +120,9 @@ pub const CT_STAMP_CONFIRMED: u16 = 1 << 15;
 pub const CT_STAMP_TIME: u16 = CT_STAMP_CONFIRMED - 1;
 /// The stamps' tick: 64 jiffies (256 ms at HZ=250, 64 ms at HZ=1000).
 pub const CT_STAMP_TICK_SHIFT: u64 = 6;
+/// [`crate::DatapathConfig::syn_window`] when 0: 40 stamp ticks (10 s at
+/// HZ=250).
+pub const CT_SYN_WINDOW_DEFAULT: u16 = 40;
 
 /// A backend handle is `generation << 16 | index`. The index addresses
 /// `LB_BACKENDS` and `LB_BACKEND_STATS`; the generation changes whenever an
@@ -156,10 +159,11 @@ pub const MAP_VIP_STATS: &str = "LB_VIP_STATS";
 pub const MAP_BACKEND_STATS: &str = "LB_BACKEND_STATS";
 pub const MAP_VIP_FILTER: &str = "LB_VIP_FILTER";
 pub const MAP_TRACE: &str = "LB_TRACE";
+pub const MAP_BACKEND_SYNS: &str = "LB_BACKEND_SYNS";
 pub const MAP_TRACE_EVENTS: &str = "LB_TRACE_EVENTS";
 
 /// Every map of the balancer object, in a stable order.
-pub const ALL_MAPS: [&str; 11] = [
+pub const ALL_MAPS: [&str; 12] = [
     MAP_CONFIG,
     MAP_VIPS,
     MAP_BACKENDS,
@@ -171,6 +175,7 @@ pub const ALL_MAPS: [&str; 11] = [
     MAP_VIP_FILTER,
     MAP_TRACE,
     MAP_TRACE_EVENTS,
+    MAP_BACKEND_SYNS,
 ];
 
 /// Name of the balancer's XDP program in the object file.

@@ -16,6 +16,7 @@ pub mod maglev;
 pub mod metrics;
 pub mod net;
 pub mod objects;
+pub mod passive;
 pub mod predict;
 pub mod reconcile;
 pub mod revisions;

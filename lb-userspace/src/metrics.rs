@@ -302,7 +302,7 @@ const FAMILIES: &[(&str, &str, MetricType, &[&str])] = &[
     ),
     (
         "lb_backend_state",
-        "1 for the backend's state (active, slow-start, draining, down), 0 for the others.",
+        "1 for the backend's state (active, slow-start, draining, down, ejected), 0 for the others.",
         MetricType::GAUGE,
         &["vip", "backend", "state"],
     ),
@@ -469,7 +469,7 @@ fn add_datapath(f: &mut Families, s: &Snapshot) {
     );
 }
 
-const STATES: [&str; 4] = ["active", "slow-start", "draining", "down"];
+const STATES: [&str; 5] = ["active", "slow-start", "draining", "down", "ejected"];
 
 fn add_vips(f: &mut Families, s: &Snapshot) {
     for v in &s.vips {

@@ -673,3 +673,50 @@ fn gue_tunnels_decapsulate_on_the_backend() {
         ports.len()
     );
 }
+
+/// The SYN counters of backend `BACKENDS[b]` of the VIP at 10.0.0.10:80.
+fn syn_counts(rig: &Rig, b: usize) -> lb_common::SynCounts {
+    let vip: lb::config::VipId = "10.0.0.10:80/tcp".parse().unwrap();
+    let addr: IpAddr = BACKENDS[b].parse().unwrap();
+    let handle = rig.r.vips()[&vip].backends[&addr].handle;
+    rig.dp()
+        .backend_syns(handle & BACKEND_INDEX_MASK)
+        .expect("SYN counters")
+}
+
+#[test]
+fn a_syn_repeated_before_any_other_packet_counts_as_retransmitted() {
+    let mut rig = Rig::new(1 << 10);
+    rig.standard_vips();
+    let p = port_for_backend(&rig, "10.0.0.10", 80, 1);
+    let syn = tcp4(TO_LB, "10.0.0.10", 80, p, true, b"");
+    let (to, _) = forward(&mut rig, &syn);
+    assert_eq!(to, 1);
+    assert_eq!(
+        (syn_counts(&rig, 1).syns, syn_counts(&rig, 1).retransmits),
+        (1, 0)
+    );
+    // The client got no SYN-ACK: the same SYN again, twice.
+    forward(&mut rig, &syn);
+    forward(&mut rig, &syn);
+    let c = syn_counts(&rig, 1);
+    assert_eq!(
+        (c.syns, c.retransmits),
+        (3, 2),
+        "two retransmissions of its SYN"
+    );
+    // Answered: the ACK confirms the entry; a later SYN of the same tuple
+    // (a new connection on a reused port) is no retransmission.
+    forward(&mut rig, &tcp4(TO_LB, "10.0.0.10", 80, p, false, b"ack"));
+    forward(&mut rig, &syn);
+    let c = syn_counts(&rig, 1);
+    assert_eq!((c.syns, c.retransmits), (4, 2));
+    // Other backends saw nothing; a non-SYN miss counts no SYN.
+    let q = port_for_backend(&rig, "10.0.0.10", 80, 2);
+    forward(
+        &mut rig,
+        &tcp4(TO_LB, "10.0.0.10", 80, q, false, b"mid-flow"),
+    );
+    assert_eq!(syn_counts(&rig, 2), lb_common::SynCounts::default());
+    assert_eq!(syn_counts(&rig, 0), lb_common::SynCounts::default());
+}

@@ -17,6 +17,8 @@ pub enum BackendState {
     SlowStart,
     Draining,
     Down,
+    /// Passive health: its clients' SYNs go unanswered.
+    Ejected,
 }
 
 impl BackendState {
@@ -26,6 +28,7 @@ impl BackendState {
             Self::SlowStart => "slow-start",
             Self::Draining => "draining",
             Self::Down => "down",
+            Self::Ejected => "ejected",
         }
     }
 }
@@ -223,6 +226,28 @@ pub struct BackendHealth {
     pub in_state_secs: f64,
     pub last_probe: Option<ProbeInfo>,
     pub probes: u64,
+    /// Passive health over its window (absent for a VIP without it).
+    #[serde(default)]
+    pub passive: Option<PassiveInfo>,
+    /// Held down after flapping probes: seconds left.
+    #[serde(default)]
+    pub flap_hold_secs: f64,
+}
+
+/// A backend's passive health, for `lbctl health`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PassiveInfo {
+    /// SYNs sent to it, and retransmitted SYNs of its clients, over the
+    /// window.
+    pub syns: u64,
+    pub retransmits: u64,
+    pub ratio: f64,
+    /// Ejections in a row (decaying).
+    pub ejections: u32,
+    /// Seconds of ejection left (0: not ejected).
+    pub ejected_secs: f64,
+    /// It qualifies but `max_ejection_percent` is reached.
+    pub held_back: bool,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

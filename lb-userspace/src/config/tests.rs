@@ -693,6 +693,7 @@ fn the_annotated_example_names_every_setting() {
     all.extend(fields_of::<BackendConfig>());
     all.extend(fields_of::<HealthCheck>());
     all.extend(fields_of::<HttpCheck>());
+    all.extend(fields_of::<crate::passive::PassiveHealth>());
     all.extend(fields_of::<super::announce::AnnounceConfig>());
     all.extend(fields_of::<super::announce::bgp::BgpConfig>());
     all.extend(fields_of::<super::announce::bgp::PeerConfig>());

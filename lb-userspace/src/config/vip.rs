@@ -311,6 +311,8 @@ pub struct VipConfig {
     /// least this many of its backends are usable (active or in slow
     /// start). 0 announces it whenever the program is attached.
     pub min_healthy: u32,
+    /// Ejecting backends whose clients' SYNs go unanswered.
+    pub passive_health: crate::passive::PassiveHealth,
 }
 
 impl VipConfig {
@@ -327,6 +329,7 @@ impl VipConfig {
             slow_start: Duration::ZERO,
             panic_threshold: default_panic_threshold(),
             min_healthy: default_min_healthy(),
+            passive_health: Default::default(),
         }
     }
 
@@ -371,6 +374,8 @@ pub struct RawVip {
     panic_threshold: u32,
     #[serde(default = "default_min_healthy")]
     min_healthy: u32,
+    #[serde(default)]
+    passive_health: crate::passive::PassiveHealth,
 }
 
 pub(crate) fn yes() -> bool {
@@ -394,6 +399,7 @@ impl RawVip {
             slow_start: self.slow_start,
             panic_threshold: self.panic_threshold,
             min_healthy: self.min_healthy,
+            passive_health: self.passive_health,
         }
     }
 }
@@ -424,6 +430,7 @@ impl Serialize for VipConfig {
             slow_start: Duration,
             panic_threshold: u32,
             min_healthy: u32,
+            passive_health: &'a crate::passive::PassiveHealth,
         }
         Out {
             address: self.id.addr,
@@ -441,6 +448,7 @@ impl Serialize for VipConfig {
             slow_start: self.slow_start,
             panic_threshold: self.panic_threshold,
             min_healthy: self.min_healthy,
+            passive_health: &self.passive_health,
         }
         .serialize(s)
     }
@@ -668,8 +676,11 @@ impl VipRules<'_> {
         }
     }
 
-    /// Panic threshold, timers and `min_healthy`.
+    /// Panic threshold, timers, `min_healthy` and passive health.
     fn settings(&mut self, vip: &VipConfig, at: &str) {
+        for (field, message) in vip.passive_health.problems() {
+            self.err(format!("{at}.passive_health.{field}"), message);
+        }
         if vip.panic_threshold > 100 {
             self.err(
                 format!("{at}.panic_threshold"),

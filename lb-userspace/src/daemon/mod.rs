@@ -26,6 +26,7 @@
 pub mod announce;
 pub mod commit;
 pub mod metrics;
+pub mod passive;
 pub mod preview;
 pub mod probes;
 pub mod reload;
@@ -249,6 +250,9 @@ impl<D: Dataplane> Daemon<D> {
         self.refresh_metrics();
         self.check_deadline();
         self.expire_trace();
+        if self.passive_tick() {
+            self.pending = true;
+        }
         if self.pending {
             self.replan();
         } else {

@@ -663,3 +663,60 @@ async fn metrics_report_counters_states_and_digests_after_a_tick() {
         eprintln!("{text}");
     }
 }
+
+/// Adds `syns` SYNs (of which `retransmits` retransmitted) to the fake
+/// dataplane's counters of backend `addr` of WEB.
+fn syns(r: &mut Rig, addr: &str, syns: u64, retransmits: u64) {
+    let handle = r.daemon.reconciler.vips()[&id(WEB)].backends[&ip(addr)].handle;
+    let index = (handle & lb_common::consts::BACKEND_INDEX_MASK) as usize;
+    let c = &mut r.daemon.reconciler.dataplane_mut().backend_syns[index];
+    c.syns += syns;
+    c.retransmits += retransmits;
+}
+
+#[tokio::test]
+async fn a_backend_whose_clients_retry_their_syns_is_ejected_and_keeps_its_flows() {
+    let text = FILE.replace(
+        "      - address: 10.1.0.2\n",
+        "      - address: 10.1.0.2\n      - address: 10.1.0.3\n",
+    );
+    let mut r = rig(&text);
+    for _ in 0..4 {
+        syns(&mut r, "10.1.0.1", 10, 0);
+        syns(&mut r, "10.1.0.2", 10, 9);
+        syns(&mut r, "10.1.0.3", 10, 1);
+        r.daemon.tick();
+    }
+    assert_eq!(
+        r.in_table(WEB),
+        BTreeSet::from([ip("10.1.0.1"), ip("10.1.0.3")]),
+        "10.1.0.2 out of the table"
+    );
+    let health: Vec<api::VipHealth> = parse(r.ok(Request::Health).await);
+    let b = health[0]
+        .backends
+        .iter()
+        .find(|b| b.address == ip("10.1.0.2"))
+        .unwrap();
+    assert_eq!(b.state, api::BackendState::Ejected);
+    let p = b.passive.as_ref().unwrap();
+    assert!(p.ejected_secs > 25.0 && p.ejections == 1, "{p:?}");
+    let list: Vec<api::VipInfo> = parse(r.ok(Request::Vip(VipRequest::List)).await);
+    let ejected = list[0]
+        .backends
+        .iter()
+        .find(|b| b.address == ip("10.1.0.2"))
+        .unwrap();
+    assert!(ejected.usable, "its existing connections continue");
+}
+
+#[tokio::test]
+async fn everyone_retrying_alike_ejects_nobody() {
+    let mut r = rig(FILE);
+    for _ in 0..6 {
+        syns(&mut r, "10.1.0.1", 20, 10);
+        syns(&mut r, "10.1.0.2", 10, 5);
+        r.daemon.tick();
+    }
+    assert_eq!(r.in_table(WEB).len(), 2);
+}

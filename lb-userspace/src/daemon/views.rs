@@ -63,6 +63,7 @@ pub(super) fn state_wire(s: BackendState) -> api::BackendState {
         BackendState::SlowStart => api::BackendState::SlowStart,
         BackendState::Draining => api::BackendState::Draining,
         BackendState::Down => api::BackendState::Down,
+        BackendState::Ejected => api::BackendState::Ejected,
     }
 }
 
@@ -410,6 +411,21 @@ fn backend_health(
                 detail: p.detail.clone(),
             }),
         probes: l.health.as_ref().map(|t| t.probes).unwrap_or(0),
+        passive: v.passive_health.enabled.then(|| {
+            let w = l.passive.window();
+            api::PassiveInfo {
+                syns: w.syns,
+                retransmits: w.retransmits,
+                ratio: w.ratio(),
+                ejections: l.passive.ejections,
+                ejected_secs: l.passive.left(now).as_secs_f64(),
+                held_back: l.passive.held_back,
+            }
+        }),
+        flap_hold_secs: l
+            .flaps
+            .held_until
+            .map_or(0.0, |t| t.saturating_duration_since(now).as_secs_f64()),
     }
 }
 

@@ -26,6 +26,8 @@ pub struct FakeDataplane {
     pub counters: Vec<CounterValue>,
     pub vip_stats: Vec<CounterValue>,
     pub backend_stats: Vec<CounterValue>,
+    /// SYN counts tests may set (passive health).
+    pub backend_syns: Vec<lb_common::SynCounts>,
     /// When set, every write fails with this message.
     pub fail_writes: Option<String>,
     /// Number of successful map writes (element updates), for "writes only
@@ -47,6 +49,7 @@ impl FakeDataplane {
             counters: vec![CounterValue::default(); COUNTER_SLOTS as usize],
             vip_stats: vec![CounterValue::default(); layout.max_vips as usize],
             backend_stats: vec![CounterValue::default(); layout.max_backends as usize],
+            backend_syns: vec![lb_common::SynCounts::default(); layout.max_backends as usize],
             fail_writes: None,
             writes: 0,
         }
@@ -182,7 +185,12 @@ impl Dataplane for FakeDataplane {
         let i = range("backend", index, self.backend_stats.len())?;
         self.write(1)?;
         self.backend_stats[i] = CounterValue::default();
+        self.backend_syns[i] = lb_common::SynCounts::default();
         Ok(())
+    }
+
+    fn backend_syns(&self, index: u32) -> Result<lb_common::SynCounts> {
+        Ok(self.backend_syns[range("backend", index, self.backend_syns.len())?])
     }
 
     fn flow_bucket(&self, index: u32) -> Result<FlowBucket> {

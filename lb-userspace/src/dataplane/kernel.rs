@@ -21,12 +21,12 @@ use aya::{
     },
 };
 use lb_common::{
-    BackendDef, CounterValue, DatapathConfig, FlowBucket, TableChunk, TraceFilter, VipFilter,
-    VipKey, VipMeta,
+    BackendDef, CounterValue, DatapathConfig, FlowBucket, SynCounts, TableChunk, TraceFilter,
+    VipFilter, VipKey, VipMeta,
     consts::{
-        ALL_MAPS, MAP_BACKEND_STATS, MAP_BACKENDS, MAP_CONFIG, MAP_COUNTERS, MAP_FLOWS, MAP_TABLES,
-        MAP_TRACE, MAP_TRACE_EVENTS, MAP_VIP_FILTER, MAP_VIP_STATS, MAP_VIPS, PROG_LB,
-        PROG_LB_TRACE, PROG_PROBE_ENCAP, TABLE_CHUNK_SLOTS, TRACE_RING_BYTES,
+        ALL_MAPS, MAP_BACKEND_STATS, MAP_BACKEND_SYNS, MAP_BACKENDS, MAP_CONFIG, MAP_COUNTERS,
+        MAP_FLOWS, MAP_TABLES, MAP_TRACE, MAP_TRACE_EVENTS, MAP_VIP_FILTER, MAP_VIP_STATS,
+        MAP_VIPS, PROG_LB, PROG_LB_TRACE, PROG_PROBE_ENCAP, TABLE_CHUNK_SLOTS, TRACE_RING_BYTES,
     },
     counters::COUNTER_SLOTS,
 };
@@ -59,6 +59,8 @@ struct Maps {
     vip_filter: Array<MapData, VipFilter>,
     /// Absent in builds before tracing (a benchmark's baseline object).
     trace: Option<Array<MapData, TraceFilter>>,
+    /// Absent in builds before passive health (the same).
+    backend_syns: Option<PerCpuArray<MapData, SynCounts>>,
 }
 
 impl Maps {
@@ -85,6 +87,10 @@ impl Maps {
             vip_filter: typed(ebpf, MAP_VIP_FILTER)?,
             trace: match ebpf.map(MAP_TRACE) {
                 Some(_) => Some(typed(ebpf, MAP_TRACE)?),
+                None => None,
+            },
+            backend_syns: match ebpf.map(MAP_BACKEND_SYNS) {
+                Some(_) => Some(typed(ebpf, MAP_BACKEND_SYNS)?),
                 None => None,
             },
         })
@@ -129,7 +135,8 @@ impl KernelDataplane {
             .map_max_entries(MAP_TABLES, layout.table_map_entries())
             .map_max_entries(MAP_FLOWS, layout.ct_buckets)
             .map_max_entries(MAP_VIP_STATS, layout.max_vips)
-            .map_max_entries(MAP_BACKEND_STATS, layout.max_backends);
+            .map_max_entries(MAP_BACKEND_STATS, layout.max_backends)
+            .map_max_entries(MAP_BACKEND_SYNS, layout.max_backends);
         if let Some(dir) = pin_dir {
             for name in ALL_MAPS {
                 loader.map_pin_path(name, dir.join(name));
@@ -294,7 +301,7 @@ fn per_cpu_sum(map: &Counts, name: &'static str, index: u32) -> Result<CounterVa
 }
 
 /// Sizes of each map for `layout`: (name, max entries, value size).
-fn expected_maps(layout: &Layout) -> [(&'static str, u32, u32); 11] {
+fn expected_maps(layout: &Layout) -> [(&'static str, u32, u32); 12] {
     use std::mem::size_of;
     let v = |n: usize| n as u32;
     [
@@ -321,6 +328,11 @@ fn expected_maps(layout: &Layout) -> [(&'static str, u32, u32); 11] {
         (MAP_VIP_FILTER, 1, v(size_of::<VipFilter>())),
         (MAP_TRACE, 1, v(size_of::<TraceFilter>())),
         (MAP_TRACE_EVENTS, TRACE_RING_BYTES, 0),
+        (
+            MAP_BACKEND_SYNS,
+            layout.max_backends,
+            v(size_of::<SynCounts>()),
+        ),
     ]
 }
 
@@ -447,7 +459,27 @@ impl Dataplane for KernelDataplane {
     }
 
     fn clear_backend_stats(&mut self, index: u32) -> Result<()> {
-        per_cpu_clear(&mut self.maps.backend_stats, MAP_BACKEND_STATS, index)
+        per_cpu_clear(&mut self.maps.backend_stats, MAP_BACKEND_STATS, index)?;
+        if let Some(syns) = &mut self.maps.backend_syns {
+            let cpus = aya::util::nr_cpus().map_err(|(_, e)| DataplaneError::Io(e))?;
+            let zeros = PerCpuValues::try_from(vec![SynCounts::default(); cpus])
+                .map_err(DataplaneError::Io)?;
+            syns.set(index, zeros, 0)
+                .map_err(map_err(MAP_BACKEND_SYNS))?;
+        }
+        Ok(())
+    }
+
+    fn backend_syns(&self, index: u32) -> Result<SynCounts> {
+        let Some(map) = &self.maps.backend_syns else {
+            return Ok(SynCounts::default());
+        };
+        let values = map.get(&index, 0).map_err(map_err(MAP_BACKEND_SYNS))?;
+        let mut sum = SynCounts::default();
+        for v in values.iter() {
+            sum += *v;
+        }
+        Ok(sum)
     }
 
     fn flow_bucket(&self, index: u32) -> Result<FlowBucket> {

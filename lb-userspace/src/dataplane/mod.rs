@@ -210,6 +210,9 @@ pub trait Dataplane {
     fn clear_vip_stats(&mut self, vip_id: u32) -> Result<()>;
     /// Zeroes a backend index's counters on every CPU (before reuse).
     fn clear_backend_stats(&mut self, index: u32) -> Result<()>;
+    /// A backend index's SYNs and retransmitted SYNs, summed over CPUs
+    /// (zero for a program without them).
+    fn backend_syns(&self, index: u32) -> Result<lb_common::SynCounts>;
 
     fn flow_bucket(&self, index: u32) -> Result<FlowBucket>;
     fn set_flow_bucket(&mut self, index: u32, bucket: &FlowBucket) -> Result<()>;

@@ -97,6 +97,10 @@ const RANK_SAME_FLOW: u32 = 0x3_0000;
 pub enum Evicted {
     /// Nothing live: the flow's own way or an empty one.
     Nothing,
+    /// The flow's own way, unconfirmed and young: its previous packet (a
+    /// SYN, for the callers that care) went to backend `handle` and was
+    /// not followed by anything else from the client.
+    Repeated { handle: u32 },
     /// A live entry that had seen one packet.
     Unconfirmed,
     /// A live entry that had seen more than one: an established flow lost
@@ -105,11 +109,15 @@ pub enum Evicted {
 }
 
 /// Records `tag → handle`, unconfirmed, in the way [`eviction_rank`]
-/// puts first (the first such way on a tie).
+/// puts first (the first such way on a tie). `window`: how many stamp
+/// ticks old the flow's own unconfirmed entry may be to count as
+/// [`Evicted::Repeated`].
 #[inline(always)]
-pub fn insert(bucket: *mut FlowBucket, tag: u32, handle: u32, now: u16) -> Evicted {
+pub fn insert(bucket: *mut FlowBucket, tag: u32, handle: u32, now: u16, window: u16) -> Evicted {
     let mut best = 0;
     let mut best_rank = 0u32;
+    let mut best_entry = FlowEntry::EMPTY;
+    let mut best_stamp = 0u16;
     for way in 0..CT_WAYS {
         // SAFETY: live map value; `way < CT_WAYS`.
         let (e, stamp) = unsafe {
@@ -122,6 +130,8 @@ pub fn insert(bucket: *mut FlowBucket, tag: u32, handle: u32, now: u16) -> Evict
         if way == 0 || rank > best_rank {
             best = way;
             best_rank = rank;
+            best_entry = e;
+            best_stamp = stamp;
         }
     }
     // SAFETY: live map value; `best < CT_WAYS`; one aligned 8-byte store.
@@ -129,7 +139,14 @@ pub fn insert(bucket: *mut FlowBucket, tag: u32, handle: u32, now: u16) -> Evict
         core::ptr::write_volatile(&mut (*bucket).entries[best], FlowEntry::new(tag, handle));
         (*bucket).stamps[best] = now;
     }
-    if best_rank >= RANK_EMPTY {
+    if best_rank == RANK_SAME_FLOW
+        && best_stamp & CT_STAMP_CONFIRMED == 0
+        && now.wrapping_sub(best_stamp) & CT_STAMP_TIME <= window
+    {
+        Evicted::Repeated {
+            handle: best_entry.handle(),
+        }
+    } else if best_rank >= RANK_EMPTY {
         Evicted::Nothing
     } else if best_rank >= RANK_UNCONFIRMED {
         Evicted::Unconfirmed

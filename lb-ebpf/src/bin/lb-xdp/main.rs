@@ -23,8 +23,8 @@ use lb_common::{
     BackendDef, Counter, DatapathConfig, VIP_FILTER_WORDS, VipKey, VipMeta,
     consts::{
         BACKEND_F_USABLE, BACKEND_INDEX_MASK, CFG_F_ALL_PORTS_VIPS, CFG_F_DROP_MALFORMED,
-        CFG_F_ICMP_ECHO, CFG_F_PASS_TOO_BIG, CFG_F_TRACE, FAMILY_V4, KEY_FRAGMENTS,
-        VIP_F_FRAG_HASH, VIP_F_NO_BACKENDS, VIP_F_NO_CONNTRACK,
+        CFG_F_ICMP_ECHO, CFG_F_PASS_TOO_BIG, CFG_F_TRACE, CT_STAMP_TIME, CT_SYN_WINDOW_DEFAULT,
+        FAMILY_V4, KEY_FRAGMENTS, VIP_F_FRAG_HASH, VIP_F_NO_BACKENDS, VIP_F_NO_CONNTRACK,
     },
     counters::Kind,
     flow::{ct_position, hash_v4, hash_v6, vip_filter_bit},
@@ -136,8 +136,13 @@ fn decide<const TRACE: bool>(
     };
     let outcome = match bucket {
         Some(bucket) if meta.flags & VIP_F_NO_CONNTRACK == 0 => {
-            match conntrack::insert(bucket, tag, def.handle, conntrack::now()) {
-                conntrack::Evicted::Nothing => {}
+            let window = syn_window(cfg);
+            let evicted = conntrack::insert(bucket, tag, def.handle, conntrack::now(), window);
+            if syn {
+                stats::syn(def.handle & BACKEND_INDEX_MASK, repeat_of(evicted));
+            }
+            match evicted {
+                conntrack::Evicted::Nothing | conntrack::Evicted::Repeated { .. } => {}
                 conntrack::Evicted::Unconfirmed => stats::count(Counter::CtEvicted, pkt.frame_len),
                 conntrack::Evicted::Confirmed => {
                     stats::count(Counter::CtEvicted, pkt.frame_len);
@@ -149,6 +154,25 @@ fn decide<const TRACE: bool>(
         _ => Counter::FwdMaglevNoConntrack,
     };
     forward::<TRACE>(ctx, cfg, def, pkt, hash, outcome)
+}
+
+/// How old (stamp ticks) a flow's unconfirmed entry may be for a new SYN
+/// of it to be a retransmission.
+#[inline(always)]
+fn syn_window(cfg: &DatapathConfig) -> u16 {
+    match cfg.syn_window {
+        0 => CT_SYN_WINDOW_DEFAULT,
+        w => w.min(CT_STAMP_TIME as u32) as u16,
+    }
+}
+
+/// The backend index an unanswered earlier SYN of the flow went to.
+#[inline(always)]
+fn repeat_of(evicted: conntrack::Evicted) -> Option<u32> {
+    match evicted {
+        conntrack::Evicted::Repeated { handle } => Some(handle & BACKEND_INDEX_MASK),
+        _ => None,
+    }
 }
 
 /// The flow hash of `{src, dst, ports, proto}` in address family `family`.

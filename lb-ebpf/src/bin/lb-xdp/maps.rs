@@ -7,8 +7,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
 use lb_common::{
-    BackendDef, CounterValue, DatapathConfig, FlowBucket, TableChunk, TraceFilter, VipFilter,
-    VipKey, VipMeta, consts::TRACE_RING_BYTES, counters::COUNTER_SLOTS,
+    BackendDef, CounterValue, DatapathConfig, FlowBucket, SynCounts, TableChunk, TraceFilter,
+    VipFilter, VipKey, VipMeta, consts::TRACE_RING_BYTES, counters::COUNTER_SLOTS,
 };
 
 /// One element: the global datapath configuration.
@@ -44,6 +44,10 @@ pub static LB_VIP_STATS: PerCpuArray<CounterValue> = PerCpuArray::with_max_entri
 /// Per-backend packets and bytes forwarded, per CPU.
 #[map]
 pub static LB_BACKEND_STATS: PerCpuArray<CounterValue> = PerCpuArray::with_max_entries(256, 0);
+
+/// Per-backend SYNs and retransmitted SYNs, per CPU (passive health).
+#[map]
+pub static LB_BACKEND_SYNS: PerCpuArray<SynCounts> = PerCpuArray::with_max_entries(256, 0);
 
 /// One element: the VIP filter (see `lb_common::VipFilter`).
 #[map]

@@ -3,7 +3,7 @@
 use aya_ebpf::maps::PerCpuArray;
 use lb_common::{Counter, CounterValue};
 
-use crate::maps::{LB_BACKEND_STATS, LB_COUNTERS, LB_VIP_STATS};
+use crate::maps::{LB_BACKEND_STATS, LB_BACKEND_SYNS, LB_COUNTERS, LB_VIP_STATS};
 
 #[inline(always)]
 fn bump(map: &PerCpuArray<CounterValue>, index: u32, bytes: u32) {
@@ -30,4 +30,20 @@ pub fn vip(vip_id: u32, bytes: u32) {
 #[inline(always)]
 pub fn backend(index: u32, bytes: u32) {
     bump(&LB_BACKEND_STATS, index, bytes);
+}
+
+/// A SYN sent to backend `index`; `repeat_of`: the backend index its
+/// unanswered predecessor went to, if it is a retransmission.
+#[inline(always)]
+pub fn syn(index: u32, repeat_of: Option<u32>) {
+    if let Some(c) = LB_BACKEND_SYNS.get_ptr_mut(index) {
+        // SAFETY: a per-CPU value: no other writer.
+        unsafe { (*c).syns += 1 };
+    }
+    if let Some(old) = repeat_of
+        && let Some(c) = LB_BACKEND_SYNS.get_ptr_mut(old)
+    {
+        // SAFETY: as above.
+        unsafe { (*c).retransmits += 1 };
+    }
 }

@@ -278,6 +278,37 @@ pub fn print_vips(vips: Vec<VipInfo>) -> Result<()> {
     Ok(())
 }
 
+/// The probes' verdict, and a hold after flapping.
+fn health_word(b: &lb::api::BackendHealth) -> String {
+    if b.flap_hold_secs > 0.0 {
+        format!(
+            "{}, held {} (flapping)",
+            b.health,
+            duration(b.flap_hold_secs)
+        )
+    } else {
+        b.health.clone()
+    }
+}
+
+/// Passive health over its window: `120 (3, 2%)`, and the ejection.
+fn passive_word(b: &lb::api::BackendHealth) -> String {
+    let Some(p) = &b.passive else {
+        return "-".into();
+    };
+    let mut text = format!("{} ({}, {:.0}%)", p.syns, p.retransmits, p.ratio * 100.0);
+    if p.ejected_secs > 0.0 {
+        text.push_str(&format!(
+            "; ejected #{} for {}",
+            p.ejections,
+            duration(p.ejected_secs)
+        ));
+    } else if p.held_back {
+        text.push_str("; not ejected: max_ejection_percent reached");
+    }
+    text
+}
+
 fn state_name(s: lb::api::BackendState) -> &'static str {
     s.name()
 }
@@ -306,11 +337,12 @@ pub fn print_health(vips: Vec<VipHealth>) -> Result<()> {
                 v.vip.to_string(),
                 b.address.to_string(),
                 state_name(b.state).into(),
-                b.health.clone(),
+                health_word(b),
                 format!("{:.2}", b.effective_weight),
                 duration(b.in_state_secs),
                 last,
                 latency,
+                passive_word(b),
             ]);
         }
     }
@@ -324,6 +356,7 @@ pub fn print_health(vips: Vec<VipHealth>) -> Result<()> {
             "in state",
             "last probe",
             "latency",
+            "syns (retransmitted)",
         ],
         rows,
     );

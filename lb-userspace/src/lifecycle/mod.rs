@@ -9,8 +9,16 @@
 //!   recovered;
 //! - `draining` (operator): out of the table, its existing connections kept
 //!   through the connection table until `drain_timeout`, then cut;
-//! - `down` (probes failed): out of the table, its connection-table entries
-//!   ignored so its clients re-pick at once.
+//! - `down` (probes failed, or a flapping backend held down: see
+//!   [`flaps`]): out of the table, its connection-table entries ignored so
+//!   its clients re-pick at once;
+//! - `ejected` (passive health, [`crate::passive`]: its clients' SYNs go
+//!   unanswered): out of the table for new flows, its existing connections
+//!   kept (as draining), back after the ejection, slow-starting.
+//!
+//! Ejected and held-down backends count as unhealthy for the panic
+//! threshold, so they never take more than it allows: below it, the table
+//! is built from every candidate again.
 //!
 //! Panic threshold: when fewer than `panic_threshold`% of a VIP's
 //! candidates (weight > 0, not drained) are healthy, the table is built from
@@ -25,11 +33,17 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
+mod flaps;
+mod passive;
+
 use crate::{
     announce::policy::VipCounts,
     config::{VipConfig, VipId},
     health::{ProbeResult, Tracker},
+    passive::Passive,
 };
+
+pub use self::flaps::Flaps;
 
 /// Configured weights are multiplied by this, so a slow start can ramp in
 /// fine steps while shares stay those of the configured weights.
@@ -42,6 +56,7 @@ pub enum BackendState {
     SlowStart,
     Draining,
     Down,
+    Ejected,
 }
 
 /// One backend of one VIP.
@@ -56,6 +71,17 @@ pub struct BackendLife {
     pub state_since: Instant,
     /// The weight handed to the dataplane (scaled).
     pub effective_weight: u32,
+    /// Passive health: SYN counters and ejections.
+    pub passive: Passive,
+    /// Probe verdict changes, and the hold after flapping.
+    pub flaps: Flaps,
+}
+
+impl BackendLife {
+    /// Healthy for the table: probes (if any) say up and no hold.
+    fn up(&self, now: Instant) -> bool {
+        self.health.as_ref().is_none_or(Tracker::is_up) && !self.flaps.held(now)
+    }
 }
 
 #[derive(Clone, Debug, Default)]
@@ -127,6 +153,8 @@ impl Lifecycle {
                         state: BackendState::Active,
                         state_since: now,
                         effective_weight: 0,
+                        passive: Passive::default(),
+                        flaps: Flaps::default(),
                     });
                 match (check, &entry.health) {
                     (None, _) => entry.health = None,
@@ -177,8 +205,10 @@ impl Lifecycle {
         let had_verdict = t.has_verdict();
         match t.record(result) {
             Some(up) => {
+                // A held recovery ramps up once the hold ends.
+                let hold = b.flaps.change(up, now);
                 if up {
-                    b.joined = now;
+                    b.joined = now + hold.unwrap_or_default();
                 }
                 ProbeEffect::Changed
             }
@@ -194,66 +224,17 @@ impl Lifecycle {
             let Some(life) = self.vips.get_mut(&vip.id) else {
                 continue;
             };
+            let panic = panic_mode(vip, life, now, &mut plan.events);
             let mut eff = vip.clone();
-            let mut candidates = 0u32;
-            let mut healthy = 0u32;
-            for b in &vip.backends {
-                let Some(l) = life.backends.get(&b.address) else {
-                    continue;
-                };
-                if b.weight > 0 && l.drained_since.is_none() {
-                    candidates += 1;
-                    if l.health.as_ref().is_none_or(Tracker::is_up) {
-                        healthy += 1;
-                    }
-                }
-            }
-            let panic = candidates > 0 && healthy * 100 < vip.panic_threshold * candidates;
-            if panic != life.panic {
-                life.panic = panic;
-                if panic {
-                    life.panic_entered += 1;
-                    plan.events.push(format!(
-                        "VIP {}: only {healthy} of {candidates} backends are healthy (below {}%): panic mode, the table uses all {candidates}",
-                        vip.id, vip.panic_threshold
-                    ));
-                } else {
-                    plan.events.push(format!(
-                        "VIP {}: {healthy} of {candidates} backends healthy again: panic mode over",
-                        vip.id
-                    ));
-                }
-            }
             for (eb, b) in eff.backends.iter_mut().zip(&vip.backends) {
                 let Some(l) = life.backends.get_mut(&b.address) else {
                     continue;
                 };
-                let up = l.health.as_ref().is_none_or(Tracker::is_up);
-                let full = b.weight * WEIGHT_SCALE;
-                let (state, weight, usable) = if let Some(since) = l.drained_since {
-                    let keep = now.saturating_duration_since(since) < vip.drain_timeout;
-                    plan.pending |= keep;
-                    (BackendState::Draining, 0, keep)
-                } else if panic && b.weight > 0 {
-                    let state = if up {
-                        BackendState::Active
-                    } else {
-                        BackendState::Down
-                    };
-                    (state, full, true)
-                } else if !up {
-                    (BackendState::Down, 0, false)
-                } else {
-                    let elapsed = now.saturating_duration_since(l.joined);
-                    if !vip.slow_start.is_zero() && elapsed < vip.slow_start && b.weight > 0 {
-                        plan.pending = true;
-                        let frac = elapsed.as_secs_f64() / vip.slow_start.as_secs_f64();
-                        let w = ((full as f64 * frac) as u32).max(1);
-                        (BackendState::SlowStart, w, true)
-                    } else {
-                        (BackendState::Active, full, true)
-                    }
-                };
+                let (state, weight, usable) = backend_plan(vip, b.weight, l, panic, now);
+                plan.pending |= matches!(state, BackendState::SlowStart)
+                    || (state == BackendState::Draining && usable)
+                    || l.flaps.held(now)
+                    || l.passive.is_ejected(now);
                 if state != l.state {
                     l.state = state;
                     l.state_since = now;
@@ -265,6 +246,79 @@ impl Lifecycle {
             plan.vips.push(eff);
         }
         plan
+    }
+}
+
+/// Whether `vip` is in panic mode now (fewer than `panic_threshold`% of
+/// its candidates healthy, ejected and held ones counting as unhealthy);
+/// a change is an event.
+fn panic_mode(vip: &VipConfig, life: &mut VipLife, now: Instant, events: &mut Vec<String>) -> bool {
+    let mut candidates = 0u32;
+    let mut healthy = 0u32;
+    for b in &vip.backends {
+        let Some(l) = life.backends.get(&b.address) else {
+            continue;
+        };
+        if b.weight > 0 && l.drained_since.is_none() {
+            candidates += 1;
+            if l.up(now) && !l.passive.is_ejected(now) {
+                healthy += 1;
+            }
+        }
+    }
+    let panic = candidates > 0 && healthy * 100 < vip.panic_threshold * candidates;
+    if panic != life.panic {
+        life.panic = panic;
+        if panic {
+            life.panic_entered += 1;
+            events.push(format!(
+                "VIP {}: only {healthy} of {candidates} backends are healthy (below {}%): panic mode, the table uses all {candidates}",
+                vip.id, vip.panic_threshold
+            ));
+        } else {
+            events.push(format!(
+                "VIP {}: {healthy} of {candidates} backends healthy again: panic mode over",
+                vip.id
+            ));
+        }
+    }
+    panic
+}
+
+/// One backend's state, effective (scaled) weight and whether its
+/// connection-table entries are honoured.
+fn backend_plan(
+    vip: &VipConfig,
+    weight: u32,
+    l: &BackendLife,
+    panic: bool,
+    now: Instant,
+) -> (BackendState, u32, bool) {
+    let full = weight * WEIGHT_SCALE;
+    let up = l.up(now);
+    if let Some(since) = l.drained_since {
+        let keep = now.saturating_duration_since(since) < vip.drain_timeout;
+        (BackendState::Draining, 0, keep)
+    } else if panic && weight > 0 {
+        let state = if up {
+            BackendState::Active
+        } else {
+            BackendState::Down
+        };
+        (state, full, true)
+    } else if !up {
+        (BackendState::Down, 0, false)
+    } else if l.passive.is_ejected(now) {
+        (BackendState::Ejected, 0, true)
+    } else {
+        let elapsed = now.saturating_duration_since(l.joined);
+        if !vip.slow_start.is_zero() && elapsed < vip.slow_start && weight > 0 {
+            let frac = elapsed.as_secs_f64() / vip.slow_start.as_secs_f64();
+            let w = ((full as f64 * frac) as u32).max(1);
+            (BackendState::SlowStart, w, true)
+        } else {
+            (BackendState::Active, full, true)
+        }
     }
 }
 
@@ -319,6 +373,7 @@ pub fn why_unusable(vip: &VipConfig, life: Option<&VipLife>) -> String {
             _ if b.weight == 0 => "weighted 0",
             Some(BackendState::Draining) => "draining",
             Some(BackendState::Down) => "down",
+            Some(BackendState::Ejected) => "ejected (passive health)",
             _ => "usable",
         };
         *causes.entry(cause).or_default() += 1;

@@ -1,0 +1,319 @@
+//! Passive health: ejecting backends that clients cannot reach, judged
+//! from the traffic itself. Pure policy, no I/O; the lifecycle feeds it
+//! each backend's SYN counters every tick and asks who is ejected.
+//!
+//! The signal. A client whose SYN gets no SYN-ACK sends the same SYN
+//! again (after ~1 s, then 3 s, 7 s...). The datapath counts, per backend,
+//! the SYNs sent to it and the retransmissions of SYNs that went to it
+//! unanswered (a SYN that finds its own flow's entry still holding only
+//! the earlier SYN). A backend whose SYNs are retransmitted far more than
+//! its peers' is failing its clients, whatever its probes say: a firewall
+//! rule on the service port, a full accept queue, the VIP missing from
+//! `lo`, a broken route back.
+//!
+//! The policy, per VIP, over a sliding `window`: a backend is ejected
+//! when it had at least `min_syns` SYNs, its retransmit ratio
+//! (retransmits / SYNs) is at least `ratio`, and at least `relative` times
+//! the ratio of the VIP's other backends pooled. A lossy client network or
+//! a SYN flood (spoofed sources never retransmit) moves every backend's
+//! ratio alike, so the relative test ejects nobody then. Ejected means no
+//! new flows, existing connections kept (as draining does). An ejection
+//! lasts `ejection` × 2^(n−1) for the n-th in a row, at most
+//! `max_ejection`; n decays by one for each `ejection` × 4 without one. At
+//! most `max_ejection_percent` of a VIP's backends (at least one of two or
+//! more) are ejected at once; a backend the cap holds back is named.
+
+use std::{
+    collections::VecDeque,
+    time::{Duration, Instant},
+};
+
+use serde::{Deserialize, Serialize};
+
+/// `passive_health:` of a VIP.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PassiveHealth {
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    #[serde(default = "default_window", with = "crate::config::duration")]
+    pub window: Duration,
+    #[serde(default = "default_min_syns")]
+    pub min_syns: u64,
+    #[serde(default = "default_ratio")]
+    pub ratio: f64,
+    #[serde(default = "default_relative")]
+    pub relative: f64,
+    #[serde(default = "default_ejection", with = "crate::config::duration")]
+    pub ejection: Duration,
+    #[serde(default = "default_max_ejection", with = "crate::config::duration")]
+    pub max_ejection: Duration,
+    #[serde(default = "default_max_percent")]
+    pub max_ejection_percent: u32,
+}
+
+// `f64` fields: equality is exact, as for any setting read from a file.
+impl Eq for PassiveHealth {}
+
+fn yes() -> bool {
+    true
+}
+fn default_window() -> Duration {
+    Duration::from_secs(30)
+}
+fn default_min_syns() -> u64 {
+    20
+}
+fn default_ratio() -> f64 {
+    0.3
+}
+fn default_relative() -> f64 {
+    3.0
+}
+fn default_ejection() -> Duration {
+    Duration::from_secs(30)
+}
+fn default_max_ejection() -> Duration {
+    Duration::from_secs(600)
+}
+fn default_max_percent() -> u32 {
+    50
+}
+
+impl Default for PassiveHealth {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            window: default_window(),
+            min_syns: default_min_syns(),
+            ratio: default_ratio(),
+            relative: default_relative(),
+            ejection: default_ejection(),
+            max_ejection: default_max_ejection(),
+            max_ejection_percent: default_max_percent(),
+        }
+    }
+}
+
+impl PassiveHealth {
+    /// Problems of the settings, as `(field, message)`.
+    pub fn problems(&self) -> Vec<(&'static str, String)> {
+        let mut out = Vec::new();
+        if self.window < Duration::from_secs(5) || self.window > Duration::from_secs(3600) {
+            out.push(("window", "must be between 5s and 1h".to_string()));
+        }
+        if !(0.0..=100.0).contains(&self.ratio) || self.ratio.is_nan() {
+            out.push(("ratio", format!("{} is out of range 0-100", self.ratio)));
+        }
+        if !(1.0..=1000.0).contains(&self.relative) {
+            out.push((
+                "relative",
+                format!("{} is out of range 1-1000", self.relative),
+            ));
+        }
+        if self.min_syns == 0 {
+            out.push(("min_syns", "must be at least 1".to_string()));
+        }
+        if self.ejection < Duration::from_secs(1) || self.max_ejection < self.ejection {
+            out.push((
+                "ejection",
+                "must be at least 1s and at most max_ejection".to_string(),
+            ));
+        }
+        if self.max_ejection_percent > 100 {
+            out.push((
+                "max_ejection_percent",
+                format!("{}% is out of range 0-100", self.max_ejection_percent),
+            ));
+        }
+        out
+    }
+
+    /// How many of `n` backends may be ejected at once.
+    pub fn cap(&self, n: usize) -> usize {
+        if n < 2 {
+            return 0;
+        }
+        (n * self.max_ejection_percent as usize / 100).max(1)
+    }
+}
+
+/// One backend's passive-health state.
+#[derive(Clone, Debug, Default)]
+pub struct Passive {
+    /// Cumulative `(syns, retransmits)` samples, oldest first, kept over
+    /// the window.
+    samples: VecDeque<(Instant, u64, u64)>,
+    /// Ejected until then.
+    pub ejected_until: Option<Instant>,
+    /// Ejections in a row (decaying).
+    pub ejections: u32,
+    /// When the last ejection ended (for the decay).
+    released_at: Option<Instant>,
+    /// Why it is not ejected although it qualifies (the cap), for display.
+    pub held_back: bool,
+}
+
+/// SYNs and retransmits over the window, and their ratio.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Window {
+    pub syns: u64,
+    pub retransmits: u64,
+}
+
+impl Window {
+    pub fn ratio(&self) -> f64 {
+        if self.syns == 0 {
+            0.0
+        } else {
+            self.retransmits as f64 / self.syns as f64
+        }
+    }
+}
+
+impl Passive {
+    /// Records the backend's cumulative counters at `now`; a counter that
+    /// went back (the backend's index was reused) restarts the series.
+    pub fn record(&mut self, now: Instant, syns: u64, retransmits: u64, window: Duration) {
+        if let Some(&(_, s, r)) = self.samples.back()
+            && (syns < s || retransmits < r)
+        {
+            self.samples.clear();
+        }
+        self.samples.push_back((now, syns, retransmits));
+        // Keep one sample at or before the window's start.
+        while self.samples.len() > 2 && self.samples[1].0 <= now.checked_sub(window).unwrap_or(now)
+        {
+            self.samples.pop_front();
+        }
+    }
+
+    /// SYNs and retransmits over the window.
+    pub fn window(&self) -> Window {
+        match (self.samples.front(), self.samples.back()) {
+            (Some(&(_, s0, r0)), Some(&(_, s1, r1))) => Window {
+                syns: s1 - s0,
+                retransmits: r1 - r0,
+            },
+            _ => Window::default(),
+        }
+    }
+
+    pub fn is_ejected(&self, now: Instant) -> bool {
+        self.ejected_until.is_some_and(|t| now < t)
+    }
+
+    /// Time left of the ejection.
+    pub fn left(&self, now: Instant) -> Duration {
+        self.ejected_until
+            .map_or(Duration::ZERO, |t| t.saturating_duration_since(now))
+    }
+
+    fn eject(&mut self, settings: &PassiveHealth, now: Instant) -> Duration {
+        self.decay(settings, now);
+        self.ejections = self.ejections.saturating_add(1);
+        let factor = 1u32 << (self.ejections - 1).min(16);
+        let length = (settings.ejection * factor).min(settings.max_ejection);
+        self.ejected_until = Some(now + length);
+        // The evidence is spent: the backend starts over when it returns.
+        self.samples.clear();
+        length
+    }
+
+    /// One ejection forgotten per `ejection × 4` since the last one ended.
+    fn decay(&mut self, settings: &PassiveHealth, now: Instant) {
+        let Some(at) = self.released_at else { return };
+        let period = settings.ejection * 4;
+        let healthy = now.saturating_duration_since(at);
+        let forget = (healthy.as_secs_f64() / period.as_secs_f64()) as u32;
+        self.ejections = self.ejections.saturating_sub(forget);
+    }
+}
+
+/// A change worth a log line.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Event {
+    Ejected {
+        index: usize,
+        length: Duration,
+        window: Window,
+        others: f64,
+    },
+    Released {
+        index: usize,
+    },
+    HeldBack {
+        index: usize,
+        window: Window,
+    },
+}
+
+/// Applies the policy to a VIP's backends (each `(state, candidate)`, a
+/// candidate being one the table may use: weighted, not drained, not down).
+pub fn evaluate(
+    settings: &PassiveHealth,
+    backends: &mut [(&mut Passive, bool)],
+    now: Instant,
+) -> Vec<Event> {
+    let mut events = Vec::new();
+    for (i, (p, _)) in backends.iter_mut().enumerate() {
+        if p.ejected_until.is_some_and(|t| now >= t) {
+            p.ejected_until = None;
+            p.released_at = Some(now);
+            events.push(Event::Released { index: i });
+        }
+    }
+    if !settings.enabled {
+        return events;
+    }
+    let windows: Vec<Window> = backends.iter().map(|(p, _)| p.window()).collect();
+    let cap = settings.cap(backends.len());
+    let mut ejected = backends.iter().filter(|(p, _)| p.is_ejected(now)).count();
+    for i in 0..backends.len() {
+        let (p, candidate) = &mut backends[i];
+        let w = windows[i];
+        if !*candidate || p.is_ejected(now) || w.syns < settings.min_syns {
+            p.held_back = false;
+            continue;
+        }
+        let others = pooled_ratio(&windows, i);
+        let qualifies = w.ratio() >= settings.ratio && w.ratio() >= settings.relative * others;
+        if !qualifies {
+            p.held_back = false;
+        } else if ejected >= cap {
+            if !p.held_back {
+                events.push(Event::HeldBack {
+                    index: i,
+                    window: w,
+                });
+            }
+            p.held_back = true;
+        } else {
+            p.held_back = false;
+            let length = p.eject(settings, now);
+            ejected += 1;
+            events.push(Event::Ejected {
+                index: i,
+                length,
+                window: w,
+                others,
+            });
+        }
+    }
+    events
+}
+
+/// The retransmit ratio of every backend but `i`, pooled.
+fn pooled_ratio(windows: &[Window], i: usize) -> f64 {
+    let (syns, retransmits) = windows
+        .iter()
+        .enumerate()
+        .filter(|(j, _)| *j != i)
+        .fold((0u64, 0u64), |(s, r), (_, w)| {
+            (s + w.syns, r + w.retransmits)
+        });
+    Window { syns, retransmits }.ratio()
+}
+
+#[cfg(test)]
+mod tests;

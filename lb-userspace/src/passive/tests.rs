@@ -1,0 +1,218 @@
+//! The passive-health policy over scripted counter series.
+
+use super::*;
+
+fn settings() -> PassiveHealth {
+    PassiveHealth {
+        window: Duration::from_secs(10),
+        min_syns: 10,
+        ratio: 0.3,
+        relative: 3.0,
+        ejection: Duration::from_secs(5),
+        max_ejection: Duration::from_secs(40),
+        max_ejection_percent: 50,
+        enabled: true,
+    }
+}
+
+/// `n` backends; each tick (1 s) backend i receives `syns[i]` SYNs of
+/// which `retransmits[i]` are retransmissions of its own.
+struct Series {
+    t0: Instant,
+    tick: u64,
+    totals: Vec<(u64, u64)>,
+    states: Vec<Passive>,
+}
+
+impl Series {
+    fn new(n: usize) -> Self {
+        Self {
+            t0: Instant::now(),
+            tick: 0,
+            totals: vec![(0, 0); n],
+            states: vec![Passive::default(); n],
+        }
+    }
+
+    fn now(&self) -> Instant {
+        self.t0 + Duration::from_secs(self.tick)
+    }
+
+    /// One tick; returns the events.
+    fn step(&mut self, s: &PassiveHealth, per_tick: &[(u64, u64)]) -> Vec<Event> {
+        self.tick += 1;
+        let now = self.now();
+        for (i, (syns, rt)) in per_tick.iter().enumerate() {
+            self.totals[i].0 += syns;
+            self.totals[i].1 += rt;
+            let (a, b) = self.totals[i];
+            self.states[i].record(now, a, b, s.window);
+        }
+        let mut refs: Vec<(&mut Passive, bool)> =
+            self.states.iter_mut().map(|p| (p, true)).collect();
+        evaluate(s, &mut refs, now)
+    }
+
+    fn ejected(&self) -> Vec<bool> {
+        let now = self.now();
+        self.states.iter().map(|p| p.is_ejected(now)).collect()
+    }
+}
+
+fn ejections(events: &[Event]) -> Vec<usize> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Ejected { index, .. } => Some(*index),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_backend_whose_syns_are_retransmitted_is_ejected_once_the_sample_suffices() {
+    let s = settings();
+    let mut series = Series::new(3);
+    // Backend 1 answers nothing: each SYN to it is retried.
+    let failing = [(3, 0), (3, 3), (3, 0)];
+    let first = series.step(&s, &failing);
+    assert!(ejections(&first).is_empty(), "3 SYNs are below min_syns");
+    let mut when = None;
+    for t in 0..5 {
+        if ejections(&series.step(&s, &failing)) == vec![1] {
+            when = Some(t + 2);
+            break;
+        }
+    }
+    // The first sample is the baseline (counters are cumulative since the
+    // maps were made): 12 SYNs in the window after the 5th tick.
+    assert_eq!(when, Some(5));
+    assert_eq!(series.ejected(), vec![false, true, false]);
+}
+
+#[test]
+fn a_shared_loss_or_a_flood_ejects_nobody() {
+    let s = settings();
+    // Everyone's SYNs are retried alike (a lossy client network).
+    let mut series = Series::new(3);
+    for _ in 0..20 {
+        assert!(ejections(&series.step(&s, &[(5, 2), (5, 2), (5, 3)])).is_empty());
+    }
+    // A spoofed flood: many SYNs, no retransmission at all.
+    let mut series = Series::new(3);
+    for _ in 0..20 {
+        assert!(ejections(&series.step(&s, &[(500, 0), (500, 0), (500, 1)])).is_empty());
+    }
+}
+
+#[test]
+fn the_absolute_threshold_keeps_a_slightly_worse_backend() {
+    let s = settings();
+    let mut series = Series::new(2);
+    // 20% retried, others 0%: relatively far worse, absolutely below 0.3.
+    for _ in 0..20 {
+        assert!(ejections(&series.step(&s, &[(10, 2), (10, 0)])).is_empty());
+    }
+}
+
+#[test]
+fn ejections_double_up_to_the_maximum_and_decay_when_healthy() {
+    let s = settings();
+    let mut series = Series::new(2);
+    let failing = [(5, 5), (5, 0)];
+    let mut lengths = Vec::new();
+    while lengths.len() < 5 {
+        for e in series.step(&s, &failing) {
+            if let Event::Ejected { length, .. } = e {
+                lengths.push(length.as_secs());
+            }
+        }
+    }
+    assert_eq!(lengths, vec![5, 10, 20, 40, 40]);
+    // Released, then healthy for 3 × (ejection × 4) = 60 s: three of the
+    // five ejections are forgotten, the next is the third: 4 × 5 s.
+    while series.ejected()[0] {
+        series.step(&s, &[(5, 0), (5, 0)]);
+    }
+    for _ in 0..60 {
+        series.step(&s, &[(5, 0), (5, 0)]);
+    }
+    let mut next = None;
+    while next.is_none() {
+        for e in series.step(&s, &failing) {
+            if let Event::Ejected { length, .. } = e {
+                next = Some(length.as_secs());
+            }
+        }
+    }
+    assert_eq!(next, Some(20));
+}
+
+#[test]
+fn the_cap_holds_back_all_but_max_ejection_percent_and_says_so() {
+    let s = PassiveHealth {
+        max_ejection_percent: 17,
+        ..settings()
+    };
+    let mut series = Series::new(6);
+    // Two of six fail: each stands out against the others, but the cap
+    // (17% of 6: one) lets only the first go; the second is held back.
+    let failing = [(5, 5), (5, 5), (5, 0), (5, 0), (5, 0), (5, 0)];
+    let mut ejected = Vec::new();
+    let mut held = Vec::new();
+    for _ in 0..6 {
+        for e in series.step(&s, &failing) {
+            match e {
+                Event::Ejected { index, .. } => ejected.push(index),
+                Event::HeldBack { index, .. } => held.push(index),
+                Event::Released { .. } => {}
+            }
+        }
+    }
+    assert_eq!(s.cap(6), 1);
+    assert_eq!(ejected, vec![0]);
+    assert_eq!(
+        held.first(),
+        Some(&1),
+        "the second is held back, and said so"
+    );
+    assert_eq!(series.ejected().iter().filter(|e| **e).count(), 1);
+    assert_eq!(s.cap(1), 0, "a lone backend has no peers to compare with");
+    assert_eq!(s.cap(3), 1);
+}
+
+#[test]
+fn all_failing_ejects_no_more_than_the_cap() {
+    let s = settings();
+    let mut series = Series::new(3);
+    for _ in 0..10 {
+        series.step(&s, &[(5, 5), (5, 5), (5, 5)]);
+    }
+    // Everyone's ratio is 1: relatively, nobody stands out.
+    assert!(series.ejected().iter().all(|e| !e));
+}
+
+#[test]
+fn a_reused_index_restarts_the_series() {
+    let s = settings();
+    let mut p = Passive::default();
+    let t = Instant::now();
+    p.record(t, 100, 50, s.window);
+    p.record(t + Duration::from_secs(1), 110, 55, s.window);
+    assert_eq!(
+        p.window(),
+        Window {
+            syns: 10,
+            retransmits: 5
+        }
+    );
+    p.record(t + Duration::from_secs(2), 3, 0, s.window);
+    assert_eq!(p.window(), Window::default());
+    let problems = PassiveHealth {
+        ratio: f64::NAN,
+        window: Duration::from_secs(1),
+        ..settings()
+    }
+    .problems();
+    assert_eq!(problems.len(), 2, "{problems:?}");
+}
