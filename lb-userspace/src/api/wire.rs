@@ -248,6 +248,9 @@ pub struct PassiveInfo {
     pub ejected_secs: f64,
     /// It qualifies but `max_ejection_percent` is reached.
     pub held_back: bool,
+    /// Why it is not ejected although its ratio is high, if so.
+    #[serde(default)]
+    pub note: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

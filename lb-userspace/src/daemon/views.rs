@@ -207,7 +207,11 @@ impl<D: Dataplane> Daemon<D> {
                         .iter()
                         .filter_map(|b| {
                             let l = life?.backends.get(&b.address)?;
-                            Some(backend_health(v, b, l, now))
+                            let mut row = backend_health(v, b, l, now);
+                            if let Some(p) = &mut row.passive {
+                                p.note = passive_note(v, life?, &b.address, now);
+                            }
+                            Some(row)
                         })
                         .collect(),
                 }
@@ -380,6 +384,35 @@ impl<D: Dataplane> Daemon<D> {
     }
 }
 
+/// Why a backend that looks bad to passive health is not ejected.
+fn passive_note(
+    v: &VipConfig,
+    life: &crate::lifecycle::VipLife,
+    addr: &IpAddr,
+    now: Instant,
+) -> Option<String> {
+    let s = &v.passive_health;
+    let l = life.backends.get(addr)?;
+    let w = l.passive.window();
+    if l.passive.is_ejected(now) || w.syns < s.min_syns || w.ratio() < s.ratio {
+        return None;
+    }
+    if l.passive.held_back {
+        return Some("not ejected: max_ejection_percent of the VIP's backends are".into());
+    }
+    let (syns, retransmits) = life
+        .backends
+        .iter()
+        .filter(|(a, _)| *a != addr)
+        .map(|(_, o)| o.passive.window())
+        .fold((0, 0), |(s, r), w| (s + w.syns, r + w.retransmits));
+    let others = crate::passive::Window { syns, retransmits }.ratio();
+    Some(format!(
+        "not ejected: the VIP's other backends see their SYNs retried alike ({:.0}%), so the cause is not this backend",
+        others * 100.0
+    ))
+}
+
 /// One backend's row of `lbctl health`.
 fn backend_health(
     v: &VipConfig,
@@ -420,6 +453,7 @@ fn backend_health(
                 ejections: l.passive.ejections,
                 ejected_secs: l.passive.left(now).as_secs_f64(),
                 held_back: l.passive.held_back,
+                note: None,
             }
         }),
         flap_hold_secs: l

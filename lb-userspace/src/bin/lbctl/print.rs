@@ -303,8 +303,9 @@ fn passive_word(b: &lb::api::BackendHealth) -> String {
             p.ejections,
             duration(p.ejected_secs)
         ));
-    } else if p.held_back {
-        text.push_str("; not ejected: max_ejection_percent reached");
+    } else if let Some(note) = &p.note {
+        text.push_str("; ");
+        text.push_str(note);
     }
     text
 }
