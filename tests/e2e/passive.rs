@@ -112,7 +112,11 @@ fn drop_client_syns(ns: &Netns) -> Result<()> {
     ns.run(
         "nft",
         &[
-            "add", "chain", "inet", "lbpassive", "in",
+            "add",
+            "chain",
+            "inet",
+            "lbpassive",
+            "in",
             "{ type filter hook input priority 0 ; }",
         ],
     )?;
@@ -120,8 +124,24 @@ fn drop_client_syns(ns: &Netns) -> Result<()> {
     ns.run(
         "nft",
         &[
-            "add", "rule", "inet", "lbpassive", "in", "ip", "saddr", &client, "tcp", "dport",
-            "80", "tcp", "flags", "&", "(syn|ack)", "==", "syn", "drop",
+            "add",
+            "rule",
+            "inet",
+            "lbpassive",
+            "in",
+            "ip",
+            "saddr",
+            &client,
+            "tcp",
+            "dport",
+            "80",
+            "tcp",
+            "flags",
+            "&",
+            "(syn|ack)",
+            "==",
+            "syn",
+            "drop",
         ],
     )?;
     Ok(())
@@ -193,8 +213,10 @@ fn a_backend_dropping_its_clients_syns_is_ejected_and_then_returns() {
         let streams = run_streams(&rig, 24_000..24_030)?;
         drop_client_syns(&rig.backend("be2").ns)?;
         let connector = Connector::start(&rig, 25_000, 20);
-        let took = wait(Duration::from_secs(8), || Ok(ejected(&lbd)? == vec![be2.clone()]))
-            .context("be2 ejected")?;
+        let took = wait(Duration::from_secs(8), || {
+            Ok(ejected(&lbd)? == vec![be2.clone()])
+        })
+        .context("be2 ejected")?;
         let ejected_at = Instant::now();
         eprintln!("be2 ejected {took:?} after its clients' SYNs started to drop");
         // Connections that start a moment after the ejection all succeed:
@@ -202,7 +224,10 @@ fn a_backend_dropping_its_clients_syns_is_ejected_and_then_returns() {
         std::thread::sleep(Duration::from_secs(4));
         let (ok, failed) = connector.outcomes(ejected_at + Duration::from_secs(1));
         if !failed.is_empty() || ok < 40 {
-            bail!("after the ejection: {ok} succeeded, {} failed: {failed:?}", failed.len());
+            bail!(
+                "after the ejection: {ok} succeeded, {} failed: {failed:?}",
+                failed.len()
+            );
         }
         // Connections on be2 from before go on (only SYNs are dropped).
         for r in finish(streams)? {
@@ -212,13 +237,19 @@ fn a_backend_dropping_its_clients_syns_is_ejected_and_then_returns() {
         }
         // Fixed: after the ejection (6 s) it slow-starts, then is active.
         undrop(&rig.backend("be2").ns)?;
-        wait(Duration::from_secs(10), || Ok(row(&lbd, &be2)?["state"] == "slow-start"))
-            .context("be2 back in slow start")?;
-        wait(Duration::from_secs(6), || Ok(row(&lbd, &be2)?["state"] == "active"))?;
+        wait(Duration::from_secs(10), || {
+            Ok(row(&lbd, &be2)?["state"] == "slow-start")
+        })
+        .context("be2 back in slow start")?;
+        wait(Duration::from_secs(6), || {
+            Ok(row(&lbd, &be2)?["state"] == "active")
+        })?;
         // Broken again: ejected for twice as long.
         drop_client_syns(&rig.backend("be2").ns)?;
-        wait(Duration::from_secs(10), || Ok(ejected(&lbd)? == vec![be2.clone()]))
-            .context("be2 ejected again")?;
+        wait(Duration::from_secs(10), || {
+            Ok(ejected(&lbd)? == vec![be2.clone()])
+        })
+        .context("be2 ejected again")?;
         let p = row(&lbd, &be2)?["passive"].clone();
         let left = p["ejected_secs"].as_f64().unwrap_or(0.0);
         if p["ejections"] != 2 || !(10.0..=12.5).contains(&left) {
@@ -242,15 +273,35 @@ fn backends_failing_alike_or_a_lossy_client_path_eject_nobody() {
         c.run(
             "nft",
             &[
-                "add", "chain", "inet", "lbloss", "in",
+                "add",
+                "chain",
+                "inet",
+                "lbloss",
+                "in",
                 "{ type filter hook input priority 0 ; }",
             ],
         )?;
         c.run(
             "nft",
             &[
-                "add", "rule", "inet", "lbloss", "in", "tcp", "flags", "&", "(syn|ack)", "==",
-                "syn|ack", "numgen", "random", "mod", "100", "<", "30", "drop",
+                "add",
+                "rule",
+                "inet",
+                "lbloss",
+                "in",
+                "tcp",
+                "flags",
+                "&",
+                "(syn|ack)",
+                "==",
+                "syn|ack",
+                "numgen",
+                "random",
+                "mod",
+                "100",
+                "<",
+                "30",
+                "drop",
             ],
         )?;
         let connector = Connector::start(&rig, 26_000, 20);
@@ -279,7 +330,10 @@ fn backends_failing_alike_or_a_lossy_client_path_eject_nobody() {
         if !health.contains("not ejected") {
             bail!("lbctl health does not say why:\n{health}");
         }
-        eprintln!("every backend dropping SYNs: {} ejected\n{health}", out.len());
+        eprintln!(
+            "every backend dropping SYNs: {} ejected\n{health}",
+            out.len()
+        );
         Ok(())
     })());
 }
