@@ -24,3 +24,7 @@ pub mod revisions;
 mod scratch;
 pub mod state;
 pub mod trace;
+
+/// `--version` of `lbd` and `lbctl`: the package version and the commit
+/// it was built from.
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("LB_GIT_COMMIT"), ")");

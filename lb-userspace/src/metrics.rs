@@ -54,8 +54,12 @@ pub struct BackendSample {
     pub address: String,
     pub packets: u64,
     pub bytes: u64,
-    /// `active`, `slow-start`, `draining` or `down`.
+    /// `active`, `slow-start`, `draining`, `down` or `ejected`.
     pub state: &'static str,
+    /// The datapath's SYNs to it and retransmitted ones (passive health),
+    /// since its handle was allocated.
+    pub syns: u64,
+    pub syn_retransmits: u64,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -301,6 +305,18 @@ const FAMILIES: &[(&str, &str, MetricType, &[&str])] = &[
         &["vip", "backend"],
     ),
     (
+        "lb_backend_syns_total",
+        "SYNs sent to the backend, retransmissions included (passive health).",
+        MetricType::COUNTER,
+        &["vip", "backend"],
+    ),
+    (
+        "lb_backend_syn_retransmits_total",
+        "Retransmitted SYNs of flows whose earlier SYN went to the backend unanswered.",
+        MetricType::COUNTER,
+        &["vip", "backend"],
+    ),
+    (
         "lb_backend_state",
         "1 for the backend's state (active, slow-start, draining, down, ejected), 0 for the others.",
         MetricType::GAUGE,
@@ -484,6 +500,9 @@ fn add_vips(f: &mut Families, s: &Snapshot) {
             let labels = [("vip", v.vip.as_str()), ("backend", b.address.as_str())];
             f.add("lb_backend_packets_total", &labels, b.packets as f64);
             f.add("lb_backend_bytes_total", &labels, b.bytes as f64);
+            f.add("lb_backend_syns_total", &labels, b.syns as f64);
+            let retransmits = "lb_backend_syn_retransmits_total";
+            f.add(retransmits, &labels, b.syn_retransmits as f64);
             for state in STATES {
                 let l = [labels[0], labels[1], ("state", state)];
                 f.add(

@@ -21,6 +21,7 @@ use anyhow::{Context as _, Result, bail};
 use lb_tests::{
     rig::{CLIENT, Lbd, Rig},
     scenario::{check, serial},
+    traffic::tcp_request,
 };
 
 /// Probes on the TCP VIP: a dead backend is down within ~1.3 s.
@@ -203,8 +204,25 @@ fn prometheus_scrapes_what_was_sent_and_a_dead_backend() {
             bail!("sent 37 datagrams to {udp}; Prometheus saw {seen}, then {settled:?}");
         }
 
-        let be2 = rig.backend("be2").addr.to_string();
+        // Eleven connections: eleven first SYNs over the backends, and no
+        // retransmission (every backend answers).
         let tcp = format!("{}/tcp", rig.tcp_vip());
+        let vip = rig.tcp_vip();
+        rig.client.within(move || -> Result<()> {
+            for sport in 31_000..31_011 {
+                tcp_request(CLIENT, sport, vip)?;
+            }
+            Ok(())
+        })??;
+        let syns = format!("sum(lb_backend_syns_total{{vip=\"{tcp}\"}})");
+        let seen_syns = wait_value(&rig, &syns, Duration::from_secs(15), |v| v >= 11.0)?;
+        let retried = format!("sum(lb_backend_syn_retransmits_total{{vip=\"{tcp}\"}})");
+        let retransmits = query(&rig, &retried)?;
+        if seen_syns != 11.0 || retransmits != Some(0.0) {
+            bail!("11 connections: Prometheus saw {seen_syns} SYNs, {retransmits:?} retransmitted");
+        }
+
+        let be2 = rig.backend("be2").addr.to_string();
         let down = format!("lb_backend_state{{vip=\"{tcp}\",backend=\"{be2}\",state=\"down\"}}");
         wait_value(&rig, &down, Duration::from_secs(10), |v| v == 0.0)?;
         rig.stop_server("be2");

@@ -40,12 +40,15 @@ fn vip() -> String {
     format!("{VIP}:{TCP_PORT}/tcp")
 }
 
+/// When a connection started, and the backend that answered or the error.
+type Outcome = (Instant, Result<String, String>);
+
 /// New connections from the client, `per_second` of them, each a request
 /// with a 5 s connect timeout (so a dropped SYN is retried twice).
 struct Connector {
     stop: Arc<AtomicBool>,
     /// (when it started, the backend that answered or the error)
-    results: Arc<Mutex<Vec<(Instant, Result<String, String>)>>>,
+    results: Arc<Mutex<Vec<Outcome>>>,
     thread: Option<JoinHandle<Result<()>>>,
 }
 

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use lb_common::{FlowEntry, counters::Counter};
+use lb_common::{FlowEntry, SynCounts, counters::Counter};
 
 use super::{Daemon, views::state_wire};
 use crate::{
@@ -123,17 +123,34 @@ impl<D: Dataplane> Daemon<D> {
                             let state = life
                                 .and_then(|l| l.backends.get(&b.address))
                                 .map_or("down", |l| state_wire(l.state).name());
+                            let syns = self.backend_syns(&vip.id, &b.address);
                             BackendSample {
                                 address: b.address.to_string(),
                                 packets: c.packets,
                                 bytes: c.bytes,
                                 state,
+                                syns: syns.syns,
+                                syn_retransmits: syns.retransmits,
                             }
                         })
                         .collect(),
                 }
             })
             .collect()
+    }
+
+    /// The datapath's SYN counts of one of `vip`'s backends (zero when it
+    /// has no handle or the object has no such map).
+    fn backend_syns(&self, vip: &crate::config::VipId, addr: &std::net::IpAddr) -> SynCounts {
+        self.reconciler
+            .vips()
+            .get(vip)
+            .and_then(|v| v.backends.get(addr))
+            .and_then(|b| {
+                let index = b.handle & lb_common::consts::BACKEND_INDEX_MASK;
+                self.reconciler.dataplane().backend_syns(index).ok()
+            })
+            .unwrap_or_default()
     }
 
     fn peer_samples(&self) -> Vec<PeerSample> {

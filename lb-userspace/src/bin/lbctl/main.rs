@@ -18,7 +18,7 @@ use lb::api::{self, ChangeOptions, Committed, NodeChange, NodeRequest, Request, 
 use serde::de::DeserializeOwned;
 
 #[derive(Parser)]
-#[command(version, about = "Control an lb balancer (lbd)")]
+#[command(name = "lbctl", version = lb::VERSION, about = "Control an lb balancer (lbd)")]
 struct Args {
     /// lbd's control socket (default: /run/lb/<instance>.sock).
     #[arg(short, long, global = true)]

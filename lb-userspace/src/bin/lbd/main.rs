@@ -22,7 +22,7 @@ use lb::{
 use tracing_subscriber::EnvFilter;
 
 #[derive(Parser)]
-#[command(version, about = "lb: XDP layer-4 load balancer daemon")]
+#[command(name = "lbd", version = lb::VERSION, about = "lb: XDP layer-4 load balancer daemon")]
 struct Args {
     /// Configuration file (YAML); before or after the subcommand.
     #[arg(short, long, global = true, default_value = "/etc/lb/lb.yaml")]
