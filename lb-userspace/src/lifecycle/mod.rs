@@ -607,6 +607,95 @@ mod tests {
         assert_eq!(l.vips[&v.id].panic_entered, 1);
     }
 
+    /// Feeds every backend of `v` 10 SYNs in a second, those of `failing`
+    /// all retransmitted, applying the policy at each sample.
+    fn syn_series(l: &mut Lifecycle, v: &VipConfig, failing: &[usize], t0: Instant) -> Instant {
+        let mut now = t0;
+        for s in 0..=1u64 {
+            now = t0 + Duration::from_secs(s);
+            for i in 1..=v.backends.len() {
+                let retransmits = if failing.contains(&i) { 10 * s } else { 0 };
+                l.record_syns(v, &addr(i), 10 * s, retransmits, now);
+            }
+            l.evaluate_passive(std::slice::from_ref(v), now);
+        }
+        now
+    }
+
+    fn passive_vip(n: usize) -> VipConfig {
+        let mut v = vip(n);
+        v.slow_start = Duration::from_secs(10);
+        v.passive_health.window = Duration::from_secs(5);
+        v.passive_health.min_syns = 10;
+        v.passive_health.ejection = Duration::from_secs(5);
+        v
+    }
+
+    #[test]
+    fn ejected_backends_count_as_unhealthy_for_panic_and_slow_start_on_return() {
+        let v = passive_vip(4);
+        let t0 = Instant::now();
+        let mut l = Lifecycle::default();
+        l.sync(std::slice::from_ref(&v), &BTreeSet::new(), t0, true);
+        for _ in 0..2 {
+            l.record_probe(&v.id, &addr(1), fail(), t0);
+        }
+        let now = syn_series(&mut l, &v, &[2], t0);
+        // One down, one ejected: 2 of 4 healthy, not below 50%.
+        let p = l.plan(std::slice::from_ref(&v), now);
+        assert_eq!(
+            l.vips[&v.id].backends[&addr(2)].state,
+            BackendState::Ejected
+        );
+        assert_eq!(weights(&p), vec![0, 0, 100, 100]);
+        assert!(p.usable[&(v.id, addr(2))], "ejected: its connections go on");
+        assert!(!p.usable[&(v.id, addr(1))], "down: its flows re-pick");
+        // A third unhealthy backend: panic, every candidate in the table.
+        for _ in 0..2 {
+            l.record_probe(&v.id, &addr(3), fail(), now);
+        }
+        let p = l.plan(std::slice::from_ref(&v), now);
+        assert_eq!(weights(&p), vec![100, 100, 100, 100], "fail open");
+        for _ in 0..2 {
+            l.record_probe(&v.id, &addr(3), pass(), now);
+        }
+        // The ejection (5 s) ends: back, ramping up like a recovery (no
+        // SYN reached it meanwhile: retried SYNs re-pick).
+        let back = now + Duration::from_secs(6);
+        l.record_syns(&v, &addr(2), 10, 10, back);
+        l.evaluate_passive(std::slice::from_ref(&v), back);
+        l.plan(std::slice::from_ref(&v), back);
+        assert_eq!(
+            l.vips[&v.id].backends[&addr(2)].state,
+            BackendState::SlowStart
+        );
+        let p = l.plan(std::slice::from_ref(&v), back + Duration::from_secs(5));
+        assert_eq!(weights(&p)[1], 50, "half-way through a 10 s slow start");
+    }
+
+    #[test]
+    fn a_down_backend_is_not_ejected_and_a_lone_backend_never() {
+        let v = passive_vip(2);
+        let t0 = Instant::now();
+        let mut l = Lifecycle::default();
+        l.sync(std::slice::from_ref(&v), &BTreeSet::new(), t0, true);
+        for _ in 0..2 {
+            l.record_probe(&v.id, &addr(1), fail(), t0);
+        }
+        let now = syn_series(&mut l, &v, &[1], t0);
+        l.plan(std::slice::from_ref(&v), now);
+        assert_eq!(l.vips[&v.id].backends[&addr(1)].state, BackendState::Down);
+        let one = passive_vip(1);
+        let mut l = Lifecycle::default();
+        l.sync(std::slice::from_ref(&one), &BTreeSet::new(), t0, true);
+        let now = syn_series(&mut l, &one, &[1], t0);
+        l.plan(std::slice::from_ref(&one), now);
+        assert_eq!(
+            l.vips[&one.id].backends[&addr(1)].state,
+            BackendState::Active
+        );
+    }
+
     #[test]
     fn unprobed_backends_count_as_healthy() {
         let mut v = vip(2);
