@@ -300,7 +300,6 @@ fn counters(r: &Reconciler<KernelDataplane>) -> Result<Vec<CounterValue>> {
 
 struct Row {
     class: &'static str,
-    katran: &'static str,
     stat: Net,
     /// With `LB_BENCH_BASELINE`: the baseline build's net cost, and lb's
     /// batch minus the baseline's, averaged over pairs of rounds (one with
@@ -345,20 +344,11 @@ fn datapath(baseline: Option<&[u8]>) -> Result<(Vec<Row>, Net, Stat)> {
     );
     let swap = h.net(&h.fd("bench_mac_swap")?, &empty, &plain, 0, XDP_TX)?;
 
-    // (class, Katran's figure, frame, stamp offset, warm-up frame, action, counter)
-    type Case = (
-        &'static str,
-        &'static str,
-        Vec<u8>,
-        u32,
-        Option<Vec<u8>>,
-        u32,
-        Counter,
-    );
+    // (class, frame, stamp offset, warm-up frame, action, counter)
+    type Case = (&'static str, Vec<u8>, u32, Option<Vec<u8>>, u32, Counter);
     let cases: Vec<Case> = vec![
         (
             "established TCP (connection-table hit)",
-            "61",
             tcp4([10, 0, 0, 10], 2000, false),
             0,
             Some(tcp4([10, 0, 0, 10], 2000, true)),
@@ -367,7 +357,6 @@ fn datapath(baseline: Option<&[u8]>) -> Result<(Vec<Row>, Net, Stat)> {
         ),
         (
             "new flow: miss → Maglev → insert (2M-bucket table)",
-            "470–515",
             tcp4([10, 0, 0, 10], 3000, false),
             26,
             None,
@@ -376,7 +365,6 @@ fn datapath(baseline: Option<&[u8]>) -> Result<(Vec<Row>, Net, Stat)> {
         ),
         (
             "new flow by SYN (2M-bucket table)",
-            "—",
             tcp4([10, 0, 0, 10], 3500, true),
             26,
             None,
@@ -385,7 +373,6 @@ fn datapath(baseline: Option<&[u8]>) -> Result<(Vec<Row>, Net, Stat)> {
         ),
         (
             "TCP SYN of a known flow (replaces the entry)",
-            "150",
             tcp4([10, 0, 0, 10], 4000, true),
             0,
             None,
@@ -394,7 +381,6 @@ fn datapath(baseline: Option<&[u8]>) -> Result<(Vec<Row>, Net, Stat)> {
         ),
         (
             "UDP, table hit",
-            "85–101",
             udp4([10, 0, 0, 10], 5000),
             0,
             Some(udp4([10, 0, 0, 10], 5000)),
@@ -403,7 +389,6 @@ fn datapath(baseline: Option<&[u8]>) -> Result<(Vec<Row>, Net, Stat)> {
         ),
         (
             "IPv6 VIP, table hit",
-            "58",
             tcp6(6000, false),
             0,
             Some(tcp6(6000, true)),
@@ -412,7 +397,6 @@ fn datapath(baseline: Option<&[u8]>) -> Result<(Vec<Row>, Net, Stat)> {
         ),
         (
             "not a VIP → pass",
-            "18",
             tcp4([10, 9, 9, 9], 7000, false),
             0,
             None,
@@ -421,7 +405,7 @@ fn datapath(baseline: Option<&[u8]>) -> Result<(Vec<Row>, Net, Stat)> {
         ),
     ];
     let mut rows = Vec::new();
-    for (class, katran, frame, stamp, warm, action, counter) in cases {
+    for (class, frame, stamp, warm, action, counter) in cases {
         let programs: Vec<&ProgramFd> = std::iter::once(&lb).chain(&base_fd).collect();
         if let Some(w) = warm {
             for p in &programs {
@@ -476,7 +460,6 @@ fn datapath(baseline: Option<&[u8]>) -> Result<(Vec<Row>, Net, Stat)> {
         }
         rows.push(Row {
             class,
-            katran,
             stat: Net::of(&times[1], &times[0]),
             baseline: times.get(2).map(|b| {
                 // Two rounds, one with each program first, make one sample.
@@ -767,42 +750,29 @@ fn print_datapath() -> Result<()> {
     println!("## Datapath (`cargo xtask bench`, {})", today());
     println!();
     println!(
-        "Net ns per packet, `BPF_PROG_TEST_RUN` through the restoring harness: {RUNS} pairs of {REPEAT}-repeat batches (the harness with an empty program, then with the program under test). \"pairs\": median \\| min \\| max of the per-pair differences. \"of minima\": fastest batch of the program minus fastest batch of the empty program (noise on a shared host only adds time, so this is the steadiest figure). Katran's figures were measured the same way on this kind of machine (issue 7)."
+        "Net ns per packet, `BPF_PROG_TEST_RUN` through the restoring harness: {RUNS} pairs of {REPEAT}-repeat batches (the harness with an empty program, then with the program under test). \"pairs\": median \\| min \\| max of the per-pair differences. \"of minima\": fastest batch of the program minus fastest batch of the empty program (noise on a shared host only adds time, so this is the steadiest figure). \"× floor\": lb's of-minima figure over the MAC-swap floor's, both measured in this run. Figures from other programs or hosts never enter a ratio here (BENCHMARKS.md cites them with their host)."
     );
     println!();
     let baseline = baseline_object()?;
     let (rows, swap, harness) = datapath(baseline.as_ref().map(|(_, o)| &o[..]))?;
-    println!(
-        "| packet class | lb pairs: median \\| min \\| max | lb of minima | Katran | lb / Katran (of minima) |"
-    );
-    println!("| --- | --- | --- | --- | --- |");
+    println!("| packet class | lb pairs: median \\| min \\| max | lb of minima | × floor |");
+    println!("| --- | --- | --- | --- |");
     for r in &rows {
-        let k: f64 = r
-            .katran
-            .split('–')
-            .next()
-            .and_then(|k| k.parse().ok())
-            .unwrap_or(f64::NAN);
-        let ratio = if k.is_nan() {
-            "—".to_string()
-        } else {
-            format!("{:.2}", r.stat.of_minima / k)
-        };
         println!(
-            "| {} | {} | {:.0} | {} | {ratio} |",
+            "| {} | {} | {:.0} | {:.2} |",
             r.class,
             ns_row(&r.stat.pairs),
             r.stat.of_minima,
-            r.katran,
+            r.stat.of_minima / swap.of_minima,
         );
     }
     println!(
-        "| trivial MAC swap + XDP_TX (floor) | {} | {:.0} | 1 | |",
+        "| trivial MAC swap + XDP_TX (floor) | {} | {:.0} | 1 |",
         ns_row(&swap.pairs),
         swap.of_minima
     );
     println!(
-        "| harness alone (subtracted above) | {} | | | |",
+        "| harness alone (subtracted above) | {} | | |",
         ns_row(&harness)
     );
     println!();
@@ -813,17 +783,18 @@ fn print_datapath() -> Result<()> {
         );
         println!();
         println!(
-            "| packet class | baseline pairs: median \\| min \\| max | baseline of minima | lb − baseline: median \\| min \\| max |"
+            "| packet class | baseline pairs: median \\| min \\| max | baseline of minima | lb − baseline: median \\| min \\| max | lb ÷ baseline (of minima) |"
         );
-        println!("| --- | --- | --- | --- |");
+        println!("| --- | --- | --- | --- | --- |");
         for r in &rows {
             if let Some((net, diff)) = &r.baseline {
                 println!(
-                    "| {} | {} | {:.0} | {} |",
+                    "| {} | {} | {:.0} | {} | {:.2} |",
                     r.class,
                     ns_row(&net.pairs),
                     net.of_minima,
-                    ns_row(diff)
+                    ns_row(diff),
+                    r.stat.of_minima / net.of_minima,
                 );
             }
         }
