@@ -351,6 +351,18 @@ impl FlowEntry {
     }
 }
 
+/// One slot of `LB_SYNS`, the recent SYNs: the flow's tag and the backend
+/// its last SYN went to (one 8-byte word, as in the connection table, so
+/// that no reader sees a tag with another flow's backend), and the stamp
+/// tick of that SYN.
+#[repr(C, align(16))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SynSlot {
+    pub entry: FlowEntry,
+    pub stamp: u16,
+    pub _pad: [u8; 6],
+}
+
 /// One bucket of the connection table `LB_FLOWS`: one cache line holding
 /// [`CT_WAYS`] entries and their stamps. A stamp is the tick the way was
 /// last seen (low 15 bits, coarse and wrapping) and
@@ -462,6 +474,7 @@ const _: () = {
     assert!(core::mem::size_of::<FlowKey>() == 40);
     assert!(core::mem::size_of::<FlowEntry>() == 8);
     assert!(core::mem::size_of::<FlowBucket>() == 64);
+    assert!(core::mem::size_of::<SynSlot>() == 16);
     assert!(core::mem::align_of::<FlowBucket>() == 64);
     assert!(core::mem::size_of::<CounterValue>() == 16);
     assert!(core::mem::size_of::<DecapAddr>() == 20);
@@ -492,6 +505,7 @@ mod pod {
     unsafe impl aya::Pod for TraceFilter {}
     unsafe impl aya::Pod for TraceEvent {}
     unsafe impl aya::Pod for SynCounts {}
+    unsafe impl aya::Pod for SynSlot {}
 }
 
 #[cfg(test)]

@@ -121,8 +121,13 @@ pub const CT_STAMP_TIME: u16 = CT_STAMP_CONFIRMED - 1;
 /// The stamps' tick: 64 jiffies (256 ms at HZ=250, 64 ms at HZ=1000).
 pub const CT_STAMP_TICK_SHIFT: u64 = 6;
 /// [`crate::DatapathConfig::syn_window`] when 0: 40 stamp ticks (10 s at
-/// HZ=250).
+/// HZ=250, 2.6 s at HZ=1000): how long a SYN in `LB_SYNS` stays recent.
 pub const CT_SYN_WINDOW_DEFAULT: u16 = 40;
+
+/// Slots of `LB_SYNS`, the recent SYNs (a power of two): 16 bytes each,
+/// 1 MiB in all, shared by all CPUs. A flow's slot is its
+/// connection-table bucket index modulo this.
+pub const SYN_SLOTS: u32 = 1 << 16;
 
 /// A backend handle is `generation << 16 | index`. The index addresses
 /// `LB_BACKENDS` and `LB_BACKEND_STATS`; the generation changes whenever an
@@ -161,9 +166,10 @@ pub const MAP_VIP_FILTER: &str = "LB_VIP_FILTER";
 pub const MAP_TRACE: &str = "LB_TRACE";
 pub const MAP_BACKEND_SYNS: &str = "LB_BACKEND_SYNS";
 pub const MAP_TRACE_EVENTS: &str = "LB_TRACE_EVENTS";
+pub const MAP_SYNS: &str = "LB_SYNS";
 
 /// Every map of the balancer object, in a stable order.
-pub const ALL_MAPS: [&str; 12] = [
+pub const ALL_MAPS: [&str; 13] = [
     MAP_CONFIG,
     MAP_VIPS,
     MAP_BACKENDS,
@@ -176,6 +182,7 @@ pub const ALL_MAPS: [&str; 12] = [
     MAP_TRACE,
     MAP_TRACE_EVENTS,
     MAP_BACKEND_SYNS,
+    MAP_SYNS,
 ];
 
 /// Name of the balancer's XDP program in the object file.

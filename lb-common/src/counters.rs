@@ -144,6 +144,14 @@ counters! {
     /// empty or unconfirmed way. Also counted in `ct_evicted`. An
     /// established flow lost its pinning: a table change may now move it.
     CtEvictedConfirmed = 35, "ct_evicted_established", Event;
+    /// Event: a connection-table hit on an entry idle since before a SYN
+    /// of its flow: a new connection on a reused tuple. The entry now
+    /// names that SYN's backend.
+    CtReopened = 36, "ct_reopened", Event;
+    /// A TCP packet (not a SYN) without a connection-table entry whose
+    /// flow's SYN this balancer sent a moment ago: sent to that SYN's
+    /// backend, and the flow recorded as established.
+    FwdHandshake = 37, "fwd_handshake", Forward;
     }
 }
 

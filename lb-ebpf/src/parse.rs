@@ -87,6 +87,11 @@ impl Packet {
     pub fn is_icmp(&self) -> bool {
         self.proto == PROTO_ICMP || self.proto == PROTO_ICMPV6
     }
+
+    #[inline(always)]
+    pub fn is_tcp(&self) -> bool {
+        self.proto == PROTO_TCP
+    }
 }
 
 /// Why a frame is not a [`Packet`].

@@ -1,5 +1,6 @@
 //! What will the datapath do with this flow? The userspace model of the XDP
-//! program's decision (VIP filter, connection table, VIP lookup, Maglev),
+//! program's decision (VIP filter, connection table, recent SYNs, VIP
+//! lookup, Maglev),
 //! computed from the maps through a [`Dataplane`] with the same hash as the
 //! kernel. It models TCP and UDP packets, not fragments or ICMP.
 //!
@@ -7,10 +8,10 @@
 //! the reference the kernel's output must match.
 
 use lb_common::{
-    BackendDef, FlowKey, VipKey, VipMeta,
+    BackendDef, FlowEntry, FlowKey, VipKey, VipMeta,
     consts::{
-        BACKEND_F_USABLE, BACKEND_INDEX_MASK, CFG_F_ALL_PORTS_VIPS, TABLE_CHUNK_SLOTS,
-        VIP_F_FRAG_HASH, VIP_F_NO_BACKENDS,
+        BACKEND_F_USABLE, BACKEND_INDEX_MASK, CFG_F_ALL_PORTS_VIPS, PROTO_TCP, TABLE_CHUNK_SLOTS,
+        VIP_F_FRAG_HASH, VIP_F_NO_BACKENDS, VIP_F_NO_CONNTRACK,
     },
     flow::{ct_position, maglev_slot},
 };
@@ -24,6 +25,9 @@ pub enum Via {
     ConnTrack,
     /// The Maglev table (a new flow, a SYN, or a VIP without connection table).
     Maglev,
+    /// The backend the flow's SYN went to, from the recent SYNs (a TCP
+    /// handshake in progress: its ACK goes where its SYN went).
+    Handshake,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,12 +86,53 @@ pub fn passes_filter(dp: &dyn Dataplane, flow: &FlowKey) -> Result<bool> {
     Ok(dp.config()?.flags & CFG_F_ALL_PORTS_VIPS != 0 && filter.contains(&key))
 }
 
+/// A TCP packet without a (usable) connection-table entry whose flow's
+/// SYN is in the recent SYNs goes where that SYN went. (Whether the SYN
+/// is still recent depends on the kernel's clock, which this does not
+/// read: a stale slot predicts its SYN's backend.)
+fn handshake(
+    dp: &dyn Dataplane,
+    flow: &FlowKey,
+    vip: Option<(VipKey, VipMeta)>,
+    hash: u64,
+    slot: u32,
+    has_entry: bool,
+) -> Result<Option<Prediction>> {
+    let Some((vip, meta)) = vip else {
+        return Ok(None);
+    };
+    if has_entry || flow.proto != PROTO_TCP || meta.flags & VIP_F_NO_CONNTRACK != 0 {
+        return Ok(None);
+    }
+    let cfg = dp.config()?;
+    let (bucket, tag) = ct_position(hash, cfg.ct_seed);
+    let s = dp.syn_slot(bucket)?;
+    if s.entry == FlowEntry::EMPTY || s.entry.tag() != tag {
+        return Ok(None);
+    }
+    let Some(def) = live_backend(dp, s.entry.handle())? else {
+        return Ok(None);
+    };
+    if def.flags & BACKEND_F_USABLE == 0 {
+        return Ok(None);
+    }
+    Ok(Some(Prediction {
+        vip,
+        meta,
+        hash,
+        slot,
+        backend: Some(def),
+        via: Via::Handshake,
+    }))
+}
+
 /// Predicts the datapath's choice for a packet of `flow`; `syn` is a TCP
 /// SYN without ACK. `None` if the flow's destination is not a VIP.
 ///
 /// The order is the datapath's: the VIP filter; for a packet that is not
 /// a SYN, the connection table (a hit on a usable backend decides, the VIP
-/// is not consulted); then the VIP and its Maglev table.
+/// is not consulted), then the flow's recent SYN (TCP); then the VIP and
+/// its Maglev table.
 pub fn predict(dp: &dyn Dataplane, flow: &FlowKey, syn: bool) -> Result<Option<Prediction>> {
     if !passes_filter(dp, flow)? {
         return Ok(None);
@@ -117,6 +162,9 @@ pub fn predict(dp: &dyn Dataplane, flow: &FlowKey, syn: bool) -> Result<Option<P
                 backend: Some(def),
                 via: Via::ConnTrack,
             }));
+        }
+        if let Some(p) = handshake(dp, flow, vip, hash, slot, entry.is_some())? {
+            return Ok(Some(p));
         }
     }
     let Some((vip, meta)) = vip else {

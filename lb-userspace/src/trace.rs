@@ -105,6 +105,7 @@ pub fn describe(e: &TraceEvent, table_size: u32) -> Option<TraceLine> {
     let counter = Counter::ALL.iter().find(|c| **c as u16 == e.counter)?;
     let via = match counter {
         Counter::FwdConntrack => "connection table".to_string(),
+        Counter::FwdHandshake => "its SYN's backend (handshake)".to_string(),
         _ if e.backend_family != 0 && table_size > 0 => {
             format!("maglev slot {}", (e.hash as u32) % table_size)
         }

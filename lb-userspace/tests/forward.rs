@@ -35,8 +35,11 @@ use common::{
     },
 };
 
-/// Forwarding per encapsulation; the second packet of a flow follows the
-/// connection table, a VIP without one follows Maglev every time.
+/// Forwarding per encapsulation. A TCP flow's SYN follows Maglev and is
+/// kept apart (recent SYNs); its next packet goes where the SYN went and
+/// records the flow (handshake); later ones follow the connection table.
+/// A UDP flow's second packet follows the connection table; a VIP without
+/// one follows Maglev every time.
 fn fixtures(v: &Vips) -> Vec<Fixture> {
     use Counter::*;
     use Expect::*;
@@ -49,6 +52,11 @@ fn fixtures(v: &Vips) -> Vec<Fixture> {
         ),
         f(
             "tcp ack of that flow, ipip",
+            tcp4(TO_LB, "10.0.0.10", 80, 40000, false, b""),
+            Forward(v.tcp4, Via::Handshake, FwdHandshake),
+        ),
+        f(
+            "tcp data of that flow, ipip",
             tcp4(TO_LB, "10.0.0.10", 80, 40000, false, b"data"),
             Forward(v.tcp4, Via::ConnTrack, FwdConntrack),
         ),
@@ -75,6 +83,11 @@ fn fixtures(v: &Vips) -> Vec<Fixture> {
         f(
             "tcp ack to ipv6 vip",
             tcp6(TO_LB, "2001:db8::10", 80, 40000, false, b"data"),
+            Forward(v.tcp6, Via::Handshake, FwdHandshake),
+        ),
+        f(
+            "tcp ack to ipv6 vip, again",
+            tcp6(TO_LB, "2001:db8::10", 80, 40000, false, b"data"),
             Forward(v.tcp6, Via::ConnTrack, FwdConntrack),
         ),
         f(
@@ -89,6 +102,11 @@ fn fixtures(v: &Vips) -> Vec<Fixture> {
         ),
         f(
             "tcp ack 4in6",
+            tcp4(TO_LB, "10.0.0.20", 80, 40000, false, b"data"),
+            Forward(v.tcp4_on_v6, Via::Handshake, FwdHandshake),
+        ),
+        f(
+            "tcp ack 4in6, again",
             tcp4(TO_LB, "10.0.0.20", 80, 40000, false, b"data"),
             Forward(v.tcp4_on_v6, Via::ConnTrack, FwdConntrack),
         ),
@@ -105,6 +123,11 @@ fn fixtures(v: &Vips) -> Vec<Fixture> {
         f(
             "tcp ack gre over ipv4",
             tcp4(TO_LB, "10.0.0.30", 80, 40000, false, b"x"),
+            Forward(v.gre4, Via::Handshake, FwdHandshake),
+        ),
+        f(
+            "tcp ack gre over ipv4, again",
+            tcp4(TO_LB, "10.0.0.30", 80, 40000, false, b"x"),
             Forward(v.gre4, Via::ConnTrack, FwdConntrack),
         ),
         f(
@@ -119,6 +142,11 @@ fn fixtures(v: &Vips) -> Vec<Fixture> {
         ),
         f(
             "tcp ack gue over ipv4",
+            tcp4(TO_LB, "10.0.0.80", 80, 40000, false, b"x"),
+            Forward(v.gue4, Via::Handshake, FwdHandshake),
+        ),
+        f(
+            "tcp ack gue over ipv4, again",
             tcp4(TO_LB, "10.0.0.80", 80, 40000, false, b"x"),
             Forward(v.gue4, Via::ConnTrack, FwdConntrack),
         ),
@@ -167,15 +195,45 @@ fn fixture_table() {
 
 // ---------------------------------------------------------------- connection table
 
+/// A TCP connection's handshake as the balancer sees it: the SYN, then
+/// the ACK. Returns the backend both went to.
+fn handshake(rig: &mut Rig, dst: &str, dport: u16, sport: u16) -> usize {
+    let (to, via) = forward(rig, &tcp4(TO_LB, dst, dport, sport, true, b""));
+    assert_eq!(via, Counter::FwdMaglev, "port {sport}: the SYN");
+    assert_eq!(
+        forward(rig, &tcp4(TO_LB, dst, dport, sport, false, b"")),
+        (to, Counter::FwdHandshake),
+        "port {sport}: the ACK goes where the SYN went"
+    );
+    to
+}
+
+/// Makes the connection-table entry of `flow` look last seen `ticks`
+/// stamp ticks ago (as if the flow had been idle), keeping its state.
+fn age_entry(rig: &mut Rig, flow: &FlowKey, ticks: u16) {
+    let cfg = rig.dp().config().expect("config");
+    let (index, tag) = lb_common::flow::ct_position(flow.hash(), cfg.ct_seed);
+    let index = index & cfg.ct_mask;
+    let mut bucket = rig.dp().flow_bucket(index).expect("bucket");
+    let way = bucket
+        .entries
+        .iter()
+        .position(|e| e.0 != 0 && e.tag() == tag)
+        .expect("the flow's way");
+    let s = bucket.stamps[way];
+    bucket.stamps[way] = (s & CT_STAMP_CONFIRMED) | (s.wrapping_sub(ticks) & CT_STAMP_TIME);
+    rig.r
+        .dataplane_mut()
+        .set_flow_bucket(index, &bucket)
+        .expect("write bucket");
+}
+
 #[test]
 fn established_flow_keeps_its_backend_after_rebuild() {
     let mut rig = Rig::new(1 << 12);
     let vips = rig.standard_vips();
     let sport = port_for_backend(&rig, "10.0.0.10", 80, 1);
-    assert_eq!(
-        forward(&mut rig, &tcp4(TO_LB, "10.0.0.10", 80, sport, true, b"")),
-        (1, Counter::FwdMaglev)
-    );
+    assert_eq!(handshake(&mut rig, "10.0.0.10", 80, sport), 1);
 
     // Rebuild without backend 1 (weight 0, as when it drains): the slot
     // now belongs to someone else, but the connection stays on backend 1.
@@ -204,10 +262,91 @@ fn established_flow_keeps_its_backend_after_rebuild() {
             (1, Counter::FwdConntrack)
         );
     }
-    // A new connection on the same 5-tuple (SYN) follows the new table.
+    // The connection ends; a while later a new one on the same 5-tuple
+    // (SYN) follows the new table, and so does its ACK: the entry, idle
+    // since before that SYN, now names the SYN's backend.
+    age_entry(&mut rig, &flow, 2);
     let (to, via) = forward(&mut rig, &tcp4(TO_LB, "10.0.0.10", 80, sport, true, b""));
     assert_eq!(via, Counter::FwdMaglev);
     assert_eq!(Some(ip(BACKENDS[to])), fresh.backend.and_then(|b| b.ip()));
+    let ack = tcp4(TO_LB, "10.0.0.10", 80, sport, false, b"");
+    let (action, out, events) = rig.run_counted(&ack, Counter::FwdConntrack);
+    assert_eq!(action, XDP_TX);
+    assert_eq!(events, vec![Counter::CtReopened]);
+    assert_eq!(
+        common::xdp::tunnel_dst(&out),
+        to,
+        "the new connection's backend"
+    );
+    assert_eq!(
+        forward(
+            &mut rig,
+            &tcp4(TO_LB, "10.0.0.10", 80, sport, false, b"more")
+        ),
+        (to, Counter::FwdConntrack)
+    );
+}
+
+#[test]
+fn a_handshake_keeps_its_syns_backend_across_a_table_change() {
+    let mut rig = Rig::new(1 << 12);
+    let vips = rig.standard_vips();
+    let sport = port_for_backend(&rig, "10.0.0.10", 80, 1);
+    assert_eq!(
+        forward(&mut rig, &tcp4(TO_LB, "10.0.0.10", 80, sport, true, b"")),
+        (1, Counter::FwdMaglev)
+    );
+    // Backend 1 leaves the table between the SYN and the ACK (weight 0:
+    // still usable). The ACK goes where the SYN went, not to the new pick.
+    rig.set_weight(&vips.tcp4, 1, 0);
+    assert_eq!(
+        forward(&mut rig, &tcp4(TO_LB, "10.0.0.10", 80, sport, false, b"")),
+        (1, Counter::FwdHandshake)
+    );
+    // The entry it made is confirmed at once (a handshake was seen).
+    let cfg = rig.dp().config().expect("config");
+    let flow = FlowKey::new(
+        IpAddr::from(CLIENT_V4),
+        ip("10.0.0.10"),
+        PROTO_TCP,
+        sport,
+        80,
+    );
+    let (index, tag) = lb_common::flow::ct_position(flow.hash(), cfg.ct_seed);
+    let bucket = rig.dp().flow_bucket(index & cfg.ct_mask).expect("bucket");
+    let way = bucket
+        .entries
+        .iter()
+        .position(|e| e.tag() == tag)
+        .expect("way");
+    assert_ne!(bucket.stamps[way] & CT_STAMP_CONFIRMED, 0, "{bucket:?}");
+
+    // A SYN whose backend went down before its ACK: the ACK is re-picked.
+    let other = port_for_backend(&rig, "10.0.0.10", 80, 2);
+    forward(&mut rig, &tcp4(TO_LB, "10.0.0.10", 80, other, true, b""));
+    rig.mark_down(&vips.tcp4, 2);
+    let (to, via) = forward(&mut rig, &tcp4(TO_LB, "10.0.0.10", 80, other, false, b""));
+    assert_ne!(to, 2);
+    assert_eq!(via, Counter::FwdMaglev);
+}
+
+#[test]
+fn syns_never_write_the_connection_table() {
+    let mut rig = Rig::new(1 << 4);
+    rig.standard_vips();
+    let empty: Vec<FlowBucket> = (0..16)
+        .map(|i| rig.dp().flow_bucket(i).expect("b"))
+        .collect();
+    for p in 0..300u16 {
+        let syn = tcp4(TO_LB, "10.0.0.10", 80, 20000 + p, true, b"");
+        let (action, _, events) = rig.run_counted(&syn, Counter::FwdMaglev);
+        assert_eq!(action, XDP_TX);
+        assert!(events.is_empty(), "{events:?}");
+    }
+    let after: Vec<FlowBucket> = (0..16)
+        .map(|i| rig.dp().flow_bucket(i).expect("b"))
+        .collect();
+    assert_eq!(after, empty, "300 SYNs, not one way written");
 }
 
 #[test]
@@ -215,10 +354,7 @@ fn flow_on_a_down_backend_is_repicked() {
     let mut rig = Rig::new(1 << 12);
     let vips = rig.standard_vips();
     let sport = port_for_backend(&rig, "10.0.0.10", 80, 2);
-    assert_eq!(
-        forward(&mut rig, &tcp4(TO_LB, "10.0.0.10", 80, sport, true, b"")).0,
-        2
-    );
+    assert_eq!(handshake(&mut rig, "10.0.0.10", 80, sport), 2);
 
     rig.mark_down(&vips.tcp4, 2);
     let before = rig.counters()[Counter::CtStale as usize].packets;
@@ -241,10 +377,7 @@ fn a_reused_backend_index_does_not_inherit_flows() {
     let mut rig = Rig::new(1 << 12);
     let vips = rig.standard_vips();
     let sport = port_for_backend(&rig, "10.0.0.10", 80, 0);
-    assert_eq!(
-        forward(&mut rig, &tcp4(TO_LB, "10.0.0.10", 80, sport, true, b"")).0,
-        0
-    );
+    assert_eq!(handshake(&mut rig, "10.0.0.10", 80, sport), 0);
 
     // Backend 0 leaves, and a newcomer takes its index with a new
     // generation: in the configuration with weight 0, so not in the table
@@ -310,13 +443,14 @@ fn table_swap_changes_only_moved_flows() {
 }
 
 #[test]
-fn full_bucket_evicts_the_stalest_way_and_syn_replaces_in_place() {
-    // One bucket: every flow competes for the same six ways.
+fn full_bucket_evicts_the_stalest_way_and_a_known_flow_keeps_its_own() {
+    // One bucket: every flow competes for the same six ways. Flows seen
+    // mid-way (no handshake here) make unconfirmed entries.
     let mut rig = Rig::new(1);
     rig.standard_vips();
-    let flow = |p: u16| tcp4(TO_LB, "10.0.0.10", 80, p, true, b"");
+    let flow = |p: u16| tcp4(TO_LB, "10.0.0.10", 80, p, false, b"");
     for p in 0..CT_WAYS as u16 {
-        forward(&mut rig, &flow(30000 + p));
+        assert_eq!(forward(&mut rig, &flow(30000 + p)).1, Counter::FwdMaglev);
     }
     let full: FlowBucket = rig.dp().flow_bucket(0).expect("bucket");
     assert!(
@@ -324,9 +458,11 @@ fn full_bucket_evicts_the_stalest_way_and_syn_replaces_in_place() {
         "six flows fill six ways"
     );
 
-    // A SYN of a known flow replaces its own way: nothing evicted.
+    // A known flow's packet hits its own way; a SYN of a known flow (a
+    // new connection on its tuple) writes nothing: nothing evicted.
     let before = rig.counters()[Counter::CtEvicted as usize].packets;
-    forward(&mut rig, &flow(30003));
+    assert_eq!(forward(&mut rig, &flow(30003)).1, Counter::FwdConntrack);
+    forward(&mut rig, &tcp4(TO_LB, "10.0.0.10", 80, 30004, true, b""));
     assert_eq!(rig.counters()[Counter::CtEvicted as usize].packets, before);
     assert_eq!(
         rig.dp().flow_bucket(0).expect("bucket").entries,
@@ -354,8 +490,8 @@ fn full_bucket_evicts_the_stalest_way_and_syn_replaces_in_place() {
 }
 
 #[test]
-fn a_syn_flood_never_evicts_an_established_flow() {
-    // One bucket: the flood and the established flows compete for the
+fn floods_never_evict_an_established_flow() {
+    // One bucket: the floods and the established flows compete for the
     // same six ways.
     let mut rig = Rig::new(1);
     let v = rig.standard_vips();
@@ -366,19 +502,16 @@ fn a_syn_flood_never_evicts_an_established_flow() {
             c[Counter::CtEvictedConfirmed as usize].packets,
         )
     };
-    // Three established flows, one per backend: a SYN, then an ACK that
-    // confirms the entry.
+    // Three established flows, one per backend: a SYN, then the ACK that
+    // records the flow, confirmed.
     let established: Vec<u16> = V4_BACKENDS
         .iter()
         .map(|&b| port_for_backend(&rig, "10.0.0.10", 80, b))
         .collect();
-    let mut owners = vec![];
-    for &p in &established {
-        forward(&mut rig, &tcp4(TO_LB, "10.0.0.10", 80, p, true, b""));
-        let (to, via) = forward(&mut rig, &tcp4(TO_LB, "10.0.0.10", 80, p, false, b"ack"));
-        assert_eq!(via, Counter::FwdConntrack, "port {p}: the ACK hits");
-        owners.push(to);
-    }
+    let owners: Vec<usize> = established
+        .iter()
+        .map(|&p| handshake(&mut rig, "10.0.0.10", 80, p))
+        .collect();
     assert_eq!(owners, V4_BACKENDS);
     let bucket = rig.dp().flow_bucket(0).expect("bucket");
     let confirmed = bucket
@@ -386,25 +519,36 @@ fn a_syn_flood_never_evicts_an_established_flow() {
         .iter()
         .filter(|s| **s & CT_STAMP_CONFIRMED != 0)
         .count();
-    assert_eq!(confirmed, 3, "the ACKs confirmed three ways: {bucket:?}");
+    assert_eq!(
+        confirmed, 3,
+        "three handshakes, three confirmed ways: {bucket:?}"
+    );
 
-    // 500 spoofed SYNs, each a new flow: they fight over the other three
-    // ways only.
+    // 500 spoofed SYNs, each a new flow: the table is not touched.
     let (evicted_before, _) = events(&rig);
     for p in 0..500u16 {
         let syn = tcp4(TO_LB, "10.0.0.10", 80, 40000 + p, true, b"");
         let (action, _, ev) = rig.run_counted(&syn, Counter::FwdMaglev);
         assert_eq!(action, XDP_TX);
+        assert!(ev.is_empty(), "SYN {p}: {ev:?}");
+    }
+    assert_eq!(rig.dp().flow_bucket(0).expect("bucket"), bucket);
+    // 500 spoofed one-packet flows that are not SYNs: they fight over the
+    // other three ways only.
+    for p in 0..500u16 {
+        let ack = tcp4(TO_LB, "10.0.0.10", 80, 50000 + p, false, b"");
+        let (action, _, ev) = rig.run_counted(&ack, Counter::FwdMaglev);
+        assert_eq!(action, XDP_TX);
         assert!(
             !ev.contains(&Counter::CtEvictedConfirmed),
-            "SYN {p} evicted an established flow"
+            "packet {p} evicted an established flow"
         );
     }
     let (evicted, evicted_confirmed) = events(&rig);
     assert_eq!(
         evicted - evicted_before,
         500 - 3,
-        "every SYN past the free ways evicted one"
+        "every flow past the free ways evicted one"
     );
     assert_eq!(evicted_confirmed, 0);
 
@@ -423,11 +567,10 @@ fn a_syn_flood_never_evicts_an_established_flow() {
     // With every way confirmed, a new flow must take one: the stalest
     // established flow goes, and says so.
     for p in 31003..31006u16 {
-        forward(&mut rig, &tcp4(TO_LB, "10.0.0.10", 80, p, true, b""));
-        forward(&mut rig, &tcp4(TO_LB, "10.0.0.10", 80, p, false, b"ack"));
+        handshake(&mut rig, "10.0.0.10", 80, p);
     }
-    let syn = tcp4(TO_LB, "10.0.0.10", 80, 45000, true, b"");
-    let (_, _, ev) = rig.run_counted(&syn, Counter::FwdMaglev);
+    let ack = tcp4(TO_LB, "10.0.0.10", 80, 45000, false, b"");
+    let (_, _, ev) = rig.run_counted(&ack, Counter::FwdMaglev);
     assert_eq!(ev, vec![Counter::CtEvicted, Counter::CtEvictedConfirmed]);
 }
 

@@ -480,27 +480,45 @@ fn icmp_errors_about_a_vip_flow_reach_its_backend() {
     errors_that_cannot_be_placed_pass(&mut rig);
 }
 
-/// An established flow whose slot then moves to another backend: the
-/// error must follow the connection table, not the new table.
+/// An established flow, and one whose handshake is under way, whose
+/// slots then move to another backend: the errors must follow the
+/// connection table and the recent SYN, not the new table.
 fn errors_follow_the_connection_table(rig: &mut Rig, v: &Vips) {
     let client4 = IpAddr::from(CLIENT_V4);
     let sport = port_for_backend(rig, "10.0.0.10", 80, 1);
+    // Another flow Maglev sends to backend 1.
+    let half_open = (sport + 1..u16::MAX)
+        .find(|&p| {
+            let flow = FlowKey::new(client4, ip("10.0.0.10"), PROTO_TCP, p, 80);
+            let pick = predict(rig.dp(), &flow, true).expect("predict");
+            pick.and_then(|w| w.backend).and_then(|b| b.ip()) == Some(ip(BACKENDS[1]))
+        })
+        .expect("a second port on backend 1");
     assert_eq!(
         forward(rig, &tcp4(TO_LB, "10.0.0.10", 80, sport, true, b"")).0,
         1
     );
+    assert_eq!(
+        forward(rig, &tcp4(TO_LB, "10.0.0.10", 80, sport, false, b"")).0,
+        1
+    );
+    assert_eq!(
+        forward(rig, &tcp4(TO_LB, "10.0.0.10", 80, half_open, true, b"")).0,
+        1
+    );
     rig.set_weight(&v.tcp4, 1, 0);
-    let quote = answer4("10.0.0.10", 80, sport, false, 8);
-    for (name, kind, code, rest) in [
-        ("frag needed", 3u8, 4u8, [0, 0, 0x05, 0x78]),
-        ("host unreachable", 3, 1, [0; 4]),
-        ("ttl exceeded", 11, 0, [0; 4]),
+    for (name, kind, code, rest, port) in [
+        ("frag needed", 3u8, 4u8, [0, 0, 0x05, 0x78], sport),
+        ("host unreachable", 3, 1, [0; 4], sport),
+        ("ttl exceeded", 11, 0, [0; 4], sport),
+        ("host unreachable, handshake", 3, 1, [0; 4], half_open),
     ] {
+        let quote = answer4("10.0.0.10", 80, port, false, 8);
         let err = icmp4_error("10.0.0.10", kind, code, rest, &quote);
         let (action, out, events) = rig.run_counted(&err, Counter::FwdIcmpError);
         assert_eq!(action, XDP_TX, "{name}: forwarded");
         assert!(events.is_empty(), "{name}: events {events:?}");
-        let def = owner(rig, client4, "10.0.0.10", PROTO_TCP, sport, 80);
+        let def = owner(rig, client4, "10.0.0.10", PROTO_TCP, port, 80);
         assert_eq!(
             def.ip(),
             Some(ip(BACKENDS[1])),

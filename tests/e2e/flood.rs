@@ -1,9 +1,11 @@
-//! A spoofed SYN flood against the balancer while 200 established
-//! connections stream, and a backend added in the middle of it: the
-//! connection table must keep every established flow's backend, so not
-//! one connection is reset. The flood comes from a raw socket on the
-//! router (random sources in 198.18.0.0/16) straight to the balancer's
-//! MAC; the router drops the tunnelled flood before the backends.
+//! Spoofed floods against the balancer while 200 established connections
+//! stream: first SYNs alone, which must not write the connection table
+//! at all; then SYNs and one-packet ACK flows together, which churn it,
+//! with a backend added in the middle. The connection table must keep
+//! every established flow's backend, so not one connection is reset.
+//! The floods come from raw sockets on the router (random sources in
+//! 198.18.0.0/16) straight to the balancer's MAC; the router drops the
+//! tunnelled floods before the backends.
 //!
 //! The connection table is small (4,096 buckets, 24,576 ways) so that the
 //! flood churns through it many times within the test's seconds.
@@ -12,7 +14,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 use lb_tests::{
-    flood::{FLOOD_NET, SynFlood, Target, drop_tunnelled, mac_of},
+    flood::{ACK, FLOOD_NET, SYN, SynFlood, Target, drop_tunnelled, mac_of},
     rig::{Lbd, Rig, TCP_PORT, VIP},
     scenario::{check, serial},
     traffic::Stream,
@@ -50,41 +52,60 @@ fn established_flows_survive_a_syn_flood_and_a_backend_added_during_it() {
             })
             .collect::<Result<_>>()?;
         std::thread::sleep(Duration::from_millis(500));
-        let new_flows_before = lbd.counter("fwd_maglev_new_flow")?;
-
-        let flood = SynFlood::start(
-            &rig.router,
-            Target {
+        let target = |flags| -> Result<Target> {
+            Ok(Target {
                 ifname: "r-lb".into(),
                 src_mac: mac_of(&rig.router, "r-lb")?,
                 dst_mac: mac_of(&rig.lb, "eth0")?,
                 dst: std::net::SocketAddrV4::new(VIP, TCP_PORT),
                 src_net: FLOOD_NET,
-            },
-            Duration::from_secs(30),
-        )?;
-        std::thread::sleep(Duration::from_secs(4));
+                tcp_flags: flags,
+            })
+        };
+
+        // Phase 1: SYNs alone never write the connection table.
+        let (new_before, evicted_before) = (
+            lbd.counter("fwd_maglev_new_flow")?,
+            lbd.counter("ct_evicted")?,
+        );
+        let syns = SynFlood::start(&rig.router, target(SYN)?, Duration::from_secs(30))?;
+        std::thread::sleep(Duration::from_secs(3));
+        let syn_forwarded = lbd.counter("fwd_maglev_new_flow")? - new_before;
+        let syn_evicted = lbd.counter("ct_evicted")? - evicted_before;
+        eprintln!(
+            "SYN flood alone: {} sent, {syn_forwarded} forwarded, ct_evicted +{syn_evicted}",
+            syns.sent()
+        );
+        if syn_forwarded < BUCKETS * 6 || syn_evicted != 0 {
+            bail!(
+                "{syn_forwarded} flood SYNs forwarded (want more than the table's {} ways), \
+                 {syn_evicted} entries evicted (want none: SYNs are kept apart)",
+                BUCKETS * 6
+            );
+        }
+
+        // Phase 2: one-packet flows that are not SYNs churn the table,
+        // and a backend is added in the middle of it.
+        let acks = SynFlood::start(&rig.router, target(ACK)?, Duration::from_secs(30))?;
+        std::thread::sleep(Duration::from_secs(3));
         let be4 = rig.backend("be4").addr.to_string();
         lbd.lbctl(&["backend", "add", &format!("{VIP}:{TCP_PORT}/tcp"), &be4])
             .context("adding be4 during the flood")?;
-        let added_at = flood.sent();
-        std::thread::sleep(Duration::from_secs(4));
-        let report = flood.stop()?;
+        let added_at = acks.sent();
+        std::thread::sleep(Duration::from_secs(3));
+        let (syn_report, ack_report) = (syns.stop()?, acks.stop()?);
         let progress: Vec<u64> = streams.iter().map(Stream::exchanges).collect();
         std::thread::sleep(Duration::from_secs(1));
 
-        let evicted = lbd.counter("ct_evicted")?;
+        let evicted = lbd.counter("ct_evicted")? - evicted_before;
         let evicted_established = lbd.counter("ct_evicted_established")?;
-        let flood_forwarded = lbd.counter("fwd_maglev_new_flow")? - new_flows_before;
         eprintln!(
-            "SYN flood: {} frames sent in {:.1} s ({:.0}/s; {} before be4 was added), \
-             {flood_forwarded} forwarded by the balancer as new flows ({:.0}/s), \
+            "floods: {} SYNs ({:.0}/s), {} ACKs ({:.0}/s; {added_at} before be4 was added), \
              ct_evicted {evicted}, ct_evicted_established {evicted_established}",
-            report.sent,
-            report.elapsed.as_secs_f64(),
-            report.rate(),
-            added_at,
-            flood_forwarded as f64 / report.elapsed.as_secs_f64(),
+            syn_report.sent,
+            syn_report.rate(),
+            ack_report.sent,
+            ack_report.rate(),
         );
         // The flood must have churned the table for the test to mean
         // anything: more evictions than ways.

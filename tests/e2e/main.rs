@@ -76,7 +76,9 @@ fn tcp_connections_follow_the_weights_and_bypass_the_balancer() {
                 String::from_utf8_lossy(&out.stdout)
             );
         }
-        let forwarded = lbd.counter("fwd_maglev_new_flow")? + lbd.counter("fwd_conntrack_hit")?;
+        let forwarded = lbd.counter("fwd_maglev_new_flow")?
+            + lbd.counter("fwd_handshake")?
+            + lbd.counter("fwd_conntrack_hit")?;
         if forwarded < 300 * 4 {
             bail!("only {forwarded} packets forwarded for 300 connections");
         }

@@ -27,7 +27,7 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 use lb_tests::{
-    flood::{FLOOD_NET, SynFlood, Target, drop_tunnelled, mac_of},
+    flood::{FLOOD_NET, SYN, SynFlood, Target, drop_tunnelled, mac_of},
     netns::Netns,
     rig::{CLIENT, Lbd, Rig, TCP_PORT, VIP},
     scenario::{check, finish, run_streams, serial},
@@ -356,6 +356,7 @@ fn a_spoofed_syn_flood_ejects_nobody() {
                 dst_mac: mac_of(&rig.lb, "eth0")?,
                 dst: std::net::SocketAddrV4::new(VIP, TCP_PORT),
                 src_net: FLOOD_NET,
+                tcp_flags: SYN,
             },
             Duration::from_secs(20),
         )?;

@@ -90,7 +90,11 @@ fn a_trace_shows_a_known_flow_at_the_backend_simulate_names() {
         if syn["via"] != format!("maglev slot {slot}") {
             bail!("the trace says {}, lbctl simulate slot {slot}", syn["via"]);
         }
-        for l in &lines[1..] {
+        let ack = &lines[1];
+        if ack["outcome"] != "fwd_handshake" || ack["backend"] != be.as_str() {
+            bail!("the ACK's line: {ack}; expected {be}, where its SYN went");
+        }
+        for l in &lines[2..] {
             if l["outcome"] != "fwd_conntrack_hit" || l["backend"] != be.as_str() {
                 bail!("a later packet's line: {l}; expected {be} by the connection table");
             }

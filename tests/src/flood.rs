@@ -1,8 +1,9 @@
-//! A spoofed SYN flood: a raw `AF_PACKET` socket in a namespace sends
-//! batches of TCP SYNs with random source addresses and ports straight to
-//! a MAC address (`sendmmsg`, `PACKET_QDISC_BYPASS`), as fast as one core
-//! can, until stopped or its deadline. Every frame is a valid IPv4 SYN
-//! (header checksum included) that no host will ever answer for.
+//! A spoofed flood: a raw `AF_PACKET` socket in a namespace sends
+//! batches of TCP segments (SYNs, or ACKs: one-packet flows that are not
+//! SYNs) with random source addresses and ports straight to a MAC address
+//! (`sendmmsg`, `PACKET_QDISC_BYPASS`), as fast as one core can, until
+//! stopped or its deadline. Every frame is a valid IPv4 segment (header
+//! checksum included) that no host will ever answer for.
 //!
 //! Sources are drawn from one /16 so that a rule can drop the tunnelled
 //! flood after the balancer ([`drop_tunnelled`]), sparing the backends'
@@ -49,14 +50,22 @@ pub struct SynFlood {
 }
 
 /// Where the flood goes: out of `ifname` in `ns`, to `dst_mac`, from
-/// `src_mac`, for `dst`, with sources in `src_net.0.0/16`.
+/// `src_mac`, for `dst`, with sources in `src_net.0.0/16`; TCP flags
+/// `tcp_flags` ([`SYN`], or [`ACK`] for a flood of one-packet flows that
+/// are not SYNs).
 pub struct Target {
     pub ifname: String,
     pub src_mac: [u8; 6],
     pub dst_mac: [u8; 6],
     pub dst: SocketAddrV4,
     pub src_net: [u8; 2],
+    pub tcp_flags: u8,
 }
+
+/// TCP flags of a SYN.
+pub const SYN: u8 = 0x02;
+/// TCP flags of an ACK.
+pub const ACK: u8 = 0x10;
 
 impl SynFlood {
     /// Starts the flood on a thread inside `ns`; it ends by itself after
@@ -142,7 +151,8 @@ fn run(
     })
 }
 
-/// A SYN from `src_net.0.0:0` to the target, checksums for that source.
+/// A segment from `src_net.0.0:0` to the target, checksums for that
+/// source.
 fn syn_frame(t: &Target) -> [u8; FRAME_LEN] {
     let mut f = [0u8; FRAME_LEN];
     f[0..6].copy_from_slice(&t.dst_mac);
@@ -159,7 +169,7 @@ fn syn_frame(t: &Target) -> [u8; FRAME_LEN] {
     let tcp = &mut f[34..54];
     tcp[2..4].copy_from_slice(&t.dst.port().to_be_bytes());
     tcp[12] = 0x50;
-    tcp[13] = 0x02; // SYN
+    tcp[13] = t.tcp_flags;
     tcp[14..16].copy_from_slice(&64240u16.to_be_bytes());
     f
 }

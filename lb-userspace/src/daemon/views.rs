@@ -374,6 +374,9 @@ impl<D: Dataplane> Daemon<D> {
             via: match (p.backend, p.via) {
                 (None, _) => "no usable backend: dropped".into(),
                 (Some(_), Via::ConnTrack) => "connection table".into(),
+                (Some(_), Via::Handshake) => {
+                    "its SYN's backend (a handshake in progress: recent SYNs)".into()
+                }
                 (Some(b), Via::Maglev) => format!(
                     "maglev slot {} (backend index {})",
                     p.slot,

@@ -28,6 +28,8 @@ pub struct FakeDataplane {
     pub backend_stats: Vec<CounterValue>,
     /// SYN counts tests may set (passive health).
     pub backend_syns: Vec<lb_common::SynCounts>,
+    /// `LB_SYNS`.
+    pub syns: Vec<lb_common::SynSlot>,
     /// When set, every write fails with this message.
     pub fail_writes: Option<String>,
     /// Number of successful map writes (element updates), for "writes only
@@ -50,6 +52,7 @@ impl FakeDataplane {
             vip_stats: vec![CounterValue::default(); layout.max_vips as usize],
             backend_stats: vec![CounterValue::default(); layout.max_backends as usize],
             backend_syns: vec![lb_common::SynCounts::default(); layout.max_backends as usize],
+            syns: vec![lb_common::SynSlot::default(); lb_common::consts::SYN_SLOTS as usize],
             fail_writes: None,
             writes: 0,
         }
@@ -191,6 +194,10 @@ impl Dataplane for FakeDataplane {
 
     fn backend_syns(&self, index: u32) -> Result<lb_common::SynCounts> {
         Ok(self.backend_syns[range("backend", index, self.backend_syns.len())?])
+    }
+
+    fn syn_slot(&self, bucket_index: u32) -> Result<lb_common::SynSlot> {
+        Ok(self.syns[(bucket_index & (lb_common::consts::SYN_SLOTS - 1)) as usize])
     }
 
     fn flow_bucket(&self, index: u32) -> Result<FlowBucket> {

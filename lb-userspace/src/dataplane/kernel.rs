@@ -21,12 +21,13 @@ use aya::{
     },
 };
 use lb_common::{
-    BackendDef, CounterValue, DatapathConfig, FlowBucket, SynCounts, TableChunk, TraceFilter,
-    VipFilter, VipKey, VipMeta,
+    BackendDef, CounterValue, DatapathConfig, FlowBucket, SynCounts, SynSlot, TableChunk,
+    TraceFilter, VipFilter, VipKey, VipMeta,
     consts::{
         ALL_MAPS, MAP_BACKEND_STATS, MAP_BACKEND_SYNS, MAP_BACKENDS, MAP_CONFIG, MAP_COUNTERS,
-        MAP_FLOWS, MAP_TABLES, MAP_TRACE, MAP_TRACE_EVENTS, MAP_VIP_FILTER, MAP_VIP_STATS,
-        MAP_VIPS, PROG_LB, PROG_LB_TRACE, PROG_PROBE_ENCAP, TABLE_CHUNK_SLOTS, TRACE_RING_BYTES,
+        MAP_FLOWS, MAP_SYNS, MAP_TABLES, MAP_TRACE, MAP_TRACE_EVENTS, MAP_VIP_FILTER,
+        MAP_VIP_STATS, MAP_VIPS, PROG_LB, PROG_LB_TRACE, PROG_PROBE_ENCAP, SYN_SLOTS,
+        TABLE_CHUNK_SLOTS, TRACE_RING_BYTES,
     },
     counters::COUNTER_SLOTS,
 };
@@ -61,6 +62,8 @@ struct Maps {
     trace: Option<Array<MapData, TraceFilter>>,
     /// Absent in builds before passive health (the same).
     backend_syns: Option<PerCpuArray<MapData, SynCounts>>,
+    /// Absent in builds before SYNs were kept apart (the same).
+    syns: Option<Array<MapData, SynSlot>>,
 }
 
 impl Maps {
@@ -91,6 +94,10 @@ impl Maps {
             },
             backend_syns: match ebpf.map(MAP_BACKEND_SYNS) {
                 Some(_) => Some(typed(ebpf, MAP_BACKEND_SYNS)?),
+                None => None,
+            },
+            syns: match ebpf.map(MAP_SYNS) {
+                Some(_) => Some(typed(ebpf, MAP_SYNS)?),
                 None => None,
             },
         })
@@ -301,7 +308,7 @@ fn per_cpu_sum(map: &Counts, name: &'static str, index: u32) -> Result<CounterVa
 }
 
 /// Sizes of each map for `layout`: (name, max entries, value size).
-fn expected_maps(layout: &Layout) -> [(&'static str, u32, u32); 12] {
+fn expected_maps(layout: &Layout) -> [(&'static str, u32, u32); 13] {
     use std::mem::size_of;
     let v = |n: usize| n as u32;
     [
@@ -333,6 +340,7 @@ fn expected_maps(layout: &Layout) -> [(&'static str, u32, u32); 12] {
             layout.max_backends,
             v(size_of::<SynCounts>()),
         ),
+        (MAP_SYNS, SYN_SLOTS, v(size_of::<SynSlot>())),
     ]
 }
 
@@ -484,6 +492,15 @@ impl Dataplane for KernelDataplane {
 
     fn flow_bucket(&self, index: u32) -> Result<FlowBucket> {
         self.maps.flows.get(&index, 0).map_err(map_err(MAP_FLOWS))
+    }
+
+    fn syn_slot(&self, bucket_index: u32) -> Result<SynSlot> {
+        match &self.maps.syns {
+            Some(map) => map
+                .get(&(bucket_index & (SYN_SLOTS - 1)), 0)
+                .map_err(map_err(MAP_SYNS)),
+            None => Ok(SynSlot::default()),
+        }
     }
 
     /// Reads the table through a read-only mapping of the map

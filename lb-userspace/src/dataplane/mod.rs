@@ -215,6 +215,9 @@ pub trait Dataplane {
     fn backend_syns(&self, index: u32) -> Result<lb_common::SynCounts>;
 
     fn flow_bucket(&self, index: u32) -> Result<FlowBucket>;
+    /// The recent-SYN slot of the flow at connection-table bucket index
+    /// `bucket_index` (before masking by the table's size).
+    fn syn_slot(&self, bucket_index: u32) -> Result<lb_common::SynSlot>;
     fn set_flow_bucket(&mut self, index: u32, bucket: &FlowBucket) -> Result<()>;
 
     /// Visits every connection-table bucket once, in index order (a

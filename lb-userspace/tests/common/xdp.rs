@@ -486,10 +486,14 @@ pub fn forward(rig: &mut Rig, packet: &[u8]) -> (usize, Counter) {
     let (action, out) = rig.run(packet);
     assert_eq!(action, XDP_TX, "forwarded");
     let after = rig.counters();
-    let counter = [Counter::FwdConntrack, Counter::FwdMaglev]
-        .into_iter()
-        .find(|c| after[*c as usize].packets > before[*c as usize].packets)
-        .expect("a forward counter moved");
+    let counter = [
+        Counter::FwdConntrack,
+        Counter::FwdMaglev,
+        Counter::FwdHandshake,
+    ]
+    .into_iter()
+    .find(|c| after[*c as usize].packets > before[*c as usize].packets)
+    .expect("a forward counter moved");
     (tunnel_dst(&out), counter)
 }
 

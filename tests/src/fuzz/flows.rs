@@ -9,8 +9,11 @@
 //! The connection table outlives epochs, so a flow that may have entered
 //! it in an earlier epoch is *carried over*: its packets may reach the
 //! backend the old entry names (even of weight 0, as the README says)
-//! until a SYN or an eviction re-picks it, once, after which it stays.
-//! That is the only move allowed.
+//! until an eviction, or a SYN starting a new connection on the tuple,
+//! re-picks it, once, after which it stays. That is the only move
+//! allowed. A SYN of a carried-over flow goes to the table's pick (of
+//! positive weight), while the flow's other packets may still follow the
+//! old entry until the new connection takes it over.
 //!
 //! A GUE tunnel's source port comes from the flow hash: one flow, one
 //! source port, across the whole run.
@@ -96,9 +99,23 @@ impl Flows {
         self.entry(flow);
     }
 
-    /// A packet of `flow` reached `backend` (of weight `weight`).
-    pub fn observe(&mut self, flow: &Flow, backend: IpAddr, weight: u32) -> Result<(), Violation> {
+    /// A packet of `flow` reached `backend` (of weight `weight`); `syn`:
+    /// a TCP SYN without ACK.
+    pub fn observe(
+        &mut self,
+        flow: &Flow,
+        backend: IpAddr,
+        weight: u32,
+        syn: bool,
+    ) -> Result<(), Violation> {
         let e = self.entry(flow);
+        if syn && e.carried_over {
+            if weight == 0 {
+                let what = format!("SYN of {flow:?} sent to {backend}, of weight 0");
+                return Err(Violation::new(5, "weight-zero", what));
+            }
+            return Ok(());
+        }
         match e.backend {
             None => {
                 e.backend = Some(backend);
@@ -159,9 +176,10 @@ mod tests {
             "10.1.0.1".parse().expect("a"),
             "10.1.0.2".parse().expect("b"),
         );
-        f.observe(&flow(1), a, 1).expect("first");
-        f.observe(&flow(1), a, 1).expect("same");
-        assert!(f.observe(&flow(1), b, 1).is_err());
+        f.observe(&flow(1), a, 1, true).expect("first");
+        f.observe(&flow(1), a, 1, false).expect("same");
+        assert!(f.observe(&flow(1), b, 1, false).is_err());
+        assert!(f.observe(&flow(1), b, 1, true).is_err(), "a SYN too");
     }
 
     #[test]
@@ -173,8 +191,17 @@ mod tests {
         );
         f.touch(&flow(1));
         f.new_epoch();
-        f.observe(&flow(1), a, 0).expect("old entry, weight 0");
-        f.observe(&flow(1), b, 1).expect("re-picked");
-        assert!(f.observe(&flow(1), a, 0).is_err(), "no way back");
+        f.observe(&flow(1), a, 0, false)
+            .expect("old entry, weight 0");
+        f.observe(&flow(1), b, 1, true)
+            .expect("a SYN: the table's pick");
+        f.observe(&flow(1), a, 0, false)
+            .expect("still the old entry");
+        assert!(
+            f.observe(&flow(1), b, 0, true).is_err(),
+            "a SYN to weight 0"
+        );
+        f.observe(&flow(1), b, 1, false).expect("re-picked");
+        assert!(f.observe(&flow(1), a, 0, false).is_err(), "no way back");
     }
 }

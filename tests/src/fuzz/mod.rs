@@ -206,7 +206,8 @@ impl Fuzzer {
             self.flows.touch(flow);
         }
         if let (Some(sent), Some(fwd)) = (judged.sent, &expect.forward) {
-            self.flows.observe(&fwd.flow, sent.backend, sent.weight)?;
+            self.flows
+                .observe(&fwd.flow, sent.backend, sent.weight, fwd.syn)?;
             if m.vips[fwd.vip].frag_hash
                 && !fwd.flow.three_tuple
                 && !self.flows.carried_over(&fwd.flow)
@@ -217,7 +218,8 @@ impl Fuzzer {
                     three_tuple: true,
                     ..fwd.flow
                 };
-                self.flows.observe(&three, sent.backend, sent.weight)?;
+                self.flows
+                    .observe(&three, sent.backend, sent.weight, false)?;
             }
             if let Some(port) = sent.gue_sport {
                 self.flows.gue_port(&fwd.flow, port)?;

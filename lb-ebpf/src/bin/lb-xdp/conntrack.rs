@@ -6,10 +6,13 @@
 //! and written whole, so a lookup on one CPU never sees half of an insert on
 //! another. Each way also has a 16-bit stamp: when it was last seen and
 //! whether it is *confirmed* (has seen a packet after the one that created
-//! it). A new flow takes a way holding the same tag (a SYN replacing its
-//! old entry), else an empty way, else the stalest unconfirmed entry, and
-//! only then the stalest confirmed one: under a flood of spoofed SYNs
-//! (or any one-packet flows) established flows keep their ways.
+//! it). A flow is recorded by its first packet that is not a SYN (SYNs
+//! are kept apart, in `syns.rs`): confirmed at once when it completes a
+//! handshake this balancer saw, else unconfirmed. It takes a way holding
+//! the same tag, else an empty way, else the stalest unconfirmed entry,
+//! and only then the stalest confirmed one: a flood of spoofed SYNs never
+//! reaches the table, and a flood of other one-packet flows displaces
+//! only its own kind while established flows have their ways.
 //!
 //! Why not the kernel's LRU hash: a miss-and-insert there cost 260-600 ns
 //! on our machines (measured with `BPF_PROG_TEST_RUN` before this table
@@ -51,25 +54,36 @@ pub fn find(bucket: *mut FlowBucket, tag: u32) -> Option<(usize, u32)> {
 
 /// Marks `way` as seen now by a packet after the one that created it:
 /// confirmed. Writes only when the stamp changes, so a busy flow dirties
-/// its cache line once per tick, not on every packet.
+/// its cache line once per tick, not on every packet. Returns the tick
+/// the way was last seen if that was before this one (the flow was idle).
 #[inline(always)]
-pub fn touch(bucket: *mut FlowBucket, way: usize, now: u16) {
+pub fn touch(bucket: *mut FlowBucket, way: usize, now: u16) -> Option<u16> {
     let stamp_now = CT_STAMP_CONFIRMED | now;
     // SAFETY: live map value, `way < CT_WAYS` (from `find`).
     unsafe {
         let stamp = &mut (*bucket).stamps[way];
-        if *stamp != stamp_now {
-            *stamp = stamp_now;
+        let last = *stamp;
+        if last == stamp_now {
+            return None;
         }
+        *stamp = stamp_now;
+        Some(last & CT_STAMP_TIME)
     }
 }
 
+/// Points `way` (holding `tag`) at backend `handle`.
+#[inline(always)]
+pub fn set(bucket: *mut FlowBucket, way: usize, tag: u32, handle: u32) {
+    // SAFETY: live map value, `way < CT_WAYS` (from `find`); one aligned
+    // 8-byte store.
+    unsafe { core::ptr::write_volatile(&mut (*bucket).entries[way], FlowEntry::new(tag, handle)) };
+}
+
 /// Eviction rank of a way (higher goes first): a way of the same flow,
-/// then an empty one, then unconfirmed entries (one packet seen: a SYN,
-/// or a flow's first packet here), then confirmed ones; the stalest
-/// first within each class. A flood of one-packet flows, spoofed SYNs
-/// above all, therefore only ever displaces other one-packet entries
-/// while a confirmed flow has a way.
+/// then an empty one, then unconfirmed entries (one packet seen, no
+/// handshake), then confirmed ones; the stalest first within each class.
+/// A flood of one-packet flows therefore only ever displaces other
+/// one-packet entries while a confirmed flow has a way.
 #[inline(always)]
 fn eviction_rank(e: FlowEntry, stamp: u16, tag: u32, now: u16) -> u32 {
     if e == FlowEntry::EMPTY {
@@ -97,10 +111,6 @@ const RANK_SAME_FLOW: u32 = 0x3_0000;
 pub enum Evicted {
     /// Nothing live: the flow's own way or an empty one.
     Nothing,
-    /// The flow's own way, unconfirmed and young: its previous packet (a
-    /// SYN, for the callers that care) went to backend `handle` and was
-    /// not followed by anything else from the client.
-    Repeated { handle: u32 },
     /// A live entry that had seen one packet.
     Unconfirmed,
     /// A live entry that had seen more than one: an established flow lost
@@ -108,16 +118,19 @@ pub enum Evicted {
     Confirmed,
 }
 
-/// Records `tag → handle`, unconfirmed, in the way [`eviction_rank`]
-/// puts first (the first such way on a tie). `window`: how many stamp
-/// ticks old the flow's own unconfirmed entry may be to count as
-/// [`Evicted::Repeated`].
+/// Records `tag → handle` in the way [`eviction_rank`] puts first (the
+/// first such way on a tie); `confirmed` when the flow is known to be
+/// established already (its handshake was seen).
 #[inline(always)]
-pub fn insert(bucket: *mut FlowBucket, tag: u32, handle: u32, now: u16, window: u16) -> Evicted {
+pub fn insert(
+    bucket: *mut FlowBucket,
+    tag: u32,
+    handle: u32,
+    now: u16,
+    confirmed: bool,
+) -> Evicted {
     let mut best = 0;
     let mut best_rank = 0u32;
-    let mut best_entry = FlowEntry::EMPTY;
-    let mut best_stamp = 0u16;
     for way in 0..CT_WAYS {
         // SAFETY: live map value; `way < CT_WAYS`.
         let (e, stamp) = unsafe {
@@ -130,23 +143,19 @@ pub fn insert(bucket: *mut FlowBucket, tag: u32, handle: u32, now: u16, window: 
         if way == 0 || rank > best_rank {
             best = way;
             best_rank = rank;
-            best_entry = e;
-            best_stamp = stamp;
         }
     }
+    let stamp = if confirmed {
+        CT_STAMP_CONFIRMED | now
+    } else {
+        now
+    };
     // SAFETY: live map value; `best < CT_WAYS`; one aligned 8-byte store.
     unsafe {
         core::ptr::write_volatile(&mut (*bucket).entries[best], FlowEntry::new(tag, handle));
-        (*bucket).stamps[best] = now;
+        (*bucket).stamps[best] = stamp;
     }
-    if best_rank == RANK_SAME_FLOW
-        && best_stamp & CT_STAMP_CONFIRMED == 0
-        && now.wrapping_sub(best_stamp) & CT_STAMP_TIME <= window
-    {
-        Evicted::Repeated {
-            handle: best_entry.handle(),
-        }
-    } else if best_rank >= RANK_EMPTY {
+    if best_rank >= RANK_EMPTY {
         Evicted::Nothing
     } else if best_rank >= RANK_UNCONFIRMED {
         Evicted::Unconfirmed

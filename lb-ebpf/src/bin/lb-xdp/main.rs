@@ -16,15 +16,17 @@ mod maglev;
 mod maps;
 mod probe;
 mod stats;
+mod syns;
 mod trace;
 
 use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
 use lb_common::{
-    BackendDef, Counter, DatapathConfig, VIP_FILTER_WORDS, VipKey, VipMeta,
+    BackendDef, Counter, DatapathConfig, FlowBucket, SynSlot, VIP_FILTER_WORDS, VipKey, VipMeta,
     consts::{
         BACKEND_F_USABLE, BACKEND_INDEX_MASK, CFG_F_ALL_PORTS_VIPS, CFG_F_DROP_MALFORMED,
         CFG_F_ICMP_ECHO, CFG_F_PASS_TOO_BIG, CFG_F_TRACE, CT_STAMP_TIME, CT_SYN_WINDOW_DEFAULT,
-        FAMILY_V4, KEY_FRAGMENTS, VIP_F_FRAG_HASH, VIP_F_NO_BACKENDS, VIP_F_NO_CONNTRACK,
+        FAMILY_V4, KEY_FRAGMENTS, PROTO_TCP, VIP_F_FRAG_HASH, VIP_F_NO_BACKENDS,
+        VIP_F_NO_CONNTRACK,
     },
     counters::Kind,
     flow::{ct_position, hash_v4, hash_v6, vip_filter_bit},
@@ -118,9 +120,15 @@ fn decide<const TRACE: bool>(
         && let Some(bucket) = bucket
         && let Some((way, handle)) = conntrack::find(bucket, tag)
     {
+        let now = conntrack::now();
+        let handle = match conntrack::touch(bucket, way, now) {
+            Some(last) if pkt.is_tcp() => reopened(cfg, bucket, way, bucket_index, tag, last, now)
+                .inspect(|_| stats::count(Counter::CtReopened, pkt.frame_len))
+                .unwrap_or(handle),
+            _ => handle,
+        };
         match backend_of(handle) {
             Some(def) if def.flags & BACKEND_F_USABLE != 0 => {
-                conntrack::touch(bucket, way, conntrack::now());
                 return forward::<TRACE>(ctx, cfg, def, pkt, hash, Counter::FwdConntrack);
             }
             _ => stats::count(Counter::CtStale, pkt.frame_len),
@@ -130,48 +138,108 @@ fn decide<const TRACE: bool>(
     let Some(meta) = find_vip(cfg, &pkt.dst, pkt.dport(), pkt.proto, pkt.family) else {
         return (PASS, Counter::PassNotVip);
     };
-    let Some(def) = pick(cfg, &meta, pkt.family, &pkt.src, &pkt.dst, pkt.proto, hash) else {
-        stats::vip(meta.vip_id, pkt.frame_len);
-        return (DROP, Counter::DropNoBackend);
+    let tracked = meta.flags & VIP_F_NO_CONNTRACK == 0;
+    let syn_slot = if tracked && pkt.is_tcp() {
+        syns::slot(bucket_index)
+    } else {
+        None
+    };
+    if syn {
+        let Some(def) = pick(cfg, &meta, pkt.family, &pkt.src, &pkt.dst, pkt.proto, hash) else {
+            stats::vip(meta.vip_id, pkt.frame_len);
+            return (DROP, Counter::DropNoBackend);
+        };
+        let outcome = match syn_slot {
+            Some(slot) => {
+                let index = def.handle & BACKEND_INDEX_MASK;
+                let repeat = syns::record(slot, tag, def.handle, conntrack::now(), syn_window(cfg));
+                stats::syn(index, repeat.map(|h| h & BACKEND_INDEX_MASK));
+                Counter::FwdMaglev
+            }
+            None => Counter::FwdMaglevNoConntrack,
+        };
+        return forward::<TRACE>(ctx, cfg, def, pkt, hash, outcome);
+    }
+    new_flow::<TRACE>(ctx, cfg, &meta, pkt, hash, bucket, syn_slot, tag)
+}
+
+/// A packet (not a SYN) of a flow the connection table does not hold:
+/// the backend its recent SYN went to, else the Maglev table's; recorded
+/// (confirmed if its handshake was seen here) unless the VIP keeps no
+/// connection table.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn new_flow<const TRACE: bool>(
+    ctx: &XdpContext,
+    cfg: &DatapathConfig,
+    meta: &VipMeta,
+    pkt: &Packet,
+    hash: u64,
+    bucket: Option<*mut FlowBucket>,
+    syn_slot: Option<*mut SynSlot>,
+    tag: u32,
+) -> (u32, Counter) {
+    let now = conntrack::now();
+    let answered = syn_slot
+        .and_then(|slot| syns::take(slot, tag, now, syn_window(cfg), None))
+        .and_then(backend_of)
+        .filter(|def| def.flags & BACKEND_F_USABLE != 0);
+    let def = match answered {
+        Some(def) => def,
+        None => match pick(cfg, meta, pkt.family, &pkt.src, &pkt.dst, pkt.proto, hash) {
+            Some(def) => def,
+            None => {
+                stats::vip(meta.vip_id, pkt.frame_len);
+                return (DROP, Counter::DropNoBackend);
+            }
+        },
     };
     let outcome = match bucket {
         Some(bucket) if meta.flags & VIP_F_NO_CONNTRACK == 0 => {
-            let window = syn_window(cfg);
-            let evicted = conntrack::insert(bucket, tag, def.handle, conntrack::now(), window);
-            if syn {
-                stats::syn(def.handle & BACKEND_INDEX_MASK, repeat_of(evicted));
-            }
-            match evicted {
-                conntrack::Evicted::Nothing | conntrack::Evicted::Repeated { .. } => {}
+            match conntrack::insert(bucket, tag, def.handle, now, answered.is_some()) {
+                conntrack::Evicted::Nothing => {}
                 conntrack::Evicted::Unconfirmed => stats::count(Counter::CtEvicted, pkt.frame_len),
                 conntrack::Evicted::Confirmed => {
                     stats::count(Counter::CtEvicted, pkt.frame_len);
                     stats::count(Counter::CtEvictedConfirmed, pkt.frame_len);
                 }
             }
-            Counter::FwdMaglev
+            if answered.is_some() {
+                Counter::FwdHandshake
+            } else {
+                Counter::FwdMaglev
+            }
         }
         _ => Counter::FwdMaglevNoConntrack,
     };
     forward::<TRACE>(ctx, cfg, def, pkt, hash, outcome)
 }
 
-/// How old (stamp ticks) a flow's unconfirmed entry may be for a new SYN
-/// of it to be a retransmission.
+/// A connection-table hit on an entry last seen at tick `last`: if a SYN
+/// of the flow came since (a new connection on a reused tuple), the
+/// backend that SYN went to, which the entry now names.
+#[inline(always)]
+fn reopened(
+    cfg: &DatapathConfig,
+    bucket: *mut FlowBucket,
+    way: usize,
+    bucket_index: u32,
+    tag: u32,
+    last: u16,
+    now: u16,
+) -> Option<u32> {
+    let slot = syns::slot(bucket_index)?;
+    let handle = syns::take(slot, tag, now, syn_window(cfg), Some(last))?;
+    conntrack::set(bucket, way, tag, handle);
+    Some(handle)
+}
+
+/// How old (stamp ticks) a SYN in `LB_SYNS` may be to count as recent.
 #[inline(always)]
 fn syn_window(cfg: &DatapathConfig) -> u16 {
     match cfg.syn_window {
         0 => CT_SYN_WINDOW_DEFAULT,
         w => w.min(CT_STAMP_TIME as u32) as u16,
-    }
-}
-
-/// The backend index an unanswered earlier SYN of the flow went to.
-#[inline(always)]
-fn repeat_of(evicted: conntrack::Evicted) -> Option<u32> {
-    match evicted {
-        conntrack::Evicted::Repeated { handle } => Some(handle & BACKEND_INDEX_MASK),
-        _ => None,
     }
 }
 
@@ -332,8 +400,9 @@ fn icmp_to_vip<const TRACE: bool>(
 }
 
 /// Sends an ICMP error to the backend of the flow it quotes: the one in
-/// the connection table, else the one Maglev picks (as for the flow's next
-/// packet). The error does not create a connection-table entry.
+/// the connection table, else the one its recent SYN went to (TCP), else
+/// the one Maglev picks (as for the flow's next packet). The error
+/// creates no state.
 #[inline(always)]
 fn icmp_error<const TRACE: bool>(
     ctx: &XdpContext,
@@ -353,6 +422,15 @@ fn icmp_error<const TRACE: bool>(
     let Some(meta) = find_vip(cfg, &q.vip, q.vip_port(), q.proto, pkt.family) else {
         return (PASS, Counter::PassIcmp);
     };
+    if q.proto == PROTO_TCP
+        && meta.flags & VIP_F_NO_CONNTRACK == 0
+        && let Some(slot) = syns::slot(bucket_index)
+        && let Some(handle) = syns::peek(slot, tag, conntrack::now(), syn_window(cfg))
+        && let Some(def) = backend_of(handle)
+        && def.flags & BACKEND_F_USABLE != 0
+    {
+        return forward::<TRACE>(ctx, cfg, def, pkt, hash, Counter::FwdIcmpError);
+    }
     let Some(def) = pick(cfg, &meta, pkt.family, &q.client, &q.vip, q.proto, hash) else {
         stats::vip(meta.vip_id, pkt.frame_len);
         return (DROP, Counter::DropNoBackend);

@@ -7,8 +7,10 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
 use lb_common::{
-    BackendDef, CounterValue, DatapathConfig, FlowBucket, SynCounts, TableChunk, TraceFilter,
-    VipFilter, VipKey, VipMeta, consts::TRACE_RING_BYTES, counters::COUNTER_SLOTS,
+    BackendDef, CounterValue, DatapathConfig, FlowBucket, SynCounts, SynSlot, TableChunk,
+    TraceFilter, VipFilter, VipKey, VipMeta,
+    consts::{SYN_SLOTS, TRACE_RING_BYTES},
+    counters::COUNTER_SLOTS,
 };
 
 /// One element: the global datapath configuration.
@@ -48,6 +50,10 @@ pub static LB_BACKEND_STATS: PerCpuArray<CounterValue> = PerCpuArray::with_max_e
 /// Per-backend SYNs and retransmitted SYNs, per CPU (passive health).
 #[map]
 pub static LB_BACKEND_SYNS: PerCpuArray<SynCounts> = PerCpuArray::with_max_entries(256, 0);
+
+/// Recent SYNs, shared by all CPUs (see `syns.rs`).
+#[map]
+pub static LB_SYNS: Array<SynSlot> = Array::with_max_entries(SYN_SLOTS, 0);
 
 /// One element: the VIP filter (see `lb_common::VipFilter`).
 #[map]

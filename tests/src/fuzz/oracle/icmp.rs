@@ -72,6 +72,7 @@ pub fn verdict(model: &Model, ip: &Ip, offset: usize) -> Expect {
         inner: ip.start..ip.start + ip.packet.len(),
         source: ip.src,
         icmp_error: true,
+        syn: false,
     });
     e
 }

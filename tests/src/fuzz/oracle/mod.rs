@@ -90,6 +90,9 @@ pub struct Forward {
     pub source: IpAddr,
     /// An ICMP error routed by the flow it quotes.
     pub icmp_error: bool,
+    /// A TCP SYN without ACK: it starts a connection, so it goes to the
+    /// table's pick whatever older state its tuple has.
+    pub syn: bool,
 }
 
 /// A reply the balancer may send instead of forwarding.

@@ -252,7 +252,11 @@ fn upper(model: &Model, ip: &Ip, proto: u8, offset: usize) -> Expect {
                 u16::from_be_bytes([l4[0], l4[1]]),
                 u16::from_be_bytes([l4[2], l4[3]]),
             );
-            tcp_udp(model, ip, 6, ports)
+            let mut e = tcp_udp(model, ip, 6, ports);
+            if let Some(f) = &mut e.forward {
+                f.syn = l4[13] & 0x12 == 0x02;
+            }
+            e
         }
         17 => match UdpHeaderSlice::from_slice(l4) {
             Ok(u) => tcp_udp(model, ip, 17, (u.source_port(), u.destination_port())),
@@ -337,6 +341,7 @@ fn forward_or_too_big(model: &Model, ip: &Ip, v: usize, flow: Flow, why: &'stati
         inner: ip.range(),
         source: ip.src,
         icmp_error: false,
+        syn: false,
     });
     e
 }
