@@ -750,29 +750,28 @@ fn print_datapath() -> Result<()> {
     println!("## Datapath (`cargo xtask bench`, {})", today());
     println!();
     println!(
-        "Net ns per packet, `BPF_PROG_TEST_RUN` through the restoring harness: {RUNS} pairs of {REPEAT}-repeat batches (the harness with an empty program, then with the program under test). \"pairs\": median \\| min \\| max of the per-pair differences. \"of minima\": fastest batch of the program minus fastest batch of the empty program (noise on a shared host only adds time, so this is the steadiest figure). \"× floor\": lb's of-minima figure over the MAC-swap floor's, both measured in this run. Figures from other programs or hosts never enter a ratio here (BENCHMARKS.md cites them with their host)."
+        "Net ns per packet, `BPF_PROG_TEST_RUN` through the restoring harness: {RUNS} pairs of {REPEAT}-repeat batches (the harness with an empty program, then with the program under test). \"pairs\": median \\| min \\| max of the per-pair differences. \"of minima\": fastest batch of the program minus fastest batch of the empty program (noise on a shared host only adds time, so this is the steadiest figure). Ratios appear only between things measured in this run (a baseline build below, the floor in the forwarding rate); figures from other programs or hosts never enter one (BENCHMARKS.md cites them with their host)."
     );
     println!();
     let baseline = baseline_object()?;
     let (rows, swap, harness) = datapath(baseline.as_ref().map(|(_, o)| &o[..]))?;
-    println!("| packet class | lb pairs: median \\| min \\| max | lb of minima | × floor |");
-    println!("| --- | --- | --- | --- |");
+    println!("| packet class | lb pairs: median \\| min \\| max | lb of minima |");
+    println!("| --- | --- | --- |");
     for r in &rows {
         println!(
-            "| {} | {} | {:.0} | {:.2} |",
+            "| {} | {} | {:.0} |",
             r.class,
             ns_row(&r.stat.pairs),
             r.stat.of_minima,
-            r.stat.of_minima / swap.of_minima,
         );
     }
     println!(
-        "| trivial MAC swap + XDP_TX (floor) | {} | {:.0} | 1 |",
+        "| trivial MAC swap + XDP_TX (floor) | {} | {:.0} |",
         ns_row(&swap.pairs),
         swap.of_minima
     );
     println!(
-        "| harness alone (subtracted above) | {} | | |",
+        "| harness alone (subtracted above) | {} | |",
         ns_row(&harness)
     );
     println!();
