@@ -167,9 +167,10 @@ pub const MAP_TRACE: &str = "LB_TRACE";
 pub const MAP_BACKEND_SYNS: &str = "LB_BACKEND_SYNS";
 pub const MAP_TRACE_EVENTS: &str = "LB_TRACE_EVENTS";
 pub const MAP_SYNS: &str = "LB_SYNS";
+pub const MAP_VIP_RETIRED: &str = "LB_VIP_RETIRED";
 
 /// Every map of the balancer object, in a stable order.
-pub const ALL_MAPS: [&str; 13] = [
+pub const ALL_MAPS: [&str; 14] = [
     MAP_CONFIG,
     MAP_VIPS,
     MAP_BACKENDS,
@@ -183,6 +184,7 @@ pub const ALL_MAPS: [&str; 13] = [
     MAP_TRACE_EVENTS,
     MAP_BACKEND_SYNS,
     MAP_SYNS,
+    MAP_VIP_RETIRED,
 ];
 
 /// Name of the balancer's XDP program in the object file.

@@ -261,7 +261,7 @@ impl<D: Dataplane> Reconciler<D> {
         };
         for defs in by_vip.into_values() {
             for def in defs {
-                r.retire_backend(def.handle)?;
+                r.retire_backend(def.handle, None)?;
             }
         }
         if !r.vips.is_empty() {
@@ -455,7 +455,7 @@ impl<D: Dataplane> Reconciler<D> {
         };
         self.dp.remove_vip(&id.key())?;
         for b in state.backends.values() {
-            self.retire_backend(b.handle)?;
+            self.retire_backend(b.handle, None)?;
         }
         info!(vip = %id, "VIP removed");
         Ok(())
@@ -494,8 +494,12 @@ impl<D: Dataplane> Reconciler<D> {
     }
 
     /// Frees a backend's index. Its handle stays in the map with no flags,
-    /// so connection-table entries pointing at it are misses.
-    fn retire_backend(&mut self, handle: u32) -> Result<()> {
+    /// so connection-table entries pointing at it are misses. Its counters
+    /// join those of VIP id `vip_id` (if the VIP stays), whose total would
+    /// otherwise drop: the datapath counts forwarded packets per backend
+    /// only. (A packet in flight on another CPU as the backend leaves may
+    /// be counted after the read, and is lost when the index is reused.)
+    fn retire_backend(&mut self, handle: u32, vip_id: Option<u32>) -> Result<()> {
         let index = handle & BACKEND_INDEX_MASK;
         let def = BackendDef {
             handle,
@@ -504,6 +508,10 @@ impl<D: Dataplane> Reconciler<D> {
         self.dp.set_backend(index, &def)?;
         if let Some(slot) = self.slots.get_mut(index as usize) {
             *slot = (handle, false);
+        }
+        if let Some(vip_id) = vip_id {
+            let counts = self.dp.backend_stats(index)?;
+            self.dp.add_vip_retired(vip_id, counts)?;
         }
         Ok(())
     }
@@ -524,8 +532,9 @@ impl<D: Dataplane> Reconciler<D> {
         let handles = self.build_table(&vip.id)?;
         report.table_builds.push(started.elapsed());
         self.publish(vip, is_new, handles, report)?;
+        let vip_id = self.vips.get(&vip.id).map(|v| v.meta.vip_id);
         for handle in retire {
-            self.retire_backend(handle)?;
+            self.retire_backend(handle, vip_id)?;
         }
         Ok(())
     }
@@ -737,15 +746,18 @@ impl<D: Dataplane> Reconciler<D> {
         })
     }
 
-    /// Counters of one VIP and of each of its backends.
+    /// Counters of one VIP (every packet that matched it: its own count
+    /// plus its backends') and of each of its backends.
     pub fn vip_counters(&self, id: &VipId) -> Result<Option<VipCounters>> {
         let Some(v) = self.vips.get(id) else {
             return Ok(None);
         };
-        let vip = self.dp.vip_stats(v.meta.vip_id)?;
+        let mut vip = self.dp.vip_stats(v.meta.vip_id)?;
         let mut backends = Vec::new();
         for (addr, b) in &v.backends {
-            backends.push((*addr, self.dp.backend_stats(b.handle & BACKEND_INDEX_MASK)?));
+            let counts = self.dp.backend_stats(b.handle & BACKEND_INDEX_MASK)?;
+            vip += counts;
+            backends.push((*addr, counts));
         }
         Ok(Some((vip, backends)))
     }
@@ -970,7 +982,7 @@ mod tests {
         r.dataplane_mut().vip_stats[vip_id as usize] = seen;
 
         // 10.1.0.2 leaves; 10.1.0.7 takes its index, without its packets;
-        // the VIP carries on, with its counters.
+        // the VIP carries on, with its counters and the leaver's.
         r.apply(&[vip("10.0.0.1", 80, &[("10.1.0.1", 1)])], &all)
             .unwrap();
         let a2 = vip("10.0.0.1", 80, &[("10.1.0.1", 1), ("10.1.0.7", 1)]);
@@ -980,7 +992,9 @@ mod tests {
             r.dataplane().backend_stats(old).unwrap(),
             Default::default()
         );
-        assert_eq!(r.dataplane().vip_stats(vip_id).unwrap(), seen);
+        let mut both = seen;
+        both += seen;
+        assert_eq!(r.dataplane().vip_stats(vip_id).unwrap(), both);
 
         // A new VIP takes the id of one that went, without its packets.
         r.apply(&[], &all).unwrap();

@@ -594,7 +594,9 @@ fn vip_and_backend_stats_add_up() {
         bytes += pkt.len() as u64;
         forward(&mut rig, &pkt);
     }
-    let vip = rig.dp().vip_stats(meta.vip_id).expect("vip stats");
+    let id = VipId::from_key(&vips.tcp4).expect("vip");
+    let total = |rig: &Rig| rig.r.vip_counters(&id).expect("counters").expect("VIP").0;
+    let vip = total(&rig);
     assert_eq!((vip.packets, vip.bytes), (50, bytes));
     let per_backend: Vec<CounterValue> = V4_BACKENDS
         .iter()
@@ -608,8 +610,13 @@ fn vip_and_backend_stats_add_up() {
     assert_eq!(per_backend.iter().map(|c| c.bytes).sum::<u64>(), bytes);
     assert!(per_backend.iter().all(|c| c.packets > 0), "{per_backend:?}");
 
+    // A backend leaves: the VIP's total stays (its packets are retired
+    // into the VIP's count), and a dropped packet adds to it.
+    rig.remove_backend(&vips.tcp4, V4_BACKENDS[0]);
+    assert_eq!(total(&rig), vip, "the VIP's total after a backend left");
+
     // What the reconciler does before reusing an id or an index.
-    let index = rig.handle(&vips.tcp4, V4_BACKENDS[0]) & BACKEND_INDEX_MASK;
+    let index = rig.handle(&vips.tcp4, V4_BACKENDS[1]) & BACKEND_INDEX_MASK;
     let dp = rig.r.dataplane_mut();
     dp.clear_vip_stats(meta.vip_id).expect("clear");
     dp.clear_backend_stats(index).expect("clear");

@@ -173,6 +173,13 @@ impl Dataplane for FakeDataplane {
         Ok(self.vip_stats[range("VIP id", vip_id, self.vip_stats.len())?])
     }
 
+    fn add_vip_retired(&mut self, vip_id: u32, counts: CounterValue) -> Result<()> {
+        let i = range("VIP id", vip_id, self.vip_stats.len())?;
+        self.write(1)?;
+        self.vip_stats[i] += counts;
+        Ok(())
+    }
+
     fn backend_stats(&self, index: u32) -> Result<CounterValue> {
         Ok(self.backend_stats[range("backend", index, self.backend_stats.len())?])
     }

@@ -26,8 +26,8 @@ use lb_common::{
     consts::{
         ALL_MAPS, MAP_BACKEND_STATS, MAP_BACKEND_SYNS, MAP_BACKENDS, MAP_CONFIG, MAP_COUNTERS,
         MAP_FLOWS, MAP_SYNS, MAP_TABLES, MAP_TRACE, MAP_TRACE_EVENTS, MAP_VIP_FILTER,
-        MAP_VIP_STATS, MAP_VIPS, PROG_LB, PROG_LB_TRACE, PROG_PROBE_ENCAP, SYN_SLOTS,
-        TABLE_CHUNK_SLOTS, TRACE_RING_BYTES,
+        MAP_VIP_RETIRED, MAP_VIP_STATS, MAP_VIPS, PROG_LB, PROG_LB_TRACE, PROG_PROBE_ENCAP,
+        SYN_SLOTS, TABLE_CHUNK_SLOTS, TRACE_RING_BYTES,
     },
     counters::COUNTER_SLOTS,
 };
@@ -64,6 +64,8 @@ struct Maps {
     backend_syns: Option<PerCpuArray<MapData, SynCounts>>,
     /// Absent in builds before SYNs were kept apart (the same).
     syns: Option<Array<MapData, SynSlot>>,
+    /// Absent in builds that counted forwarded packets per VIP too.
+    vip_retired: Option<Array<MapData, CounterValue>>,
 }
 
 impl Maps {
@@ -98,6 +100,10 @@ impl Maps {
             },
             syns: match ebpf.map(MAP_SYNS) {
                 Some(_) => Some(typed(ebpf, MAP_SYNS)?),
+                None => None,
+            },
+            vip_retired: match ebpf.map(MAP_VIP_RETIRED) {
+                Some(_) => Some(typed(ebpf, MAP_VIP_RETIRED)?),
                 None => None,
             },
         })
@@ -142,6 +148,7 @@ impl KernelDataplane {
             .map_max_entries(MAP_TABLES, layout.table_map_entries())
             .map_max_entries(MAP_FLOWS, layout.ct_buckets)
             .map_max_entries(MAP_VIP_STATS, layout.max_vips)
+            .map_max_entries(MAP_VIP_RETIRED, layout.max_vips)
             .map_max_entries(MAP_BACKEND_STATS, layout.max_backends)
             .map_max_entries(MAP_BACKEND_SYNS, layout.max_backends);
         if let Some(dir) = pin_dir {
@@ -308,7 +315,7 @@ fn per_cpu_sum(map: &Counts, name: &'static str, index: u32) -> Result<CounterVa
 }
 
 /// Sizes of each map for `layout`: (name, max entries, value size).
-fn expected_maps(layout: &Layout) -> [(&'static str, u32, u32); 13] {
+fn expected_maps(layout: &Layout) -> [(&'static str, u32, u32); 14] {
     use std::mem::size_of;
     let v = |n: usize| n as u32;
     [
@@ -341,6 +348,11 @@ fn expected_maps(layout: &Layout) -> [(&'static str, u32, u32); 13] {
             v(size_of::<SynCounts>()),
         ),
         (MAP_SYNS, SYN_SLOTS, v(size_of::<SynSlot>())),
+        (
+            MAP_VIP_RETIRED,
+            layout.max_vips,
+            v(size_of::<CounterValue>()),
+        ),
     ]
 }
 
@@ -455,7 +467,22 @@ impl Dataplane for KernelDataplane {
     }
 
     fn vip_stats(&self, vip_id: u32) -> Result<CounterValue> {
-        per_cpu_sum(&self.maps.vip_stats, MAP_VIP_STATS, vip_id)
+        let mut sum = per_cpu_sum(&self.maps.vip_stats, MAP_VIP_STATS, vip_id)?;
+        if let Some(retired) = &self.maps.vip_retired {
+            sum += retired.get(&vip_id, 0).map_err(map_err(MAP_VIP_RETIRED))?;
+        }
+        Ok(sum)
+    }
+
+    fn add_vip_retired(&mut self, vip_id: u32, counts: CounterValue) -> Result<()> {
+        let Some(retired) = &mut self.maps.vip_retired else {
+            return Ok(());
+        };
+        let mut sum = retired.get(&vip_id, 0).map_err(map_err(MAP_VIP_RETIRED))?;
+        sum += counts;
+        retired
+            .set(vip_id, sum, 0)
+            .map_err(map_err(MAP_VIP_RETIRED))
     }
 
     fn backend_stats(&self, index: u32) -> Result<CounterValue> {
@@ -463,7 +490,13 @@ impl Dataplane for KernelDataplane {
     }
 
     fn clear_vip_stats(&mut self, vip_id: u32) -> Result<()> {
-        per_cpu_clear(&mut self.maps.vip_stats, MAP_VIP_STATS, vip_id)
+        per_cpu_clear(&mut self.maps.vip_stats, MAP_VIP_STATS, vip_id)?;
+        if let Some(retired) = &mut self.maps.vip_retired {
+            retired
+                .set(vip_id, CounterValue::default(), 0)
+                .map_err(map_err(MAP_VIP_RETIRED))?;
+        }
+        Ok(())
     }
 
     fn clear_backend_stats(&mut self, index: u32) -> Result<()> {

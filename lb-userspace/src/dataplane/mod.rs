@@ -163,7 +163,10 @@ impl Layout {
             (MAP_FLOWS, self.ct_buckets as u64 * 64),
             (MAP_COUNTERS, COUNTER_SLOTS as u64 * 16 * per_cpu),
             (MAP_VIP_STATS, self.max_vips as u64 * 16 * per_cpu),
+            (MAP_VIP_RETIRED, self.max_vips as u64 * 16),
             (MAP_BACKEND_STATS, self.max_backends as u64 * 16 * per_cpu),
+            (MAP_BACKEND_SYNS, self.max_backends as u64 * 16 * per_cpu),
+            (MAP_SYNS, SYN_SLOTS as u64 * 16),
             (MAP_VIP_FILTER, 8 * lb_common::VIP_FILTER_WORDS as u64),
         ]
     }
@@ -203,7 +206,13 @@ pub trait Dataplane {
 
     /// All `LB_COUNTERS` slots, summed over CPUs, indexed by counter id.
     fn counters(&self) -> Result<Counters>;
+    /// A VIP id's packets that no live backend counts: those the datapath
+    /// did not forward, and those of backends that left (see
+    /// [`Dataplane::add_vip_retired`]). The VIP's total adds its live
+    /// backends' [`Dataplane::backend_stats`].
     fn vip_stats(&self, vip_id: u32) -> Result<lb_common::CounterValue>;
+    /// Adds a leaving backend's counters to its VIP's.
+    fn add_vip_retired(&mut self, vip_id: u32, counts: lb_common::CounterValue) -> Result<()>;
     fn backend_stats(&self, index: u32) -> Result<lb_common::CounterValue>;
     /// Zeroes a VIP id's counters on every CPU (before the id is reused:
     /// a new VIP must not inherit the old one's packets).

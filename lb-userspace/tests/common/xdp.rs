@@ -618,7 +618,16 @@ fn check_forward(
     assert_eq!(want.via, via, "{name}: reference path");
     let backend = want.backend.unwrap_or_else(|| panic!("{name}: no backend"));
     let meta = rig.dp().vip(&vip).expect("vip").expect("vip exists");
-    let vip_before = rig.dp().vip_stats(meta.vip_id).expect("vip stats");
+    let vip_id = lb::config::VipId::from_key(&vip).expect("VIP id");
+    let total = |rig: &Rig| {
+        rig.r
+            .vip_counters(&vip_id)
+            .expect("counters")
+            .expect("VIP")
+            .0
+    };
+    let vip_before = total(rig);
+    let own_before = rig.dp().vip_stats(meta.vip_id).expect("vip stats");
     let be_index = backend.handle & BACKEND_INDEX_MASK;
     let be_before = rig.dp().backend_stats(be_index).expect("backend stats");
 
@@ -628,7 +637,7 @@ fn check_forward(
     check_encapsulated(packet, &out, &backend, meta.encap);
 
     let len = packet.len() as u64;
-    let vip_after = rig.dp().vip_stats(meta.vip_id).expect("vip stats");
+    let vip_after = total(rig);
     let be_after = rig.dp().backend_stats(be_index).expect("backend stats");
     assert_eq!(
         (
@@ -637,6 +646,11 @@ fn check_forward(
         ),
         (1, len),
         "{name}: VIP stats"
+    );
+    assert_eq!(
+        rig.dp().vip_stats(meta.vip_id).expect("vip stats"),
+        own_before,
+        "{name}: a forwarded packet is counted for its backend only"
     );
     assert_eq!(
         (

@@ -288,16 +288,19 @@ fn forward<const TRACE: bool>(
     hash: u64,
     outcome: Counter,
 ) -> (u32, Counter) {
-    stats::vip(def.vip_id as u32, pkt.frame_len);
     let overhead = encap::overhead(def);
     // ICMP errors are small (576 bytes for IPv4, 1280 for IPv6, at most)
     // and must never cause another.
     if cfg.mtu != 0 && pkt.ip_len + overhead > cfg.mtu as u32 && !pkt.is_icmp() {
+        stats::vip(def.vip_id as u32, pkt.frame_len);
         return too_big(ctx, cfg, pkt, (cfg.mtu as u32).saturating_sub(overhead));
     }
     if encap::encapsulate(ctx, cfg, def, pkt, hash).is_err() {
+        stats::vip(def.vip_id as u32, pkt.frame_len);
         return (DROP, Counter::DropEncap);
     }
+    // The VIP's count of forwarded packets is the sum of its backends'
+    // (`lbd` adds them up), which saves a counter update per packet.
     stats::backend(def.handle & BACKEND_INDEX_MASK, pkt.frame_len);
     if TRACE && cfg.flags & CFG_F_TRACE != 0 {
         trace::packet(pkt, outcome as u32, def, hash);

@@ -39,9 +39,19 @@ pub static LB_FLOWS: Array<FlowBucket> = Array::with_max_entries(1, BPF_F_MMAPAB
 #[map]
 pub static LB_COUNTERS: PerCpuArray<CounterValue> = PerCpuArray::with_max_entries(COUNTER_SLOTS, 0);
 
-/// Per-VIP packets and bytes (every packet that matched the VIP), per CPU.
+/// Per-VIP packets and bytes the datapath did not forward (no backend,
+/// too big, encapsulation failed), per CPU. Forwarded packets are counted
+/// per backend only; `lbd` adds a VIP's backends (and `LB_VIP_RETIRED`)
+/// to this for the VIP's total, which saves a counter update per packet.
 #[map]
 pub static LB_VIP_STATS: PerCpuArray<CounterValue> = PerCpuArray::with_max_entries(64, 0);
+
+/// Per-VIP packets and bytes of backends that left the VIP (their
+/// counters added when their index was freed): written by `lbd` only,
+/// never by the program, and pinned so that a VIP's total survives a
+/// restart.
+#[map]
+pub static LB_VIP_RETIRED: Array<CounterValue> = Array::with_max_entries(64, 0);
 
 /// Per-backend packets and bytes forwarded, per CPU.
 #[map]
