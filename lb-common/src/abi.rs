@@ -449,8 +449,9 @@ pub const BENCH_RESTORE_LEN: usize = 96;
 /// before each run the harness shrinks the frame back to `len` and
 /// rewrites its first [`BENCH_RESTORE_LEN`] bytes from `data`, then, if
 /// `stamp_off` is not 0, writes a fresh 32-bit sequence number at that
-/// offset (a new flow every run). Aligned to 8 so that the harness can
-/// copy `data` a word at a time.
+/// offset (a new flow every run), or with `stamp_mod` not 0 the sequence
+/// number modulo `stamp_mod`, plus 1 (`stamp_mod` flows, over and over).
+/// Aligned to 8 so that the harness can copy `data` a word at a time.
 #[repr(C, align(8))]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BenchPacket {
@@ -458,7 +459,7 @@ pub struct BenchPacket {
     pub stamp_off: u32,
     /// `ifindex` to redirect to (live-frames generator), else 0.
     pub redirect_ifindex: u32,
-    pub _pad: u32,
+    pub stamp_mod: u32,
     pub data: [u8; BENCH_RESTORE_LEN],
 }
 

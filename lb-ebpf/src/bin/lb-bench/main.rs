@@ -82,6 +82,10 @@ fn restore(ctx: &XdpContext) -> Option<()> {
             *seq = (*seq).wrapping_add(1);
             *seq
         };
+        let n = match p.stamp_mod {
+            0 => n,
+            m => n % m + 1,
+        };
         let at: *mut [u8; 4] = ptr_at(ctx, off)?;
         // SAFETY: bounds checked by `ptr_at`.
         unsafe { *at = n.to_be_bytes() };

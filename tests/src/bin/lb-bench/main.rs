@@ -1,12 +1,14 @@
 //! `lb-bench` (run by `cargo xtask bench`, as root): datapath cost per
-//! packet class, forwarding rate on a veth with live frames, table-write
-//! cost, and memory. Prints markdown sections; never fails on a timing,
+//! packet class, forwarding rate on a veth with live frames, the datapath
+//! on two CPUs at once (`multicore.rs`), table-write cost, and memory. Prints markdown sections; never fails on a timing,
 //! only on a broken measurement (wrong action, counters that did not move).
 //!
 //! Per-packet costs use `BPF_PROG_TEST_RUN` with `repeat` through the
 //! `lb_bench` harness, which restores the original frame before every run
 //! and tail-calls the program under test; the harness's own cost (measured
 //! by tail-calling an empty program in the same run) is subtracted: "net".
+
+mod multicore;
 
 use std::{
     collections::BTreeMap,
@@ -209,7 +211,7 @@ impl Harness {
             len: frame.len() as u32,
             stamp_off,
             redirect_ifindex,
-            _pad: 0,
+            stamp_mod: 0,
             data,
         };
         let mut map: Array<_, BenchPacket> =
@@ -720,7 +722,7 @@ fn ns_row(s: &Stat) -> String {
     format!("{:>7.1} \\| {:>7.1} \\| {:>7.1}", s.median, s.min, s.max)
 }
 
-/// `LB_BENCH_ONLY=datapath,forwarding,table,memory` runs only those parts
+/// `LB_BENCH_ONLY=datapath,forwarding,multicore,table,memory` runs only those parts
 /// (all by default).
 fn wanted(part: &str) -> bool {
     std::env::var("LB_BENCH_ONLY").map_or(true, |v| v.split(',').any(|p| p == part))
@@ -735,6 +737,9 @@ fn main() -> Result<()> {
     }
     if wanted("forwarding") {
         print_forwarding()?;
+    }
+    if wanted("multicore") {
+        multicore::print_multicore()?;
     }
     if wanted("table") {
         print_table_write()?;
