@@ -599,14 +599,20 @@ mod avx512 {
         // Every position below is below m if these are.
         assert!(start < m && stride < m && _mm512_cmpge_epu32_mask(step, m_v) == 0);
         let mut base = start;
+        // An all-ones mask the compiler cannot see through. Its own
+        // (`kxnorw k0, k0, k1`) reads k0, which the previous step's test
+        // wrote, and this CPU does not break that dependency: every gather
+        // would wait for the one before.
+        let (zero, all) = (_mm512_setzero_si512(), std::hint::black_box(0xffff));
         loop {
             // base, steps < m, so base + step < 2m < 2³¹: one subtraction.
             let pos = _mm512_add_epi32(_mm512_set1_epi32(base as i32), step);
             let pos = _mm512_mask_sub_epi32(pos, _mm512_cmpge_epu32_mask(pos, m_v), pos, m_v);
+            let at = _mm512_srli_epi32::<5>(pos);
             // SAFETY: base and every step are below m (asserted above), so
             // every lane of pos is below m, and pos / 32 indexes a 32-bit
             // word inside `taken`.
-            let word = unsafe { _mm512_i32gather_epi32::<4>(_mm512_srli_epi32::<5>(pos), words) };
+            let word = unsafe { _mm512_mask_i32gather_epi32::<4>(zero, all, at, words) };
             let bits = _mm512_srlv_epi32(word, _mm512_and_si512(pos, low5));
             let empty = _mm512_testn_epi32_mask(bits, one);
             if empty != 0 {
