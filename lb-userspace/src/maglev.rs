@@ -467,7 +467,8 @@ impl Filler {
         // Past √M (√2M for the scalar probe) empty slots, scanning them is
         // cheaper than probing (measured; BENCHMARKS.md).
         let tail = ((if cpu.is_some() { 1.0 } else { 2.0 } * m as f64).sqrt() as u32).max(1);
-        // Batches stop well above the tail: two may be in flight.
+        // Batches stop well above the tail: three (48 claims) may be in
+        // flight.
         let batch = |f: f64| ((m as f64 * f) as u32).max(tail + 64);
         Self {
             m,
@@ -645,23 +646,19 @@ mod avx512 {
     #[target_feature(enable = "avx512f")]
     #[inline]
     fn claim_batches(fill: &mut Filler, walkers: &mut [[u32; 3]], round: &[u32]) -> usize {
-        let mut at = 0;
         let mut searched: Option<(usize, usize, [u32; 16])> = None;
-        while at < round.len() && fill.remaining > fill.batch[1] {
-            let wide = fill.remaining > fill.batch[0];
-            let len = (if wide { 16 } else { 8 }).min(round.len() - at);
-            let batch = &round[at..at + len];
-            let (taken, m, steps) = (&fill.taken, fill.m, &fill.steps);
-            let found = if wide {
-                first_empties::<1>(taken, m, walkers, steps, batch)
-            } else {
-                first_empties::<2>(taken, m, walkers, steps, batch)
-            };
+        let mut next = Batch::start(fill, walkers, round, 0);
+        let mut at = 0;
+        while let Some(batch) = next {
+            at = batch.at + batch.len;
+            // The next batch's cursors are loaded before this one's
+            // search, whose end the branch predictor cannot foresee.
+            next = Batch::start(fill, walkers, round, at);
+            let found = batch.search(&fill.taken, fill.m);
             if let Some((start, len, found)) = searched.take() {
                 fill.commit(walkers, &round[start..start + len], &found);
             }
-            searched = Some((at, len, found));
-            at += len;
+            searched = Some((batch.at, batch.len, found));
         }
         if let Some((start, len, found)) = searched {
             fill.commit(walkers, &round[start..start + len], &found);
@@ -669,22 +666,73 @@ mod avx512 {
         at
     }
 
-    /// For each walker of `batch` (at most `16 / P`), the first empty slot
+    /// A batch of walkers, `round[at..at + len]`, ready to search: one lane
+    /// each (`wide`) or two.
+    #[derive(Clone, Copy)]
+    struct Batch {
+        at: usize,
+        len: usize,
+        wide: bool,
+        live: __mmask16,
+        pos: __m512i,
+        stride: __m512i,
+    }
+
+    impl Batch {
+        /// The batch from `round[at]` on, if claims still go in batches.
+        #[target_feature(enable = "avx512f")]
+        #[inline]
+        fn start(fill: &Filler, walkers: &[[u32; 3]], round: &[u32], at: usize) -> Option<Batch> {
+            if at >= round.len() || fill.remaining <= fill.batch[1] {
+                return None;
+            }
+            let wide = fill.remaining > fill.batch[0];
+            let len = (if wide { 16 } else { 8 }).min(round.len() - at);
+            let batch = &round[at..at + len];
+            let (live, pos, stride) = if wide {
+                batch_start::<1>(fill.m, walkers, &fill.steps, batch)
+            } else {
+                batch_start::<2>(fill.m, walkers, &fill.steps, batch)
+            };
+            Some(Batch {
+                at,
+                len,
+                wide,
+                live,
+                pos,
+                stride,
+            })
+        }
+
+        /// [`first_empties`] of the batch.
+        #[target_feature(enable = "avx512f")]
+        #[inline]
+        fn search(&self, taken: &[u64], m: u32) -> [u32; 16] {
+            let Batch {
+                live, pos, stride, ..
+            } = *self;
+            if self.wide {
+                first_empties::<1>(taken, m, live, pos, stride)
+            } else {
+                first_empties::<2>(taken, m, live, pos, stride)
+            }
+        }
+    }
+
+    /// For each walker of a batch (at most `16 / P`), the first empty slot
     /// of its permutation from its cursor on in the bitmap as it is, in
-    /// batch order: `P` lanes per walker (slots `cursor + j·skip`, `j` in
-    /// `0..P`, then the next `P`), every walker in one gather per step,
-    /// until each has found one.
+    /// batch order: `P` lanes per walker (`live`; from [`batch_start`]),
+    /// every walker in one gather per step, until each has found one.
     #[target_feature(enable = "avx512f")]
     #[inline]
     fn first_empties<const P: usize>(
         taken: &[u64],
         m: u32,
-        walkers: &[[u32; 3]],
-        steps: &[[u32; 16]],
-        batch: &[u32],
+        live: __mmask16,
+        mut pos: __m512i,
+        stride: __m512i,
     ) -> [u32; 16] {
         assert!(taken.len() * 64 >= m as usize && m <= super::MAX_TABLE_SIZE);
-        let (live, mut pos, stride) = batch_start::<P>(m, walkers, steps, batch);
         let (zero, m_v) = (_mm512_setzero_si512(), _mm512_set1_epi32(m as i32));
         let wrap = |p: __m512i| _mm512_min_epu32(p, _mm512_sub_epi32(p, m_v));
         // Every position below is below m if these are.
@@ -989,9 +1037,11 @@ mod avx512 {
         // SAFETY: the `Cpu` argument proves the features.
         unsafe {
             if lanes == 1 {
-                first_empties::<1>(taken, m, walkers, steps, batch)
+                let (live, pos, stride) = batch_start::<1>(m, walkers, steps, batch);
+                first_empties::<1>(taken, m, live, pos, stride)
             } else {
-                first_empties::<2>(taken, m, walkers, steps, batch)
+                let (live, pos, stride) = batch_start::<2>(m, walkers, steps, batch);
+                first_empties::<2>(taken, m, live, pos, stride)
             }
         }
     }
