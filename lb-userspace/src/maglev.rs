@@ -689,7 +689,10 @@ mod avx512 {
             let wide = fill.remaining > fill.batch[0];
             let len = (if wide { 16 } else { 8 }).min(round.len() - at);
             let batch = &round[at..at + len];
-            let (live, pos, stride) = if wide {
+            let (live, pos, stride) = if wide && len == 16 && batch[15] == batch[0] + 15 {
+                let (cursor, skip) = batch_start_in_a_row(walkers, batch[0] as usize);
+                (0xffff, cursor, skip)
+            } else if wide {
                 batch_start::<1>(fill.m, walkers, &fill.steps, batch)
             } else {
                 batch_start::<2>(fill.m, walkers, &fill.steps, batch)
@@ -826,6 +829,33 @@ mod avx512 {
             _mm512_min_epu32(pos, _mm512_sub_epi32(pos, m_v)),
             stride,
         )
+    }
+
+    /// [`batch_start`] for sixteen walkers in a row, one lane each (a
+    /// round of equal weights): each lane's cursor and skip, from three
+    /// loads instead of two gathers.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn batch_start_in_a_row(walkers: &[[u32; 3]], first: usize) -> (__m512i, __m512i) {
+        let row = &walkers[first..first + 16];
+        let at = row.as_ptr().cast::<i32>();
+        // SAFETY: the 16 walkers from `first` on are 48 words.
+        let (a, b, c) = unsafe {
+            (
+                _mm512_loadu_si512(at.cast()),
+                _mm512_loadu_si512(at.add(16).cast()),
+                _mm512_loadu_si512(at.add(32).cast()),
+            )
+        };
+        // Word 3i + field of the 48, from a:b, then the last five from c.
+        let ab = _mm512_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21, 24, 27, 30, 0, 0, 0, 0, 0);
+        let c5 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 4, 7, 10, 13);
+        let field = |f: i32| {
+            let f = _mm512_set1_epi32(f);
+            let low = _mm512_permutex2var_epi32(a, _mm512_add_epi32(ab, f), b);
+            _mm512_mask_permutexvar_epi32(low, 0xf800, _mm512_add_epi32(c5, f), c)
+        };
+        (field(0), field(1))
     }
 
     /// Of lanes in groups of `P` (one walker's): the lowest set lane of
