@@ -427,6 +427,10 @@ struct Filler {
     /// With AVX-512, while more than `batch[0]` slots are empty, claims go
     /// in batches of sixteen walkers, then of eight while more than
     /// `batch[1]` are (see [`avx512::claim_probing`]).
+    #[cfg_attr(
+        not(target_arch = "x86_64"),
+        expect(dead_code, reason = "read by the AVX-512 paths only")
+    )]
     batch: [u32; 2],
     /// The empty slots, once in the tail phase.
     empty: Vec<u32>,
@@ -438,7 +442,15 @@ struct Filler {
     cpu: Option<avx512::Cpu>,
     /// Per walker, for the AVX-512 probes: `j·skip mod M` for `j` in
     /// `0..16`, and `16·skip mod M` (empty for the scalar probe).
+    #[cfg_attr(
+        not(target_arch = "x86_64"),
+        expect(dead_code, reason = "read by the AVX-512 paths only")
+    )]
     steps: Vec<[u32; 16]>,
+    #[cfg_attr(
+        not(target_arch = "x86_64"),
+        expect(dead_code, reason = "read by the AVX-512 paths only")
+    )]
     stride: Vec<u32>,
 }
 
@@ -491,32 +503,6 @@ impl Filler {
     fn take(&mut self, slot: u32, input: u32) {
         self.taken[(slot >> 6) as usize] |= 1 << (slot & 63);
         self.slots[slot as usize] = input;
-    }
-
-    /// Commits the claims of `batch`, in order, given the first empty slot
-    /// of each walker's permutation in an earlier bitmap (`found`; the
-    /// slots before it were taken then, so they are now). A claim made
-    /// since may have taken it: then the walker probes on from there.
-    #[inline(always)]
-    fn commit(&mut self, walkers: &mut [[u32; 3]], batch: &[u32], found: &[u32; 16]) {
-        let m = self.m;
-        let step = |s: u32, skip: u32| {
-            if s + skip >= m {
-                s + skip - m
-            } else {
-                s + skip
-            }
-        };
-        for (&k, &slot) in batch.iter().zip(found) {
-            let [cursor, skip, input] = &mut walkers[k as usize];
-            let mut slot = slot;
-            while self.taken[(slot >> 6) as usize] & (1 << (slot & 63)) != 0 {
-                slot = step(slot, *skip);
-            }
-            self.take(slot, *input);
-            self.remaining -= 1;
-            *cursor = step(slot, *skip);
-        }
     }
 
     /// Claims walker `k`'s next slot for `input`; returns its new cursor.
@@ -656,14 +642,40 @@ mod avx512 {
             next = Batch::start(fill, walkers, round, at);
             let found = batch.search(&fill.taken, fill.m);
             if let Some((start, len, found)) = searched.take() {
-                fill.commit(walkers, &round[start..start + len], &found);
+                commit(fill, walkers, &round[start..start + len], &found);
             }
             searched = Some((batch.at, batch.len, found));
         }
         if let Some((start, len, found)) = searched {
-            fill.commit(walkers, &round[start..start + len], &found);
+            commit(fill, walkers, &round[start..start + len], &found);
         }
         at
+    }
+
+    /// Commits the claims of `batch`, in order, given the first empty slot
+    /// of each walker's permutation in an earlier bitmap (`found`; the
+    /// slots before it were taken then, so they are now). A claim made
+    /// since may have taken it: then the walker probes on from there.
+    #[inline(always)]
+    fn commit(fill: &mut Filler, walkers: &mut [[u32; 3]], batch: &[u32], found: &[u32; 16]) {
+        let m = fill.m;
+        let step = |s: u32, skip: u32| {
+            if s + skip >= m {
+                s + skip - m
+            } else {
+                s + skip
+            }
+        };
+        for (&k, &slot) in batch.iter().zip(found) {
+            let [cursor, skip, input] = &mut walkers[k as usize];
+            let mut slot = slot;
+            while fill.taken[(slot >> 6) as usize] & (1 << (slot & 63)) != 0 {
+                slot = step(slot, *skip);
+            }
+            fill.take(slot, *input);
+            fill.remaining -= 1;
+            *cursor = step(slot, *skip);
+        }
     }
 
     /// A batch of walkers, `round[at..at + len]`, ready to search: one lane
