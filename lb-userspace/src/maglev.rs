@@ -25,7 +25,13 @@
 //! bitmap while many slots are empty and searches the last empty slots
 //! exactly, and where the CPU has AVX-512 it does both, and the listing of
 //! each round's claimers, sixteen (or eight) at a time (`mod avx512`).
-//! Tests compare both paths slot for slot with the textbook loop.
+//! There, while the table is young, the walkers of a round probe in
+//! batches, sixteen walkers per gather, each batch searched on the bitmap
+//! as it was before the previous batch's claims and then checked claim by
+//! claim against the bitmap as it is; later, one walker at a time, with
+//! its claim stored four claims later. Both keep a gather from waiting for
+//! the claims just made (see `claim_batches`). Tests compare both paths
+//! slot for slot with the textbook loop.
 
 use std::net::IpAddr;
 
@@ -189,7 +195,13 @@ fn fill<const SIMD: bool>(w: &Walkers, m: u32, cpu: Option<avx512::Cpu>) -> Vec<
         .collect();
     let mut claims = w.claims(cpu);
     'rounds: loop {
-        for &k in claims.round() {
+        let round = claims.round();
+        // With AVX-512, every claim before the tail phase.
+        let probed = match cpu {
+            Some(cpu) if SIMD => avx512::claim_probing(cpu, &mut fill, &mut walkers, round),
+            _ => 0,
+        };
+        for &k in &round[probed..] {
             let k = k as usize;
             let [next, skip, input] = &mut walkers[k];
             *next = fill.claim::<SIMD>(k, *next, *skip, *input);
@@ -412,6 +424,14 @@ struct Filler {
     slots: Vec<u32>,
     remaining: u32,
     tail: u32,
+    /// With AVX-512, while more than `batch[0]` slots are empty, claims go
+    /// in batches of sixteen walkers, then of eight while more than
+    /// `batch[1]` are (see [`avx512::claim_probing`]).
+    #[cfg_attr(
+        not(target_arch = "x86_64"),
+        expect(dead_code, reason = "read by the AVX-512 paths only")
+    )]
+    batch: [u32; 2],
     /// The empty slots, once in the tail phase.
     empty: Vec<u32>,
     /// `skip⁻¹ mod M` per walker, computed when first needed (0: not yet).
@@ -420,11 +440,26 @@ struct Filler {
     reduce: Barrett,
     /// Search with AVX-512.
     cpu: Option<avx512::Cpu>,
-    /// Per walker, for the AVX-512 probe: `j·skip mod M` for `j` in
+    /// Per walker, for the AVX-512 probes: `j·skip mod M` for `j` in
     /// `0..16`, and `16·skip mod M` (empty for the scalar probe).
+    #[cfg_attr(
+        not(target_arch = "x86_64"),
+        expect(dead_code, reason = "read by the AVX-512 paths only")
+    )]
     steps: Vec<[u32; 16]>,
+    #[cfg_attr(
+        not(target_arch = "x86_64"),
+        expect(dead_code, reason = "read by the AVX-512 paths only")
+    )]
     stride: Vec<u32>,
 }
+
+/// With AVX-512, the fractions of M empty above which claims go in
+/// batches of sixteen walkers (one slot each per gather) and of eight (two
+/// each); below, one walker at a time, sixteen slots per gather. Measured
+/// at M = 65537 and 655373 (BENCHMARKS.md).
+const BATCH_OF_16: f64 = 0.4;
+const BATCH_OF_8: f64 = 0.25;
 
 impl Filler {
     /// `skips`: the walkers' skips, for the AVX-512 probe (with a `cpu`).
@@ -441,14 +476,19 @@ impl Filler {
             }
             *stride = add(row[15], skip);
         }
+        // Past √M (√2M for the scalar probe) empty slots, scanning them is
+        // cheaper than probing (measured; BENCHMARKS.md).
+        let tail = ((if cpu.is_some() { 1.0 } else { 2.0 } * m as f64).sqrt() as u32).max(1);
+        // Batches stop well above the tail: three (48 claims) may be in
+        // flight.
+        let batch = |f: f64| ((m as f64 * f) as u32).max(tail + 64);
         Self {
             m,
             taken: vec![0; (m as usize).div_ceil(64)],
             slots: vec![0; m as usize],
             remaining: m,
-            // Past √M (√2M for the scalar probe) empty slots, scanning
-            // them is cheaper than probing (measured; BENCHMARKS.md).
-            tail: ((if cpu.is_some() { 1.0 } else { 2.0 } * m as f64).sqrt() as u32).max(1),
+            tail,
+            batch: [batch(BATCH_OF_16), batch(BATCH_OF_8)],
             empty: Vec::new(),
             inverse: Vec::new(),
             reduce: Barrett::new(m),
@@ -458,30 +498,25 @@ impl Filler {
         }
     }
 
+    /// Gives `slot` to `input` (the caller counts the claim).
+    #[inline(always)]
+    fn take(&mut self, slot: u32, input: u32) {
+        self.taken[(slot >> 6) as usize] |= 1 << (slot & 63);
+        self.slots[slot as usize] = input;
+    }
+
     /// Claims walker `k`'s next slot for `input`; returns its new cursor.
+    /// With AVX-512 only the tail phase comes here.
     #[inline(always)]
     fn claim<const SIMD: bool>(&mut self, k: usize, cursor: u32, skip: u32, input: u32) -> u32 {
         let m = self.m;
         let slot = if self.remaining > self.tail {
-            let taken = &mut self.taken[..];
-            let bit = |c: u32| ((c >> 6) as usize, 1u64 << (c & 63));
+            let taken = &self.taken[..];
             let mut c = cursor;
-            loop {
-                let (word, bit) = bit(c);
-                if taken[word] & bit == 0 {
-                    break;
-                }
+            while taken[(c >> 6) as usize] & (1 << (c & 63)) != 0 {
                 c += skip;
                 c -= if c >= m { m } else { 0 };
-                // The cursor's slot is usually empty while the table is
-                // young; past it, probe sixteen at a time if we can.
-                if SIMD && let Some(cpu) = self.cpu {
-                    c = avx512::first_empty(cpu, taken, m, c, &self.steps[k], self.stride[k]);
-                    break;
-                }
             }
-            let (word, bit) = bit(c);
-            taken[word] |= bit;
             c
         } else {
             if self.empty.is_empty() {
@@ -504,35 +539,33 @@ impl Filler {
                 self.inverse[k] = inverse_mod(skip, m);
             }
             let inv = self.inverse[k];
-            match self.cpu {
-                Some(cpu) if SIMD => {
-                    let best = avx512::nearest(cpu, &self.empty, cursor, inv, m);
-                    self.empty.swap_remove(best)
-                }
+            let best = match self.cpu {
+                Some(cpu) if SIMD => avx512::nearest(cpu, &self.empty, cursor, inv, m),
                 _ => self.nearest(cursor, inv),
-            }
+            };
+            self.empty.swap_remove(best)
         };
-        self.slots[slot as usize] = input;
+        self.take(slot, input);
         self.remaining -= 1;
         let next = slot + skip;
         if next >= m { next - m } else { next }
     }
 }
 
-/// The builder's searches with AVX-512: the probe (sixteen slots of a
-/// walker's permutation per step, their occupancy bits fetched by one
-/// gather), the tail's nearest empty slot (eight per step), and the
-/// listing of a round (sixteen walkers per step). Each gives exactly what
-/// its scalar twin gives; the tests compare the tables both build. The
-/// builder's only unsafe code: intrinsics need the CPU feature, which
-/// a [`Cpu`](avx512::Cpu) proves, and raw loads and stores, whose bounds are checked
-/// here.
+/// The builder's searches with AVX-512: the probes (sixteen slots per
+/// gather, of sixteen walkers, of eight two each, or of one walker; their
+/// occupancy bits fetched by one gather), the tail's nearest empty slot
+/// (eight per step), and the listing of a round (sixteen walkers per
+/// step). Each gives exactly what its scalar twin gives; the tests compare
+/// the tables both build. The builder's only unsafe code: intrinsics need
+/// the CPU feature, which a [`Cpu`](avx512::Cpu) proves, and raw loads and
+/// stores, whose bounds are checked here.
 #[cfg(target_arch = "x86_64")]
 #[allow(unsafe_code)]
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{Claims, Walkers};
+    use super::{Claims, Filler, Walkers};
 
     /// Proof that this CPU has AVX-512F, VL and DQ: made only by
     /// [`Cpu::detect`].
@@ -559,36 +592,348 @@ mod avx512 {
         super::fill::<true>(w, m, Some(cpu))
     }
 
-    /// The first empty slot among `start + j·skip (mod m)` for
-    /// `j = 0, 1, …`, given `steps[j] = j·skip mod m` and
-    /// `stride = 16·skip mod m`. There must be an empty slot; as `m` is
-    /// prime, every permutation reaches it.
+    /// Makes the claims of `round`, in order, while more than `fill.tail`
+    /// slots are empty; returns how many it made (the rest are the tail
+    /// phase's). While more than `fill.batch[1]` slots are empty, in
+    /// batches ([`claim_batches`]), then one walker at a time
+    /// ([`claim_each`]).
     #[inline(always)]
-    pub(super) fn first_empty(
+    pub(super) fn claim_probing(
         _: Cpu,
-        taken: &[u64],
-        m: u32,
-        start: u32,
-        steps: &[u32; 16],
-        stride: u32,
-    ) -> u32 {
+        fill: &mut Filler,
+        walkers: &mut [[u32; 3]],
+        round: &[u32],
+    ) -> usize {
         // SAFETY: the `Cpu` argument proves the features.
-        unsafe { first_empty_avx512(taken, m, start, steps, stride) }
+        unsafe {
+            let batched = claim_batches(fill, walkers, round);
+            batched + claim_each(fill, walkers, &round[batched..])
+        }
     }
 
+    /// An all-ones mask the compiler cannot see through, for the probes'
+    /// gathers (made once per search: it is a store and a load). Its own
+    /// (`kxnorw k0, k0, k1`) reads k0, which the previous probe's test
+    /// wrote, and this CPU does not break that dependency: every gather
+    /// would wait for the one before (2× slower per gather, measured).
+    #[inline(always)]
+    fn all_lanes() -> __mmask16 {
+        std::hint::black_box(0xffff)
+    }
+
+    /// Claims for `round` in batches of sixteen walkers, one lane each
+    /// ([`first_empties`]), then of eight with two lanes each, while more
+    /// than `fill.batch[1]` slots are empty; returns how many it made.
+    /// Each batch is searched before the previous one is committed: a
+    /// gather does not start before every older store's address is known,
+    /// and a commit's addresses come out of its search, so committing
+    /// first would chain every batch to the one before. The commit checks
+    /// each slot found against the bitmap as it then is.
     #[target_feature(enable = "avx512f")]
     #[inline]
-    fn first_empty_avx512(
+    fn claim_batches(fill: &mut Filler, walkers: &mut [[u32; 3]], round: &[u32]) -> usize {
+        let mut searched: Option<(usize, usize, [u32; 16])> = None;
+        let mut next = Batch::start(fill, walkers, round, 0);
+        let mut at = 0;
+        while let Some(batch) = next {
+            at = batch.at + batch.len;
+            // The next batch's cursors are loaded before this one's
+            // search, whose end the branch predictor cannot foresee.
+            next = Batch::start(fill, walkers, round, at);
+            let found = batch.search(&fill.taken, fill.m);
+            if let Some((start, len, found)) = searched.take() {
+                commit(fill, walkers, &round[start..start + len], &found);
+            }
+            searched = Some((batch.at, batch.len, found));
+        }
+        if let Some((start, len, found)) = searched {
+            commit(fill, walkers, &round[start..start + len], &found);
+        }
+        at
+    }
+
+    /// Commits the claims of `batch`, in order, given the first empty slot
+    /// of each walker's permutation in an earlier bitmap (`found`; the
+    /// slots before it were taken then, so they are now). A claim made
+    /// since may have taken it: then the walker probes on from there.
+    #[inline(always)]
+    fn commit(fill: &mut Filler, walkers: &mut [[u32; 3]], batch: &[u32], found: &[u32; 16]) {
+        let m = fill.m;
+        let step = |s: u32, skip: u32| {
+            if s + skip >= m {
+                s + skip - m
+            } else {
+                s + skip
+            }
+        };
+        for (&k, &slot) in batch.iter().zip(found) {
+            let [cursor, skip, input] = &mut walkers[k as usize];
+            let mut slot = slot;
+            while fill.taken[(slot >> 6) as usize] & (1 << (slot & 63)) != 0 {
+                slot = step(slot, *skip);
+            }
+            fill.take(slot, *input);
+            fill.remaining -= 1;
+            *cursor = step(slot, *skip);
+        }
+    }
+
+    /// A batch of walkers, `round[at..at + len]`, ready to search: one lane
+    /// each (`wide`) or two.
+    #[derive(Clone, Copy)]
+    struct Batch {
+        at: usize,
+        len: usize,
+        wide: bool,
+        live: __mmask16,
+        pos: __m512i,
+        stride: __m512i,
+    }
+
+    impl Batch {
+        /// The batch from `round[at]` on, if claims still go in batches.
+        #[target_feature(enable = "avx512f")]
+        #[inline]
+        fn start(fill: &Filler, walkers: &[[u32; 3]], round: &[u32], at: usize) -> Option<Batch> {
+            if at >= round.len() || fill.remaining <= fill.batch[1] {
+                return None;
+            }
+            let wide = fill.remaining > fill.batch[0];
+            let len = (if wide { 16 } else { 8 }).min(round.len() - at);
+            let batch = &round[at..at + len];
+            let (live, pos, stride) = if wide && len == 16 && batch[15] == batch[0] + 15 {
+                let (cursor, skip) = batch_start_in_a_row(walkers, batch[0] as usize);
+                (0xffff, cursor, skip)
+            } else if wide {
+                batch_start::<1>(fill.m, walkers, &fill.steps, batch)
+            } else {
+                batch_start::<2>(fill.m, walkers, &fill.steps, batch)
+            };
+            Some(Batch {
+                at,
+                len,
+                wide,
+                live,
+                pos,
+                stride,
+            })
+        }
+
+        /// [`first_empties`] of the batch.
+        #[target_feature(enable = "avx512f")]
+        #[inline]
+        fn search(&self, taken: &[u64], m: u32) -> [u32; 16] {
+            let Batch {
+                live, pos, stride, ..
+            } = *self;
+            if self.wide {
+                first_empties::<1>(taken, m, live, pos, stride)
+            } else {
+                first_empties::<2>(taken, m, live, pos, stride)
+            }
+        }
+    }
+
+    /// For each walker of a batch (at most `16 / P`), the first empty slot
+    /// of its permutation from its cursor on in the bitmap as it is, in
+    /// batch order: `P` lanes per walker (`live`; from [`batch_start`]),
+    /// every walker in one gather per step, until each has found one.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn first_empties<const P: usize>(
         taken: &[u64],
         m: u32,
-        start: u32,
+        live: __mmask16,
+        mut pos: __m512i,
+        stride: __m512i,
+    ) -> [u32; 16] {
+        assert!(taken.len() * 64 >= m as usize && m <= super::MAX_TABLE_SIZE);
+        let (zero, m_v) = (_mm512_setzero_si512(), _mm512_set1_epi32(m as i32));
+        let wrap = |p: __m512i| _mm512_min_epu32(p, _mm512_sub_epi32(p, m_v));
+        // Every position below is below m if these are.
+        assert!(
+            _mm512_cmpge_epu32_mask(pos, m_v) == 0 && _mm512_cmpge_epu32_mask(stride, m_v) == 0
+        );
+        let (words, low5, one) = (
+            taken.as_ptr().cast::<i32>(),
+            _mm512_set1_epi32(31),
+            _mm512_set1_epi32(1),
+        );
+        let (mut searching, mut first, mut found) = (live, 0, zero);
+        let all = all_lanes();
+        loop {
+            // SAFETY: every lane of pos is below m, so pos / 32 indexes a
+            // 32-bit word inside `taken`.
+            let word = unsafe {
+                _mm512_mask_i32gather_epi32::<4>(zero, all, _mm512_srli_epi32::<5>(pos), words)
+            };
+            let bits = _mm512_srlv_epi32(word, _mm512_and_si512(pos, low5));
+            let empty = _mm512_mask_testn_epi32_mask(searching, bits, one);
+            let (lowest, done) = per_walker::<P>(empty);
+            found = _mm512_mask_mov_epi32(found, lowest, pos);
+            (first, searching) = (first | lowest, searching & !done);
+            if searching == 0 {
+                break;
+            }
+            pos = wrap(_mm512_add_epi32(pos, stride));
+        }
+        let mut out = [0u32; 16];
+        // SAFETY: `out` is 64 bytes.
+        unsafe {
+            _mm512_storeu_si512(
+                out.as_mut_ptr().cast(),
+                _mm512_maskz_compress_epi32(first, found),
+            )
+        };
+        out
+    }
+
+    /// For [`first_empties`]: the lanes in use (`P` per walker of
+    /// `batch`), each lane's first slot (`cursor + j·skip mod m` for lane
+    /// `P·i + j`) and its stride (`P·skip mod m`).
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn batch_start<const P: usize>(
+        m: u32,
+        walkers: &[[u32; 3]],
+        steps: &[[u32; 16]],
+        batch: &[u32],
+    ) -> (__mmask16, __m512i, __m512i) {
+        const { assert!(P == 1 || P == 2) };
+        let w = batch.len();
+        assert!(w >= 1 && w * P <= 16);
+        let walkers_ok = batch.iter().all(|&k| (k as usize) < walkers.len());
+        assert!(walkers.len() == steps.len() && walkers_ok);
+        let live = (u32::MAX >> (32 - w * P)) as __mmask16;
+        let lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        let listed = (u32::MAX >> (32 - w)) as __mmask16;
+        // SAFETY: the mask covers the w entries of `batch`.
+        let k = unsafe { _mm512_maskz_loadu_epi32(listed, batch.as_ptr().cast()) };
+        // Lane i works for walker batch[i / P], at j = i % P.
+        let k = if P == 1 {
+            k
+        } else {
+            _mm512_permutexvar_epi32(_mm512_srli_epi32::<1>(lane), k)
+        };
+        let row = _mm512_slli_epi32::<4>(k);
+        let j = _mm512_and_si512(lane, _mm512_set1_epi32(P as i32 - 1));
+        let zero = _mm512_setzero_si512();
+        // SAFETY: every live lane's k is below walkers.len() = steps.len()
+        // (asserted above) and indexes a walker's cursor (3k) or an entry
+        // of its row of 16 steps (16k + j and 16k + P, both below 16k + 16).
+        let (cursor, step, stride) = unsafe {
+            let (wp, sp) = (walkers.as_ptr().cast::<i32>(), steps.as_ptr().cast::<i32>());
+            let three = _mm512_add_epi32(_mm512_slli_epi32::<1>(k), k);
+            let cursor = _mm512_mask_i32gather_epi32::<4>(zero, live, three, wp);
+            let step = if P == 1 {
+                zero
+            } else {
+                _mm512_mask_i32gather_epi32::<4>(zero, live, _mm512_add_epi32(row, j), sp)
+            };
+            let at_p = _mm512_add_epi32(row, _mm512_set1_epi32(P as i32));
+            let stride = _mm512_mask_i32gather_epi32::<4>(zero, live, at_p, sp);
+            (cursor, step, stride)
+        };
+        let m_v = _mm512_set1_epi32(m as i32);
+        let pos = _mm512_add_epi32(cursor, step);
+        (
+            live,
+            _mm512_min_epu32(pos, _mm512_sub_epi32(pos, m_v)),
+            stride,
+        )
+    }
+
+    /// [`batch_start`] for sixteen walkers in a row, one lane each (a
+    /// round of equal weights): each lane's cursor and skip, from three
+    /// loads instead of two gathers.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn batch_start_in_a_row(walkers: &[[u32; 3]], first: usize) -> (__m512i, __m512i) {
+        let row = &walkers[first..first + 16];
+        let at = row.as_ptr().cast::<i32>();
+        // SAFETY: the 16 walkers from `first` on are 48 words.
+        let (a, b, c) = unsafe {
+            (
+                _mm512_loadu_si512(at.cast()),
+                _mm512_loadu_si512(at.add(16).cast()),
+                _mm512_loadu_si512(at.add(32).cast()),
+            )
+        };
+        // Word 3i + field of the 48, from a:b, then the last five from c.
+        let ab = _mm512_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21, 24, 27, 30, 0, 0, 0, 0, 0);
+        let c5 = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 4, 7, 10, 13);
+        let field = |f: i32| {
+            let f = _mm512_set1_epi32(f);
+            let low = _mm512_permutex2var_epi32(a, _mm512_add_epi32(ab, f), b);
+            _mm512_mask_permutexvar_epi32(low, 0xf800, _mm512_add_epi32(c5, f), c)
+        };
+        (field(0), field(1))
+    }
+
+    /// Of lanes in groups of `P` (one walker's): the lowest set lane of
+    /// each group, and all lanes of the groups with one set.
+    #[inline(always)]
+    fn per_walker<const P: usize>(set: __mmask16) -> (__mmask16, __mmask16) {
+        if P == 1 {
+            return (set, set);
+        }
+        let lowest = set & !((set << 1) & 0xaaaa);
+        let any = (set | set >> 1) & 0x5555;
+        (lowest, any | any << 1)
+    }
+
+    /// Claims for `round`, one walker at a time (sixteen slots of its
+    /// permutation per gather), while more than `fill.tail` slots are
+    /// empty; returns how many it made.
+    #[target_feature(enable = "avx512f,avx512vl")]
+    #[inline]
+    fn claim_each(fill: &mut Filler, walkers: &mut [[u32; 3]], round: &[u32]) -> usize {
+        let m = fill.m;
+        assert!(fill.steps.len() == walkers.len() && fill.stride.len() == walkers.len());
+        let mut pending = Pending::new();
+        let mut remaining = fill.remaining;
+        let mut made = 0;
+        let all = all_lanes();
+        for &k in round {
+            if remaining <= fill.tail {
+                break;
+            }
+            let k = k as usize;
+            let [cursor, skip, input] = walkers[k];
+            let (steps, stride) = (&fill.steps[k], fill.stride[k]);
+            let slot = first_free(&fill.taken, m, cursor, steps, stride, &pending, all);
+            if let Some((slot, input)) = pending.push(slot, input) {
+                fill.take(slot, input);
+            }
+            let next = _mm_cvtsi128_si32(slot) as u32 + skip;
+            walkers[k][0] = if next >= m { next - m } else { next };
+            remaining -= 1;
+            made += 1;
+        }
+        for (slot, input) in pending.drain().into_iter().flatten() {
+            fill.take(slot, input);
+        }
+        fill.remaining = remaining;
+        made
+    }
+
+    /// The first slot among `cursor + j·skip (mod m)`, `j = 0, 1, …`,
+    /// that is empty in `taken` and not `pending`, in every lane; given
+    /// `steps[j] = j·skip mod m`, `stride = 16·skip mod m` and
+    /// [`all_lanes`]. There must be one; as `m` is prime, every
+    /// permutation reaches it.
+    #[target_feature(enable = "avx512f,avx512vl")]
+    #[inline]
+    fn first_free(
+        taken: &[u64],
+        m: u32,
+        cursor: u32,
         steps: &[u32; 16],
         stride: u32,
-    ) -> u32 {
-        // Slot s is bit s % 32 of the 32-bit word s / 32 (little-endian);
-        // s < m, so that word is inside `taken`, which holds m bits.
+        pending: &Pending,
+        all: __mmask16,
+    ) -> __m128i {
         assert!(taken.len() * 64 >= m as usize && m <= super::MAX_TABLE_SIZE);
-        let words = taken.as_ptr().cast::<i32>();
         // SAFETY: `steps` is 64 bytes, as the unaligned load reads.
         let step = unsafe { _mm512_loadu_si512(steps.as_ptr().cast()) };
         let (m_v, low5, one) = (
@@ -597,25 +942,149 @@ mod avx512 {
             _mm512_set1_epi32(1),
         );
         // Every position below is below m if these are.
-        assert!(start < m && stride < m && _mm512_cmpge_epu32_mask(step, m_v) == 0);
-        let mut base = start;
+        assert!(cursor < m && stride < m && _mm512_cmpge_epu32_mask(step, m_v) == 0);
+        let wrap = |p: __m512i| _mm512_min_epu32(p, _mm512_sub_epi32(p, m_v));
+        let stride = _mm512_set1_epi32(stride as i32);
+        let mut pos = wrap(_mm512_add_epi32(_mm512_set1_epi32(cursor as i32), step));
+        let words = taken.as_ptr().cast::<i32>();
         loop {
-            // base, steps < m, so base + step < 2m < 2³¹: one subtraction.
-            let pos = _mm512_add_epi32(_mm512_set1_epi32(base as i32), step);
-            let pos = _mm512_mask_sub_epi32(pos, _mm512_cmpge_epu32_mask(pos, m_v), pos, m_v);
-            // SAFETY: base and every step are below m (asserted above), so
-            // every lane of pos is below m, and pos / 32 indexes a 32-bit
-            // word inside `taken`.
-            let word = unsafe { _mm512_i32gather_epi32::<4>(_mm512_srli_epi32::<5>(pos), words) };
+            // SAFETY: every lane of pos is below m, so pos / 32 indexes a
+            // 32-bit word inside `taken`.
+            let word = unsafe {
+                _mm512_mask_i32gather_epi32::<4>(
+                    _mm512_setzero_si512(),
+                    all,
+                    _mm512_srli_epi32::<5>(pos),
+                    words,
+                )
+            };
             let bits = _mm512_srlv_epi32(word, _mm512_and_si512(pos, low5));
-            let empty = _mm512_testn_epi32_mask(bits, one);
-            if empty != 0 {
-                let first = _mm512_set1_epi32(empty.trailing_zeros() as i32);
-                let slot = _mm512_permutexvar_epi32(first, pos);
-                return _mm_cvtsi128_si32(_mm512_castsi512_si128(slot)) as u32;
+            let mut empty = _mm512_testn_epi32_mask(bits, one);
+            while empty != 0 {
+                let lane = _mm512_set1_epi32(empty.trailing_zeros() as i32);
+                let slot = _mm512_castsi512_si128(_mm512_permutexvar_epi32(lane, pos));
+                let slot = _mm_broadcastd_epi32(slot);
+                if !pending.has(slot) {
+                    return slot;
+                }
+                empty &= empty - 1;
             }
-            base += stride;
-            base -= if base >= m { m } else { 0 };
+            pos = wrap(_mm512_add_epi32(pos, stride));
+        }
+    }
+
+    /// The last four claims of [`claim_each`], not stored yet, newest
+    /// first, each `[slot, input, ..]` (slot `u32::MAX`: none). Storing a
+    /// claim at once would chain every claim's gather to the one before
+    /// (see [`claim_batches`]); four later its address has long been
+    /// known. Each in its own register, so that the oldest waits for no
+    /// newer one (nor a load for stores not yet written back).
+    struct Pending([__m128i; 4]);
+
+    impl Pending {
+        #[target_feature(enable = "avx512f,avx512vl")]
+        #[inline]
+        fn new() -> Self {
+            Self([_mm_set1_epi32(-1); 4])
+        }
+
+        /// Whether `slot` (in every lane) is pending.
+        #[target_feature(enable = "avx512f,avx512vl")]
+        #[inline]
+        fn has(&self, slot: __m128i) -> bool {
+            let [p0, p1, p2, p3] = self.0;
+            let hit = _mm_or_si128(
+                _mm_or_si128(_mm_cmpeq_epi32(slot, p0), _mm_cmpeq_epi32(slot, p1)),
+                _mm_or_si128(_mm_cmpeq_epi32(slot, p2), _mm_cmpeq_epi32(slot, p3)),
+            );
+            _mm_movemask_ps(_mm_castsi128_ps(hit)) & 1 != 0
+        }
+
+        /// Adds a claim of `slot` (in every lane); returns the oldest, to
+        /// be stored.
+        #[target_feature(enable = "avx512f,avx512vl")]
+        #[inline]
+        fn push(&mut self, slot: __m128i, input: u32) -> Option<(u32, u32)> {
+            let [p0, p1, p2, oldest] = self.0;
+            self.0 = [
+                _mm_blend_epi32::<0b0010>(slot, _mm_set1_epi32(input as i32)),
+                p0,
+                p1,
+                p2,
+            ];
+            Self::claim(oldest)
+        }
+
+        /// The pending claims, oldest first.
+        #[target_feature(enable = "avx512f,avx512vl")]
+        #[inline]
+        fn drain(self) -> [Option<(u32, u32)>; 4] {
+            let [p0, p1, p2, p3] = self.0;
+            [
+                Self::claim(p3),
+                Self::claim(p2),
+                Self::claim(p1),
+                Self::claim(p0),
+            ]
+        }
+
+        /// The claim in `p`, if any.
+        #[target_feature(enable = "avx512f,avx512vl")]
+        #[inline]
+        fn claim(p: __m128i) -> Option<(u32, u32)> {
+            let slot = _mm_cvtsi128_si32(p) as u32;
+            let input = _mm_cvtsi128_si32(_mm_shuffle_epi32::<1>(p)) as u32;
+            (slot != u32::MAX).then_some((slot, input))
+        }
+    }
+
+    /// [`first_free`] with nothing pending, for the tests.
+    #[cfg(test)]
+    pub(super) fn first_empty(
+        cpu: Cpu,
+        taken: &[u64],
+        m: u32,
+        cursor: u32,
+        steps: &[u32; 16],
+        stride: u32,
+    ) -> u32 {
+        let _ = cpu;
+        // SAFETY: the `Cpu` argument proves the features.
+        unsafe {
+            let slot = first_free(
+                taken,
+                m,
+                cursor,
+                steps,
+                stride,
+                &Pending::new(),
+                all_lanes(),
+            );
+            _mm_cvtsi128_si32(slot) as u32
+        }
+    }
+
+    /// [`first_empties`] for the tests.
+    #[cfg(test)]
+    pub(super) fn first_empties_of(
+        cpu: Cpu,
+        lanes: usize,
+        taken: &[u64],
+        m: u32,
+        walkers: &[[u32; 3]],
+        steps: &[[u32; 16]],
+        batch: &[u32],
+    ) -> [u32; 16] {
+        let _ = cpu;
+        // SAFETY: the `Cpu` argument proves the features.
+        unsafe {
+            if lanes == 1 {
+                let (live, pos, stride) = batch_start::<1>(m, walkers, steps, batch);
+                first_empties::<1>(taken, m, live, pos, stride)
+            } else {
+                let (live, pos, stride) = batch_start::<2>(m, walkers, steps, batch);
+                first_empties::<2>(taken, m, live, pos, stride)
+            }
         }
     }
 
@@ -714,7 +1183,7 @@ mod avx512 {
 /// paths that need one are dead.
 #[cfg(not(target_arch = "x86_64"))]
 mod avx512 {
-    use super::{Claims, Walkers};
+    use super::{Claims, Filler, Walkers};
 
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
     pub(super) enum Cpu {}
@@ -729,7 +1198,7 @@ mod avx512 {
         match cpu {}
     }
 
-    pub(super) fn first_empty(cpu: Cpu, _: &[u64], _: u32, _: u32, _: &[u32; 16], _: u32) -> u32 {
+    pub(super) fn claim_probing(cpu: Cpu, _: &mut Filler, _: &mut [[u32; 3]], _: &[u32]) -> usize {
         match cpu {}
     }
 
@@ -743,9 +1212,9 @@ mod avx512 {
 }
 
 impl Filler {
-    /// Takes, out of the empty slots, the one that comes first in the
+    /// The position in `empty` of the slot that comes first in the
     /// permutation of a walker at `cursor` with `inv = skip⁻¹ mod M`.
-    fn nearest(&mut self, cursor: u32, inv: u32) -> u32 {
+    fn nearest(&self, cursor: u32, inv: u32) -> usize {
         let m = self.m;
         // Smallest (distance, index), packed so that the minimum is one
         // branch-free comparison per empty slot.
@@ -759,8 +1228,7 @@ impl Filler {
             let distance = self.reduce.rem(delta as u64 * inv as u64);
             best = best.min(distance << 32 | i as u64);
         }
-        let best = (best & 0xffff_ffff) as usize;
-        self.empty.swap_remove(best)
+        (best & 0xffff_ffff) as usize
     }
 }
 
@@ -944,17 +1412,17 @@ mod tests {
                 filler.empty = empty.clone();
                 assert_eq!(
                     vector,
-                    filler.nearest(cursor, inv),
+                    empty[filler.nearest(cursor, inv)],
                     "m={m} cursor={cursor} inv={inv} {empty:?}"
                 );
             }
         }
     }
 
-    /// The AVX-512 probe against probing one slot at a time, on random
-    /// occupancy.
+    /// The AVX-512 probes, one walker at a time and in batches, against
+    /// probing one slot at a time, on random occupancy.
     #[test]
-    fn the_vector_probe_matches_the_scalar_one() {
+    fn the_vector_probes_match_the_scalar_one() {
         let Some(cpu) = avx512_here() else { return };
         let mut x = 0x2545_f491_4f6c_dd1du64;
         for m in [2u32, 3, 13, 251, 65_537] {
@@ -968,22 +1436,40 @@ mod tests {
                 // Keep one slot empty, so that every search ends.
                 let free = below(&mut x, m);
                 taken[(free / 64) as usize] &= !(1 << (free % 64));
-                for _ in 0..50 {
-                    let (skip, start) = (unit(&mut x, m), below(&mut x, m));
-                    let filler = Filler::new(m, &[skip], Some(cpu));
-                    let mut c = start;
+                let walkers: Vec<[u32; 3]> = (0..40)
+                    .map(|i| [below(&mut x, m), unit(&mut x, m), i])
+                    .collect();
+                let skips: Vec<u32> = walkers.iter().map(|w| w[1]).collect();
+                let filler = Filler::new(m, &skips, Some(cpu));
+                let scalar = |[mut c, skip, _]: [u32; 3]| {
                     while taken[(c / 64) as usize] & (1 << (c % 64)) != 0 {
                         c = (c + skip) % m;
                     }
-                    let got = avx512::first_empty(
+                    c
+                };
+                for (k, &w) in walkers.iter().enumerate() {
+                    let (steps, stride) = (&filler.steps[k], filler.stride[k]);
+                    let got = avx512::first_empty(cpu, &taken, m, w[0], steps, stride);
+                    assert_eq!(got, scalar(w), "m={m} density={density} walker {w:?}");
+                }
+                for (lanes, len) in [(1, 16), (1, 5), (2, 8), (2, 3)] {
+                    let batch: Vec<u32> = (0..len).map(|_| below(&mut x, 40)).collect();
+                    let got = avx512::first_empties_of(
                         cpu,
+                        lanes,
                         &taken,
                         m,
-                        start,
-                        &filler.steps[0],
-                        filler.stride[0],
+                        &walkers,
+                        &filler.steps,
+                        &batch,
                     );
-                    assert_eq!(got, c, "m={m} density={density} skip={skip} start={start}");
+                    for (i, &k) in batch.iter().enumerate() {
+                        let want = scalar(walkers[k as usize]);
+                        assert_eq!(
+                            got[i], want,
+                            "m={m} density={density} {lanes} lanes, {batch:?}"
+                        );
+                    }
                 }
             }
         }
