@@ -4,7 +4,8 @@
 //!
 //! Both are SHA-256, shown as the first 16 bytes in hex. The configuration
 //! digest covers `table_size` and the effective VIPs (the file's with the
-//! API's changes on top, in VIP order, as their canonical JSON): not the
+//! API's changes on top, in VIP order, as their canonical JSON, a VIP's
+//! own `table_size` only where it differs from the global one): not the
 //! box's own settings (instance, interfaces, tunnel sources, announce),
 //! which differ between balancers of one tier by design. The table digest
 //! covers the backend address of every slot, in slot order, so it is
@@ -33,9 +34,21 @@ pub fn config(table_size: u32, vips: &[VipConfig]) -> String {
     h.update(b"lb config 1\n");
     h.update(table_size.to_be_bytes());
     for vip in sorted {
+        // A VIP that names the global size builds the same table as one
+        // that names none (and digests of earlier versions stay).
+        let same = vip.table_size == Some(table_size);
+        let json = if same {
+            let plain = VipConfig {
+                table_size: None,
+                ..vip.clone()
+            };
+            serde_json::to_vec(&plain)
+        } else {
+            serde_json::to_vec(vip)
+        };
         // Serialising a VipConfig cannot fail (no maps with non-string
         // keys); an empty line would still separate the VIPs.
-        h.update(serde_json::to_vec(vip).unwrap_or_default());
+        h.update(json.unwrap_or_default());
         h.update(b"\n");
     }
     finish(h)
@@ -96,6 +109,22 @@ mod tests {
             config(4099, std::slice::from_ref(&x)),
             config(4099, &[vip("10.0.0.1:80/tcp", 2)])
         );
-        assert_ne!(config(4099, std::slice::from_ref(&x)), config(65537, &[x]));
+        assert_ne!(
+            config(4099, std::slice::from_ref(&x)),
+            config(65537, std::slice::from_ref(&x))
+        );
+        // A VIP's own size counts where it differs from the global one.
+        let own = |m| VipConfig {
+            table_size: Some(m),
+            ..x.clone()
+        };
+        assert_eq!(
+            config(4099, std::slice::from_ref(&x)),
+            config(4099, &[own(4099)])
+        );
+        assert_ne!(
+            config(4099, std::slice::from_ref(&x)),
+            config(4099, &[own(1009)])
+        );
     }
 }

@@ -16,11 +16,16 @@
 //!   next occupant of its index gets a new generation;
 //! - unchanged VIPs and backends are not written at all;
 //! - the auxiliary `LB_VIPS` keys (per address: ICMP; per address and
-//!   protocol: fragment policy) follow the VIP set after every apply.
+//!   protocol: fragment policy) follow the VIP set after every apply;
+//! - each VIP's two table halves are a region of the table pool sized by
+//!   its own table size ([`regions`]: allocation, compaction, a changed
+//!   size), checked to fit before anything is written.
 //!
 //! [`Reconciler::adopt`] rebuilds this view from maps that already exist
-//! (pinned by a previous `lbd`), so a restart with the same configuration
-//! writes nothing and disturbs no flow.
+//! (pinned by a previous `lbd`), regions included, so a restart with the
+//! same configuration writes nothing and disturbs no flow.
+
+mod regions;
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -41,7 +46,10 @@ use tracing::{debug, info};
 
 use crate::{
     config::{Encap, FragmentPolicy, MalformedPolicy, VipConfig, VipId},
-    dataplane::{Dataplane, DataplaneError, Layout},
+    dataplane::{
+        Dataplane, DataplaneError, Layout,
+        pool::{PoolError, Region, TablePool},
+    },
     maglev::{self, MaglevBackend, MaglevError, MaglevTable},
     predict::{self, Prediction},
 };
@@ -60,6 +68,23 @@ pub enum ReconcileError {
     VipIdsExhausted(u32),
     #[error("no free backend slot: max_backends ({0}) backends are in use")]
     BackendsExhausted(u32),
+    #[error(
+        "no room for VIP {vip}'s table ({need}) in the table pool: {used} of {capacity} would be in use; raise table_pool_mib (a restart, which drops the connection table) or give VIPs a smaller table_size"
+    )]
+    TablePoolFull {
+        vip: VipId,
+        need: String,
+        used: String,
+        capacity: String,
+    },
+    #[error(
+        "table region of VIP {vip}: {source} (pinned maps that contradict each other: remove the pin directory, which drops the connection table)"
+    )]
+    Region {
+        vip: VipId,
+        #[source]
+        source: PoolError,
+    },
 }
 
 pub type Result<T, E = ReconcileError> = std::result::Result<T, E>;
@@ -114,6 +139,33 @@ fn host_mask(bits: u8) -> u32 {
     u32::from_ne_bytes(host_order.to_be_bytes())
 }
 
+/// The backends of an adopted VIP from their pinned entries. Weights are
+/// not in the kernel: a backend's is 1 if the VIP's table names it, else
+/// 0, until the desired state says.
+fn adopted_backends(
+    meta: &VipMeta,
+    active: &[u32],
+    defs: Option<Vec<BackendDef>>,
+) -> BTreeMap<IpAddr, BackendState> {
+    let in_table: BTreeSet<u32> = active.iter().copied().collect();
+    defs.unwrap_or_default()
+        .into_iter()
+        .filter_map(|def| {
+            let addr = def.ip()?;
+            let weight =
+                u32::from(meta.flags & VIP_F_NO_BACKENDS == 0 && in_table.contains(&def.handle));
+            Some((
+                addr,
+                BackendState {
+                    handle: def.handle,
+                    weight,
+                    usable: def.flags & BACKEND_F_USABLE != 0,
+                },
+            ))
+        })
+        .collect()
+}
+
 /// One backend of one VIP as the kernel knows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BackendState {
@@ -127,6 +179,10 @@ pub struct BackendState {
 #[derive(Clone, Debug)]
 pub struct VipState {
     pub meta: VipMeta,
+    /// Its Maglev table size M.
+    pub table_size: u32,
+    /// Where its two table halves are in `LB_TABLES`.
+    pub region: Region,
     pub encap: Encap,
     pub conntrack: bool,
     pub backends: BTreeMap<IpAddr, BackendState>,
@@ -135,6 +191,11 @@ pub struct VipState {
 }
 
 impl VipState {
+    /// Which half of the region is live (0 or 1).
+    pub fn live_half(&self) -> u32 {
+        u32::from(self.meta.table_base != self.region.base)
+    }
+
     /// The active table (handles), empty if the VIP has no backend.
     pub fn table(&self) -> &[u32] {
         if self.meta.flags & VIP_F_NO_BACKENDS != 0 {
@@ -155,6 +216,8 @@ pub struct ApplyReport {
     pub backends_removed: usize,
     pub tables_published: usize,
     pub chunks_written: usize,
+    /// Tables moved within the pool to close gaps (same contents).
+    pub tables_moved: usize,
     /// How long each table built took (one per VIP applied).
     pub table_builds: Vec<std::time::Duration>,
 }
@@ -181,6 +244,8 @@ pub struct Reconciler<D: Dataplane> {
     /// Handle last stored at each backend index (keeps generations), and
     /// whether the index is occupied.
     slots: Vec<(u32, bool)>,
+    /// Which chunks of `LB_TABLES` the VIPs' regions take.
+    pool: TablePool,
 }
 
 fn backend_def(addr: IpAddr, handle: u32, usable: bool, vip_id: u32, encap: Encap) -> BackendDef {
@@ -201,7 +266,6 @@ impl<D: Dataplane> Reconciler<D> {
     /// fresh maps).
     pub fn adopt(dp: D) -> Result<Self> {
         let layout = dp.layout();
-        let m = layout.table_size;
         let mut slots = Vec::with_capacity(layout.max_backends as usize);
         let mut by_vip: BTreeMap<u32, Vec<BackendDef>> = BTreeMap::new();
         for index in 0..layout.max_backends {
@@ -212,39 +276,24 @@ impl<D: Dataplane> Reconciler<D> {
                 by_vip.entry(def.vip_id as u32).or_default().push(def);
             }
         }
+        let mut pool = TablePool::new(layout.pool_chunks());
         let mut vips = BTreeMap::new();
         for (key, meta) in dp.vips()? {
             let Some(id) = VipId::from_key(&key) else {
                 continue;
             };
-            let active_half = layout.active_half(&meta);
-            let active = dp.read_table(layout.half_base(meta.vip_id, active_half), m)?;
-            // Weights are not in the kernel; recover the table's view of
-            // them as "in the table or not" until the desired state says.
-            let in_table: BTreeSet<u32> = active.iter().copied().collect();
-            let backends = by_vip
-                .remove(&meta.vip_id)
-                .unwrap_or_default()
-                .into_iter()
-                .filter_map(|def| {
-                    let addr = def.ip()?;
-                    let weight = u32::from(
-                        meta.flags & VIP_F_NO_BACKENDS == 0 && in_table.contains(&def.handle),
-                    );
-                    Some((
-                        addr,
-                        BackendState {
-                            handle: def.handle,
-                            weight,
-                            usable: def.flags & BACKEND_F_USABLE != 0,
-                        },
-                    ))
-                })
-                .collect();
+            let (region, live) = layout.region_of(&meta);
+            pool.reserve(region.base, region.chunks())
+                .map_err(|source| ReconcileError::Region { vip: id, source })?;
+            let m = layout.vip_table_size(&meta);
+            let active = dp.read_table(region.half_base(live), m)?;
+            let backends = adopted_backends(&meta, &active, by_vip.remove(&meta.vip_id));
             vips.insert(
                 id,
                 VipState {
                     meta,
+                    table_size: m,
+                    region,
                     encap: Encap::from_code(meta.encap).unwrap_or_default(),
                     conntrack: meta.flags & VIP_F_NO_CONNTRACK == 0,
                     backends,
@@ -258,6 +307,7 @@ impl<D: Dataplane> Reconciler<D> {
             layout,
             vips,
             slots,
+            pool,
         };
         for defs in by_vip.into_values() {
             for def in defs {
@@ -284,6 +334,11 @@ impl<D: Dataplane> Reconciler<D> {
 
     pub fn vips(&self) -> &BTreeMap<VipId, VipState> {
         &self.vips
+    }
+
+    /// The table pool: which chunks the VIPs' regions take.
+    pub fn pool(&self) -> &TablePool {
+        &self.pool
     }
 
     /// Writes the datapath settings; keeps the connection-table seed of
@@ -368,6 +423,8 @@ impl<D: Dataplane> Reconciler<D> {
     ) -> Result<ApplyReport> {
         let mut report = ApplyReport::default();
         let wanted: BTreeMap<VipId, &VipConfig> = desired.iter().map(|v| (v.id, v)).collect();
+        // Before anything is written: every table will find its room.
+        self.check_pool(desired, &wanted)?;
 
         // Removed VIPs first: frees their ids and backend slots.
         let gone: Vec<VipId> = self
@@ -454,6 +511,7 @@ impl<D: Dataplane> Reconciler<D> {
             return Ok(());
         };
         self.dp.remove_vip(&id.key())?;
+        self.pool.release(state.region.base, state.region.chunks());
         for b in state.backends.values() {
             self.retire_backend(b.handle)?;
         }
@@ -521,9 +579,14 @@ impl<D: Dataplane> Reconciler<D> {
         let is_new = self.ensure_vip(vip, report)?;
         let retire = self.sync_backends(vip, is_new, usable, report)?;
         let started = std::time::Instant::now();
-        let handles = self.build_table(&vip.id)?;
+        let m = vip.maglev_size(&self.layout);
+        let handles = self.build_table(&vip.id, m)?;
         report.table_builds.push(started.elapsed());
-        self.publish(vip, is_new, handles, report)?;
+        if m == self.vips[&vip.id].table_size {
+            self.publish(vip, is_new, handles, report)?;
+        } else {
+            self.resize(vip, m, handles, report)?;
+        }
         for handle in retire {
             self.retire_backend(handle)?;
         }
@@ -537,24 +600,29 @@ impl<D: Dataplane> Reconciler<D> {
             return Ok(false);
         }
         let vip_id = self.free_vip_id()?;
+        let m = vip.maglev_size(&self.layout);
+        let region = Region::new(self.allocate_region(&vip.id, m, report)?, m);
         // A reused id starts its counters from zero.
         self.dp.clear_vip_stats(vip_id)?;
-        let m = self.layout.table_size as usize;
+        let mut meta = VipMeta {
+            vip_id,
+            flags: VIP_F_NO_BACKENDS,
+            encap: vip.encap.code(),
+            ..Default::default()
+        };
+        meta.set_table_size(m);
+        region.point(&mut meta, 0);
         self.vips.insert(
             vip.id,
             VipState {
-                meta: VipMeta {
-                    vip_id,
-                    table_base: self.layout.half_base(vip_id, 0),
-                    flags: VIP_F_NO_BACKENDS,
-                    encap: vip.encap.code(),
-                    ..Default::default()
-                },
+                meta,
+                table_size: m,
+                region,
                 encap: vip.encap,
                 conntrack: vip.conntrack,
                 backends: BTreeMap::new(),
                 // Unknown contents: never equal to a built table.
-                active: vec![u32::MAX; m],
+                active: vec![u32::MAX; m as usize],
             },
         );
         report.vips_added += 1;
@@ -615,9 +683,9 @@ impl<D: Dataplane> Reconciler<D> {
         Ok(retire)
     }
 
-    /// The Maglev table of the VIP's usable backends with positive weight,
-    /// as backend handles; `None` when there is none.
-    fn build_table(&self, id: &VipId) -> Result<Option<Vec<u32>>> {
+    /// The Maglev table of `m` slots of the VIP's usable backends with
+    /// positive weight, as backend handles; `None` when there is none.
+    fn build_table(&self, id: &VipId, m: u32) -> Result<Option<Vec<u32>>> {
         let state = &self.vips[id];
         let members: BTreeMap<IpAddr, u32> = state
             .backends
@@ -625,7 +693,7 @@ impl<D: Dataplane> Reconciler<D> {
             .filter(|(_, b)| b.usable)
             .map(|(a, b)| (*a, b.weight))
             .collect();
-        let table = maglev_table(&members, self.layout.table_size)
+        let table = maglev_table(&members, m)
             .map_err(|source| ReconcileError::Maglev { vip: *id, source })?;
         Ok(table.map(|slots| {
             slots
@@ -644,9 +712,30 @@ impl<D: Dataplane> Reconciler<D> {
             state.backends.iter().map(|(a, b)| (b.handle, *a)).collect();
         let table = state.table();
         if table.is_empty() {
-            return Some(vec![None; self.layout.table_size as usize]);
+            return Some(vec![None; state.table_size as usize]);
         }
         Some(table.iter().map(|h| by_handle.get(h).copied()).collect())
+    }
+
+    /// The VIP's entry as `vip` wants it, before its table: tunnel and
+    /// flags, its table size, and the flag naming the live half (entries
+    /// adopted from an older `lbd` gain both here).
+    fn wanted_meta(&mut self, vip: &VipConfig) -> VipMeta {
+        let state = self.vips.get_mut(&vip.id).expect("present");
+        state.encap = vip.encap;
+        state.conntrack = vip.conntrack;
+        let mut meta = state.meta;
+        meta.encap = vip.encap.code();
+        meta.flags &= !(VIP_F_NO_CONNTRACK | VIP_F_FRAG_HASH);
+        if !vip.conntrack {
+            meta.flags |= VIP_F_NO_CONNTRACK;
+        }
+        if vip.fragments == FragmentPolicy::Hash {
+            meta.flags |= VIP_F_FRAG_HASH;
+        }
+        meta.set_table_size(state.table_size);
+        state.region.point(&mut meta, state.live_half());
+        meta
     }
 
     /// Writes a changed table into the inactive half and the VIP entry
@@ -659,24 +748,16 @@ impl<D: Dataplane> Reconciler<D> {
         report: &mut ApplyReport,
     ) -> Result<()> {
         let id = vip.id;
-        let state = self.vips.get_mut(&id).expect("present");
-        state.encap = vip.encap;
-        state.conntrack = vip.conntrack;
-        let mut meta = state.meta;
-        meta.encap = vip.encap.code();
-        meta.flags &= !(VIP_F_NO_CONNTRACK | VIP_F_FRAG_HASH);
-        if !vip.conntrack {
-            meta.flags |= VIP_F_NO_CONNTRACK;
-        }
-        if vip.fragments == FragmentPolicy::Hash {
-            meta.flags |= VIP_F_FRAG_HASH;
-        }
+        let mut meta = self.wanted_meta(vip);
+        let state = &self.vips[&id];
         let mut swapped = false;
         match handles {
             None => meta.flags |= VIP_F_NO_BACKENDS,
             Some(h) if meta.flags & VIP_F_NO_BACKENDS == 0 && h == state.active => {}
             Some(h) => {
-                meta.table_base = self.write_inactive_half(&meta, &h, report)?;
+                let (region, next) = (state.region, 1 - state.live_half());
+                self.write_half(region.half_base(next), &h, report)?;
+                region.point(&mut meta, next);
                 meta.flags &= !VIP_F_NO_BACKENDS;
                 self.vips.get_mut(&id).expect("present").active = h;
                 swapped = true;
@@ -697,18 +778,10 @@ impl<D: Dataplane> Reconciler<D> {
         Ok(())
     }
 
-    /// Writes `table` into the half `meta` does not publish, chunk by
-    /// chunk where it differs from what the kernel holds there; returns
-    /// that half's base.
-    fn write_inactive_half(
-        &mut self,
-        meta: &VipMeta,
-        table: &[u32],
-        report: &mut ApplyReport,
-    ) -> Result<u32> {
-        let half = 1 - self.layout.active_half(meta);
-        let base = self.layout.half_base(meta.vip_id, half);
-        let old = self.dp.read_table(base, self.layout.table_size)?;
+    /// Writes `table` into the (inactive) half at `base`, chunk by chunk
+    /// where it differs from what the kernel holds there.
+    fn write_half(&mut self, base: u32, table: &[u32], report: &mut ApplyReport) -> Result<()> {
+        let old = self.dp.read_table(base, table.len() as u32)?;
         for (c, (new, old)) in table
             .chunks(TABLE_CHUNK_SLOTS as usize)
             .zip(old.chunks(TABLE_CHUNK_SLOTS as usize))
@@ -719,7 +792,7 @@ impl<D: Dataplane> Reconciler<D> {
                 report.chunks_written += 1;
             }
         }
-        Ok(base)
+        Ok(())
     }
 
     /// What the datapath would do with a packet of `flow`.
@@ -811,6 +884,7 @@ mod tests {
             max_vips: 4,
             max_backends: 16,
             ct_buckets: 16,
+            table_pool: 0,
         }
     }
 
@@ -858,7 +932,7 @@ mod tests {
             (1, 2, 1)
         );
         assert_eq!(owners(&r, &v.id).len(), 2);
-        let half = r.layout().active_half(&r.vips()[&v.id].meta);
+        let half = r.vips()[&v.id].live_half();
 
         let v2 = vip(
             "10.0.0.1",
@@ -867,11 +941,7 @@ mod tests {
         );
         let rep = r.apply(std::slice::from_ref(&v2), &all).unwrap();
         assert_eq!((rep.backends_added, rep.tables_published), (1, 1));
-        assert_ne!(
-            r.layout().active_half(&r.vips()[&v2.id].meta),
-            half,
-            "halves flipped"
-        );
+        assert_ne!(r.vips()[&v2.id].live_half(), half, "halves flipped");
         let o = owners(&r, &v2.id);
         assert!(
             o[&"10.1.0.3".parse::<IpAddr>().unwrap()] > o[&"10.1.0.1".parse::<IpAddr>().unwrap()]

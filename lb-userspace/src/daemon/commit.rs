@@ -193,8 +193,17 @@ impl<D: Dataplane> Daemon<D> {
         if target.text != self.text {
             warnings.extend(target.config.warnings.iter().cloned());
         }
+        let remaps = self.remaps(&effective);
+        if !remaps.is_empty() && !force.yes {
+            return Err(refused(format!(
+                "refused, it changes a VIP's table size: {}; to do it anyway: `{}`",
+                remaps.join("; "),
+                force.how
+            )));
+        }
         let drained = target.overlay.drained_in(&effective);
-        let forced = self.refuse_blackhole(&effective, &drained, force.yes, force.how)?;
+        let mut forced = self.refuse_blackhole(&effective, &drained, force.yes, force.how)?;
+        forced.extend(remaps);
         if !dry_run {
             for p in &forced {
                 error!("forced: {p}");

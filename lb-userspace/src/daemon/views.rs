@@ -54,6 +54,7 @@ pub fn vip_config(add: &VipAdd) -> VipConfig {
     };
     v.conntrack = !add.no_conntrack;
     v.min_healthy = add.min_healthy;
+    v.table_size = add.table_size;
     v
 }
 
@@ -81,6 +82,10 @@ fn rate(now: CounterValue, before: Option<CounterValue>, secs: f64) -> Rate {
         pps,
         bps,
     }
+}
+
+fn pool_bytes(chunks: u32) -> u64 {
+    chunks as u64 * crate::dataplane::pool::CHUNK_BYTES
 }
 
 pub(super) fn kind_name(k: Kind) -> &'static str {
@@ -116,6 +121,10 @@ impl<D: Dataplane> Daemon<D> {
             ct_buckets: layout.ct_buckets,
             max_vips: layout.max_vips,
             max_backends: layout.max_backends,
+            table_pool_bytes: pool_bytes(self.reconciler.pool().capacity()),
+            table_pool_used_bytes: pool_bytes(
+                self.reconciler.pool().capacity() - self.reconciler.pool().free_chunks(),
+            ),
             map_bytes: layout
                 .map_bytes(ncpus)
                 .into_iter()
@@ -295,7 +304,7 @@ impl<D: Dataplane> Daemon<D> {
         for h in v.table() {
             *slots.entry(*h).or_default() += 1;
         }
-        let m = self.reconciler.layout().table_size;
+        let m = v.table_size;
         // The reconciler holds effective weights (scaled, ramped, panic);
         // the share they give is what the table should show.
         let in_table_weight: u32 = v
@@ -316,7 +325,7 @@ impl<D: Dataplane> Daemon<D> {
             slots: list_slots.then_some(addresses),
             vip: *id,
             table_size: m,
-            active_half: self.reconciler.layout().active_half(&v.meta),
+            active_half: v.live_half(),
             backends: v
                 .backends
                 .iter()

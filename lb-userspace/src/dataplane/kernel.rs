@@ -282,6 +282,32 @@ impl KernelDataplane {
     }
 }
 
+/// The table size of every VIP in the maps pinned under `dir` (by a
+/// running or a previous `lbd`), read without loading anything; `None`
+/// when nothing is pinned there. `lbd check` compares them with a file.
+pub fn pinned_table_sizes(dir: &Path) -> Result<Option<Vec<(VipKey, u32)>>> {
+    let (vips, config) = (dir.join(MAP_VIPS), dir.join(MAP_CONFIG));
+    if !vips.exists() || !config.exists() {
+        return Ok(None);
+    }
+    let open = |path: &Path, name: &'static str| {
+        MapData::from_pin(path)
+            .and_then(Map::from_map_data)
+            .map_err(map_err(name))
+    };
+    let cfg: Array<MapData, DatapathConfig> =
+        Array::try_from(open(&config, MAP_CONFIG)?).map_err(map_err(MAP_CONFIG))?;
+    let global = cfg.get(&0, 0).map_err(map_err(MAP_CONFIG))?.table_size;
+    let map: HashMap<MapData, VipKey, VipMeta> =
+        HashMap::try_from(open(&vips, MAP_VIPS)?).map_err(map_err(MAP_VIPS))?;
+    let mut sizes = Vec::new();
+    for entry in map.iter() {
+        let (key, meta) = entry.map_err(map_err(MAP_VIPS))?;
+        sizes.push((key, meta.maglev_size(global)));
+    }
+    Ok(Some(sizes))
+}
+
 /// Zeroes one index of per-CPU counters.
 fn per_cpu_clear(map: &mut Counts, name: &'static str, index: u32) -> Result<()> {
     let cpus = aya::util::nr_cpus().map_err(|(_, e)| DataplaneError::Io(e))?;
