@@ -5,12 +5,15 @@
 //! their backends and weights, plus the datapath settings — into the fewest
 //! map writes that make the kernel match it:
 //!
-//! - a VIP's table is rebuilt only if its usable backends or weights
-//!   changed, written into the inactive half (only the chunks that differ
-//!   from what that half holds, read back from the kernel rather than
-//!   shadowed: a shadow of both halves was two thirds of `lbd`'s memory),
-//!   and swapped in by replacing the VIP's
-//!   metadata: packets see the old table or the new one, never a mix;
+//! - a VIP's table is rebuilt only if the builder's input changed (its
+//!   usable backends with a weight, the weights, its table size: the
+//!   builder is deterministic, so the same input is the same table),
+//!   written into the inactive half (only the chunks that differ from
+//!   what that half holds), and swapped in by replacing the VIP's
+//!   metadata: packets see the old table or the new one, never a mix.
+//!   Tables are not shadowed in memory (at a thousand VIPs of 65,537
+//!   slots that was a quarter of a gigabyte); whoever needs one reads it
+//!   from the kernel;
 //! - a new backend is written before any table refers to it; a removed one
 //!   is retired only after no table refers to it, keeping its handle so the
 //!   next occupant of its index gets a new generation;
@@ -186,8 +189,9 @@ pub struct VipState {
     pub encap: Encap,
     pub conntrack: bool,
     pub backends: BTreeMap<IpAddr, BackendState>,
-    /// Contents of the active table half.
-    active: Vec<u32>,
+    /// The builder's input of the published table (no input: no table);
+    /// `None` when not known (a VIP adopted from pinned maps, a new one).
+    built: Option<Vec<MaglevBackend>>,
 }
 
 impl VipState {
@@ -196,18 +200,22 @@ impl VipState {
         u32::from(self.meta.table_base != self.region.base)
     }
 
-    /// The active table (handles), empty if the VIP has no backend.
-    pub fn table(&self) -> &[u32] {
-        if self.meta.flags & VIP_F_NO_BACKENDS != 0 {
-            &[]
-        } else {
-            &self.active
-        }
+    /// The VIP has a table (a backend to send flows to).
+    pub fn has_table(&self) -> bool {
+        self.meta.flags & VIP_F_NO_BACKENDS == 0
     }
 }
 
+/// What an apply found for one VIP's table.
+enum Built {
+    /// The builder's input is the published table's: nothing to build.
+    Same,
+    /// A table built (as handles), or none (no backend with a weight).
+    Table(Option<Vec<u32>>),
+}
+
 /// What one `apply` changed, for logs and replies.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct ApplyReport {
     pub vips_added: usize,
     pub vips_removed: usize,
@@ -220,6 +228,27 @@ pub struct ApplyReport {
     pub tables_moved: usize,
     /// How long each table built took (one per VIP applied).
     pub table_builds: Vec<std::time::Duration>,
+}
+
+/// The builds as a count and a sum: a line of log, whatever the VIPs.
+impl std::fmt::Debug for ApplyReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let total: std::time::Duration = self.table_builds.iter().sum();
+        let slowest = self.table_builds.iter().max().copied().unwrap_or_default();
+        f.debug_struct("ApplyReport")
+            .field("vips_added", &self.vips_added)
+            .field("vips_removed", &self.vips_removed)
+            .field("vips_updated", &self.vips_updated)
+            .field("backends_added", &self.backends_added)
+            .field("backends_removed", &self.backends_removed)
+            .field("tables_published", &self.tables_published)
+            .field("chunks_written", &self.chunks_written)
+            .field("tables_moved", &self.tables_moved)
+            .field("table_builds", &self.table_builds.len())
+            .field("build_time", &total)
+            .field("slowest_build", &slowest)
+            .finish()
+    }
 }
 
 impl ApplyReport {
@@ -244,6 +273,10 @@ pub struct Reconciler<D: Dataplane> {
     /// Handle last stored at each backend index (keeps generations), and
     /// whether the index is occupied.
     slots: Vec<(u32, bool)>,
+    /// The unoccupied backend indexes and unused VIP ids (each taken
+    /// lowest first), so that a new one is found without a scan.
+    free_slots: BTreeSet<u32>,
+    free_ids: BTreeSet<u32>,
     /// Which chunks of `LB_TABLES` the VIPs' regions take.
     pool: TablePool,
 }
@@ -286,8 +319,8 @@ impl<D: Dataplane> Reconciler<D> {
             pool.reserve(region.base, region.chunks())
                 .map_err(|source| ReconcileError::Region { vip: id, source })?;
             let m = layout.vip_table_size(&meta);
-            let active = dp.read_table(region.half_base(live), m)?;
-            let backends = adopted_backends(&meta, &active, by_vip.remove(&meta.vip_id));
+            let live = dp.read_table(region.half_base(live), m)?;
+            let backends = adopted_backends(&meta, &live, by_vip.remove(&meta.vip_id));
             vips.insert(
                 id,
                 VipState {
@@ -297,16 +330,23 @@ impl<D: Dataplane> Reconciler<D> {
                     encap: Encap::from_code(meta.encap).unwrap_or_default(),
                     conntrack: meta.flags & VIP_F_NO_CONNTRACK == 0,
                     backends,
-                    active,
+                    built: None,
                 },
             );
         }
+        let free_slots = (0..layout.max_backends)
+            .filter(|i| !slots[*i as usize].1)
+            .collect();
+        let used: BTreeSet<u32> = vips.values().map(|v| v.meta.vip_id).collect();
+        let free_ids = (0..layout.max_vips).filter(|i| !used.contains(i)).collect();
         // Backends whose VIP is gone (a crash between steps) are freed.
         let mut r = Self {
             dp,
             layout,
             vips,
             slots,
+            free_slots,
+            free_ids,
             pool,
         };
         for defs in by_vip.into_values() {
@@ -512,6 +552,7 @@ impl<D: Dataplane> Reconciler<D> {
         };
         self.dp.remove_vip(&id.key())?;
         self.pool.release(state.region.base, state.region.chunks());
+        self.free_ids.insert(state.meta.vip_id);
         for b in state.backends.values() {
             self.retire_backend(b.handle)?;
         }
@@ -520,9 +561,9 @@ impl<D: Dataplane> Reconciler<D> {
     }
 
     fn free_vip_id(&self) -> Result<u32> {
-        let used: BTreeSet<u32> = self.vips.values().map(|v| v.meta.vip_id).collect();
-        (0..self.layout.max_vips)
-            .find(|i| !used.contains(i))
+        self.free_ids
+            .first()
+            .copied()
             .ok_or(ReconcileError::VipIdsExhausted(self.layout.max_vips))
     }
 
@@ -534,9 +575,9 @@ impl<D: Dataplane> Reconciler<D> {
         encap: Encap,
     ) -> Result<u32> {
         let index = self
-            .slots
-            .iter()
-            .position(|(_, occupied)| !occupied)
+            .free_slots
+            .first()
+            .map(|i| *i as usize)
             .ok_or(ReconcileError::BackendsExhausted(self.layout.max_backends))?;
         let generation = ((self.slots[index].0 >> 16) + 1) & 0xffff;
         let handle = (generation.max(1) << 16) | index as u32;
@@ -548,6 +589,7 @@ impl<D: Dataplane> Reconciler<D> {
             &backend_def(addr, handle, usable, vip_id, encap),
         )?;
         self.slots[index] = (handle, true);
+        self.free_slots.remove(&(index as u32));
         Ok(handle)
     }
 
@@ -562,6 +604,7 @@ impl<D: Dataplane> Reconciler<D> {
         self.dp.set_backend(index, &def)?;
         if let Some(slot) = self.slots.get_mut(index as usize) {
             *slot = (handle, false);
+            self.free_slots.insert(index);
         }
         Ok(())
     }
@@ -578,15 +621,29 @@ impl<D: Dataplane> Reconciler<D> {
     ) -> Result<()> {
         let is_new = self.ensure_vip(vip, report)?;
         let retire = self.sync_backends(vip, is_new, usable, report)?;
-        let started = std::time::Instant::now();
         let m = vip.maglev_size(&self.layout);
-        let handles = self.build_table(&vip.id, m)?;
-        report.table_builds.push(started.elapsed());
-        if m == self.vips[&vip.id].table_size {
-            self.publish(vip, is_new, handles, report)?;
+        let state = &self.vips[&vip.id];
+        let input = maglev_input(
+            state
+                .backends
+                .iter()
+                .filter(|(_, b)| b.usable)
+                .map(|(a, b)| (*a, b.weight)),
+        );
+        let built = if m == state.table_size && state.built.as_ref() == Some(&input) {
+            Built::Same
         } else {
-            self.resize(vip, m, handles, report)?;
+            let started = std::time::Instant::now();
+            let table = self.build_table(&vip.id, &input, m)?;
+            report.table_builds.push(started.elapsed());
+            Built::Table(table)
+        };
+        if m == self.vips[&vip.id].table_size {
+            self.publish(vip, is_new, built, report)?;
+        } else if let Built::Table(table) = built {
+            self.resize(vip, m, table, report)?;
         }
+        self.vips.get_mut(&vip.id).expect("present").built = Some(input);
         for handle in retire {
             self.retire_backend(handle)?;
         }
@@ -600,10 +657,11 @@ impl<D: Dataplane> Reconciler<D> {
             return Ok(false);
         }
         let vip_id = self.free_vip_id()?;
-        let m = vip.maglev_size(&self.layout);
-        let region = Region::new(self.allocate_region(&vip.id, m, report)?, m);
         // A reused id starts its counters from zero.
         self.dp.clear_vip_stats(vip_id)?;
+        let m = vip.maglev_size(&self.layout);
+        let region = Region::new(self.allocate_region(&vip.id, m, report)?, m);
+        self.free_ids.remove(&vip_id);
         let mut meta = VipMeta {
             vip_id,
             flags: VIP_F_NO_BACKENDS,
@@ -621,8 +679,7 @@ impl<D: Dataplane> Reconciler<D> {
                 encap: vip.encap,
                 conntrack: vip.conntrack,
                 backends: BTreeMap::new(),
-                // Unknown contents: never equal to a built table.
-                active: vec![u32::MAX; m as usize],
+                built: None,
             },
         );
         report.vips_added += 1;
@@ -683,38 +740,56 @@ impl<D: Dataplane> Reconciler<D> {
         Ok(retire)
     }
 
-    /// The Maglev table of `m` slots of the VIP's usable backends with
-    /// positive weight, as backend handles; `None` when there is none.
-    fn build_table(&self, id: &VipId, m: u32) -> Result<Option<Vec<u32>>> {
+    /// The Maglev table of `m` slots over `input` (the VIP's usable
+    /// backends with a weight), as backend handles; `None` when empty.
+    fn build_table(&self, id: &VipId, input: &[MaglevBackend], m: u32) -> Result<Option<Vec<u32>>> {
         let state = &self.vips[id];
-        let members: BTreeMap<IpAddr, u32> = state
-            .backends
+        let handles: Vec<u32> = input
             .iter()
-            .filter(|(_, b)| b.usable)
-            .map(|(a, b)| (*a, b.weight))
+            .map(|b| state.backends[&b.addr].handle)
             .collect();
-        let table = maglev_table(&members, m)
+        let table = maglev::build(input, m)
             .map_err(|source| ReconcileError::Maglev { vip: *id, source })?;
-        Ok(table.map(|slots| {
-            slots
-                .into_iter()
-                .map(|addr| state.backends[&addr].handle)
-                .collect()
-        }))
+        Ok(match table {
+            MaglevTable::Empty => None,
+            MaglevTable::Slots(slots) => Some(slots.iter().map(|i| handles[*i as usize]).collect()),
+        })
+    }
+
+    /// The published table of `id` (backend handles), read from the
+    /// kernel; empty for a VIP without a table, `None` for no such VIP.
+    pub fn live_table(&self, id: &VipId) -> Result<Option<Vec<u32>>> {
+        let Some(state) = self.vips.get(id) else {
+            return Ok(None);
+        };
+        if !state.has_table() {
+            return Ok(Some(Vec::new()));
+        }
+        let base = state.region.half_base(state.live_half());
+        Ok(Some(self.dp.read_table(base, state.table_size)?))
     }
 
     /// The published table of `id` as backend addresses, slot by slot
     /// (`None`: the slot drops; every slot of a VIP without backends).
     /// `None` if the VIP is not programmed.
-    pub fn table_addresses(&self, id: &VipId) -> Option<Vec<Option<IpAddr>>> {
-        let state = self.vips.get(id)?;
-        let by_handle: BTreeMap<u32, IpAddr> =
-            state.backends.iter().map(|(a, b)| (b.handle, *a)).collect();
-        let table = state.table();
+    pub fn table_addresses(&self, id: &VipId) -> Result<Option<Vec<Option<IpAddr>>>> {
+        let Some(table) = self.live_table(id)? else {
+            return Ok(None);
+        };
+        let state = &self.vips[id];
         if table.is_empty() {
-            return Some(vec![None; state.table_size as usize]);
+            return Ok(Some(vec![None; state.table_size as usize]));
         }
-        Some(table.iter().map(|h| by_handle.get(h).copied()).collect())
+        let mut by_handle: Vec<(u32, IpAddr)> =
+            state.backends.iter().map(|(a, b)| (b.handle, *a)).collect();
+        by_handle.sort_unstable();
+        let address = |h: &u32| {
+            by_handle
+                .binary_search_by_key(h, |(handle, _)| *handle)
+                .ok()
+                .map(|i| by_handle[i].1)
+        };
+        Ok(Some(table.iter().map(address).collect()))
     }
 
     /// The VIP's entry as `vip` wants it, before its table: tunnel and
@@ -744,22 +819,22 @@ impl<D: Dataplane> Reconciler<D> {
         &mut self,
         vip: &VipConfig,
         is_new: bool,
-        handles: Option<Vec<u32>>,
+        built: Built,
         report: &mut ApplyReport,
     ) -> Result<()> {
         let id = vip.id;
         let mut meta = self.wanted_meta(vip);
-        let state = &self.vips[&id];
         let mut swapped = false;
-        match handles {
-            None => meta.flags |= VIP_F_NO_BACKENDS,
-            Some(h) if meta.flags & VIP_F_NO_BACKENDS == 0 && h == state.active => {}
-            Some(h) => {
+        match built {
+            Built::Same => {}
+            Built::Table(None) => meta.flags |= VIP_F_NO_BACKENDS,
+            Built::Table(Some(h)) if self.is_live(&id, &h)? => {}
+            Built::Table(Some(h)) => {
+                let state = &self.vips[&id];
                 let (region, next) = (state.region, 1 - state.live_half());
                 self.write_half(region.half_base(next), &h, report)?;
                 region.point(&mut meta, next);
                 meta.flags &= !VIP_F_NO_BACKENDS;
-                self.vips.get_mut(&id).expect("present").active = h;
                 swapped = true;
             }
         }
@@ -776,6 +851,18 @@ impl<D: Dataplane> Reconciler<D> {
             }
         }
         Ok(())
+    }
+
+    /// `table` is what `id` publishes now. Known without a look when the
+    /// builder's input is known (a changed input is a changed table);
+    /// otherwise (adopted from pinned maps) read from the kernel, so a
+    /// restart with the same configuration writes no table.
+    fn is_live(&self, id: &VipId, table: &[u32]) -> Result<bool> {
+        let state = &self.vips[id];
+        if state.built.is_some() || !state.has_table() {
+            return Ok(false);
+        }
+        Ok(self.live_table(id)?.is_some_and(|live| live == table))
     }
 
     /// Writes `table` into the (inactive) half at `base`, chunk by chunk
@@ -810,6 +897,26 @@ impl<D: Dataplane> Reconciler<D> {
         })
     }
 
+    /// Counters of every VIP and of each of its backends, read in a few
+    /// batch lookups.
+    pub fn all_vip_counters(&self) -> Result<BTreeMap<VipId, VipCounters>> {
+        let vips = self.dp.all_vip_stats()?;
+        let backends = self.dp.all_backend_stats()?;
+        let at = |all: &[CounterValue], i: u32| all.get(i as usize).copied().unwrap_or_default();
+        Ok(self
+            .vips
+            .iter()
+            .map(|(id, v)| {
+                let by_backend = v
+                    .backends
+                    .iter()
+                    .map(|(addr, b)| (*addr, at(&backends, b.handle & BACKEND_INDEX_MASK)))
+                    .collect();
+                (*id, (at(&vips, v.meta.vip_id), by_backend))
+            })
+            .collect())
+    }
+
     /// Counters of one VIP and of each of its backends.
     pub fn vip_counters(&self, id: &VipId) -> Result<Option<VipCounters>> {
         let Some(v) = self.vips.get(id) else {
@@ -824,6 +931,15 @@ impl<D: Dataplane> Reconciler<D> {
     }
 }
 
+/// The builder's input for `members` (address → effective weight, in
+/// address order): those with a weight; those of weight 0 take no slot.
+fn maglev_input(members: impl Iterator<Item = (IpAddr, u32)>) -> Vec<MaglevBackend> {
+    members
+        .filter(|(_, w)| *w > 0)
+        .map(|(addr, weight)| MaglevBackend { addr, weight })
+        .collect()
+}
+
 /// The Maglev table over `members` (address → effective weight; those of
 /// weight 0 take no slot), as the backend address of each slot; `None`
 /// when no member has a weight. The reconciler publishes exactly this
@@ -832,14 +948,7 @@ pub fn maglev_table(
     members: &BTreeMap<IpAddr, u32>,
     m: u32,
 ) -> std::result::Result<Option<Vec<IpAddr>>, MaglevError> {
-    let input: Vec<MaglevBackend> = members
-        .iter()
-        .filter(|(_, w)| **w > 0)
-        .map(|(addr, weight)| MaglevBackend {
-            addr: *addr,
-            weight: *weight,
-        })
-        .collect();
+    let input = maglev_input(members.iter().map(|(a, w)| (*a, *w)));
     Ok(match maglev::build(&input, m)? {
         MaglevTable::Empty => None,
         MaglevTable::Slots(slots) => {
@@ -913,7 +1022,11 @@ mod tests {
             .dataplane()
             .read_table(meta.table_base, r.layout().table_size)
             .unwrap();
-        assert_eq!(table, state.table(), "kernel table matches the shadow");
+        assert_eq!(
+            Some(table.clone()),
+            r.live_table(id).unwrap(),
+            "the live half is the one the entry names"
+        );
         let mut counts = BTreeMap::new();
         for h in table {
             let (_, addr) = r.backend_by_handle(h).expect("slot names a known backend");
@@ -963,6 +1076,39 @@ mod tests {
             writes,
             "no map writes for an unchanged state"
         );
+    }
+
+    #[test]
+    fn only_vips_whose_builder_input_changed_are_built() {
+        let mut r = Reconciler::adopt(FakeDataplane::new(layout())).unwrap();
+        let mut vs = vec![
+            vip("10.0.0.1", 80, &[("10.1.0.1", 1), ("10.1.0.2", 3)]),
+            vip("10.0.0.2", 80, &[("10.1.0.3", 1), ("10.1.0.4", 0)]),
+            vip("10.0.0.3", 80, &[("10.1.0.5", 1)]),
+        ];
+        assert_eq!(r.apply(&vs, &all).unwrap().table_builds.len(), 3);
+        assert!(r.apply(&vs, &all).unwrap().table_builds.is_empty());
+        // One backend more in one VIP: one build, one table.
+        vs[2] = vip("10.0.0.3", 80, &[("10.1.0.5", 1), ("10.1.0.6", 1)]);
+        let rep = r.apply(&vs, &all).unwrap();
+        assert_eq!((rep.table_builds.len(), rep.tables_published), (1, 1));
+        // A zero-weight backend's weight, or an unusable one, is no input.
+        vs[1] = vip(
+            "10.0.0.2",
+            80,
+            &[("10.1.0.3", 1), ("10.1.0.4", 0), ("10.1.0.7", 0)],
+        );
+        let rep = r.apply(&vs, &all).unwrap();
+        assert_eq!((rep.table_builds.len(), rep.backends_added), (0, 1));
+        // After a restart the first apply builds, finds the same tables in
+        // the kernel and writes none.
+        let dp = std::mem::replace(r.dataplane_mut(), FakeDataplane::new(layout()));
+        let mut again = Reconciler::adopt(dp).unwrap();
+        let writes = again.dataplane().writes;
+        let rep = again.apply(&vs, &all).unwrap();
+        assert_eq!((rep.table_builds.len(), rep.tables_published), (3, 0));
+        assert_eq!(again.dataplane().writes, writes);
+        assert!(again.apply(&vs, &all).unwrap().table_builds.is_empty());
     }
 
     #[test]

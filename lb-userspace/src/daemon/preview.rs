@@ -142,7 +142,7 @@ impl<D: Dataplane> Daemon<D> {
         let m = will.maglev_size(layout);
         let before = self
             .reconciler
-            .table_addresses(&was.id)
+            .table_addresses(&was.id)?
             .unwrap_or_else(|| vec![None; m_was as usize]);
         let after = planned_table(plan, &will.id, m)?;
         let slots_moved = if m == m_was {

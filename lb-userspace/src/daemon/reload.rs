@@ -225,7 +225,7 @@ impl<D: Dataplane> Daemon<D> {
             .filter_map(|v| {
                 let state = self.reconciler.vips().get(&v.id)?;
                 let m = v.maglev_size(layout);
-                (m != state.table_size && !state.table().is_empty()).then(|| {
+                (m != state.table_size && state.has_table()).then(|| {
                     format!(
                         "VIP {}: table_size {} -> {m} remaps every flow of the VIP (established connections keep their backend through this balancer's connection table; flows that move between balancers of different M do not)",
                         v.id, state.table_size

@@ -242,8 +242,10 @@ async fn a_vip_added_is_programmed_announced_persisted_and_deleted() {
         BTreeSet::from([ip("10.1.0.7"), ip("10.1.0.8")])
     );
     assert!(r.announced().contains(&ip("10.99.0.2")));
-    let state = &r.daemon.reconciler.vips()[&id("10.99.0.2:53/udp")];
-    assert_eq!((state.table_size, state.table().len()), (1009, 1009));
+    let vip = id("10.99.0.2:53/udp");
+    let table = r.daemon.reconciler.live_table(&vip).unwrap().unwrap();
+    assert_eq!(r.daemon.reconciler.vips()[&vip].table_size, 1009);
+    assert_eq!(table.len(), 1009);
     let saved = Overlay::load(&r.daemon.config.state_file).unwrap();
     assert_eq!(
         saved.vips_added[&id("10.99.0.2:53/udp")].table_size,

@@ -29,6 +29,8 @@ struct Sample {
     at: Option<Instant>,
     counters: Vec<CounterValue>,
     vips: BTreeMap<VipId, (CounterValue, BTreeMap<IpAddr, CounterValue>)>,
+    /// Every backend index's SYN counts (passive health, metrics).
+    syns: Vec<lb_common::SynCounts>,
 }
 
 /// The two latest samples: rates are taken against the older one, so the
@@ -230,22 +232,28 @@ impl<D: Dataplane> Daemon<D> {
 
     fn read_sample(&self) -> Result<Sample> {
         let counters = self.reconciler.dataplane().counters()?;
-        let mut vips = BTreeMap::new();
-        for id in self.reconciler.vips().keys() {
-            if let Some((v, backends)) = self.reconciler.vip_counters(id)? {
-                vips.insert(*id, (v, backends.into_iter().collect()));
-            }
-        }
+        let vips = self
+            .reconciler
+            .all_vip_counters()?
+            .into_iter()
+            .map(|(id, (v, backends))| (id, (v, backends.into_iter().collect())))
+            .collect();
         Ok(Sample {
             at: Some(Instant::now()),
             counters,
             vips,
+            syns: self.reconciler.dataplane().all_backend_syns()?,
         })
     }
 
     /// The datapath counters of the latest sample.
     pub(super) fn samples_latest_counters(&self) -> &[CounterValue] {
         &self.samples.latest.counters
+    }
+
+    /// Every backend index's SYN counts in the latest sample.
+    pub(super) fn samples_latest_syns(&self) -> &[lb_common::SynCounts] {
+        &self.samples.latest.syns
     }
 
     /// Per VIP (and backend) counters of the latest sample.
@@ -301,8 +309,8 @@ impl<D: Dataplane> Daemon<D> {
             .get(id)
             .ok_or_else(|| refused(format!("no VIP {id}")))?;
         let mut slots: BTreeMap<u32, u32> = BTreeMap::new();
-        for h in v.table() {
-            *slots.entry(*h).or_default() += 1;
+        for h in self.reconciler.live_table(id)?.unwrap_or_default() {
+            *slots.entry(h).or_default() += 1;
         }
         let m = v.table_size;
         // The reconciler holds effective weights (scaled, ramped, panic);
@@ -319,7 +327,7 @@ impl<D: Dataplane> Daemon<D> {
             .find(|c| c.id == *id)
             .map(|c| c.backends.iter().map(|b| (b.address, b.weight)).collect())
             .unwrap_or_default();
-        let addresses = self.reconciler.table_addresses(id).unwrap_or_default();
+        let addresses = self.reconciler.table_addresses(id)?.unwrap_or_default();
         Ok(TableInfo {
             digest: crate::digest::table(&addresses),
             slots: list_slots.then_some(addresses),

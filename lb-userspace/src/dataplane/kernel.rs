@@ -308,6 +308,27 @@ pub fn pinned_table_sizes(dir: &Path) -> Result<Option<Vec<(VipKey, u32)>>> {
     Ok(Some(sizes))
 }
 
+fn add_counts(sum: &mut CounterValue, v: &CounterValue) {
+    *sum += *v;
+}
+
+/// A whole per-CPU array in one batch lookup; `None` if the kernel cannot
+/// (then the caller reads element by element).
+fn all_per_cpu<T: aya::Pod + Default>(
+    fd: BorrowedFd<'_>,
+    entries: u32,
+    add: impl Fn(&mut T, &T),
+) -> Option<Vec<T>> {
+    let cpus = aya::util::nr_cpus().ok()?;
+    match super::batch::read_per_cpu(fd, entries, cpus, add) {
+        Ok(values) => Some(values),
+        Err(e) => {
+            tracing::debug!(error = %e, "batch lookup unavailable; reading element by element");
+            None
+        }
+    }
+}
+
 /// Zeroes one index of per-CPU counters.
 fn per_cpu_clear(map: &mut Counts, name: &'static str, index: u32) -> Result<()> {
     let cpus = aya::util::nr_cpus().map_err(|(_, e)| DataplaneError::Io(e))?;
@@ -494,6 +515,40 @@ impl Dataplane for KernelDataplane {
                 .map_err(map_err(MAP_BACKEND_SYNS))?;
         }
         Ok(())
+    }
+
+    fn all_vip_stats(&self) -> Result<Vec<CounterValue>> {
+        let fd = self.maps.vip_stats.map().fd().as_fd();
+        all_per_cpu(fd, self.layout.max_vips, add_counts).map_or_else(
+            || {
+                (0..self.layout.max_vips)
+                    .map(|i| self.vip_stats(i))
+                    .collect()
+            },
+            Ok,
+        )
+    }
+
+    fn all_backend_stats(&self) -> Result<Vec<CounterValue>> {
+        let fd = self.maps.backend_stats.map().fd().as_fd();
+        all_per_cpu(fd, self.layout.max_backends, add_counts).map_or_else(
+            || {
+                (0..self.layout.max_backends)
+                    .map(|i| self.backend_stats(i))
+                    .collect()
+            },
+            Ok,
+        )
+    }
+
+    fn all_backend_syns(&self) -> Result<Vec<SynCounts>> {
+        let n = self.layout.max_backends;
+        let Some(map) = &self.maps.backend_syns else {
+            return Ok(vec![SynCounts::default(); n as usize]);
+        };
+        let add = |sum: &mut SynCounts, v: &SynCounts| *sum += *v;
+        all_per_cpu(map.map().fd().as_fd(), n, add)
+            .map_or_else(|| (0..n).map(|i| self.backend_syns(i)).collect(), Ok)
     }
 
     fn backend_syns(&self, index: u32) -> Result<SynCounts> {

@@ -9,6 +9,7 @@
 //! This module also owns the *layout*: the sizes fixed when the maps are
 //! created; [`pool`] says where each VIP's two table halves live.
 
+mod batch;
 pub mod fake;
 pub mod kernel;
 mod mmap;
@@ -249,6 +250,29 @@ pub trait Dataplane {
     /// A backend index's SYNs and retransmitted SYNs, summed over CPUs
     /// (zero for a program without them).
     fn backend_syns(&self, index: u32) -> Result<lb_common::SynCounts>;
+
+    /// Every VIP id's counters (index: VIP id), summed over CPUs. The
+    /// kernel reads each array in one syscall; the daemon samples them
+    /// every second, whatever the number of VIPs and backends.
+    fn all_vip_stats(&self) -> Result<Vec<CounterValue>> {
+        (0..self.layout().max_vips)
+            .map(|i| self.vip_stats(i))
+            .collect()
+    }
+
+    /// Every backend index's counters (index: backend index).
+    fn all_backend_stats(&self) -> Result<Vec<CounterValue>> {
+        (0..self.layout().max_backends)
+            .map(|i| self.backend_stats(i))
+            .collect()
+    }
+
+    /// Every backend index's SYN counts (index: backend index).
+    fn all_backend_syns(&self) -> Result<Vec<lb_common::SynCounts>> {
+        (0..self.layout().max_backends)
+            .map(|i| self.backend_syns(i))
+            .collect()
+    }
 
     fn flow_bucket(&self, index: u32) -> Result<FlowBucket>;
     fn set_flow_bucket(&mut self, index: u32, bucket: &FlowBucket) -> Result<()>;

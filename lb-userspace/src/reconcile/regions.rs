@@ -125,8 +125,9 @@ impl<D: Dataplane> Reconciler<D> {
     /// to it. When the live half is the first and the gap is narrower
     /// than a half, the table first swaps to the region's own second half.
     fn move_region(&mut self, id: &VipId, to: u32, report: &mut ApplyReport) -> Result<()> {
+        let table = self.live_table(id)?.unwrap_or_default();
         let state = &self.vips[id];
-        let (old, table) = (state.region, state.active.clone());
+        let old = state.region;
         let new = Region {
             base: to,
             half: old.half,
@@ -196,7 +197,6 @@ impl<D: Dataplane> Reconciler<D> {
         let old = std::mem::replace(&mut state.region, region);
         state.meta = meta;
         state.table_size = m;
-        state.active = handles.unwrap_or_else(|| vec![u32::MAX; m as usize]);
         self.pool.release(old.base, old.chunks());
         report.tables_published += 1;
         report.vips_updated += 1;
@@ -264,7 +264,8 @@ mod tests {
     fn pool_of_regions(r: &Reconciler<FakeDataplane>) -> TablePool {
         let mut p = TablePool::new(r.layout().pool_chunks());
         for v in r.vips().values() {
-            p.reserve(v.region.base, v.region.chunks()).expect("disjoint");
+            p.reserve(v.region.base, v.region.chunks())
+                .expect("disjoint");
         }
         p
     }

@@ -74,7 +74,11 @@ async fn a_diff_counts_moved_slots_and_breaking_flows_against_built_tables() {
     let mut r = rig(FILE);
     let before = table_of(&[("10.1.0.1", 2), ("10.1.0.2", 1)]);
     assert_eq!(
-        r.daemon.reconciler.table_addresses(&id(WEB)).unwrap(),
+        r.daemon
+            .reconciler
+            .table_addresses(&id(WEB))
+            .unwrap()
+            .unwrap(),
         before
     );
     flows_to(&mut r, "10.1.0.2", 0, 3);
@@ -96,7 +100,11 @@ async fn a_diff_counts_moved_slots_and_breaking_flows_against_built_tables() {
 
     // The dry run changed nothing; the apply publishes the previewed table.
     assert_eq!(
-        r.daemon.reconciler.table_addresses(&id(WEB)).unwrap(),
+        r.daemon
+            .reconciler
+            .table_addresses(&id(WEB))
+            .unwrap()
+            .unwrap(),
         before
     );
     let revision = r.daemon.revision;
@@ -105,7 +113,11 @@ async fn a_diff_counts_moved_slots_and_breaking_flows_against_built_tables() {
         .await
         .unwrap();
     assert_eq!(
-        r.daemon.reconciler.table_addresses(&id(WEB)).unwrap(),
+        r.daemon
+            .reconciler
+            .table_addresses(&id(WEB))
+            .unwrap()
+            .unwrap(),
         after
     );
     assert_eq!(r.daemon.revision, revision + 1);
@@ -371,7 +383,12 @@ async fn a_revert_ends_a_probation() {
 #[tokio::test]
 async fn a_changed_table_size_is_previewed_and_applied_only_when_forced() {
     let mut r = rig(FILE);
-    let before = r.daemon.reconciler.table_addresses(&id(WEB)).unwrap();
+    let before = r
+        .daemon
+        .reconciler
+        .table_addresses(&id(WEB))
+        .unwrap()
+        .unwrap();
     let text = FILE.replace(
         "    protocol: tcp\n",
         "    protocol: tcp\n    table_size: 1009\n",
@@ -412,7 +429,11 @@ async fn a_changed_table_size_is_previewed_and_applied_only_when_forced() {
     );
     assert!(e.to_string().contains("lbctl reload --force"), "{e}");
     assert_eq!(
-        r.daemon.reconciler.table_addresses(&id(WEB)).unwrap(),
+        r.daemon
+            .reconciler
+            .table_addresses(&id(WEB))
+            .unwrap()
+            .unwrap(),
         before
     );
     // Forced: the VIP gets a 1009-slot table in a region of its size.
@@ -423,7 +444,8 @@ async fn a_changed_table_size_is_previewed_and_applied_only_when_forced() {
         .unwrap();
     assert!(c.warnings.iter().any(|w| w.contains("remaps")), "{c:?}");
     let state = &r.daemon.reconciler.vips()[&id(WEB)];
-    assert_eq!((state.table_size, state.table().len()), (1009, 1009));
+    let table = r.daemon.reconciler.live_table(&id(WEB)).unwrap().unwrap();
+    assert_eq!((state.table_size, table.len()), (1009, 1009));
     assert_eq!(state.meta.table_size(), 1009);
     // Back to the default size: refused again, unless forced.
     assert!(
