@@ -103,8 +103,7 @@ fn a_vip_of_its_own_table_size_forwards_survives_a_restart_and_changes_only_when
         let log = lbd.log_text();
         let programmed = log
             .lines()
-            .filter(|l| l.contains("dataplane programmed"))
-            .next_back()
+            .rfind(|l| l.contains("dataplane programmed"))
             .unwrap_or_default();
         if !programmed.contains("tables_published: 0") || !programmed.contains("chunks_written: 0")
         {
