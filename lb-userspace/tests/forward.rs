@@ -29,8 +29,8 @@ use common::{
     packets::{tcp4, tcp4_vlan, tcp6, udp4, udp6},
     v4,
     xdp::{
-        BACKENDS, CLIENT_MAC, CLIENT_V4, Expect, Fixture, GUE_TEST_PORT, GW_MAC, LB_MAC, Rig,
-        M, TO_LB, V4_BACKENDS, Vips, check_encapsulated, flow_of, forward, port_for_backend,
+        BACKENDS, CLIENT_MAC, CLIENT_V4, Expect, Fixture, GUE_TEST_PORT, GW_MAC, LB_MAC, M, Rig,
+        TO_LB, V4_BACKENDS, Vips, check_encapsulated, flow_of, forward, port_for_backend,
         run_table, tunnel_dst, with_settings,
     },
 };
@@ -447,7 +447,11 @@ fn forwarded_as_predicted(rig: &mut Rig, dst: &str, m: u32, sports: std::ops::Ra
         let (action, out) = rig.run(&packet);
         assert_eq!(action, XDP_TX);
         let want = p.backend.and_then(|b| b.ip()).expect("a backend");
-        assert_eq!(ip(BACKENDS[tunnel_dst(&out)]), want, "{dst}:53 from {sport}");
+        assert_eq!(
+            ip(BACKENDS[tunnel_dst(&out)]),
+            want,
+            "{dst}:53 from {sport}"
+        );
     }
 }
 
@@ -456,7 +460,12 @@ fn vips_of_different_table_sizes_forward_as_predicted() {
     let mut rig = Rig::new(1 << 12);
     // One VIP of the global size (4099: five chunks a half) and one of
     // its own (1009: one chunk), over the same backends.
-    let big = rig.add_vip("10.0.0.60:53/udp", lb::config::Encap::Ipip, false, &V4_BACKENDS);
+    let big = rig.add_vip(
+        "10.0.0.60:53/udp",
+        lb::config::Encap::Ipip,
+        false,
+        &V4_BACKENDS,
+    );
     let mut own = rig.vips[0].clone();
     own.id = "10.0.0.61:53/udp".parse().expect("vip");
     own.table_size = Some(1009);
@@ -471,7 +480,10 @@ fn vips_of_different_table_sizes_forward_as_predicted() {
     let differ = (5000..5300u16).any(|sport| {
         let to = |dst: &str| {
             let flow = FlowKey::new(ip("192.0.2.7"), ip(dst), PROTO_UDP, sport, 53);
-            predict(rig.dp(), &flow, false).expect("predict").expect("vip").backend
+            predict(rig.dp(), &flow, false)
+                .expect("predict")
+                .expect("vip")
+                .backend
         };
         to("10.0.0.60").map(|b| b.addr) != to("10.0.0.61").map(|b| b.addr)
     });
