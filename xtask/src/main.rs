@@ -251,7 +251,13 @@ fn baseline_export(rev: &str) -> Result<(String, std::path::PathBuf)> {
 /// export, for `lb-scale`; returns their directory and a label.
 fn baseline_bins(rev: &str) -> Result<(std::path::PathBuf, String)> {
     let (commit, src) = baseline_export(rev)?;
-    let target_dir = std::env::current_dir()?.join("target/bench-baseline/target");
+    // A target directory per revision: cargo names a workspace member's
+    // units by its path within the workspace, so two revisions' `lbd`
+    // built in one directory could share a stale build script's output
+    // (the eBPF objects).
+    let target_dir = std::env::current_dir()?
+        .join("target/bench-baseline")
+        .join(format!("target-{}", &commit[..12]));
     run(cargo()
         .current_dir(&src)
         .args(["build", "--release", "-p", "lb-userspace", "--bins"])
