@@ -78,7 +78,8 @@ impl VipKey {
 
 /// Value of `LB_VIPS`. Replaced as a whole (the map is `BPF_F_NO_PREALLOC`,
 /// so a reader never sees a half-written value); flipping `table_base` to the
-/// other half of the VIP's table region is the atomic table swap.
+/// other half of the VIP's table region is the atomic table swap, and a new
+/// table size travels in the same write.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct VipMeta {
@@ -90,11 +91,42 @@ pub struct VipMeta {
     pub flags: u16,
     /// `ENCAP_*`.
     pub encap: u8,
-    pub _pad0: u8,
+    /// Bits 16-23 of the VIP's Maglev table size (see
+    /// [`VipMeta::table_size`]). Was `_pad0` (always written 0) before
+    /// per-VIP table sizes.
+    pub table_size_hi: u8,
     /// Auxiliary fragment keys only (see [`crate::consts::KEY_FRAGMENTS`]):
     /// the port (network order) of the VIP whose fragment policy is `hash`.
     pub aux_port: u16,
-    pub _reserved: u16,
+    /// Bits 0-15 of the VIP's Maglev table size. Was `_reserved` (always
+    /// written 0) before per-VIP table sizes.
+    pub table_size_lo: u16,
+}
+
+impl VipMeta {
+    /// The VIP's own Maglev table size M (a prime below 2²⁴), as stored;
+    /// 0 in entries written before per-VIP sizes, whose tables have the
+    /// global size ([`VipMeta::maglev_size`]).
+    #[inline(always)]
+    pub const fn table_size(&self) -> u32 {
+        ((self.table_size_hi as u32) << 16) | self.table_size_lo as u32
+    }
+
+    /// Stores M (its low 24 bits; M is below 2²⁴).
+    pub fn set_table_size(&mut self, m: u32) {
+        self.table_size_hi = (m >> 16) as u8;
+        self.table_size_lo = m as u16;
+    }
+
+    /// The M the datapath hashes this VIP's flows with: its own, or
+    /// `global` ([`DatapathConfig::table_size`]) for an entry without one.
+    #[inline(always)]
+    pub const fn maglev_size(&self, global: u32) -> u32 {
+        match self.table_size() {
+            0 => global,
+            m => m,
+        }
+    }
 }
 
 /// Value of `LB_BACKENDS`, indexed by the low 16 bits of a backend handle.
@@ -140,9 +172,12 @@ impl BackendDef {
 pub struct DatapathConfig {
     /// `CFG_F_*` bits.
     pub flags: u32,
-    /// Maglev table size M (prime), the same for every VIP.
+    /// The default Maglev table size M (prime): of VIPs that set none, and
+    /// of every `LB_VIPS` entry written before per-VIP sizes (whose
+    /// [`VipMeta::table_size`] is 0).
     pub table_size: u32,
-    /// Chunks of [`TABLE_CHUNK_SLOTS`] per table half: `ceil(M / 1024)`.
+    /// Chunks of [`TABLE_CHUNK_SLOTS`] per table half of size `table_size`:
+    /// `ceil(M / 1024)`.
     pub table_chunks: u32,
     /// Connection-table buckets minus one (bucket count is a power of two).
     pub ct_mask: u32,
@@ -524,8 +559,9 @@ mod tests {
         assert_eq!(offset_of!(VipMeta, table_base), 4);
         assert_eq!(offset_of!(VipMeta, flags), 8);
         assert_eq!(offset_of!(VipMeta, encap), 10);
+        assert_eq!(offset_of!(VipMeta, table_size_hi), 11);
         assert_eq!(offset_of!(VipMeta, aux_port), 12);
-        assert_eq!(offset_of!(VipMeta, _reserved), 14);
+        assert_eq!(offset_of!(VipMeta, table_size_lo), 14);
 
         assert_eq!(offset_of!(BackendDef, handle), 16);
         assert_eq!(offset_of!(BackendDef, vip_id), 20);
@@ -555,6 +591,18 @@ mod tests {
 
         assert_eq!(offset_of!(DecapAddr, family), 16);
         assert_eq!(offset_of!(DecapAddr, _pad), 17);
+    }
+
+    #[test]
+    fn vip_meta_carries_a_24_bit_table_size() {
+        let mut m = VipMeta::default();
+        assert_eq!((m.table_size(), m.maglev_size(65_537)), (0, 65_537));
+        for size in [101, 65_537, 655_373, (1 << 24) - 3] {
+            m.set_table_size(size);
+            assert_eq!((m.table_size(), m.maglev_size(65_537)), (size, size));
+        }
+        m.set_table_size(65_537);
+        assert_eq!((m.table_size_hi, m.table_size_lo), (1, 1));
     }
 
     #[test]

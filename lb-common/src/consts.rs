@@ -59,6 +59,12 @@ pub const VIP_F_NO_BACKENDS: u16 = 1 << 1;
 /// a datagram and the unfragmented packets of a flow reach the same
 /// backend. Without it, fragments of the VIP are dropped.
 pub const VIP_F_FRAG_HASH: u16 = 1 << 2;
+/// [`crate::VipMeta::flags`]: `table_base` is the second half of the VIP's
+/// table region, which starts `ceil(M / 1024)` chunks before it (the first
+/// half when clear). Written by `lbd` with every table swap so that a
+/// restarted `lbd` recovers each VIP's region from the map alone; the
+/// datapath never reads it.
+pub const VIP_F_SECOND_HALF: u16 = 1 << 3;
 
 /// Auxiliary `LB_VIPS` keys, next to the VIPs themselves:
 /// - `{addr, 0, proto, family | KEY_FRAGMENTS}` per VIP address and

@@ -117,6 +117,12 @@ pub fn is_prime(n: u32) -> bool {
     true
 }
 
+/// The smallest prime ≥ `n` that is a valid table size (at most
+/// [`MAX_TABLE_SIZE`]); `None` above it.
+pub fn prime_at_least(n: u32) -> Option<u32> {
+    (n.max(2)..=MAX_TABLE_SIZE).find(|&m| is_prime(m))
+}
+
 /// Checks a table size against a backend count.
 pub fn check_table_size(m: u32, n: usize) -> Result<(), MaglevError> {
     if m > MAX_TABLE_SIZE {
@@ -1502,6 +1508,16 @@ mod tests {
         for c in [0, 1, 4, 9, 65_536, 65_535, 262_145] {
             assert!(!is_prime(c), "{c}");
         }
+    }
+
+    #[test]
+    fn the_smallest_prime_at_least() {
+        assert_eq!(prime_at_least(0), Some(2));
+        assert_eq!(prime_at_least(1000), Some(1009));
+        assert_eq!(prime_at_least(6500), Some(6521));
+        assert_eq!(prime_at_least(10_000), Some(10_007));
+        assert_eq!(prime_at_least(65_537), Some(65_537));
+        assert_eq!(prime_at_least(MAX_TABLE_SIZE), None);
     }
 
     #[test]

@@ -140,11 +140,9 @@ pub fn predict(dp: &dyn Dataplane, flow: &FlowKey, syn: bool) -> Result<Option<P
     let vip = find_vip(dp, flow)?;
     let cfg = dp.config()?;
     let hash = flow.hash();
-    let slot = if cfg.table_size == 0 {
-        0
-    } else {
-        maglev_slot(hash, cfg.table_size)
-    };
+    // The VIP's own table size (the datapath's `maglev::lookup`).
+    let m = vip.map_or(cfg.table_size, |(_, meta)| meta.maglev_size(cfg.table_size));
+    let slot = if m == 0 { 0 } else { maglev_slot(hash, m) };
     if !syn {
         let (bucket, tag) = ct_position(hash, cfg.ct_seed);
         let bucket = dp.flow_bucket(bucket & cfg.ct_mask)?;
@@ -171,13 +169,13 @@ pub fn predict(dp: &dyn Dataplane, flow: &FlowKey, syn: bool) -> Result<Option<P
         return Ok(None);
     };
     // A VIP that hashes fragments picks every backend by the 3-tuple.
-    let slot = if meta.flags & VIP_F_FRAG_HASH != 0 && cfg.table_size != 0 {
+    let slot = if meta.flags & VIP_F_FRAG_HASH != 0 && m != 0 {
         let three = FlowKey {
             sport: 0,
             dport: 0,
             ..*flow
         };
-        maglev_slot(three.hash(), cfg.table_size)
+        maglev_slot(three.hash(), m)
     } else {
         slot
     };

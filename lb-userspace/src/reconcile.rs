@@ -5,22 +5,30 @@
 //! their backends and weights, plus the datapath settings — into the fewest
 //! map writes that make the kernel match it:
 //!
-//! - a VIP's table is rebuilt only if its usable backends or weights
-//!   changed, written into the inactive half (only the chunks that differ
-//!   from what that half holds, read back from the kernel rather than
-//!   shadowed: a shadow of both halves was two thirds of `lbd`'s memory),
-//!   and swapped in by replacing the VIP's
-//!   metadata: packets see the old table or the new one, never a mix;
+//! - a VIP's table is rebuilt only if the builder's input changed (its
+//!   usable backends with a weight, the weights, its table size: the
+//!   builder is deterministic, so the same input is the same table),
+//!   written into the inactive half (only the chunks that differ from
+//!   what that half holds), and swapped in by replacing the VIP's
+//!   metadata: packets see the old table or the new one, never a mix.
+//!   Tables are not shadowed in memory (at a thousand VIPs of 65,537
+//!   slots that was a quarter of a gigabyte); whoever needs one reads it
+//!   from the kernel;
 //! - a new backend is written before any table refers to it; a removed one
 //!   is retired only after no table refers to it, keeping its handle so the
 //!   next occupant of its index gets a new generation;
 //! - unchanged VIPs and backends are not written at all;
 //! - the auxiliary `LB_VIPS` keys (per address: ICMP; per address and
-//!   protocol: fragment policy) follow the VIP set after every apply.
+//!   protocol: fragment policy) follow the VIP set after every apply;
+//! - each VIP's two table halves are a region of the table pool sized by
+//!   its own table size ([`regions`]: allocation, compaction, a changed
+//!   size), checked to fit before anything is written.
 //!
 //! [`Reconciler::adopt`] rebuilds this view from maps that already exist
-//! (pinned by a previous `lbd`), so a restart with the same configuration
-//! writes nothing and disturbs no flow.
+//! (pinned by a previous `lbd`), regions included, so a restart with the
+//! same configuration writes nothing and disturbs no flow.
+
+mod regions;
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -41,7 +49,10 @@ use tracing::{debug, info};
 
 use crate::{
     config::{Encap, FragmentPolicy, MalformedPolicy, VipConfig, VipId},
-    dataplane::{Dataplane, DataplaneError, Layout},
+    dataplane::{
+        Dataplane, DataplaneError, Layout,
+        pool::{PoolError, Region, TablePool},
+    },
     maglev::{self, MaglevBackend, MaglevError, MaglevTable},
     predict::{self, Prediction},
 };
@@ -60,6 +71,23 @@ pub enum ReconcileError {
     VipIdsExhausted(u32),
     #[error("no free backend slot: max_backends ({0}) backends are in use")]
     BackendsExhausted(u32),
+    #[error(
+        "no room for VIP {vip}'s table ({need}) in the table pool: {used} of {capacity} would be in use; raise table_pool_mib (a restart, which drops the connection table) or give VIPs a smaller table_size"
+    )]
+    TablePoolFull {
+        vip: VipId,
+        need: String,
+        used: String,
+        capacity: String,
+    },
+    #[error(
+        "table region of VIP {vip}: {source} (pinned maps that contradict each other: remove the pin directory, which drops the connection table)"
+    )]
+    Region {
+        vip: VipId,
+        #[source]
+        source: PoolError,
+    },
 }
 
 pub type Result<T, E = ReconcileError> = std::result::Result<T, E>;
@@ -114,6 +142,33 @@ fn host_mask(bits: u8) -> u32 {
     u32::from_ne_bytes(host_order.to_be_bytes())
 }
 
+/// The backends of an adopted VIP from their pinned entries. Weights are
+/// not in the kernel: a backend's is 1 if the VIP's table names it, else
+/// 0, until the desired state says.
+fn adopted_backends(
+    meta: &VipMeta,
+    active: &[u32],
+    defs: Option<Vec<BackendDef>>,
+) -> BTreeMap<IpAddr, BackendState> {
+    let in_table: BTreeSet<u32> = active.iter().copied().collect();
+    defs.unwrap_or_default()
+        .into_iter()
+        .filter_map(|def| {
+            let addr = def.ip()?;
+            let weight =
+                u32::from(meta.flags & VIP_F_NO_BACKENDS == 0 && in_table.contains(&def.handle));
+            Some((
+                addr,
+                BackendState {
+                    handle: def.handle,
+                    weight,
+                    usable: def.flags & BACKEND_F_USABLE != 0,
+                },
+            ))
+        })
+        .collect()
+}
+
 /// One backend of one VIP as the kernel knows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BackendState {
@@ -127,26 +182,40 @@ pub struct BackendState {
 #[derive(Clone, Debug)]
 pub struct VipState {
     pub meta: VipMeta,
+    /// Its Maglev table size M.
+    pub table_size: u32,
+    /// Where its two table halves are in `LB_TABLES`.
+    pub region: Region,
     pub encap: Encap,
     pub conntrack: bool,
     pub backends: BTreeMap<IpAddr, BackendState>,
-    /// Contents of the active table half.
-    active: Vec<u32>,
+    /// The builder's input of the published table (no input: no table);
+    /// `None` when not known (a VIP adopted from pinned maps, a new one).
+    built: Option<Vec<MaglevBackend>>,
 }
 
 impl VipState {
-    /// The active table (handles), empty if the VIP has no backend.
-    pub fn table(&self) -> &[u32] {
-        if self.meta.flags & VIP_F_NO_BACKENDS != 0 {
-            &[]
-        } else {
-            &self.active
-        }
+    /// Which half of the region is live (0 or 1).
+    pub fn live_half(&self) -> u32 {
+        u32::from(self.meta.table_base != self.region.base)
+    }
+
+    /// The VIP has a table (a backend to send flows to).
+    pub fn has_table(&self) -> bool {
+        self.meta.flags & VIP_F_NO_BACKENDS == 0
     }
 }
 
+/// What an apply found for one VIP's table.
+enum Built {
+    /// The builder's input is the published table's: nothing to build.
+    Same,
+    /// A table built (as handles), or none (no backend with a weight).
+    Table(Option<Vec<u32>>),
+}
+
 /// What one `apply` changed, for logs and replies.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct ApplyReport {
     pub vips_added: usize,
     pub vips_removed: usize,
@@ -155,8 +224,31 @@ pub struct ApplyReport {
     pub backends_removed: usize,
     pub tables_published: usize,
     pub chunks_written: usize,
+    /// Tables moved within the pool to close gaps (same contents).
+    pub tables_moved: usize,
     /// How long each table built took (one per VIP applied).
     pub table_builds: Vec<std::time::Duration>,
+}
+
+/// The builds as a count and a sum: a line of log, whatever the VIPs.
+impl std::fmt::Debug for ApplyReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let total: std::time::Duration = self.table_builds.iter().sum();
+        let slowest = self.table_builds.iter().max().copied().unwrap_or_default();
+        f.debug_struct("ApplyReport")
+            .field("vips_added", &self.vips_added)
+            .field("vips_removed", &self.vips_removed)
+            .field("vips_updated", &self.vips_updated)
+            .field("backends_added", &self.backends_added)
+            .field("backends_removed", &self.backends_removed)
+            .field("tables_published", &self.tables_published)
+            .field("chunks_written", &self.chunks_written)
+            .field("tables_moved", &self.tables_moved)
+            .field("table_builds", &self.table_builds.len())
+            .field("build_time", &total)
+            .field("slowest_build", &slowest)
+            .finish()
+    }
 }
 
 impl ApplyReport {
@@ -181,6 +273,12 @@ pub struct Reconciler<D: Dataplane> {
     /// Handle last stored at each backend index (keeps generations), and
     /// whether the index is occupied.
     slots: Vec<(u32, bool)>,
+    /// The unoccupied backend indexes and unused VIP ids (each taken
+    /// lowest first), so that a new one is found without a scan.
+    free_slots: BTreeSet<u32>,
+    free_ids: BTreeSet<u32>,
+    /// Which chunks of `LB_TABLES` the VIPs' regions take.
+    pool: TablePool,
 }
 
 fn backend_def(addr: IpAddr, handle: u32, usable: bool, vip_id: u32, encap: Encap) -> BackendDef {
@@ -201,7 +299,6 @@ impl<D: Dataplane> Reconciler<D> {
     /// fresh maps).
     pub fn adopt(dp: D) -> Result<Self> {
         let layout = dp.layout();
-        let m = layout.table_size;
         let mut slots = Vec::with_capacity(layout.max_backends as usize);
         let mut by_vip: BTreeMap<u32, Vec<BackendDef>> = BTreeMap::new();
         for index in 0..layout.max_backends {
@@ -212,52 +309,45 @@ impl<D: Dataplane> Reconciler<D> {
                 by_vip.entry(def.vip_id as u32).or_default().push(def);
             }
         }
+        let mut pool = TablePool::new(layout.pool_chunks());
         let mut vips = BTreeMap::new();
         for (key, meta) in dp.vips()? {
             let Some(id) = VipId::from_key(&key) else {
                 continue;
             };
-            let active_half = layout.active_half(&meta);
-            let active = dp.read_table(layout.half_base(meta.vip_id, active_half), m)?;
-            // Weights are not in the kernel; recover the table's view of
-            // them as "in the table or not" until the desired state says.
-            let in_table: BTreeSet<u32> = active.iter().copied().collect();
-            let backends = by_vip
-                .remove(&meta.vip_id)
-                .unwrap_or_default()
-                .into_iter()
-                .filter_map(|def| {
-                    let addr = def.ip()?;
-                    let weight = u32::from(
-                        meta.flags & VIP_F_NO_BACKENDS == 0 && in_table.contains(&def.handle),
-                    );
-                    Some((
-                        addr,
-                        BackendState {
-                            handle: def.handle,
-                            weight,
-                            usable: def.flags & BACKEND_F_USABLE != 0,
-                        },
-                    ))
-                })
-                .collect();
+            let (region, live) = layout.region_of(&meta);
+            pool.reserve(region.base, region.chunks())
+                .map_err(|source| ReconcileError::Region { vip: id, source })?;
+            let m = layout.vip_table_size(&meta);
+            let live = dp.read_table(region.half_base(live), m)?;
+            let backends = adopted_backends(&meta, &live, by_vip.remove(&meta.vip_id));
             vips.insert(
                 id,
                 VipState {
                     meta,
+                    table_size: m,
+                    region,
                     encap: Encap::from_code(meta.encap).unwrap_or_default(),
                     conntrack: meta.flags & VIP_F_NO_CONNTRACK == 0,
                     backends,
-                    active,
+                    built: None,
                 },
             );
         }
+        let free_slots = (0..layout.max_backends)
+            .filter(|i| !slots[*i as usize].1)
+            .collect();
+        let used: BTreeSet<u32> = vips.values().map(|v| v.meta.vip_id).collect();
+        let free_ids = (0..layout.max_vips).filter(|i| !used.contains(i)).collect();
         // Backends whose VIP is gone (a crash between steps) are freed.
         let mut r = Self {
             dp,
             layout,
             vips,
             slots,
+            free_slots,
+            free_ids,
+            pool,
         };
         for defs in by_vip.into_values() {
             for def in defs {
@@ -284,6 +374,11 @@ impl<D: Dataplane> Reconciler<D> {
 
     pub fn vips(&self) -> &BTreeMap<VipId, VipState> {
         &self.vips
+    }
+
+    /// The table pool: which chunks the VIPs' regions take.
+    pub fn pool(&self) -> &TablePool {
+        &self.pool
     }
 
     /// Writes the datapath settings; keeps the connection-table seed of
@@ -368,6 +463,8 @@ impl<D: Dataplane> Reconciler<D> {
     ) -> Result<ApplyReport> {
         let mut report = ApplyReport::default();
         let wanted: BTreeMap<VipId, &VipConfig> = desired.iter().map(|v| (v.id, v)).collect();
+        // Before anything is written: every table will find its room.
+        self.check_pool(desired, &wanted)?;
 
         // Removed VIPs first: frees their ids and backend slots.
         let gone: Vec<VipId> = self
@@ -454,6 +551,8 @@ impl<D: Dataplane> Reconciler<D> {
             return Ok(());
         };
         self.dp.remove_vip(&id.key())?;
+        self.pool.release(state.region.base, state.region.chunks());
+        self.free_ids.insert(state.meta.vip_id);
         for b in state.backends.values() {
             self.retire_backend(b.handle, None)?;
         }
@@ -462,9 +561,9 @@ impl<D: Dataplane> Reconciler<D> {
     }
 
     fn free_vip_id(&self) -> Result<u32> {
-        let used: BTreeSet<u32> = self.vips.values().map(|v| v.meta.vip_id).collect();
-        (0..self.layout.max_vips)
-            .find(|i| !used.contains(i))
+        self.free_ids
+            .first()
+            .copied()
             .ok_or(ReconcileError::VipIdsExhausted(self.layout.max_vips))
     }
 
@@ -476,9 +575,9 @@ impl<D: Dataplane> Reconciler<D> {
         encap: Encap,
     ) -> Result<u32> {
         let index = self
-            .slots
-            .iter()
-            .position(|(_, occupied)| !occupied)
+            .free_slots
+            .first()
+            .map(|i| *i as usize)
             .ok_or(ReconcileError::BackendsExhausted(self.layout.max_backends))?;
         let generation = ((self.slots[index].0 >> 16) + 1) & 0xffff;
         let handle = (generation.max(1) << 16) | index as u32;
@@ -490,6 +589,7 @@ impl<D: Dataplane> Reconciler<D> {
             &backend_def(addr, handle, usable, vip_id, encap),
         )?;
         self.slots[index] = (handle, true);
+        self.free_slots.remove(&(index as u32));
         Ok(handle)
     }
 
@@ -508,6 +608,7 @@ impl<D: Dataplane> Reconciler<D> {
         self.dp.set_backend(index, &def)?;
         if let Some(slot) = self.slots.get_mut(index as usize) {
             *slot = (handle, false);
+            self.free_slots.insert(index);
         }
         if let Some(vip_id) = vip_id {
             let counts = self.dp.backend_stats(index)?;
@@ -528,11 +629,31 @@ impl<D: Dataplane> Reconciler<D> {
     ) -> Result<()> {
         let is_new = self.ensure_vip(vip, report)?;
         let retire = self.sync_backends(vip, is_new, usable, report)?;
-        let started = std::time::Instant::now();
-        let handles = self.build_table(&vip.id)?;
-        report.table_builds.push(started.elapsed());
-        self.publish(vip, is_new, handles, report)?;
-        let vip_id = self.vips.get(&vip.id).map(|v| v.meta.vip_id);
+        let m = vip.maglev_size(&self.layout);
+        let state = &self.vips[&vip.id];
+        let input = maglev_input(
+            state
+                .backends
+                .iter()
+                .filter(|(_, b)| b.usable)
+                .map(|(a, b)| (*a, b.weight)),
+        );
+        let built = if m == state.table_size && state.built.as_ref() == Some(&input) {
+            Built::Same
+        } else {
+            let started = std::time::Instant::now();
+            let table = self.build_table(&vip.id, &input, m)?;
+            report.table_builds.push(started.elapsed());
+            Built::Table(table)
+        };
+        if m == self.vips[&vip.id].table_size {
+            self.publish(vip, is_new, built, report)?;
+        } else if let Built::Table(table) = built {
+            self.resize(vip, m, table, report)?;
+        }
+        let state = self.vips.get_mut(&vip.id).expect("present");
+        state.built = Some(input);
+        let vip_id = Some(state.meta.vip_id);
         for handle in retire {
             self.retire_backend(handle, vip_id)?;
         }
@@ -548,22 +669,27 @@ impl<D: Dataplane> Reconciler<D> {
         let vip_id = self.free_vip_id()?;
         // A reused id starts its counters from zero.
         self.dp.clear_vip_stats(vip_id)?;
-        let m = self.layout.table_size as usize;
+        let m = vip.maglev_size(&self.layout);
+        let region = Region::new(self.allocate_region(&vip.id, m, report)?, m);
+        self.free_ids.remove(&vip_id);
+        let mut meta = VipMeta {
+            vip_id,
+            flags: VIP_F_NO_BACKENDS,
+            encap: vip.encap.code(),
+            ..Default::default()
+        };
+        meta.set_table_size(m);
+        region.point(&mut meta, 0);
         self.vips.insert(
             vip.id,
             VipState {
-                meta: VipMeta {
-                    vip_id,
-                    table_base: self.layout.half_base(vip_id, 0),
-                    flags: VIP_F_NO_BACKENDS,
-                    encap: vip.encap.code(),
-                    ..Default::default()
-                },
+                meta,
+                table_size: m,
+                region,
                 encap: vip.encap,
                 conntrack: vip.conntrack,
                 backends: BTreeMap::new(),
-                // Unknown contents: never equal to a built table.
-                active: vec![u32::MAX; m],
+                built: None,
             },
         );
         report.vips_added += 1;
@@ -624,51 +750,63 @@ impl<D: Dataplane> Reconciler<D> {
         Ok(retire)
     }
 
-    /// The Maglev table of the VIP's usable backends with positive weight,
-    /// as backend handles; `None` when there is none.
-    fn build_table(&self, id: &VipId) -> Result<Option<Vec<u32>>> {
+    /// The Maglev table of `m` slots over `input` (the VIP's usable
+    /// backends with a weight), as backend handles; `None` when empty.
+    fn build_table(&self, id: &VipId, input: &[MaglevBackend], m: u32) -> Result<Option<Vec<u32>>> {
         let state = &self.vips[id];
-        let members: BTreeMap<IpAddr, u32> = state
-            .backends
+        let handles: Vec<u32> = input
             .iter()
-            .filter(|(_, b)| b.usable)
-            .map(|(a, b)| (*a, b.weight))
+            .map(|b| state.backends[&b.addr].handle)
             .collect();
-        let table = maglev_table(&members, self.layout.table_size)
+        let table = maglev::build(input, m)
             .map_err(|source| ReconcileError::Maglev { vip: *id, source })?;
-        Ok(table.map(|slots| {
-            slots
-                .into_iter()
-                .map(|addr| state.backends[&addr].handle)
-                .collect()
-        }))
+        Ok(match table {
+            MaglevTable::Empty => None,
+            MaglevTable::Slots(slots) => Some(slots.iter().map(|i| handles[*i as usize]).collect()),
+        })
+    }
+
+    /// The published table of `id` (backend handles), read from the
+    /// kernel; empty for a VIP without a table, `None` for no such VIP.
+    pub fn live_table(&self, id: &VipId) -> Result<Option<Vec<u32>>> {
+        let Some(state) = self.vips.get(id) else {
+            return Ok(None);
+        };
+        if !state.has_table() {
+            return Ok(Some(Vec::new()));
+        }
+        let base = state.region.half_base(state.live_half());
+        Ok(Some(self.dp.read_table(base, state.table_size)?))
     }
 
     /// The published table of `id` as backend addresses, slot by slot
     /// (`None`: the slot drops; every slot of a VIP without backends).
     /// `None` if the VIP is not programmed.
-    pub fn table_addresses(&self, id: &VipId) -> Option<Vec<Option<IpAddr>>> {
-        let state = self.vips.get(id)?;
-        let by_handle: BTreeMap<u32, IpAddr> =
-            state.backends.iter().map(|(a, b)| (b.handle, *a)).collect();
-        let table = state.table();
+    pub fn table_addresses(&self, id: &VipId) -> Result<Option<Vec<Option<IpAddr>>>> {
+        let Some(table) = self.live_table(id)? else {
+            return Ok(None);
+        };
+        let state = &self.vips[id];
         if table.is_empty() {
-            return Some(vec![None; self.layout.table_size as usize]);
+            return Ok(Some(vec![None; state.table_size as usize]));
         }
-        Some(table.iter().map(|h| by_handle.get(h).copied()).collect())
+        let mut by_handle: Vec<(u32, IpAddr)> =
+            state.backends.iter().map(|(a, b)| (b.handle, *a)).collect();
+        by_handle.sort_unstable();
+        let address = |h: &u32| {
+            by_handle
+                .binary_search_by_key(h, |(handle, _)| *handle)
+                .ok()
+                .map(|i| by_handle[i].1)
+        };
+        Ok(Some(table.iter().map(address).collect()))
     }
 
-    /// Writes a changed table into the inactive half and the VIP entry
-    /// (flags, tunnel, live half) when it differs from what is published.
-    fn publish(
-        &mut self,
-        vip: &VipConfig,
-        is_new: bool,
-        handles: Option<Vec<u32>>,
-        report: &mut ApplyReport,
-    ) -> Result<()> {
-        let id = vip.id;
-        let state = self.vips.get_mut(&id).expect("present");
+    /// The VIP's entry as `vip` wants it, before its table: tunnel and
+    /// flags, its table size, and the flag naming the live half (entries
+    /// adopted from an older `lbd` gain both here).
+    fn wanted_meta(&mut self, vip: &VipConfig) -> VipMeta {
+        let state = self.vips.get_mut(&vip.id).expect("present");
         state.encap = vip.encap;
         state.conntrack = vip.conntrack;
         let mut meta = state.meta;
@@ -680,14 +818,33 @@ impl<D: Dataplane> Reconciler<D> {
         if vip.fragments == FragmentPolicy::Hash {
             meta.flags |= VIP_F_FRAG_HASH;
         }
+        meta.set_table_size(state.table_size);
+        state.region.point(&mut meta, state.live_half());
+        meta
+    }
+
+    /// Writes a changed table into the inactive half and the VIP entry
+    /// (flags, tunnel, live half) when it differs from what is published.
+    fn publish(
+        &mut self,
+        vip: &VipConfig,
+        is_new: bool,
+        built: Built,
+        report: &mut ApplyReport,
+    ) -> Result<()> {
+        let id = vip.id;
+        let mut meta = self.wanted_meta(vip);
         let mut swapped = false;
-        match handles {
-            None => meta.flags |= VIP_F_NO_BACKENDS,
-            Some(h) if meta.flags & VIP_F_NO_BACKENDS == 0 && h == state.active => {}
-            Some(h) => {
-                meta.table_base = self.write_inactive_half(&meta, &h, report)?;
+        match built {
+            Built::Same => {}
+            Built::Table(None) => meta.flags |= VIP_F_NO_BACKENDS,
+            Built::Table(Some(h)) if self.is_live(&id, &h)? => {}
+            Built::Table(Some(h)) => {
+                let state = &self.vips[&id];
+                let (region, next) = (state.region, 1 - state.live_half());
+                self.write_half(region.half_base(next), &h, report)?;
+                region.point(&mut meta, next);
                 meta.flags &= !VIP_F_NO_BACKENDS;
-                self.vips.get_mut(&id).expect("present").active = h;
                 swapped = true;
             }
         }
@@ -706,18 +863,22 @@ impl<D: Dataplane> Reconciler<D> {
         Ok(())
     }
 
-    /// Writes `table` into the half `meta` does not publish, chunk by
-    /// chunk where it differs from what the kernel holds there; returns
-    /// that half's base.
-    fn write_inactive_half(
-        &mut self,
-        meta: &VipMeta,
-        table: &[u32],
-        report: &mut ApplyReport,
-    ) -> Result<u32> {
-        let half = 1 - self.layout.active_half(meta);
-        let base = self.layout.half_base(meta.vip_id, half);
-        let old = self.dp.read_table(base, self.layout.table_size)?;
+    /// `table` is what `id` publishes now. Known without a look when the
+    /// builder's input is known (a changed input is a changed table);
+    /// otherwise (adopted from pinned maps) read from the kernel, so a
+    /// restart with the same configuration writes no table.
+    fn is_live(&self, id: &VipId, table: &[u32]) -> Result<bool> {
+        let state = &self.vips[id];
+        if state.built.is_some() || !state.has_table() {
+            return Ok(false);
+        }
+        Ok(self.live_table(id)?.is_some_and(|live| live == table))
+    }
+
+    /// Writes `table` into the (inactive) half at `base`, chunk by chunk
+    /// where it differs from what the kernel holds there.
+    fn write_half(&mut self, base: u32, table: &[u32], report: &mut ApplyReport) -> Result<()> {
+        let old = self.dp.read_table(base, table.len() as u32)?;
         for (c, (new, old)) in table
             .chunks(TABLE_CHUNK_SLOTS as usize)
             .zip(old.chunks(TABLE_CHUNK_SLOTS as usize))
@@ -728,7 +889,7 @@ impl<D: Dataplane> Reconciler<D> {
                 report.chunks_written += 1;
             }
         }
-        Ok(base)
+        Ok(())
     }
 
     /// What the datapath would do with a packet of `flow`.
@@ -744,6 +905,31 @@ impl<D: Dataplane> Reconciler<D> {
                 .find(|(_, b)| b.handle == handle)
                 .map(|(a, _)| (*id, *a))
         })
+    }
+
+    /// Counters of every VIP (every packet that matched it: its own count
+    /// plus its backends') and of each of its backends, read in a few
+    /// batch lookups.
+    pub fn all_vip_counters(&self) -> Result<BTreeMap<VipId, VipCounters>> {
+        let vips = self.dp.all_vip_stats()?;
+        let backends = self.dp.all_backend_stats()?;
+        let at = |all: &[CounterValue], i: u32| all.get(i as usize).copied().unwrap_or_default();
+        Ok(self
+            .vips
+            .iter()
+            .map(|(id, v)| {
+                let by_backend: Vec<(IpAddr, CounterValue)> = v
+                    .backends
+                    .iter()
+                    .map(|(addr, b)| (*addr, at(&backends, b.handle & BACKEND_INDEX_MASK)))
+                    .collect();
+                let mut total = at(&vips, v.meta.vip_id);
+                for (_, counts) in &by_backend {
+                    total += *counts;
+                }
+                (*id, (total, by_backend))
+            })
+            .collect())
     }
 
     /// Counters of one VIP (every packet that matched it: its own count
@@ -763,6 +949,15 @@ impl<D: Dataplane> Reconciler<D> {
     }
 }
 
+/// The builder's input for `members` (address → effective weight, in
+/// address order): those with a weight; those of weight 0 take no slot.
+fn maglev_input(members: impl Iterator<Item = (IpAddr, u32)>) -> Vec<MaglevBackend> {
+    members
+        .filter(|(_, w)| *w > 0)
+        .map(|(addr, weight)| MaglevBackend { addr, weight })
+        .collect()
+}
+
 /// The Maglev table over `members` (address → effective weight; those of
 /// weight 0 take no slot), as the backend address of each slot; `None`
 /// when no member has a weight. The reconciler publishes exactly this
@@ -771,14 +966,7 @@ pub fn maglev_table(
     members: &BTreeMap<IpAddr, u32>,
     m: u32,
 ) -> std::result::Result<Option<Vec<IpAddr>>, MaglevError> {
-    let input: Vec<MaglevBackend> = members
-        .iter()
-        .filter(|(_, w)| **w > 0)
-        .map(|(addr, weight)| MaglevBackend {
-            addr: *addr,
-            weight: *weight,
-        })
-        .collect();
+    let input = maglev_input(members.iter().map(|(a, w)| (*a, *w)));
     Ok(match maglev::build(&input, m)? {
         MaglevTable::Empty => None,
         MaglevTable::Slots(slots) => {
@@ -823,6 +1011,7 @@ mod tests {
             max_vips: 4,
             max_backends: 16,
             ct_buckets: 16,
+            table_pool: 0,
         }
     }
 
@@ -851,7 +1040,11 @@ mod tests {
             .dataplane()
             .read_table(meta.table_base, r.layout().table_size)
             .unwrap();
-        assert_eq!(table, state.table(), "kernel table matches the shadow");
+        assert_eq!(
+            Some(table.clone()),
+            r.live_table(id).unwrap(),
+            "the live half is the one the entry names"
+        );
         let mut counts = BTreeMap::new();
         for h in table {
             let (_, addr) = r.backend_by_handle(h).expect("slot names a known backend");
@@ -870,7 +1063,7 @@ mod tests {
             (1, 2, 1)
         );
         assert_eq!(owners(&r, &v.id).len(), 2);
-        let half = r.layout().active_half(&r.vips()[&v.id].meta);
+        let half = r.vips()[&v.id].live_half();
 
         let v2 = vip(
             "10.0.0.1",
@@ -879,11 +1072,7 @@ mod tests {
         );
         let rep = r.apply(std::slice::from_ref(&v2), &all).unwrap();
         assert_eq!((rep.backends_added, rep.tables_published), (1, 1));
-        assert_ne!(
-            r.layout().active_half(&r.vips()[&v2.id].meta),
-            half,
-            "halves flipped"
-        );
+        assert_ne!(r.vips()[&v2.id].live_half(), half, "halves flipped");
         let o = owners(&r, &v2.id);
         assert!(
             o[&"10.1.0.3".parse::<IpAddr>().unwrap()] > o[&"10.1.0.1".parse::<IpAddr>().unwrap()]
@@ -905,6 +1094,39 @@ mod tests {
             writes,
             "no map writes for an unchanged state"
         );
+    }
+
+    #[test]
+    fn only_vips_whose_builder_input_changed_are_built() {
+        let mut r = Reconciler::adopt(FakeDataplane::new(layout())).unwrap();
+        let mut vs = vec![
+            vip("10.0.0.1", 80, &[("10.1.0.1", 1), ("10.1.0.2", 3)]),
+            vip("10.0.0.2", 80, &[("10.1.0.3", 1), ("10.1.0.4", 0)]),
+            vip("10.0.0.3", 80, &[("10.1.0.5", 1)]),
+        ];
+        assert_eq!(r.apply(&vs, &all).unwrap().table_builds.len(), 3);
+        assert!(r.apply(&vs, &all).unwrap().table_builds.is_empty());
+        // One backend more in one VIP: one build, one table.
+        vs[2] = vip("10.0.0.3", 80, &[("10.1.0.5", 1), ("10.1.0.6", 1)]);
+        let rep = r.apply(&vs, &all).unwrap();
+        assert_eq!((rep.table_builds.len(), rep.tables_published), (1, 1));
+        // A zero-weight backend's weight, or an unusable one, is no input.
+        vs[1] = vip(
+            "10.0.0.2",
+            80,
+            &[("10.1.0.3", 1), ("10.1.0.4", 0), ("10.1.0.7", 0)],
+        );
+        let rep = r.apply(&vs, &all).unwrap();
+        assert_eq!((rep.table_builds.len(), rep.backends_added), (0, 1));
+        // After a restart the first apply builds, finds the same tables in
+        // the kernel and writes none.
+        let dp = std::mem::replace(r.dataplane_mut(), FakeDataplane::new(layout()));
+        let mut again = Reconciler::adopt(dp).unwrap();
+        let writes = again.dataplane().writes;
+        let rep = again.apply(&vs, &all).unwrap();
+        assert_eq!((rep.table_builds.len(), rep.tables_published), (3, 0));
+        assert_eq!(again.dataplane().writes, writes);
+        assert!(again.apply(&vs, &all).unwrap().table_builds.is_empty());
     }
 
     #[test]

@@ -100,6 +100,21 @@ pub fn decode(bytes: &[u8]) -> Option<TraceEvent> {
     })
 }
 
+/// The table size of the VIP an event is for: its own among `own` (the
+/// VIP of the exact port, else the all-ports one), else `global`.
+pub fn table_size_of(e: &TraceEvent, global: u32, own: &[(VipId, u32)]) -> u32 {
+    let Some(dst) = words_to_addr(&e.dst, e.family) else {
+        return global;
+    };
+    let port = u16::from_be((e.ports >> 16) as u16);
+    let size = |port: u16| {
+        own.iter()
+            .find(|(id, _)| id.addr == dst && id.port == port && id.proto.number() == e.proto)
+            .map(|(_, m)| *m)
+    };
+    size(port).or_else(|| size(0)).unwrap_or(global)
+}
+
 /// An event in words; `table_size` gives the Maglev slot.
 pub fn describe(e: &TraceEvent, table_size: u32) -> Option<TraceLine> {
     let counter = Counter::ALL.iter().find(|c| **c as u16 == e.counter)?;

@@ -29,9 +29,9 @@ use common::{
     packets::{tcp4, tcp4_vlan, tcp6, udp4, udp6},
     v4,
     xdp::{
-        BACKENDS, CLIENT_MAC, CLIENT_V4, Expect, Fixture, GUE_TEST_PORT, GW_MAC, LB_MAC, Rig,
+        BACKENDS, CLIENT_MAC, CLIENT_V4, Expect, Fixture, GUE_TEST_PORT, GW_MAC, LB_MAC, M, Rig,
         TO_LB, V4_BACKENDS, Vips, check_encapsulated, flow_of, forward, port_for_backend,
-        run_table, with_settings,
+        run_table, tunnel_dst, with_settings,
     },
 };
 
@@ -572,6 +572,92 @@ fn floods_never_evict_an_established_flow() {
     let ack = tcp4(TO_LB, "10.0.0.10", 80, 45000, false, b"");
     let (_, _, ev) = rig.run_counted(&ack, Counter::FwdMaglev);
     assert_eq!(ev, vec![Counter::CtEvicted, Counter::CtEvictedConfirmed]);
+}
+
+// ---------------------------------------------------------------- table sizes
+
+/// Every flow of `sports` to `dst` (UDP, no connection table: each packet
+/// is hashed through the VIP's table) leaves for the backend `predict`
+/// names, from the slot `hash % m`.
+fn forwarded_as_predicted(rig: &mut Rig, dst: &str, m: u32, sports: std::ops::Range<u16>) {
+    for sport in sports {
+        let packet = udp4(TO_LB, dst, 53, sport, b"q");
+        let (flow, _) = flow_of(&packet);
+        let p = predict(rig.dp(), &flow, false)
+            .expect("predict")
+            .expect("a vip");
+        assert_eq!(p.slot, (flow.hash() as u32) % m, "{dst}: slot of M = {m}");
+        let (action, out) = rig.run(&packet);
+        assert_eq!(action, XDP_TX);
+        let want = p.backend.and_then(|b| b.ip()).expect("a backend");
+        assert_eq!(
+            ip(BACKENDS[tunnel_dst(&out)]),
+            want,
+            "{dst}:53 from {sport}"
+        );
+    }
+}
+
+#[test]
+fn vips_of_different_table_sizes_forward_as_predicted() {
+    let mut rig = Rig::new(1 << 12);
+    // One VIP of the global size (4099: five chunks a half) and one of
+    // its own (1009: one chunk), over the same backends.
+    let big = rig.add_vip(
+        "10.0.0.60:53/udp",
+        lb::config::Encap::Ipip,
+        false,
+        &V4_BACKENDS,
+    );
+    let mut own = rig.vips[0].clone();
+    own.id = "10.0.0.61:53/udp".parse().expect("vip");
+    own.table_size = Some(1009);
+    rig.vips.push(own.clone());
+    rig.apply();
+    let meta = |rig: &Rig, key| rig.dp().vip(&key).expect("lookup").expect("vip");
+    assert_eq!(meta(&rig, big).table_size(), M);
+    assert_eq!(meta(&rig, own.id.key()).table_size(), 1009);
+    forwarded_as_predicted(&mut rig, "10.0.0.60", M, 5000..5300);
+    forwarded_as_predicted(&mut rig, "10.0.0.61", 1009, 5000..5300);
+    // The two tables differ, so some flow goes elsewhere on each VIP.
+    let differ = (5000..5300u16).any(|sport| {
+        let to = |dst: &str| {
+            let flow = FlowKey::new(ip("192.0.2.7"), ip(dst), PROTO_UDP, sport, 53);
+            predict(rig.dp(), &flow, false)
+                .expect("predict")
+                .expect("vip")
+                .backend
+        };
+        to("10.0.0.60").map(|b| b.addr) != to("10.0.0.61").map(|b| b.addr)
+    });
+    assert!(differ, "M = 4099 and M = 1009 spread flows alike");
+
+    // A new size for the first VIP: a region of that size, the size in the
+    // same entry write, and forwarding by it at once.
+    rig.vip_mut(&big).table_size = Some(2053);
+    rig.apply();
+    assert_eq!(meta(&rig, big).table_size(), 2053);
+    forwarded_as_predicted(&mut rig, "10.0.0.60", 2053, 5000..5300);
+    forwarded_as_predicted(&mut rig, "10.0.0.61", 1009, 5000..5300);
+
+    // The batch reads of the per-CPU counters agree with one read per
+    // element, after those packets.
+    let dp = rig.dp();
+    let all = dp.all_backend_stats().expect("batch");
+    let layout = dp.layout();
+    assert_eq!(all.len(), layout.max_backends as usize);
+    for (i, c) in all.iter().enumerate() {
+        assert_eq!(*c, dp.backend_stats(i as u32).expect("one"), "backend {i}");
+    }
+    assert!(all.iter().map(|c| c.packets).sum::<u64>() >= 4 * 300);
+    let vips = dp.all_vip_stats().expect("batch");
+    for (i, c) in vips.iter().enumerate() {
+        assert_eq!(*c, dp.vip_stats(i as u32).expect("one"), "VIP id {i}");
+    }
+    let syns = dp.all_backend_syns().expect("batch");
+    for (i, c) in syns.iter().enumerate() {
+        assert_eq!(*c, dp.backend_syns(i as u32).expect("one"), "backend {i}");
+    }
 }
 
 // ---------------------------------------------------------------- stats

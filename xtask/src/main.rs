@@ -31,11 +31,13 @@ enum Task {
     /// rustfmt and clippy, warnings as errors.
     Lint,
     /// Measure: datapath ns per packet class, veth forwarding rate, table
-    /// writes, memory, Maglev build time and quality. Prints the figures and
-    /// writes them into BENCHMARKS.md (between its bench markers).
+    /// writes, memory, Maglev build time and quality, and the control plane
+    /// at scale (`lb-scale`). Prints the figures and writes them into
+    /// BENCHMARKS.md (between its bench and scale markers).
     Bench {
         /// Also measure the `lb_xdp` of this git revision (e.g. `HEAD~3`) in
-        /// the same rounds, for before/after figures (`LB_BENCH_BASELINE`).
+        /// the same rounds, for before/after figures (`LB_BENCH_BASELINE`),
+        /// and its `lbd` in the scale scenarios (`LB_SCALE_BASELINE`).
         #[arg(long)]
         baseline: Option<String>,
     },
@@ -157,6 +159,7 @@ fn bench(baseline: Option<&str>) -> Result<()> {
     if !setup::is_root() {
         bail!("the datapath benchmarks load XDP programs: run `cargo xtask bench` as root");
     }
+    let scale_baseline = baseline.map(baseline_bins).transpose()?;
     let baseline = baseline.map(baseline_object).transpose()?;
     run(cargo().args([
         "build",
@@ -193,22 +196,45 @@ fn bench(baseline: Option<&str>) -> Result<()> {
     };
     std::fs::write(path, updated).context("writing BENCHMARKS.md")?;
     eprintln!("BENCHMARKS.md updated");
+    scale(scale_baseline)
+}
+
+/// The control plane at scale (`lb-scale`, issue 19), written between
+/// BENCHMARKS.md's scale markers.
+fn scale(baseline: Option<(std::path::PathBuf, String)>) -> Result<()> {
+    let mut lb_scale = Command::new("target/release/lb-scale");
+    if let Some((dir, label)) = &baseline {
+        lb_scale
+            .env("LB_SCALE_BASELINE", dir)
+            .env("LB_SCALE_BASELINE_LABEL", label);
+    }
+    let report = capture(&mut lb_scale)?;
+    print!("{report}");
+    let path = std::path::Path::new("BENCHMARKS.md");
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let (begin, end) = ("<!-- scale:begin -->", "<!-- scale:end -->");
+    let updated = match (text.find(begin), text.find(end)) {
+        (Some(b), Some(e)) if b < e => format!("{}{begin}\n{report}{}", &text[..b], &text[e..]),
+        _ => format!("{text}\n{begin}\n{report}{end}\n"),
+    };
+    std::fs::write(path, updated).context("writing BENCHMARKS.md")?;
+    eprintln!("BENCHMARKS.md updated (scale)");
     Ok(())
 }
 
-/// Builds the `lb-xdp` object of git revision `rev` from a clean export of
-/// that revision (under `target/bench-baseline/`), the way `lb-userspace`'s
-/// build script builds the current one, and returns its path.
-fn baseline_object(rev: &str) -> Result<std::path::PathBuf> {
+/// A clean export of git revision `rev` under `target/bench-baseline/`;
+/// returns the full commit and the export's directory.
+fn baseline_export(rev: &str) -> Result<(String, std::path::PathBuf)> {
     let commit =
         capture(Command::new("git").args(["rev-parse", "--verify", &format!("{rev}^{{commit}}")]))?;
-    let commit = commit.trim();
-    let root = std::env::current_dir()?.join("target/bench-baseline");
-    let src = root.join(commit);
+    let commit = commit.trim().to_string();
+    let src = std::env::current_dir()?
+        .join("target/bench-baseline")
+        .join(&commit);
     if !src.join("Cargo.toml").is_file() {
         std::fs::create_dir_all(&src)?;
         let archive = Command::new("git")
-            .args(["archive", "--format=tar", commit])
+            .args(["archive", "--format=tar", &commit])
             .stdout(std::process::Stdio::piped())
             .spawn()
             .context("git archive")?;
@@ -218,6 +244,43 @@ fn baseline_object(rev: &str) -> Result<std::path::PathBuf> {
             .arg(&src)
             .stdin(archive.stdout.context("git archive's output")?))?;
     }
+    Ok((commit, src))
+}
+
+/// Builds `lbd` and `lbctl` of git revision `rev` (release) from a clean
+/// export, for `lb-scale`; returns their directory and a label.
+fn baseline_bins(rev: &str) -> Result<(std::path::PathBuf, String)> {
+    let (commit, src) = baseline_export(rev)?;
+    // A target directory per revision: cargo names a workspace member's
+    // units by its path within the workspace, so two revisions' `lbd`
+    // built in one directory could share a stale build script's output
+    // (the eBPF objects).
+    let target_dir = std::env::current_dir()?
+        .join("target/bench-baseline")
+        .join(format!("target-{}", &commit[..12]));
+    run(cargo()
+        .current_dir(&src)
+        .args(["build", "--release", "-p", "lb-userspace", "--bins"])
+        .arg("--target-dir")
+        .arg(&target_dir)
+        // The export lies inside this checkout: keep git from naming this
+        // checkout's commit as the export's.
+        .env("GIT_CEILING_DIRECTORIES", src.parent().unwrap_or(&src)))?;
+    let label = format!("lbd {} ({rev})", &commit[..12]);
+    eprintln!(
+        "baseline: {label} in {}",
+        target_dir.join("release").display()
+    );
+    Ok((target_dir.join("release"), label))
+}
+
+/// Builds the `lb-xdp` object of git revision `rev` from a clean export of
+/// that revision (under `target/bench-baseline/`), the way `lb-userspace`'s
+/// build script builds the current one, and returns its path.
+fn baseline_object(rev: &str) -> Result<std::path::PathBuf> {
+    let (commit, src) = baseline_export(rev)?;
+    let commit = commit.as_str();
+    let root = std::env::current_dir()?.join("target/bench-baseline");
     let target_dir = root.join("target");
     run(Command::new("rustup")
         .current_dir(&src)

@@ -58,7 +58,8 @@ pub enum Request {
     /// running configuration stays). → [`super::Committed`]
     Reload {
         /// Apply a file that leaves an announced VIP without a usable
-        /// backend (refused otherwise; SIGHUP never forces).
+        /// backend, or changes a VIP's table_size, which remaps its flows
+        /// (refused otherwise; SIGHUP never forces).
         #[arg(long)]
         #[serde(default)]
         force: bool,
@@ -80,7 +81,8 @@ pub enum Request {
     /// running one). The file on disk is not rewritten. → [`super::Committed`]
     Revert {
         revision: Option<u64>,
-        /// Even if it leaves an announced VIP without a usable backend.
+        /// Even if it leaves an announced VIP without a usable backend or
+        /// changes a VIP's table_size.
         #[arg(long)]
         #[serde(default)]
         force: bool,
@@ -132,6 +134,12 @@ pub struct VipAdd {
     #[arg(long, default_value_t = 1)]
     #[serde(default = "one")]
     pub min_healthy: u32,
+    /// The VIP's own Maglev table size, a prime (default: the global
+    /// table_size); the smallest prime ≥ 100 × backends keeps shares
+    /// within 1% in the least memory.
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub table_size: Option<u32>,
 }
 
 fn one() -> u32 {

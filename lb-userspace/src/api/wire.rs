@@ -149,6 +149,12 @@ pub struct Status {
     pub ct_buckets: u32,
     pub max_vips: u32,
     pub max_backends: u32,
+    /// Bytes of the table pool (`LB_TABLES`), and how many the VIPs'
+    /// regions take.
+    #[serde(default)]
+    pub table_pool_bytes: u64,
+    #[serde(default)]
+    pub table_pool_used_bytes: u64,
     /// Bytes of map memory by map name.
     pub map_bytes: Vec<(String, u64)>,
     /// Runtime changes on top of the configuration file are present.
@@ -479,6 +485,9 @@ pub struct TraceLeased {
     pub events: String,
     /// Maglev table size, for the slot of each event.
     pub table_size: u32,
+    /// The VIPs whose own table size differs from `table_size`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub table_sizes: Vec<(crate::config::VipId, u32)>,
     /// Seconds the lease lasts unless renewed.
     pub lease_secs: f64,
 }

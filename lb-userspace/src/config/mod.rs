@@ -38,7 +38,10 @@ pub use self::{
     datapath::{Gateway, Mac, MalformedPolicy, Prefix, TooBigPolicy, XdpModeSetting},
     error::{ConfigError, ConfigErrors, excerpt},
     health::{HealthCheck, HttpCheck},
-    vip::{BackendConfig, Encap, FragmentPolicy, MAX_WEIGHT, Protocol, RawVip, VipConfig, VipId},
+    vip::{
+        BackendConfig, Encap, FragmentPolicy, MAX_WEIGHT, MIN_TABLE_SIZE, Protocol, RawVip,
+        VipConfig, VipId,
+    },
 };
 use self::{
     datapath::{Sources, unusable_source},
@@ -82,6 +85,7 @@ struct RawConfig {
     max_vips: u32,
     #[serde(default = "default_max_backends")]
     max_backends: u32,
+    table_pool_mib: Option<u32>,
     #[serde(default)]
     malformed: MalformedPolicy,
     api_socket: Option<PathBuf>,
@@ -149,10 +153,11 @@ fn default_gue_port() -> u16 {
 /// Smallest `conntrack_buckets`: 6,144 flows. Fewer is a typo, not a
 /// design (the default is 262,144 buckets).
 pub const MIN_CT_BUCKETS: u32 = 1024;
-/// Smallest `table_size`: Maglev balances N backends within 1% only when
-/// M ≥ 100·N, so fewer than 101 slots balance not even one pair well (a
-/// larger table below 100·N is only warned about).
-pub const MIN_TABLE_SIZE: u32 = 101;
+
+/// Largest `table_pool_mib`: 16 GiB of tables.
+pub const MAX_TABLE_POOL_MIB: u32 = 16 * 1024;
+/// Chunks of `LB_TABLES` per MiB of `table_pool_mib`.
+const CHUNKS_PER_MIB: u32 = (1 << 20) / crate::dataplane::pool::CHUNK_BYTES as u32;
 
 /// Smallest non-zero `mtu`: the largest encapsulation (IPv6 and UDP, 48
 /// bytes) must leave the 1280 bytes every IPv6 path carries.
@@ -350,6 +355,7 @@ fn validate_raw(raw: RawConfig, errors: &mut Vec<ConfigError>) -> Option<Config>
         max_vips: raw.max_vips,
         max_backends: raw.max_backends,
         ct_buckets: raw.conntrack_buckets,
+        table_pool: raw.table_pool_mib.map_or(0, |mib| mib * CHUNKS_PER_MIB),
     };
     if errors.is_empty()
         && let Err(e) = layout.validate()
@@ -456,23 +462,8 @@ fn check_identity(raw: &RawConfig, errors: &mut Vec<ConfigError>) {
 /// The maps' sizes.
 fn check_sizes(raw: &RawConfig, errors: &mut Vec<ConfigError>) {
     let mut err = |field: String, message: String| errors.push(ConfigError { field, message });
-    if !maglev::is_prime(raw.table_size) {
-        err(
-            "table_size".into(),
-            format!(
-                "{} is not prime; Maglev needs a prime, e.g. 65537, 131071 or 262147",
-                raw.table_size
-            ),
-        );
-    } else if raw.table_size > maglev::MAX_TABLE_SIZE {
-        err(
-            "table_size".into(),
-            format!(
-                "{} is larger than the maximum, {}",
-                raw.table_size,
-                maglev::MAX_TABLE_SIZE
-            ),
-        );
+    if let Some(why) = vip::table_size_problem(raw.table_size) {
+        err("table_size".into(), why);
     }
     if !raw.conntrack_buckets.is_power_of_two() {
         err(
@@ -493,13 +484,12 @@ fn check_sizes(raw: &RawConfig, errors: &mut Vec<ConfigError>) {
             ),
         );
     }
-    if maglev::is_prime(raw.table_size) && raw.table_size < MIN_TABLE_SIZE {
+    if let Some(mib) = raw.table_pool_mib
+        && !(1..=MAX_TABLE_POOL_MIB).contains(&mib)
+    {
         err(
-            "table_size".into(),
-            format!(
-                "{} slots cannot balance even a few backends; the least is {MIN_TABLE_SIZE} (65537 is the default)",
-                raw.table_size
-            ),
+            "table_pool_mib".into(),
+            format!("{mib} is out of range 1-{MAX_TABLE_POOL_MIB}"),
         );
     }
     if raw.max_vips == 0 || raw.max_vips > 65_535 {

@@ -138,6 +138,93 @@ fn table_size_must_be_prime_and_not_too_large_and_warns_when_small() {
 }
 
 #[test]
+fn a_vip_may_set_its_own_table_size_and_is_held_to_the_same_rules() {
+    let own = |m: &str| {
+        with(
+            "    port: 80\n    protocol: tcp\n",
+            &format!("    port: 80\n    protocol: tcp\n    table_size: {m}\n"),
+        )
+    };
+    let c = Config::parse(&own("1009")).expect("valid");
+    assert_eq!(c.vips[0].table_size, Some(1009));
+    assert_eq!(c.vips[0].maglev_size(&c.layout), 1009);
+    assert_eq!(c.vips[1].table_size, None);
+    assert_eq!(c.vips[1].maglev_size(&c.layout), 4099, "the global size");
+    assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+    for (m, why) in [
+        ("1000", "vips[0].table_size: 1000 is not prime"),
+        ("97", "vips[0].table_size: 97 slots cannot balance"),
+        (
+            "16777259",
+            "vips[0].table_size: 16777259 is larger than the maximum",
+        ),
+        ("-1", "vips[0].table_size: invalid type"),
+    ] {
+        let e = errors(&own(m));
+        assert!(e.iter().any(|e| e.starts_with(why)), "{m}: {e:?}");
+    }
+    // Below 100 × N: a warning that names the VIP's own size and the
+    // smallest prime that keeps shares within 1%.
+    let c = Config::parse(&own("101")).expect("valid");
+    assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
+    assert!(
+        c.warnings[0].starts_with(
+            "vips[0]: VIP 10.99.0.1:80/tcp has 2 backends; table_size 101 is below 100 × 2"
+        ) && c.warnings[0].contains("table_size: 211 is the smallest prime above"),
+        "{:?}",
+        c.warnings
+    );
+}
+
+#[test]
+fn the_table_pool_must_hold_every_vips_tables() {
+    // Default: room for max_vips (64) VIPs of table_size 4099 (5 chunks a half).
+    let c = Config::parse(GOOD).expect("valid");
+    assert_eq!(c.layout.pool_chunks(), 64 * 2 * 5);
+    let c = Config::parse(&with(
+        "table_size: 4099",
+        "table_size: 4099\ntable_pool_mib: 3",
+    ))
+    .expect("valid");
+    assert_eq!(c.layout.pool_chunks(), 3 * 256);
+    for bad in ["0", "16385"] {
+        let e = errors(&with(
+            "table_size: 4099",
+            &format!("table_size: 4099\ntable_pool_mib: {bad}"),
+        ));
+        assert_eq!(
+            e,
+            vec![format!("table_pool_mib: {bad} is out of range 1-16384")]
+        );
+    }
+    // Two VIPs of M = 655373 need 2 × 2 × 640 chunks = 10 MiB.
+    let big = with("table_size: 4099", "table_size: 655373\ntable_pool_mib: 8");
+    let e = errors(&big);
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(
+        e[0].starts_with(
+            "vips: the VIPs' tables need 10.0 MiB (two halves of ceil(M / 1024) × 4 KiB each), but the table pool holds 8.0 MiB: raise table_pool_mib"
+        ),
+        "{e:?}"
+    );
+    // The API's changes are held to it too.
+    let c = Config::parse(&with(
+        "table_size: 4099",
+        "table_size: 4099\ntable_pool_mib: 1",
+    ))
+    .unwrap();
+    let mut vips = c.vips.clone();
+    let mut extra = vips[0].clone();
+    extra.id.port = 81;
+    extra.table_size = Some(131_071);
+    vips.push(extra);
+    let e = c
+        .check_vips(&vips)
+        .expect_err("1 MiB holds no 1 MiB table besides two more");
+    assert!(e.to_string().contains("table_pool_mib"), "{e}");
+}
+
+#[test]
 fn a_vip_whose_weights_are_all_zero_is_warned_about() {
     let text = with("weight: 2", "weight: 0").replace(
         "      - address: 10.1.0.2\n",

@@ -24,10 +24,49 @@ use super::{
     error::{ConfigError, excerpt, from_str_field},
     health::{HealthCheck, check_health},
 };
-use crate::dataplane::Layout;
+use crate::{
+    dataplane::{
+        Layout,
+        pool::{CHUNK_BYTES, region_chunks},
+    },
+    maglev,
+};
 
 /// Largest weight accepted in a configuration.
 pub const MAX_WEIGHT: u32 = 10_000;
+
+/// Smallest `table_size` (global or a VIP's): Maglev balances N backends
+/// within 1% only when M ≥ 100·N, so fewer than 101 slots balance not even
+/// one pair well (a larger table below 100·N is only warned about).
+pub const MIN_TABLE_SIZE: u32 = 101;
+
+/// Why `m` cannot be a Maglev table size, if it cannot.
+pub fn table_size_problem(m: u32) -> Option<String> {
+    if !maglev::is_prime(m) {
+        Some(format!(
+            "{m} is not prime; Maglev needs a prime, e.g. 1009, 10007, 65537 or 131071"
+        ))
+    } else if m > maglev::MAX_TABLE_SIZE {
+        Some(format!(
+            "{m} is larger than the maximum, {}",
+            maglev::MAX_TABLE_SIZE
+        ))
+    } else if m < MIN_TABLE_SIZE {
+        Some(format!(
+            "{m} slots cannot balance even a few backends; the least is {MIN_TABLE_SIZE} (65537 is the default)"
+        ))
+    } else {
+        None
+    }
+}
+
+/// `chunks` of the table pool as MiB, for messages.
+pub fn pool_mib(chunks: u64) -> String {
+    format!(
+        "{:.1} MiB",
+        (chunks * CHUNK_BYTES) as f64 / (1 << 20) as f64
+    )
+}
 
 /// L4 protocol of a VIP.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -313,6 +352,10 @@ pub struct VipConfig {
     pub min_healthy: u32,
     /// Ejecting backends whose clients' SYNs go unanswered.
     pub passive_health: crate::passive::PassiveHealth,
+    /// The VIP's own Maglev table size M (a prime); `None`: the global
+    /// `table_size`. Never derived from the backends: changing M moves
+    /// every flow of the VIP to a new slot.
+    pub table_size: Option<u32>,
 }
 
 impl VipConfig {
@@ -330,7 +373,13 @@ impl VipConfig {
             panic_threshold: default_panic_threshold(),
             min_healthy: default_min_healthy(),
             passive_health: Default::default(),
+            table_size: None,
         }
+    }
+
+    /// The VIP's Maglev table size: its own, else `layout`'s default.
+    pub fn maglev_size(&self, layout: &Layout) -> u32 {
+        self.table_size.unwrap_or(layout.table_size)
     }
 
     /// The health check of one backend: its own, else the VIP's.
@@ -376,6 +425,8 @@ pub struct RawVip {
     min_healthy: u32,
     #[serde(default)]
     passive_health: crate::passive::PassiveHealth,
+    #[serde(default)]
+    table_size: Option<u32>,
 }
 
 pub(crate) fn yes() -> bool {
@@ -400,6 +451,7 @@ impl RawVip {
             panic_threshold: self.panic_threshold,
             min_healthy: self.min_healthy,
             passive_health: self.passive_health,
+            table_size: self.table_size,
         }
     }
 }
@@ -431,6 +483,8 @@ impl Serialize for VipConfig {
             panic_threshold: u32,
             min_healthy: u32,
             passive_health: &'a crate::passive::PassiveHealth,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            table_size: Option<u32>,
         }
         Out {
             address: self.id.addr,
@@ -449,6 +503,7 @@ impl Serialize for VipConfig {
             panic_threshold: self.panic_threshold,
             min_healthy: self.min_healthy,
             passive_health: &self.passive_health,
+            table_size: self.table_size,
         }
         .serialize(s)
     }
@@ -526,6 +581,7 @@ pub(crate) fn check_vips(
             ),
         );
     }
+    rules.pool(vips);
     let mut ids = BTreeSet::new();
     let mut frag_hash = std::collections::BTreeMap::new();
     for (i, vip) in vips.iter().enumerate() {
@@ -551,6 +607,7 @@ pub(crate) fn check_vips(
         rules.duplicates(vip, &at);
         rules.health(vip, &at);
         rules.settings(vip, &at);
+        rules.table_size(vip, &at);
         rules.shares(vip, &at);
     }
     rules.warnings
@@ -711,6 +768,33 @@ impl VipRules<'_> {
         }
     }
 
+    /// The VIP's own table size, if it sets one: a prime in range.
+    fn table_size(&mut self, vip: &VipConfig, at: &str) {
+        if let Some(why) = vip.table_size.and_then(table_size_problem) {
+            self.err(format!("{at}.table_size"), why);
+        }
+    }
+
+    /// Every VIP's two table halves fit the table pool together.
+    fn pool(&mut self, vips: &[VipConfig]) {
+        let need: u64 = vips
+            .iter()
+            .filter(|v| v.table_size.is_none_or(|m| table_size_problem(m).is_none()))
+            .map(|v| region_chunks(v.maglev_size(self.layout)) as u64)
+            .sum();
+        let have = self.layout.pool_chunks() as u64;
+        if need > have {
+            self.err(
+                "vips".into(),
+                format!(
+                    "the VIPs' tables need {} (two halves of ceil(M / 1024) × 4 KiB each), but the table pool holds {}: raise table_pool_mib (a restart, which drops the connection table) or give VIPs a smaller table_size",
+                    pool_mib(need),
+                    pool_mib(have)
+                ),
+            );
+        }
+    }
+
     /// Warnings: no weight at all, or a table too small for fair shares.
     fn shares(&mut self, vip: &VipConfig, at: &str) {
         if !vip.backends.is_empty() && vip.backends.iter().all(|b| b.weight == 0) {
@@ -720,11 +804,14 @@ impl VipRules<'_> {
             ));
         }
         let live = vip.backends.iter().filter(|b| b.weight > 0).count() as u64;
-        let table_size = self.layout.table_size;
+        let table_size = vip.maglev_size(self.layout);
         if live > 0 && (table_size as u64) < 100 * live {
+            let fair =
+                maglev::prime_at_least((100 * live).min(maglev::MAX_TABLE_SIZE as u64) as u32);
             self.warnings.push(format!(
-                "{at}: VIP {} has {live} backends; table_size {table_size} is below 100 × {live}, so shares may be off by more than 1%",
-                vip.id
+                "{at}: VIP {} has {live} backends; table_size {table_size} is below 100 × {live}, so shares may be off by more than 1% (table_size: {} is the smallest prime above; changing it moves every flow of the VIP)",
+                vip.id,
+                fair.unwrap_or(table_size)
             ));
         }
     }

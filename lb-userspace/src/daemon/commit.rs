@@ -174,6 +174,17 @@ impl<D: Dataplane> Daemon<D> {
         })
     }
 
+    /// The digest of the running configuration, kept until a change
+    /// applies.
+    pub fn running_digest(&mut self) -> String {
+        if let Some(d) = &self.running_digest {
+            return d.clone();
+        }
+        let d = self.running().digest();
+        self.running_digest = Some(d.clone());
+        d
+    }
+
     /// `target` is what runs now (same text, same API changes).
     fn is_running(&self, target: &Target) -> bool {
         target.text == self.text && target.overlay == self.overlay && target.config == self.config
@@ -193,8 +204,17 @@ impl<D: Dataplane> Daemon<D> {
         if target.text != self.text {
             warnings.extend(target.config.warnings.iter().cloned());
         }
+        let remaps = self.remaps(&effective);
+        if !remaps.is_empty() && !force.yes {
+            return Err(refused(format!(
+                "refused, it changes a VIP's table size: {}; to do it anyway: `{}`",
+                remaps.join("; "),
+                force.how
+            )));
+        }
         let drained = target.overlay.drained_in(&effective);
-        let forced = self.refuse_blackhole(&effective, &drained, force.yes, force.how)?;
+        let mut forced = self.refuse_blackhole(&effective, &drained, force.yes, force.how)?;
+        forced.extend(remaps);
         if !dry_run {
             for p in &forced {
                 error!("forced: {p}");
@@ -207,6 +227,7 @@ impl<D: Dataplane> Daemon<D> {
     /// Makes `target` run: datapath settings, tables, the state file,
     /// announcers. Any failure puts the running configuration back.
     async fn apply(&mut self, target: Target) -> Result<()> {
+        self.running_digest = None;
         let new = &target.config;
         let resolved = if new.gateway == self.config.gateway {
             let ip = self.gateway.as_ref().and_then(|g| g.gateway);

@@ -19,21 +19,25 @@ use crate::{
 const SCAN_EVERY_TICKS: u32 = 15;
 
 impl<D: Dataplane> Daemon<D> {
-    /// After an apply: table builds, and the digests of what is published.
+    /// After an apply: table builds, and the digests of what is published,
+    /// computed again only for the VIPs whose entry changed (a table is
+    /// only ever published by a new entry: another half, region or size).
     pub(super) fn record_builds(&mut self, report: &ApplyReport) {
         for d in &report.table_builds {
             self.metrics.table_builds.inc();
             self.metrics.table_build_duration.observe(d.as_secs_f64());
         }
-        self.table_digests = self
-            .reconciler
-            .vips()
-            .keys()
-            .filter_map(|id| {
-                let slots = self.reconciler.table_addresses(id)?;
-                Some((*id, crate::digest::table(&slots)))
-            })
-            .collect();
+        let old = std::mem::take(&mut self.table_digests);
+        for (id, state) in self.reconciler.vips() {
+            let digest = match old.get(id) {
+                Some((meta, digest)) if *meta == state.meta => digest.clone(),
+                _ => match self.reconciler.table_addresses(id) {
+                    Ok(Some(slots)) => crate::digest::table(&slots),
+                    _ => continue,
+                },
+            };
+            self.table_digests.insert(*id, (state.meta, digest));
+        }
     }
 
     /// Copies the state the metrics report (the tick).
@@ -53,7 +57,7 @@ impl<D: Dataplane> Daemon<D> {
             addresses: self.address_samples(),
             conntrack,
             revision: self.revision,
-            config_digest: self.running().digest(),
+            config_digest: self.running_digest(),
             auto_reverts: self.auto_reverts,
         };
         self.metrics.set_snapshot(snapshot);
@@ -100,6 +104,7 @@ impl<D: Dataplane> Daemon<D> {
             .map(|v| v.vip)
             .collect();
         let stats = self.samples_latest_vips();
+        let syns = self.samples_latest_syns();
         self.effective()
             .iter()
             .map(|vip| {
@@ -114,7 +119,11 @@ impl<D: Dataplane> Daemon<D> {
                     bytes,
                     panic: life.is_some_and(|l| l.panic),
                     announced: announced.contains(&vip.id),
-                    table_digest: self.table_digests.get(&vip.id).cloned().unwrap_or_default(),
+                    table_digest: self
+                        .table_digests
+                        .get(&vip.id)
+                        .map(|(_, d)| d.clone())
+                        .unwrap_or_default(),
                     backends: vip
                         .backends
                         .iter()
@@ -123,7 +132,7 @@ impl<D: Dataplane> Daemon<D> {
                             let state = life
                                 .and_then(|l| l.backends.get(&b.address))
                                 .map_or("down", |l| state_wire(l.state).name());
-                            let syns = self.backend_syns(&vip.id, &b.address);
+                            let syns = self.backend_syns(syns, &vip.id, &b.address);
                             BackendSample {
                                 address: b.address.to_string(),
                                 packets: c.packets,
@@ -139,16 +148,21 @@ impl<D: Dataplane> Daemon<D> {
             .collect()
     }
 
-    /// The datapath's SYN counts of one of `vip`'s backends (zero when it
-    /// has no handle or the object has no such map).
-    fn backend_syns(&self, vip: &crate::config::VipId, addr: &std::net::IpAddr) -> SynCounts {
+    /// One of `vip`'s backends' SYN counts among `all` (by backend index;
+    /// zero when it has no handle or the object has no such map).
+    fn backend_syns(
+        &self,
+        all: &[SynCounts],
+        vip: &crate::config::VipId,
+        addr: &std::net::IpAddr,
+    ) -> SynCounts {
         self.reconciler
             .vips()
             .get(vip)
             .and_then(|v| v.backends.get(addr))
             .and_then(|b| {
                 let index = b.handle & lb_common::consts::BACKEND_INDEX_MASK;
-                self.reconciler.dataplane().backend_syns(index).ok()
+                all.get(index as usize).copied()
             })
             .unwrap_or_default()
     }

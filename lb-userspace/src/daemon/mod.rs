@@ -139,8 +139,12 @@ pub struct Daemon<D: Dataplane> {
     pub regateway: Option<(Option<IpAddr>, [u8; 6])>,
     /// What `metrics:` exports (kept whether or not it is served).
     pub metrics: std::sync::Arc<crate::metrics::Metrics>,
-    /// Each VIP's published table's digest, as of the last apply.
-    table_digests: std::collections::BTreeMap<VipId, String>,
+    /// The running configuration's digest, until a change applies (the
+    /// metrics ask for it every second).
+    running_digest: Option<String>,
+    /// Each VIP's published table's digest, as of the last apply, with
+    /// the entry it was computed for.
+    table_digests: std::collections::BTreeMap<VipId, (lb_common::VipMeta, String)>,
     /// Ticks since the connection table was last scanned for metrics, and
     /// what the scan found (ways in use, in all).
     ticks_since_scan: u32,
@@ -179,6 +183,7 @@ impl<D: Dataplane> Daemon<D> {
             revert_due: None,
             regateway: None,
             metrics: std::sync::Arc::new(crate::metrics::Metrics::new()),
+            running_digest: None,
             table_digests: std::collections::BTreeMap::new(),
             ticks_since_scan: u32::MAX,
             metrics_conntrack: None,

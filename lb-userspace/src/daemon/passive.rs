@@ -11,19 +11,16 @@ impl<D: Dataplane> Daemon<D> {
     pub(super) fn passive_tick(&mut self) -> bool {
         let now = std::time::Instant::now();
         let effective = self.effective();
+        let syns = self.samples_latest_syns().to_vec();
         for vip in effective.iter().filter(|v| v.passive_health.enabled) {
             let Some(state) = self.reconciler.vips().get(&vip.id) else {
                 continue;
             };
-            let handles: Vec<_> = state
-                .backends
-                .iter()
-                .map(|(a, b)| (*a, b.handle & lb_common::consts::BACKEND_INDEX_MASK))
-                .collect();
-            for (addr, index) in handles {
-                if let Ok(c) = self.reconciler.dataplane().backend_syns(index) {
+            for (addr, b) in &state.backends {
+                let index = b.handle & lb_common::consts::BACKEND_INDEX_MASK;
+                if let Some(c) = syns.get(index as usize) {
                     self.lifecycle
-                        .record_syns(vip, &addr, c.syns, c.retransmits, now);
+                        .record_syns(vip, addr, c.syns, c.retransmits, now);
                 }
             }
         }

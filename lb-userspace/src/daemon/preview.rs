@@ -8,7 +8,9 @@
 //! holds it) and the one the change would publish, built by the same
 //! function the reconciler builds with ([`crate::reconcile::maglev_table`])
 //! from the lifecycle's plan for the new configuration (health, drains,
-//! slow start and panic as they stand now).
+//! slow start and panic as they stand now). When a VIP's table size
+//! changes, the tables have different slots: the share of flows that move
+//! is measured over flow hashes instead (nearly all of them move).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -54,7 +56,7 @@ impl<D: Dataplane> Daemon<D> {
         let mut vips_changed = Vec::new();
         for (id, was) in &old {
             let Some(will) = new.get(id) else { continue };
-            let change = self.vip_change(was, will, &plan, m, breaking(id))?;
+            let change = self.vip_change(was, will, &plan, breaking(id))?;
             if let Some(change) = change {
                 vips_changed.push(change);
             }
@@ -129,15 +131,25 @@ impl<D: Dataplane> Daemon<D> {
         was: &VipConfig,
         will: &VipConfig,
         plan: &Plan,
-        m: u32,
         flows_breaking: u64,
     ) -> Result<Option<VipChange>> {
+        let layout = &self.config.layout;
+        let m_was = self
+            .reconciler
+            .vips()
+            .get(&was.id)
+            .map_or(was.maglev_size(layout), |v| v.table_size);
+        let m = will.maglev_size(layout);
         let before = self
             .reconciler
-            .table_addresses(&was.id)
-            .unwrap_or_else(|| vec![None; m as usize]);
+            .table_addresses(&was.id)?
+            .unwrap_or_else(|| vec![None; m_was as usize]);
         let after = planned_table(plan, &will.id, m)?;
-        let slots_moved = before.iter().zip(&after).filter(|(a, b)| a != b).count() as u32;
+        let slots_moved = if m == m_was {
+            before.iter().zip(&after).filter(|(a, b)| a != b).count() as u32
+        } else {
+            (flows_moved(&before, &after) * f64::from(m)).round() as u32
+        };
         let (added, removed, reweighted) = backend_changes(was, will);
         let settings = vip_settings(was, will);
         let unchanged = slots_moved == 0
@@ -160,6 +172,21 @@ impl<D: Dataplane> Daemon<D> {
             flows_breaking,
         }))
     }
+}
+
+/// The share of flows whose backend differs between two tables of
+/// different sizes: 65,536 flow hashes spread over the 32-bit range (a
+/// flow's slot is its hash's low 32 bits modulo M).
+fn flows_moved(before: &[Option<IpAddr>], after: &[Option<IpAddr>]) -> f64 {
+    const SAMPLES: u32 = 1 << 16;
+    if before.is_empty() || after.is_empty() {
+        return 1.0;
+    }
+    let moved = (0..SAMPLES)
+        .map(|i| i.wrapping_mul(0x9E37_79B1) as usize)
+        .filter(|h| before[h % before.len()] != after[h % after.len()])
+        .count();
+    moved as f64 / f64::from(SAMPLES)
 }
 
 /// The table `plan` gives VIP `id`, slot by slot.

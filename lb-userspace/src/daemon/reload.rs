@@ -98,7 +98,7 @@ pub(super) fn fixed_setting_changed(old: &Config, new: &Config) -> Option<&'stat
         ("interfaces", new.interfaces != old.interfaces),
         ("xdp_mode", new.xdp_mode != old.xdp_mode),
         (
-            "table_size, conntrack_buckets, max_vips or max_backends",
+            "table_size, conntrack_buckets, max_vips, max_backends or table_pool_mib",
             new.layout != old.layout,
         ),
         ("bpffs", new.bpffs != old.bpffs),
@@ -213,6 +213,26 @@ impl<D: Dataplane> Daemon<D> {
             return Err(refused(format!("starting the new announcers: {e}")));
         }
         Ok(())
+    }
+
+    /// The VIPs with a table now whose table size `effective` changes, in
+    /// words: every flow of such a VIP moves to another slot. A change
+    /// that does this must be forced.
+    pub fn remaps(&self, effective: &[VipConfig]) -> Vec<String> {
+        let layout = &self.config.layout;
+        effective
+            .iter()
+            .filter_map(|v| {
+                let state = self.reconciler.vips().get(&v.id)?;
+                let m = v.maglev_size(layout);
+                (m != state.table_size && state.has_table()).then(|| {
+                    format!(
+                        "VIP {}: table_size {} -> {m} remaps every flow of the VIP (established connections keep their backend through this balancer's connection table; flows that move between balancers of different M do not)",
+                        v.id, state.table_size
+                    )
+                })
+            })
+            .collect()
     }
 
     /// Checks that `effective` (with `drained`) leaves every VIP that is

@@ -226,6 +226,7 @@ async fn a_vip_added_is_programmed_announced_persisted_and_deleted() {
         encap: EncapName::Gue,
         no_conntrack: true,
         min_healthy: 1,
+        table_size: Some(1009),
     };
     r.ok(Request::Vip(VipRequest::Add(add))).await;
     let list: Vec<api::VipInfo> = parse(r.ok(Request::Vip(VipRequest::List)).await);
@@ -241,8 +242,16 @@ async fn a_vip_added_is_programmed_announced_persisted_and_deleted() {
         BTreeSet::from([ip("10.1.0.7"), ip("10.1.0.8")])
     );
     assert!(r.announced().contains(&ip("10.99.0.2")));
+    let vip = id("10.99.0.2:53/udp");
+    let table = r.daemon.reconciler.live_table(&vip).unwrap().unwrap();
+    assert_eq!(r.daemon.reconciler.vips()[&vip].table_size, 1009);
+    assert_eq!(table.len(), 1009);
     let saved = Overlay::load(&r.daemon.config.state_file).unwrap();
-    assert!(saved.vips_added.contains_key(&id("10.99.0.2:53/udp")));
+    assert_eq!(
+        saved.vips_added[&id("10.99.0.2:53/udp")].table_size,
+        Some(1009),
+        "kept across restarts"
+    );
 
     let again = VipAdd {
         vip: id("10.99.0.2:53/udp"),
@@ -250,6 +259,7 @@ async fn a_vip_added_is_programmed_announced_persisted_and_deleted() {
         encap: EncapName::Ipip,
         no_conntrack: false,
         min_healthy: 1,
+        table_size: None,
     };
     let e = r.refused(Request::Vip(VipRequest::Add(again))).await;
     assert!(e.contains("10.99.0.2:53/udp"), "{e}");

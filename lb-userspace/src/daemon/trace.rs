@@ -65,6 +65,13 @@ impl<D: Dataplane> Daemon<D> {
                         .display()
                         .to_string(),
                     table_size: self.config.layout.table_size,
+                    table_sizes: self
+                        .reconciler
+                        .vips()
+                        .iter()
+                        .filter(|(_, v)| v.table_size != self.config.layout.table_size)
+                        .map(|(id, v)| (*id, v.table_size))
+                        .collect(),
                     lease_secs: TRACE_LEASE.as_secs_f64(),
                 }))
             }

@@ -29,6 +29,8 @@ struct Sample {
     at: Option<Instant>,
     counters: Vec<CounterValue>,
     vips: BTreeMap<VipId, (CounterValue, BTreeMap<IpAddr, CounterValue>)>,
+    /// Every backend index's SYN counts (passive health, metrics).
+    syns: Vec<lb_common::SynCounts>,
 }
 
 /// The two latest samples: rates are taken against the older one, so the
@@ -54,6 +56,7 @@ pub fn vip_config(add: &VipAdd) -> VipConfig {
     };
     v.conntrack = !add.no_conntrack;
     v.min_healthy = add.min_healthy;
+    v.table_size = add.table_size;
     v
 }
 
@@ -81,6 +84,10 @@ fn rate(now: CounterValue, before: Option<CounterValue>, secs: f64) -> Rate {
         pps,
         bps,
     }
+}
+
+fn pool_bytes(chunks: u32) -> u64 {
+    chunks as u64 * crate::dataplane::pool::CHUNK_BYTES
 }
 
 pub(super) fn kind_name(k: Kind) -> &'static str {
@@ -116,6 +123,10 @@ impl<D: Dataplane> Daemon<D> {
             ct_buckets: layout.ct_buckets,
             max_vips: layout.max_vips,
             max_backends: layout.max_backends,
+            table_pool_bytes: pool_bytes(self.reconciler.pool().capacity()),
+            table_pool_used_bytes: pool_bytes(
+                self.reconciler.pool().capacity() - self.reconciler.pool().free_chunks(),
+            ),
             map_bytes: layout
                 .map_bytes(ncpus)
                 .into_iter()
@@ -221,22 +232,28 @@ impl<D: Dataplane> Daemon<D> {
 
     fn read_sample(&self) -> Result<Sample> {
         let counters = self.reconciler.dataplane().counters()?;
-        let mut vips = BTreeMap::new();
-        for id in self.reconciler.vips().keys() {
-            if let Some((v, backends)) = self.reconciler.vip_counters(id)? {
-                vips.insert(*id, (v, backends.into_iter().collect()));
-            }
-        }
+        let vips = self
+            .reconciler
+            .all_vip_counters()?
+            .into_iter()
+            .map(|(id, (v, backends))| (id, (v, backends.into_iter().collect())))
+            .collect();
         Ok(Sample {
             at: Some(Instant::now()),
             counters,
             vips,
+            syns: self.reconciler.dataplane().all_backend_syns()?,
         })
     }
 
     /// The datapath counters of the latest sample.
     pub(super) fn samples_latest_counters(&self) -> &[CounterValue] {
         &self.samples.latest.counters
+    }
+
+    /// Every backend index's SYN counts in the latest sample.
+    pub(super) fn samples_latest_syns(&self) -> &[lb_common::SynCounts] {
+        &self.samples.latest.syns
     }
 
     /// Per VIP (and backend) counters of the latest sample.
@@ -292,10 +309,10 @@ impl<D: Dataplane> Daemon<D> {
             .get(id)
             .ok_or_else(|| refused(format!("no VIP {id}")))?;
         let mut slots: BTreeMap<u32, u32> = BTreeMap::new();
-        for h in v.table() {
-            *slots.entry(*h).or_default() += 1;
+        for h in self.reconciler.live_table(id)?.unwrap_or_default() {
+            *slots.entry(h).or_default() += 1;
         }
-        let m = self.reconciler.layout().table_size;
+        let m = v.table_size;
         // The reconciler holds effective weights (scaled, ramped, panic);
         // the share they give is what the table should show.
         let in_table_weight: u32 = v
@@ -310,13 +327,13 @@ impl<D: Dataplane> Daemon<D> {
             .find(|c| c.id == *id)
             .map(|c| c.backends.iter().map(|b| (b.address, b.weight)).collect())
             .unwrap_or_default();
-        let addresses = self.reconciler.table_addresses(id).unwrap_or_default();
+        let addresses = self.reconciler.table_addresses(id)?.unwrap_or_default();
         Ok(TableInfo {
             digest: crate::digest::table(&addresses),
             slots: list_slots.then_some(addresses),
             vip: *id,
             table_size: m,
-            active_half: self.reconciler.layout().active_half(&v.meta),
+            active_half: v.live_half(),
             backends: v
                 .backends
                 .iter()

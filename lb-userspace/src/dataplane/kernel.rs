@@ -296,6 +296,53 @@ impl KernelDataplane {
     }
 }
 
+/// The table size of every VIP in the maps pinned under `dir` (by a
+/// running or a previous `lbd`), read without loading anything; `None`
+/// when nothing is pinned there. `lbd check` compares them with a file.
+pub fn pinned_table_sizes(dir: &Path) -> Result<Option<Vec<(VipKey, u32)>>> {
+    let (vips, config) = (dir.join(MAP_VIPS), dir.join(MAP_CONFIG));
+    if !vips.exists() || !config.exists() {
+        return Ok(None);
+    }
+    let open = |path: &Path, name: &'static str| {
+        MapData::from_pin(path)
+            .and_then(Map::from_map_data)
+            .map_err(map_err(name))
+    };
+    let cfg: Array<MapData, DatapathConfig> =
+        Array::try_from(open(&config, MAP_CONFIG)?).map_err(map_err(MAP_CONFIG))?;
+    let global = cfg.get(&0, 0).map_err(map_err(MAP_CONFIG))?.table_size;
+    let map: HashMap<MapData, VipKey, VipMeta> =
+        HashMap::try_from(open(&vips, MAP_VIPS)?).map_err(map_err(MAP_VIPS))?;
+    let mut sizes = Vec::new();
+    for entry in map.iter() {
+        let (key, meta) = entry.map_err(map_err(MAP_VIPS))?;
+        sizes.push((key, meta.maglev_size(global)));
+    }
+    Ok(Some(sizes))
+}
+
+fn add_counts(sum: &mut CounterValue, v: &CounterValue) {
+    *sum += *v;
+}
+
+/// A whole per-CPU array in one batch lookup; `None` if the kernel cannot
+/// (then the caller reads element by element).
+fn all_per_cpu<T: aya::Pod + Default>(
+    fd: BorrowedFd<'_>,
+    entries: u32,
+    add: impl Fn(&mut T, &T),
+) -> Option<Vec<T>> {
+    let cpus = aya::util::nr_cpus().ok()?;
+    match super::batch::read_per_cpu(fd, entries, cpus, add) {
+        Ok(values) => Some(values),
+        Err(e) => {
+            tracing::debug!(error = %e, "batch lookup unavailable; reading element by element");
+            None
+        }
+    }
+}
+
 /// Zeroes one index of per-CPU counters.
 fn per_cpu_clear(map: &mut Counts, name: &'static str, index: u32) -> Result<()> {
     let cpus = aya::util::nr_cpus().map_err(|(_, e)| DataplaneError::Io(e))?;
@@ -509,6 +556,45 @@ impl Dataplane for KernelDataplane {
                 .map_err(map_err(MAP_BACKEND_SYNS))?;
         }
         Ok(())
+    }
+
+    fn all_vip_stats(&self) -> Result<Vec<CounterValue>> {
+        let n = self.layout.max_vips;
+        let fd = self.maps.vip_stats.map().fd().as_fd();
+        let Some(mut own) = all_per_cpu(fd, n, add_counts) else {
+            return (0..n).map(|i| self.vip_stats(i)).collect();
+        };
+        if let Some(retired) = &self.maps.vip_retired {
+            // A plain array reads as a per-CPU one of one CPU.
+            let fd = retired.map().fd().as_fd();
+            match super::batch::read_per_cpu(fd, n, 1, add_counts) {
+                Ok(gone) => own.iter_mut().zip(gone).for_each(|(sum, g)| *sum += g),
+                Err(_) => return (0..n).map(|i| self.vip_stats(i)).collect(),
+            }
+        }
+        Ok(own)
+    }
+
+    fn all_backend_stats(&self) -> Result<Vec<CounterValue>> {
+        let fd = self.maps.backend_stats.map().fd().as_fd();
+        all_per_cpu(fd, self.layout.max_backends, add_counts).map_or_else(
+            || {
+                (0..self.layout.max_backends)
+                    .map(|i| self.backend_stats(i))
+                    .collect()
+            },
+            Ok,
+        )
+    }
+
+    fn all_backend_syns(&self) -> Result<Vec<SynCounts>> {
+        let n = self.layout.max_backends;
+        let Some(map) = &self.maps.backend_syns else {
+            return Ok(vec![SynCounts::default(); n as usize]);
+        };
+        let add = |sum: &mut SynCounts, v: &SynCounts| *sum += *v;
+        all_per_cpu(map.map().fd().as_fd(), n, add)
+            .map_or_else(|| (0..n).map(|i| self.backend_syns(i)).collect(), Ok)
     }
 
     fn backend_syns(&self, index: u32) -> Result<SynCounts> {

@@ -7,19 +7,22 @@
 //! kernel implementation, never by hand.
 //!
 //! This module also owns the *layout*: the sizes fixed when the maps are
-//! created, and where each VIP's two table halves live.
+//! created; [`pool`] says where each VIP's two table halves live.
 
+mod batch;
 pub mod fake;
 pub mod kernel;
 mod mmap;
+pub mod pool;
 
 use lb_common::{
     BackendDef, CounterValue, DatapathConfig, FlowBucket, TraceFilter, VipFilter, VipKey, VipMeta,
-    consts::{MAX_BACKENDS, TABLE_CHUNK_SLOTS, VIP_F_NO_BACKENDS},
+    consts::{MAX_BACKENDS, VIP_F_NO_BACKENDS},
     counters::COUNTER_SLOTS,
 };
 use thiserror::Error;
 
+use self::pool::{Region, half_chunks};
 use crate::maglev;
 
 #[derive(Debug, Error)]
@@ -68,14 +71,20 @@ pub type Result<T, E = DataplaneError> = std::result::Result<T, E>;
 /// maps (and an empty connection table).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Layout {
-    /// Maglev table size M (prime).
+    /// The default Maglev table size M (prime): of every VIP that does not
+    /// set its own.
     pub table_size: u32,
-    /// Most VIPs at once (each owns two table halves).
+    /// Most VIPs at once.
     pub max_vips: u32,
     /// Most backends at once, all VIPs together (≤ 65,536).
     pub max_backends: u32,
     /// Connection-table buckets (power of two), each holding 6 flows.
     pub ct_buckets: u32,
+    /// Chunks of `LB_TABLES` (1,024 slots, 4 KiB each) that the VIPs'
+    /// tables share, each VIP taking two halves of its own size; 0: room
+    /// for `max_vips` VIPs of `table_size`, the map's size before per-VIP
+    /// sizes (so maps pinned by an older `lbd` are adopted).
+    pub table_pool: u32,
 }
 
 impl Default for Layout {
@@ -85,9 +94,13 @@ impl Default for Layout {
             max_vips: 64,
             max_backends: 4096,
             ct_buckets: 1 << 18,
+            table_pool: 0,
         }
     }
 }
+
+/// Most chunks `LB_TABLES` may have: 16 GiB of tables.
+pub const MAX_POOL_CHUNKS: u32 = 1 << 22;
 
 impl Layout {
     pub fn validate(&self) -> Result<()> {
@@ -117,36 +130,60 @@ impl Layout {
                 self.ct_buckets
             ));
         }
-        if (self.max_vips as u64) * 2 * self.table_chunks() as u64 > u32::MAX as u64 {
-            return bad("max_vips × table size is too large".into());
+        let pool = self.pool_chunks_wide();
+        if pool > MAX_POOL_CHUNKS as u64 {
+            return bad(format!(
+                "the table pool of {pool} chunks ({} MiB) is larger than the maximum, {} MiB; set table_pool_mib",
+                (pool * pool::CHUNK_BYTES) >> 20,
+                (MAX_POOL_CHUNKS as u64 * pool::CHUNK_BYTES) >> 20
+            ));
+        }
+        if pool < pool::region_chunks(self.table_size) as u64 {
+            return bad(format!(
+                "the table pool of {pool} chunks cannot hold even one table of table_size {}",
+                self.table_size
+            ));
         }
         Ok(())
     }
 
-    /// Chunks per table half.
+    /// Chunks per table half of the default size.
     pub fn table_chunks(&self) -> u32 {
-        self.table_size.div_ceil(TABLE_CHUNK_SLOTS)
+        half_chunks(self.table_size)
+    }
+
+    fn pool_chunks_wide(&self) -> u64 {
+        match self.table_pool {
+            0 => self.max_vips as u64 * pool::region_chunks(self.table_size) as u64,
+            n => n as u64,
+        }
+    }
+
+    /// Chunks of the table pool: elements of `LB_TABLES`.
+    pub fn pool_chunks(&self) -> u32 {
+        self.pool_chunks_wide().min(u32::MAX as u64) as u32
     }
 
     /// Elements of `LB_TABLES`.
     pub fn table_map_entries(&self) -> u32 {
-        self.max_vips * 2 * self.table_chunks()
+        self.pool_chunks()
+    }
+
+    /// The Maglev table size of an `LB_VIPS` entry (its own, or the
+    /// default for one written before per-VIP sizes).
+    pub fn vip_table_size(&self, meta: &VipMeta) -> u32 {
+        meta.maglev_size(self.table_size)
+    }
+
+    /// The region of an `LB_VIPS` entry, and which half is live.
+    pub fn region_of(&self, meta: &VipMeta) -> (Region, u32) {
+        Region::of(meta, self.table_size)
     }
 
     /// Entries of `LB_VIPS`: each VIP, plus its address's ICMP key and its
     /// address and protocol's fragment key.
     pub fn vip_keys(&self) -> u32 {
         self.max_vips * lb_common::consts::VIP_KEYS_PER_VIP
-    }
-
-    /// First chunk of half `half` (0 or 1) of VIP `vip_id`'s table region.
-    pub fn half_base(&self, vip_id: u32, half: u32) -> u32 {
-        (vip_id * 2 + half) * self.table_chunks()
-    }
-
-    /// Which half `meta.table_base` points at.
-    pub fn active_half(&self, meta: &VipMeta) -> u32 {
-        u32::from(meta.table_base != self.half_base(meta.vip_id, 0))
     }
 
     /// Bytes of kernel memory per map (values only; the kernel adds a little).
@@ -158,7 +195,7 @@ impl Layout {
             (MAP_BACKENDS, self.max_backends as u64 * 32),
             (
                 MAP_TABLES,
-                self.table_map_entries() as u64 * TABLE_CHUNK_SLOTS as u64 * 4,
+                self.table_map_entries() as u64 * pool::CHUNK_BYTES,
             ),
             (MAP_FLOWS, self.ct_buckets as u64 * 64),
             (MAP_COUNTERS, COUNTER_SLOTS as u64 * 16 * per_cpu),
@@ -223,6 +260,29 @@ pub trait Dataplane {
     /// (zero for a program without them).
     fn backend_syns(&self, index: u32) -> Result<lb_common::SynCounts>;
 
+    /// Every VIP id's counters (index: VIP id), summed over CPUs. The
+    /// kernel reads each array in one syscall; the daemon samples them
+    /// every second, whatever the number of VIPs and backends.
+    fn all_vip_stats(&self) -> Result<Vec<CounterValue>> {
+        (0..self.layout().max_vips)
+            .map(|i| self.vip_stats(i))
+            .collect()
+    }
+
+    /// Every backend index's counters (index: backend index).
+    fn all_backend_stats(&self) -> Result<Vec<CounterValue>> {
+        (0..self.layout().max_backends)
+            .map(|i| self.backend_stats(i))
+            .collect()
+    }
+
+    /// Every backend index's SYN counts (index: backend index).
+    fn all_backend_syns(&self) -> Result<Vec<lb_common::SynCounts>> {
+        (0..self.layout().max_backends)
+            .map(|i| self.backend_syns(i))
+            .collect()
+    }
+
     fn flow_bucket(&self, index: u32) -> Result<FlowBucket>;
     /// The recent-SYN slot of the flow at connection-table bucket index
     /// `bucket_index` (before masking by the table's size).
@@ -269,10 +329,11 @@ pub trait Dataplane {
         Ok(true)
     }
 
-    /// Publishes `slots` (backend handles, `M` of them) as the VIP's table:
-    /// writes the inactive half in full, then replaces the VIP's metadata so
-    /// that it points at that half. Packets see the old table or the new
-    /// one, never a mix. `None` publishes the "no backend" state.
+    /// Publishes `slots` (backend handles, the VIP's `M` of them) as the
+    /// VIP's table: writes the inactive half of its region in full, then
+    /// replaces the VIP's metadata so that it points at that half. Packets
+    /// see the old table or the new one, never a mix. `None` publishes the
+    /// "no backend" state.
     fn publish_table(
         &mut self,
         key: &VipKey,
@@ -282,16 +343,16 @@ pub trait Dataplane {
         let layout = self.layout();
         match slots {
             Some(slots) => {
-                if slots.len() != layout.table_size as usize {
+                let want = layout.vip_table_size(meta);
+                if slots.len() != want as usize {
                     return Err(DataplaneError::TableSize {
                         got: slots.len(),
-                        want: layout.table_size,
+                        want,
                     });
                 }
-                let next = 1 - layout.active_half(meta);
-                let base = layout.half_base(meta.vip_id, next);
-                self.write_table(base, slots)?;
-                meta.table_base = base;
+                let (region, live) = layout.region_of(meta);
+                self.write_table(region.half_base(1 - live), slots)?;
+                region.point(meta, 1 - live);
                 meta.flags &= !VIP_F_NO_BACKENDS;
             }
             None => meta.flags |= VIP_F_NO_BACKENDS,
@@ -305,7 +366,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn layout_regions_do_not_overlap() {
+    fn the_default_pool_is_the_fixed_layout_of_before() {
         let l = Layout {
             table_size: 2053,
             max_vips: 3,
@@ -313,16 +374,13 @@ mod tests {
         };
         l.validate().unwrap();
         assert_eq!(l.table_chunks(), 3);
-        let mut seen = std::collections::BTreeSet::new();
-        for vip in 0..3 {
-            for half in 0..2 {
-                let base = l.half_base(vip, half);
-                for c in base..base + l.table_chunks() {
-                    assert!(c < l.table_map_entries());
-                    assert!(seen.insert(c), "chunk {c} used twice");
-                }
-            }
-        }
+        // Three VIPs of two 3-chunk halves, as pinned by older versions.
+        assert_eq!(l.table_map_entries(), 18);
+        let explicit = Layout {
+            table_pool: 1000,
+            ..l
+        };
+        assert_eq!(explicit.table_map_entries(), 1000);
     }
 
     #[test]
@@ -343,6 +401,18 @@ mod tests {
                 ct_buckets: 1000,
                 ..ok
             },
+            Layout {
+                table_pool: MAX_POOL_CHUNKS + 1,
+                ..ok
+            },
+            Layout {
+                table_pool: 1,
+                ..ok
+            },
+            Layout {
+                max_vips: 65_535,
+                ..ok
+            },
         ] {
             assert!(bad.validate().is_err(), "{bad:?}");
         }
@@ -355,19 +425,22 @@ mod tests {
             max_vips: 2,
             max_backends: 8,
             ct_buckets: 4,
+            table_pool: 0,
         });
         let key = VipKey::new("10.0.0.1".parse().unwrap(), 80, 6);
         let mut meta = VipMeta {
             vip_id: 1,
-            table_base: dp.layout().half_base(1, 0),
             ..Default::default()
         };
+        meta.set_table_size(13);
+        Region::new(2, 13).point(&mut meta, 0);
         dp.publish_table(&key, &mut meta, Some(&[7; 13])).unwrap();
-        assert_eq!(dp.layout().active_half(&meta), 1);
+        assert_eq!(dp.layout().region_of(&meta), (Region::new(2, 13), 1));
+        assert_eq!(meta.table_base, 3);
         assert_eq!(dp.vip(&key).unwrap(), Some(meta));
         assert_eq!(dp.read_table(meta.table_base, 13).unwrap(), vec![7; 13]);
         dp.publish_table(&key, &mut meta, Some(&[9; 13])).unwrap();
-        assert_eq!(dp.layout().active_half(&meta), 0);
+        assert_eq!(dp.layout().region_of(&meta).1, 0);
         dp.publish_table(&key, &mut meta, None).unwrap();
         assert_ne!(dp.vip(&key).unwrap().unwrap().flags & VIP_F_NO_BACKENDS, 0);
         assert!(dp.publish_table(&key, &mut meta, Some(&[1; 12])).is_err());

@@ -117,6 +117,7 @@ impl Rig {
             max_vips: 32,
             max_backends: 64,
             ct_buckets,
+            table_pool: 0,
         };
         let dp = KernelDataplane::load(layout).unwrap_or_else(|e| {
             panic!("loading lb_xdp failed (kernel without XDP/BTF support?): {e:#}")

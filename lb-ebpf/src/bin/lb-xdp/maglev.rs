@@ -4,11 +4,13 @@ use lb_common::{DatapathConfig, VipMeta, consts::TABLE_CHUNK_SLOTS, flow::maglev
 
 use crate::maps::LB_TABLES;
 
-/// The handle in the VIP's active table at `hash % M`; `None` if the slot is
-/// empty or the table is missing (a VIP the daemon has not finished writing).
+/// The handle in the VIP's active table at `hash % M`, M being the VIP's
+/// own table size (the global one for an entry written without it); `None`
+/// if the slot is empty or the table is missing (a VIP the daemon has not
+/// finished writing).
 #[inline(always)]
 pub fn lookup(cfg: &DatapathConfig, meta: &VipMeta, hash: u64) -> Option<u32> {
-    let m = cfg.table_size;
+    let m = meta.maglev_size(cfg.table_size);
     if m == 0 {
         return None;
     }

@@ -91,8 +91,10 @@ pub fn print_status(s: Status) -> Result<()> {
     println!("VIPs          {} of {}", s.vips, s.max_vips);
     println!("backends      {} of {}", s.backends, s.max_backends);
     println!(
-        "tables        M = {}; connection table {} buckets ({} flows)",
+        "tables        M = {} by default; pool {} of {} in use; connection table {} buckets ({} flows)",
         s.table_size,
+        bytes(s.table_pool_used_bytes),
+        bytes(s.table_pool_bytes),
         s.ct_buckets,
         s.ct_buckets as u64 * lb_common::consts::CT_WAYS as u64
     );

@@ -75,7 +75,8 @@ fn follow(
     let mut shown = 0u64;
     while !STOP.load(Ordering::Relaxed) {
         for event in reader.drain(session) {
-            let Some(line) = describe(&event, leased.table_size) else {
+            let m = lb::trace::table_size_of(&event, leased.table_size, &leased.table_sizes);
+            let Some(line) = describe(&event, m) else {
                 continue;
             };
             if json {

@@ -105,6 +105,9 @@ fn run() -> Result<()> {
             for w in &config.warnings {
                 println!("warning: {w}");
             }
+            for w in table_size_changes(&config) {
+                println!("warning: {w}");
+            }
             println!("{}: ok", args.config.display());
             Ok(())
         }
@@ -117,6 +120,38 @@ fn run() -> Result<()> {
             .context("starting the async runtime")?
             .block_on(run::run(args.config)),
     }
+}
+
+/// `lbd check`: the file's VIPs whose table size differs from the one in
+/// the maps pinned for the instance (the running `lbd`'s): every flow of
+/// such a VIP remaps, and a reload that does it needs `--force`.
+fn table_size_changes(config: &Config) -> Vec<String> {
+    let pinned = match lb::dataplane::kernel::pinned_table_sizes(&config.pin_dir()) {
+        Ok(Some(pinned)) => pinned,
+        Ok(None) => return Vec::new(),
+        Err(e) => {
+            return vec![format!(
+                "the pinned maps in {} cannot be read ({e}): table_size changes against the running lbd are not checked",
+                config.pin_dir().display()
+            )];
+        }
+    };
+    let pinned: std::collections::HashMap<_, _> = pinned.into_iter().collect();
+    config
+        .vips
+        .iter()
+        .enumerate()
+        .filter_map(|(i, v)| {
+            let was = *pinned.get(&v.id.key())?;
+            let m = v.maglev_size(&config.layout);
+            (was != m).then(|| {
+                format!(
+                    "vips[{i}]: VIP {}: table_size {was} (running) -> {m} remaps every flow of the VIP; the reload needs `lbctl reload --force`",
+                    v.id
+                )
+            })
+        })
+        .collect()
 }
 
 /// `__generate`: what to write.

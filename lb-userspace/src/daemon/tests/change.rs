@@ -74,7 +74,11 @@ async fn a_diff_counts_moved_slots_and_breaking_flows_against_built_tables() {
     let mut r = rig(FILE);
     let before = table_of(&[("10.1.0.1", 2), ("10.1.0.2", 1)]);
     assert_eq!(
-        r.daemon.reconciler.table_addresses(&id(WEB)).unwrap(),
+        r.daemon
+            .reconciler
+            .table_addresses(&id(WEB))
+            .unwrap()
+            .unwrap(),
         before
     );
     flows_to(&mut r, "10.1.0.2", 0, 3);
@@ -96,7 +100,11 @@ async fn a_diff_counts_moved_slots_and_breaking_flows_against_built_tables() {
 
     // The dry run changed nothing; the apply publishes the previewed table.
     assert_eq!(
-        r.daemon.reconciler.table_addresses(&id(WEB)).unwrap(),
+        r.daemon
+            .reconciler
+            .table_addresses(&id(WEB))
+            .unwrap()
+            .unwrap(),
         before
     );
     let revision = r.daemon.revision;
@@ -105,7 +113,11 @@ async fn a_diff_counts_moved_slots_and_breaking_flows_against_built_tables() {
         .await
         .unwrap();
     assert_eq!(
-        r.daemon.reconciler.table_addresses(&id(WEB)).unwrap(),
+        r.daemon
+            .reconciler
+            .table_addresses(&id(WEB))
+            .unwrap()
+            .unwrap(),
         after
     );
     assert_eq!(r.daemon.revision, revision + 1);
@@ -365,5 +377,81 @@ async fn a_revert_ends_a_probation() {
     assert_eq!(
         weights,
         BTreeMap::from([(ip("10.1.0.1"), 2), (ip("10.1.0.2"), 1)])
+    );
+}
+
+#[tokio::test]
+async fn a_changed_table_size_is_previewed_and_applied_only_when_forced() {
+    let mut r = rig(FILE);
+    let before = r
+        .daemon
+        .reconciler
+        .table_addresses(&id(WEB))
+        .unwrap()
+        .unwrap();
+    let text = FILE.replace(
+        "    protocol: tcp\n",
+        "    protocol: tcp\n    table_size: 1009\n",
+    );
+    // The preview (`lbctl diff`, which forces): the setting, and nearly
+    // every flow moving (2 backends: about half of them land on the other).
+    let p = r
+        .daemon
+        .reload(reparse(&r, &text), true, &dry())
+        .await
+        .unwrap()
+        .preview
+        .expect("a dry run previews");
+    let v = &p.vips_changed[0];
+    assert_eq!(v.table_size, 1009);
+    assert!((0.3..0.7).contains(&v.share_moved), "{v:?}");
+    assert_eq!(
+        (v.settings[0].name.as_str(), v.settings[0].after.as_str()),
+        ("table_size", "1009")
+    );
+    assert!(
+        p.warnings
+            .iter()
+            .any(|w| w.contains("table_size 101 -> 1009 remaps")),
+        "{:?}",
+        p.warnings
+    );
+    // A plain reload (and so SIGHUP) refuses it and keeps the running table.
+    let e = r
+        .daemon
+        .reload(reparse(&r, &text), false, &plain())
+        .await
+        .expect_err("refused without --force");
+    assert!(
+        e.to_string()
+            .contains("VIP 10.99.0.1:80/tcp: table_size 101 -> 1009 remaps every flow"),
+        "{e}"
+    );
+    assert!(e.to_string().contains("lbctl reload --force"), "{e}");
+    assert_eq!(
+        r.daemon
+            .reconciler
+            .table_addresses(&id(WEB))
+            .unwrap()
+            .unwrap(),
+        before
+    );
+    // Forced: the VIP gets a 1009-slot table in a region of its size.
+    let c = r
+        .daemon
+        .reload(reparse(&r, &text), true, &plain())
+        .await
+        .unwrap();
+    assert!(c.warnings.iter().any(|w| w.contains("remaps")), "{c:?}");
+    let state = &r.daemon.reconciler.vips()[&id(WEB)];
+    let table = r.daemon.reconciler.live_table(&id(WEB)).unwrap().unwrap();
+    assert_eq!((state.table_size, table.len()), (1009, 1009));
+    assert_eq!(state.meta.table_size(), 1009);
+    // Back to the default size: refused again, unless forced.
+    assert!(
+        r.daemon
+            .reload(reparse(&r, FILE), false, &plain())
+            .await
+            .is_err()
     );
 }

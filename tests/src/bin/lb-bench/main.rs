@@ -148,6 +148,7 @@ fn balancer_of(object: &[u8], ct_buckets: u32) -> Result<Reconciler<KernelDatapl
         max_vips: 16,
         max_backends: 64,
         ct_buckets,
+        table_pool: 0,
     };
     let mut r = Reconciler::adopt(KernelDataplane::load_object(object, layout, None)?)?;
     r.apply_settings(&DatapathSettings {
