@@ -15,6 +15,7 @@ mod icmp;
 mod maglev;
 mod maps;
 mod probe;
+mod second_chance;
 mod stats;
 mod trace;
 
@@ -134,6 +135,14 @@ fn decide<const TRACE: bool>(
         stats::vip(meta.vip_id, pkt.frame_len);
         return (DROP, Counter::DropNoBackend);
     };
+    // Second chance: a mid-flow packet this balancer never placed carries
+    // the flow's alternates and is not recorded (see `second_chance`).
+    if second_chance::wanted(&meta, pkt, syn) {
+        let alts = second_chance::alternates(cfg, &meta, hash, def);
+        if alts.count != 0 {
+            return forward_with::<TRACE>(ctx, cfg, def, pkt, hash, &alts, Counter::FwdSecondChance);
+        }
+    }
     let outcome = match bucket {
         Some(bucket) if meta.flags & VIP_F_NO_CONNTRACK == 0 => {
             match conntrack::insert(bucket, tag, def.handle, conntrack::now()) {
@@ -196,6 +205,21 @@ fn forward<const TRACE: bool>(
     hash: u64,
     outcome: Counter,
 ) -> (u32, Counter) {
+    let none = second_chance::Alternates::NONE;
+    forward_with::<TRACE>(ctx, cfg, def, pkt, hash, &none, outcome)
+}
+
+/// [`forward`] with second-chance alternates (none: as without).
+#[inline(always)]
+fn forward_with<const TRACE: bool>(
+    ctx: &XdpContext,
+    cfg: &DatapathConfig,
+    def: &BackendDef,
+    pkt: &Packet,
+    hash: u64,
+    alts: &second_chance::Alternates,
+    outcome: Counter,
+) -> (u32, Counter) {
     stats::vip(def.vip_id as u32, pkt.frame_len);
     let overhead = encap::overhead(def);
     // ICMP errors are small (576 bytes for IPv4, 1280 for IPv6, at most)
@@ -203,7 +227,7 @@ fn forward<const TRACE: bool>(
     if cfg.mtu != 0 && pkt.ip_len + overhead > cfg.mtu as u32 && !pkt.is_icmp() {
         return too_big(ctx, cfg, pkt, (cfg.mtu as u32).saturating_sub(overhead));
     }
-    if encap::encapsulate(ctx, cfg, def, pkt, hash).is_err() {
+    if encap::encapsulate(ctx, cfg, def, pkt, hash, alts).is_err() {
         return (DROP, Counter::DropEncap);
     }
     stats::backend(def.handle & BACKEND_INDEX_MASK, pkt.frame_len);
