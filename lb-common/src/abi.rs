@@ -466,9 +466,7 @@ const _: () = {
     assert!(core::mem::size_of::<VipFilter>() == 8 * VIP_FILTER_WORDS);
     assert!(core::mem::size_of::<DatapathConfig>() == 72);
     assert!(core::mem::size_of::<TableChunk>() == 4 * TABLE_CHUNK_SLOTS as usize);
-    assert!(
-        core::mem::size_of::<AltChunk>() == 4 * SC_MAX_ALTERNATES * TABLE_CHUNK_SLOTS as usize
-    );
+    assert!(core::mem::size_of::<AltChunk>() == 4 * SC_MAX_ALTERNATES * TABLE_CHUNK_SLOTS as usize);
     assert!(core::mem::size_of::<FlowKey>() == 40);
     assert!(core::mem::size_of::<FlowEntry>() == 8);
     assert!(core::mem::size_of::<FlowBucket>() == 64);

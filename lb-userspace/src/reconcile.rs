@@ -16,7 +16,12 @@
 //!   next occupant of its index gets a new generation;
 //! - unchanged VIPs and backends are not written at all;
 //! - the auxiliary `LB_VIPS` keys (per address: ICMP; per address and
-//!   protocol: fragment policy) follow the VIP set after every apply.
+//!   protocol: fragment policy) follow the VIP set after every apply;
+//! - a second-chance VIP's alternates ([`crate::second_chance`]) are
+//!   recomputed only when their sources change (configured or previous
+//!   backends and weights, never health) and written in place into the
+//!   VIP's region of `LB_ALTERNATES`, chunks that differ only, after new
+//!   backends and before the VIP entry names the region.
 //!
 //! [`Reconciler::adopt`] rebuilds this view from maps that already exist
 //! (pinned by a previous `lbd`), so a restart with the same configuration
@@ -30,10 +35,10 @@ use std::{
 use lb_common::{
     BackendDef, CounterValue, DatapathConfig, FlowKey, TraceFilter, VipKey, VipMeta, addr_to_words,
     consts::{
-        BACKEND_F_USABLE, BACKEND_INDEX_MASK, CFG_F_ALL_PORTS_VIPS, CFG_F_DROP_MALFORMED,
-        CFG_F_ICMP_ECHO, CFG_F_PASS_TOO_BIG, CFG_F_TRACE, FAMILY_V4, GUE_PORT, KEY_FRAGMENTS,
-        PROTO_ICMP, PROTO_ICMPV6, TABLE_CHUNK_SLOTS, VIP_F_FRAG_HASH, VIP_F_NO_BACKENDS,
-        VIP_F_NO_CONNTRACK,
+        BACKEND_F_SECOND_CHANCE, BACKEND_F_USABLE, BACKEND_INDEX_MASK, CFG_F_ALL_PORTS_VIPS,
+        CFG_F_DROP_MALFORMED, CFG_F_ICMP_ECHO, CFG_F_PASS_TOO_BIG, CFG_F_TRACE, FAMILY_V4,
+        GUE_PORT, KEY_FRAGMENTS, PROTO_ICMP, PROTO_ICMPV6, TABLE_CHUNK_SLOTS, VIP_F_FRAG_HASH,
+        VIP_F_NO_BACKENDS, VIP_F_NO_CONNTRACK, VIP_F_SECOND_CHANCE,
     },
 };
 use thiserror::Error;
@@ -41,9 +46,10 @@ use tracing::{debug, info};
 
 use crate::{
     config::{Encap, FragmentPolicy, MalformedPolicy, VipConfig, VipId},
-    dataplane::{Dataplane, DataplaneError, Layout},
+    dataplane::{AltSlot, Dataplane, DataplaneError, Layout},
     maglev::{self, MaglevBackend, MaglevError, MaglevTable},
     predict::{self, Prediction},
+    second_chance::{self, AltTable, Sources},
 };
 
 #[derive(Debug, Error)]
@@ -60,6 +66,8 @@ pub enum ReconcileError {
     VipIdsExhausted(u32),
     #[error("no free backend slot: max_backends ({0}) backends are in use")]
     BackendsExhausted(u32),
+    #[error("no free alternates region: second_chance_vips ({0}) VIPs have second chance")]
+    AlternatesExhausted(u32),
 }
 
 pub type Result<T, E = ReconcileError> = std::result::Result<T, E>;
@@ -129,12 +137,37 @@ pub struct VipState {
     pub meta: VipMeta,
     pub encap: Encap,
     pub conntrack: bool,
+    /// Its backends carry `BACKEND_F_SECOND_CHANCE`.
+    pub second_chance: bool,
     pub backends: BTreeMap<IpAddr, BackendState>,
     /// Contents of the active table half.
     active: Vec<u32>,
+    /// Second chance: the VIP's alternates region and what it holds.
+    alt: Option<AltState>,
+}
+
+/// A second-chance VIP's region of `LB_ALTERNATES`.
+#[derive(Clone, Debug)]
+struct AltState {
+    index: u16,
+    /// The sources the table was computed from, and the table.
+    computed: Option<(Sources, AltTable)>,
+    /// The handles the region holds, if known (read back otherwise).
+    written: Option<Vec<AltSlot>>,
 }
 
 impl VipState {
+    /// The VIP's alternates as addresses per slot, if it has second chance
+    /// and they were computed by this process.
+    pub fn alternates(&self) -> Option<&AltTable> {
+        self.alt.as_ref()?.computed.as_ref().map(|(_, t)| t)
+    }
+
+    /// What those alternates were computed from.
+    pub fn alternate_sources(&self) -> Option<&Sources> {
+        self.alt.as_ref()?.computed.as_ref().map(|(s, _)| s)
+    }
+
     /// The active table (handles), empty if the VIP has no backend.
     pub fn table(&self) -> &[u32] {
         if self.meta.flags & VIP_F_NO_BACKENDS != 0 {
@@ -181,17 +214,42 @@ pub struct Reconciler<D: Dataplane> {
     /// Handle last stored at each backend index (keeps generations), and
     /// whether the index is occupied.
     slots: Vec<(u32, bool)>,
+    /// What each second-chance VIP's alternates come from (the daemon
+    /// says; a VIP without an entry uses its own desired weights).
+    sources: BTreeMap<VipId, Sources>,
 }
 
-fn backend_def(addr: IpAddr, handle: u32, usable: bool, vip_id: u32, encap: Encap) -> BackendDef {
+/// What a backend's entry says of its VIP besides the tunnel.
+#[derive(Clone, Copy)]
+struct Owner {
+    vip_id: u32,
+    encap: Encap,
+    second_chance: bool,
+}
+
+impl Owner {
+    fn of(vip: &VipConfig, vip_id: u32) -> Self {
+        Self {
+            vip_id,
+            encap: vip.encap,
+            second_chance: vip.second_chance,
+        }
+    }
+}
+
+fn backend_def(addr: IpAddr, handle: u32, usable: bool, owner: Owner) -> BackendDef {
     let (words, family) = addr_to_words(addr);
+    let mut flags = if usable { BACKEND_F_USABLE } else { 0 };
+    if owner.second_chance {
+        flags |= BACKEND_F_SECOND_CHANCE;
+    }
     BackendDef {
         addr: words,
         handle,
-        vip_id: vip_id as u16,
-        flags: if usable { BACKEND_F_USABLE } else { 0 },
+        vip_id: owner.vip_id as u16,
+        flags,
         family,
-        encap: encap.code(),
+        encap: owner.encap.code(),
         _pad: [0; 7],
     }
 }
@@ -241,14 +299,21 @@ impl<D: Dataplane> Reconciler<D> {
                     ))
                 })
                 .collect();
+            let second_chance = meta.flags & VIP_F_SECOND_CHANCE != 0;
             vips.insert(
                 id,
                 VipState {
                     meta,
                     encap: Encap::from_code(meta.encap).unwrap_or_default(),
                     conntrack: meta.flags & VIP_F_NO_CONNTRACK == 0,
+                    second_chance,
                     backends,
                     active,
+                    alt: second_chance.then_some(AltState {
+                        index: meta.alt_index,
+                        computed: None,
+                        written: None,
+                    }),
                 },
             );
         }
@@ -258,6 +323,7 @@ impl<D: Dataplane> Reconciler<D> {
             layout,
             vips,
             slots,
+            sources: BTreeMap::new(),
         };
         for defs in by_vip.into_values() {
             for def in defs {
@@ -284,6 +350,13 @@ impl<D: Dataplane> Reconciler<D> {
 
     pub fn vips(&self) -> &BTreeMap<VipId, VipState> {
         &self.vips
+    }
+
+    /// What the alternates of second-chance VIPs are computed from, from
+    /// the next [`apply`](Self::apply) on (the daemon's configured and
+    /// previous backends; see [`crate::second_chance`]).
+    pub fn set_alternate_sources(&mut self, sources: BTreeMap<VipId, Sources>) {
+        self.sources = sources;
     }
 
     /// Writes the datapath settings; keeps the connection-table seed of
@@ -468,13 +541,7 @@ impl<D: Dataplane> Reconciler<D> {
             .ok_or(ReconcileError::VipIdsExhausted(self.layout.max_vips))
     }
 
-    fn new_backend(
-        &mut self,
-        addr: IpAddr,
-        usable: bool,
-        vip_id: u32,
-        encap: Encap,
-    ) -> Result<u32> {
+    fn new_backend(&mut self, addr: IpAddr, usable: bool, owner: Owner) -> Result<u32> {
         let index = self
             .slots
             .iter()
@@ -485,10 +552,8 @@ impl<D: Dataplane> Reconciler<D> {
         // The index may have served a backend before: its counters start
         // from zero, before the backend can receive a packet.
         self.dp.clear_backend_stats(index as u32)?;
-        self.dp.set_backend(
-            index as u32,
-            &backend_def(addr, handle, usable, vip_id, encap),
-        )?;
+        self.dp
+            .set_backend(index as u32, &backend_def(addr, handle, usable, owner))?;
         self.slots[index] = (handle, true);
         Ok(handle)
     }
@@ -523,7 +588,16 @@ impl<D: Dataplane> Reconciler<D> {
         let started = std::time::Instant::now();
         let handles = self.build_table(&vip.id)?;
         report.table_builds.push(started.elapsed());
-        self.publish(vip, is_new, handles, report)?;
+        let alt_index = if vip.second_chance {
+            Some(self.sync_alternates(vip, report)?)
+        } else {
+            None
+        };
+        self.publish(vip, is_new, handles, alt_index, report)?;
+        if !vip.second_chance {
+            // The entry no longer names a region: it is free.
+            self.vips.get_mut(&vip.id).expect("present").alt = None;
+        }
         for handle in retire {
             self.retire_backend(handle)?;
         }
@@ -552,9 +626,11 @@ impl<D: Dataplane> Reconciler<D> {
                 },
                 encap: vip.encap,
                 conntrack: vip.conntrack,
+                second_chance: vip.second_chance,
                 backends: BTreeMap::new(),
                 // Unknown contents: never equal to a built table.
                 active: vec![u32::MAX; m],
+                alt: None,
             },
         );
         report.vips_added += 1;
@@ -576,7 +652,10 @@ impl<D: Dataplane> Reconciler<D> {
         let wanted: BTreeMap<IpAddr, u32> =
             vip.backends.iter().map(|b| (b.address, b.weight)).collect();
         let state = self.vips.get_mut(&id).expect("present");
-        let encap_changed = !is_new && state.encap != vip.encap;
+        let owner_changed =
+            !is_new && (state.encap != vip.encap || state.second_chance != vip.second_chance);
+        state.second_chance = vip.second_chance;
+        let owner = Owner::of(vip, vip_id);
         let mut retire = Vec::new();
         state.backends.retain(|addr, b| {
             let keep = wanted.contains_key(addr);
@@ -590,10 +669,10 @@ impl<D: Dataplane> Reconciler<D> {
             let ok = usable(&id, addr);
             let state = match self.vips[&id].backends.get(addr).copied() {
                 Some(mut s) => {
-                    if s.usable != ok || encap_changed {
+                    if s.usable != ok || owner_changed {
                         self.dp.set_backend(
                             s.handle & BACKEND_INDEX_MASK,
-                            &backend_def(*addr, s.handle, ok, vip_id, vip.encap),
+                            &backend_def(*addr, s.handle, ok, owner),
                         )?;
                         s.usable = ok;
                     }
@@ -603,7 +682,7 @@ impl<D: Dataplane> Reconciler<D> {
                 None => {
                     report.backends_added += 1;
                     BackendState {
-                        handle: self.new_backend(*addr, ok, vip_id, vip.encap)?,
+                        handle: self.new_backend(*addr, ok, owner)?,
                         weight: *weight,
                         usable: ok,
                     }
@@ -656,6 +735,7 @@ impl<D: Dataplane> Reconciler<D> {
         vip: &VipConfig,
         is_new: bool,
         handles: Option<Vec<u32>>,
+        alt_index: Option<u16>,
         report: &mut ApplyReport,
     ) -> Result<()> {
         let id = vip.id;
@@ -664,9 +744,13 @@ impl<D: Dataplane> Reconciler<D> {
         state.conntrack = vip.conntrack;
         let mut meta = state.meta;
         meta.encap = vip.encap.code();
-        meta.flags &= !(VIP_F_NO_CONNTRACK | VIP_F_FRAG_HASH);
+        meta.flags &= !(VIP_F_NO_CONNTRACK | VIP_F_FRAG_HASH | VIP_F_SECOND_CHANCE);
         if !vip.conntrack {
             meta.flags |= VIP_F_NO_CONNTRACK;
+        }
+        meta.alt_index = alt_index.unwrap_or(0);
+        if alt_index.is_some() {
+            meta.flags |= VIP_F_SECOND_CHANCE;
         }
         if vip.fragments == FragmentPolicy::Hash {
             meta.flags |= VIP_F_FRAG_HASH;
@@ -722,6 +806,82 @@ impl<D: Dataplane> Reconciler<D> {
         Ok(base)
     }
 
+    /// Computes (when its sources changed) and writes (the chunks that
+    /// differ) the alternates of second-chance VIP `vip`; returns its
+    /// region of `LB_ALTERNATES`. Called after the VIP's new backends are
+    /// written and before its entry names the region.
+    fn sync_alternates(&mut self, vip: &VipConfig, report: &mut ApplyReport) -> Result<u16> {
+        let id = vip.id;
+        let index = self.alt_index_for(&id)?;
+        let sources = self.sources.get(&id).cloned().unwrap_or_else(|| Sources {
+            configured: second_chance::configured_members(vip, 1),
+            previous: None,
+        });
+        let m = self.layout.table_size;
+        let state = self.vips.get_mut(&id).expect("present");
+        let alt = state.alt.get_or_insert(AltState {
+            index,
+            computed: None,
+            written: None,
+        });
+        if alt.computed.as_ref().map(|(s, _)| s) != Some(&sources) {
+            let table = second_chance::alternates(&sources, m)
+                .map_err(|source| ReconcileError::Maglev { vip: id, source })?;
+            alt.computed = Some((sources, table));
+        }
+        let (_, table) = alt.computed.as_ref().expect("computed above");
+        let slots = alt_handles(table, &state.backends, m as usize);
+        let written = alt.written.take();
+        let base = self.layout.alt_base(index);
+        let chunks = self.write_changed_alternates(base, &slots, written)?;
+        report.chunks_written += chunks;
+        let state = self.vips.get_mut(&id).expect("present");
+        state.alt.as_mut().expect("set above").written = Some(slots);
+        Ok(index)
+    }
+
+    /// The VIP's alternates region: the one it has, else the lowest free.
+    fn alt_index_for(&self, id: &VipId) -> Result<u16> {
+        if let Some(alt) = self.vips.get(id).and_then(|v| v.alt.as_ref()) {
+            return Ok(alt.index);
+        }
+        let used: BTreeSet<u16> = self
+            .vips
+            .values()
+            .filter_map(|v| v.alt.as_ref().map(|a| a.index))
+            .collect();
+        (0..self.layout.second_chance_vips)
+            .map(|i| i as u16)
+            .find(|i| !used.contains(i))
+            .ok_or(ReconcileError::AlternatesExhausted(
+                self.layout.second_chance_vips,
+            ))
+    }
+
+    /// Writes the chunks of `slots` at chunk `base` of `LB_ALTERNATES` that
+    /// differ from `written` (what the region held; read back if unknown);
+    /// returns how many were written.
+    fn write_changed_alternates(
+        &mut self,
+        base: u32,
+        slots: &[AltSlot],
+        written: Option<Vec<AltSlot>>,
+    ) -> Result<usize> {
+        let old = match written {
+            Some(w) => w,
+            None => self.dp.read_alternates(base, slots.len() as u32)?,
+        };
+        let size = TABLE_CHUNK_SLOTS as usize;
+        let mut chunks = 0;
+        for (c, (new, old)) in slots.chunks(size).zip(old.chunks(size)).enumerate() {
+            if new != old {
+                self.dp.write_alternates(base + c as u32, new)?;
+                chunks += 1;
+            }
+        }
+        Ok(chunks)
+    }
+
     /// What the datapath would do with a packet of `flow`.
     pub fn simulate(&self, flow: &FlowKey, syn: bool) -> Result<Option<Prediction>> {
         Ok(predict::predict(&self.dp, flow, syn)?)
@@ -775,6 +935,34 @@ pub fn maglev_table(
     })
 }
 
+/// The handles of `table`'s alternates, slot by slot, in order, skipping
+/// those that are not a backend of the VIP now (a previous configuration's).
+fn alt_handles(
+    table: &AltTable,
+    backends: &BTreeMap<IpAddr, BackendState>,
+    m: usize,
+) -> Vec<AltSlot> {
+    let by_member: Vec<u32> = table
+        .members
+        .iter()
+        .map(|a| backends.get(a).map_or(0, |b| b.handle))
+        .collect();
+    (0..m)
+        .map(|s| {
+            let mut out = AltSlot::default();
+            let handles = table.slots.get(s).into_iter().flatten();
+            let live = handles
+                .take_while(|&&i| i != second_chance::NONE)
+                .map(|&i| by_member[i as usize])
+                .filter(|&h| h != 0);
+            for (o, h) in out.iter_mut().zip(live) {
+                *o = h;
+            }
+            out
+        })
+        .collect()
+}
+
 /// An auxiliary `LB_VIPS` key (ICMP or fragment policy), not a VIP.
 pub fn is_aux_key(key: &VipKey) -> bool {
     key.family & KEY_FRAGMENTS != 0 || key.proto == PROTO_ICMP || key.proto == PROTO_ICMPV6
@@ -811,6 +999,7 @@ mod tests {
             max_vips: 4,
             max_backends: 16,
             ct_buckets: 16,
+            second_chance_vips: 2,
         }
     }
 
@@ -1146,6 +1335,117 @@ mod tests {
         assert!(!keys.contains_key(&icmp6), "gone with its address");
         assert_eq!(keys[&frag_udp].flags, 0, "policy back to drop");
         assert_eq!(r.vips()[&dns.id].meta.flags & VIP_F_FRAG_HASH, 0);
+    }
+
+    /// The addresses region `index` lists for each slot, read back.
+    fn listed(r: &Reconciler<FakeDataplane>, index: u16) -> Vec<Vec<IpAddr>> {
+        let l = r.layout();
+        r.dataplane()
+            .read_alternates(l.alt_base(index), l.table_size)
+            .unwrap()
+            .iter()
+            .map(|slot| {
+                slot.iter()
+                    .take_while(|&&h| h != 0)
+                    .map(|&h| r.backend_by_handle(h).expect("a live backend").1)
+                    .collect()
+            })
+            .collect()
+    }
+
+    fn second_chance(addr: &str, backends: &[(&str, u32)]) -> VipConfig {
+        VipConfig {
+            second_chance: true,
+            ..vip(addr, 80, backends)
+        }
+    }
+
+    #[test]
+    fn second_chance_vips_get_their_alternates_and_a_region_each() {
+        let mut r = Reconciler::adopt(FakeDataplane::new(layout())).unwrap();
+        let three = [("10.1.0.1", 1), ("10.1.0.2", 1), ("10.1.0.3", 1)];
+        let v = second_chance("10.0.0.1", &three);
+        r.apply(std::slice::from_ref(&v), &all).unwrap();
+        let meta = r.dataplane().vip(&v.id.key()).unwrap().unwrap();
+        assert_ne!(meta.flags & VIP_F_SECOND_CHANCE, 0);
+        assert_eq!(meta.alt_index, 0);
+        for b in r.vips()[&v.id].backends.values() {
+            let def = r
+                .dataplane()
+                .backend(b.handle & BACKEND_INDEX_MASK)
+                .unwrap();
+            assert_ne!(def.flags & BACKEND_F_SECOND_CHANCE, 0);
+        }
+        // What the region holds is what the module computes.
+        let want = second_chance::alternates(
+            &Sources {
+                configured: second_chance::configured_members(&v, 1),
+                previous: None,
+            },
+            r.layout().table_size,
+        )
+        .unwrap();
+        let got = listed(&r, 0);
+        for (s, list) in got.iter().enumerate() {
+            assert_eq!(*list, want.slot(s).collect::<Vec<_>>(), "slot {s}");
+        }
+        assert!(r.apply(std::slice::from_ref(&v), &all).unwrap().is_noop());
+
+        // One region each; no third.
+        let w = second_chance("10.0.0.2", &three);
+        let x = second_chance("10.0.0.3", &three);
+        r.apply(&[v.clone(), w.clone()], &all).unwrap();
+        assert_eq!(r.vips()[&w.id].meta.alt_index, 1);
+        assert!(matches!(
+            r.apply(&[v.clone(), w.clone(), x.clone()], &all),
+            Err(ReconcileError::AlternatesExhausted(2))
+        ));
+
+        // Off: the entry and the backends lose the flag, the region is free.
+        let off = VipConfig {
+            second_chance: false,
+            ..v.clone()
+        };
+        r.apply(&[off.clone(), w.clone()], &all).unwrap();
+        let meta = r.dataplane().vip(&v.id.key()).unwrap().unwrap();
+        assert_eq!(meta.flags & VIP_F_SECOND_CHANCE, 0);
+        for b in r.vips()[&v.id].backends.values() {
+            let def = r
+                .dataplane()
+                .backend(b.handle & BACKEND_INDEX_MASK)
+                .unwrap();
+            assert_eq!(def.flags & BACKEND_F_SECOND_CHANCE, 0);
+        }
+        r.apply(&[off, w, x.clone()], &all).unwrap();
+        assert_eq!(r.vips()[&x.id].meta.alt_index, 0);
+    }
+
+    #[test]
+    fn health_leaves_the_alternates_alone() {
+        let mut r = Reconciler::adopt(FakeDataplane::new(layout())).unwrap();
+        let v = second_chance(
+            "10.0.0.1",
+            &[("10.1.0.1", 1), ("10.1.0.2", 1), ("10.1.0.3", 1)],
+        );
+        r.apply(std::slice::from_ref(&v), &all).unwrap();
+        let before = listed(&r, 0);
+        let down: IpAddr = "10.1.0.2".parse().unwrap();
+        let rep = r
+            .apply(std::slice::from_ref(&v), &|_, a| *a != down)
+            .unwrap();
+        assert_eq!(rep.tables_published, 1, "the table lost the backend");
+        assert_eq!(listed(&r, 0), before, "its alternates did not");
+        assert!(before.iter().any(|l| l.contains(&down)));
+
+        // Adopted maps: the region is kept and nothing is rewritten.
+        let dp = std::mem::replace(r.dataplane_mut(), FakeDataplane::new(layout()));
+        let writes = dp.writes;
+        let mut again = Reconciler::adopt(dp).unwrap();
+        assert_eq!(again.vips()[&v.id].meta.alt_index, 0);
+        again
+            .apply(std::slice::from_ref(&v), &|_, a| *a != down)
+            .unwrap();
+        assert_eq!(again.dataplane().writes, writes);
     }
 
     #[test]

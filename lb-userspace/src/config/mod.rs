@@ -82,6 +82,8 @@ struct RawConfig {
     max_vips: u32,
     #[serde(default = "default_max_backends")]
     max_backends: u32,
+    /// Default: 8, or `max_vips` if fewer.
+    second_chance_vips: Option<u32>,
     #[serde(default)]
     malformed: MalformedPolicy,
     api_socket: Option<PathBuf>,
@@ -168,6 +170,13 @@ fn default_max_vips() -> u32 {
 }
 fn default_max_backends() -> u32 {
     4096
+}
+impl RawConfig {
+    fn second_chance_vips(&self) -> u32 {
+        self.second_chance_vips.unwrap_or(
+            crate::dataplane::DEFAULT_SECOND_CHANCE_VIPS.min(self.max_vips.min(u16::MAX as u32)),
+        )
+    }
 }
 fn default_bpffs() -> PathBuf {
     "/sys/fs/bpf".into()
@@ -350,6 +359,7 @@ fn validate_raw(raw: RawConfig, errors: &mut Vec<ConfigError>) -> Option<Config>
         max_vips: raw.max_vips,
         max_backends: raw.max_backends,
         ct_buckets: raw.conntrack_buckets,
+        second_chance_vips: raw.second_chance_vips(),
     };
     if errors.is_empty()
         && let Err(e) = layout.validate()
@@ -506,6 +516,16 @@ fn check_sizes(raw: &RawConfig, errors: &mut Vec<ConfigError>) {
         err(
             "max_vips".into(),
             format!("{} is out of range 1-65535", raw.max_vips),
+        );
+    }
+    if raw.second_chance_vips() > raw.max_vips.min(u16::MAX as u32) {
+        err(
+            "second_chance_vips".into(),
+            format!(
+                "{} is more than max_vips ({})",
+                raw.second_chance_vips(),
+                raw.max_vips
+            ),
         );
     }
     if raw.max_backends == 0 || raw.max_backends > lb_common::consts::MAX_BACKENDS {

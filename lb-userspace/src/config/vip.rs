@@ -311,6 +311,12 @@ pub struct VipConfig {
     /// least this many of its backends are usable (active or in slow
     /// start). 0 announces it whenever the program is attached.
     pub min_healthy: u32,
+    /// Second chance (TCP): a mid-flow packet this balancer never placed
+    /// carries the backends other tables give its flow, and a backend
+    /// that does not hold the connection hands it on. Needs lb's decap
+    /// program on every backend; off by default (ARCHITECTURE.md, "Second
+    /// chance").
+    pub second_chance: bool,
 }
 
 impl VipConfig {
@@ -327,6 +333,7 @@ impl VipConfig {
             slow_start: Duration::ZERO,
             panic_threshold: default_panic_threshold(),
             min_healthy: default_min_healthy(),
+            second_chance: false,
         }
     }
 
@@ -371,10 +378,16 @@ pub struct RawVip {
     panic_threshold: u32,
     #[serde(default = "default_min_healthy")]
     min_healthy: u32,
+    #[serde(default)]
+    second_chance: bool,
 }
 
 pub(crate) fn yes() -> bool {
     true
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 impl RawVip {
@@ -394,6 +407,7 @@ impl RawVip {
             slow_start: self.slow_start,
             panic_threshold: self.panic_threshold,
             min_healthy: self.min_healthy,
+            second_chance: self.second_chance,
         }
     }
 }
@@ -424,6 +438,10 @@ impl Serialize for VipConfig {
             slow_start: Duration,
             panic_threshold: u32,
             min_healthy: u32,
+            // Omitted when off, so that configurations written before it
+            // existed keep their digests.
+            #[serde(skip_serializing_if = "is_false")]
+            second_chance: bool,
         }
         Out {
             address: self.id.addr,
@@ -441,6 +459,7 @@ impl Serialize for VipConfig {
             slow_start: self.slow_start,
             panic_threshold: self.panic_threshold,
             min_healthy: self.min_healthy,
+            second_chance: self.second_chance,
         }
         .serialize(s)
     }
@@ -544,6 +563,17 @@ pub(crate) fn check_vips(
         rules.health(vip, &at);
         rules.settings(vip, &at);
         rules.shares(vip, &at);
+        rules.second_chance(vip, &at);
+    }
+    let second_chance = vips.iter().filter(|v| v.second_chance).count();
+    if second_chance > layout.second_chance_vips as usize {
+        rules.err(
+            "vips".into(),
+            format!(
+                "{second_chance} VIPs with second_chance, but second_chance_vips is {}",
+                layout.second_chance_vips
+            ),
+        );
     }
     rules.warnings
 }
@@ -698,6 +728,36 @@ impl VipRules<'_> {
                 self.warnings.push(format!("{at}.min_healthy: {text}"));
             }
         }
+    }
+
+    /// Second chance: TCP only, not with fragment hashing; and what it
+    /// needs of the backends, which `lbd` cannot see from here.
+    fn second_chance(&mut self, vip: &VipConfig, at: &str) {
+        if !vip.second_chance {
+            return;
+        }
+        if vip.id.proto != Protocol::Tcp {
+            self.err(
+                format!("{at}.second_chance"),
+                format!(
+                    "VIP {}: second chance follows TCP connections; a UDP VIP has none to find",
+                    vip.id
+                ),
+            );
+        }
+        if vip.fragments == FragmentPolicy::Hash {
+            self.err(
+                format!("{at}.second_chance"),
+                format!(
+                    "VIP {}: second chance needs each flow's own Maglev slot; fragments: hash picks by client",
+                    vip.id
+                ),
+            );
+        }
+        self.warnings.push(format!(
+            "{at}: VIP {} has second_chance: every backend must run lb's decap program (`lbctl decap attach`) accepting GUE on gue_port; kernel tunnel devices (ipip, gre, fou) cannot hand a packet on and drop or misread its alternates",
+            vip.id
+        ));
     }
 
     /// Warnings: no weight at all, or a table too small for fair shares.

@@ -624,6 +624,7 @@ async fn a_new_gateway_mac_is_written_to_the_dataplane() {
 }
 
 mod change;
+mod second_chance;
 
 #[tokio::test]
 async fn metrics_report_counters_states_and_digests_after_a_tick() {

@@ -14,8 +14,9 @@ pub mod kernel;
 mod mmap;
 
 use lb_common::{
-    BackendDef, CounterValue, DatapathConfig, FlowBucket, TraceFilter, VipFilter, VipKey, VipMeta,
-    consts::{MAX_BACKENDS, TABLE_CHUNK_SLOTS, VIP_F_NO_BACKENDS},
+    AltChunk, BackendDef, CounterValue, DatapathConfig, FlowBucket, TraceFilter, VipFilter, VipKey,
+    VipMeta,
+    consts::{MAX_BACKENDS, SC_MAX_ALTERNATES, TABLE_CHUNK_SLOTS, VIP_F_NO_BACKENDS},
     counters::COUNTER_SLOTS,
 };
 use thiserror::Error;
@@ -76,7 +77,13 @@ pub struct Layout {
     pub max_backends: u32,
     /// Connection-table buckets (power of two), each holding 6 flows.
     pub ct_buckets: u32,
+    /// Most VIPs with second chance at once: each owns one region of
+    /// `LB_ALTERNATES` (M × 12 bytes: 786 KB at M = 65537).
+    pub second_chance_vips: u32,
 }
+
+/// One slot's alternates: backend handles, 0 after the last.
+pub type AltSlot = [u32; SC_MAX_ALTERNATES];
 
 impl Default for Layout {
     fn default() -> Self {
@@ -85,9 +92,14 @@ impl Default for Layout {
             max_vips: 64,
             max_backends: 4096,
             ct_buckets: 1 << 18,
+            second_chance_vips: DEFAULT_SECOND_CHANCE_VIPS,
         }
     }
 }
+
+/// Default [`Layout::second_chance_vips`]: 6.3 MB of alternates at the
+/// default table size, whether or not a VIP uses them.
+pub const DEFAULT_SECOND_CHANCE_VIPS: u32 = 8;
 
 impl Layout {
     pub fn validate(&self) -> Result<()> {
@@ -120,7 +132,25 @@ impl Layout {
         if (self.max_vips as u64) * 2 * self.table_chunks() as u64 > u32::MAX as u64 {
             return bad("max_vips × table size is too large".into());
         }
+        if self.second_chance_vips > u16::MAX as u32 {
+            return bad(format!(
+                "second_chance_vips {} must be at most {}",
+                self.second_chance_vips,
+                u16::MAX
+            ));
+        }
         Ok(())
+    }
+
+    /// Elements of `LB_ALTERNATES`: a region of `table_chunks` per
+    /// second-chance VIP (at least one element: a map cannot be empty).
+    pub fn alt_map_entries(&self) -> u32 {
+        (self.second_chance_vips * self.table_chunks()).max(1)
+    }
+
+    /// First chunk of alternates region `index`.
+    pub fn alt_base(&self, index: u16) -> u32 {
+        index as u32 * self.table_chunks()
     }
 
     /// Chunks per table half.
@@ -165,6 +195,10 @@ impl Layout {
             (MAP_VIP_STATS, self.max_vips as u64 * 16 * per_cpu),
             (MAP_BACKEND_STATS, self.max_backends as u64 * 16 * per_cpu),
             (MAP_VIP_FILTER, 8 * lb_common::VIP_FILTER_WORDS as u64),
+            (
+                MAP_ALTERNATES,
+                self.alt_map_entries() as u64 * std::mem::size_of::<AltChunk>() as u64,
+            ),
         ]
     }
 
@@ -200,6 +234,12 @@ pub trait Dataplane {
     fn write_table(&mut self, base: u32, slots: &[u32]) -> Result<()>;
     /// Reads `len` slots starting at chunk `base`.
     fn read_table(&self, base: u32, len: u32) -> Result<Vec<u32>>;
+
+    /// Writes whole chunks of second-chance alternates starting at chunk
+    /// `base` of `LB_ALTERNATES` (the rest of the last chunk is 0).
+    fn write_alternates(&mut self, base: u32, slots: &[AltSlot]) -> Result<()>;
+    /// Reads `len` slots of alternates starting at chunk `base`.
+    fn read_alternates(&self, base: u32, len: u32) -> Result<Vec<AltSlot>>;
 
     /// All `LB_COUNTERS` slots, summed over CPUs, indexed by counter id.
     fn counters(&self) -> Result<Counters>;
@@ -340,6 +380,7 @@ mod tests {
             max_vips: 2,
             max_backends: 8,
             ct_buckets: 4,
+            second_chance_vips: 1,
         });
         let key = VipKey::new("10.0.0.1".parse().unwrap(), 80, 6);
         let mut meta = VipMeta {

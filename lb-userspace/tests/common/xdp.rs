@@ -117,6 +117,7 @@ impl Rig {
             max_vips: 32,
             max_backends: 64,
             ct_buckets,
+            second_chance_vips: 4,
         };
         let dp = KernelDataplane::load(layout).unwrap_or_else(|e| {
             panic!("loading lb_xdp failed (kernel without XDP/BTF support?): {e:#}")

@@ -146,6 +146,7 @@ fn balancer_of(object: &[u8], ct_buckets: u32) -> Result<Reconciler<KernelDatapl
         max_vips: 16,
         max_backends: 64,
         ct_buckets,
+        second_chance_vips: 2,
     };
     let mut r = Reconciler::adopt(KernelDataplane::load_object(object, layout, None)?)?;
     r.apply_settings(&DatapathSettings {

@@ -55,6 +55,7 @@ impl Target {
             max_vips: 64,
             max_backends: 256,
             ct_buckets: CT_BUCKETS,
+            second_chance_vips: 1,
         };
         let mut dp = KernelDataplane::load(layout)
             .context("loading lb_xdp (root and a kernel with XDP test runs are needed)")?;

@@ -31,8 +31,8 @@ mod tunnel;
 
 use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
 use lb_common::counters::{DecapCounter, DecapKind};
-use second_chance::Verdict;
 use maps::LB_DECAP_COUNTERS;
+use second_chance::Verdict;
 
 #[xdp]
 pub fn lb_decap(ctx: XdpContext) -> u32 {

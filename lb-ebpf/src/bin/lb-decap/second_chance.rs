@@ -225,7 +225,12 @@ fn next_alternate(ctx: &XdpContext, list: &AltList) -> Option<[u32; 4]> {
     if list.outer_v6 {
         Some(At::<AltAddr6>::new(ctx, first + 16 * next)?.read().addr)
     } else {
-        Some([At::<AltAddr4>::new(ctx, first + 4 * next)?.read().addr, 0, 0, 0])
+        Some([
+            At::<AltAddr4>::new(ctx, first + 4 * next)?.read().addr,
+            0,
+            0,
+            0,
+        ])
     }
 }
 

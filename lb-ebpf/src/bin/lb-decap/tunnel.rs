@@ -50,7 +50,9 @@ use lb_common::{
 };
 use lb_ebpf::{
     access::At,
-    hdr::{EthHdr, GreHdr, GueHdr, IP_MF, IP_OFFSET, Ipv4Hdr, Ipv6Hdr, ScHdr, UdpHdr, VlanHdr, be16},
+    hdr::{
+        EthHdr, GreHdr, GueHdr, IP_MF, IP_OFFSET, Ipv4Hdr, Ipv6Hdr, ScHdr, UdpHdr, VlanHdr, be16,
+    },
 };
 
 use crate::maps::LB_DECAP_ADDRS;

@@ -140,7 +140,15 @@ fn decide<const TRACE: bool>(
     if second_chance::wanted(&meta, pkt, syn) {
         let alts = second_chance::alternates(cfg, &meta, hash, def);
         if alts.count != 0 {
-            return forward_with::<TRACE>(ctx, cfg, def, pkt, hash, &alts, Counter::FwdSecondChance);
+            return forward_with::<TRACE>(
+                ctx,
+                cfg,
+                def,
+                pkt,
+                hash,
+                &alts,
+                Counter::FwdSecondChance,
+            );
         }
     }
     let outcome = match bucket {

@@ -52,8 +52,7 @@ impl Alternates {
 /// test keeps the slot below the one `pick` used.)
 #[inline(always)]
 pub fn wanted(meta: &VipMeta, pkt: &Packet, syn: bool) -> bool {
-    !syn
-        && pkt.proto == PROTO_TCP
+    !syn && pkt.proto == PROTO_TCP
         && meta.flags & (VIP_F_SECOND_CHANCE | VIP_F_FRAG_HASH) == VIP_F_SECOND_CHANCE
 }
 
