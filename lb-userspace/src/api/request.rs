@@ -132,6 +132,11 @@ pub struct VipAdd {
     #[arg(long, default_value_t = 1)]
     #[serde(default = "one")]
     pub min_healthy: u32,
+    /// Second chance (TCP): mid-flow packets this balancer never placed
+    /// carry the flow's alternates; needs lb's decap on every backend.
+    #[arg(long)]
+    #[serde(default)]
+    pub second_chance: bool,
 }
 
 fn one() -> u32 {

@@ -226,6 +226,7 @@ async fn a_vip_added_is_programmed_announced_persisted_and_deleted() {
         encap: EncapName::Gue,
         no_conntrack: true,
         min_healthy: 1,
+        second_chance: false,
     };
     r.ok(Request::Vip(VipRequest::Add(add))).await;
     let list: Vec<api::VipInfo> = parse(r.ok(Request::Vip(VipRequest::List)).await);
@@ -250,6 +251,7 @@ async fn a_vip_added_is_programmed_announced_persisted_and_deleted() {
         encap: EncapName::Ipip,
         no_conntrack: false,
         min_healthy: 1,
+        second_chance: false,
     };
     let e = r.refused(Request::Vip(VipRequest::Add(again))).await;
     assert!(e.contains("10.99.0.2:53/udp"), "{e}");
