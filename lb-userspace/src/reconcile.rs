@@ -1386,8 +1386,12 @@ mod tests {
         )
         .unwrap();
         let got = listed(&r, 0);
+        let table = r.table_addresses(&v.id).unwrap();
         for (s, list) in got.iter().enumerate() {
             assert_eq!(*list, want.slot(s).collect::<Vec<_>>(), "slot {s}");
+            // All healthy: the configured table is the published one, so
+            // the datapath skips the first alternate as the backend itself.
+            assert_eq!(Some(list[0]), table[s], "slot {s}");
         }
         assert!(r.apply(std::slice::from_ref(&v), &all).unwrap().is_noop());
 

@@ -44,8 +44,7 @@ use lb_common::consts::SC_MAX_ALTERNATES;
 
 use crate::{
     config::{VipConfig, VipId},
-    maglev::MaglevError,
-    reconcile::maglev_table,
+    maglev::{self, MaglevBackend, MaglevError, MaglevTable},
 };
 
 /// Backends and weights of one VIP (those of weight 0 excluded).
@@ -133,6 +132,26 @@ pub fn alternates(sources: &Sources, m: u32) -> Result<AltTable, MaglevError> {
         })
         .collect();
     Ok(AltTable { members, slots })
+}
+
+/// The Maglev table of `members` as addresses, built exactly as the
+/// reconciler builds a VIP's table from the same weights (the builder
+/// does not depend on input order); `None` without members.
+fn maglev_table(members: &Members, m: u32) -> Result<Option<Vec<IpAddr>>, MaglevError> {
+    let input: Vec<MaglevBackend> = members
+        .iter()
+        .filter(|(_, w)| **w > 0)
+        .map(|(addr, weight)| MaglevBackend {
+            addr: *addr,
+            weight: *weight,
+        })
+        .collect();
+    Ok(match maglev::build(&input, m)? {
+        MaglevTable::Empty => None,
+        MaglevTable::Slots(slots) => {
+            Some(slots.into_iter().map(|i| input[i as usize].addr).collect())
+        }
+    })
 }
 
 /// Slot by slot, the owner of the slot in the table of `members` without

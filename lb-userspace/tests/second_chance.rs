@@ -553,6 +553,9 @@ fn a_connection_in_its_handshake_is_local() {
     });
 }
 
+/// A change to one byte of a well-formed list.
+type Edit = fn(&mut Vec<u8>);
+
 #[test]
 fn malformed_lists_are_counted_and_dropped_never_sent_on() {
     in_private_netns(|| {
@@ -569,7 +572,7 @@ fn malformed_lists_are_counted_and_dropped_never_sent_on() {
             DecapCounter::FwdScNextHop,
         );
         // Offsets: UDP at 34, GUE at 42, lb's header at 46.
-        let edits: [(&str, fn(&mut Vec<u8>)); 9] = [
+        let edits: [(&str, Edit); 9] = [
             ("control bit", |f| f[42] |= 0x20),
             ("flags", |f| f[45] = 1),
             ("another private type", |f| f[46] = 0),

@@ -50,9 +50,9 @@ impl History {
         let numbers = store.numbers().unwrap_or_default();
         self.parsed.retain(|n, _| numbers.contains(n));
         for &n in &numbers {
-            if !self.parsed.contains_key(&n) {
-                self.parsed.insert(n, members_of_revision(store, n));
-            }
+            self.parsed
+                .entry(n)
+                .or_insert_with(|| members_of_revision(store, n));
         }
         let answer = second_chance::previous_members(current, self.parsed.values().rev());
         self.last = Some((current.clone(), answer.clone()));
