@@ -137,21 +137,13 @@ fn decide<const TRACE: bool>(
     };
     // Second chance: a mid-flow packet this balancer never placed carries
     // the flow's alternates and is not recorded (see `second_chance`).
+    // One call of `forward_with` for both kinds keeps one copy of it.
+    let mut alts = second_chance::Alternates::NONE;
     if second_chance::wanted(&meta, pkt, syn) {
-        let alts = second_chance::alternates(cfg, &meta, hash, def);
-        if alts.count != 0 {
-            return forward_with::<TRACE>(
-                ctx,
-                cfg,
-                def,
-                pkt,
-                hash,
-                &alts,
-                Counter::FwdSecondChance,
-            );
-        }
+        alts = second_chance::alternates(cfg, &meta, hash, def);
     }
     let outcome = match bucket {
+        _ if alts.count != 0 => Counter::FwdSecondChance,
         Some(bucket) if meta.flags & VIP_F_NO_CONNTRACK == 0 => {
             match conntrack::insert(bucket, tag, def.handle, conntrack::now()) {
                 conntrack::Evicted::Nothing => {}
@@ -165,7 +157,7 @@ fn decide<const TRACE: bool>(
         }
         _ => Counter::FwdMaglevNoConntrack,
     };
-    forward::<TRACE>(ctx, cfg, def, pkt, hash, outcome)
+    forward_with::<TRACE>(ctx, cfg, def, pkt, hash, &alts, outcome)
 }
 
 /// The flow hash of `{src, dst, ports, proto}` in address family `family`.
