@@ -279,7 +279,7 @@ impl Config {
             self.outer_source_v4_prefix,
             self.outer_source_v6_prefix,
         );
-        let warnings = check_vips(vips, &self.layout, &sources, false, &mut errors);
+        let warnings = check_vips(vips, &self.layout, &sources, self.mtu, false, &mut errors);
         if errors.is_empty() {
             Ok(warnings)
         } else {
@@ -375,7 +375,7 @@ fn validate_raw(raw: RawConfig, errors: &mut Vec<ConfigError>) -> Option<Config>
         raw.outer_source_v4_prefix,
         raw.outer_source_v6_prefix,
     );
-    let warnings = check_vips(&raw.vips, &layout, &sources, true, errors);
+    let warnings = check_vips(&raw.vips, &layout, &sources, raw.mtu, true, errors);
     if !errors.is_empty() {
         return None;
     }

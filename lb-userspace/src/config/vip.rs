@@ -510,12 +510,14 @@ pub(crate) fn check_vips(
     vips: &[VipConfig],
     layout: &Layout,
     sources: &Sources,
+    mtu: u16,
     from_file: bool,
     errors: &mut Vec<ConfigError>,
 ) -> Vec<String> {
     let mut rules = VipRules {
         layout,
         sources,
+        mtu,
         from_file,
         vip_addrs: vips.iter().map(|v| v.id.addr).collect(),
         errors,
@@ -582,6 +584,8 @@ pub(crate) fn check_vips(
 struct VipRules<'a> {
     layout: &'a Layout,
     sources: &'a Sources,
+    /// The path MTU toward the backends (0: unchecked).
+    mtu: u16,
     from_file: bool,
     /// Every VIP address of the set (a backend must be none of them).
     vip_addrs: BTreeSet<IpAddr>,
@@ -751,6 +755,24 @@ impl VipRules<'_> {
                 format!(
                     "VIP {}: second chance needs each flow's own Maglev slot; fragments: hash picks by client",
                     vip.id
+                ),
+            );
+        }
+        // IPv6 clients must never be told an MTU below 1280: the largest
+        // second-chance header over IPv6 is 104 bytes.
+        let least = 1280 + lb_common::consts::SC_MAX_OVERHEAD_V6;
+        if vip.id.addr.is_ipv6()
+            && vip.backends.iter().any(|b| b.address.is_ipv6())
+            && self.mtu != 0
+            && (self.mtu as usize) < least
+        {
+            self.err(
+                format!("{at}.second_chance"),
+                format!(
+                    "VIP {}: with IPv6 backends the largest second-chance header is {} bytes; mtu {} would tell IPv6 clients less than 1280; raise mtu to at least {least}",
+                    vip.id,
+                    lb_common::consts::SC_MAX_OVERHEAD_V6,
+                    self.mtu
                 ),
             );
         }
