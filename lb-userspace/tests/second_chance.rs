@@ -12,10 +12,11 @@
 //! The backend (`lb_decap`), in a private network namespace whose sockets
 //! its lookup sees (the test run's packets belong to the calling thread's
 //! namespace): a packet whose connection is local (established, request
-//! and time-wait sockets) is delivered; one with no local socket goes on
-//! to the next alternate, rewritten as the wire format says; the hop limit
-//! ends a chain; SYNs and UDP are delivered without a lookup; malformed
-//! lists are counted and dropped, never sent on.
+//! and time-wait sockets, an ACK with a valid SYN cookie) is delivered;
+//! one with no local socket goes on to the next alternate, rewritten as
+//! the wire format says; the hop limit ends a chain; SYNs and UDP are
+//! delivered without a lookup; malformed lists are counted and dropped,
+//! never sent on.
 //!
 //! Needs root; without it every test fails saying so.
 
@@ -596,5 +597,142 @@ fn malformed_lists_are_counted_and_dropped_never_sent_on() {
         cut[38..40].copy_from_slice(&(len - 20).to_be_bytes());
         fix_ipv4_checksum(&mut cut, 14);
         b.run("cut short", &cut, DecapCounter::MalformedSc);
+    });
+}
+
+/// A raw TCP socket (the kernel adds the IPv4 header) on loopback.
+struct RawTcp(std::os::fd::OwnedFd);
+
+impl RawTcp {
+    fn open() -> RawTcp {
+        use std::os::fd::FromRawFd as _;
+        // SAFETY: socket(2) with constant arguments.
+        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_TCP) };
+        assert!(fd >= 0, "raw socket: {}", std::io::Error::last_os_error());
+        // SAFETY: a fresh descriptor we own.
+        RawTcp(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// Sends a TCP header (checksummed here) from 127.0.0.1 to 127.0.0.1.
+    fn send(&self, segment: &[u8]) {
+        let to = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: 0,
+            sin_addr: libc::in_addr {
+                s_addr: u32::from_ne_bytes([127, 0, 0, 1]),
+            },
+            sin_zero: [0; 8],
+        };
+        // SAFETY: a valid buffer and address of the sizes given.
+        let n = unsafe {
+            libc::sendto(
+                self.0.as_raw_fd(),
+                segment.as_ptr().cast(),
+                segment.len(),
+                0,
+                (&to as *const libc::sockaddr_in).cast(),
+                std::mem::size_of::<libc::sockaddr_in>() as u32,
+            )
+        };
+        assert_eq!(
+            n,
+            segment.len() as isize,
+            "{}",
+            std::io::Error::last_os_error()
+        );
+    }
+
+    /// The next TCP segment to `port` (an IPv4 packet with its header).
+    fn receive_to(&self, port: u16) -> Vec<u8> {
+        let mut buf = [0u8; 1500];
+        for _ in 0..100 {
+            // SAFETY: a valid buffer of the size given; MSG_DONTWAIT.
+            let n = unsafe {
+                libc::recv(
+                    self.0.as_raw_fd(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if n > 0 {
+                let p = &buf[..n as usize];
+                let ihl = usize::from(p[0] & 0x0f) * 4;
+                if u16::from_be_bytes([p[ihl + 2], p[ihl + 3]]) == port {
+                    return p.to_vec();
+                }
+            } else {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        panic!("no segment to port {port}");
+    }
+}
+
+/// A 20-byte TCP header from 127.0.0.1:`sport` to 127.0.0.1:`dport`,
+/// checksummed over the IPv4 pseudo-header.
+fn segment(sport: u16, dport: u16, seq: u32, ack: u32, flags: u8) -> Vec<u8> {
+    let mut t = vec![0u8; 20];
+    t[0..2].copy_from_slice(&sport.to_be_bytes());
+    t[2..4].copy_from_slice(&dport.to_be_bytes());
+    t[4..8].copy_from_slice(&seq.to_be_bytes());
+    t[8..12].copy_from_slice(&ack.to_be_bytes());
+    t[12] = 5 << 4;
+    t[13] = flags;
+    t[14..16].copy_from_slice(&65535u16.to_be_bytes());
+    // Pseudo-header: 127.0.0.1 twice, protocol 6, length 20.
+    let seed = 2 * (0x7f00 + 0x0001) + 6 + 20;
+    let c = common::packets::inet_checksum(&t, seed);
+    t[16..18].copy_from_slice(&c.to_be_bytes());
+    t
+}
+
+#[test]
+fn an_ack_with_a_valid_syn_cookie_is_local() {
+    in_private_netns(|| {
+        let ok = std::process::Command::new("sysctl")
+            .args(["-qw", "net.ipv4.tcp_syncookies=2"])
+            .status()
+            .expect("sysctl");
+        assert!(ok.success(), "cookies for every SYN");
+        let mut b = Backend::new(&[BACKEND_V4]);
+        let listener = TcpListener::bind("127.0.0.1:0").expect("listen");
+        let server = listener.local_addr().expect("addr");
+        let raw = RawTcp::open();
+        // A SYN from a port with no socket: the listener answers with a
+        // cookie and keeps nothing (our stack resets the SYN-ACK).
+        let (client_port, isn) = (40_123, 0x1000_0000u32);
+        raw.send(&segment(client_port, server.port(), isn, 0, 0x02));
+        let synack = raw.receive_to(client_port);
+        let ihl = usize::from(synack[0] & 0x0f) * 4;
+        let cookie = u32::from_be_bytes(synack[ihl + 4..ihl + 8].try_into().unwrap());
+
+        let ack = |ack_seq: u32| {
+            let mut f = vec![2, 0, 0, 0, 0, 0x0b, 2, 0, 0, 0, 0, 0x0a, 0x08, 0x00];
+            let tcp = segment(client_port, server.port(), isn + 1, ack_seq, 0x10);
+            let mut ip = etherparse::Ipv4Header::new(
+                20,
+                64,
+                etherparse::IpNumber(6),
+                [127, 0, 0, 1],
+                [127, 0, 0, 1],
+            )
+            .expect("ipv4");
+            ip.header_checksum = ip.calc_header_checksum();
+            ip.write(&mut f).expect("ipv4");
+            f.extend_from_slice(&tcp);
+            listed(&f, "10.255.0.1", BACKEND_V4, &[OTHER_V4], 0)
+        };
+        b.run(
+            "valid cookie",
+            &ack(cookie.wrapping_add(1)),
+            DecapCounter::DecapScLocal,
+        );
+        b.run(
+            "no cookie of ours",
+            &ack(cookie.wrapping_add(7)),
+            DecapCounter::FwdScNextHop,
+        );
+        drop(listener);
     });
 }
