@@ -8,7 +8,9 @@
 
 use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use crate::consts::{BACKEND_INDEX_MASK, CT_WAYS, FAMILY_V4, FAMILY_V6, TABLE_CHUNK_SLOTS};
+use crate::consts::{
+    BACKEND_INDEX_MASK, CT_WAYS, FAMILY_V4, FAMILY_V6, SC_MAX_ALTERNATES, TABLE_CHUNK_SLOTS,
+};
 
 /// An IPv4 or IPv6 address as the datapath stores it: four words of
 /// network-order bytes. IPv4 uses word 0 and leaves the rest zero.
@@ -83,8 +85,13 @@ impl VipKey {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct VipMeta {
-    /// Index into `LB_VIP_STATS`.
-    pub vip_id: u32,
+    /// Index into `LB_VIP_STATS` (below 2¹⁶: `max_vips` ≤ 65,535). Was
+    /// the low half of a `u32` whose high half was always 0.
+    pub vip_id: u16,
+    /// With [`crate::consts::VIP_F_SECOND_CHANCE`]: the VIP's region of
+    /// `LB_ALTERNATES` (its first chunk is `alt_index × table_chunks`).
+    /// Took the high half of the `u32` VIP id, always written 0.
+    pub alt_index: u16,
     /// First chunk of the active Maglev table half in `LB_TABLES`.
     pub table_base: u32,
     /// `VIP_F_*` bits.
@@ -104,6 +111,12 @@ pub struct VipMeta {
 }
 
 impl VipMeta {
+    /// The VIP id as the maps index it.
+    #[inline(always)]
+    pub const fn id(&self) -> u32 {
+        self.vip_id as u32
+    }
+
     /// The VIP's own Maglev table size M (a prime below 2²⁴), as stored;
     /// 0 in entries written before per-VIP sizes, whose tables have the
     /// global size ([`VipMeta::maglev_size`]).
@@ -258,6 +271,28 @@ impl Default for TableChunk {
     fn default() -> Self {
         Self {
             slots: [0; TABLE_CHUNK_SLOTS as usize],
+        }
+    }
+}
+
+/// One chunk of a second-chance VIP's alternates (`LB_ALTERNATES`): slot
+/// `s` of the region that starts at chunk `base` is
+/// `LB_ALTERNATES[base + s / 1024].slots[s % 1024]`, the handles of the
+/// backends the flows of Maglev slot `s` would have under the VIP's other
+/// tables, in the order they are tried, distinct, 0 after the last. The
+/// datapath skips one that is the packet's own backend, no longer holds
+/// its handle, belongs to another VIP or is of another family than the
+/// backend the packet goes to.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AltChunk {
+    pub slots: [[u32; SC_MAX_ALTERNATES]; TABLE_CHUNK_SLOTS as usize],
+}
+
+impl Default for AltChunk {
+    fn default() -> Self {
+        Self {
+            slots: [[0; SC_MAX_ALTERNATES]; TABLE_CHUNK_SLOTS as usize],
         }
     }
 }
@@ -507,6 +542,7 @@ const _: () = {
     assert!(core::mem::size_of::<VipFilter>() == 8 * VIP_FILTER_WORDS);
     assert!(core::mem::size_of::<DatapathConfig>() == 72);
     assert!(core::mem::size_of::<TableChunk>() == 4 * TABLE_CHUNK_SLOTS as usize);
+    assert!(core::mem::size_of::<AltChunk>() == 4 * SC_MAX_ALTERNATES * TABLE_CHUNK_SLOTS as usize);
     assert!(core::mem::size_of::<FlowKey>() == 40);
     assert!(core::mem::size_of::<FlowEntry>() == 8);
     assert!(core::mem::size_of::<FlowBucket>() == 64);
@@ -531,6 +567,7 @@ mod pod {
     unsafe impl aya::Pod for BackendDef {}
     unsafe impl aya::Pod for DatapathConfig {}
     unsafe impl aya::Pod for TableChunk {}
+    unsafe impl aya::Pod for AltChunk {}
     unsafe impl aya::Pod for VipFilter {}
     unsafe impl aya::Pod for FlowKey {}
     unsafe impl aya::Pod for FlowEntry {}
@@ -562,6 +599,7 @@ mod tests {
         assert_eq!(offset_of!(VipMeta, table_size_hi), 11);
         assert_eq!(offset_of!(VipMeta, aux_port), 12);
         assert_eq!(offset_of!(VipMeta, table_size_lo), 14);
+        assert_eq!(offset_of!(VipMeta, alt_index), 2);
 
         assert_eq!(offset_of!(BackendDef, handle), 16);
         assert_eq!(offset_of!(BackendDef, vip_id), 20);

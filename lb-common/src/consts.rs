@@ -38,6 +38,31 @@ pub const ENCAP_GUE: u8 = 2;
 pub const GUE_PORT: u16 = 6080;
 pub const UDP_HDR_LEN: usize = 8;
 
+/// Second chance on the wire: GUE variant 0 (draft-ietf-intarea-gue), a
+/// 4-byte GUE header (version 0, C 0, `hlen` words of private data, the
+/// inner protocol 4 or 41, flags 0), then lb's private data: a 4-byte
+/// header ([`SC_TYPE`], the index of the next alternate to try, the
+/// number of alternates) and the alternates' addresses, 4 or 16 bytes
+/// each (the outer header's family). Variant 1 (the inner IP header right
+/// after UDP, first nibble 4 or 6) is what `encap: gue` sends; the first
+/// two bits tell them apart. ARCHITECTURE.md draws it byte by byte.
+pub const GUE_HDR_LEN: usize = 4;
+/// lb's private data header after the GUE header.
+pub const SC_HDR_LEN: usize = 4;
+/// lb's private data type, network order on the wire (`LB`): GitHub's
+/// GLB uses type 0 for its own hop list, so neither reads the other's.
+pub const SC_TYPE: u16 = 0x4c42;
+/// Most alternates a packet carries: also the hop limit, since a backend
+/// forwards only to the alternate at index `next` and increments it.
+pub const SC_MAX_ALTERNATES: usize = 3;
+/// The largest second-chance header over IPv4: outer IPv4, UDP, GUE,
+/// lb's header and three IPv4 alternates.
+pub const SC_MAX_OVERHEAD_V4: usize =
+    IPV4_HDR_LEN + UDP_HDR_LEN + GUE_HDR_LEN + SC_HDR_LEN + 4 * SC_MAX_ALTERNATES;
+/// The same over IPv6 (three IPv6 alternates).
+pub const SC_MAX_OVERHEAD_V6: usize =
+    IPV6_HDR_LEN + UDP_HDR_LEN + GUE_HDR_LEN + SC_HDR_LEN + 16 * SC_MAX_ALTERNATES;
+
 /// Outer header sizes.
 pub const IPV4_HDR_LEN: usize = 20;
 pub const IPV6_HDR_LEN: usize = 40;
@@ -65,6 +90,15 @@ pub const VIP_F_FRAG_HASH: u16 = 1 << 2;
 /// restarted `lbd` recovers each VIP's region from the map alone; the
 /// datapath never reads it.
 pub const VIP_F_SECOND_HALF: u16 = 1 << 3;
+/// [`crate::VipMeta::flags`]: second chance. A TCP packet of the VIP that
+/// is not a SYN and has no connection-table entry (a mid-flow packet this
+/// balancer never placed) is sent to its Maglev backend with the flow's
+/// alternates (the backends other tables give it) in lb's GUE list, and
+/// is not recorded; the backend's `lb_decap` hands it on to the next
+/// alternate unless it holds the connection (ARCHITECTURE.md, "Second
+/// chance"). [`crate::VipMeta::alt_index`] names the VIP's alternates in
+/// `LB_ALTERNATES`.
+pub const VIP_F_SECOND_CHANCE: u16 = 1 << 4;
 
 /// Auxiliary `LB_VIPS` keys, next to the VIPs themselves:
 /// - `{addr, 0, proto, family | KEY_FRAGMENTS}` per VIP address and
@@ -85,6 +119,12 @@ pub const VIP_KEYS_PER_VIP: u32 = 3;
 /// backend are honoured (the backend is active, slow-starting or draining).
 /// Without it (down, removed) an entry is a miss and the flow is re-picked.
 pub const BACKEND_F_USABLE: u8 = 1 << 0;
+/// [`crate::BackendDef::flags`]: the backend's VIP has second chance, so
+/// its packets may carry an alternates list: the MTU check counts the
+/// largest such header ([`SC_MAX_OVERHEAD_V4`], [`SC_MAX_OVERHEAD_V6`])
+/// for every packet of the VIP, so that a client's path MTU never depends
+/// on which balancer its packets cross.
+pub const BACKEND_F_SECOND_CHANCE: u8 = 1 << 1;
 
 /// [`crate::DatapathConfig::flags`]: drop malformed or unsupported packets
 /// (default: pass them to the kernel's stack, which makes its own decision).
@@ -174,9 +214,10 @@ pub const MAP_BACKEND_SYNS: &str = "LB_BACKEND_SYNS";
 pub const MAP_TRACE_EVENTS: &str = "LB_TRACE_EVENTS";
 pub const MAP_SYNS: &str = "LB_SYNS";
 pub const MAP_VIP_RETIRED: &str = "LB_VIP_RETIRED";
+pub const MAP_ALTERNATES: &str = "LB_ALTERNATES";
 
 /// Every map of the balancer object, in a stable order.
-pub const ALL_MAPS: [&str; 14] = [
+pub const ALL_MAPS: [&str; 15] = [
     MAP_CONFIG,
     MAP_VIPS,
     MAP_BACKENDS,
@@ -191,6 +232,7 @@ pub const ALL_MAPS: [&str; 14] = [
     MAP_BACKEND_SYNS,
     MAP_SYNS,
     MAP_VIP_RETIRED,
+    MAP_ALTERNATES,
 ];
 
 /// Name of the balancer's XDP program in the object file.

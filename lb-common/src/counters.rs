@@ -152,6 +152,12 @@ counters! {
     /// flow's SYN this balancer sent a moment ago: sent to that SYN's
     /// backend, and the flow recorded as established.
     FwdHandshake = 37, "fwd_handshake", Forward;
+    /// A TCP packet that is not a SYN, of a VIP with second chance, without
+    /// connection-table entry (a mid-flow packet this balancer never
+    /// placed, or whose entry went): sent to its Maglev backend with the
+    /// flow's alternates in lb's GUE list, and not recorded (which of them
+    /// holds the connection is the backends' to find out).
+    FwdSecondChance = 38, "fwd_second_chance", Forward;
     }
 }
 
@@ -188,6 +194,8 @@ pub enum DecapKind {
     Pass,
     /// Dropped.
     Drop,
+    /// Sent on to another backend (second chance), not to this host's stack.
+    Forward,
 }
 
 counters! {
@@ -224,6 +232,30 @@ counters! {
     /// GUE (direct IP over UDP, FOU-compatible) addressed to us on the GUE
     /// port: outer IP and UDP headers stripped.
     DecapGue = 9, "decap_gue", Decap;
+    /// Second chance: a TCP packet with alternates whose connection is
+    /// this host's (an established, request or time-wait socket, or an
+    /// ACK carrying a valid SYN cookie): stripped and delivered.
+    DecapScLocal = 10, "decap_sc_local", Decap;
+    /// Second chance: a TCP packet with alternates that no local socket
+    /// holds, with no alternate left to try (or the next one is this
+    /// host): stripped and delivered; the stack answers (a reset, for a
+    /// connection that is nowhere).
+    DecapScLastResort = 11, "decap_sc_last_resort", Decap;
+    /// Second chance: alternates on a packet that is a SYN, or not TCP, or
+    /// whose TCP header does not follow the inner IP header (IPv6 extension
+    /// headers): delivered here without a socket lookup (the balancer sends
+    /// alternates only with TCP packets that are not SYNs).
+    DecapScNoLookup = 12, "decap_sc_no_lookup", Decap;
+    /// Second chance: a TCP packet no local socket holds, sent on to the
+    /// next alternate (outer source: this host; destination: the alternate;
+    /// the next index incremented) back through the router it came from.
+    FwdScNextHop = 13, "fwd_sc_next_hop", Forward;
+    /// GUE variant 0 to us that is not a well-formed lb alternates list
+    /// (a control message, flags, another private data type, a length
+    /// that disagrees with the count, no or too many alternates, a next
+    /// index past the count, a UDP checksum, an inner protocol other than
+    /// 4 or 41): dropped, never forwarded.
+    MalformedSc = 14, "malformed_sc_header", Drop;
     }
 }
 

@@ -23,7 +23,9 @@
 
 use aya_ebpf::programs::XdpContext;
 
-use crate::hdr::{EthHdr, GreHdr, IcmpHdr, Ipv4Hdr, Ipv6Hdr, UdpHdr, VlanHdr};
+use crate::hdr::{
+    AltAddr4, AltAddr6, EthHdr, GreHdr, GueHdr, IcmpHdr, Ipv4Hdr, Ipv6Hdr, ScHdr, UdpHdr, VlanHdr,
+};
 
 /// A bounds-checked pointer to a `T` at byte `off` of the packet.
 #[inline(always)]
@@ -130,6 +132,33 @@ setters! {
         set_code => code: u8,
         set_check => check: u16,
         set_rest => rest: u32,
+    }
+    GueHdr {
+        set_ver_c_hlen => ver_c_hlen: u8,
+        set_proto_ctype => proto_ctype: u8,
+        set_flags => flags: u16,
+    }
+    ScHdr {
+        set_kind => kind: u16,
+        set_next => next: u8,
+        set_count => count: u8,
+    }
+    AltAddr4 {
+        set_addr => addr: u32,
+    }
+}
+
+impl At<AltAddr6> {
+    /// The address, word by word.
+    #[inline(always)]
+    pub fn set_addr(&self, words: &[u32; 4]) {
+        // SAFETY: as in `At::read`.
+        unsafe {
+            (*self.ptr).addr[0] = words[0];
+            (*self.ptr).addr[1] = words[1];
+            (*self.ptr).addr[2] = words[2];
+            (*self.ptr).addr[3] = words[3];
+        }
     }
 }
 

@@ -100,6 +100,44 @@ pub struct GreHdr {
     pub protocol: u16,
 }
 
+/// The GUE header of variant 0 (draft-ietf-intarea-gue): version (2 bits,
+/// 0), C (1 bit: control message), `hlen` (5 bits: 32-bit words of
+/// extension fields and private data after this header), the inner
+/// protocol (4 or 41) and the flags (no extension fields: 0).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct GueHdr {
+    pub ver_c_hlen: u8,
+    pub proto_ctype: u8,
+    pub flags: u16,
+}
+
+/// lb's private data in a GUE variant 0 header (second chance): its type
+/// (`SC_TYPE`, network order), the index of the next alternate to try and
+/// the number of alternates, whose addresses follow ([`AltAddr4`] or
+/// [`AltAddr6`], the outer header's family).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ScHdr {
+    pub kind: u16,
+    pub next: u8,
+    pub count: u8,
+}
+
+/// One IPv4 alternate in lb's GUE private data.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct AltAddr4 {
+    pub addr: u32,
+}
+
+/// One IPv6 alternate in lb's GUE private data.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct AltAddr6 {
+    pub addr: [u32; 4],
+}
+
 /// The first 8 bytes of every ICMP and ICMPv6 message. `rest` is the
 /// identifier and sequence of an echo, the next-hop MTU of "fragmentation
 /// needed" (low half) or the MTU of "packet too big" (all of it).

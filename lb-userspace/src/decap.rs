@@ -151,6 +151,11 @@ fn link_err(path: &Path) -> impl FnOnce(LinkError) -> DecapError + '_ {
 /// is adopted from `pin_dir/<map name>` if pinned there, else created and
 /// pinned there.
 fn load_object(program: &'static str, pin_dir: Option<&Path>) -> Result<Ebpf> {
+    load_bytes(objects::LB_DECAP, program, pin_dir)
+}
+
+/// [`load_object`] from `object`, another build of the decap object.
+fn load_bytes(object: &[u8], program: &'static str, pin_dir: Option<&Path>) -> Result<Ebpf> {
     let mut loader = EbpfLoader::new();
     if let Some(dir) = pin_dir {
         for name in ALL_DECAP_MAPS {
@@ -158,7 +163,7 @@ fn load_object(program: &'static str, pin_dir: Option<&Path>) -> Result<Ebpf> {
         }
     }
     let mut ebpf = loader
-        .load(objects::LB_DECAP)
+        .load(object)
         .map_err(|e| DecapError::Load(Box::new(e)))?;
     xdp_program(&mut ebpf, program)?
         .load()
@@ -204,6 +209,15 @@ impl Decap {
     fn load_with(pin_dir: Option<&Path>) -> Result<Self> {
         Ok(Self {
             ebpf: load_object(PROG_DECAP, pin_dir)?,
+        })
+    }
+
+    /// Loads `object`, another build of the decap object with the same
+    /// maps, in place of the embedded one: `lb-bench` measures a baseline
+    /// build against this one in the same run.
+    pub fn load_build(object: &[u8]) -> Result<Self> {
+        Ok(Self {
+            ebpf: load_bytes(object, PROG_DECAP, None)?,
         })
     }
 

@@ -22,6 +22,7 @@ pub mod reconcile;
 pub mod revisions;
 #[cfg(test)]
 mod scratch;
+pub mod second_chance;
 pub mod state;
 pub mod trace;
 

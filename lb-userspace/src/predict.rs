@@ -1,8 +1,8 @@
 //! What will the datapath do with this flow? The userspace model of the XDP
 //! program's decision (VIP filter, connection table, recent SYNs, VIP
-//! lookup, Maglev),
-//! computed from the maps through a [`Dataplane`] with the same hash as the
-//! kernel. It models TCP and UDP packets, not fragments or ICMP.
+//! lookup, Maglev, second-chance alternates), computed from the maps
+//! through a [`Dataplane`] with the same hash as the kernel. It models TCP
+//! and UDP packets, not fragments or ICMP.
 //!
 //! `lbctl simulate` answers operators with it; the datapath tests use it as
 //! the reference the kernel's output must match.
@@ -10,8 +10,9 @@
 use lb_common::{
     BackendDef, FlowEntry, FlowKey, VipKey, VipMeta,
     consts::{
-        BACKEND_F_USABLE, BACKEND_INDEX_MASK, CFG_F_ALL_PORTS_VIPS, PROTO_TCP, TABLE_CHUNK_SLOTS,
-        VIP_F_FRAG_HASH, VIP_F_NO_BACKENDS, VIP_F_NO_CONNTRACK,
+        BACKEND_F_USABLE, BACKEND_INDEX_MASK, CFG_F_ALL_PORTS_VIPS, PROTO_TCP, SC_MAX_ALTERNATES,
+        TABLE_CHUNK_SLOTS, VIP_F_FRAG_HASH, VIP_F_NO_BACKENDS, VIP_F_NO_CONNTRACK,
+        VIP_F_SECOND_CHANCE,
     },
     flow::{ct_position, maglev_slot},
 };
@@ -41,6 +42,17 @@ pub struct Prediction {
     /// `None`: the VIP has no usable backend, the packet is dropped.
     pub backend: Option<BackendDef>,
     pub via: Via,
+    /// Second chance: the alternates the packet carries, in order (a TCP
+    /// packet that is not a SYN, by Maglev, of a VIP with second chance).
+    /// A packet with alternates is not recorded in the connection table.
+    pub alternates: [Option<BackendDef>; SC_MAX_ALTERNATES],
+}
+
+impl Prediction {
+    /// The alternates, in order.
+    pub fn alternates(&self) -> impl Iterator<Item = &BackendDef> {
+        self.alternates.iter().flatten()
+    }
 }
 
 /// The VIP a packet of `flow` matches, as the datapath looks it up.
@@ -123,6 +135,7 @@ fn handshake(
         slot,
         backend: Some(def),
         via: Via::Handshake,
+        alternates: [None; SC_MAX_ALTERNATES],
     }))
 }
 
@@ -159,6 +172,7 @@ pub fn predict(dp: &dyn Dataplane, flow: &FlowKey, syn: bool) -> Result<Option<P
                 slot,
                 backend: Some(def),
                 via: Via::ConnTrack,
+                alternates: [None; SC_MAX_ALTERNATES],
             }));
         }
         if let Some(p) = handshake(dp, flow, vip, hash, slot, entry.is_some())? {
@@ -186,6 +200,7 @@ pub fn predict(dp: &dyn Dataplane, flow: &FlowKey, syn: bool) -> Result<Option<P
         slot,
         backend: None,
         via: Via::Maglev,
+        alternates: [None; SC_MAX_ALTERNATES],
     };
     if meta.flags & VIP_F_NO_BACKENDS != 0 {
         return Ok(Some(p));
@@ -194,5 +209,44 @@ pub fn predict(dp: &dyn Dataplane, flow: &FlowKey, syn: bool) -> Result<Option<P
     let within = slot % TABLE_CHUNK_SLOTS;
     let handle = dp.read_table(chunk, within + 1)?[within as usize];
     p.backend = live_backend(dp, handle)?;
+    if let Some(primary) = &p.backend
+        && !syn
+        && flow.proto == PROTO_TCP
+        && meta.flags & (VIP_F_SECOND_CHANCE | VIP_F_FRAG_HASH) == VIP_F_SECOND_CHANCE
+        && m <= cfg.table_size
+    {
+        p.alternates = alternates(dp, &meta, slot, primary)?;
+    }
     Ok(Some(p))
+}
+
+/// The alternates the datapath lists for slot `slot` of a second-chance
+/// VIP when the packet goes to `primary`: the region's entries that still
+/// hold their handle, belong to the VIP, share `primary`'s family and are
+/// not `primary`, in order.
+fn alternates(
+    dp: &dyn Dataplane,
+    meta: &VipMeta,
+    slot: u32,
+    primary: &BackendDef,
+) -> Result<[Option<BackendDef>; SC_MAX_ALTERNATES]> {
+    let chunks = dp.layout().table_chunks();
+    let base = meta.alt_index as u32 * chunks + slot / TABLE_CHUNK_SLOTS;
+    let within = slot % TABLE_CHUNK_SLOTS;
+    let handles = dp.read_alternates(base, within + 1)?[within as usize];
+    let mut out = [None; SC_MAX_ALTERNATES];
+    let mut n = 0;
+    for handle in handles.into_iter().take_while(|&h| h != 0) {
+        if handle == primary.handle {
+            continue;
+        }
+        if let Some(def) = live_backend(dp, handle)?
+            && def.vip_id == primary.vip_id
+            && def.family == primary.family
+        {
+            out[n] = Some(def);
+            n += 1;
+        }
+    }
+    Ok(out)
 }

@@ -22,7 +22,12 @@
 //!   protocol: fragment policy) follow the VIP set after every apply;
 //! - each VIP's two table halves are a region of the table pool sized by
 //!   its own table size ([`regions`]: allocation, compaction, a changed
-//!   size), checked to fit before anything is written.
+//!   size), checked to fit before anything is written;
+//! - a second-chance VIP's alternates ([`crate::second_chance`]) are
+//!   recomputed only when their sources change (configured or previous
+//!   backends and weights, never health) and written in place into the
+//!   VIP's region of `LB_ALTERNATES`, chunks that differ only, after new
+//!   backends and before the VIP entry names the region.
 //!
 //! [`Reconciler::adopt`] rebuilds this view from maps that already exist
 //! (pinned by a previous `lbd`), regions included, so a restart with the
@@ -38,10 +43,10 @@ use std::{
 use lb_common::{
     BackendDef, CounterValue, DatapathConfig, FlowKey, TraceFilter, VipKey, VipMeta, addr_to_words,
     consts::{
-        BACKEND_F_USABLE, BACKEND_INDEX_MASK, CFG_F_ALL_PORTS_VIPS, CFG_F_DROP_MALFORMED,
-        CFG_F_ICMP_ECHO, CFG_F_PASS_TOO_BIG, CFG_F_TRACE, FAMILY_V4, GUE_PORT, KEY_FRAGMENTS,
-        PROTO_ICMP, PROTO_ICMPV6, TABLE_CHUNK_SLOTS, VIP_F_FRAG_HASH, VIP_F_NO_BACKENDS,
-        VIP_F_NO_CONNTRACK,
+        BACKEND_F_SECOND_CHANCE, BACKEND_F_USABLE, BACKEND_INDEX_MASK, CFG_F_ALL_PORTS_VIPS,
+        CFG_F_DROP_MALFORMED, CFG_F_ICMP_ECHO, CFG_F_PASS_TOO_BIG, CFG_F_TRACE, FAMILY_V4,
+        GUE_PORT, KEY_FRAGMENTS, PROTO_ICMP, PROTO_ICMPV6, TABLE_CHUNK_SLOTS, VIP_F_FRAG_HASH,
+        VIP_F_NO_BACKENDS, VIP_F_NO_CONNTRACK, VIP_F_SECOND_CHANCE,
     },
 };
 use thiserror::Error;
@@ -50,11 +55,12 @@ use tracing::{debug, info};
 use crate::{
     config::{Encap, FragmentPolicy, MalformedPolicy, VipConfig, VipId},
     dataplane::{
-        Dataplane, DataplaneError, Layout,
+        AltSlot, Dataplane, DataplaneError, Layout,
         pool::{PoolError, Region, TablePool},
     },
     maglev::{self, MaglevBackend, MaglevError, MaglevTable},
     predict::{self, Prediction},
+    second_chance::{self, AltTable, Sources},
 };
 
 #[derive(Debug, Error)]
@@ -71,6 +77,8 @@ pub enum ReconcileError {
     VipIdsExhausted(u32),
     #[error("no free backend slot: max_backends ({0}) backends are in use")]
     BackendsExhausted(u32),
+    #[error("no free alternates region: second_chance_vips ({0}) VIPs have second chance")]
+    AlternatesExhausted(u32),
     #[error(
         "no room for VIP {vip}'s table ({need}) in the table pool: {used} of {capacity} would be in use; raise table_pool_mib (a restart, which drops the connection table) or give VIPs a smaller table_size"
     )]
@@ -188,13 +196,38 @@ pub struct VipState {
     pub region: Region,
     pub encap: Encap,
     pub conntrack: bool,
+    /// Its backends carry `BACKEND_F_SECOND_CHANCE`.
+    pub second_chance: bool,
     pub backends: BTreeMap<IpAddr, BackendState>,
     /// The builder's input of the published table (no input: no table);
     /// `None` when not known (a VIP adopted from pinned maps, a new one).
     built: Option<Vec<MaglevBackend>>,
+    /// Second chance: the VIP's alternates region and what it holds.
+    alt: Option<AltState>,
+}
+
+/// A second-chance VIP's region of `LB_ALTERNATES`.
+#[derive(Clone, Debug)]
+struct AltState {
+    index: u16,
+    /// The sources the table was computed from, and the table.
+    computed: Option<(Sources, AltTable)>,
+    /// The handles the region holds, if known (read back otherwise).
+    written: Option<Vec<AltSlot>>,
 }
 
 impl VipState {
+    /// The VIP's alternates as addresses per slot, if it has second chance
+    /// and they were computed by this process.
+    pub fn alternates(&self) -> Option<&AltTable> {
+        self.alt.as_ref()?.computed.as_ref().map(|(_, t)| t)
+    }
+
+    /// What those alternates were computed from.
+    pub fn alternate_sources(&self) -> Option<&Sources> {
+        self.alt.as_ref()?.computed.as_ref().map(|(s, _)| s)
+    }
+
     /// Which half of the region is live (0 or 1).
     pub fn live_half(&self) -> u32 {
         u32::from(self.meta.table_base != self.region.base)
@@ -279,17 +312,42 @@ pub struct Reconciler<D: Dataplane> {
     free_ids: BTreeSet<u32>,
     /// Which chunks of `LB_TABLES` the VIPs' regions take.
     pool: TablePool,
+    /// What each second-chance VIP's alternates come from (the daemon
+    /// says; a VIP without an entry uses its own desired weights).
+    sources: BTreeMap<VipId, Sources>,
 }
 
-fn backend_def(addr: IpAddr, handle: u32, usable: bool, vip_id: u32, encap: Encap) -> BackendDef {
+/// What a backend's entry says of its VIP besides the tunnel.
+#[derive(Clone, Copy)]
+struct Owner {
+    vip_id: u32,
+    encap: Encap,
+    second_chance: bool,
+}
+
+impl Owner {
+    fn of(vip: &VipConfig, vip_id: u32) -> Self {
+        Self {
+            vip_id,
+            encap: vip.encap,
+            second_chance: vip.second_chance,
+        }
+    }
+}
+
+fn backend_def(addr: IpAddr, handle: u32, usable: bool, owner: Owner) -> BackendDef {
     let (words, family) = addr_to_words(addr);
+    let mut flags = if usable { BACKEND_F_USABLE } else { 0 };
+    if owner.second_chance {
+        flags |= BACKEND_F_SECOND_CHANCE;
+    }
     BackendDef {
         addr: words,
         handle,
-        vip_id: vip_id as u16,
-        flags: if usable { BACKEND_F_USABLE } else { 0 },
+        vip_id: owner.vip_id as u16,
+        flags,
         family,
-        encap: encap.code(),
+        encap: owner.encap.code(),
         _pad: [0; 7],
     }
 }
@@ -320,7 +378,8 @@ impl<D: Dataplane> Reconciler<D> {
                 .map_err(|source| ReconcileError::Region { vip: id, source })?;
             let m = layout.vip_table_size(&meta);
             let live = dp.read_table(region.half_base(live), m)?;
-            let backends = adopted_backends(&meta, &live, by_vip.remove(&meta.vip_id));
+            let backends = adopted_backends(&meta, &live, by_vip.remove(&meta.id()));
+            let second_chance = meta.flags & VIP_F_SECOND_CHANCE != 0;
             vips.insert(
                 id,
                 VipState {
@@ -329,15 +388,21 @@ impl<D: Dataplane> Reconciler<D> {
                     region,
                     encap: Encap::from_code(meta.encap).unwrap_or_default(),
                     conntrack: meta.flags & VIP_F_NO_CONNTRACK == 0,
+                    second_chance,
                     backends,
                     built: None,
+                    alt: second_chance.then_some(AltState {
+                        index: meta.alt_index,
+                        computed: None,
+                        written: None,
+                    }),
                 },
             );
         }
         let free_slots = (0..layout.max_backends)
             .filter(|i| !slots[*i as usize].1)
             .collect();
-        let used: BTreeSet<u32> = vips.values().map(|v| v.meta.vip_id).collect();
+        let used: BTreeSet<u32> = vips.values().map(|v| v.meta.id()).collect();
         let free_ids = (0..layout.max_vips).filter(|i| !used.contains(i)).collect();
         // Backends whose VIP is gone (a crash between steps) are freed.
         let mut r = Self {
@@ -348,6 +413,7 @@ impl<D: Dataplane> Reconciler<D> {
             free_slots,
             free_ids,
             pool,
+            sources: BTreeMap::new(),
         };
         for defs in by_vip.into_values() {
             for def in defs {
@@ -374,6 +440,13 @@ impl<D: Dataplane> Reconciler<D> {
 
     pub fn vips(&self) -> &BTreeMap<VipId, VipState> {
         &self.vips
+    }
+
+    /// What the alternates of second-chance VIPs are computed from, from
+    /// the next [`apply`](Self::apply) on (the daemon's configured and
+    /// previous backends; see [`crate::second_chance`]).
+    pub fn set_alternate_sources(&mut self, sources: BTreeMap<VipId, Sources>) {
+        self.sources = sources;
     }
 
     /// The table pool: which chunks the VIPs' regions take.
@@ -552,7 +625,7 @@ impl<D: Dataplane> Reconciler<D> {
         };
         self.dp.remove_vip(&id.key())?;
         self.pool.release(state.region.base, state.region.chunks());
-        self.free_ids.insert(state.meta.vip_id);
+        self.free_ids.insert(state.meta.id());
         for b in state.backends.values() {
             self.retire_backend(b.handle, None)?;
         }
@@ -567,13 +640,7 @@ impl<D: Dataplane> Reconciler<D> {
             .ok_or(ReconcileError::VipIdsExhausted(self.layout.max_vips))
     }
 
-    fn new_backend(
-        &mut self,
-        addr: IpAddr,
-        usable: bool,
-        vip_id: u32,
-        encap: Encap,
-    ) -> Result<u32> {
+    fn new_backend(&mut self, addr: IpAddr, usable: bool, owner: Owner) -> Result<u32> {
         let index = self
             .free_slots
             .first()
@@ -584,10 +651,8 @@ impl<D: Dataplane> Reconciler<D> {
         // The index may have served a backend before: its counters start
         // from zero, before the backend can receive a packet.
         self.dp.clear_backend_stats(index as u32)?;
-        self.dp.set_backend(
-            index as u32,
-            &backend_def(addr, handle, usable, vip_id, encap),
-        )?;
+        self.dp
+            .set_backend(index as u32, &backend_def(addr, handle, usable, owner))?;
         self.slots[index] = (handle, true);
         self.free_slots.remove(&(index as u32));
         Ok(handle)
@@ -646,6 +711,12 @@ impl<D: Dataplane> Reconciler<D> {
             report.table_builds.push(started.elapsed());
             Built::Table(table)
         };
+        if vip.second_chance {
+            self.sync_alternates(vip, m, report)?;
+        } else {
+            // The entry written next names no region: it is free.
+            self.vips.get_mut(&vip.id).expect("present").alt = None;
+        }
         if m == self.vips[&vip.id].table_size {
             self.publish(vip, is_new, built, report)?;
         } else if let Built::Table(table) = built {
@@ -653,7 +724,7 @@ impl<D: Dataplane> Reconciler<D> {
         }
         let state = self.vips.get_mut(&vip.id).expect("present");
         state.built = Some(input);
-        let vip_id = Some(state.meta.vip_id);
+        let vip_id = Some(state.meta.id());
         for handle in retire {
             self.retire_backend(handle, vip_id)?;
         }
@@ -673,7 +744,7 @@ impl<D: Dataplane> Reconciler<D> {
         let region = Region::new(self.allocate_region(&vip.id, m, report)?, m);
         self.free_ids.remove(&vip_id);
         let mut meta = VipMeta {
-            vip_id,
+            vip_id: vip_id as u16,
             flags: VIP_F_NO_BACKENDS,
             encap: vip.encap.code(),
             ..Default::default()
@@ -688,8 +759,10 @@ impl<D: Dataplane> Reconciler<D> {
                 region,
                 encap: vip.encap,
                 conntrack: vip.conntrack,
+                second_chance: vip.second_chance,
                 backends: BTreeMap::new(),
                 built: None,
+                alt: None,
             },
         );
         report.vips_added += 1;
@@ -707,11 +780,14 @@ impl<D: Dataplane> Reconciler<D> {
         report: &mut ApplyReport,
     ) -> Result<Vec<u32>> {
         let id = vip.id;
-        let vip_id = self.vips[&id].meta.vip_id;
+        let vip_id = self.vips[&id].meta.id();
         let wanted: BTreeMap<IpAddr, u32> =
             vip.backends.iter().map(|b| (b.address, b.weight)).collect();
         let state = self.vips.get_mut(&id).expect("present");
-        let encap_changed = !is_new && state.encap != vip.encap;
+        let owner_changed =
+            !is_new && (state.encap != vip.encap || state.second_chance != vip.second_chance);
+        state.second_chance = vip.second_chance;
+        let owner = Owner::of(vip, vip_id);
         let mut retire = Vec::new();
         state.backends.retain(|addr, b| {
             let keep = wanted.contains_key(addr);
@@ -725,10 +801,10 @@ impl<D: Dataplane> Reconciler<D> {
             let ok = usable(&id, addr);
             let state = match self.vips[&id].backends.get(addr).copied() {
                 Some(mut s) => {
-                    if s.usable != ok || encap_changed {
+                    if s.usable != ok || owner_changed {
                         self.dp.set_backend(
                             s.handle & BACKEND_INDEX_MASK,
-                            &backend_def(*addr, s.handle, ok, vip_id, vip.encap),
+                            &backend_def(*addr, s.handle, ok, owner),
                         )?;
                         s.usable = ok;
                     }
@@ -738,7 +814,7 @@ impl<D: Dataplane> Reconciler<D> {
                 None => {
                     report.backends_added += 1;
                     BackendState {
-                        handle: self.new_backend(*addr, ok, vip_id, vip.encap)?,
+                        handle: self.new_backend(*addr, ok, owner)?,
                         weight: *weight,
                         usable: ok,
                     }
@@ -811,9 +887,13 @@ impl<D: Dataplane> Reconciler<D> {
         state.conntrack = vip.conntrack;
         let mut meta = state.meta;
         meta.encap = vip.encap.code();
-        meta.flags &= !(VIP_F_NO_CONNTRACK | VIP_F_FRAG_HASH);
+        meta.flags &= !(VIP_F_NO_CONNTRACK | VIP_F_FRAG_HASH | VIP_F_SECOND_CHANCE);
         if !vip.conntrack {
             meta.flags |= VIP_F_NO_CONNTRACK;
+        }
+        meta.alt_index = state.alt.as_ref().map_or(0, |a| a.index);
+        if state.alt.is_some() {
+            meta.flags |= VIP_F_SECOND_CHANCE;
         }
         if vip.fragments == FragmentPolicy::Hash {
             meta.flags |= VIP_F_FRAG_HASH;
@@ -892,6 +972,86 @@ impl<D: Dataplane> Reconciler<D> {
         Ok(())
     }
 
+    /// Computes (when its sources or table size changed) and writes (the
+    /// chunks that differ) the alternates of second-chance VIP `vip` of
+    /// table size `m` into its region of `LB_ALTERNATES`. Called after
+    /// the VIP's new backends are written and before its entry names the
+    /// region.
+    fn sync_alternates(&mut self, vip: &VipConfig, m: u32, report: &mut ApplyReport) -> Result<()> {
+        let id = vip.id;
+        let index = self.alt_index_for(&id)?;
+        let sources = self.sources.get(&id).cloned().unwrap_or_else(|| Sources {
+            configured: second_chance::configured_members(vip, 1),
+            previous: None,
+        });
+        let state = self.vips.get_mut(&id).expect("present");
+        let alt = state.alt.get_or_insert(AltState {
+            index,
+            computed: None,
+            written: None,
+        });
+        let current = alt
+            .computed
+            .as_ref()
+            .is_some_and(|(s, t)| *s == sources && t.slots.len() == m as usize);
+        if !current {
+            let table = second_chance::alternates(&sources, m)
+                .map_err(|source| ReconcileError::Maglev { vip: id, source })?;
+            alt.computed = Some((sources, table));
+        }
+        let (_, table) = alt.computed.as_ref().expect("computed above");
+        let slots = alt_handles(table, &state.backends, m as usize);
+        let written = alt.written.take();
+        let base = self.layout.alt_base(index);
+        let chunks = self.write_changed_alternates(base, &slots, written)?;
+        report.chunks_written += chunks;
+        let state = self.vips.get_mut(&id).expect("present");
+        state.alt.as_mut().expect("set above").written = Some(slots);
+        Ok(())
+    }
+
+    /// The VIP's alternates region: the one it has, else the lowest free.
+    fn alt_index_for(&self, id: &VipId) -> Result<u16> {
+        if let Some(alt) = self.vips.get(id).and_then(|v| v.alt.as_ref()) {
+            return Ok(alt.index);
+        }
+        let used: BTreeSet<u16> = self
+            .vips
+            .values()
+            .filter_map(|v| v.alt.as_ref().map(|a| a.index))
+            .collect();
+        (0..self.layout.second_chance_vips)
+            .map(|i| i as u16)
+            .find(|i| !used.contains(i))
+            .ok_or(ReconcileError::AlternatesExhausted(
+                self.layout.second_chance_vips,
+            ))
+    }
+
+    /// Writes the chunks of `slots` at chunk `base` of `LB_ALTERNATES` that
+    /// differ from `written` (what the region held; read back if unknown);
+    /// returns how many were written.
+    fn write_changed_alternates(
+        &mut self,
+        base: u32,
+        slots: &[AltSlot],
+        written: Option<Vec<AltSlot>>,
+    ) -> Result<usize> {
+        let old = match written {
+            Some(w) if w.len() == slots.len() => w,
+            _ => self.dp.read_alternates(base, slots.len() as u32)?,
+        };
+        let size = TABLE_CHUNK_SLOTS as usize;
+        let mut chunks = 0;
+        for (c, (new, old)) in slots.chunks(size).zip(old.chunks(size)).enumerate() {
+            if new != old {
+                self.dp.write_alternates(base + c as u32, new)?;
+                chunks += 1;
+            }
+        }
+        Ok(chunks)
+    }
+
     /// What the datapath would do with a packet of `flow`.
     pub fn simulate(&self, flow: &FlowKey, syn: bool) -> Result<Option<Prediction>> {
         Ok(predict::predict(&self.dp, flow, syn)?)
@@ -923,7 +1083,7 @@ impl<D: Dataplane> Reconciler<D> {
                     .iter()
                     .map(|(addr, b)| (*addr, at(&backends, b.handle & BACKEND_INDEX_MASK)))
                     .collect();
-                let mut total = at(&vips, v.meta.vip_id);
+                let mut total = at(&vips, v.meta.id());
                 for (_, counts) in &by_backend {
                     total += *counts;
                 }
@@ -938,7 +1098,7 @@ impl<D: Dataplane> Reconciler<D> {
         let Some(v) = self.vips.get(id) else {
             return Ok(None);
         };
-        let mut vip = self.dp.vip_stats(v.meta.vip_id)?;
+        let mut vip = self.dp.vip_stats(v.meta.id())?;
         let mut backends = Vec::new();
         for (addr, b) in &v.backends {
             let counts = self.dp.backend_stats(b.handle & BACKEND_INDEX_MASK)?;
@@ -973,6 +1133,34 @@ pub fn maglev_table(
             Some(slots.into_iter().map(|i| input[i as usize].addr).collect())
         }
     })
+}
+
+/// The handles of `table`'s alternates, slot by slot, in order, skipping
+/// those that are not a backend of the VIP now (a previous configuration's).
+fn alt_handles(
+    table: &AltTable,
+    backends: &BTreeMap<IpAddr, BackendState>,
+    m: usize,
+) -> Vec<AltSlot> {
+    let by_member: Vec<u32> = table
+        .members
+        .iter()
+        .map(|a| backends.get(a).map_or(0, |b| b.handle))
+        .collect();
+    (0..m)
+        .map(|s| {
+            let mut out = AltSlot::default();
+            let handles = table.slots.get(s).into_iter().flatten();
+            let live = handles
+                .take_while(|&&i| i != second_chance::NONE)
+                .map(|&i| by_member[i as usize])
+                .filter(|&h| h != 0);
+            for (o, h) in out.iter_mut().zip(live) {
+                *o = h;
+            }
+            out
+        })
+        .collect()
 }
 
 /// An auxiliary `LB_VIPS` key (ICMP or fragment policy), not a VIP.
@@ -1012,6 +1200,7 @@ mod tests {
             max_backends: 16,
             ct_buckets: 16,
             table_pool: 0,
+            second_chance_vips: 2,
         }
     }
 
@@ -1195,7 +1384,7 @@ mod tests {
             r.vips()[&vip.id].backends[&addr.parse::<IpAddr>().unwrap()].handle
         };
         let old = handle(&r, &a, "10.1.0.2") & BACKEND_INDEX_MASK;
-        let vip_id = r.vips()[&a.id].meta.vip_id;
+        let vip_id = r.vips()[&a.id].meta.id();
         let seen = lb_common::CounterValue {
             packets: 7,
             bytes: 700,
@@ -1222,7 +1411,7 @@ mod tests {
         r.apply(&[], &all).unwrap();
         let b = vip("10.0.0.2", 443, &[("10.1.0.3", 1)]);
         r.apply(std::slice::from_ref(&b), &all).unwrap();
-        assert_eq!(r.vips()[&b.id].meta.vip_id, vip_id);
+        assert_eq!(r.vips()[&b.id].meta.id(), vip_id);
         assert_eq!(r.dataplane().vip_stats(vip_id).unwrap(), Default::default());
     }
 
@@ -1382,6 +1571,121 @@ mod tests {
         assert!(!keys.contains_key(&icmp6), "gone with its address");
         assert_eq!(keys[&frag_udp].flags, 0, "policy back to drop");
         assert_eq!(r.vips()[&dns.id].meta.flags & VIP_F_FRAG_HASH, 0);
+    }
+
+    /// The addresses region `index` lists for each slot, read back.
+    fn listed(r: &Reconciler<FakeDataplane>, index: u16) -> Vec<Vec<IpAddr>> {
+        let l = r.layout();
+        r.dataplane()
+            .read_alternates(l.alt_base(index), l.table_size)
+            .unwrap()
+            .iter()
+            .map(|slot| {
+                slot.iter()
+                    .take_while(|&&h| h != 0)
+                    .map(|&h| r.backend_by_handle(h).expect("a live backend").1)
+                    .collect()
+            })
+            .collect()
+    }
+
+    fn second_chance(addr: &str, backends: &[(&str, u32)]) -> VipConfig {
+        VipConfig {
+            second_chance: true,
+            ..vip(addr, 80, backends)
+        }
+    }
+
+    #[test]
+    fn second_chance_vips_get_their_alternates_and_a_region_each() {
+        let mut r = Reconciler::adopt(FakeDataplane::new(layout())).unwrap();
+        let three = [("10.1.0.1", 1), ("10.1.0.2", 1), ("10.1.0.3", 1)];
+        let v = second_chance("10.0.0.1", &three);
+        r.apply(std::slice::from_ref(&v), &all).unwrap();
+        let meta = r.dataplane().vip(&v.id.key()).unwrap().unwrap();
+        assert_ne!(meta.flags & VIP_F_SECOND_CHANCE, 0);
+        assert_eq!(meta.alt_index, 0);
+        for b in r.vips()[&v.id].backends.values() {
+            let def = r
+                .dataplane()
+                .backend(b.handle & BACKEND_INDEX_MASK)
+                .unwrap();
+            assert_ne!(def.flags & BACKEND_F_SECOND_CHANCE, 0);
+        }
+        // What the region holds is what the module computes.
+        let want = second_chance::alternates(
+            &Sources {
+                configured: second_chance::configured_members(&v, 1),
+                previous: None,
+            },
+            r.layout().table_size,
+        )
+        .unwrap();
+        let got = listed(&r, 0);
+        let table = r.table_addresses(&v.id).unwrap().unwrap();
+        for (s, list) in got.iter().enumerate() {
+            assert_eq!(*list, want.slot(s).collect::<Vec<_>>(), "slot {s}");
+            // All healthy: the configured table is the published one, so
+            // the datapath skips the first alternate as the backend itself.
+            assert_eq!(Some(list[0]), table[s], "slot {s}");
+        }
+        assert!(r.apply(std::slice::from_ref(&v), &all).unwrap().is_noop());
+
+        // One region each; no third.
+        let w = second_chance("10.0.0.2", &three);
+        let x = second_chance("10.0.0.3", &three);
+        r.apply(&[v.clone(), w.clone()], &all).unwrap();
+        assert_eq!(r.vips()[&w.id].meta.alt_index, 1);
+        assert!(matches!(
+            r.apply(&[v.clone(), w.clone(), x.clone()], &all),
+            Err(ReconcileError::AlternatesExhausted(2))
+        ));
+
+        // Off: the entry and the backends lose the flag, the region is free.
+        let off = VipConfig {
+            second_chance: false,
+            ..v.clone()
+        };
+        r.apply(&[off.clone(), w.clone()], &all).unwrap();
+        let meta = r.dataplane().vip(&v.id.key()).unwrap().unwrap();
+        assert_eq!(meta.flags & VIP_F_SECOND_CHANCE, 0);
+        for b in r.vips()[&v.id].backends.values() {
+            let def = r
+                .dataplane()
+                .backend(b.handle & BACKEND_INDEX_MASK)
+                .unwrap();
+            assert_eq!(def.flags & BACKEND_F_SECOND_CHANCE, 0);
+        }
+        r.apply(&[off, w, x.clone()], &all).unwrap();
+        assert_eq!(r.vips()[&x.id].meta.alt_index, 0);
+    }
+
+    #[test]
+    fn health_leaves_the_alternates_alone() {
+        let mut r = Reconciler::adopt(FakeDataplane::new(layout())).unwrap();
+        let v = second_chance(
+            "10.0.0.1",
+            &[("10.1.0.1", 1), ("10.1.0.2", 1), ("10.1.0.3", 1)],
+        );
+        r.apply(std::slice::from_ref(&v), &all).unwrap();
+        let before = listed(&r, 0);
+        let down: IpAddr = "10.1.0.2".parse().unwrap();
+        let rep = r
+            .apply(std::slice::from_ref(&v), &|_, a| *a != down)
+            .unwrap();
+        assert_eq!(rep.tables_published, 1, "the table lost the backend");
+        assert_eq!(listed(&r, 0), before, "its alternates did not");
+        assert!(before.iter().any(|l| l.contains(&down)));
+
+        // Adopted maps: the region is kept and nothing is rewritten.
+        let dp = std::mem::replace(r.dataplane_mut(), FakeDataplane::new(layout()));
+        let writes = dp.writes;
+        let mut again = Reconciler::adopt(dp).unwrap();
+        assert_eq!(again.vips()[&v.id].meta.alt_index, 0);
+        again
+            .apply(std::slice::from_ref(&v), &|_, a| *a != down)
+            .unwrap();
+        assert_eq!(again.dataplane().writes, writes);
     }
 
     #[test]

@@ -37,7 +37,7 @@ use lb_common::{
 };
 
 use common::{
-    XDP_DROP, XDP_PASS, ip,
+    XDP_DROP, XDP_PASS, XDP_TX, ip,
     packets::{self, Link, arp, fix_ipv4_checksum, icmp4, l2_len},
     require_root, v4, v6,
 };
@@ -134,6 +134,7 @@ impl Rig {
         let want_action = match want.kind() {
             DecapKind::Decap | DecapKind::Pass => XDP_PASS,
             DecapKind::Drop => XDP_DROP,
+            DecapKind::Forward => XDP_TX,
         };
         assert_eq!(action, want_action, "{name}: action");
         (action, out)

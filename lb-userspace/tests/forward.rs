@@ -704,10 +704,10 @@ fn vip_and_backend_stats_add_up() {
     // What the reconciler does before reusing an id or an index.
     let index = rig.handle(&vips.tcp4, V4_BACKENDS[1]) & BACKEND_INDEX_MASK;
     let dp = rig.r.dataplane_mut();
-    dp.clear_vip_stats(meta.vip_id).expect("clear");
+    dp.clear_vip_stats(meta.id()).expect("clear");
     dp.clear_backend_stats(index).expect("clear");
     assert_eq!(
-        dp.vip_stats(meta.vip_id).expect("stats"),
+        dp.vip_stats(meta.id()).expect("stats"),
         CounterValue::default()
     );
     assert_eq!(

@@ -297,10 +297,10 @@ fn too_big_ipv4_is_answered_with_fragmentation_needed() {
     // Without DF: dropped, or passed by policy; never forwarded.
     let no_df = big_tcp4("10.0.0.10", 80, 1481, false);
     let meta = rig.dp().vip(&v.tcp4).expect("vip").expect("vip exists");
-    let before = rig.dp().vip_stats(meta.vip_id).expect("stats").packets;
+    let before = rig.dp().vip_stats(meta.id()).expect("stats").packets;
     let (action, _, _) = rig.run_counted(&no_df, Counter::DropTooBigNoDf);
     assert_eq!(action, XDP_DROP, "no DF: dropped");
-    let after = rig.dp().vip_stats(meta.vip_id).expect("stats").packets;
+    let after = rig.dp().vip_stats(meta.id()).expect("stats").packets;
     assert_eq!(after, before + 1, "counted for the VIP");
     with_settings(&mut rig, |s| {
         s.mtu = 1500;

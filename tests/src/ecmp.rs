@@ -214,6 +214,13 @@ impl EcmpRig {
             let net = 30 + i + 1;
             let r_if = format!("r-be{}", i + 1);
             veth(&b.ns, "eth0", r, &r_if, INFRA_MTU)?;
+            // A backend that hands a second-chance packet on sends it back
+            // with XDP_TX: the same veth quirk.
+            let attach = r_if.clone();
+            self.passes.push(
+                r.within(move || PassProgram::attach(&attach))?
+                    .with_context(|| format!("attaching the pass program to {r_if}"))?,
+            );
             b.ns.ip(&["addr", "add", &format!("10.10.{net}.2/24"), "dev", "eth0"])?;
             b.ns.ip(&["route", "add", "default", "via", &format!("10.10.{net}.1")])?;
             r.ip(&["addr", "add", &format!("10.10.{net}.1/24"), "dev", &r_if])?;
@@ -244,14 +251,47 @@ impl EcmpRig {
     /// addresses, and a BGP session to the router (hold time 3 s);
     /// `top_extra` adds top-level settings.
     pub fn lbd_config(&self, i: usize, vip_extra: &str, top_extra: &str) -> String {
-        let lb = self.balancer(i);
         let backends: String = self
             .backends
             .iter()
             .map(|b| format!("      - address: {}\n", b.addr))
             .collect();
+        self.lbd_config_for(i, &backends, vip_extra, vip_extra, top_extra)
+    }
+
+    /// As [`lbd_config`](Self::lbd_config), with the TCP VIP's own extra
+    /// lines (`tcp_extra`) and only backends `weights` (backend index from
+    /// 0, weight), for both VIPs.
+    pub fn lbd_config_weighted(
+        &self,
+        i: usize,
+        weights: &[(usize, u32)],
+        tcp_extra: &str,
+        top_extra: &str,
+    ) -> String {
+        let backends: String = weights
+            .iter()
+            .map(|(b, w)| {
+                format!(
+                    "      - address: {}\n        weight: {w}\n",
+                    self.backends[*b].addr
+                )
+            })
+            .collect();
+        self.lbd_config_for(i, &backends, tcp_extra, "", top_extra)
+    }
+
+    fn lbd_config_for(
+        &self,
+        i: usize,
+        backends: &str,
+        tcp_extra: &str,
+        udp_extra: &str,
+        top_extra: &str,
+    ) -> String {
+        let lb = self.balancer(i);
         format!(
-            "instance: {instance}\ninterfaces: [eth0]\nxdp_mode: native\ngateway_mac: auto\nouter_source_v4: {addr}\nmtu: {INFRA_MTU}\ntable_size: 65537\nconntrack_buckets: 65536\napi_socket: {dir}/lbd.sock\nstate_file: {dir}/state.json\n{top_extra}announce:\n  bgp:\n    local_as: {SPEAKER_AS}\n    router_id: {addr}\n    hold_time: 3s\n    connect_retry: {{ initial: 200ms, max: 1s }}\n    peers:\n      - {{ address: {router}, remote_as: {ROUTER_AS}, local_address: {addr} }}\nvips:\n  - address: {VIP}\n    port: {TCP_PORT}\n    protocol: tcp\n{vip_extra}    backends:\n{backends}  - address: {VIP}\n    port: {UDP_PORT}\n    protocol: udp\n{vip_extra}    backends:\n{backends}",
+            "instance: {instance}\ninterfaces: [eth0]\nxdp_mode: native\ngateway_mac: auto\nouter_source_v4: {addr}\nmtu: {INFRA_MTU}\ntable_size: 65537\nconntrack_buckets: 65536\napi_socket: {dir}/lbd.sock\nstate_file: {dir}/state.json\n{top_extra}announce:\n  bgp:\n    local_as: {SPEAKER_AS}\n    router_id: {addr}\n    hold_time: 3s\n    connect_retry: {{ initial: 200ms, max: 1s }}\n    peers:\n      - {{ address: {router}, remote_as: {ROUTER_AS}, local_address: {addr} }}\nvips:\n  - address: {VIP}\n    port: {TCP_PORT}\n    protocol: tcp\n{tcp_extra}    backends:\n{backends}  - address: {VIP}\n    port: {UDP_PORT}\n    protocol: udp\n{udp_extra}    backends:\n{backends}",
             instance = lb.instance,
             addr = lb.addr,
             router = router_addr(i),

@@ -173,6 +173,12 @@ fn bench(baseline: Option<&str>) -> Result<()> {
     let mut lb_bench = Command::new("target/release/lb-bench");
     if let Some(object) = &baseline {
         lb_bench.env("LB_BENCH_BASELINE", object);
+        // Its `lb-decap`, copied beside it.
+        let name = object.file_name().unwrap_or_default().to_string_lossy();
+        let decap = object.with_file_name(name.replacen("lb-xdp-", "lb-decap-", 1));
+        if decap.is_file() {
+            lb_bench.env("LB_BENCH_BASELINE_DECAP", decap);
+        }
     }
     let datapath = capture(&mut lb_bench)?;
     let maglev = capture(cargo().args(["bench", "-q", "-p", "lb-userspace", "--bench", "maglev"]))?;
@@ -276,7 +282,8 @@ fn baseline_bins(rev: &str) -> Result<(std::path::PathBuf, String)> {
 
 /// Builds the `lb-xdp` object of git revision `rev` from a clean export of
 /// that revision (under `target/bench-baseline/`), the way `lb-userspace`'s
-/// build script builds the current one, and returns its path.
+/// build script builds the current one, and returns its path; its
+/// `lb-decap` is copied beside it (`lb-decap-<commit>`).
 fn baseline_object(rev: &str) -> Result<std::path::PathBuf> {
     let (commit, src) = baseline_export(rev)?;
     let commit = commit.as_str();
@@ -309,10 +316,13 @@ fn baseline_object(rev: &str) -> Result<std::path::PathBuf> {
         )
         .env_remove("RUSTC")
         .env_remove("CARGO"))?;
-    let object = target_dir.join("bpfel-unknown-none/release/lb-xdp");
-    let copy = root.join(format!("lb-xdp-{commit}"));
-    std::fs::copy(&object, &copy).with_context(|| format!("copying {}", object.display()))?;
-    eprintln!("baseline: lb-xdp of {commit} at {}", copy.display());
+    let mut copy = std::path::PathBuf::new();
+    for name in ["lb-decap", "lb-xdp"] {
+        let object = target_dir.join("bpfel-unknown-none/release").join(name);
+        copy = root.join(format!("{name}-{commit}"));
+        std::fs::copy(&object, &copy).with_context(|| format!("copying {}", object.display()))?;
+        eprintln!("baseline: {name} of {commit} at {}", copy.display());
+    }
     Ok(copy)
 }
 

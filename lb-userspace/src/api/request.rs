@@ -140,6 +140,11 @@ pub struct VipAdd {
     #[arg(long)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub table_size: Option<u32>,
+    /// Second chance (TCP): mid-flow packets this balancer never placed
+    /// carry the flow's alternates; needs lb's decap on every backend.
+    #[arg(long)]
+    #[serde(default)]
+    pub second_chance: bool,
 }
 
 fn one() -> u32 {

@@ -274,6 +274,8 @@ pub struct VipInfo {
     pub vip: VipId,
     pub encap: String,
     pub conntrack: bool,
+    #[serde(default)]
+    pub second_chance: bool,
     pub backends: Vec<BackendInfo>,
 }
 
@@ -355,6 +357,11 @@ pub struct Simulation {
     pub backend: Option<IpAddr>,
     /// `connection table` or `maglev`.
     pub via: String,
+    /// Second chance: the alternates the packet carries, in the order the
+    /// backends try them (none for a SYN, a connection-table hit, UDP, a
+    /// VIP without second chance).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub alternates: Vec<IpAddr>,
 }
 
 /// `lbctl bgp`.

@@ -86,6 +86,8 @@ struct RawConfig {
     #[serde(default = "default_max_backends")]
     max_backends: u32,
     table_pool_mib: Option<u32>,
+    /// Default: 8, or `max_vips` if fewer.
+    second_chance_vips: Option<u32>,
     #[serde(default)]
     malformed: MalformedPolicy,
     api_socket: Option<PathBuf>,
@@ -173,6 +175,13 @@ fn default_max_vips() -> u32 {
 }
 fn default_max_backends() -> u32 {
     4096
+}
+impl RawConfig {
+    fn second_chance_vips(&self) -> u32 {
+        self.second_chance_vips.unwrap_or(
+            crate::dataplane::DEFAULT_SECOND_CHANCE_VIPS.min(self.max_vips.min(u16::MAX as u32)),
+        )
+    }
 }
 fn default_bpffs() -> PathBuf {
     "/sys/fs/bpf".into()
@@ -275,7 +284,7 @@ impl Config {
             self.outer_source_v4_prefix,
             self.outer_source_v6_prefix,
         );
-        let warnings = check_vips(vips, &self.layout, &sources, false, &mut errors);
+        let warnings = check_vips(vips, &self.layout, &sources, self.mtu, false, &mut errors);
         if errors.is_empty() {
             Ok(warnings)
         } else {
@@ -356,6 +365,7 @@ fn validate_raw(raw: RawConfig, errors: &mut Vec<ConfigError>) -> Option<Config>
         max_backends: raw.max_backends,
         ct_buckets: raw.conntrack_buckets,
         table_pool: raw.table_pool_mib.map_or(0, |mib| mib * CHUNKS_PER_MIB),
+        second_chance_vips: raw.second_chance_vips(),
     };
     if errors.is_empty()
         && let Err(e) = layout.validate()
@@ -371,7 +381,7 @@ fn validate_raw(raw: RawConfig, errors: &mut Vec<ConfigError>) -> Option<Config>
         raw.outer_source_v4_prefix,
         raw.outer_source_v6_prefix,
     );
-    let warnings = check_vips(&raw.vips, &layout, &sources, true, errors);
+    let warnings = check_vips(&raw.vips, &layout, &sources, raw.mtu, true, errors);
     if !errors.is_empty() {
         return None;
     }
@@ -496,6 +506,16 @@ fn check_sizes(raw: &RawConfig, errors: &mut Vec<ConfigError>) {
         err(
             "max_vips".into(),
             format!("{} is out of range 1-65535", raw.max_vips),
+        );
+    }
+    if raw.second_chance_vips() > raw.max_vips.min(u16::MAX as u32) {
+        err(
+            "second_chance_vips".into(),
+            format!(
+                "{} is more than max_vips ({})",
+                raw.second_chance_vips(),
+                raw.max_vips
+            ),
         );
     }
     if raw.max_backends == 0 || raw.max_backends > lb_common::consts::MAX_BACKENDS {

@@ -811,3 +811,56 @@ fn every_example_in_config_dir_loads() {
     }
     assert!(n >= 2, "expected example configs in {}", dir.display());
 }
+
+#[test]
+fn second_chance_is_off_by_default_tcp_only_and_bounded() {
+    let c = Config::parse(GOOD).expect("valid");
+    assert!(c.vips.iter().all(|v| !v.second_chance));
+    assert_eq!(c.layout.second_chance_vips, 8);
+    let small = Config::parse(&format!("{GOOD}max_vips: 4\n")).expect("valid");
+    assert_eq!(small.layout.second_chance_vips, 4, "at most max_vips");
+
+    let on = with(
+        "    protocol: tcp\n",
+        "    protocol: tcp\n    second_chance: true\n",
+    );
+    let c = Config::parse(&on).expect("valid");
+    assert!(c.vips[0].second_chance);
+    assert!(
+        c.warnings
+            .iter()
+            .any(|w| w.contains("decap program") && w.contains("10.99.0.1:80/tcp")),
+        "{:?}",
+        c.warnings
+    );
+
+    let udp = with(
+        "    conntrack: false\n",
+        "    conntrack: false\n    second_chance: true\n",
+    );
+    let e = errors(&udp);
+    assert!(e[0].starts_with("vips[1].second_chance: "), "{e:?}");
+    assert!(e[0].contains("UDP"), "{e:?}");
+
+    let hashed = with(
+        "    protocol: tcp\n",
+        "    protocol: tcp\n    second_chance: true\n    fragments: hash\n",
+    );
+    assert!(errors(&hashed)[0].contains("fragments: hash"));
+
+    let none = format!("{on}second_chance_vips: 0\n");
+    assert!(errors(&none)[0].contains("1 VIPs with second_chance, but second_chance_vips is 0"));
+    let too_many = format!("{GOOD}second_chance_vips: 100\n");
+    assert!(errors(&too_many)[0].starts_with("second_chance_vips: 100 is more than max_vips"));
+}
+
+#[test]
+fn second_chance_over_ipv6_needs_room_for_its_largest_header() {
+    let v6 = with(
+        "    port: all\n    protocol: udp\n    encap: gre\n    conntrack: false\n",
+        "    port: 443\n    protocol: tcp\n    second_chance: true\n",
+    );
+    Config::parse(&format!("{v6}mtu: 1384\n")).expect("1280 + 104 fits");
+    let e = errors(&format!("{v6}mtu: 1383\n"));
+    assert!(e[0].contains("at least 1384"), "{e:?}");
+}

@@ -356,6 +356,12 @@ pub struct VipConfig {
     /// `table_size`. Never derived from the backends: changing M moves
     /// every flow of the VIP to a new slot.
     pub table_size: Option<u32>,
+    /// Second chance (TCP): a mid-flow packet this balancer never placed
+    /// carries the backends other tables give its flow, and a backend
+    /// that does not hold the connection hands it on. Needs lb's decap
+    /// program on every backend; off by default (ARCHITECTURE.md, "Second
+    /// chance").
+    pub second_chance: bool,
 }
 
 impl VipConfig {
@@ -374,6 +380,7 @@ impl VipConfig {
             min_healthy: default_min_healthy(),
             passive_health: Default::default(),
             table_size: None,
+            second_chance: false,
         }
     }
 
@@ -427,10 +434,16 @@ pub struct RawVip {
     passive_health: crate::passive::PassiveHealth,
     #[serde(default)]
     table_size: Option<u32>,
+    #[serde(default)]
+    second_chance: bool,
 }
 
 pub(crate) fn yes() -> bool {
     true
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 impl RawVip {
@@ -452,6 +465,7 @@ impl RawVip {
             min_healthy: self.min_healthy,
             passive_health: self.passive_health,
             table_size: self.table_size,
+            second_chance: self.second_chance,
         }
     }
 }
@@ -485,6 +499,10 @@ impl Serialize for VipConfig {
             passive_health: &'a crate::passive::PassiveHealth,
             #[serde(skip_serializing_if = "Option::is_none")]
             table_size: Option<u32>,
+            // Omitted when off, so that configurations written before it
+            // existed keep their digests.
+            #[serde(skip_serializing_if = "is_false")]
+            second_chance: bool,
         }
         Out {
             address: self.id.addr,
@@ -504,6 +522,7 @@ impl Serialize for VipConfig {
             min_healthy: self.min_healthy,
             passive_health: &self.passive_health,
             table_size: self.table_size,
+            second_chance: self.second_chance,
         }
         .serialize(s)
     }
@@ -554,12 +573,14 @@ pub(crate) fn check_vips(
     vips: &[VipConfig],
     layout: &Layout,
     sources: &Sources,
+    mtu: u16,
     from_file: bool,
     errors: &mut Vec<ConfigError>,
 ) -> Vec<String> {
     let mut rules = VipRules {
         layout,
         sources,
+        mtu,
         from_file,
         vip_addrs: vips.iter().map(|v| v.id.addr).collect(),
         errors,
@@ -609,6 +630,17 @@ pub(crate) fn check_vips(
         rules.settings(vip, &at);
         rules.table_size(vip, &at);
         rules.shares(vip, &at);
+        rules.second_chance(vip, &at);
+    }
+    let second_chance = vips.iter().filter(|v| v.second_chance).count();
+    if second_chance > layout.second_chance_vips as usize {
+        rules.err(
+            "vips".into(),
+            format!(
+                "{second_chance} VIPs with second_chance, but second_chance_vips is {}",
+                layout.second_chance_vips
+            ),
+        );
     }
     rules.warnings
 }
@@ -617,6 +649,8 @@ pub(crate) fn check_vips(
 struct VipRules<'a> {
     layout: &'a Layout,
     sources: &'a Sources,
+    /// The path MTU toward the backends (0: unchecked).
+    mtu: u16,
     from_file: bool,
     /// Every VIP address of the set (a backend must be none of them).
     vip_addrs: BTreeSet<IpAddr>,
@@ -793,6 +827,65 @@ impl VipRules<'_> {
                 ),
             );
         }
+    }
+
+    /// Second chance: TCP only, not with fragment hashing; and what it
+    /// needs of the backends, which `lbd` cannot see from here.
+    fn second_chance(&mut self, vip: &VipConfig, at: &str) {
+        if !vip.second_chance {
+            return;
+        }
+        if vip.id.proto != Protocol::Tcp {
+            self.err(
+                format!("{at}.second_chance"),
+                format!(
+                    "VIP {}: second chance follows TCP connections; a UDP VIP has none to find",
+                    vip.id
+                ),
+            );
+        }
+        if vip.fragments == FragmentPolicy::Hash {
+            self.err(
+                format!("{at}.second_chance"),
+                format!(
+                    "VIP {}: second chance needs each flow's own Maglev slot; fragments: hash picks by client",
+                    vip.id
+                ),
+            );
+        }
+        // The VIP's alternates region holds the global table size's slots.
+        let global = self.layout.table_size;
+        if vip.table_size.is_some_and(|m| m > global) {
+            self.err(
+                format!("{at}.second_chance"),
+                format!(
+                    "VIP {}: with second chance the VIP's table_size may not exceed the global table_size {global} (its alternates are kept in regions of that size)",
+                    vip.id
+                ),
+            );
+        }
+        // IPv6 clients must never be told an MTU below 1280: the largest
+        // second-chance header over IPv6 is 104 bytes.
+        let least = 1280 + lb_common::consts::SC_MAX_OVERHEAD_V6;
+        if vip.id.addr.is_ipv6()
+            && vip.backends.iter().any(|b| b.address.is_ipv6())
+            && self.mtu != 0
+            && (self.mtu as usize) < least
+        {
+            self.err(
+                format!("{at}.second_chance"),
+                format!(
+                    "VIP {}: with IPv6 backends the largest second-chance header is {} bytes; mtu {} would tell IPv6 clients less than 1280; raise mtu to at least {least}",
+                    vip.id,
+                    lb_common::consts::SC_MAX_OVERHEAD_V6,
+                    self.mtu
+                ),
+            );
+        }
+        self.warnings.push(format!(
+            "{at}: VIP {} has second_chance: every backend must run lb's decap program (`lbctl decap attach`) accepting GUE on gue_port; kernel tunnel devices (ipip, gre, fou) cannot hand a packet on and drop or misread its alternates",
+            vip.id
+        ));
     }
 
     /// Warnings: no weight at all, or a table too small for fair shares.

@@ -21,7 +21,8 @@
 //! (changes, revisions, probation), [`preview`] (what a change would do),
 //! [`reload`] (file reloads, datapath settings, the blackhole guard),
 //! [`announce`] (announcers, node drain and stop), [`probes`] (one prober
-//! per probed backend), [`views`] (the answers to read-only requests).
+//! per probed backend), [`views`] (the answers to read-only requests),
+//! [`second_chance`] (what second-chance alternates are computed from).
 
 pub mod announce;
 pub mod commit;
@@ -31,6 +32,7 @@ pub mod preview;
 pub mod probes;
 pub mod reload;
 pub mod requests;
+pub mod second_chance;
 pub mod trace;
 pub mod views;
 
@@ -152,6 +154,8 @@ pub struct Daemon<D: Dataplane> {
     /// `lbctl trace`'s lease, while one runs.
     pub tracing: Option<trace::Lease>,
     samples: views::Samples,
+    /// Second chance: each VIP's previous backends, from the revisions.
+    alt_history: second_chance::History,
 }
 
 impl<D: Dataplane> Daemon<D> {
@@ -199,6 +203,7 @@ impl<D: Dataplane> Daemon<D> {
             announcers,
             gateway: None,
             samples: views::Samples::default(),
+            alt_history: second_chance::History::default(),
         }
     }
 
@@ -223,6 +228,8 @@ impl<D: Dataplane> Daemon<D> {
         self.pending = plan.pending;
         let usable =
             |id: &VipId, addr: &IpAddr| plan.usable.get(&(*id, *addr)).copied().unwrap_or(true);
+        let sources = self.alternate_sources(effective);
+        self.reconciler.set_alternate_sources(sources);
         let result = self.reconciler.apply(&plan.vips, &usable);
         match &result {
             Ok(report) => {

@@ -98,7 +98,7 @@ pub(super) fn fixed_setting_changed(old: &Config, new: &Config) -> Option<&'stat
         ("interfaces", new.interfaces != old.interfaces),
         ("xdp_mode", new.xdp_mode != old.xdp_mode),
         (
-            "table_size, conntrack_buckets, max_vips, max_backends or table_pool_mib",
+            "table_size, conntrack_buckets, max_vips, max_backends, table_pool_mib or second_chance_vips",
             new.layout != old.layout,
         ),
         ("bpffs", new.bpffs != old.bpffs),

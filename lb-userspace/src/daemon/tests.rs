@@ -227,6 +227,7 @@ async fn a_vip_added_is_programmed_announced_persisted_and_deleted() {
         no_conntrack: true,
         min_healthy: 1,
         table_size: Some(1009),
+        second_chance: false,
     };
     r.ok(Request::Vip(VipRequest::Add(add))).await;
     let list: Vec<api::VipInfo> = parse(r.ok(Request::Vip(VipRequest::List)).await);
@@ -260,6 +261,7 @@ async fn a_vip_added_is_programmed_announced_persisted_and_deleted() {
         no_conntrack: false,
         min_healthy: 1,
         table_size: None,
+        second_chance: false,
     };
     let e = r.refused(Request::Vip(VipRequest::Add(again))).await;
     assert!(e.contains("10.99.0.2:53/udp"), "{e}");
@@ -634,6 +636,7 @@ async fn a_new_gateway_mac_is_written_to_the_dataplane() {
 }
 
 mod change;
+mod second_chance;
 
 #[tokio::test]
 async fn metrics_report_counters_states_and_digests_after_a_tick() {

@@ -57,6 +57,7 @@ pub fn vip_config(add: &VipAdd) -> VipConfig {
     v.conntrack = !add.no_conntrack;
     v.min_healthy = add.min_healthy;
     v.table_size = add.table_size;
+    v.second_chance = add.second_chance;
     v
 }
 
@@ -181,6 +182,7 @@ impl<D: Dataplane> Daemon<D> {
                     vip: v.id,
                     encap: v.encap.to_string(),
                     conntrack: v.conntrack,
+                    second_chance: v.second_chance,
                     backends: v
                         .backends
                         .iter()
@@ -376,6 +378,7 @@ impl<D: Dataplane> Daemon<D> {
                 slot: 0,
                 backend: None,
                 via: "not a VIP: passed to the kernel".into(),
+                alternates: Vec::new(),
             });
         };
         Ok(Simulation {
@@ -388,6 +391,15 @@ impl<D: Dataplane> Daemon<D> {
                     .map(|(_, a)| a)
                     .or_else(|| b.ip())
             }),
+            alternates: p
+                .alternates()
+                .filter_map(|b| {
+                    self.reconciler
+                        .backend_by_handle(b.handle)
+                        .map(|(_, a)| a)
+                        .or_else(|| b.ip())
+                })
+                .collect(),
             via: match (p.backend, p.via) {
                 (None, _) => "no usable backend: dropped".into(),
                 (Some(_), Via::ConnTrack) => "connection table".into(),

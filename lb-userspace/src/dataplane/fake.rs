@@ -9,7 +9,7 @@ use lb_common::{
     consts::TABLE_CHUNK_SLOTS, counters::COUNTER_SLOTS,
 };
 
-use super::{Counters, Dataplane, DataplaneError, Layout, Result};
+use super::{AltSlot, Counters, Dataplane, DataplaneError, Layout, Result};
 
 #[derive(Debug)]
 pub struct FakeDataplane {
@@ -18,6 +18,7 @@ pub struct FakeDataplane {
     vips: HashMap<VipKey, VipMeta>,
     backends: Vec<BackendDef>,
     tables: Vec<u32>,
+    alternates: Vec<AltSlot>,
     flows: Vec<FlowBucket>,
     filter: VipFilter,
     /// The last trace filter written.
@@ -45,6 +46,10 @@ impl FakeDataplane {
             vips: HashMap::new(),
             backends: vec![BackendDef::default(); layout.max_backends as usize],
             tables: vec![0; (layout.table_map_entries() * TABLE_CHUNK_SLOTS) as usize],
+            alternates: vec![
+                AltSlot::default();
+                (layout.alt_map_entries() * TABLE_CHUNK_SLOTS) as usize
+            ],
             flows: vec![FlowBucket::default(); layout.ct_buckets as usize],
             filter: VipFilter::default(),
             trace: TraceFilter::default(),
@@ -162,6 +167,36 @@ impl Dataplane for FakeDataplane {
                 what: "table chunk",
                 index: base,
                 limit: self.layout.table_map_entries(),
+            })
+    }
+
+    fn write_alternates(&mut self, base: u32, slots: &[AltSlot]) -> Result<()> {
+        let limit = self.layout.alt_map_entries();
+        let start = range("alternates chunk", base, limit as usize)? * TABLE_CHUNK_SLOTS as usize;
+        let chunks = slots.len().div_ceil(TABLE_CHUNK_SLOTS as usize);
+        let end = start + chunks * TABLE_CHUNK_SLOTS as usize;
+        if end > self.alternates.len() {
+            return Err(DataplaneError::OutOfRange {
+                what: "alternates chunk",
+                index: base + chunks as u32,
+                limit,
+            });
+        }
+        self.write(chunks)?;
+        self.alternates[start..end].fill(AltSlot::default());
+        self.alternates[start..start + slots.len()].copy_from_slice(slots);
+        Ok(())
+    }
+
+    fn read_alternates(&self, base: u32, len: u32) -> Result<Vec<AltSlot>> {
+        let start = base as usize * TABLE_CHUNK_SLOTS as usize;
+        self.alternates
+            .get(start..start + len as usize)
+            .map(<[AltSlot]>::to_vec)
+            .ok_or(DataplaneError::OutOfRange {
+                what: "alternates chunk",
+                index: base,
+                limit: self.layout.alt_map_entries(),
             })
     }
 

@@ -21,18 +21,18 @@ use aya::{
     },
 };
 use lb_common::{
-    BackendDef, CounterValue, DatapathConfig, FlowBucket, SynCounts, SynSlot, TableChunk,
+    AltChunk, BackendDef, CounterValue, DatapathConfig, FlowBucket, SynCounts, SynSlot, TableChunk,
     TraceFilter, VipFilter, VipKey, VipMeta,
     consts::{
-        ALL_MAPS, MAP_BACKEND_STATS, MAP_BACKEND_SYNS, MAP_BACKENDS, MAP_CONFIG, MAP_COUNTERS,
-        MAP_FLOWS, MAP_SYNS, MAP_TABLES, MAP_TRACE, MAP_TRACE_EVENTS, MAP_VIP_FILTER,
+        ALL_MAPS, MAP_ALTERNATES, MAP_BACKEND_STATS, MAP_BACKEND_SYNS, MAP_BACKENDS, MAP_CONFIG,
+        MAP_COUNTERS, MAP_FLOWS, MAP_SYNS, MAP_TABLES, MAP_TRACE, MAP_TRACE_EVENTS, MAP_VIP_FILTER,
         MAP_VIP_RETIRED, MAP_VIP_STATS, MAP_VIPS, PROG_LB, PROG_LB_TRACE, PROG_PROBE_ENCAP,
         SYN_SLOTS, TABLE_CHUNK_SLOTS, TRACE_RING_BYTES,
     },
     counters::COUNTER_SLOTS,
 };
 
-use super::{Counters, Dataplane, DataplaneError, Layout, Result};
+use super::{AltSlot, Counters, Dataplane, DataplaneError, Layout, Result};
 use crate::objects;
 
 pub struct KernelDataplane {
@@ -66,6 +66,8 @@ struct Maps {
     syns: Option<Array<MapData, SynSlot>>,
     /// Absent in builds that counted forwarded packets per VIP too.
     vip_retired: Option<Array<MapData, CounterValue>>,
+    /// Absent in builds before second chance (likewise).
+    alternates: Option<Array<MapData, AltChunk>>,
 }
 
 impl Maps {
@@ -104,6 +106,10 @@ impl Maps {
             },
             vip_retired: match ebpf.map(MAP_VIP_RETIRED) {
                 Some(_) => Some(typed(ebpf, MAP_VIP_RETIRED)?),
+                None => None,
+            },
+            alternates: match ebpf.map(MAP_ALTERNATES) {
+                Some(_) => Some(typed(ebpf, MAP_ALTERNATES)?),
                 None => None,
             },
         })
@@ -146,6 +152,7 @@ impl KernelDataplane {
             .map_max_entries(MAP_VIPS, layout.vip_keys())
             .map_max_entries(MAP_BACKENDS, layout.max_backends)
             .map_max_entries(MAP_TABLES, layout.table_map_entries())
+            .map_max_entries(MAP_ALTERNATES, layout.alt_map_entries())
             .map_max_entries(MAP_FLOWS, layout.ct_buckets)
             .map_max_entries(MAP_VIP_STATS, layout.max_vips)
             .map_max_entries(MAP_VIP_RETIRED, layout.max_vips)
@@ -362,7 +369,7 @@ fn per_cpu_sum(map: &Counts, name: &'static str, index: u32) -> Result<CounterVa
 }
 
 /// Sizes of each map for `layout`: (name, max entries, value size).
-fn expected_maps(layout: &Layout) -> [(&'static str, u32, u32); 14] {
+fn expected_maps(layout: &Layout) -> [(&'static str, u32, u32); 15] {
     use std::mem::size_of;
     let v = |n: usize| n as u32;
     [
@@ -399,6 +406,11 @@ fn expected_maps(layout: &Layout) -> [(&'static str, u32, u32); 14] {
             MAP_VIP_RETIRED,
             layout.max_vips,
             v(size_of::<CounterValue>()),
+        ),
+        (
+            MAP_ALTERNATES,
+            layout.alt_map_entries(),
+            v(size_of::<AltChunk>()),
         ),
     ]
 }
@@ -500,6 +512,39 @@ impl Dataplane for KernelDataplane {
         let mut index = base;
         while out.len() < len as usize {
             let chunk = map.get(&index, 0).map_err(map_err(MAP_TABLES))?;
+            let want = (len as usize - out.len()).min(TABLE_CHUNK_SLOTS as usize);
+            out.extend_from_slice(&chunk.slots[..want]);
+            index += 1;
+        }
+        Ok(out)
+    }
+
+    fn write_alternates(&mut self, base: u32, slots: &[AltSlot]) -> Result<()> {
+        let map = self
+            .maps
+            .alternates
+            .as_mut()
+            .ok_or(DataplaneError::MissingMap(MAP_ALTERNATES))?;
+        let mut chunk = Box::new(AltChunk::default());
+        for (i, part) in slots.chunks(TABLE_CHUNK_SLOTS as usize).enumerate() {
+            chunk.slots[..part.len()].copy_from_slice(part);
+            chunk.slots[part.len()..].fill(AltSlot::default());
+            map.set(base + i as u32, *chunk, 0)
+                .map_err(map_err(MAP_ALTERNATES))?;
+        }
+        Ok(())
+    }
+
+    fn read_alternates(&self, base: u32, len: u32) -> Result<Vec<AltSlot>> {
+        let map = self
+            .maps
+            .alternates
+            .as_ref()
+            .ok_or(DataplaneError::MissingMap(MAP_ALTERNATES))?;
+        let mut out = Vec::with_capacity(len as usize);
+        let mut index = base;
+        while out.len() < len as usize {
+            let chunk = map.get(&index, 0).map_err(map_err(MAP_ALTERNATES))?;
             let want = (len as usize - out.len()).min(TABLE_CHUNK_SLOTS as usize);
             out.extend_from_slice(&chunk.slots[..want]);
             index += 1;

@@ -16,8 +16,9 @@ mod mmap;
 pub mod pool;
 
 use lb_common::{
-    BackendDef, CounterValue, DatapathConfig, FlowBucket, TraceFilter, VipFilter, VipKey, VipMeta,
-    consts::{MAX_BACKENDS, VIP_F_NO_BACKENDS},
+    AltChunk, BackendDef, CounterValue, DatapathConfig, FlowBucket, TraceFilter, VipFilter, VipKey,
+    VipMeta,
+    consts::{MAX_BACKENDS, SC_MAX_ALTERNATES, VIP_F_NO_BACKENDS},
     counters::COUNTER_SLOTS,
 };
 use thiserror::Error;
@@ -85,7 +86,13 @@ pub struct Layout {
     /// for `max_vips` VIPs of `table_size`, the map's size before per-VIP
     /// sizes (so maps pinned by an older `lbd` are adopted).
     pub table_pool: u32,
+    /// Most VIPs with second chance at once: each owns one region of
+    /// `LB_ALTERNATES` (M × 12 bytes: 786 KB at M = 65537).
+    pub second_chance_vips: u32,
 }
+
+/// One slot's alternates: backend handles, 0 after the last.
+pub type AltSlot = [u32; SC_MAX_ALTERNATES];
 
 impl Default for Layout {
     fn default() -> Self {
@@ -95,12 +102,16 @@ impl Default for Layout {
             max_backends: 4096,
             ct_buckets: 1 << 18,
             table_pool: 0,
+            second_chance_vips: DEFAULT_SECOND_CHANCE_VIPS,
         }
     }
 }
 
 /// Most chunks `LB_TABLES` may have: 16 GiB of tables.
 pub const MAX_POOL_CHUNKS: u32 = 1 << 22;
+/// Default [`Layout::second_chance_vips`]: 6.3 MB of alternates at the
+/// default table size, whether or not a VIP uses them.
+pub const DEFAULT_SECOND_CHANCE_VIPS: u32 = 8;
 
 impl Layout {
     pub fn validate(&self) -> Result<()> {
@@ -144,7 +155,25 @@ impl Layout {
                 self.table_size
             ));
         }
+        if self.second_chance_vips > u16::MAX as u32 {
+            return bad(format!(
+                "second_chance_vips {} must be at most {}",
+                self.second_chance_vips,
+                u16::MAX
+            ));
+        }
         Ok(())
+    }
+
+    /// Elements of `LB_ALTERNATES`: a region of `table_chunks` per
+    /// second-chance VIP (at least one element: a map cannot be empty).
+    pub fn alt_map_entries(&self) -> u32 {
+        (self.second_chance_vips * self.table_chunks()).max(1)
+    }
+
+    /// First chunk of alternates region `index`.
+    pub fn alt_base(&self, index: u16) -> u32 {
+        index as u32 * self.table_chunks()
     }
 
     /// Chunks per table half of the default size.
@@ -205,6 +234,10 @@ impl Layout {
             (MAP_BACKEND_SYNS, self.max_backends as u64 * 16 * per_cpu),
             (MAP_SYNS, SYN_SLOTS as u64 * 16),
             (MAP_VIP_FILTER, 8 * lb_common::VIP_FILTER_WORDS as u64),
+            (
+                MAP_ALTERNATES,
+                self.alt_map_entries() as u64 * std::mem::size_of::<AltChunk>() as u64,
+            ),
         ]
     }
 
@@ -240,6 +273,12 @@ pub trait Dataplane {
     fn write_table(&mut self, base: u32, slots: &[u32]) -> Result<()>;
     /// Reads `len` slots starting at chunk `base`.
     fn read_table(&self, base: u32, len: u32) -> Result<Vec<u32>>;
+
+    /// Writes whole chunks of second-chance alternates starting at chunk
+    /// `base` of `LB_ALTERNATES` (the rest of the last chunk is 0).
+    fn write_alternates(&mut self, base: u32, slots: &[AltSlot]) -> Result<()>;
+    /// Reads `len` slots of alternates starting at chunk `base`.
+    fn read_alternates(&self, base: u32, len: u32) -> Result<Vec<AltSlot>>;
 
     /// All `LB_COUNTERS` slots, summed over CPUs, indexed by counter id.
     fn counters(&self) -> Result<Counters>;
@@ -426,6 +465,7 @@ mod tests {
             max_backends: 8,
             ct_buckets: 4,
             table_pool: 0,
+            second_chance_vips: 1,
         });
         let key = VipKey::new("10.0.0.1".parse().unwrap(), 80, 6);
         let mut meta = VipMeta {

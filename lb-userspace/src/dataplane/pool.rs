@@ -66,7 +66,7 @@ impl Region {
     /// VIP id: `2 × vip_id` halves of the global size from the start.
     pub fn of(meta: &VipMeta, global_m: u32) -> (Region, u32) {
         if meta.table_size() == 0 {
-            let r = Region::new(2 * meta.vip_id * half_chunks(global_m), global_m);
+            let r = Region::new(2 * meta.id() * half_chunks(global_m), global_m);
             return (r, u32::from(meta.table_base != r.base));
         }
         let half = u32::from(meta.flags & VIP_F_SECOND_HALF != 0);

@@ -223,6 +223,7 @@ mod tests {
             max_backends: 64,
             ct_buckets: 16,
             table_pool: 24,
+            second_chance_vips: 1,
         }
     }
 

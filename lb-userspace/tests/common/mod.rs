@@ -9,7 +9,8 @@
 //!   fixture type with the runner that the feature suites' tables share.
 //!
 //! Nothing here is a test. The suites that exercise `lb_xdp` are `parse`,
-//! `forward`, `golden`, `icmp` and `fragments`; `decap` exercises `lb_decap`.
+//! `forward`, `golden`, `icmp` and `fragments`; `decap` exercises `lb_decap`;
+//! `second_chance` both.
 
 // Each test crate compiles this module whole and uses a subset of it, so
 // what one crate leaves unused is dead there; `expect` would be unfulfilled

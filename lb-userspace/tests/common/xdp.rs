@@ -118,6 +118,7 @@ impl Rig {
             max_backends: 64,
             ct_buckets,
             table_pool: 0,
+            second_chance_vips: 4,
         };
         let dp = KernelDataplane::load(layout).unwrap_or_else(|e| {
             panic!("loading lb_xdp failed (kernel without XDP/BTF support?): {e:#}")
@@ -577,10 +578,10 @@ fn run_fixture(rig: &mut Rig, fx: Fixture, drop_malformed: bool) {
         }
         Expect::Drop(vip, counter) => {
             let meta = rig.dp().vip(&vip).expect("vip").expect("vip exists");
-            let before = rig.dp().vip_stats(meta.vip_id).expect("vip stats").packets;
+            let before = rig.dp().vip_stats(meta.id()).expect("vip stats").packets;
             let (action, _, _) = rig.run_counted(&fx.packet, counter);
             assert_eq!(action, XDP_DROP, "{name}: action");
-            let after = rig.dp().vip_stats(meta.vip_id).expect("vip stats").packets;
+            let after = rig.dp().vip_stats(meta.id()).expect("vip stats").packets;
             assert_eq!(after, before + 1, "{name}: counted for the VIP");
         }
         Expect::Dropped(counter) => {
@@ -628,7 +629,7 @@ fn check_forward(
             .0
     };
     let vip_before = total(rig);
-    let own_before = rig.dp().vip_stats(meta.vip_id).expect("vip stats");
+    let own_before = rig.dp().vip_stats(meta.id()).expect("vip stats");
     let be_index = backend.handle & BACKEND_INDEX_MASK;
     let be_before = rig.dp().backend_stats(be_index).expect("backend stats");
 
@@ -649,7 +650,7 @@ fn check_forward(
         "{name}: VIP stats"
     );
     assert_eq!(
-        rig.dp().vip_stats(meta.vip_id).expect("vip stats"),
+        rig.dp().vip_stats(meta.id()).expect("vip stats"),
         own_before,
         "{name}: a forwarded packet is counted for its backend only"
     );

@@ -4,7 +4,7 @@
 //! `BPF_PROG_TEST_RUN` with `repeat > 1` runs a program again on the frame
 //! it already rewrote, so a balancer would see its own tunnel output. The
 //! harness `lb_bench` therefore restores the original frame before every
-//! run (shrinks it back to its length, rewrites its headers from
+//! run (shrinks or grows it back to its length, rewrites its headers from
 //! `BENCH_PACKET`), optionally stamps a new source address (a new flow per
 //! run), and tail-calls the program under test from `BENCH_JUMP`. Its own
 //! cost is measured by tail-calling `bench_pass` and subtracted.
@@ -41,6 +41,8 @@ static BENCH_SLOTS: Array<u32> = Array::with_max_entries(65_537, 0);
 
 /// Largest growth undone: the biggest tunnel header the balancer adds.
 const MAX_GROWTH: usize = 64;
+/// Largest shrinking undone: the biggest tunnel header `lb_decap` strips.
+const MAX_SHRINK: usize = 128;
 
 /// Puts the original frame back; `None` if the frame cannot be restored.
 #[inline(always)]
@@ -55,6 +57,16 @@ fn restore(ctx: &XdpContext) -> Option<()> {
         }
         // SAFETY: shrinking the head by what the program under test added.
         if unsafe { bpf_xdp_adjust_head(ctx.ctx, grown as i32) } != 0 {
+            return None;
+        }
+    } else if len < want {
+        let shrunk = want - len;
+        if shrunk > MAX_SHRINK {
+            return None;
+        }
+        // SAFETY: growing the head back by what the program under test
+        // (a decapsulation) removed.
+        if unsafe { bpf_xdp_adjust_head(ctx.ctx, -(shrunk as i32)) } != 0 {
             return None;
         }
     }

@@ -13,6 +13,11 @@
 //! unreachable" toward the balancer. Every packet ends in exactly one
 //! `DecapCounter`, incremented here and nowhere else.
 //!
+//! A GUE packet with lb's alternates list (second chance) is delivered
+//! only if this host holds its TCP connection; otherwise it is handed on
+//! to the next alternate (`XDP_TX`), or, with none left, delivered anyway
+//! (`second_chance`).
+//!
 //! `lb_pass` (a bare `XDP_PASS`) lives in the same object for test rigs: on
 //! veth, the peer of an interface that sends `XDP_TX` frames only receives
 //! them with an XDP program attached.
@@ -21,11 +26,13 @@
 
 mod decap;
 mod maps;
+mod second_chance;
 mod tunnel;
 
 use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
 use lb_common::counters::{DecapCounter, DecapKind};
 use maps::LB_DECAP_COUNTERS;
+use second_chance::Verdict;
 
 #[xdp]
 pub fn lb_decap(ctx: XdpContext) -> u32 {
@@ -35,6 +42,7 @@ pub fn lb_decap(ctx: XdpContext) -> u32 {
     match outcome.kind() {
         DecapKind::Decap | DecapKind::Pass => xdp_action::XDP_PASS,
         DecapKind::Drop => xdp_action::XDP_DROP,
+        DecapKind::Forward => xdp_action::XDP_TX,
     }
 }
 
@@ -44,8 +52,21 @@ fn run(ctx: &XdpContext) -> DecapCounter {
         Ok(t) => t,
         Err(outcome) => return outcome,
     };
+    let mut outcome = tunnel.outcome;
+    if let Some(list) = &tunnel.alternates {
+        match second_chance::decide(ctx, &tunnel, list) {
+            Verdict::Deliver(c) => outcome = c,
+            Verdict::HandOn(next) => {
+                return match second_chance::hand_on(ctx, &tunnel, list, next) {
+                    Ok(()) => DecapCounter::FwdScNextHop,
+                    // Not seen: `tunnel::parse` checked the list's bytes.
+                    Err(second_chance::HandOnError) => DecapCounter::MalformedSc,
+                };
+            }
+        }
+    }
     match decap::strip(ctx, &tunnel) {
-        Ok(()) => tunnel.outcome,
+        Ok(()) => outcome,
         Err(decap::StripError) => DecapCounter::DropAdjustFailed,
     }
 }

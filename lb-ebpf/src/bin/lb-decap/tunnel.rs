@@ -18,9 +18,18 @@
 //!    UDP to another host, or to another port than the address's GUE port
 //!    (the map's value; 0: no GUE) → `pass_not_tunnel`; UDP length wrong →
 //!    `malformed_outer`;
-//! 5. inner header missing, of the wrong version or longer than the outer
+//! 5. GUE only: the first two bits after the UDP header say the variant.
+//!    Variant 1 (`01`: an IPv4 or IPv6 header's first nibble) is the inner
+//!    packet itself. Variant 0 (`00`) must be lb's second-chance list: GUE
+//!    version 0, not a control message, no flags, lb's private data type,
+//!    1 to 3 alternates, `hlen` matching their count and size (the outer
+//!    family's), the next index at most the count, UDP checksum 0 (lb sends
+//!    0 and a forwarding backend rewrites addresses), the inner protocol 4
+//!    or 41 → otherwise `malformed_sc_header`;
+//! 6. inner header missing, of the wrong version or longer than the outer
 //!    packet → `malformed_inner`. For GUE the version nibble of the first
-//!    byte says which inner header to expect (GUE variant 1).
+//!    byte (variant 1) or the GUE header's protocol (variant 0) says which
+//!    inner header to expect.
 //!
 //! The outer IPv4 checksum is not verified (the kernel's tunnel drivers rely
 //! on `ip_rcv` for that; here the Ethernet FCS covers the last hop, and the
@@ -31,17 +40,19 @@ use lb_common::{
     DecapAddr,
     consts::{
         ETH_HDR_LEN, ETH_P_8021AD, ETH_P_8021Q, ETH_P_IPV4, ETH_P_IPV6, FAMILY_V4, FAMILY_V6,
-        GRE_HDR_LEN, IPV4_HDR_LEN, IPV6_HDR_LEN, PROTO_GRE, PROTO_IPIP, PROTO_IPV6, PROTO_UDP,
-        UDP_HDR_LEN, VLAN_HDR_LEN,
+        GRE_HDR_LEN, GUE_HDR_LEN, IPV4_HDR_LEN, IPV6_HDR_LEN, PROTO_GRE, PROTO_IPIP, PROTO_IPV6,
+        PROTO_UDP, SC_HDR_LEN, SC_MAX_ALTERNATES, SC_TYPE, UDP_HDR_LEN, VLAN_HDR_LEN,
     },
     counters::DecapCounter::{
-        self, DecapGre, DecapGue, DecapIpip, MalformedInner, MalformedOuter, PassGreUnsupported,
-        PassNotLocal, PassNotTunnel, PassOuterFragment,
+        self, DecapGre, DecapGue, DecapIpip, MalformedInner, MalformedOuter, MalformedSc,
+        PassGreUnsupported, PassNotLocal, PassNotTunnel, PassOuterFragment,
     },
 };
 use lb_ebpf::{
     access::At,
-    hdr::{EthHdr, GreHdr, IP_MF, IP_OFFSET, Ipv4Hdr, Ipv6Hdr, UdpHdr, VlanHdr, be16},
+    hdr::{
+        EthHdr, GreHdr, GueHdr, IP_MF, IP_OFFSET, Ipv4Hdr, Ipv6Hdr, ScHdr, UdpHdr, VlanHdr, be16,
+    },
 };
 
 use crate::maps::LB_DECAP_ADDRS;
@@ -59,6 +70,29 @@ pub struct Tunnel {
     /// `DecapIpip`, `DecapGre` or `DecapGue`: the outcome if stripping
     /// succeeds.
     pub outcome: DecapCounter,
+    /// GUE variant 0: lb's second-chance list, checked.
+    pub alternates: Option<AltList>,
+}
+
+/// lb's second-chance list in a GUE variant 0 header, checked: `count`
+/// alternates of the outer family, `next ≤ count`.
+#[derive(Clone, Copy)]
+pub struct AltList {
+    /// Where lb's private header (`ScHdr`) starts in the frame; the
+    /// addresses follow it.
+    pub hdr_off: usize,
+    pub next: u8,
+    pub count: u8,
+    /// The outer header (and so each address) is IPv6.
+    pub outer_v6: bool,
+}
+
+/// Where the inner packet starts, what it is, and the list if any.
+struct Inner {
+    off: usize,
+    v6: bool,
+    outcome: DecapCounter,
+    alternates: Option<AltList>,
 }
 
 /// The outer IP header, checked.
@@ -71,6 +105,7 @@ struct Outer {
     next: u8,
     /// The GUE port of the destination address (network order; 0: none).
     gue_port: u16,
+    v6: bool,
 }
 
 #[inline(always)]
@@ -126,81 +161,152 @@ pub fn parse(ctx: &XdpContext) -> Result<Tunnel, DecapCounter> {
     };
 
     let outer_end = l2_len + outer.len;
-    let (inner_off, inner_v6, outcome) =
-        tunnel_header(ctx, &outer, l2_len + outer.hdr_len, outer_end)?;
+    let inner = tunnel_header(ctx, &outer, l2_len + outer.hdr_len, outer_end)?;
     // Bytes the outer packet carries after the inner header's start.
-    let inner_room = outer_end - inner_off;
-    let inner_ethertype = if inner_v6 {
-        inner_ipv6(ctx, inner_off, inner_room)?;
+    let inner_room = outer_end - inner.off;
+    let inner_ethertype = if inner.v6 {
+        inner_ipv6(ctx, inner.off, inner_room)?;
         be16(ETH_P_IPV6)
     } else {
-        inner_ipv4(ctx, inner_off, inner_room)?;
+        inner_ipv4(ctx, inner.off, inner_room)?;
         be16(ETH_P_IPV4)
     };
     Ok(Tunnel {
         l2_len,
-        overhead: inner_off - l2_len,
+        overhead: inner.off - l2_len,
         inner_ethertype,
-        outcome,
+        outcome: inner.outcome,
+        alternates: inner.alternates,
     })
 }
 
 /// The GUE (UDP) or GRE header at `off` if `outer` says there is one:
-/// where the inner IP header starts, whether it is IPv6, and the outcome.
+/// where the inner IP header starts, whether it is IPv6, the outcome, and
+/// lb's alternates list for GUE variant 0.
 #[inline(always)]
 fn tunnel_header(
     ctx: &XdpContext,
     outer: &Outer,
     off: usize,
     outer_end: usize,
-) -> Result<(usize, bool, DecapCounter), DecapCounter> {
-    let mut inner_off = off;
-    let (inner_v6, outcome) = if outer.next == PROTO_UDP {
-        let udp = At::<UdpHdr>::new(ctx, inner_off)
-            .ok_or(PassNotTunnel)?
-            .read();
-        if outer.gue_port == 0 || udp.dest != outer.gue_port {
-            return Err(PassNotTunnel);
-        }
-        if inner_off + UDP_HDR_LEN + 1 > outer_end
-            || u16::from_be(udp.len) as usize != outer_end - inner_off
-        {
-            return Err(MalformedOuter);
-        }
-        inner_off += UDP_HDR_LEN;
-        // Two bytes, not one: a 1-byte check compiles to a comparison the
-        // verifier does not take as a bound.
-        let version = At::<[u8; 2]>::new(ctx, inner_off).ok_or(MalformedInner)?;
-        let inner_v6 = match version.read()[0] >> 4 {
-            4 => false,
-            6 => true,
-            _ => return Err(MalformedInner),
-        };
-        (inner_v6, DecapGue)
-    } else if outer.next == PROTO_GRE {
-        if inner_off + GRE_HDR_LEN > outer_end {
-            return Err(MalformedOuter);
-        }
-        let gre = At::<GreHdr>::new(ctx, inner_off)
-            .ok_or(MalformedOuter)?
-            .read();
-        if gre.flags_version != 0 {
-            return Err(PassGreUnsupported);
-        }
-        let inner_v6 = if gre.protocol == be16(ETH_P_IPV4) {
-            false
-        } else if gre.protocol == be16(ETH_P_IPV6) {
-            true
-        } else {
-            return Err(PassGreUnsupported);
-        };
-        inner_off += GRE_HDR_LEN;
-        (inner_v6, DecapGre)
+) -> Result<Inner, DecapCounter> {
+    if outer.next == PROTO_UDP {
+        return gue(ctx, outer, off, outer_end);
+    }
+    if outer.next != PROTO_GRE {
+        return Ok(Inner {
+            off,
+            v6: outer.next == PROTO_IPV6,
+            outcome: DecapIpip,
+            alternates: None,
+        });
+    }
+    if off + GRE_HDR_LEN > outer_end {
+        return Err(MalformedOuter);
+    }
+    let gre = At::<GreHdr>::new(ctx, off).ok_or(MalformedOuter)?.read();
+    if gre.flags_version != 0 {
+        return Err(PassGreUnsupported);
+    }
+    let v6 = if gre.protocol == be16(ETH_P_IPV4) {
+        false
+    } else if gre.protocol == be16(ETH_P_IPV6) {
+        true
     } else {
-        (outer.next == PROTO_IPV6, DecapIpip)
+        return Err(PassGreUnsupported);
     };
+    Ok(Inner {
+        off: off + GRE_HDR_LEN,
+        v6,
+        outcome: DecapGre,
+        alternates: None,
+    })
+}
 
-    Ok((inner_off, inner_v6, outcome))
+/// UDP at `off`: GUE on the address's GUE port, variant 1 (the inner IP
+/// header right after UDP) or variant 0 (lb's alternates list first).
+#[inline(always)]
+fn gue(
+    ctx: &XdpContext,
+    outer: &Outer,
+    off: usize,
+    outer_end: usize,
+) -> Result<Inner, DecapCounter> {
+    let udp = At::<UdpHdr>::new(ctx, off).ok_or(PassNotTunnel)?.read();
+    if outer.gue_port == 0 || udp.dest != outer.gue_port {
+        return Err(PassNotTunnel);
+    }
+    if off + UDP_HDR_LEN + 1 > outer_end || u16::from_be(udp.len) as usize != outer_end - off {
+        return Err(MalformedOuter);
+    }
+    let off = off + UDP_HDR_LEN;
+    // Two bytes, not one: a 1-byte check compiles to a comparison the
+    // verifier does not take as a bound.
+    let first = At::<[u8; 2]>::new(ctx, off).ok_or(MalformedInner)?.read()[0];
+    if first >> 6 == 0 {
+        return alternates_list(ctx, outer, off, outer_end, udp.check);
+    }
+    let v6 = match first >> 4 {
+        4 => false,
+        6 => true,
+        _ => return Err(MalformedInner),
+    };
+    Ok(Inner {
+        off,
+        v6,
+        outcome: DecapGue,
+        alternates: None,
+    })
+}
+
+/// GUE variant 0 at `off` (after UDP): lb's alternates list, checked as
+/// the module docs say; anything else is `malformed_sc_header`.
+#[inline(always)]
+fn alternates_list(
+    ctx: &XdpContext,
+    outer: &Outer,
+    off: usize,
+    outer_end: usize,
+    udp_check: u16,
+) -> Result<Inner, DecapCounter> {
+    let g = At::<GueHdr>::new(ctx, off).ok_or(MalformedSc)?.read();
+    let h = At::<ScHdr>::new(ctx, off + GUE_HDR_LEN)
+        .ok_or(MalformedSc)?
+        .read();
+    let words = (g.ver_c_hlen & 0x1f) as usize;
+    let count = h.count as usize;
+    let addr_words = if outer.v6 { 4 } else { 1 };
+    if g.ver_c_hlen & 0xe0 != 0
+        || g.flags != 0
+        || udp_check != 0
+        || h.kind != be16(SC_TYPE)
+        || count == 0
+        || count > SC_MAX_ALTERNATES
+        || h.next as usize > count
+        || words != SC_HDR_LEN / 4 + count * addr_words
+    {
+        return Err(MalformedSc);
+    }
+    let v6 = match g.proto_ctype {
+        PROTO_IPIP => false,
+        PROTO_IPV6 => true,
+        _ => return Err(MalformedSc),
+    };
+    let inner = off + GUE_HDR_LEN + words * 4;
+    if inner > outer_end {
+        return Err(MalformedSc);
+    }
+    Ok(Inner {
+        off: inner,
+        v6,
+        outcome: DecapGue,
+        alternates: Some(AltList {
+            hdr_off: off + GUE_HDR_LEN,
+            next: h.next,
+            count: h.count,
+            outer_v6: outer.v6,
+        }),
+    })
 }
 
 /// The outer IPv4 header at `off`; `room` is what the frame holds from it.
@@ -229,6 +335,7 @@ fn outer_ipv4(ctx: &XdpContext, off: usize, room: usize) -> Result<Outer, DecapC
         len: tot_len,
         next: ip.protocol,
         gue_port,
+        v6: false,
     })
 }
 
@@ -254,6 +361,7 @@ fn outer_ipv6(ctx: &XdpContext, off: usize, room: usize) -> Result<Outer, DecapC
         len,
         next: ip.nexthdr,
         gue_port,
+        v6: true,
     })
 }
 

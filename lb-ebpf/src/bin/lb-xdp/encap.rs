@@ -3,6 +3,11 @@
 //! for GRE, a 4-byte GRE header, for GUE an 8-byte UDP header. The inner
 //! packet is not touched.
 //!
+//! A packet with second-chance alternates is sent as GUE variant 0 whatever
+//! the VIP's encapsulation: UDP to the GUE port, the GUE header and lb's
+//! private data (the alternates list), 16 bytes plus 4 or 16 per alternate
+//! (`lb_common::consts::GUE_HDR_LEN`).
+//!
 //! The outer source is the configured address, or, with an outer source
 //! prefix, the prefix with its host bits taken from the client's address
 //! (its last word for IPv6 clients): a backend NIC that spreads packets by
@@ -12,17 +17,23 @@ use aya_ebpf::{helpers::generated::bpf_xdp_adjust_head, programs::XdpContext};
 use lb_common::{
     BackendDef, DatapathConfig,
     consts::{
-        ENCAP_GRE, ENCAP_GUE, ETH_HDR_LEN, ETH_P_IPV4, ETH_P_IPV6, FAMILY_V4, FAMILY_V6,
-        GRE_HDR_LEN, IPV4_HDR_LEN, IPV6_HDR_LEN, OUTER_TTL, PROTO_GRE, PROTO_IPIP, PROTO_IPV6,
-        PROTO_UDP, UDP_HDR_LEN, VLAN_HDR_LEN,
+        BACKEND_F_SECOND_CHANCE, ENCAP_GRE, ENCAP_GUE, ETH_HDR_LEN, ETH_P_IPV4, ETH_P_IPV6,
+        FAMILY_V4, FAMILY_V6, GRE_HDR_LEN, GUE_HDR_LEN, IPV4_HDR_LEN, IPV6_HDR_LEN, OUTER_TTL,
+        PROTO_GRE, PROTO_IPIP, PROTO_IPV6, PROTO_UDP, SC_HDR_LEN, SC_MAX_ALTERNATES,
+        SC_MAX_OVERHEAD_V4, SC_MAX_OVERHEAD_V6, SC_TYPE, UDP_HDR_LEN, VLAN_HDR_LEN,
     },
 };
 use lb_ebpf::{
     access::At,
     csum,
-    hdr::{EthHdr, GreHdr, IP_DF, Ipv4Hdr, Ipv6Hdr, UdpHdr, VlanHdr, be16, be32},
+    hdr::{
+        AltAddr4, AltAddr6, EthHdr, GreHdr, GueHdr, IP_DF, Ipv4Hdr, Ipv6Hdr, ScHdr, UdpHdr,
+        VlanHdr, be16, be32,
+    },
     parse::Packet,
 };
+
+use crate::second_chance::Alternates;
 
 /// Why encapsulation failed (the frame could not be grown or re-read).
 pub struct EncapError;
@@ -36,15 +47,30 @@ fn mac_words(mac: &[u8; 6]) -> [u16; 3] {
     ]
 }
 
-/// Bytes the encapsulation toward `backend` adds in front of the packet.
+/// The most bytes an encapsulation toward `backend` adds in front of a
+/// packet: what the MTU check counts. For a backend of a second-chance VIP
+/// that is the largest alternates header, for every packet of the VIP, so
+/// that the MTU a client learns does not depend on the balancer.
 #[inline(always)]
 pub fn overhead(backend: &BackendDef) -> u32 {
-    let ip = if backend.family == FAMILY_V6 {
-        IPV6_HDR_LEN
-    } else {
-        IPV4_HDR_LEN
-    };
+    let v6 = backend.family == FAMILY_V6;
+    if backend.flags & BACKEND_F_SECOND_CHANCE != 0 {
+        return if v6 {
+            SC_MAX_OVERHEAD_V6
+        } else {
+            SC_MAX_OVERHEAD_V4
+        } as u32;
+    }
+    let ip = if v6 { IPV6_HDR_LEN } else { IPV4_HDR_LEN };
     (ip + tunnel_len(backend.encap)) as u32
+}
+
+/// Bytes after the outer IP header of a second-chance packet with `count`
+/// alternates: UDP, GUE, lb's header, the addresses.
+#[inline(always)]
+fn alternates_len(count: usize, v6: bool) -> usize {
+    let addr = if v6 { 16 } else { 4 };
+    UDP_HDR_LEN + GUE_HDR_LEN + SC_HDR_LEN + (count & SC_MAX_ALTERNATES) * addr
 }
 
 /// The GRE or UDP header after the outer IP header, 0 for IP-in-IP.
@@ -75,7 +101,8 @@ pub fn gue_source_port(hash: u64) -> u16 {
     be16(0xc000 | ((hash >> 32) as u16 & 0x3fff))
 }
 
-/// Wraps the packet for `backend` and readdresses the frame to the gateway.
+/// Wraps the packet for `backend` (with `alts`, if any: then as GUE
+/// variant 0 carrying them) and readdresses the frame to the gateway.
 /// On success the frame is ready for `XDP_TX`.
 #[inline(always)]
 pub fn encapsulate(
@@ -84,9 +111,19 @@ pub fn encapsulate(
     backend: &BackendDef,
     pkt: &Packet,
     hash: u64,
+    alts: &Alternates,
 ) -> Result<(), EncapError> {
-    let tun_len = tunnel_len(backend.encap);
-    let overhead = overhead(backend) as usize;
+    let outer_v6 = backend.family == FAMILY_V6;
+    let (tun_len, next) = if alts.count != 0 {
+        (alternates_len(alts.count, outer_v6), PROTO_UDP)
+    } else {
+        (
+            tunnel_len(backend.encap),
+            next_header(backend.encap, pkt.family == FAMILY_V4),
+        )
+    };
+    let ip_len = if outer_v6 { IPV6_HDR_LEN } else { IPV4_HDR_LEN };
+    let overhead = ip_len + tun_len;
     // Our own MAC (the frame's destination) becomes the new source.
     let own_mac = At::<EthHdr>::new(ctx, 0).ok_or(EncapError)?.read().h_dest;
 
@@ -96,9 +133,7 @@ pub fn encapsulate(
         return Err(EncapError);
     }
 
-    let outer_v6 = backend.family == FAMILY_V6;
     let l3 = write_l2(ctx, cfg, pkt, own_mac, outer_v6)?;
-    let next = next_header(backend.encap, pkt.family == FAMILY_V4);
     // Host bits of the outer source, from the client (masks are 0 without
     // an outer source prefix).
     let client = if pkt.family == FAMILY_V4 {
@@ -132,7 +167,24 @@ pub fn encapsulate(
     }
     debug_assert!(backend.family == FAMILY_V4 || backend.family == FAMILY_V6);
 
-    let off = l3 + overhead - tun_len;
+    let off = l3 + ip_len;
+    if alts.count != 0 {
+        return write_alternates(ctx, cfg, pkt, off, hash, alts, outer_v6);
+    }
+    write_tunnel(ctx, cfg, backend, pkt, off, hash)
+}
+
+/// The GRE header or the UDP header of GUE (variant 1) at `off`, after the
+/// outer IP header; nothing for IP-in-IP.
+#[inline(always)]
+fn write_tunnel(
+    ctx: &XdpContext,
+    cfg: &DatapathConfig,
+    backend: &BackendDef,
+    pkt: &Packet,
+    off: usize,
+    hash: u64,
+) -> Result<(), EncapError> {
     match backend.encap {
         ENCAP_GRE => {
             let g = At::<GreHdr>::new(ctx, off).ok_or(EncapError)?;
@@ -147,12 +199,64 @@ pub fn encapsulate(
             let u = At::<UdpHdr>::new(ctx, off).ok_or(EncapError)?;
             u.set_source(gue_source_port(hash));
             u.set_dest(cfg.gue_port);
-            u.set_len(be16((inner_len + UDP_HDR_LEN) as u16));
+            u.set_len(be16((pkt.ip_len as usize + UDP_HDR_LEN) as u16));
             // Zero: no checksum (RFC 768 for IPv4; RFC 6935 and 6936 allow
             // it for tunnels over IPv6, and the inner packet carries its own).
             u.set_check(0);
         }
         _ => {}
+    }
+    Ok(())
+}
+
+/// The UDP and GUE headers and lb's alternates list at `off` (after the
+/// outer IP header), as ARCHITECTURE.md lays them out.
+#[inline(always)]
+fn write_alternates(
+    ctx: &XdpContext,
+    cfg: &DatapathConfig,
+    pkt: &Packet,
+    off: usize,
+    hash: u64,
+    alts: &Alternates,
+    outer_v6: bool,
+) -> Result<(), EncapError> {
+    let count = alts.count & SC_MAX_ALTERNATES;
+    let tun_len = alternates_len(count, outer_v6);
+    let u = At::<UdpHdr>::new(ctx, off).ok_or(EncapError)?;
+    u.set_source(gue_source_port(hash));
+    u.set_dest(cfg.gue_port);
+    u.set_len(be16((pkt.ip_len as usize + tun_len) as u16));
+    u.set_check(0);
+    // hlen: words of private data, lb's header and the addresses.
+    let words = (tun_len - UDP_HDR_LEN - GUE_HDR_LEN) / 4;
+    let g = At::<GueHdr>::new(ctx, off + UDP_HDR_LEN).ok_or(EncapError)?;
+    g.set_ver_c_hlen(words as u8);
+    g.set_proto_ctype(if pkt.family == FAMILY_V4 {
+        PROTO_IPIP
+    } else {
+        PROTO_IPV6
+    });
+    g.set_flags(0);
+    let list = off + UDP_HDR_LEN + GUE_HDR_LEN;
+    let h = At::<ScHdr>::new(ctx, list).ok_or(EncapError)?;
+    h.set_kind(be16(SC_TYPE));
+    h.set_next(0);
+    h.set_count(count as u8);
+    let first = list + SC_HDR_LEN;
+    for i in 0..SC_MAX_ALTERNATES {
+        if i >= count {
+            break;
+        }
+        if outer_v6 {
+            At::<AltAddr6>::new(ctx, first + 16 * i)
+                .ok_or(EncapError)?
+                .set_addr(&alts.addrs[i]);
+        } else {
+            At::<AltAddr4>::new(ctx, first + 4 * i)
+                .ok_or(EncapError)?
+                .set_addr(alts.addrs[i][0]);
+        }
     }
     Ok(())
 }

@@ -15,6 +15,7 @@ mod icmp;
 mod maglev;
 mod maps;
 mod probe;
+mod second_chance;
 mod stats;
 mod syns;
 mod trace;
@@ -146,7 +147,7 @@ fn decide<const TRACE: bool>(
     };
     if syn {
         let Some(def) = pick(cfg, &meta, pkt.family, &pkt.src, &pkt.dst, pkt.proto, hash) else {
-            stats::vip(meta.vip_id, pkt.frame_len);
+            stats::vip(meta.vip_id as u32, pkt.frame_len);
             return (DROP, Counter::DropNoBackend);
         };
         let outcome = match syn_slot {
@@ -189,12 +190,22 @@ fn new_flow<const TRACE: bool>(
         None => match pick(cfg, meta, pkt.family, &pkt.src, &pkt.dst, pkt.proto, hash) {
             Some(def) => def,
             None => {
-                stats::vip(meta.vip_id, pkt.frame_len);
+                stats::vip(meta.vip_id as u32, pkt.frame_len);
                 return (DROP, Counter::DropNoBackend);
             }
         },
     };
+    // Second chance: a mid-flow packet this balancer never placed carries
+    // the flow's alternates and is not recorded (see `second_chance`).
+    // One call of `forward_with` for both kinds keeps one copy of it.
+    // A flow whose SYN went out from here a moment ago was placed here:
+    // its backend is known, so it goes alone and is recorded.
+    let mut alts = second_chance::Alternates::NONE;
+    if answered.is_none() && second_chance::wanted(meta, pkt) {
+        alts = second_chance::alternates(cfg, meta, hash, def);
+    }
     let outcome = match bucket {
+        _ if alts.count != 0 => Counter::FwdSecondChance,
         Some(bucket) if meta.flags & VIP_F_NO_CONNTRACK == 0 => {
             match conntrack::insert(bucket, tag, def.handle, now, answered.is_some()) {
                 conntrack::Evicted::Nothing => {}
@@ -212,7 +223,7 @@ fn new_flow<const TRACE: bool>(
         }
         _ => Counter::FwdMaglevNoConntrack,
     };
-    forward::<TRACE>(ctx, cfg, def, pkt, hash, outcome)
+    forward_with::<TRACE>(ctx, cfg, def, pkt, hash, &alts, outcome)
 }
 
 /// A connection-table hit on an entry last seen at tick `last`: if a SYN
@@ -288,6 +299,21 @@ fn forward<const TRACE: bool>(
     hash: u64,
     outcome: Counter,
 ) -> (u32, Counter) {
+    let none = second_chance::Alternates::NONE;
+    forward_with::<TRACE>(ctx, cfg, def, pkt, hash, &none, outcome)
+}
+
+/// [`forward`] with second-chance alternates (none: as without).
+#[inline(always)]
+fn forward_with<const TRACE: bool>(
+    ctx: &XdpContext,
+    cfg: &DatapathConfig,
+    def: &BackendDef,
+    pkt: &Packet,
+    hash: u64,
+    alts: &second_chance::Alternates,
+    outcome: Counter,
+) -> (u32, Counter) {
     let overhead = encap::overhead(def);
     // ICMP errors are small (576 bytes for IPv4, 1280 for IPv6, at most)
     // and must never cause another.
@@ -295,7 +321,7 @@ fn forward<const TRACE: bool>(
         stats::vip(def.vip_id as u32, pkt.frame_len);
         return too_big(ctx, cfg, pkt, (cfg.mtu as u32).saturating_sub(overhead));
     }
-    if encap::encapsulate(ctx, cfg, def, pkt, hash).is_err() {
+    if encap::encapsulate(ctx, cfg, def, pkt, hash, alts).is_err() {
         stats::vip(def.vip_id as u32, pkt.frame_len);
         return (DROP, Counter::DropEncap);
     }
@@ -366,7 +392,7 @@ fn fragment<const TRACE: bool>(
     };
     let hash = flow_hash(pkt.family, &pkt.src, &pkt.dst, 0, pkt.proto);
     let Some(def) = pick(cfg, &meta, pkt.family, &pkt.src, &pkt.dst, pkt.proto, hash) else {
-        stats::vip(meta.vip_id, pkt.frame_len);
+        stats::vip(meta.vip_id as u32, pkt.frame_len);
         return (DROP, Counter::DropNoBackend);
     };
     forward::<TRACE>(ctx, cfg, def, pkt, hash, Counter::FwdFragment)
@@ -435,7 +461,7 @@ fn icmp_error<const TRACE: bool>(
         return forward::<TRACE>(ctx, cfg, def, pkt, hash, Counter::FwdIcmpError);
     }
     let Some(def) = pick(cfg, &meta, pkt.family, &q.client, &q.vip, q.proto, hash) else {
-        stats::vip(meta.vip_id, pkt.frame_len);
+        stats::vip(meta.vip_id as u32, pkt.frame_len);
         return (DROP, Counter::DropNoBackend);
     };
     forward::<TRACE>(ctx, cfg, def, pkt, hash, Counter::FwdIcmpError)

@@ -7,7 +7,7 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
 use lb_common::{
-    BackendDef, CounterValue, DatapathConfig, FlowBucket, SynCounts, SynSlot, TableChunk,
+    AltChunk, BackendDef, CounterValue, DatapathConfig, FlowBucket, SynCounts, SynSlot, TableChunk,
     TraceFilter, VipFilter, VipKey, VipMeta,
     consts::{SYN_SLOTS, TRACE_RING_BYTES},
     counters::COUNTER_SLOTS,
@@ -29,6 +29,12 @@ pub static LB_BACKENDS: Array<BackendDef> = Array::with_max_entries(256, 0);
 /// Maglev table chunks: two halves per VIP.
 #[map]
 pub static LB_TABLES: Array<TableChunk> = Array::with_max_entries(2, 0);
+
+/// Second chance: each second-chance VIP's alternates, one region of
+/// `table_chunks` chunks per VIP (`VipMeta::alt_index`), written in place
+/// by `lbd` (every alternate is checked before use, see `second_chance`).
+#[map]
+pub static LB_ALTERNATES: Array<AltChunk> = Array::with_max_entries(1, 0);
 
 /// The connection table: one cache line per bucket. Mmapable so that the
 /// value area is page aligned and no bucket straddles two cache lines.

@@ -1,6 +1,8 @@
 //! `lbctl`'s tables: each answer of `lbd` as a person reads it. `-o json`
 //! prints the answer as it came instead.
 
+use std::net::IpAddr;
+
 use anyhow::{Result, bail};
 use lb::api::{
     AnnounceStatus, NodeChange, Simulation, Stats, Status, TableInfo, VipHealth, VipInfo,
@@ -251,7 +253,10 @@ pub fn print_bgp(s: AnnounceStatus) -> Result<()> {
 
 pub fn print_vips(vips: Vec<VipInfo>) -> Result<()> {
     let mut rows = Vec::new();
-    for v in vips {
+    for mut v in vips {
+        if v.second_chance {
+            v.encap.push_str(", second chance");
+        }
         if v.backends.is_empty() {
             rows.push(vec![
                 v.vip.to_string(),
@@ -473,6 +478,13 @@ pub fn print_simulation(s: Simulation) -> Result<()> {
                 None => println!("backend   none"),
             }
             println!("via       {}", s.via);
+            if !s.alternates.is_empty() {
+                let alts: Vec<String> = s.alternates.iter().map(IpAddr::to_string).collect();
+                println!(
+                    "second    {} (alternates, tried in this order)",
+                    alts.join(", ")
+                );
+            }
         }
     }
     if s.vip.is_some() && s.backend.is_none() {

@@ -3,6 +3,8 @@
 //! on two CPUs at once (`multicore.rs`), table-write cost, and memory. Prints markdown sections; never fails on a timing,
 //! only on a broken measurement (wrong action, counters that did not move).
 //!
+//! `second_chance` (a file of its own) measures `lb_decap` the same way.
+//!
 //! Per-packet costs use `BPF_PROG_TEST_RUN` with `repeat` through the
 //! `lb_bench` harness, which restores the original frame before every run
 //! and tail-calls the program under test; the harness's own cost (measured
@@ -34,6 +36,8 @@ use lb_tests::{
     netns::{Netns, unique, veth},
     rig::{Lbd, require_root},
 };
+
+mod second_chance;
 
 const XDP_PASS: u32 = 2;
 const XDP_TX: u32 = 3;
@@ -122,7 +126,9 @@ fn tcp6(sport: u16, syn: bool) -> Vec<u8> {
     out
 }
 
-fn vips(n_backends: usize) -> Vec<VipConfig> {
+/// The VIPs; `second_chance`: 10.0.0.20:80 has it (an earlier build,
+/// without `LB_ALTERNATES`, gets the same VIP without).
+fn vips(n_backends: usize, second_chance: bool) -> Vec<VipConfig> {
     let v4: Vec<BackendConfig> = (1..=n_backends)
         .map(|i| BackendConfig::new(format!("10.1.0.{i}").parse().expect("ip"), 1))
         .collect();
@@ -131,6 +137,10 @@ fn vips(n_backends: usize) -> Vec<VipConfig> {
         .collect();
     vec![
         VipConfig::new("10.0.0.10:80/tcp".parse().expect("vip"), v4.clone()),
+        VipConfig {
+            second_chance,
+            ..VipConfig::new("10.0.0.20:80/tcp".parse().expect("vip"), v4.clone())
+        },
         VipConfig::new("10.0.0.10:53/udp".parse().expect("vip"), v4),
         VipConfig::new("[2001:db8::10]:80/tcp".parse().expect("vip"), v6),
     ]
@@ -138,17 +148,23 @@ fn vips(n_backends: usize) -> Vec<VipConfig> {
 
 /// The balancer, programmed through the reconciler like `lbd` does.
 fn balancer(ct_buckets: u32) -> Result<Reconciler<KernelDataplane>> {
-    balancer_of(objects::LB_XDP, ct_buckets)
+    balancer_of(objects::LB_XDP, ct_buckets, true)
 }
 
-/// The balancer from `object` (this build's `lb-xdp`, or a baseline's).
-fn balancer_of(object: &[u8], ct_buckets: u32) -> Result<Reconciler<KernelDataplane>> {
+/// The balancer from `object` (this build's `lb-xdp` with second chance,
+/// or a baseline's, without).
+fn balancer_of(
+    object: &[u8],
+    ct_buckets: u32,
+    second_chance: bool,
+) -> Result<Reconciler<KernelDataplane>> {
     let layout = Layout {
         table_size: 65_537,
         max_vips: 16,
         max_backends: 64,
         ct_buckets,
         table_pool: 0,
+        second_chance_vips: 2,
     };
     let mut r = Reconciler::adopt(KernelDataplane::load_object(object, layout, None)?)?;
     r.apply_settings(&DatapathSettings {
@@ -158,7 +174,7 @@ fn balancer_of(object: &[u8], ct_buckets: u32) -> Result<Reconciler<KernelDatapl
         malformed: MalformedPolicy::Pass,
         ..Default::default()
     })?;
-    r.apply(&vips(3), &|_, _| true)?;
+    r.apply(&vips(3, second_chance), &|_, _| true)?;
     Ok(r)
 }
 
@@ -329,7 +345,9 @@ fn datapath(baseline: Option<&[u8]>) -> Result<(Vec<Row>, Net, Stat)> {
     let mut r = balancer(1 << 21)?;
     let mut h = Harness::load()?;
     let lb = r.dataplane_mut().program().fd()?.try_clone()?;
-    let mut base = baseline.map(|o| balancer_of(o, 1 << 21)).transpose()?;
+    let mut base = baseline
+        .map(|o| balancer_of(o, 1 << 21, false))
+        .transpose()?;
     let base_fd = match &mut base {
         Some(b) => Some(b.dataplane_mut().program().fd()?.try_clone()?),
         None => None,
@@ -399,6 +417,30 @@ fn datapath(baseline: Option<&[u8]>) -> Result<(Vec<Row>, Net, Stat)> {
             Counter::FwdConntrack,
         ),
         (
+            "mid-flow TCP without entry, second chance: alternates, not recorded (2M-bucket table; baseline: miss → insert)",
+            tcp4([10, 0, 0, 20], 8000, false),
+            26,
+            None,
+            XDP_TX,
+            Counter::FwdSecondChance,
+        ),
+        (
+            "moved flow, steady state: second chance (alternates every packet; baseline: table hit)",
+            tcp4([10, 0, 0, 20], 8200, false),
+            0,
+            Some(tcp4([10, 0, 0, 20], 8200, false)),
+            XDP_TX,
+            Counter::FwdSecondChance,
+        ),
+        (
+            "established TCP of a second-chance VIP (connection-table hit)",
+            tcp4([10, 0, 0, 20], 8500, false),
+            0,
+            Some(tcp4([10, 0, 0, 20], 8500, true)),
+            XDP_TX,
+            Counter::FwdConntrack,
+        ),
+        (
             "not a VIP → pass",
             tcp4([10, 9, 9, 9], 7000, false),
             0,
@@ -431,16 +473,22 @@ fn datapath(baseline: Option<&[u8]>) -> Result<(Vec<Row>, Net, Stat)> {
             .collect::<Result<_>>()?;
         let times = h.rounds(&programs, &empty, &frame, stamp, action)?;
         let expected = u64::from(REPEAT) * RUNS as u64;
-        for (b, before) in balancers.iter().zip(before) {
+        for (i, (b, before)) in balancers.iter().zip(before).enumerate() {
             let after = counters(b)?;
             let delta = |c: Counter| after[c as usize].packets - before[c as usize].packets;
+            let counter = if i == 0 {
+                counter
+            } else {
+                baseline_counter(counter, stamp)
+            };
             let moved = delta(counter);
             // A fresh flow whose bucket holds another flow with the same
             // 32-bit tag is taken for that flow (a connection-table hit):
             // at most 6 in 2³² per lookup, under 0.01 expected in the
             // millions of new flows here; three would be a 1-in-10⁷ event
             // (a weaker tag, more likely).
-            let collisions = if counter == Counter::FwdMaglev && stamp != 0 {
+            let new_flows = [Counter::FwdMaglev, Counter::FwdSecondChance];
+            let collisions = if new_flows.contains(&counter) && stamp != 0 {
                 delta(Counter::FwdConntrack)
             } else {
                 0
@@ -475,6 +523,17 @@ fn datapath(baseline: Option<&[u8]>) -> Result<(Vec<Row>, Net, Stat)> {
     Ok((rows, swap, harness))
 }
 
+/// What a baseline build (without second chance) counts where this one
+/// counts `counter`: a second-chance miss is a new flow there, or, for
+/// the same flow again (no stamp), a connection-table hit.
+fn baseline_counter(counter: Counter, stamp: u32) -> Counter {
+    match counter {
+        Counter::FwdSecondChance if stamp != 0 => Counter::FwdMaglev,
+        Counter::FwdSecondChance => Counter::FwdConntrack,
+        c => c,
+    }
+}
+
 /// Forwarding rate on a veth pair with native XDP, one core: the
 /// generator and the receiving program share it, as on a real box's queue.
 fn forwarding(baseline: Option<Vec<u8>>) -> Result<Forwarding> {
@@ -490,7 +549,9 @@ fn forwarding(baseline: Option<Vec<u8>>) -> Result<Forwarding> {
         lb_tests::netns::enter_path(&path)?;
         pin_to_cpu(0);
         let mut lb = balancer(1 << 16)?;
-        let mut base = baseline.map(|o| balancer_of(&o, 1 << 16)).transpose()?;
+        let mut base = baseline
+            .map(|o| balancer_of(&o, 1 << 16, false))
+            .transpose()?;
         let mut h = Harness::load()?;
         let gen_if = ifindex("gen0")?;
         h.xdp_mut("bench_drop")?.attach("gen0", XdpMode::Driver)?;
@@ -723,7 +784,7 @@ fn ns_row(s: &Stat) -> String {
     format!("{:>7.1} \\| {:>7.1} \\| {:>7.1}", s.median, s.min, s.max)
 }
 
-/// `LB_BENCH_ONLY=datapath,forwarding,multicore,table,memory` runs only those parts
+/// `LB_BENCH_ONLY=datapath,forwarding,multicore,decap,table,memory` runs only those parts
 /// (all by default).
 fn wanted(part: &str) -> bool {
     std::env::var("LB_BENCH_ONLY").map_or(true, |v| v.split(',').any(|p| p == part))
@@ -741,6 +802,9 @@ fn main() -> Result<()> {
     }
     if wanted("multicore") {
         multicore::print_multicore()?;
+    }
+    if wanted("decap") {
+        second_chance::print()?;
     }
     if wanted("table") {
         print_table_write()?;
