@@ -848,6 +848,23 @@ fn second_chance_is_off_by_default_tcp_only_and_bounded() {
     );
     assert!(errors(&hashed)[0].contains("fragments: hash"));
 
+    // Its alternates region has the global M's slots: its own M fits it.
+    let smaller = with(
+        "    protocol: tcp\n",
+        "    protocol: tcp\n    second_chance: true\n    table_size: 1009\n",
+    );
+    Config::parse(&smaller).expect("a smaller M is fine");
+    let larger = with(
+        "    protocol: tcp\n",
+        "    protocol: tcp\n    second_chance: true\n    table_size: 8191\n",
+    );
+    let e = errors(&larger);
+    assert!(
+        e.iter().any(|e| e.starts_with("vips[0].second_chance: ")
+            && e.contains("may not exceed the global table_size 4099")),
+        "{e:?}"
+    );
+
     let none = format!("{on}second_chance_vips: 0\n");
     assert!(errors(&none)[0].contains("1 VIPs with second_chance, but second_chance_vips is 0"));
     let too_many = format!("{GOOD}second_chance_vips: 100\n");
