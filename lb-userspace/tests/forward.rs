@@ -188,6 +188,22 @@ fn fixtures(v: &Vips) -> Vec<Fixture> {
     ]
 }
 
+/// `lb_xdp_trace` (swapped in only while `lbctl trace` runs) is loaded
+/// lazily, so nothing else here would notice it failing the verifier: its
+/// stack is `lb_xdp`'s plus the trace writer's, and must fit 512 bytes.
+#[test]
+fn the_traced_program_passes_the_verifier() {
+    let mut rig = Rig::new(1 << 12);
+    rig.r
+        .dataplane_mut()
+        .select_program(true)
+        .expect("lb_xdp_trace loads");
+    rig.r
+        .dataplane_mut()
+        .select_program(false)
+        .expect("lb_xdp again");
+}
+
 #[test]
 fn fixture_table() {
     run_table(fixtures);

@@ -39,7 +39,12 @@ fn a_trace_shows_a_known_flow_at_the_backend_simulate_names() {
         // lbctl takes the lease before it reads the ring.
         std::thread::sleep(Duration::from_millis(500));
         if lbd.lbctl_json(&["status"])?["trace_active"] != true {
-            bail!("lbctl trace runs but lbd says no trace is active");
+            let _ = child.kill();
+            let mut err = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                let _ = e.read_to_string(&mut err);
+            }
+            bail!("lbctl trace runs but lbd says no trace is active; lbctl said: {err}");
         }
         let vip_addr = rig.tcp_vip();
         let answered = rig

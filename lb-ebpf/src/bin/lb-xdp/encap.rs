@@ -111,10 +111,10 @@ pub fn encapsulate(
     backend: &BackendDef,
     pkt: &Packet,
     hash: u64,
-    alts: &Alternates,
+    alts: Option<&Alternates>,
 ) -> Result<(), EncapError> {
     let outer_v6 = backend.family == FAMILY_V6;
-    let (tun_len, next) = if alts.count != 0 {
+    let (tun_len, next) = if let Some(alts) = alts {
         (alternates_len(alts.count, outer_v6), PROTO_UDP)
     } else {
         (
@@ -168,7 +168,7 @@ pub fn encapsulate(
     debug_assert!(backend.family == FAMILY_V4 || backend.family == FAMILY_V6);
 
     let off = l3 + ip_len;
-    if alts.count != 0 {
+    if let Some(alts) = alts {
         return write_alternates(ctx, cfg, pkt, off, hash, alts, outer_v6);
     }
     write_tunnel(ctx, cfg, backend, pkt, off, hash)
@@ -248,14 +248,17 @@ fn write_alternates(
         if i >= count {
             break;
         }
+        // Checked a moment ago by `second_chance::alternates`; a backend
+        // retired since then fails the packet rather than list a stranger.
+        let def = crate::backend_of(alts.handles[i]).ok_or(EncapError)?;
         if outer_v6 {
             At::<AltAddr6>::new(ctx, first + 16 * i)
                 .ok_or(EncapError)?
-                .set_addr(&alts.addrs[i]);
+                .set_addr(&def.addr);
         } else {
             At::<AltAddr4>::new(ctx, first + 4 * i)
                 .ok_or(EncapError)?
-                .set_addr(alts.addrs[i][0]);
+                .set_addr(def.addr[0]);
         }
     }
     Ok(())

@@ -88,7 +88,7 @@ fn run<const TRACE: bool>(ctx: &XdpContext) -> (u32, Counter) {
     let (action, outcome) = decide::<TRACE>(ctx, cfg, &pkt);
     // Forwarded packets are traced where their backend is known.
     if TRACE && cfg.flags & CFG_F_TRACE != 0 && outcome.kind() != Kind::Forward {
-        trace::packet(&pkt, outcome as u32, &BackendDef::default(), 0);
+        trace::packet(&pkt, outcome as u32, None, 0);
     }
     (action, outcome)
 }
@@ -223,7 +223,8 @@ fn new_flow<const TRACE: bool>(
         }
         _ => Counter::FwdMaglevNoConntrack,
     };
-    forward_with::<TRACE>(ctx, cfg, def, pkt, hash, &alts, outcome)
+    let alts = (alts.count != 0).then_some(&alts);
+    forward_with::<TRACE>(ctx, cfg, def, pkt, hash, alts, outcome)
 }
 
 /// A connection-table hit on an entry last seen at tick `last`: if a SYN
@@ -299,11 +300,10 @@ fn forward<const TRACE: bool>(
     hash: u64,
     outcome: Counter,
 ) -> (u32, Counter) {
-    let none = second_chance::Alternates::NONE;
-    forward_with::<TRACE>(ctx, cfg, def, pkt, hash, &none, outcome)
+    forward_with::<TRACE>(ctx, cfg, def, pkt, hash, None, outcome)
 }
 
-/// [`forward`] with second-chance alternates (none: as without).
+/// [`forward`] with second-chance alternates (`None`: as without).
 #[inline(always)]
 fn forward_with<const TRACE: bool>(
     ctx: &XdpContext,
@@ -311,7 +311,7 @@ fn forward_with<const TRACE: bool>(
     def: &BackendDef,
     pkt: &Packet,
     hash: u64,
-    alts: &second_chance::Alternates,
+    alts: Option<&second_chance::Alternates>,
     outcome: Counter,
 ) -> (u32, Counter) {
     let overhead = encap::overhead(def);
@@ -329,7 +329,7 @@ fn forward_with<const TRACE: bool>(
     // (`lbd` adds them up), which saves a counter update per packet.
     stats::backend(def.handle & BACKEND_INDEX_MASK, pkt.frame_len);
     if TRACE && cfg.flags & CFG_F_TRACE != 0 {
-        trace::packet(pkt, outcome as u32, def, hash);
+        trace::packet(pkt, outcome as u32, Some(def), hash);
     }
     (TX, outcome)
 }

@@ -31,18 +31,21 @@ use lb_ebpf::parse::Packet;
 
 use crate::maps::LB_ALTERNATES;
 
-/// The alternates of one packet: `count` addresses (of the family of the
-/// backend it goes to), in the order the backends try them.
+/// The alternates of one packet: `count` backend handles (checked: of the
+/// family of the backend it goes to), in the order the backends try them.
+/// Handles, not addresses: the program's stack (512 bytes, shared with the
+/// trace writer in `lb_xdp_trace`) has no room for four 16-byte addresses
+/// and their copies; `encap` reads each address once, as it writes it.
 pub struct Alternates {
     pub count: usize,
-    pub addrs: [[u32; 4]; SC_MAX_ALTERNATES + 1],
+    pub handles: [u32; SC_MAX_ALTERNATES + 1],
 }
 
 impl Alternates {
     /// No list: the packet travels as it would without second chance.
     pub const NONE: Alternates = Alternates {
         count: 0,
-        addrs: [[0; 4]; SC_MAX_ALTERNATES + 1],
+        handles: [0; SC_MAX_ALTERNATES + 1],
     };
 }
 
@@ -94,7 +97,7 @@ pub fn alternates(
             continue;
         }
         // The mask restates the bound for the verifier: count ≤ 3 here.
-        alts.addrs[alts.count & SC_MAX_ALTERNATES] = def.addr;
+        alts.handles[alts.count & SC_MAX_ALTERNATES] = handle;
         alts.count += 1;
     }
     alts

@@ -14,34 +14,53 @@ use lb_ebpf::parse::Packet;
 
 use crate::maps::{LB_TRACE, LB_TRACE_EVENTS};
 
-/// Describes `pkt` (sent to `backend`, unless its family is 0) if the
+/// Describes `pkt` (sent to `backend`, if any) if the
 /// active trace's filter matches it. Not inlined: the program carries one
 /// copy, called only while a trace is active, instead of one per call site.
 #[inline(never)]
-pub fn packet(pkt: &Packet, counter: u32, backend: &BackendDef, hash: u64) {
+pub fn packet(pkt: &Packet, counter: u32, backend: Option<&BackendDef>, hash: u64) {
     let Some(filter) = LB_TRACE.get(0) else {
         return;
     };
     if !matches(filter, pkt) {
         return;
     }
-    let event = TraceEvent {
-        session: filter.session,
-        counter: counter as u16,
-        family: pkt.family,
-        proto: pkt.proto,
-        src: pkt.src,
-        dst: pkt.dst,
-        ports: pkt.ports,
-        frame_len: pkt.frame_len,
-        hash,
-        backend: backend.addr,
-        backend_family: backend.family,
-        encap: backend.encap,
-        ..TraceEvent::default()
+    // Written in place in the ring, not built on the stack and copied: the
+    // traced program's stack (the caller's frame plus this one) must stay
+    // within the verifier's 512 bytes. A full ring drops the event: the
+    // reader is behind, the packet is not.
+    let Some(mut entry) = LB_TRACE_EVENTS.reserve::<TraceEvent>(0) else {
+        return;
     };
-    // A full ring drops the event: the reader is behind, the packet is not.
-    let _ = LB_TRACE_EVENTS.output::<TraceEvent>(&event, 0);
+    let event = entry.as_mut_ptr();
+    // SAFETY: `event` points at a reserved ring record of
+    // `size_of::<TraceEvent>()` bytes, ours until submitted; every field is
+    // written before the submit (`TraceEvent` has no implicit padding).
+    unsafe {
+        (*event).session = filter.session;
+        (*event).counter = counter as u16;
+        (*event).family = pkt.family;
+        (*event).proto = pkt.proto;
+        (*event).src = pkt.src;
+        (*event).dst = pkt.dst;
+        (*event).ports = pkt.ports;
+        (*event).frame_len = pkt.frame_len;
+        (*event).hash = hash;
+        match backend {
+            Some(b) => {
+                (*event).backend = b.addr;
+                (*event).backend_family = b.family;
+                (*event).encap = b.encap;
+            }
+            None => {
+                (*event).backend = [0; 4];
+                (*event).backend_family = 0;
+                (*event).encap = 0;
+            }
+        }
+        (*event)._pad = [0; 6];
+    }
+    entry.submit(0);
 }
 
 #[inline(always)]
