@@ -15,4 +15,5 @@ pub mod rig;
 pub mod routers;
 pub mod scenario;
 pub mod speaker;
+pub mod stat;
 pub mod traffic;

@@ -31,6 +31,7 @@ use anyhow::{Context as _, Result, bail};
 use lb_tests::{
     netns::{Netns, unique, veth},
     rig::{bin_path, require_root},
+    stat::Stat,
 };
 
 /// Reloads and backend changes measured per figure (the median is shown).
@@ -111,29 +112,6 @@ impl Build {
             lbctl: dir.join("lbctl"),
             lbd,
         })
-    }
-}
-
-/// Median, min and max of a few runs, in seconds.
-#[derive(Clone, Copy, Default)]
-struct Stat {
-    median: f64,
-    min: f64,
-    max: f64,
-}
-
-impl Stat {
-    fn of(mut v: Vec<f64>) -> Stat {
-        v.sort_by(f64::total_cmp);
-        Stat {
-            median: v[v.len() / 2],
-            min: v[0],
-            max: v[v.len() - 1],
-        }
-    }
-
-    fn cell(&self) -> String {
-        format!("{:.2} ({:.2}–{:.2})", self.median, self.min, self.max)
     }
 }
 

@@ -35,6 +35,7 @@ use lb_common::{BENCH_RESTORE_LEN, BenchPacket, Counter, CounterValue};
 use lb_tests::{
     netns::{Netns, unique, veth},
     rig::{Lbd, require_root},
+    stat::Stat,
 };
 
 mod second_chance;
@@ -53,25 +54,6 @@ const RUNS: usize = 12;
 struct Net {
     pairs: Stat,
     of_minima: f64,
-}
-
-/// Median, min and max of a few runs.
-#[derive(Clone, Copy, Debug)]
-struct Stat {
-    median: f64,
-    min: f64,
-    max: f64,
-}
-
-impl Stat {
-    fn of(mut v: Vec<f64>) -> Stat {
-        v.sort_by(f64::total_cmp);
-        Stat {
-            median: v[v.len() / 2],
-            min: v[0],
-            max: v[v.len() - 1],
-        }
-    }
 }
 
 fn pin_to_cpu(cpu: usize) {
