@@ -716,6 +716,9 @@ fn vip_and_backend_stats_add_up() {
     // into the VIP's count), and a dropped packet adds to it.
     rig.remove_backend(&vips.tcp4, V4_BACKENDS[0]);
     assert_eq!(total(&rig), vip, "the VIP's total after a backend left");
+    // The daemon's per-second sample (batch reads) says the same.
+    let sampled = rig.r.all_vip_counters().expect("batch");
+    assert_eq!(sampled[&id].0, vip, "the batch-read total");
 
     // What the reconciler does before reusing an id or an index.
     let index = rig.handle(&vips.tcp4, V4_BACKENDS[1]) & BACKEND_INDEX_MASK;

@@ -9,7 +9,7 @@
 //! This module also owns the *layout*: the sizes fixed when the maps are
 //! created; [`pool`] says where each VIP's two table halves live.
 
-mod batch;
+pub mod batch;
 pub mod fake;
 pub mod kernel;
 mod mmap;

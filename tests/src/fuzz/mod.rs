@@ -15,7 +15,6 @@
 //! `lb-fuzz` and `cargo xtask fuzz` run it; `tests/e2e/fuzz.rs` runs it in
 //! the suite.
 
-mod batch;
 mod check;
 mod csum;
 mod flows;

@@ -4,17 +4,15 @@
 //! through `BPF_PROG_TEST_RUN`; the outcome counters come back with one
 //! batch syscall per frame. Nothing here interprets a packet.
 
-use std::os::fd::{AsRawFd as _, RawFd};
-
 use anyhow::{Context as _, Result};
 use aya::programs::{ProgramError, TestRun as _, TestRunOptions};
 use lb::{
-    dataplane::{Dataplane as _, Layout, kernel::KernelDataplane},
+    dataplane::{Dataplane as _, Layout, batch, kernel::KernelDataplane},
     reconcile::Reconciler,
 };
 use lb_common::{CounterValue, FlowBucket, counters::COUNTER_SLOTS};
 
-use super::{batch, model::Model};
+use super::model::Model;
 
 pub const XDP_DROP: u32 = 1;
 pub const XDP_PASS: u32 = 2;
@@ -122,21 +120,18 @@ impl Target {
 
     /// Every counter slot, summed over the CPUs, read with one syscall.
     pub fn counters(&mut self, out: &mut Vec<CounterValue>) -> Result<()> {
-        let fd = self.counters_fd()?;
-        batch::read_counters(fd, COUNTER_SLOTS, self.cpus, &mut self.scratch, out)
+        let fd = self.r.dataplane().counters_fd();
+        let add = |sum: &mut CounterValue, v: &CounterValue| *sum += *v;
+        batch::read_per_cpu_into(fd, COUNTER_SLOTS, self.cpus, &mut self.scratch, add, out)
             .context("BPF_MAP_LOOKUP_BATCH on the counters")
     }
 
     /// Empties the connection table (one syscall), so that a frame runs
     /// as it would on a fresh balancer with the same tables.
     pub fn clear_flows(&mut self) -> Result<()> {
-        let fd = self.r.dataplane().flows_fd().as_raw_fd();
+        let fd = self.r.dataplane().flows_fd();
         let size = std::mem::size_of::<FlowBucket>();
         batch::zero_array(fd, CT_BUCKETS, size).context("BPF_MAP_UPDATE_BATCH on the flows")
-    }
-
-    fn counters_fd(&self) -> Result<RawFd> {
-        Ok(self.r.dataplane().counters_fd().as_raw_fd())
     }
 
     /// Finds the largest frame `BPF_PROG_TEST_RUN` gives the program in one
