@@ -27,17 +27,18 @@ use std::{
     time::Duration,
 };
 
-use aya::programs::{TestRun, TestRunOptions, XdpMode};
+use aya::programs::XdpMode;
 use etherparse::{EtherType, IpNumber, Ipv4Header, Ipv6FlowLabel, Ipv6Header, PacketBuilder};
-use lb::decap::{self, Decap, DecapError, PassProgram};
+use lb::decap::{self, DecapError, PassProgram};
 use lb_common::{
     CounterValue,
     consts::GUE_PORT,
-    counters::{DECAP_COUNTER_SLOTS, DecapCounter, DecapKind},
+    counters::{DECAP_COUNTER_SLOTS, DecapCounter},
 };
 
 use common::{
-    XDP_DROP, XDP_PASS, XDP_TX, ip,
+    decap::DecapRig,
+    ip,
     packets::{self, Link, arp, fix_ipv4_checksum, icmp4, l2_len},
     require_root, v4, v6,
 };
@@ -67,78 +68,9 @@ const OTHER_V6: &str = "fd00:1::2";
 const VIP_V4: &str = "10.0.0.10";
 const VIP_V6: &str = "2001:db8::10";
 
-/// The loaded program with the backend's two addresses.
-struct Rig {
-    decap: Decap,
-}
-
-impl Rig {
-    fn new() -> Rig {
-        require_root("decap");
-        let mut decap = Decap::load().unwrap_or_else(|e| {
-            panic!("loading lb_decap failed (kernel without XDP/BTF support?): {e:#}")
-        });
-        decap
-            .set_local_addrs(&[ip(BACKEND_V4), ip(BACKEND_V6)], GUE_PORT)
-            .expect("write local addresses");
-        Rig { decap }
-    }
-
-    fn counters(&self) -> Vec<CounterValue> {
-        self.decap.counters().expect("read counters")
-    }
-
-    /// Runs one frame through the program: `(action, output frame)`.
-    fn run(&mut self, input: &[u8]) -> (u32, Vec<u8>) {
-        let mut out = vec![0u8; input.len() + 256];
-        let result = self
-            .decap
-            .program()
-            .test_run(TestRunOptions {
-                data_in: Some(input),
-                data_out: Some(&mut out),
-                ..TestRunOptions::new()
-            })
-            .expect("BPF_PROG_TEST_RUN failed");
-        out.truncate(result.data_size_out as usize);
-        (result.return_value, out)
-    }
-
-    /// Runs `input` and asserts that exactly one counter moved, by one
-    /// packet and the input frame's bytes, that it is `want`, and that the
-    /// action is the one `want`'s kind implies.
-    fn run_counted(&mut self, name: &str, input: &[u8], want: DecapCounter) -> (u32, Vec<u8>) {
-        let before = self.counters();
-        let (action, out) = self.run(input);
-        let after = self.counters();
-        assert_eq!(after.len(), DECAP_COUNTER_SLOTS as usize);
-        let mut moved = vec![];
-        for c in DecapCounter::ALL {
-            let (b, a) = (before[*c as usize], after[*c as usize]);
-            if a == b {
-                continue;
-            }
-            assert_eq!(a.packets - b.packets, 1, "{name}: {c:?} packets");
-            assert_eq!(a.bytes - b.bytes, input.len() as u64, "{name}: {c:?} bytes");
-            moved.push(*c);
-        }
-        assert_eq!(moved, vec![want], "{name}: counters that moved");
-        for (i, (b, a)) in before
-            .iter()
-            .zip(&after)
-            .enumerate()
-            .skip(DecapCounter::ALL.len())
-        {
-            assert_eq!(a, b, "{name}: unused counter slot {i} moved");
-        }
-        let want_action = match want.kind() {
-            DecapKind::Decap | DecapKind::Pass => XDP_PASS,
-            DecapKind::Drop => XDP_DROP,
-            DecapKind::Forward => XDP_TX,
-        };
-        assert_eq!(action, want_action, "{name}: action");
-        (action, out)
-    }
+/// `lb_decap` with the backend's two addresses.
+fn rig() -> DecapRig {
+    DecapRig::new("decap", &[ip(BACKEND_V4), ip(BACKEND_V6)])
 }
 
 // ---------------------------------------------------------------- packets
@@ -802,7 +734,7 @@ fn gue_rejects() -> Vec<Fixture> {
 
 #[test]
 fn gue_is_not_accepted_on_a_port_of_zero() {
-    let mut rig = Rig::new();
+    let mut rig = rig();
     rig.decap
         .set_local_addrs(&[ip(BACKEND_V4), ip(BACKEND_V6)], 0)
         .expect("write local addresses");
@@ -812,7 +744,7 @@ fn gue_is_not_accepted_on_a_port_of_zero() {
     assert_eq!(out, packet, "passed untouched");
 }
 
-fn run_fixtures(rig: &mut Rig, fixtures: Vec<Fixture>) {
+fn run_fixtures(rig: &mut DecapRig, fixtures: Vec<Fixture>) {
     for fx in fixtures {
         let name = fx.name.as_str();
         match fx.expect {
@@ -845,7 +777,7 @@ fn run_fixtures(rig: &mut Rig, fixtures: Vec<Fixture>) {
 
 #[test]
 fn every_tunnel_decapsulates_to_the_inner_frame() {
-    let mut rig = Rig::new();
+    let mut rig = rig();
     let fixtures = round_trips();
     assert!(
         fixtures.len() >= 72,
@@ -856,13 +788,13 @@ fn every_tunnel_decapsulates_to_the_inner_frame() {
 
 #[test]
 fn other_traffic_passes_and_broken_tunnels_drop() {
-    let mut rig = Rig::new();
+    let mut rig = rig();
     run_fixtures(&mut rig, rejects());
 }
 
 #[test]
 fn local_addresses_are_replaced_not_merged() {
-    let mut rig = Rig::new();
+    let mut rig = rig();
     let packet = encap(
         &inner_frame(false, L4::Udp, Vlan::Untagged, b"x"),
         Outer::ipip(BACKEND_V4),

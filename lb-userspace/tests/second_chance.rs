@@ -28,21 +28,21 @@ use std::{
     time::Duration,
 };
 
-use aya::programs::{TestRun, TestRunOptions};
 use etherparse::{Ipv4HeaderSlice, Ipv6HeaderSlice, PacketBuilder};
 use lb::{
     config::Encap,
-    decap::Decap,
     predict::{Via, predict},
 };
 use lb_common::{
-    BackendDef, Counter, CounterValue,
+    BackendDef, Counter,
     consts::{GUE_PORT, OUTER_TTL, PROTO_UDP, SC_MAX_OVERHEAD_V4, SC_MAX_OVERHEAD_V6},
-    counters::{DecapCounter, DecapKind},
+    counters::DecapCounter,
 };
 
 use common::{
-    XDP_DROP, XDP_PASS, XDP_TX, ip,
+    XDP_TX,
+    decap::DecapRig,
+    ip,
     packets::{fix_ipv4_checksum, l2_len, tcp4, tcp6, udp4},
     require_root,
     xdp::{
@@ -268,53 +268,21 @@ const BACKEND_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x0b];
 
 /// `lb_decap` loaded with `local` as its addresses.
 struct Backend {
-    decap: Decap,
+    rig: DecapRig,
 }
 
 impl Backend {
     fn new(local: &[&str]) -> Backend {
-        require_root("second chance");
-        let mut decap = Decap::load().expect("loading lb_decap");
         let addrs: Vec<IpAddr> = local.iter().map(|a| ip(a)).collect();
-        decap
-            .set_local_addrs(&addrs, GUE_PORT)
-            .expect("local addresses");
-        Backend { decap }
+        Backend {
+            rig: DecapRig::new("second chance", &addrs),
+        }
     }
 
-    fn counters(&self) -> Vec<CounterValue> {
-        self.decap.counters().expect("counters")
-    }
-
-    /// Runs `input`; asserts that exactly `want` moved and that the action
-    /// is its kind's.
+    /// Runs `input`; asserts that exactly `want` moved (one packet, the
+    /// input's bytes) and that the action is its kind's.
     fn run(&mut self, name: &str, input: &[u8], want: DecapCounter) -> Vec<u8> {
-        let before = self.counters();
-        let mut out = vec![0u8; input.len() + 256];
-        let result = self
-            .decap
-            .program()
-            .test_run(TestRunOptions {
-                data_in: Some(input),
-                data_out: Some(&mut out),
-                ..TestRunOptions::new()
-            })
-            .expect("BPF_PROG_TEST_RUN");
-        out.truncate(result.data_size_out as usize);
-        let after = self.counters();
-        let moved: Vec<DecapCounter> = DecapCounter::ALL
-            .iter()
-            .copied()
-            .filter(|c| after[*c as usize] != before[*c as usize])
-            .collect();
-        assert_eq!(moved, vec![want], "{name}: counters that moved");
-        let action = match want.kind() {
-            DecapKind::Decap | DecapKind::Pass => XDP_PASS,
-            DecapKind::Drop => XDP_DROP,
-            DecapKind::Forward => XDP_TX,
-        };
-        assert_eq!(result.return_value, action, "{name}: action");
-        out
+        self.rig.run_counted(name, input, want).1
     }
 }
 

@@ -4,6 +4,7 @@
 //! - this module: addresses from literals, the XDP actions, the root check;
 //! - [`packets`]: frame builders and checksum helpers (for `lb_xdp` and
 //!   `lb_decap` alike);
+//! - [`decap`]: the `lb_decap` rig and its counter check;
 //! - [`xdp`]: the `lb_xdp` rig (the loaded program, programmed through the
 //!   reconciler), its standard VIPs, the encapsulation check, and the
 //!   fixture type with the runner that the feature suites' tables share.
@@ -17,6 +18,7 @@
 // in the crates that do use everything, hence `allow`.
 #![allow(dead_code, reason = "each test crate uses a subset of the helpers")]
 
+pub mod decap;
 pub mod packets;
 pub mod xdp;
 
