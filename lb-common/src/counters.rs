@@ -103,7 +103,11 @@ counters! {
     /// Event: a new flow evicted a live connection-table entry (of any
     /// kind; see `ct_evicted_established`).
     CtEvicted = 20, "ct_evicted", Event;
-    /// Event: a connection-table hit pointed at a backend that is down or gone; re-picked.
+    /// Event: a connection-table hit pointed at a backend that is down or
+    /// gone; re-picked. The entry is kept (the flow returns to its backend
+    /// if it comes back) unless the re-pick records the flow anew, so a
+    /// flow of a second-chance VIP, whose packets are not recorded, counts
+    /// one per packet while its backend is down.
     CtStale = 21, "ct_stale_backend", Event;
     /// An IPv4 or IPv6 fragment to an address that is no VIP.
     PassFragmentNotVip = 22, "pass_fragment_not_vip", Pass;

@@ -108,12 +108,11 @@ fn handshake(
     vip: Option<(VipKey, VipMeta)>,
     hash: u64,
     slot: u32,
-    has_entry: bool,
 ) -> Result<Option<Prediction>> {
     let Some((vip, meta)) = vip else {
         return Ok(None);
     };
-    if has_entry || flow.proto != PROTO_TCP || meta.flags & VIP_F_NO_CONNTRACK != 0 {
+    if flow.proto != PROTO_TCP || meta.flags & VIP_F_NO_CONNTRACK != 0 {
         return Ok(None);
     }
     let cfg = dp.config()?;
@@ -175,7 +174,7 @@ pub fn predict(dp: &dyn Dataplane, flow: &FlowKey, syn: bool) -> Result<Option<P
                 alternates: [None; SC_MAX_ALTERNATES],
             }));
         }
-        if let Some(p) = handshake(dp, flow, vip, hash, slot, entry.is_some())? {
+        if let Some(p) = handshake(dp, flow, vip, hash, slot)? {
             return Ok(Some(p));
         }
     }

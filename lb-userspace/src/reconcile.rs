@@ -80,6 +80,10 @@ pub enum ReconcileError {
     #[error("no free alternates region: second_chance_vips ({0}) VIPs have second chance")]
     AlternatesExhausted(u32),
     #[error(
+        "VIP {vip}: second chance with table_size {m}, above the global table_size {global} its alternates region holds"
+    )]
+    AlternatesTableSize { vip: VipId, m: u32, global: u32 },
+    #[error(
         "no room for VIP {vip}'s table ({need}) in the table pool: {used} of {capacity} would be in use; raise table_pool_mib (a restart, which drops the connection table) or give VIPs a smaller table_size"
     )]
     TablePoolFull {
@@ -550,6 +554,16 @@ impl<D: Dataplane> Reconciler<D> {
             self.remove_vip(&id)?;
             report.vips_removed += 1;
         }
+        // Regions of VIPs that turn second chance off are free before any
+        // VIP of this apply takes one: otherwise a region moving from a VIP
+        // late in `desired` to one early in it would be refused. Until its
+        // entry is rewritten, the old VIP may read the new owner's
+        // alternates, and skips them all (they belong to another VIP).
+        for vip in desired.iter().filter(|v| !v.second_chance) {
+            if let Some(state) = self.vips.get_mut(&vip.id) {
+                state.alt = None;
+            }
+        }
         for vip in desired {
             self.apply_vip(vip, usable, &mut report)?;
         }
@@ -979,6 +993,14 @@ impl<D: Dataplane> Reconciler<D> {
     /// region.
     fn sync_alternates(&mut self, vip: &VipConfig, m: u32, report: &mut ApplyReport) -> Result<()> {
         let id = vip.id;
+        // Validated with the configuration; the region holds no more.
+        if m > self.layout.table_size {
+            return Err(ReconcileError::AlternatesTableSize {
+                vip: id,
+                m,
+                global: self.layout.table_size,
+            });
+        }
         let index = self.alt_index_for(&id)?;
         let sources = self.sources.get(&id).cloned().unwrap_or_else(|| Sources {
             configured: second_chance::configured_members(vip, 1),
@@ -1658,6 +1680,29 @@ mod tests {
         }
         r.apply(&[off, w, x.clone()], &all).unwrap();
         assert_eq!(r.vips()[&x.id].meta.alt_index, 0);
+    }
+
+    #[test]
+    fn a_region_moves_to_a_vip_earlier_in_the_same_apply() {
+        // Two regions, both taken; the third VIP takes the region of the
+        // one turning second chance off, which comes after it.
+        let mut r = Reconciler::adopt(FakeDataplane::new(layout())).unwrap();
+        let three = [("10.1.0.1", 1), ("10.1.0.2", 1), ("10.1.0.3", 1)];
+        let v = second_chance("10.0.0.1", &three);
+        let w = second_chance("10.0.0.2", &three);
+        let x = second_chance("10.0.0.3", &three);
+        r.apply(&[v.clone(), w.clone()], &all).unwrap();
+        let off = VipConfig {
+            second_chance: false,
+            ..v.clone()
+        };
+        r.apply(&[x.clone(), w.clone(), off], &all).unwrap();
+        let index = |id: &VipId| r.vips()[id].meta.alt_index;
+        assert_eq!(index(&x.id), 0, "the region v gave up");
+        assert_eq!(index(&w.id), 1);
+        let meta = r.dataplane().vip(&v.id.key()).unwrap().unwrap();
+        assert_eq!(meta.flags & VIP_F_SECOND_CHANCE, 0);
+        assert_eq!(listed(&r, 0).len(), r.layout().table_size as usize);
     }
 
     #[test]

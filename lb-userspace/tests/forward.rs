@@ -344,6 +344,26 @@ fn a_handshake_keeps_its_syns_backend_across_a_table_change() {
     let (to, via) = forward(&mut rig, &tcp4(TO_LB, "10.0.0.10", 80, other, false, b""));
     assert_ne!(to, 2);
     assert_eq!(via, Counter::FwdMaglev);
+
+    // A reused tuple whose old entry names a backend now down: its new
+    // SYN's ACK goes where the SYN went, and `predict` says so too.
+    let (old, _) = forward(&mut rig, &tcp4(TO_LB, "10.0.0.10", 80, sport, false, b"x"));
+    rig.mark_down(&vips.tcp4, old);
+    let (syn_to, _) = forward(&mut rig, &tcp4(TO_LB, "10.0.0.10", 80, sport, true, b""));
+    assert_ne!(syn_to, old);
+    let p = predict(rig.dp(), &flow, false)
+        .expect("predict")
+        .expect("a VIP");
+    assert_eq!(p.via, Via::Handshake, "{p:?}");
+    assert_eq!(
+        p.backend.and_then(|b| b.ip()),
+        Some(ip(BACKENDS[syn_to])),
+        "{p:?}"
+    );
+    assert_eq!(
+        forward(&mut rig, &tcp4(TO_LB, "10.0.0.10", 80, sport, false, b"")),
+        (syn_to, Counter::FwdHandshake)
+    );
 }
 
 #[test]

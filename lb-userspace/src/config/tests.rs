@@ -842,6 +842,17 @@ fn second_chance_is_off_by_default_tcp_only_and_bounded() {
     assert!(e[0].starts_with("vips[1].second_chance: "), "{e:?}");
     assert!(e[0].contains("UDP"), "{e:?}");
 
+    let untracked = with(
+        "    protocol: tcp\n",
+        "    protocol: tcp\n    second_chance: true\n    conntrack: false\n",
+    );
+    let e = errors(&untracked);
+    assert!(
+        e.iter().any(|e| e.starts_with("vips[0].second_chance: ")
+            && e.contains("needs the connection table")),
+        "{e:?}"
+    );
+
     let hashed = with(
         "    protocol: tcp\n",
         "    protocol: tcp\n    second_chance: true\n    fragments: hash\n",

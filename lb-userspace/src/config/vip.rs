@@ -844,6 +844,15 @@ impl VipRules<'_> {
                 ),
             );
         }
+        if !vip.conntrack {
+            self.err(
+                format!("{at}.second_chance"),
+                format!(
+                    "VIP {}: second chance needs the connection table (conntrack: true): without it every packet of every flow would carry alternates",
+                    vip.id
+                ),
+            );
+        }
         if vip.fragments == FragmentPolicy::Hash {
             self.err(
                 format!("{at}.second_chance"),

@@ -87,7 +87,7 @@ pub struct Layout {
     /// sizes (so maps pinned by an older `lbd` are adopted).
     pub table_pool: u32,
     /// Most VIPs with second chance at once: each owns one region of
-    /// `LB_ALTERNATES` (M × 12 bytes: 786 KB at M = 65537).
+    /// `LB_ALTERNATES` (ceil(M / 1024) chunks of 12 KiB: 799 KB at M = 65537).
     pub second_chance_vips: u32,
 }
 

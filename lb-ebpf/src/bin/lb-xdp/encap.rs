@@ -249,8 +249,12 @@ fn write_alternates(
             break;
         }
         // Checked a moment ago by `second_chance::alternates`; a backend
-        // retired since then fails the packet rather than list a stranger.
+        // retired since then (its handle stays, its family goes to 0)
+        // fails the packet rather than list a stranger or 0.0.0.0.
         let def = crate::backend_of(alts.handles[i]).ok_or(EncapError)?;
+        if def.family != if outer_v6 { FAMILY_V6 } else { FAMILY_V4 } {
+            return Err(EncapError);
+        }
         if outer_v6 {
             At::<AltAddr6>::new(ctx, first + 16 * i)
                 .ok_or(EncapError)?
