@@ -121,13 +121,20 @@ pub fn describe(e: &TraceEvent, table_size: u32) -> Option<TraceLine> {
     let via = match counter {
         Counter::FwdConntrack => "connection table".to_string(),
         Counter::FwdHandshake => "its SYN's backend (handshake)".to_string(),
+        Counter::FwdSecondChance if table_size > 0 => format!(
+            "maglev slot {}, with its alternates (second chance)",
+            (e.hash as u32) % table_size
+        ),
         _ if e.backend_family != 0 && table_size > 0 => {
             format!("maglev slot {}", (e.hash as u32) % table_size)
         }
         _ => "-".into(),
     };
+    // A second-chance packet leaves as GUE variant 0 whatever the VIP's
+    // tunnel.
     let encap = (e.backend_family != 0).then(|| {
         match e.encap {
+            _ if *counter == Counter::FwdSecondChance => "gue+alternates",
             ENCAP_GRE => "gre",
             ENCAP_GUE => "gue",
             _ => "ipip",
@@ -250,5 +257,14 @@ mod tests {
         assert_eq!(line.backend.unwrap().to_string(), "10.1.0.2");
         assert_eq!(line.via, format!("maglev slot {}", 1_000_005 % 101));
         assert_eq!(line.encap.as_deref(), Some("gre"));
+        // A second-chance packet left as GUE with a list, not by the
+        // VIP's tunnel.
+        let sc = TraceEvent {
+            counter: Counter::FwdSecondChance as u16,
+            ..e
+        };
+        let line = describe(&sc, 101).unwrap();
+        assert_eq!(line.encap.as_deref(), Some("gue+alternates"));
+        assert!(line.via.ends_with("(second chance)"), "{}", line.via);
     }
 }

@@ -50,11 +50,14 @@ fn mac_words(mac: &[u8; 6]) -> [u16; 3] {
 /// The most bytes an encapsulation toward `backend` adds in front of a
 /// packet: what the MTU check counts. For a backend of a second-chance VIP
 /// that is the largest alternates header, for every packet of the VIP, so
-/// that the MTU a client learns does not depend on the balancer.
+/// that the MTU a client learns does not depend on the balancer; and for a
+/// packet that carries a list (`listed`) whatever the backend says (while
+/// second chance is turned off, the backends lose the flag a moment before
+/// the VIP entry does).
 #[inline(always)]
-pub fn overhead(backend: &BackendDef) -> u32 {
+pub fn overhead(backend: &BackendDef, listed: bool) -> u32 {
     let v6 = backend.family == FAMILY_V6;
-    if backend.flags & BACKEND_F_SECOND_CHANCE != 0 {
+    if listed || backend.flags & BACKEND_F_SECOND_CHANCE != 0 {
         return if v6 {
             SC_MAX_OVERHEAD_V6
         } else {

@@ -314,7 +314,7 @@ fn forward_with<const TRACE: bool>(
     alts: Option<&second_chance::Alternates>,
     outcome: Counter,
 ) -> (u32, Counter) {
-    let overhead = encap::overhead(def);
+    let overhead = encap::overhead(def, alts.is_some());
     // ICMP errors are small (576 bytes for IPv4, 1280 for IPv6, at most)
     // and must never cause another.
     if cfg.mtu != 0 && pkt.ip_len + overhead > cfg.mtu as u32 && !pkt.is_icmp() {
