@@ -27,6 +27,7 @@ use super::{
     oracle::{Expect, Forward, Kinds},
     reply,
     target::{XDP_DROP, XDP_PASS, XDP_TX},
+    wire,
 };
 
 /// A broken invariant.
@@ -245,6 +246,11 @@ fn tunnel(
 ) -> Result<Sent, Violation> {
     let vip = &model.vips[fwd.vip];
     ethernet(input, out, l2)?;
+    // A second-chance VIP of these tunnels sends UDP only with a list.
+    let plain_udp = vip.encap == Encap::Gue;
+    if vip.second_chance && !plain_udp && outer_protocol(out, l2) == Some(wire::UDP) {
+        return listed(model, input, out, fwd, l2);
+    }
     let inner = &input[fwd.inner.clone()];
     let tun_len = match vip.encap {
         Encap::Ipip => 0,
@@ -283,6 +289,107 @@ fn tunnel(
         backend: dst,
         weight,
         gue_sport,
+    })
+}
+
+/// The outer IP header's protocol (`None`: neither IPv4 nor IPv6). The
+/// frame holds at least `l2 + 40` bytes ([`ethernet`]).
+fn outer_protocol(out: &[u8], l2: usize) -> Option<u8> {
+    match u16::from_be_bytes([out[l2 - 2], out[l2 - 1]]) {
+        0x0800 => Some(out[l2 + 9]),
+        0x86dd => Some(out[l2 + 6]),
+        _ => None,
+    }
+}
+
+/// A second-chance frame, read by the layout ARCHITECTURE.md gives
+/// ("Wire format"), not by lb's code: the outer IP header (protocol 17),
+/// UDP to the GUE port with checksum 0, GUE variant 0 (C = 0, `hlen` the
+/// words of private data, the inner protocol, flags 0), lb's header (type
+/// 0x4C42, `next` 0, count 1–3), the alternates (of the outer family, each
+/// another backend of the same VIP, none twice), then the inner packet.
+fn listed(
+    model: &Model,
+    input: &[u8],
+    out: &[u8],
+    fwd: &Forward,
+    l2: usize,
+) -> Result<Sent, Violation> {
+    let inner = &input[fwd.inner.clone()];
+    let v6 = u16::from_be_bytes([out[l2 - 2], out[l2 - 1]]) == 0x86dd;
+    let at = l2 + if v6 { 40 } else { 20 };
+    if out.len() < at + 16 {
+        return fail("sc-short", format!("listed frame of {} bytes", out.len()));
+    }
+    let word = |i: usize| u16::from_be_bytes([out[at + i], out[at + i + 1]]);
+    let count = usize::from(out[at + 15]);
+    let size = if v6 { 16 } else { 4 };
+    let list = 4 + count * size;
+    let payload = 8 + 4 + list + inner.len();
+    let (dst, src, _) = if v6 {
+        outer_v6(out, l2, payload, wire::UDP)?
+    } else {
+        outer_v4(out, l2, payload, wire::UDP)?
+    };
+    let weight = owner(model, fwd, dst)?;
+    let want_src = outer_source(&model.settings, v6, fwd.source);
+    if src != want_src {
+        let what = format!("outer source {src}, expected {want_src}");
+        return fail("outer-source", what);
+    }
+    let inner_proto = if inner[0] >> 4 == 6 { 41 } else { 4 };
+    let problems = [
+        (word(2) != model.settings.gue_port, "not to the GUE port"),
+        (usize::from(word(4)) != payload, "wrong UDP length"),
+        (word(6) != 0, "UDP checksum not 0"),
+        (out[at + 8] >> 5 != 0, "not GUE variant 0 with C = 0"),
+        (
+            usize::from(out[at + 8] & 0x1f) * 4 != list,
+            "hlen does not match the count",
+        ),
+        (out[at + 9] != inner_proto, "wrong inner protocol"),
+        (word(10) != 0, "GUE flags not 0"),
+        (word(12) != 0x4c42, "not lb's list type"),
+        (out[at + 14] != 0, "next not 0"),
+        (!(1..=3).contains(&count), "count not 1-3"),
+        (out.len() < at + 12 + list + inner.len(), "cut short"),
+    ];
+    if let Some((_, what)) = problems.iter().find(|(bad, _)| *bad) {
+        let head = &out[at..(at + 16).min(out.len())];
+        return fail(
+            "sc-header",
+            format!("second-chance header {head:02x?}: {what}"),
+        );
+    }
+    let mut seen = vec![dst];
+    for i in 0..count {
+        let a = &out[at + 16 + i * size..at + 16 + (i + 1) * size];
+        let alt = if v6 {
+            IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(a).expect("16 bytes")))
+        } else {
+            IpAddr::V4(Ipv4Addr::from(<[u8; 4]>::try_from(a).expect("4 bytes")))
+        };
+        owner(model, fwd, alt)?;
+        if seen.contains(&alt) {
+            let what = format!("alternate {alt} listed twice or is the backend itself");
+            return fail("sc-alternate", what);
+        }
+        seen.push(alt);
+    }
+    let start = at + 12 + list;
+    if out[start..start + inner.len()] != *inner {
+        let what = "inner packet differs from the input's IP packet";
+        return fail("inner", what.into());
+    }
+    let trailer = &out[start + inner.len()..];
+    if !trailer.is_empty() && trailer != &input[fwd.inner.end..] {
+        let what = "bytes after the tunnel packet are not the input's padding";
+        return fail("trailer", what.into());
+    }
+    Ok(Sent {
+        backend: dst,
+        weight,
+        gue_sport: Some(word(0)),
     })
 }
 
@@ -529,6 +636,77 @@ mod tests {
         assert_eq!(bad.expect_err("TTL").code, "outer-ipv4");
         let passed = frame(&m, &input, XDP_PASS, &input, Counter::PassNotVip, &e);
         assert_eq!(passed.expect_err("a VIP packet passed").invariant, 6);
+    }
+
+    /// `input` (an IPv4 packet) as a second-chance frame to `backend`
+    /// listing `alts`, laid out by hand from ARCHITECTURE.md.
+    fn listed_frame(m: &Model, input: &[u8], backend: Ipv4Addr, alts: &[Ipv4Addr]) -> Vec<u8> {
+        let inner = &input[14..];
+        let mut udp = Vec::new();
+        let len = 8 + 4 + 4 + 4 * alts.len() + inner.len();
+        udp.extend_from_slice(&0xc123u16.to_be_bytes());
+        udp.extend_from_slice(&m.settings.gue_port.to_be_bytes());
+        udp.extend_from_slice(&(len as u16).to_be_bytes());
+        udp.extend_from_slice(&[0, 0]);
+        udp.extend_from_slice(&[1 + alts.len() as u8, 4, 0, 0]);
+        udp.extend_from_slice(&[0x4c, 0x42, 0, alts.len() as u8]);
+        for a in alts {
+            udp.extend_from_slice(&a.octets());
+        }
+        udp.extend_from_slice(inner);
+        let mut outer = wire::V4::new([10, 255, 0, 1], backend.octets(), wire::UDP).packet(&udp);
+        outer[4..6].copy_from_slice(&[0, 0]);
+        wire::fix_ipv4_checksum(&mut outer);
+        let eth = Eth {
+            dst: GW_MAC,
+            src: input[0..6].try_into().expect("MAC"),
+            tags: Vec::new(),
+        };
+        eth.frame(wire::ETH_IPV4, &outer)
+    }
+
+    #[test]
+    fn a_list_of_the_vips_other_backends_passes_and_anything_else_fails() {
+        let m = Model::new();
+        let sc = m.vips.iter().position(|v| v.name == "sc4").expect("sc4");
+        let b: Vec<Ipv4Addr> = m.vips[sc]
+            .backends
+            .iter()
+            .map(|b| match b.addr {
+                IpAddr::V4(a) => a,
+                IpAddr::V6(_) => panic!("sc4 has IPv4 backends"),
+            })
+            .collect();
+        let (s, d): (IpAddr, IpAddr) = ("192.0.2.1".parse().expect("a"), m.vips[sc].addr);
+        let p = Pkt::new(
+            s,
+            d,
+            wire::TCP,
+            wire::tcp((s, d), (4000, 80), wire::TCP_ACK, &[], b"data"),
+        );
+        let input = Eth::default().frame(wire::ETH_IPV4, &p.build().0);
+        let e = oracle::expect(&m, &input);
+        let run = |out: &[u8]| frame(&m, &input, XDP_TX, out, Counter::FwdSecondChance, &e);
+        let ok = run(&listed_frame(&m, &input, b[0], &[b[1], b[2]])).expect("a good list");
+        assert_eq!(ok.sent.expect("sent").backend, IpAddr::V4(b[0]));
+        let code = |out: Vec<u8>| run(&out).expect_err("a bad list").code;
+        // The backend itself, twice the same, another VIP's backend.
+        assert_eq!(
+            code(listed_frame(&m, &input, b[0], &[b[0]])),
+            "sc-alternate"
+        );
+        assert_eq!(
+            code(listed_frame(&m, &input, b[0], &[b[1], b[1]])),
+            "sc-alternate"
+        );
+        let other = Ipv4Addr::new(10, 1, 1, 2);
+        assert_eq!(code(listed_frame(&m, &input, b[0], &[other])), "wrong-vip");
+        // A header byte off: the type, `next`, the count.
+        for (at, value) in [(14 + 20 + 12, 0x47), (14 + 20 + 14, 1), (14 + 20 + 15, 4)] {
+            let mut f = listed_frame(&m, &input, b[0], &[b[1]]);
+            f[at] = value;
+            assert!(run(&f).is_err(), "byte {at} = {value}");
+        }
     }
 
     #[test]

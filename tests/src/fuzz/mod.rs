@@ -312,7 +312,11 @@ impl Fuzzer {
         };
         let outer = if sent.backend.is_ipv6() { "6" } else { "4" };
         let encap = self.model.vips[fwd.vip].encap;
-        st.feature(report::tunnel_feature(encap, &format!("{inner}in{outer}")));
+        if counter == Counter::FwdSecondChance {
+            st.feature(report::second_chance_feature(&format!("{inner}in{outer}")));
+        } else {
+            st.feature(report::tunnel_feature(encap, &format!("{inner}in{outer}")));
+        }
         if expect.l2 == 18 {
             st.feature("forwarded with a VLAN tag");
         }

@@ -42,6 +42,9 @@ pub struct Vip {
     pub encap: Encap,
     pub conntrack: bool,
     pub frag_hash: bool,
+    /// Second chance: a TCP packet without a connection-table entry may
+    /// carry alternates (GUE variant 0 with lb's list, whatever `encap`).
+    pub second_chance: bool,
     /// The family of its backends (`None`: a VIP that never has any).
     pub backend_v6: Option<bool>,
     pub backends: Vec<Backend>,
@@ -71,13 +74,16 @@ impl Vip {
         }
     }
 
-    /// Bytes the tunnel adds: outer IP header and GRE or UDP header.
+    /// Bytes the tunnel adds: outer IP header and GRE or UDP header; for
+    /// a second-chance VIP the largest list (UDP, GUE, lb's header, three
+    /// addresses), which README says every packet of the VIP is checked
+    /// against.
     pub fn overhead(&self) -> usize {
-        let ip = if self.backend_v6 == Some(true) {
-            40
-        } else {
-            20
-        };
+        let v6 = self.backend_v6 == Some(true);
+        let ip = if v6 { 40 } else { 20 };
+        if self.second_chance {
+            return ip + 8 + 4 + 4 + 3 * if v6 { 16 } else { 4 };
+        }
         ip + match self.encap {
             Encap::Ipip => 0,
             Encap::Gre => 4,
@@ -119,8 +125,9 @@ type VipRow = (&'static str, &'static str, Encap, bool, bool, Option<bool>);
 /// Every combination the invariants must see: both families, TCP and UDP,
 /// every encapsulation over both outer families, an all-ports VIP (with a
 /// port-specific VIP on the same address), VIPs without backends, one
-/// without the connection table, and fragment-hashing VIPs next to VIPs of
-/// the same address that drop fragments.
+/// without the connection table, fragment-hashing VIPs next to VIPs of
+/// the same address that drop fragments, and two with second chance (over
+/// IPv4 and IPv6 backends).
 #[rustfmt::skip] // A table: one VIP per row.
 const VIPS: &[VipRow] = &[
     ("tcp4", "10.0.0.10:80/tcp", Encap::Ipip, true, false, Some(false)),
@@ -148,7 +155,12 @@ const VIPS: &[VipRow] = &[
     ("gue6", "[2001:db8::80]:80/tcp", Encap::Gue, true, false, Some(true)),
     ("gue4in6", "10.0.0.80:443/tcp", Encap::Gue, true, false, Some(true)),
     ("gue6in4", "[2001:db8::80]:53/udp", Encap::Gue, true, false, Some(false)),
+    ("sc4", "10.0.0.90:80/tcp", Encap::Ipip, true, false, Some(false)),
+    ("sc6", "[2001:db8::90]:443/tcp", Encap::Gre, true, false, Some(true)),
 ];
+
+/// The VIPs of [`VIPS`] with second chance.
+const SECOND_CHANCE: &[&str] = &["sc4", "sc6"];
 
 impl Model {
     /// Epoch 0: every VIP with three backends of weight 1 (none for the
@@ -168,6 +180,7 @@ impl Model {
                         encap,
                         conntrack,
                         frag_hash,
+                        second_chance: SECOND_CHANCE.contains(&name),
                         backend_v6,
                         backends: Vec::new(),
                         block: i as u8 + 1,
@@ -255,6 +268,7 @@ impl Model {
                 );
                 c.encap = v.encap;
                 c.conntrack = v.conntrack;
+                c.second_chance = v.second_chance;
                 if v.frag_hash {
                     c.fragments = FragmentPolicy::Hash;
                 }

@@ -203,11 +203,17 @@ fn features_aimed() -> Vec<String> {
         ]
         .map(String::from),
     );
+    f.extend(["4in4", "6in6"].map(second_chance_feature));
     f
 }
 
 pub fn tunnel_feature(encap: Encap, shape: &str) -> String {
     format!("tunnel {encap:?} {shape}")
+}
+
+/// A second-chance packet (GUE variant 0 with lb's list).
+pub fn second_chance_feature(shape: &str) -> String {
+    format!("second-chance list {shape}")
 }
 
 /// A violation, where it happened, and its reproducers.

@@ -54,7 +54,7 @@ impl Target {
             max_backends: 256,
             ct_buckets: CT_BUCKETS,
             table_pool: 0,
-            second_chance_vips: 1,
+            second_chance_vips: 2,
         };
         let mut dp = KernelDataplane::load(layout)
             .context("loading lb_xdp (root and a kernel with XDP test runs are needed)")?;
