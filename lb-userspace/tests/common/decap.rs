@@ -61,25 +61,9 @@ impl DecapRig {
         let (action, out) = self.run(input);
         let after = self.counters();
         assert_eq!(after.len(), DECAP_COUNTER_SLOTS as usize);
-        let mut moved = vec![];
-        for c in DecapCounter::ALL {
-            let (b, a) = (before[*c as usize], after[*c as usize]);
-            if a == b {
-                continue;
-            }
-            assert_eq!(a.packets - b.packets, 1, "{name}: {c:?} packets");
-            assert_eq!(a.bytes - b.bytes, input.len() as u64, "{name}: {c:?} bytes");
-            moved.push(*c);
-        }
+        let all = DecapCounter::ALL;
+        let moved = super::moved(&before, &after, all, |c| c as usize, input.len(), name);
         assert_eq!(moved, vec![want], "{name}: counters that moved");
-        for (i, (b, a)) in before
-            .iter()
-            .zip(&after)
-            .enumerate()
-            .skip(DecapCounter::ALL.len())
-        {
-            assert_eq!(a, b, "{name}: unused counter slot {i} moved");
-        }
         let want_action = match want.kind() {
             DecapKind::Decap | DecapKind::Pass => XDP_PASS,
             DecapKind::Drop => XDP_DROP,

@@ -22,7 +22,36 @@ pub mod decap;
 pub mod packets;
 pub mod xdp;
 
-use std::net::IpAddr;
+use std::{fmt::Debug, net::IpAddr};
+
+use lb_common::CounterValue;
+
+/// The counters of `all` (slot `id(c)` each) that moved from `before` to
+/// `after`, in `all`'s order, each asserted to have moved by one packet of
+/// `bytes` bytes; the slots past `all` must not have moved at all.
+pub fn moved<C: Copy + Debug>(
+    before: &[CounterValue],
+    after: &[CounterValue],
+    all: &[C],
+    id: impl Fn(C) -> usize,
+    bytes: usize,
+    name: &str,
+) -> Vec<C> {
+    let mut moved = vec![];
+    for c in all {
+        let (b, a) = (before[id(*c)], after[id(*c)]);
+        if a == b {
+            continue;
+        }
+        assert_eq!(a.packets - b.packets, 1, "{name}: {c:?} packets");
+        assert_eq!(a.bytes - b.bytes, bytes as u64, "{name}: {c:?} bytes");
+        moved.push(*c);
+    }
+    for (i, (b, a)) in before.iter().zip(after).enumerate().skip(all.len()) {
+        assert_eq!(a, b, "{name}: unused counter slot {i} moved");
+    }
+    moved
+}
 
 /// XDP actions (`enum xdp_action`), as `BPF_PROG_TEST_RUN` returns them.
 pub const XDP_DROP: u32 = 1;

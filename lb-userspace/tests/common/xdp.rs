@@ -263,34 +263,17 @@ impl Rig {
         let before = self.counters();
         let (action, out) = self.run(input);
         let after = self.counters();
-        let mut outcomes = vec![];
-        let mut events = vec![];
-        for c in Counter::ALL {
-            let (b, a) = (before[*c as usize], after[*c as usize]);
-            if a == b {
-                continue;
-            }
-            assert_eq!(
-                a.packets - b.packets,
-                1,
-                "{c:?} moved by more than one packet"
-            );
-            assert_eq!(a.bytes - b.bytes, input.len() as u64, "{c:?} bytes");
-            if c.kind() == Kind::Event {
-                events.push(*c);
-            } else {
-                outcomes.push(*c);
-            }
-        }
+        let moved = super::moved(
+            &before,
+            &after,
+            Counter::ALL,
+            |c| c as usize,
+            input.len(),
+            "",
+        );
+        let (events, outcomes): (Vec<Counter>, Vec<Counter>) =
+            moved.into_iter().partition(|c| c.kind() == Kind::Event);
         assert_eq!(outcomes, vec![want], "outcome counters that moved");
-        for (i, (b, a)) in before
-            .iter()
-            .zip(&after)
-            .enumerate()
-            .skip(Counter::ALL.len())
-        {
-            assert_eq!(a, b, "unused counter slot {i} moved");
-        }
         (action, out, events)
     }
 }

@@ -588,9 +588,10 @@ mod tests {
         Eth::default().frame(wire::ETH_IPV4, &p.build().0)
     }
 
-    /// `input` in IP-in-IP to `backend`, as the README describes it.
-    fn tunnelled(input: &[u8], backend: [u8; 4]) -> Vec<u8> {
-        let mut outer = wire::V4::new([10, 255, 0, 1], backend, 4).packet(&input[14..]);
+    /// `payload` under an outer IPv4 header (protocol `proto`, DF, ID 0)
+    /// to `backend`, framed from `input`'s destination MAC to the gateway.
+    fn outer4(input: &[u8], backend: [u8; 4], proto: u8, payload: &[u8]) -> Vec<u8> {
+        let mut outer = wire::V4::new([10, 255, 0, 1], backend, proto).packet(payload);
         outer[4..6].copy_from_slice(&[0, 0]);
         wire::fix_ipv4_checksum(&mut outer);
         let eth = Eth {
@@ -599,6 +600,11 @@ mod tests {
             tags: Vec::new(),
         };
         eth.frame(wire::ETH_IPV4, &outer)
+    }
+
+    /// `input` in IP-in-IP to `backend`, as the README describes it.
+    fn tunnelled(input: &[u8], backend: [u8; 4]) -> Vec<u8> {
+        outer4(input, backend, 4, &input[14..])
     }
 
     #[test]
@@ -654,15 +660,7 @@ mod tests {
             udp.extend_from_slice(&a.octets());
         }
         udp.extend_from_slice(inner);
-        let mut outer = wire::V4::new([10, 255, 0, 1], backend.octets(), wire::UDP).packet(&udp);
-        outer[4..6].copy_from_slice(&[0, 0]);
-        wire::fix_ipv4_checksum(&mut outer);
-        let eth = Eth {
-            dst: GW_MAC,
-            src: input[0..6].try_into().expect("MAC"),
-            tags: Vec::new(),
-        };
-        eth.frame(wire::ETH_IPV4, &outer)
+        outer4(input, backend.octets(), wire::UDP, &udp)
     }
 
     #[test]
