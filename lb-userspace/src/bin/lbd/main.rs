@@ -14,8 +14,9 @@ mod server;
 use std::path::PathBuf;
 
 use anyhow::{Context as _, Result};
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
 use lb::{
+    cli_docs::Generated,
     config::{Config, LogFormat},
     dataplane::kernel::KernelDataplane,
 };
@@ -112,7 +113,7 @@ fn run() -> Result<()> {
             Ok(())
         }
         Command::Teardown => teardown(&args.config),
-        Command::Generate { what, dir } => generate("lbd", what, &dir),
+        Command::Generate { what, dir } => generate(what, &dir),
         Command::Run => tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -154,54 +155,11 @@ fn table_size_changes(config: &Config) -> Vec<String> {
         .collect()
 }
 
-/// `__generate`: what to write.
-#[derive(Clone, Copy, ValueEnum)]
-enum Generated {
-    /// A section 8 man page per command and subcommand.
-    Man,
-    /// bash, zsh and fish completions.
-    Completions,
-}
-
-/// Writes NAME's man pages or completions into `dir` (for the package).
-fn generate(name: &'static str, what: Generated, dir: &std::path::Path) -> Result<()> {
+/// Writes lbd's man pages or completions into `dir` (for the package).
+fn generate(what: Generated, dir: &std::path::Path) -> Result<()> {
     use clap::CommandFactory as _;
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let full = Args::command().name(name).disable_help_subcommand(true);
-    match what {
-        Generated::Man => {
-            let mut built = full;
-            built.build();
-            write_man(&built, dir)
-        }
-        Generated::Completions => {
-            use clap_complete::Shell;
-            // clap_complete ignores `hide`: the same command without
-            // `__generate`.
-            let visible = clap::Command::new(name)
-                .version(env!("CARGO_PKG_VERSION"))
-                .about(full.get_about().cloned().unwrap_or_default())
-                .disable_help_subcommand(true)
-                .args(full.get_arguments().cloned())
-                .subcommands(full.get_subcommands().filter(|s| !s.is_hide_set()).cloned());
-            for shell in [Shell::Bash, Shell::Zsh, Shell::Fish] {
-                clap_complete::generate_to(shell, &mut visible.clone(), name, dir)?;
-            }
-            Ok(())
-        }
-    }
-}
-
-/// One page for `cmd` and one per visible subcommand, recursively.
-fn write_man(cmd: &clap::Command, dir: &std::path::Path) -> Result<()> {
-    for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
-        write_man(sub, dir)?;
-    }
-    clap_mangen::Man::new(cmd.clone())
-        .section("8")
-        .generate_to(dir)
-        .with_context(|| format!("writing the man page of {}", cmd.get_name()))?;
-    Ok(())
+    lb::cli_docs::generate(Args::command(), "lbd", what, dir)
+        .with_context(|| format!("writing into {}", dir.display()))
 }
 
 fn teardown(path: &std::path::Path) -> Result<()> {
