@@ -18,7 +18,8 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 use syn::{
-    Attribute, File, ImplItemFn, Item, ItemFn, ItemMod, ItemUse, TraitItemFn, UseTree,
+    Attribute, Block, File, ImplItemFn, Item, ItemFn, ItemMod, ItemUse, Signature, TraitItemFn,
+    UseTree,
     visit::{self, Visit},
 };
 
@@ -178,13 +179,14 @@ impl Reader<'_> {
         }
     }
 
-    fn function(&mut self, name: &str, start: proc_macro2::Span, end: proc_macro2::Span) {
+    fn function(&mut self, sig: &Signature, body: &Block) {
         let mut path = self.module.to_vec();
         if let Some(owner) = &self.owner {
             path.push(owner.clone());
         }
-        path.push(name.to_string());
-        let line = start.start().line;
+        path.push(sig.ident.to_string());
+        let line = sig.fn_token.span.start().line;
+        let end = body.brace_token.span.close();
         self.shape.functions.push(Function {
             file: self.file.to_path_buf(),
             name: path.join("::"),
@@ -232,11 +234,7 @@ impl<'ast> Visit<'ast> for Reader<'_> {
         if is_test_only(&f.attrs) {
             return;
         }
-        self.function(
-            &f.sig.ident.to_string(),
-            f.sig.fn_token.span,
-            f.block.brace_token.span.close(),
-        );
+        self.function(&f.sig, &f.block);
         visit::visit_item_fn(self, f);
     }
 
@@ -244,21 +242,13 @@ impl<'ast> Visit<'ast> for Reader<'_> {
         if is_test_only(&f.attrs) {
             return;
         }
-        self.function(
-            &f.sig.ident.to_string(),
-            f.sig.fn_token.span,
-            f.block.brace_token.span.close(),
-        );
+        self.function(&f.sig, &f.block);
         visit::visit_impl_item_fn(self, f);
     }
 
     fn visit_trait_item_fn(&mut self, f: &'ast TraitItemFn) {
         if let Some(block) = &f.default {
-            self.function(
-                &f.sig.ident.to_string(),
-                f.sig.fn_token.span,
-                block.brace_token.span.close(),
-            );
+            self.function(&f.sig, block);
         }
         visit::visit_trait_item_fn(self, f);
     }

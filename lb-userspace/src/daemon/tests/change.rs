@@ -30,6 +30,15 @@ fn table_of(backends: &[(&str, u32)]) -> Vec<Option<IpAddr>> {
     }
 }
 
+/// The published table of `WEB`, slot by slot.
+fn web_table(r: &Rig) -> Vec<Option<IpAddr>> {
+    r.daemon
+        .reconciler
+        .table_addresses(&id(WEB))
+        .unwrap()
+        .unwrap()
+}
+
 fn dry() -> ChangeOptions {
     ChangeOptions {
         dry_run: true,
@@ -73,14 +82,7 @@ async fn preview(r: &mut Rig, text: &str) -> ChangePreview {
 async fn a_diff_counts_moved_slots_and_breaking_flows_against_built_tables() {
     let mut r = rig(FILE);
     let before = table_of(&[("10.1.0.1", 2), ("10.1.0.2", 1)]);
-    assert_eq!(
-        r.daemon
-            .reconciler
-            .table_addresses(&id(WEB))
-            .unwrap()
-            .unwrap(),
-        before
-    );
+    assert_eq!(web_table(&r), before);
     flows_to(&mut r, "10.1.0.2", 0, 3);
     flows_to(&mut r, "10.1.0.1", 10, 2);
 
@@ -99,27 +101,13 @@ async fn a_diff_counts_moved_slots_and_breaking_flows_against_built_tables() {
     assert!(p.vips_added.is_empty() && p.vips_removed.is_empty());
 
     // The dry run changed nothing; the apply publishes the previewed table.
-    assert_eq!(
-        r.daemon
-            .reconciler
-            .table_addresses(&id(WEB))
-            .unwrap()
-            .unwrap(),
-        before
-    );
+    assert_eq!(web_table(&r), before);
     let revision = r.daemon.revision;
     r.daemon
         .reload(reparse(&r, &replaced()), false, &plain())
         .await
         .unwrap();
-    assert_eq!(
-        r.daemon
-            .reconciler
-            .table_addresses(&id(WEB))
-            .unwrap()
-            .unwrap(),
-        after
-    );
+    assert_eq!(web_table(&r), after);
     assert_eq!(r.daemon.revision, revision + 1);
 }
 
@@ -383,12 +371,7 @@ async fn a_revert_ends_a_probation() {
 #[tokio::test]
 async fn a_changed_table_size_is_previewed_and_applied_only_when_forced() {
     let mut r = rig(FILE);
-    let before = r
-        .daemon
-        .reconciler
-        .table_addresses(&id(WEB))
-        .unwrap()
-        .unwrap();
+    let before = web_table(&r);
     let text = FILE.replace(
         "    protocol: tcp\n",
         "    protocol: tcp\n    table_size: 1009\n",
@@ -428,14 +411,7 @@ async fn a_changed_table_size_is_previewed_and_applied_only_when_forced() {
         "{e}"
     );
     assert!(e.to_string().contains("lbctl reload --force"), "{e}");
-    assert_eq!(
-        r.daemon
-            .reconciler
-            .table_addresses(&id(WEB))
-            .unwrap()
-            .unwrap(),
-        before
-    );
+    assert_eq!(web_table(&r), before);
     // Forced: the VIP gets a 1009-slot table in a region of its size.
     let c = r
         .daemon
