@@ -4,7 +4,6 @@
 
 use std::net::IpAddr;
 
-use aya::programs::{TestRun as _, TestRunOptions};
 use lb::decap::Decap;
 use lb_common::{
     CounterValue,
@@ -39,18 +38,7 @@ impl DecapRig {
 
     /// Runs one frame through the program: `(action, output frame)`.
     pub fn run(&mut self, input: &[u8]) -> (u32, Vec<u8>) {
-        let mut out = vec![0u8; input.len() + 256];
-        let result = self
-            .decap
-            .program()
-            .test_run(TestRunOptions {
-                data_in: Some(input),
-                data_out: Some(&mut out),
-                ..TestRunOptions::new()
-            })
-            .expect("BPF_PROG_TEST_RUN failed");
-        out.truncate(result.data_size_out as usize);
-        (result.return_value, out)
+        super::test_run(self.decap.program(), input)
     }
 
     /// Runs `input` and asserts that exactly one counter moved, by one

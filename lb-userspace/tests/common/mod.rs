@@ -26,6 +26,22 @@ use std::{fmt::Debug, net::IpAddr};
 
 use lb_common::CounterValue;
 
+/// Runs one frame through `program` (`BPF_PROG_TEST_RUN`): `(action,
+/// output frame)`, the output room 256 bytes over the input.
+pub fn test_run(program: &aya::programs::Xdp, input: &[u8]) -> (u32, Vec<u8>) {
+    use aya::programs::{TestRun as _, TestRunOptions};
+    let mut out = vec![0u8; input.len() + 256];
+    let result = program
+        .test_run(TestRunOptions {
+            data_in: Some(input),
+            data_out: Some(&mut out),
+            ..TestRunOptions::new()
+        })
+        .expect("BPF_PROG_TEST_RUN failed");
+    out.truncate(result.data_size_out as usize);
+    (result.return_value, out)
+}
+
 /// The counters of `all` (slot `id(c)` each) that moved from `before` to
 /// `after`, in `all`'s order, each asserted to have moved by one packet of
 /// `bytes` bytes; the slots past `all` must not have moved at all.

@@ -14,7 +14,6 @@
 
 use std::{collections::BTreeSet, net::IpAddr};
 
-use aya::programs::{TestRun, TestRunOptions};
 use etherparse::{Ipv4HeaderSlice, Ipv6HeaderSlice, NetSlice, SlicedPacket, TransportSlice};
 use lb::{
     config::{BackendConfig, Encap, MalformedPolicy, VipConfig, VipId},
@@ -241,19 +240,7 @@ impl Rig {
 
     /// Runs one packet through the program: `(action, output frame)`.
     pub fn run(&mut self, input: &[u8]) -> (u32, Vec<u8>) {
-        let mut out = vec![0u8; input.len() + 256];
-        let result = self
-            .r
-            .dataplane_mut()
-            .program()
-            .test_run(TestRunOptions {
-                data_in: Some(input),
-                data_out: Some(&mut out),
-                ..TestRunOptions::new()
-            })
-            .expect("BPF_PROG_TEST_RUN failed");
-        out.truncate(result.data_size_out as usize);
-        (result.return_value, out)
+        super::test_run(self.r.dataplane_mut().program(), input)
     }
 
     /// Runs `input` and asserts that exactly one outcome counter moved, by

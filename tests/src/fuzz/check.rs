@@ -264,32 +264,48 @@ fn tunnel(
         t => return fail("ethertype", format!("outer ethertype {t:#06x}")),
     };
     let weight = owner(model, fwd, dst)?;
-    let want_src = outer_source(&model.settings, dst.is_ipv6(), fwd.source);
-    if src != want_src {
-        return fail(
-            "outer-source",
-            format!("outer source {src}, expected {want_src}"),
-        );
-    }
+    outer_source_is(model, fwd, dst.is_ipv6(), src)?;
     let at = l2 + ip_len;
     let gue_sport = tunnel_header(model, out, at, vip.encap, inner)?;
-    let start = at + tun_len;
-    if out.len() < start + inner.len() || out[start..start + inner.len()] != *inner {
+    inner_and_trailer(input, out, fwd, at + tun_len)?;
+    Ok(Sent {
+        backend: dst,
+        weight,
+        gue_sport,
+    })
+}
+
+/// The outer source is the one [`outer_source`] gives for the packet.
+fn outer_source_is(model: &Model, fwd: &Forward, v6: bool, src: IpAddr) -> Result<(), Violation> {
+    let want = outer_source(&model.settings, v6, fwd.source);
+    if src != want {
         return fail(
-            "inner",
-            "inner packet differs from the input's IP packet".into(),
+            "outer-source",
+            format!("outer source {src}, expected {want}"),
         );
+    }
+    Ok(())
+}
+
+/// The input's IP packet follows the tunnel headers at `start` untouched,
+/// and whatever follows it is the input's Ethernet padding.
+fn inner_and_trailer(
+    input: &[u8],
+    out: &[u8],
+    fwd: &Forward,
+    start: usize,
+) -> Result<(), Violation> {
+    let inner = &input[fwd.inner.clone()];
+    if out.len() < start + inner.len() || out[start..start + inner.len()] != *inner {
+        let what = "inner packet differs from the input's IP packet";
+        return fail("inner", what.into());
     }
     let trailer = &out[start + inner.len()..];
     if !trailer.is_empty() && trailer != &input[fwd.inner.end..] {
         let what = "bytes after the tunnel packet are not the input's padding";
         return fail("trailer", what.into());
     }
-    Ok(Sent {
-        backend: dst,
-        weight,
-        gue_sport,
-    })
+    Ok(())
 }
 
 /// The outer IP header's protocol (`None`: neither IPv4 nor IPv6). The
@@ -332,11 +348,7 @@ fn listed(
         outer_v4(out, l2, payload, wire::UDP)?
     };
     let weight = owner(model, fwd, dst)?;
-    let want_src = outer_source(&model.settings, v6, fwd.source);
-    if src != want_src {
-        let what = format!("outer source {src}, expected {want_src}");
-        return fail("outer-source", what);
-    }
+    outer_source_is(model, fwd, v6, src)?;
     let inner_proto = if inner[0] >> 4 == 6 { 41 } else { 4 };
     let problems = [
         (word(2) != model.settings.gue_port, "not to the GUE port"),
@@ -376,16 +388,7 @@ fn listed(
         }
         seen.push(alt);
     }
-    let start = at + 12 + list;
-    if out[start..start + inner.len()] != *inner {
-        let what = "inner packet differs from the input's IP packet";
-        return fail("inner", what.into());
-    }
-    let trailer = &out[start + inner.len()..];
-    if !trailer.is_empty() && trailer != &input[fwd.inner.end..] {
-        let what = "bytes after the tunnel packet are not the input's padding";
-        return fail("trailer", what.into());
-    }
+    inner_and_trailer(input, out, fwd, at + 12 + list)?;
     Ok(Sent {
         backend: dst,
         weight,
