@@ -22,7 +22,7 @@ mod trace;
 
 use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
 use lb_common::{
-    BackendDef, Counter, DatapathConfig, FlowBucket, SynSlot, VIP_FILTER_WORDS, VipKey, VipMeta,
+    BackendDef, Counter, DatapathConfig, FlowBucket, VIP_FILTER_WORDS, VipKey, VipMeta,
     consts::{
         BACKEND_F_USABLE, BACKEND_INDEX_MASK, CFG_F_ALL_PORTS_VIPS, CFG_F_DROP_MALFORMED,
         CFG_F_ICMP_ECHO, CFG_F_PASS_TOO_BIG, CFG_F_TRACE, CT_STAMP_TIME, CT_SYN_WINDOW_DEFAULT,
@@ -111,14 +111,21 @@ fn decide<const TRACE: bool>(
     }
     let hash = flow_hash(pkt.family, &pkt.src, &pkt.dst, pkt.ports, pkt.proto);
     let (bucket_index, tag) = ct_position(hash, cfg.ct_seed);
-    let bucket = LB_FLOWS.get_ptr_mut(bucket_index & cfg.ct_mask);
     let syn = pkt.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN;
 
     // Established flows first: the connection table names the backend,
     // and the backend carries what the VIP would say (encapsulation, id),
     // so a hit needs no VIP lookup at all.
+    //
+    // Map pointers are looked up where they are used and checked right
+    // there, never carried in an `Option` across branches: a verifier
+    // older than 6.8 or so (Debian 12's 6.1) loses the link between a
+    // pointer spilled to the stack and a "was it NULL" flag computed from
+    // it, and rejects the program. An array lookup is inlined by the
+    // verifier (a bounds check and an add), so a second one costs nothing
+    // measurable.
     if !syn
-        && let Some(bucket) = bucket
+        && let Some(bucket) = LB_FLOWS.get_ptr_mut(bucket_index & cfg.ct_mask)
         && let Some((way, handle)) = conntrack::find(bucket, tag)
     {
         let now = conntrack::now();
@@ -139,18 +146,19 @@ fn decide<const TRACE: bool>(
     let Some(meta) = find_vip(cfg, &pkt.dst, pkt.dport(), pkt.proto, pkt.family) else {
         return (PASS, Counter::PassNotVip);
     };
-    let tracked = meta.flags & VIP_F_NO_CONNTRACK == 0;
-    let syn_slot = if tracked && pkt.is_tcp() {
-        syns::slot(bucket_index)
-    } else {
-        None
-    };
+    // A tracked TCP flow has a slot in the recent SYNs.
+    let has_syn_slot = meta.flags & VIP_F_NO_CONNTRACK == 0 && pkt.is_tcp();
     if syn {
         let Some(def) = pick(cfg, &meta, pkt.family, &pkt.src, &pkt.dst, pkt.proto, hash) else {
             stats::vip(meta.vip_id as u32, pkt.frame_len);
             return (DROP, Counter::DropNoBackend);
         };
-        let outcome = match syn_slot {
+        let slot = if has_syn_slot {
+            syns::slot(bucket_index)
+        } else {
+            None
+        };
+        let outcome = match slot {
             Some(slot) => {
                 let index = def.handle & BACKEND_INDEX_MASK;
                 let repeat = syns::record(slot, tag, def.handle, conntrack::now(), syn_window(cfg));
@@ -161,7 +169,22 @@ fn decide<const TRACE: bool>(
         };
         return forward::<TRACE>(ctx, cfg, def, pkt, hash, outcome);
     }
-    new_flow::<TRACE>(ctx, cfg, &meta, pkt, hash, bucket, syn_slot, tag)
+    let at = FlowAt {
+        bucket_index,
+        tag,
+        has_syn_slot,
+    };
+    new_flow::<TRACE>(ctx, cfg, &meta, pkt, hash, at)
+}
+
+/// Where a flow lives: its connection-table bucket (and recent-SYN slot)
+/// by index, looked up where each is used, and its tag.
+#[derive(Clone, Copy)]
+struct FlowAt {
+    bucket_index: u32,
+    tag: u32,
+    /// The flow is tracked TCP: it has a slot in `LB_SYNS`.
+    has_syn_slot: bool,
 }
 
 /// A packet (not a SYN) of a flow the connection table does not hold:
@@ -169,22 +192,25 @@ fn decide<const TRACE: bool>(
 /// (confirmed if its handshake was seen here) unless the VIP keeps no
 /// connection table.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 fn new_flow<const TRACE: bool>(
     ctx: &XdpContext,
     cfg: &DatapathConfig,
     meta: &VipMeta,
     pkt: &Packet,
     hash: u64,
-    bucket: Option<*mut FlowBucket>,
-    syn_slot: Option<*mut SynSlot>,
-    tag: u32,
+    at: FlowAt,
 ) -> (u32, Counter) {
     let now = conntrack::now();
-    let answered = syn_slot
-        .and_then(|slot| syns::take(slot, tag, now, syn_window(cfg), None))
-        .and_then(backend_of)
-        .filter(|def| def.flags & BACKEND_F_USABLE != 0);
+    let tag = at.tag;
+    let answered = if at.has_syn_slot
+        && let Some(slot) = syns::slot(at.bucket_index)
+    {
+        syns::take(slot, tag, now, syn_window(cfg), None)
+            .and_then(backend_of)
+            .filter(|def| def.flags & BACKEND_F_USABLE != 0)
+    } else {
+        None
+    };
     let def = match answered {
         Some(def) => def,
         None => match pick(cfg, meta, pkt.family, &pkt.src, &pkt.dst, pkt.proto, hash) {
@@ -204,24 +230,26 @@ fn new_flow<const TRACE: bool>(
     if answered.is_none() && second_chance::wanted(meta, pkt) {
         alts = second_chance::alternates(cfg, meta, hash, def);
     }
-    let outcome = match bucket {
-        _ if alts.count != 0 => Counter::FwdSecondChance,
-        Some(bucket) if meta.flags & VIP_F_NO_CONNTRACK == 0 => {
-            match conntrack::insert(bucket, tag, def.handle, now, answered.is_some()) {
-                conntrack::Evicted::Nothing => {}
-                conntrack::Evicted::Unconfirmed => stats::count(Counter::CtEvicted, pkt.frame_len),
-                conntrack::Evicted::Confirmed => {
-                    stats::count(Counter::CtEvicted, pkt.frame_len);
-                    stats::count(Counter::CtEvictedConfirmed, pkt.frame_len);
-                }
-            }
-            if answered.is_some() {
-                Counter::FwdHandshake
-            } else {
-                Counter::FwdMaglev
+    let outcome = if alts.count != 0 {
+        Counter::FwdSecondChance
+    } else if meta.flags & VIP_F_NO_CONNTRACK == 0
+        && let Some(bucket) = LB_FLOWS.get_ptr_mut(at.bucket_index & cfg.ct_mask)
+    {
+        match conntrack::insert(bucket, tag, def.handle, now, answered.is_some()) {
+            conntrack::Evicted::Nothing => {}
+            conntrack::Evicted::Unconfirmed => stats::count(Counter::CtEvicted, pkt.frame_len),
+            conntrack::Evicted::Confirmed => {
+                stats::count(Counter::CtEvicted, pkt.frame_len);
+                stats::count(Counter::CtEvictedConfirmed, pkt.frame_len);
             }
         }
-        _ => Counter::FwdMaglevNoConntrack,
+        if answered.is_some() {
+            Counter::FwdHandshake
+        } else {
+            Counter::FwdMaglev
+        }
+    } else {
+        Counter::FwdMaglevNoConntrack
     };
     let alts = (alts.count != 0).then_some(&alts);
     forward_with::<TRACE>(ctx, cfg, def, pkt, hash, alts, outcome)
