@@ -54,6 +54,10 @@ pub const LINK_PIN: &str = "link";
 pub enum DecapError {
     #[error("loading the decap object failed: {0}")]
     Load(#[source] Box<aya::EbpfError>),
+    /// The kernel's verifier refused the program (short message; the
+    /// whole log in the rejection).
+    #[error("{0}")]
+    Verifier(Box<crate::dataplane::verifier::Rejection>),
     #[error("program {name}: {source}")]
     Program {
         name: &'static str,
@@ -126,10 +130,14 @@ fn map_err(name: &'static str) -> impl FnOnce(MapError) -> DecapError {
     }
 }
 
+/// A program error of `name`; a verifier's refusal as such.
 fn prog_err(name: &'static str) -> impl FnOnce(ProgramError) -> DecapError {
-    move |e| DecapError::Program {
-        name,
-        source: Box::new(e),
+    move |e| match crate::dataplane::verifier::Rejection::from_error(name, e) {
+        Ok(rejection) => DecapError::Verifier(Box::new(rejection)),
+        Err(e) => DecapError::Program {
+            name,
+            source: Box::new(e),
+        },
     }
 }
 

@@ -114,6 +114,86 @@ fn a_second_lbd_on_a_running_instance_is_refused() {
     })());
 }
 
+/// Map pins under `dir` (the instance's pin directory), by name.
+fn pinned_maps(dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("LB_"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A first start that fails after its maps were created (an interface
+/// that does not exist, found at the gateway lookup) removes every pin
+/// it made, so the next start does not adopt half a state; a start that
+/// adopted pins and then fails leaves them, and the program forwarding.
+#[test]
+fn a_failed_first_start_removes_its_pins_and_a_failed_restart_keeps_them() {
+    let _serial = serial();
+    check((|| {
+        let rig = lb_tests::rig::Rig::new(1)?;
+        let good = rig.dir.join("lbd.yaml");
+        std::fs::write(&good, rig.config(&[Some(1)]))?;
+        let bad = rig.dir.join("bad.yaml");
+        std::fs::write(
+            &bad,
+            rig.config(&[Some(1)])
+                .replace("interfaces: [eth0]", "interfaces: [eth9]"),
+        )?;
+        let start_bad = || {
+            run_bounded(
+                rig.lb
+                    .command(bin_path("lbd")?)
+                    .arg("--config")
+                    .arg(&bad)
+                    .env("RUST_LOG", "info"),
+                Duration::from_secs(120),
+            )
+        };
+        let out = start_bad()?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        if out.status.success() || !err.contains("eth9") {
+            bail!(
+                "a start on a missing interface: {}
+{err}",
+                out.status
+            );
+        }
+        let left = pinned_maps(&rig.pin_dir());
+        if !left.is_empty() {
+            bail!(
+                "the failed first start left {} pins: {left:?}
+{err}",
+                left.len()
+            );
+        }
+
+        let lbd = Lbd::start(&rig, &good)?;
+        let vip = rig.tcp_vip();
+        rig.client
+            .within(move || lb_tests::traffic::tcp_request(lb_tests::rig::CLIENT, 45_000, vip))?
+            .context("a connection through the first lbd")?;
+        lbd.kill9()?;
+        let before = pinned_maps(&rig.pin_dir());
+        let out = start_bad()?;
+        if out.status.success() {
+            bail!("the start on a missing interface succeeded");
+        }
+        let after = pinned_maps(&rig.pin_dir());
+        if after != before || after.is_empty() {
+            bail!("a failed start that adopted pins changed them: {before:?} -> {after:?}");
+        }
+        rig.client
+            .within(move || lb_tests::traffic::tcp_request(lb_tests::rig::CLIENT, 45_001, vip))?
+            .context("a connection after the failed restart: the program must go on")?;
+        Ok(())
+    })());
+}
+
 #[test]
 fn concurrent_decap_changes_on_one_interface_are_refused() {
     let _serial = serial();

@@ -405,6 +405,9 @@ impl LbdCommand {
     }
 }
 
+/// How long a starting `lbd` may take to answer before a test gives up.
+const START_DEADLINE: Duration = Duration::from_secs(180);
+
 /// A running `lbd`, killed when dropped.
 pub struct Lbd {
     child: Option<Child>,
@@ -479,8 +482,13 @@ impl Lbd {
         Ok(lbd)
     }
 
+    /// Waits until `lbd` answers on its socket. The deadline is only a
+    /// safety net (a start verifies two programs and adopts or writes
+    /// every table: seconds here, minutes under emulation or heavy load);
+    /// the time taken is printed.
     fn wait_ready(&mut self) -> Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let started = Instant::now();
+        let deadline = started + START_DEADLINE;
         while Instant::now() < deadline {
             if let Some(child) = self.child.as_mut()
                 && let Some(status) = child.try_wait()?
@@ -491,11 +499,19 @@ impl Lbd {
                 );
             }
             if lb::api::call(&self.socket, &lb::api::Request::Status).is_ok() {
+                eprintln!(
+                    "lbd answered {:.2} s after it was started",
+                    started.elapsed().as_secs_f64()
+                );
                 return Ok(());
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        bail!("lbd did not answer within 30 s:\n{}", self.log_text())
+        bail!(
+            "lbd did not answer within {} s:\n{}",
+            START_DEADLINE.as_secs(),
+            self.log_text()
+        )
     }
 
     pub fn log_text(&self) -> String {

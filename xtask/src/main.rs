@@ -5,6 +5,7 @@
 mod package;
 mod setup;
 mod structure;
+mod vmtest;
 
 use std::process::Command;
 
@@ -22,11 +23,29 @@ struct Cli {
 enum Task {
     /// Install what the build and the tests need (idempotent; only what is missing).
     Setup,
-    /// Install prerequisites if missing, then run every test: unit, datapath (in the kernel), end-to-end.
+    /// Install prerequisites if missing, then run every test: unit, datapath (in the kernel),
+    /// end-to-end, and the kernel matrix's slice (`vmtest`).
     Test {
+        /// Leave out the kernel matrix (`cargo xtask vmtest`), for quicker local runs.
+        #[arg(long)]
+        no_vm: bool,
         /// Extra arguments for `cargo test` (e.g. a test name filter).
         #[arg(trailing_var_arg = true)]
         args: Vec<String>,
+    },
+    /// The kernel matrix: boots Debian's kernels (6.1, 6.12) in QEMU with systemd, and runs
+    /// every program's load, the datapath suites, a fuzzer slice, end-to-end rig tests and the
+    /// systemd checks of the package there (root; the guest image is built once and cached).
+    Vmtest {
+        /// Which kernels.
+        #[arg(long, value_enum, default_value_t = vmtest::KernelChoice::All)]
+        kernel: vmtest::KernelChoice,
+        /// More of every suite (the slice is what `cargo xtask test` runs).
+        #[arg(long)]
+        full: bool,
+        /// Only these steps (load, golden, ..., fuzz, e2e, systemd), for iterating on one.
+        #[arg(long = "step", value_name = "STEP")]
+        steps: Vec<String>,
     },
     /// rustfmt and clippy, warnings as errors.
     Lint,
@@ -88,7 +107,20 @@ enum Task {
 fn main() -> Result<()> {
     match Cli::parse().task {
         Task::Setup => setup::run(setup::Mode::Always),
-        Task::Test { args } => test(&args),
+        Task::Test { no_vm, args } => test(&args, !no_vm),
+        Task::Vmtest {
+            kernel,
+            full,
+            steps,
+        } => {
+            setup::run(setup::Mode::IfMissing)?;
+            let depth = if full {
+                vmtest::Depth::Full
+            } else {
+                vmtest::Depth::Slice
+            };
+            vmtest::vmtest(kernel, depth, &steps)
+        }
         Task::Lint => lint(),
         Task::Demo { keep, down } => demo(keep, down),
         Task::Bench { baseline } => bench(baseline.as_deref()),
@@ -122,7 +154,7 @@ fn cargo() -> Command {
     Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
 }
 
-fn test(args: &[String]) -> Result<()> {
+fn test(args: &[String], vm: bool) -> Result<()> {
     setup::run(setup::Mode::IfMissing)?;
     if !setup::is_root() {
         eprintln!(
@@ -134,7 +166,11 @@ fn test(args: &[String]) -> Result<()> {
     build_bins()?;
     run(cargo()
         .args(["test", "--workspace", "--exclude", "lb-ebpf"])
-        .args(args))
+        .args(args))?;
+    if vm {
+        vmtest::vmtest(vmtest::KernelChoice::All, vmtest::Depth::Slice, &[])?;
+    }
+    Ok(())
 }
 
 fn build_bins() -> Result<()> {

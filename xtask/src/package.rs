@@ -176,11 +176,12 @@ fn stage_files(root: &Path, bins: &Path, stage: &Path) -> Result<()> {
         ),
         (
             "scripts/lbd.service",
-            "/lib/systemd/system/lbd.service",
+            "/usr/lib/systemd/system/lbd.service",
             0o644,
         ),
         ("config/example.yaml", "/etc/lb/lb.yaml.example", 0o644),
         ("scripts/debian/postinst", "/DEBIAN/postinst", 0o755),
+        ("scripts/debian/prerm", "/DEBIAN/prerm", 0o755),
         ("scripts/debian/postrm", "/DEBIAN/postrm", 0o755),
     ];
     for (from, to, mode) in files {

@@ -102,6 +102,44 @@ fn packages(say: &dyn Fn(&str)) -> Result<()> {
         .env("DEBIAN_FRONTEND", "noninteractive"))
 }
 
+/// What `cargo xtask vmtest` needs: QEMU (system emulation and
+/// `qemu-img`) and `debootstrap`. Installed on first use only, so that a
+/// machine that never boots a guest does not carry them. Two steps:
+/// installing Debian 12's qemu-system-x86 removes a newer qemu-utils
+/// (from backports) that some machines carry, and the second step puts
+/// Debian 12's back.
+pub fn vm_tools() -> Result<()> {
+    let have = |cmd: &str| {
+        Command::new("sh")
+            .args(["-c", &format!("command -v {cmd}")])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    let install = |packages: &[&str]| -> Result<()> {
+        if !is_root() {
+            bail!("missing {packages:?} for the virtual machines: run as root");
+        }
+        eprintln!("setup: installing {packages:?}");
+        sh(Command::new("apt-get").args(["update", "-q"]))?;
+        sh(Command::new("apt-get")
+            .args(["install", "-y", "-q", "--no-install-recommends"])
+            .args(packages)
+            .env("DEBIAN_FRONTEND", "noninteractive"))
+    };
+    if !have("qemu-system-x86_64") || !have("debootstrap") {
+        install(&["qemu-system-x86", "debootstrap"])?;
+    }
+    if !have("qemu-img") {
+        install(&["qemu-utils"])?;
+    }
+    for cmd in ["qemu-system-x86_64", "qemu-img", "debootstrap", "mkfs.ext4"] {
+        if !have(cmd) {
+            bail!("{cmd} is still missing after installing the VM tools");
+        }
+    }
+    Ok(())
+}
+
 fn rust_src(say: &dyn Fn(&str)) -> Result<()> {
     let toolchains = output(Command::new("rustup").args(["toolchain", "list"]))
         .context("rustup is required (the eBPF build uses the nightly toolchain)")?;

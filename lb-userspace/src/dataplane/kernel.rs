@@ -123,10 +123,14 @@ fn map_err(name: &'static str) -> impl FnOnce(aya::maps::MapError) -> DataplaneE
     }
 }
 
-fn prog_err(e: aya::programs::ProgramError) -> DataplaneError {
-    DataplaneError::Program {
-        name: PROG_LB,
-        source: Box::new(e),
+/// A program error of `name`; a verifier's refusal as such.
+fn prog_err(name: &'static str) -> impl FnOnce(aya::programs::ProgramError) -> DataplaneError {
+    move |e| match super::verifier::Rejection::from_error(name, e) {
+        Ok(rejection) => DataplaneError::Verifier(Box::new(rejection)),
+        Err(e) => DataplaneError::Program {
+            name,
+            source: Box::new(e),
+        },
     }
 }
 
@@ -168,16 +172,16 @@ impl KernelDataplane {
             .map_err(|e| DataplaneError::Load(Box::new(e)))?;
         let prog: &mut Xdp = ebpf
             .program_mut(PROG_LB)
-            .ok_or_else(|| prog_err(aya::programs::ProgramError::NotLoaded))?
+            .ok_or_else(|| prog_err(PROG_LB)(aya::programs::ProgramError::NotLoaded))?
             .try_into()
-            .map_err(prog_err)?;
-        prog.load().map_err(prog_err)?;
+            .map_err(prog_err(PROG_LB))?;
+        prog.load().map_err(prog_err(PROG_LB))?;
         let tc: &mut SchedClassifier = ebpf
             .program_mut(PROG_PROBE_ENCAP)
-            .ok_or_else(|| prog_err(aya::programs::ProgramError::NotLoaded))?
+            .ok_or_else(|| prog_err(PROG_PROBE_ENCAP)(aya::programs::ProgramError::NotLoaded))?
             .try_into()
-            .map_err(prog_err)?;
-        tc.load().map_err(prog_err)?;
+            .map_err(prog_err(PROG_PROBE_ENCAP))?;
+        tc.load().map_err(prog_err(PROG_PROBE_ENCAP))?;
         let maps = Maps::take(&mut ebpf)?;
         Ok(Self {
             ebpf,
@@ -204,7 +208,7 @@ impl KernelDataplane {
         let _ = aya::programs::tc::qdisc_add_clsact(iface);
         self.probe_encap()
             .attach(iface, TcAttachType::Egress)
-            .map_err(prog_err)?;
+            .map_err(prog_err(PROG_PROBE_ENCAP))?;
         Ok(())
     }
 
@@ -215,13 +219,46 @@ impl KernelDataplane {
     /// rather than silently reused.
     pub fn open_pinned(layout: Layout, dir: &Path) -> Result<(Self, bool)> {
         layout.validate()?;
-        let adopted = dir.join(MAP_CONFIG).exists();
+        let adopted = Self::has_pins(dir);
         if adopted {
             check_pinned_layout(&layout, dir)?;
         }
         std::fs::create_dir_all(dir)?;
-        let dp = Self::load_with(layout, Some(dir))?;
+        let dp = Self::load_with(layout, Some(dir)).inspect_err(|_| {
+            // aya pins each map as it creates it, before the programs are
+            // verified: a first load that fails takes its pins back.
+            if !adopted {
+                for name in ALL_MAPS {
+                    let _ = std::fs::remove_file(dir.join(name));
+                }
+            }
+        })?;
         Ok((dp, adopted))
+    }
+
+    /// Whether `dir` holds the pins of an earlier `lbd` (its config map).
+    pub fn has_pins(dir: &Path) -> bool {
+        dir.join(MAP_CONFIG).exists()
+    }
+
+    /// Loads (verifies) `lb_xdp_trace` if it is not loaded yet, so that a
+    /// later [`Dataplane::select_program`] only swaps links.
+    pub fn load_traced(&mut self) -> Result<()> {
+        self.loaded_xdp(PROG_LB_TRACE).map(|_| ())
+    }
+
+    /// The XDP program `name`, loaded (verified) now if it was not yet.
+    fn loaded_xdp(&mut self, name: &'static str) -> Result<&mut Xdp> {
+        let prog: &mut Xdp = self
+            .ebpf
+            .program_mut(name)
+            .ok_or_else(|| prog_err(name)(aya::programs::ProgramError::NotLoaded))?
+            .try_into()
+            .map_err(prog_err(name))?;
+        if prog.fd().is_err() {
+            prog.load().map_err(prog_err(name))?;
+        }
+        Ok(prog)
     }
 
     /// Attaches the program to `iface` through a bpf_link pinned at
@@ -238,8 +275,8 @@ impl KernelDataplane {
             return Ok(true);
         }
         let prog = self.program();
-        let id = prog.attach(iface, mode).map_err(prog_err)?;
-        let link = prog.take_link(id).map_err(prog_err)?;
+        let id = prog.attach(iface, mode).map_err(prog_err(PROG_LB))?;
+        let link = prog.take_link(id).map_err(prog_err(PROG_LB))?;
         let fd_link = FdLink::try_from(link).map_err(|e| {
             DataplaneError::Io(std::io::Error::other(format!(
                 "attached to {iface} without a bpf_link ({e}); the kernel is too old to keep the program attached across restarts"
@@ -269,7 +306,7 @@ impl KernelDataplane {
                 path.display()
             )))
         })?;
-        prog.attach_to_link(link).map_err(prog_err)?;
+        prog.attach_to_link(link).map_err(prog_err(PROG_LB))?;
         Ok(())
     }
 
@@ -692,19 +729,14 @@ impl Dataplane for KernelDataplane {
     /// `lb_xdp` back. The traced program is loaded (verified) on first use.
     fn select_program(&mut self, trace: bool) -> Result<()> {
         let name = if trace { PROG_LB_TRACE } else { PROG_LB };
-        let prog: &mut Xdp = self
-            .ebpf
-            .program_mut(name)
-            .ok_or_else(|| prog_err(aya::programs::ProgramError::NotLoaded))?
-            .try_into()
-            .map_err(prog_err)?;
-        if prog.fd().is_err() {
-            prog.load().map_err(prog_err)?;
-        }
-        for path in &self.links {
-            Self::replace_in_link(prog, path)?;
-        }
-        Ok(())
+        let links = std::mem::take(&mut self.links);
+        let result = self.loaded_xdp(name).and_then(|prog| {
+            links
+                .iter()
+                .try_for_each(|p| Self::replace_in_link(prog, p))
+        });
+        self.links = links;
+        result
     }
 
     fn set_trace_filter(&mut self, filter: &TraceFilter) -> Result<()> {

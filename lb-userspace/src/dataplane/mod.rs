@@ -14,6 +14,7 @@ pub mod fake;
 pub mod kernel;
 mod mmap;
 pub mod pool;
+pub mod verifier;
 
 use lb_common::{
     AltChunk, BackendDef, CounterValue, DatapathConfig, FlowBucket, TraceFilter, VipFilter, VipKey,
@@ -32,6 +33,10 @@ pub enum DataplaneError {
     Layout(String),
     #[error("loading the eBPF object failed: {0}")]
     Load(#[source] Box<aya::EbpfError>),
+    /// The kernel's verifier refused a program: the message is short,
+    /// the whole log is in [`verifier::Rejection::log`].
+    #[error("{0}")]
+    Verifier(Box<verifier::Rejection>),
     #[error("program {name}: {source}")]
     Program {
         name: &'static str,

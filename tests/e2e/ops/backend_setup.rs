@@ -363,6 +363,7 @@ fn the_shell_scripts_pass_shellcheck() {
         let scripts = [
             "scripts/lb-backend-setup",
             "scripts/debian/postinst",
+            "scripts/debian/prerm",
             "scripts/debian/postrm",
         ];
         stdout(

@@ -28,7 +28,7 @@ use crate::{Scratch, repo, stdout};
 /// Files the package must hold (besides the man pages), with their mode.
 const FILES: &[(&str, &str)] = &[
     ("./etc/lb/lb.yaml.example", "-rw-r--r--"),
-    ("./lib/systemd/system/lbd.service", "-rw-r--r--"),
+    ("./usr/lib/systemd/system/lbd.service", "-rw-r--r--"),
     ("./usr/sbin/lbd", "-rwxr-xr-x"),
     ("./usr/sbin/lbctl", "-rwxr-xr-x"),
     ("./usr/sbin/lb-backend-setup", "-rwxr-xr-x"),
@@ -218,7 +218,7 @@ fn check_extracted(root: &Path) -> Result<()> {
     if !help.contains("Usage: lb-backend-setup") {
         bail!("lb-backend-setup --help said {help:?}");
     }
-    let unit = std::fs::read(root.join("lib/systemd/system/lbd.service"))?;
+    let unit = std::fs::read(root.join("usr/lib/systemd/system/lbd.service"))?;
     if unit != std::fs::read(repo("scripts/lbd.service"))? {
         bail!("the packaged unit differs from scripts/lbd.service");
     }
@@ -281,7 +281,7 @@ fn install_and_purge(deb: &Path, root: &Path) -> Result<()> {
     }
     for path in [
         "usr/sbin/lbd",
-        "lib/systemd/system/lbd.service",
+        "usr/lib/systemd/system/lbd.service",
         "etc/lb/lb.yaml.example",
     ] {
         if !root.join(path).is_file() {

@@ -282,15 +282,64 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
 }
 
 /// Loads and locks, programs the maps, attaches, and starts announcing.
+/// A first start (no pins yet) that fails removes every pin it created;
+/// a start that adopted pins leaves them, and the program forwarding.
 async fn start(config_path: PathBuf) -> Result<Started> {
     let (target, file, revisions) = load(&config_path)?;
-    let config = &target.config;
+    let config = target.config.clone();
     ensure_bpffs(&config.bpffs)?;
     // Before any pin or the socket is touched: one lbd per instance.
-    let lock = crate::lock_instance(config)?;
+    let lock = crate::lock_instance(&config)?;
+    let first = !KernelDataplane::has_pins(&config.pin_dir());
+    match start_locked(config_path, target, file, revisions, lock).await {
+        Ok(started) => Ok(started),
+        Err(e) => {
+            if first {
+                match crate::remove_pins(&config) {
+                    Ok(()) => info!(
+                        pins = %config.pin_dir().display(),
+                        "start failed: removed the pins it had created"
+                    ),
+                    Err(c) => warn!("start failed, and removing its pins failed too: {c:#}"),
+                }
+            }
+            Err(keep_verifier_log(e, &config))
+        }
+    }
+}
+
+/// Writes the whole log of a verifier's refusal beside the state file
+/// (the message names it and carries only its last lines).
+fn keep_verifier_log(mut e: anyhow::Error, config: &Config) -> anyhow::Error {
+    if let Some(lb::dataplane::DataplaneError::Verifier(rejection)) =
+        e.downcast_mut::<lb::dataplane::DataplaneError>()
+    {
+        let path = config.state_file.with_file_name(format!(
+            "{}.verifier-{}.log",
+            config.instance, rejection.program
+        ));
+        if let Err(io) = rejection.save(&path) {
+            warn!(path = %path.display(), "cannot write the verifier's log: {io}");
+        }
+    }
+    e
+}
+
+async fn start_locked(
+    config_path: PathBuf,
+    target: Target,
+    file: FileRead,
+    revisions: RevisionStore,
+    lock: lb::lock::DirLock,
+) -> Result<Started> {
+    let config = &target.config;
     let pin_dir = config.pin_dir();
-    let (dp, maps_adopted) = KernelDataplane::open_pinned(config.layout, &pin_dir)
+    let (mut dp, maps_adopted) = KernelDataplane::open_pinned(config.layout, &pin_dir)
         .with_context(|| format!("loading the XDP program (pins in {})", pin_dir.display()))?;
+    // The traced build too, now: `lbctl trace` then only swaps links, and
+    // no verifier run ever holds up the loop (and its watchdog pings).
+    dp.load_traced()
+        .context("loading the traced program (lb_xdp_trace)")?;
     let mut reconciler = Reconciler::adopt(dp)?;
     let resolved = resolve_gateway(config).await?;
     let gateway = GatewayWatch::start(config, resolved);

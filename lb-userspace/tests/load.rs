@@ -1,0 +1,84 @@
+//! Every program lb ships passes this kernel's verifier: `lb_xdp`,
+//! `lb_xdp_trace` (loaded by `lbd` at start, swapped in while `lbctl
+//! trace` runs), `lb_probe_encap` (TC egress, health probes through the
+//! tunnel) and `lb_decap` (the backends'). `cargo xtask vmtest` runs this
+//! first on each kernel of its matrix (Debian 12's 6.1, Debian 13's
+//! 6.12); a refusal fails with the verifier's verdict, the failing
+//! instruction and the log's last lines (`lb::dataplane::verifier`).
+
+mod common;
+
+use lb::{
+    dataplane::{DataplaneError, Layout, kernel::KernelDataplane, verifier},
+    decap::{Decap, DecapError},
+};
+
+fn layout() -> Layout {
+    Layout {
+        table_size: 4099,
+        max_vips: 16,
+        max_backends: 64,
+        ct_buckets: 1 << 12,
+        table_pool: 0,
+        second_chance_vips: 2,
+    }
+}
+
+/// The verifier's refusal in full (its summary, then the whole log on
+/// stderr for the test's output), or any other failure as it is.
+fn explain(rejection: Option<&verifier::Rejection>, other: &dyn std::fmt::Display) -> String {
+    match rejection {
+        Some(r) => {
+            eprintln!("the whole verifier log of {}:\n{}", r.program, r.log);
+            format!("{r}")
+        }
+        None => format!("{other}"),
+    }
+}
+
+fn balancer() -> KernelDataplane {
+    common::require_root("datapath");
+    eprintln!("kernel {}", verifier::kernel_release());
+    match KernelDataplane::load(layout()) {
+        Ok(dp) => dp,
+        Err(e) => {
+            let rejection = match &e {
+                DataplaneError::Verifier(r) => Some(&**r),
+                _ => None,
+            };
+            panic!("{}", explain(rejection, &e))
+        }
+    }
+}
+
+/// `lb_xdp` and `lb_probe_encap` load together (one object).
+#[test]
+fn lb_xdp_and_lb_probe_encap_load() {
+    let mut dp = balancer();
+    let _ = dp.program();
+    let _ = dp.probe_encap();
+}
+
+#[test]
+fn lb_xdp_trace_loads() {
+    let mut dp = balancer();
+    if let Err(e) = dp.load_traced() {
+        let rejection = match &e {
+            DataplaneError::Verifier(r) => Some(&**r),
+            _ => None,
+        };
+        panic!("{}", explain(rejection, &e));
+    }
+}
+
+#[test]
+fn lb_decap_loads() {
+    common::require_root("datapath");
+    if let Err(e) = Decap::load() {
+        let rejection = match &e {
+            DecapError::Verifier(r) => Some(&**r),
+            _ => None,
+        };
+        panic!("{}", explain(rejection, &e));
+    }
+}

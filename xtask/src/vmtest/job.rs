@@ -1,0 +1,236 @@
+//! What runs inside the virtual machine: a list of steps, each a test
+//! binary built on the host (the checkout is shared at its own path) with
+//! its arguments, written out as the guest's `job.sh`; and the reading of
+//! the step results the job prints (`::end NAME RC MILLISECONDS`).
+
+use std::{collections::BTreeMap, fmt::Write as _, path::PathBuf};
+
+use anyhow::{Context as _, Result, bail};
+
+/// How much of the matrix a run covers.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Depth {
+    /// What `cargo xtask test` (and so `.ci/run`) runs on every kernel.
+    Slice,
+    /// `cargo xtask vmtest --full`: everything below, longer.
+    Full,
+}
+
+/// One step: a name and a command line in the guest.
+pub struct Step {
+    pub name: String,
+    pub env: Vec<(String, String)>,
+    pub program: PathBuf,
+    pub args: Vec<String>,
+}
+
+/// Frames of the differential fuzzer per kernel in the slice (the host
+/// suite runs 400,000; emulation is ~8x slower).
+const SLICE_FUZZ_FRAMES: u64 = 30_000;
+
+/// The datapath suites, `BPF_PROG_TEST_RUN` over fixtures (root, no rig).
+const DATAPATH: &[&str] = &[
+    "golden",
+    "parse",
+    "forward",
+    "icmp",
+    "fragments",
+    "decap",
+    "second_chance",
+];
+
+/// End-to-end tests of `tests/e2e/main.rs` in the slice: connections
+/// through `lbd`, and a `kill -9` and restart adopting the pins.
+const E2E_SLICE: &[&str] = &[
+    "tcp_connections_follow_the_weights_and_bypass_the_balancer",
+    "kill_9_and_restart_keep_connections_and_runtime_changes",
+];
+
+/// The steps of a run at `depth`, from the test binaries `tests` (by
+/// target name; a datapath suite and an end-to-end one may share a name,
+/// so those are keyed `lb-userspace/NAME` and `lb-tests/NAME`).
+pub fn steps(tests: &BTreeMap<String, PathBuf>, depth: Depth) -> Result<Vec<Step>> {
+    let bin = |key: &str| {
+        tests
+            .get(key)
+            .cloned()
+            .with_context(|| format!("no test binary {key} was built"))
+    };
+    let step = |name: &str, key: &str, args: &[&str]| -> Result<Step> {
+        Ok(Step {
+            name: name.into(),
+            env: Vec::new(),
+            program: bin(key)?,
+            args: args.iter().map(|a| a.to_string()).collect(),
+        })
+    };
+    let mut steps = vec![step("load", "lb-userspace/load", &[])?];
+    for suite in DATAPATH {
+        steps.push(step(suite, &format!("lb-userspace/{suite}"), &[])?);
+    }
+    let frames = match depth {
+        Depth::Slice => SLICE_FUZZ_FRAMES,
+        Depth::Full => 200_000,
+    };
+    let mut fuzz = step(
+        "fuzz",
+        "lb-tests/fuzz",
+        match depth {
+            Depth::Slice => &["fixed_seed", "--exact"],
+            Depth::Full => &[],
+        },
+    )?;
+    fuzz.env.push(("LB_FUZZ_FRAMES".into(), frames.to_string()));
+    steps.push(fuzz);
+    let mut e2e: Vec<&str> = vec!["--test-threads", "1", "--nocapture"];
+    match depth {
+        Depth::Slice => {
+            e2e.extend_from_slice(E2E_SLICE);
+            e2e.push("--exact");
+        }
+        Depth::Full => {}
+    }
+    steps.push(step("e2e", "lb-tests/e2e", &e2e)?);
+    if depth == Depth::Full {
+        steps.push(step("concurrency", "lb-userspace/concurrency", &[])?);
+        for suite in ["trace", "health", "scale"] {
+            steps.push(step(
+                suite,
+                &format!("lb-tests/{suite}"),
+                &["--test-threads", "1"],
+            )?);
+        }
+    }
+    let mut systemd = step(
+        "systemd",
+        "lb-tests/vm",
+        &["--ignored", "--test-threads", "1", "--nocapture"],
+    )?;
+    let depth_name = match depth {
+        Depth::Slice => "slice",
+        Depth::Full => "full",
+    };
+    systemd
+        .env
+        .push(("LB_VM_DEPTH".into(), depth_name.to_string()));
+    steps.push(systemd);
+    Ok(steps)
+}
+
+/// `job.sh`: each step in turn (a failed one does not stop the rest),
+/// framed by `::step NAME` and `::end NAME RC MS`; exits with the number
+/// of failed steps.
+pub fn script(steps: &[Step]) -> String {
+    let mut s = String::from(
+        "#!/bin/bash\n\
+         set -u\n\
+         export RUST_BACKTRACE=1 LB_VM_GUEST=1 LB_VM_OUT=/lb/out\n\
+         echo \"::kernel $(uname -r)\"\n\
+         failed=0\n\
+         step() {\n  \
+           local name=$1; shift\n  \
+           local t0=$(date +%s%N)\n  \
+           echo \"::step $name\"\n  \
+           \"$@\"\n  \
+           local rc=$?\n  \
+           echo \"::end $name $rc $(( ($(date +%s%N) - t0) / 1000000 ))\"\n  \
+           [ $rc -eq 0 ] || failed=$((failed + 1))\n\
+         }\n",
+    );
+    for step in steps {
+        let mut line = format!("step {} env", step.name);
+        for (k, v) in &step.env {
+            let _ = write!(line, " {k}={}", quote(v));
+        }
+        let _ = write!(line, " {}", quote(&step.program.to_string_lossy()));
+        for a in &step.args {
+            let _ = write!(line, " {}", quote(a));
+        }
+        s.push_str(&line);
+        s.push('\n');
+    }
+    s.push_str("exit $failed\n");
+    s
+}
+
+fn quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// A step's outcome, read from the log.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    pub name: String,
+    pub rc: i32,
+    pub millis: u64,
+    /// The step's own lines of the log.
+    pub output: Vec<String>,
+}
+
+/// The kernel release the guest printed and each step's outcome, from
+/// the job's log. A step that started and never ended (the machine died
+/// or was stopped) is reported with rc -1.
+pub fn outcomes(log: &str) -> Result<(String, Vec<Outcome>)> {
+    let mut kernel = String::new();
+    let mut done = Vec::new();
+    let mut current: Option<Outcome> = None;
+    for line in log.lines() {
+        if let Some(k) = line.strip_prefix("::kernel ") {
+            kernel = k.to_string();
+        } else if let Some(name) = line.strip_prefix("::step ") {
+            current = Some(Outcome {
+                name: name.to_string(),
+                rc: -1,
+                millis: 0,
+                output: Vec::new(),
+            });
+        } else if let Some(rest) = line.strip_prefix("::end ") {
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            let (Some(mut o), [name, rc, ms]) = (current.take(), f.as_slice()) else {
+                bail!("cannot read the step end {line:?}");
+            };
+            if o.name != *name {
+                bail!("step {} ended as {name}", o.name);
+            }
+            o.rc = rc.parse()?;
+            o.millis = ms.parse()?;
+            done.push(o);
+        } else if let Some(o) = current.as_mut() {
+            o.output.push(line.to_string());
+        }
+    }
+    done.extend(current);
+    Ok((kernel, done))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_log_is_read_step_by_step() {
+        let log = "::kernel 6.1.0-50-amd64\n::step load\nrunning 3 tests\n::end load 0 1200\n::step fuzz\nboom\n::end fuzz 101 900\n::step e2e\nhalf\n";
+        let (kernel, steps) = outcomes(log).expect("reads");
+        assert_eq!(kernel, "6.1.0-50-amd64");
+        let got: Vec<(&str, i32, u64)> = steps
+            .iter()
+            .map(|s| (s.name.as_str(), s.rc, s.millis))
+            .collect();
+        assert_eq!(
+            got,
+            vec![("load", 0, 1200), ("fuzz", 101, 900), ("e2e", -1, 0)]
+        );
+        assert_eq!(steps[1].output, vec!["boom".to_string()]);
+    }
+
+    #[test]
+    fn arguments_are_quoted_for_the_shell() {
+        let s = script(&[Step {
+            name: "x".into(),
+            env: vec![("A".into(), "it's".into())],
+            program: "/p q/t".into(),
+            args: vec!["a b".into()],
+        }]);
+        assert!(s.contains(r"step x env A='it'\''s' '/p q/t' 'a b'"), "{s}");
+    }
+}
