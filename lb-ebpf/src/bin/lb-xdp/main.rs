@@ -6,6 +6,13 @@
 //! and a packet too big once encapsulated is answered with ICMP. Every
 //! packet ends in exactly one outcome counter, incremented here and
 //! nowhere else.
+//!
+//! Map pointers are looked up where they are used and checked right
+//! there, never carried in an `Option` across branches: Linux 6.1's
+//! verifier (Debian 12) loses the link between a pointer spilled to the
+//! stack and a "was it NULL" flag computed from it, and refuses the
+//! program. An array lookup is inlined by the verifier (a bounds check
+//! and an add), so looking a bucket up twice costs nothing measurable.
 #![no_std]
 #![no_main]
 
@@ -116,14 +123,7 @@ fn decide<const TRACE: bool>(
     // Established flows first: the connection table names the backend,
     // and the backend carries what the VIP would say (encapsulation, id),
     // so a hit needs no VIP lookup at all.
-    //
-    // Map pointers are looked up where they are used and checked right
-    // there, never carried in an `Option` across branches: a verifier
-    // older than 6.8 or so (Debian 12's 6.1) loses the link between a
-    // pointer spilled to the stack and a "was it NULL" flag computed from
-    // it, and rejects the program. An array lookup is inlined by the
-    // verifier (a bounds check and an add), so a second one costs nothing
-    // measurable.
+    // Map pointers are looked up where used and checked there (module doc).
     if !syn
         && let Some(bucket) = LB_FLOWS.get_ptr_mut(bucket_index & cfg.ct_mask)
         && let Some((way, handle)) = conntrack::find(bucket, tag)
