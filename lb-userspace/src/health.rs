@@ -209,6 +209,8 @@ pub struct Tracker {
     verdict: bool,
     pub last: Option<ProbeResult>,
     pub probes: u64,
+    /// `probes` when the state last changed (0: never).
+    pub probes_at_change: u64,
     pub since: Instant,
 }
 
@@ -224,6 +226,7 @@ impl Tracker {
             verdict: false,
             last: None,
             probes: 0,
+            probes_at_change: 0,
             since: Instant::now(),
         }
     }
@@ -268,6 +271,7 @@ impl Tracker {
         self.streak = 0;
         self.verdict = true;
         self.since = Instant::now();
+        self.probes_at_change = self.probes;
         Some(self.up)
     }
 }

@@ -306,12 +306,23 @@ pub struct Reconciler<D: Dataplane> {
     /// The unoccupied backend indexes and unused VIP ids (each taken
     /// lowest first), so that a new one is found without a scan.
     free_slots: BTreeSet<u32>,
+    /// Indexes freed since the last apply that succeeded: taken only when
+    /// `free_slots` has none (an undo may give one back to its backend,
+    /// see `retired`), and joined to `free_slots` after a good apply.
+    free_retired: BTreeSet<u32>,
     free_ids: BTreeSet<u32>,
     /// Which chunks of `LB_TABLES` the VIPs' regions take.
     pool: TablePool,
     /// What each second-chance VIP's alternates come from (the daemon
     /// says; a VIP without an entry uses its own desired weights).
     sources: BTreeMap<VipId, Sources>,
+    /// Backends retired since the last apply that succeeded, by VIP and
+    /// address: an apply that fails half-way is undone by the next one,
+    /// which gives such a backend its old handle back (its index still
+    /// free) so that connection-table entries naming it stay good.
+    retired: BTreeMap<(VipId, IpAddr), u32>,
+    /// The last apply succeeded (what `retired` is kept for).
+    clean: bool,
 }
 
 /// What a backend's entry says of its VIP besides the tunnel.
@@ -408,9 +419,12 @@ impl<D: Dataplane> Reconciler<D> {
             vips,
             slots,
             free_slots,
+            free_retired: BTreeSet::new(),
             free_ids,
             pool,
             sources: BTreeMap::new(),
+            retired: BTreeMap::new(),
+            clean: true,
         };
         for defs in by_vip.into_values() {
             for def in defs {
@@ -533,9 +547,67 @@ impl<D: Dataplane> Reconciler<D> {
     ) -> Result<ApplyReport> {
         let mut report = ApplyReport::default();
         let wanted: BTreeMap<VipId, &VipConfig> = desired.iter().map(|v| (v.id, v)).collect();
-        // Before anything is written: every table will find its room.
+        // Before anything is written: every table will find its room, and
+        // every backend an index.
         self.check_pool(desired, &wanted)?;
+        self.check_backends(desired, &wanted)?;
+        if self.clean {
+            self.retired.clear();
+            let freed = std::mem::take(&mut self.free_retired);
+            self.free_slots.extend(freed);
+        }
+        self.clean = false;
+        let result = self.apply_checked(desired, &wanted, usable, &mut report);
+        self.clean = result.is_ok();
+        result?;
+        if !report.is_noop() {
+            info!(?report, "dataplane updated");
+        }
+        Ok(report)
+    }
 
+    /// Whether every new backend of `desired` finds a free index at the
+    /// moment the apply adds it: removed VIPs give theirs back first, a
+    /// kept VIP's leaving backends only after its own new ones are in.
+    fn check_backends(
+        &self,
+        desired: &[VipConfig],
+        wanted: &BTreeMap<VipId, &VipConfig>,
+    ) -> Result<()> {
+        let mut free = self.free_slots.len() + self.free_retired.len();
+        free += self
+            .vips
+            .iter()
+            .filter(|(id, _)| !wanted.contains_key(id))
+            .map(|(_, v)| v.backends.len())
+            .sum::<usize>();
+        for vip in desired {
+            let have = self.vips.get(&vip.id).map(|s| &s.backends);
+            let new = vip
+                .backends
+                .iter()
+                .filter(|b| have.is_none_or(|h| !h.contains_key(&b.address)))
+                .count();
+            if new > free {
+                return Err(ReconcileError::BackendsExhausted(self.layout.max_backends));
+            }
+            free -= new;
+            free += have.map_or(0, |h| {
+                h.keys()
+                    .filter(|a| !vip.backends.iter().any(|b| b.address == **a))
+                    .count()
+            });
+        }
+        Ok(())
+    }
+
+    fn apply_checked(
+        &mut self,
+        desired: &[VipConfig],
+        wanted: &BTreeMap<VipId, &VipConfig>,
+        usable: &dyn Fn(&VipId, &IpAddr) -> bool,
+        report: &mut ApplyReport,
+    ) -> Result<()> {
         // Removed VIPs first: frees their ids and backend slots.
         let gone: Vec<VipId> = self
             .vips
@@ -547,6 +619,16 @@ impl<D: Dataplane> Reconciler<D> {
             self.remove_vip(&id)?;
             report.vips_removed += 1;
         }
+        self.apply_kept(desired, usable, report)
+    }
+
+    /// [`apply`](Self::apply) after the removed VIPs went.
+    fn apply_kept(
+        &mut self,
+        desired: &[VipConfig],
+        usable: &dyn Fn(&VipId, &IpAddr) -> bool,
+        report: &mut ApplyReport,
+    ) -> Result<()> {
         // Regions of VIPs that turn second chance off are free before any
         // VIP of this apply takes one: otherwise a region moving from a VIP
         // late in `desired` to one early in it would be refused. Until its
@@ -558,7 +640,7 @@ impl<D: Dataplane> Reconciler<D> {
             }
         }
         for vip in desired {
-            self.apply_vip(vip, usable, &mut report)?;
+            self.apply_vip(vip, usable, report)?;
         }
         self.sync_aux_keys(desired)?;
         // The filter follows the VIP set: new VIPs become reachable, removed
@@ -570,10 +652,7 @@ impl<D: Dataplane> Reconciler<D> {
         if flags != cfg.flags {
             self.dp.set_config(&DatapathConfig { flags, ..cfg })?;
         }
-        if !report.is_noop() {
-            info!(?report, "dataplane updated");
-        }
-        Ok(report)
+        Ok(())
     }
 
     /// Makes the auxiliary `LB_VIPS` keys match the VIP set: an ICMP key
@@ -633,7 +712,8 @@ impl<D: Dataplane> Reconciler<D> {
         self.dp.remove_vip(&id.key())?;
         self.pool.release(state.region.base, state.region.chunks());
         self.free_ids.insert(state.meta.id());
-        for b in state.backends.values() {
+        for (addr, b) in &state.backends {
+            self.retired.insert((*id, *addr), b.handle);
             self.retire_backend(b.handle, None)?;
         }
         info!(vip = %id, "VIP removed");
@@ -647,10 +727,23 @@ impl<D: Dataplane> Reconciler<D> {
             .ok_or(ReconcileError::VipIdsExhausted(self.layout.max_vips))
     }
 
-    fn new_backend(&mut self, addr: IpAddr, usable: bool, owner: Owner) -> Result<u32> {
+    fn new_backend(&mut self, vip: VipId, addr: IpAddr, usable: bool, owner: Owner) -> Result<u32> {
+        if let Some(handle) = self.unretire(vip, addr) {
+            // An apply that failed half-way retired it: the same backend
+            // comes back under the same handle, its flows with it.
+            let index = handle & BACKEND_INDEX_MASK;
+            self.dp
+                .set_backend(index, &backend_def(addr, handle, usable, owner))?;
+            self.slots[index as usize] = (handle, true);
+            self.free_retired.remove(&index);
+            return Ok(handle);
+        }
+        // An index retired since the last good apply is taken last: an
+        // undo may want to give it back to its backend.
         let index = self
             .free_slots
             .first()
+            .or_else(|| self.free_retired.first())
             .map(|i| *i as usize)
             .ok_or(ReconcileError::BackendsExhausted(self.layout.max_backends))?;
         let generation = ((self.slots[index].0 >> 16) + 1) & 0xffff;
@@ -662,7 +755,16 @@ impl<D: Dataplane> Reconciler<D> {
             .set_backend(index as u32, &backend_def(addr, handle, usable, owner))?;
         self.slots[index] = (handle, true);
         self.free_slots.remove(&(index as u32));
+        self.free_retired.remove(&(index as u32));
         Ok(handle)
+    }
+
+    /// The handle backend `addr` of `vip` had before an apply that did
+    /// not finish retired it, if its index has served no one since.
+    fn unretire(&mut self, vip: VipId, addr: IpAddr) -> Option<u32> {
+        let handle = self.retired.remove(&(vip, addr))?;
+        let index = handle & BACKEND_INDEX_MASK;
+        (self.slots.get(index as usize) == Some(&(handle, false))).then_some(handle)
     }
 
     /// Frees a backend's index. Its handle stays in the map with no flags,
@@ -680,7 +782,7 @@ impl<D: Dataplane> Reconciler<D> {
         self.dp.set_backend(index, &def)?;
         if let Some(slot) = self.slots.get_mut(index as usize) {
             *slot = (handle, false);
-            self.free_slots.insert(index);
+            self.free_retired.insert(index);
         }
         if let Some(vip_id) = vip_id {
             let counts = self.dp.backend_stats(index)?;
@@ -732,7 +834,8 @@ impl<D: Dataplane> Reconciler<D> {
         let state = self.vips.get_mut(&vip.id).expect("present");
         state.built = Some(input);
         let vip_id = Some(state.meta.id());
-        for handle in retire {
+        for (addr, handle) in retire {
+            self.retired.insert((vip.id, addr), handle);
             self.retire_backend(handle, vip_id)?;
         }
         Ok(())
@@ -778,14 +881,14 @@ impl<D: Dataplane> Reconciler<D> {
 
     /// Adds new backends, rewrites the ones whose usable flag or tunnel
     /// changed, and drops the ones that left from the VIP's state; returns
-    /// the handles of those to retire once no table names them.
+    /// those to retire (address, handle) once no table names them.
     fn sync_backends(
         &mut self,
         vip: &VipConfig,
         is_new: bool,
         usable: &dyn Fn(&VipId, &IpAddr) -> bool,
         report: &mut ApplyReport,
-    ) -> Result<Vec<u32>> {
+    ) -> Result<Vec<(IpAddr, u32)>> {
         let id = vip.id;
         let vip_id = self.vips[&id].meta.id();
         let wanted: BTreeMap<IpAddr, u32> =
@@ -799,7 +902,7 @@ impl<D: Dataplane> Reconciler<D> {
         state.backends.retain(|addr, b| {
             let keep = wanted.contains_key(addr);
             if !keep {
-                retire.push(b.handle);
+                retire.push((*addr, b.handle));
                 report.backends_removed += 1;
             }
             keep
@@ -821,7 +924,7 @@ impl<D: Dataplane> Reconciler<D> {
                 None => {
                     report.backends_added += 1;
                     BackendState {
-                        handle: self.new_backend(*addr, ok, owner)?,
+                        handle: self.new_backend(id, *addr, ok, owner)?,
                         weight: *weight,
                         usable: ok,
                     }

@@ -88,6 +88,9 @@ impl Revision {
 /// A revision as listed: the revision, or why its file cannot be read.
 pub type Listed = Result<Revision, RevisionError>;
 
+/// The file of the probation in force, beside the revisions.
+const PROBATION: &str = "probation.json";
+
 /// The revisions of one instance, on disk.
 #[derive(Clone, Debug)]
 pub struct RevisionStore {
@@ -186,6 +189,56 @@ impl RevisionStore {
             let _ = std::fs::remove_file(self.path(*old));
         }
         Ok(())
+    }
+
+    /// The probation an `lbd` left (`probation.json`), if any.
+    pub fn probation(
+        &self,
+    ) -> Result<Option<crate::daemon::commit::SavedProbation>, RevisionError> {
+        let path = self.dir.join(PROBATION);
+        match read_bounded(&path) {
+            Ok(text) => serde_json::from_str(&text)
+                .map(Some)
+                .map_err(|e| RevisionError::Corrupt {
+                    number: 0,
+                    path: path.display().to_string(),
+                    reason: e.to_string(),
+                }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(source) => Err(RevisionError::Io {
+                path: path.display().to_string(),
+                source,
+            }),
+        }
+    }
+
+    /// Writes the probation (`None`: removes it).
+    pub fn save_probation(
+        &self,
+        saved: Option<&crate::daemon::commit::SavedProbation>,
+    ) -> Result<(), RevisionError> {
+        let path = self.dir.join(PROBATION);
+        let io = |source| RevisionError::Io {
+            path: path.display().to_string(),
+            source,
+        };
+        match saved {
+            Some(p) => {
+                let text = serde_json::to_vec_pretty(p).map_err(|e| io(e.into()))?;
+                atomic_file::write_private(&path, &text).map_err(io)
+            }
+            None => match std::fs::remove_file(&path) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io(e)),
+                _ => Ok(()),
+            },
+        }
+    }
+
+    /// Removes revision `number` (one written for a change that the maps
+    /// then refused: its number goes to the refusal's record). Best
+    /// effort: a file left behind reads as a revision that did not run.
+    pub fn remove(&self, number: u64) {
+        let _ = std::fs::remove_file(self.path(number));
     }
 
     /// The newest `last` revisions, newest first, each read or the reason

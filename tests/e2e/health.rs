@@ -60,13 +60,18 @@ fn vip_health(lbd: &Lbd) -> Result<serde_json::Value> {
         .with_context(|| format!("no health entry for {VIP}: {h}"))
 }
 
-/// Probes run so far against backend `addr`.
-fn probes(lbd: &Lbd, addr: &str) -> Result<u64> {
+/// Probes run so far against backend `addr` (`field` `probes`), or their
+/// number when the probes last changed its state (`probes_at_change`).
+fn probes_field(lbd: &Lbd, addr: &str, field: &str) -> Result<u64> {
     vip_health(lbd)?["backends"]
         .as_array()
         .and_then(|b| b.iter().find(|b| b["address"] == addr))
-        .and_then(|b| b["probes"].as_u64())
-        .with_context(|| format!("no probe count for {addr}"))
+        .and_then(|b| b[field].as_u64())
+        .with_context(|| format!("no {field} for {addr}"))
+}
+
+fn probes(lbd: &Lbd, addr: &str) -> Result<u64> {
+    probes_field(lbd, addr, "probes")
 }
 
 fn state(lbd: &Lbd, addr: &str) -> Result<String> {
@@ -106,14 +111,18 @@ fn a_dead_backend_leaves_within_the_bound_and_returns_after_rise() {
         let probes_before = probes(&lbd, be2)?;
         rig.stop_server("be2");
         let stopped = Instant::now();
-        wait_for(Duration::from_secs(20), || Ok(slots(&lbd, be2)? == 0))?;
+        wait_for(Duration::from_secs(120), || Ok(slots(&lbd, be2)? == 0))?;
         let detection = stopped.elapsed();
-        let failed = probes(&lbd, be2)? - probes_before;
+        // The probes the daemon had run when it took be2 down (not when
+        // this test got round to asking: a busy machine delays that).
+        let failed = probes_field(&lbd, be2, "probes_at_change")? - probes_before;
         eprintln!(
-            "detection: {detection:?} from server stop to zero slots (bound {BOUND:?}), after {failed} probes (fall 3)"
+            "detection: {detection:?} from server stop to zero slots (the prober's bound {BOUND:?} on an idle machine), after {failed} probes (fall 3)"
         );
-        if failed > 3 + 1 {
-            bail!("be2 left the table after {failed} probes; fall is 3");
+        // fall failures; one more if a probe that started before the
+        // server stopped still succeeded.
+        if !(3..=3 + 1).contains(&failed) {
+            bail!("be2 went down after {failed} probes; fall is 3");
         }
         if state(&lbd, be2)? != "down" {
             bail!("be2 is not reported down");
@@ -134,7 +143,7 @@ fn a_dead_backend_leaves_within_the_bound_and_returns_after_rise() {
 
         rig.start_server("be2", Mode::Echo)?;
         let restarted = Instant::now();
-        wait_for(Duration::from_secs(20), || Ok(slots(&lbd, be2)? > 0))?;
+        wait_for(Duration::from_secs(120), || Ok(slots(&lbd, be2)? > 0))?;
         let recovery = restarted.elapsed();
         // rise = 2 probes at ≤ 330 ms intervals.
         eprintln!("recovery: {recovery:?} from server start to slots back (rise 2 × ≤330ms)");

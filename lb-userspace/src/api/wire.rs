@@ -232,6 +232,10 @@ pub struct BackendHealth {
     pub in_state_secs: f64,
     pub last_probe: Option<ProbeInfo>,
     pub probes: u64,
+    /// `probes` when the probes last changed the backend's state (0:
+    /// never): how many it took, whatever the delay in reading it.
+    #[serde(default)]
+    pub probes_at_change: u64,
     /// Passive health over its window (absent for a VIP without it).
     #[serde(default)]
     pub passive: Option<PassiveInfo>,

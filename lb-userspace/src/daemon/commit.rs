@@ -66,6 +66,37 @@ pub struct Pending {
     pub announced: BTreeSet<VipId>,
 }
 
+/// A probation as the revision store keeps it (`probation.json`), so that
+/// an `lbd` restarted before the deadline resumes it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SavedProbation {
+    pub revision: u64,
+    pub fallback: u64,
+    /// The deadline, in seconds since the Unix epoch.
+    pub deadline: u64,
+    pub announced: Vec<VipId>,
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl SavedProbation {
+    fn of(p: &Pending) -> Self {
+        let left = p
+            .deadline
+            .saturating_duration_since(tokio::time::Instant::now());
+        Self {
+            revision: p.revision,
+            fallback: p.fallback,
+            deadline: unix_now() + left.as_secs() + u64::from(left.subsec_nanos() > 0),
+            announced: p.announced.iter().copied().collect(),
+        }
+    }
+}
+
 /// What kind of change a commit is (reverts may cut a probation short).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -137,6 +168,19 @@ impl<D: Dataplane> Daemon<D> {
                 ..Committed::default()
             });
         }
+        // Everything that can fail is done before the first map write:
+        // the checks above, then the revision, the state file and the
+        // probation.
+        let number = match self.persist(&target, source, options) {
+            Ok(n) => n,
+            // A revert (an automatic one above all) is the way out of a
+            // bad change: it goes on even if the disk takes nothing.
+            Err(e) if kind == Kind::Revert => {
+                error!("{e}: reverting all the same");
+                self.revisions.next_number().unwrap_or(self.revision + 1)
+            }
+            Err(e) => return Err(e),
+        };
         let before = self.confirm.clone();
         if let Some(within) = &options.confirm_within {
             self.confirm = Some(Pending {
@@ -150,9 +194,12 @@ impl<D: Dataplane> Daemon<D> {
         }
         if let Err(e) = self.apply(target).await {
             self.confirm = before;
+            self.unpersist(number);
+            self.save_probation();
             return Err(e);
         }
-        let number = self.record(source, Ok(()));
+        self.revision = number;
+        self.revision_source = source.to_string();
         if let Some(p) = &mut self.confirm
             && options.confirm_within.is_some()
         {
@@ -162,6 +209,10 @@ impl<D: Dataplane> Daemon<D> {
                 fallback = p.fallback,
                 "change on probation until `lbctl confirm`"
             );
+        }
+        if options.confirm_within.is_none() {
+            // A revert ended the probation, or there was none.
+            self.save_probation();
         }
         for w in &warnings {
             warn!("{w}");
@@ -224,8 +275,111 @@ impl<D: Dataplane> Daemon<D> {
         Ok(warnings)
     }
 
-    /// Makes `target` run: datapath settings, tables, the state file,
-    /// announcers. Any failure puts the running configuration back.
+    /// Writes what a change must leave on disk before it touches the maps:
+    /// its revision (as applied) and, if the API's changes differ, the
+    /// state file. A failure here refuses the change with nothing written
+    /// to the maps; a revision written before a later failure goes again.
+    fn persist(&mut self, target: &Target, source: &str, options: &ChangeOptions) -> Result<u64> {
+        let number = self
+            .revisions
+            .next_number()
+            .map_err(|e| refused(format!("{e}; nothing changed")))?;
+        let revision = self.revision_of(number, source, Ok(target));
+        self.revisions
+            .append(&revision)
+            .map_err(|e| refused(format!("writing revision {number}: {e}; nothing changed")))?;
+        if target.overlay != self.overlay
+            && let Err(e) = target.overlay.save(&target.config.state_file)
+        {
+            self.revisions.remove(number);
+            return Err(refused(format!("{e}; nothing changed")));
+        }
+        if let Some(within) = &options.confirm_within {
+            let saved = SavedProbation {
+                revision: number,
+                fallback: self.confirm.as_ref().map_or(self.revision, |p| p.fallback),
+                deadline: unix_now() + within.0.as_secs(),
+                announced: self.announced_vips().into_iter().collect(),
+            };
+            if let Err(e) = self.revisions.save_probation(Some(&saved)) {
+                self.unpersist(number);
+                return Err(refused(format!("{e}; nothing changed")));
+            }
+        }
+        Ok(number)
+    }
+
+    /// Makes the revision store's probation what runs now (none, or the
+    /// one on probation). Logged, not fatal: the change itself stands.
+    fn save_probation(&self) {
+        let saved = self.confirm.as_ref().map(SavedProbation::of);
+        if let Err(e) = self.revisions.save_probation(saved.as_ref()) {
+            error!("revisions: the probation: {e}");
+        }
+    }
+
+    /// At start-up, after [`start_revision`](Self::start_revision): a
+    /// probation an earlier `lbd` left resumes if what starts is the
+    /// revision on probation, with the time it had left; if its deadline
+    /// passed while `lbd` was away, the revert is due at once (unconfirmed
+    /// is unconfirmed, whoever was running). A start that runs something
+    /// else (the file changed since) ends it: that is the operator's newer
+    /// intent.
+    pub fn resume_probation(&mut self) {
+        let saved = match self.revisions.probation() {
+            Ok(Some(saved)) => saved,
+            Ok(None) => return,
+            Err(e) => {
+                error!("revisions: the probation cannot be read, so it is dropped: {e}");
+                let _ = self.revisions.save_probation(None);
+                return;
+            }
+        };
+        if saved.revision != self.revision {
+            warn!(
+                revision = saved.revision,
+                running = self.revision,
+                "a probation left by the last lbd ends: this start runs another revision"
+            );
+            let _ = self.revisions.save_probation(None);
+            return;
+        }
+        let left = std::time::Duration::from_secs(saved.deadline.saturating_sub(unix_now()));
+        self.confirm = Some(Pending {
+            revision: saved.revision,
+            fallback: saved.fallback,
+            deadline: tokio::time::Instant::now() + left,
+            announced: saved.announced.into_iter().collect(),
+        });
+        if left.is_zero() {
+            self.revert_due = Some(
+                "it was not confirmed in time (the deadline passed while lbd was not running)"
+                    .into(),
+            );
+        } else {
+            warn!(
+                revision = saved.revision,
+                fallback = saved.fallback,
+                "resuming the probation of revision {}: {}s left to `lbctl confirm` it",
+                saved.revision,
+                left.as_secs()
+            );
+        }
+    }
+
+    /// Takes back what [`persist`](Self::persist) wrote, after the maps
+    /// refused the change: the revision goes (the refusal is recorded in
+    /// its place) and the state file holds the running changes again.
+    fn unpersist(&mut self, number: u64) {
+        self.revisions.remove(number);
+        if let Err(e) = self.overlay.save(&self.config.state_file) {
+            error!("restoring the state file after a refused change: {e}");
+        }
+    }
+
+    /// Makes `target` run: datapath settings, tables, announcers (the
+    /// state file is written already). Any failure puts the running
+    /// configuration back.
     async fn apply(&mut self, target: Target) -> Result<()> {
         self.running_digest = None;
         let new = &target.config;
@@ -239,10 +393,7 @@ impl<D: Dataplane> Daemon<D> {
         self.reconciler.apply_settings(&settings)?;
         let effective = target.effective();
         let old_overlay = std::mem::replace(&mut self.overlay, target.overlay.clone());
-        let programmed = self
-            .program(&effective, false)
-            .and_then(|_| Ok(self.overlay.save(&new.state_file)?));
-        if let Err(e) = programmed {
+        if let Err(e) = self.program(&effective, false) {
             self.overlay = old_overlay;
             self.restore();
             return Err(e);
@@ -262,9 +413,10 @@ impl<D: Dataplane> Daemon<D> {
         Ok(())
     }
 
-    /// Records a revision: of what runs now (`Ok`), or of a refused change
-    /// and why; returns its number. A revision that cannot be written is
-    /// logged, never fatal: the change itself took effect.
+    /// Records a revision: of what runs now (`Ok`, at start-up), or of a
+    /// refused change and why; returns its number. A revision that cannot
+    /// be written is logged: a refusal is not made worse by it, and a
+    /// start-up goes on.
     pub fn record(&mut self, source: &str, result: std::result::Result<(), String>) -> u64 {
         let number = match self.revisions.next_number() {
             Ok(n) => n,
@@ -273,21 +425,12 @@ impl<D: Dataplane> Daemon<D> {
                 return self.revision;
             }
         };
-        let time = SystemTime::now()
-            .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
-        let applied = result.is_ok();
-        let running = applied.then(|| self.running());
-        let revision = Revision {
-            number,
-            time,
-            source: source.to_string(),
-            digest: running.as_ref().map(Target::digest),
-            error: result.err(),
-            config: running.as_ref().map(|t| t.text.to_string()),
-            overlay: running.map(|t| t.overlay),
-            file_digest: Some(self.file_digest.clone()),
+        let running = self.running();
+        let revision = match result {
+            Ok(()) => self.revision_of(number, source, Ok(&running)),
+            Err(e) => self.revision_of(number, source, Err(e)),
         };
+        let applied = revision.applied();
         if let Err(e) = self.revisions.append(&revision) {
             error!("revisions: {e}");
         }
@@ -296,6 +439,32 @@ impl<D: Dataplane> Daemon<D> {
             self.revision_source = source.to_string();
         }
         number
+    }
+
+    /// Revision `number`: `target` as it runs (or will), or a refusal.
+    fn revision_of(
+        &self,
+        number: u64,
+        source: &str,
+        what: std::result::Result<&Target, String>,
+    ) -> Revision {
+        let time = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let (target, error) = match what {
+            Ok(t) => (Some(t), None),
+            Err(e) => (None, Some(e)),
+        };
+        Revision {
+            number,
+            time,
+            source: source.to_string(),
+            digest: target.map(Target::digest),
+            error,
+            config: target.map(|t| t.text.to_string()),
+            overlay: target.map(|t| t.overlay.clone()),
+            file_digest: Some(self.file_digest.clone()),
+        }
     }
 
     /// The VIPs announced now.
@@ -384,6 +553,7 @@ impl<D: Dataplane> Daemon<D> {
             Ok(_) => self.auto_reverts += 1,
             Err(e) => error!("the automatic revert to {} failed: {e}", p.fallback),
         }
+        self.save_probation();
     }
 
     /// The configuration of revision `number`, ready to run again.
@@ -436,6 +606,7 @@ impl<D: Dataplane> Daemon<D> {
             return Err(refused("no change awaits confirmation"));
         };
         self.revert_due = None;
+        self.save_probation();
         info!(revision = p.revision, "change confirmed");
         Ok(Committed {
             revision: Some(p.revision),

@@ -80,6 +80,21 @@ fn rig(text: &str) -> Rig {
     let dir = ScratchDir::new("daemon");
     let state = dir.join("state.json");
     let text = format!("{text}\nstate_file: {}\n", state.display());
+    rig_in(dir, &text)
+}
+
+/// The daemon of `r` started again (as after `kill -9`): the same file,
+/// state file and revisions, a new daemon on fresh maps.
+fn restart(r: Rig) -> Rig {
+    let Rig { daemon, _dir, .. } = r;
+    let text = daemon.text.to_string();
+    drop(daemon);
+    rig_in(_dir, &text)
+}
+
+/// [`rig`] in `dir`, from `text` (which names its state file).
+fn rig_in(dir: ScratchDir, text: &str) -> Rig {
+    let text = text.to_string();
     let config = Config::parse(&text).expect("test config parses");
     let revisions = RevisionStore::open(&config.revisions_dir(), config.history).unwrap();
     let mut reconciler = Reconciler::adopt(FakeDataplane::new(config.layout)).unwrap();
@@ -116,6 +131,7 @@ fn rig(text: &str) -> Rig {
     daemon.start_announcers().unwrap();
     daemon.announce();
     daemon.start_revision();
+    daemon.resume_probation();
     Rig {
         daemon,
         told,
@@ -636,6 +652,7 @@ async fn a_new_gateway_mac_is_written_to_the_dataplane() {
 }
 
 mod change;
+mod refused;
 mod second_chance;
 
 #[tokio::test]

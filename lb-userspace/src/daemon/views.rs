@@ -476,6 +476,7 @@ fn backend_health(
                 detail: p.detail.clone(),
             }),
         probes: l.health.as_ref().map(|t| t.probes).unwrap_or(0),
+        probes_at_change: l.health.as_ref().map(|t| t.probes_at_change).unwrap_or(0),
         passive: v.passive_health.enabled.then(|| {
             let w = l.passive.window();
             api::PassiveInfo {

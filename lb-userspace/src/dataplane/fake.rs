@@ -33,6 +33,9 @@ pub struct FakeDataplane {
     pub syns: Vec<lb_common::SynSlot>,
     /// When set, every write fails with this message.
     pub fail_writes: Option<String>,
+    /// When set, writes of this `LB_VIPS` key fail (a write the kernel
+    /// refuses half-way through an apply).
+    pub refuse_vip: Option<VipKey>,
     /// Number of successful map writes (element updates), for "writes only
     /// what changed" tests.
     pub writes: usize,
@@ -59,6 +62,7 @@ impl FakeDataplane {
             backend_syns: vec![lb_common::SynCounts::default(); layout.max_backends as usize],
             syns: vec![lb_common::SynSlot::default(); lb_common::consts::SYN_SLOTS as usize],
             fail_writes: None,
+            refuse_vip: None,
             writes: 0,
         }
     }
@@ -108,6 +112,11 @@ impl Dataplane for FakeDataplane {
     }
 
     fn upsert_vip(&mut self, key: &VipKey, meta: &VipMeta) -> Result<()> {
+        if self.refuse_vip == Some(*key) {
+            return Err(DataplaneError::Io(std::io::Error::other(
+                "refused by the fake's refuse_vip",
+            )));
+        }
         if !self.vips.contains_key(key) && self.vips.len() >= self.layout.vip_keys() as usize {
             return Err(DataplaneError::OutOfRange {
                 what: "VIP keys",

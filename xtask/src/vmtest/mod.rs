@@ -207,7 +207,8 @@ fn boot(
 ) -> Result<Run> {
     let _ = std::fs::remove_dir_all(out);
     std::fs::create_dir_all(out)?;
-    std::fs::write(out.join("job.sh"), job::script(steps))?;
+    let steps = snapshot(steps, out)?;
+    std::fs::write(out.join("job.sh"), job::script(&steps))?;
     std::fs::copy(deb, out.join("lb.deb"))?;
     let disk = out.with_file_name(format!("{}.qcow2", kernel.name));
     let _ = std::fs::remove_file(&disk);
@@ -250,6 +251,52 @@ fn boot(
         steps: outcomes,
         total,
     })
+}
+
+/// Where the output share is mounted in the guest.
+const GUEST_OUT: &str = "/lb/out";
+
+/// The binaries a run uses, hard-linked (copied where links fail) into
+/// `out/bin` (the test binaries into `out/bin/deps`, so that they find
+/// `lbd` and `lbctl` beside them as in `target/debug`): a build on the
+/// host while the machine runs does not change what it runs. Returns the
+/// steps with their programs at the guest's paths.
+fn snapshot(steps: &[job::Step], out: &Path) -> Result<Vec<job::Step>> {
+    let bin = out.join("bin");
+    std::fs::create_dir_all(bin.join("deps"))?;
+    let link = |from: &Path, to: &Path| -> Result<()> {
+        if std::fs::hard_link(from, to).is_err() {
+            std::fs::copy(from, to)
+                .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
+        }
+        Ok(())
+    };
+    let debug = Path::new("target/debug");
+    for name in ["lbd", "lbctl", "lb-bgp-probe"] {
+        let from = debug.join(name);
+        if from.is_file() {
+            link(&from, &bin.join(name))?;
+        }
+    }
+    let mut taken = Vec::new();
+    for step in steps {
+        let name = step
+            .program
+            .file_name()
+            .context("a test binary has a name")?
+            .to_owned();
+        let to = bin.join("deps").join(&name);
+        if !to.exists() {
+            link(&step.program, &to)?;
+        }
+        taken.push(job::Step {
+            name: step.name.clone(),
+            env: step.env.clone(),
+            program: Path::new(GUEST_OUT).join("bin/deps").join(&name),
+            args: step.args.clone(),
+        });
+    }
+    Ok(taken)
 }
 
 /// The QEMU process: emulated (TCG on two threads), no network but its

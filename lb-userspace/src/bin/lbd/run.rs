@@ -372,6 +372,7 @@ async fn start_locked(
     daemon.start_announcers()?;
     daemon.announce();
     daemon.start_revision();
+    daemon.resume_probation();
     Ok(Started {
         daemon,
         gateway,

@@ -431,3 +431,74 @@ async fn a_changed_table_size_is_previewed_and_applied_only_when_forced() {
             .is_err()
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_probation_survives_a_restart_and_reverts_at_its_deadline() {
+    let mut r = rig(FILE);
+    r.daemon
+        .reload(reparse(&r, &replaced()), false, &within(8))
+        .await
+        .unwrap();
+    tokio::time::advance(Duration::from_secs(2)).await;
+    // The file on disk is the changed one, as after `lbctl reload`.
+    let mut r = restart(r);
+    let pending = r.daemon.confirm.clone().expect("the probation resumed");
+    assert_eq!((pending.revision, pending.fallback), (2, 1));
+    assert!(r.in_table(WEB).contains(&ip("10.1.0.3")));
+    tokio::time::advance(Duration::from_secs(4)).await;
+    r.daemon.tick();
+    r.daemon.settle().await;
+    assert!(r.daemon.confirm.is_some(), "time is left");
+    tokio::time::advance(Duration::from_secs(4)).await;
+    r.daemon.tick();
+    r.daemon.settle().await;
+    assert!(r.daemon.confirm.is_none());
+    assert_eq!(r.daemon.auto_reverts, 1);
+    assert_eq!(
+        r.in_table(WEB),
+        BTreeSet::from([ip("10.1.0.1"), ip("10.1.0.2")])
+    );
+    // Reverted: nothing left to resume.
+    let r = restart(r);
+    assert!(r.daemon.confirm.is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_probation_whose_deadline_passed_while_lbd_was_down_reverts_at_once() {
+    let mut r = rig(FILE);
+    r.daemon
+        .reload(reparse(&r, &replaced()), false, &within(8))
+        .await
+        .unwrap();
+    let mut saved = r.daemon.revisions.probation().unwrap().expect("saved");
+    saved.deadline -= 60;
+    r.daemon.revisions.save_probation(Some(&saved)).unwrap();
+    let mut r = restart(r);
+    assert!(r.daemon.revert_due.is_some(), "due at once");
+    r.daemon.settle().await;
+    assert_eq!(
+        r.in_table(WEB),
+        BTreeSet::from([ip("10.1.0.1"), ip("10.1.0.2")])
+    );
+    assert!(
+        r.daemon
+            .revision_source
+            .contains("the deadline passed while lbd was not running"),
+        "{}",
+        r.daemon.revision_source
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_confirmed_change_leaves_no_probation_behind() {
+    let mut r = rig(FILE);
+    r.daemon
+        .reload(reparse(&r, &replaced()), false, &within(8))
+        .await
+        .unwrap();
+    r.ok(Request::Confirm).await;
+    assert!(r.daemon.revisions.probation().unwrap().is_none());
+    let r = restart(r);
+    assert!(r.daemon.confirm.is_none());
+    assert!(r.in_table(WEB).contains(&ip("10.1.0.3")));
+}

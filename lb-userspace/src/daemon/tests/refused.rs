@@ -1,0 +1,117 @@
+//! A refused change touches nothing: when the disk takes neither the
+//! revision nor the state file, no map is written; when the kernel refuses
+//! a map write half-way through, the change is undone with every backend
+//! under the handle it had, so no connection-table entry goes stale.
+
+use super::*;
+
+/// Two VIPs: a change that removes a backend of the first and adds one to
+/// the second retires the first's backend before it writes the second.
+const TWO: &str = r#"
+instance: unit
+interfaces: [eth0]
+gateway_mac: "02:00:00:00:00:01"
+outer_source_v4: 10.0.0.2
+table_size: 101
+conntrack_buckets: 1024
+vips:
+  - address: 10.99.0.1
+    port: 80
+    protocol: tcp
+    backends:
+      - address: 10.1.0.1
+      - address: 10.1.0.2
+      - address: 10.1.0.3
+  - address: 10.99.0.2
+    port: 80
+    protocol: tcp
+    backends:
+      - address: 10.2.0.1
+"#;
+
+/// Every backend handle of every VIP, and every published table.
+fn maps(r: &Rig) -> (Vec<(VipId, IpAddr, u32)>, Vec<Vec<Option<IpAddr>>>) {
+    let mut handles = Vec::new();
+    let mut tables = Vec::new();
+    for (id, state) in r.daemon.reconciler.vips() {
+        for (addr, b) in &state.backends {
+            handles.push((*id, *addr, b.handle));
+        }
+        tables.push(r.daemon.reconciler.table_addresses(id).unwrap().unwrap());
+    }
+    (handles, tables)
+}
+
+#[tokio::test]
+async fn a_change_the_disk_cannot_hold_writes_nothing_to_the_maps() {
+    let mut r = rig(FILE);
+    let before = maps(&r);
+    let writes = r.daemon.reconciler.dataplane().writes;
+    // The state file cannot be replaced (a directory stands in its way),
+    // as on a full file system.
+    let state = r.daemon.config.state_file.clone();
+    std::fs::create_dir_all(&state).unwrap();
+    let e = r.refused(del_backend(WEB, "10.1.0.2", false)).await;
+    assert!(e.contains("nothing changed"), "{e}");
+    assert_eq!(
+        r.daemon.reconciler.dataplane().writes,
+        writes,
+        "no map write"
+    );
+    assert_eq!(maps(&r), before);
+    std::fs::remove_dir_all(&state).unwrap();
+
+    // Nor can the revision be written: the store's directory is gone and
+    // a file stands in its place.
+    let dir = r.daemon.revisions.dir().to_path_buf();
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::write(&dir, "not a directory").unwrap();
+    let e = r.refused(del_backend(WEB, "10.1.0.2", false)).await;
+    assert!(e.contains("nothing changed"), "{e}");
+    assert_eq!(
+        r.daemon.reconciler.dataplane().writes,
+        writes,
+        "no map write"
+    );
+    assert_eq!(maps(&r), before);
+    assert!(
+        !std::fs::read_to_string(&r.daemon.config.state_file)
+            .unwrap_or_default()
+            .contains("10.1.0.2\""),
+        "the state file does not hold the refused change"
+    );
+}
+
+#[tokio::test]
+async fn a_map_write_refused_half_way_is_undone_under_the_same_handles() {
+    let mut r = rig(TWO);
+    let before = maps(&r);
+    let text = TWO.replace("      - address: 10.1.0.2\n", "").replace(
+        "      - address: 10.2.0.1\n",
+        "      - address: 10.2.0.1\n      - address: 10.2.0.2\n",
+    );
+    let second: VipId = "10.99.0.2:80/tcp".parse().unwrap();
+    r.daemon.reconciler.dataplane_mut().refuse_vip = Some(second.key());
+    let parsed = reparse(&r, &text);
+    let e = r
+        .daemon
+        .reload(parsed, false, &plain())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("refused by the fake"), "{e}");
+    r.daemon.reconciler.dataplane_mut().refuse_vip = None;
+    // The first VIP's backend was retired before the second VIP's write
+    // failed; the undo brought it back under its handle.
+    assert_eq!(maps(&r), before);
+    let history = r.daemon.revisions.list(3).unwrap();
+    let newest = history[0].as_ref().expect("readable");
+    assert!(
+        !newest.applied(),
+        "the refusal is the newest revision: {newest:?}"
+    );
+    assert!(
+        history.iter().flatten().filter(|v| v.applied()).count() == 1,
+        "no revision claims the refused change ran"
+    );
+}
