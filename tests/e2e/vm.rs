@@ -519,10 +519,14 @@ fn remove_stops_gracefully(m: &Machine) -> Result<()> {
     m.forwards(10, 26_000)
 }
 
-/// `dpkg -P`: no warning, the unit and the conffile gone.
+/// `dpkg -P` (after the operator's own files went: dpkg rightly keeps a
+/// directory that holds them): no warning, the unit, the conffile and
+/// `/etc/lb` gone.
 fn purge() -> Result<()> {
+    std::fs::remove_file("/etc/lb/lb.yaml")?;
+    std::fs::remove_file("/etc/default/lbd")?;
     let out = sh("dpkg", &["-P", "lb"])?;
-    if out.contains("warning") || Path::new(UNIT).exists() {
+    if out.contains("warning") || Path::new(UNIT).exists() || Path::new("/etc/lb").exists() {
         bail!("purging: {out}");
     }
     Ok(())

@@ -64,9 +64,17 @@ impl FromStr for Gateway {
         if s == "auto" {
             return Ok(Gateway::Auto);
         }
-        s.parse()
-            .map(Gateway::Mac)
-            .map_err(|e| format!("{e}, or `auto`"))
+        let mac: Mac = s.parse().map_err(|e| format!("{e}, or `auto`"))?;
+        // Frames to it would reach every host of the link, or none.
+        if mac.0 == [0; 6] {
+            return Err(format!("{mac} is no host's MAC address"));
+        }
+        if mac.0[0] & 1 != 0 {
+            return Err(format!(
+                "{mac} is a broadcast or multicast address, not the gateway's"
+            ));
+        }
+        Ok(Gateway::Mac(mac))
     }
 }
 

@@ -1,6 +1,9 @@
-//! Durations in YAML: a number of seconds, or a string with a unit
-//! (`500ms`, `2s`, `5m`, `1h`). Written back as a string with a unit.
-//! A leaf: nothing of the crate but [`super::error::excerpt`].
+//! Durations in YAML: a number with a unit (`500ms`, `2s`, `5m`, `1h`),
+//! written back the same way. A number without a unit is refused: some
+//! tools read it as seconds (keepalived), others as milliseconds
+//! (HAProxy's timeouts), and a drain of 65,536 seconds meant as
+//! milliseconds drains for eighteen hours. A leaf: nothing of the crate
+//! but [`super::error::excerpt`].
 
 use std::time::Duration;
 
@@ -19,8 +22,14 @@ pub fn parse(s: &str) -> Result<Duration, String> {
         )
     })?;
     let secs = match unit.trim() {
+        "" => {
+            return Err(format!(
+                "{} has no unit: write {num}s (seconds) or {num}ms (milliseconds)",
+                super::error::excerpt(s)
+            ));
+        }
         "ms" => n / 1000.0,
-        "s" | "" => n,
+        "s" => n,
         "m" => n * 60.0,
         "h" => n * 3600.0,
         u => {
@@ -54,7 +63,7 @@ pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error
     impl de::Visitor<'_> for V {
         type Value = Duration;
         fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("a duration: seconds, or a string such as 500ms, 2s, 5m")
+            f.write_str("a duration with a unit, such as 500ms, 2s, 5m")
         }
         fn visit_u64<E: de::Error>(self, v: u64) -> Result<Duration, E> {
             parse(&v.to_string()).map_err(E::custom)

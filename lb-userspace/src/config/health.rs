@@ -13,7 +13,7 @@ use super::{
 };
 
 /// An HTTP health check: `GET path` must answer with `status`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HttpCheck {
     #[serde(default = "default_http_path")]
@@ -35,7 +35,7 @@ fn default_http_status() -> u16 {
 /// How a backend is probed. Without `send`, `expect` or `http` it is a TCP
 /// connect check (which also fails a backend that closes the connection
 /// right after accepting it).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HealthCheck {
     /// Port to probe (default: the VIP's port).

@@ -152,6 +152,10 @@ fn default_gue_port() -> u16 {
     GUE_PORT
 }
 
+/// Largest `conntrack_buckets`: 2^25 buckets, 2 GiB of kernel memory,
+/// 201 million flows. More is a typo (2147483648 asked for 128 GiB).
+const MAX_CT_BUCKETS: u32 = 1 << 25;
+
 /// Smallest `conntrack_buckets`: 6,144 flows. Fewer is a typo, not a
 /// design (the default is 262,144 buckets).
 pub const MIN_CT_BUCKETS: u32 = 1024;
@@ -483,6 +487,17 @@ fn check_sizes(raw: &RawConfig, errors: &mut Vec<ConfigError>) {
                 raw.conntrack_buckets
             ),
         );
+    } else if raw.conntrack_buckets > MAX_CT_BUCKETS {
+        err(
+            "conntrack_buckets".into(),
+            format!(
+                "{} buckets would take {} GiB of kernel memory; the most is {MAX_CT_BUCKETS} ({} GiB, {} flows)",
+                raw.conntrack_buckets,
+                raw.conntrack_buckets as u64 * 64 >> 30,
+                (MAX_CT_BUCKETS as u64 * 64) >> 30,
+                MAX_CT_BUCKETS as u64 * lb_common::consts::CT_WAYS as u64
+            ),
+        );
     } else if raw.conntrack_buckets < MIN_CT_BUCKETS {
         err(
             "conntrack_buckets".into(),
@@ -550,15 +565,7 @@ fn check_datapath(raw: &RawConfig, errors: &mut Vec<ConfigError>) {
     {
         err("gateway_refresh".into(), "must be between 1s and 1h".into());
     }
-    for (field, path) in [
-        ("api_socket", raw.api_socket.as_deref()),
-        ("state_file", raw.state_file.as_deref()),
-        ("bpffs", Some(raw.bpffs.as_path())),
-    ] {
-        if path.is_some_and(|p| p.as_os_str().is_empty()) {
-            err(field.into(), "must not be empty".into());
-        }
-    }
+    check_paths(raw, &mut err);
     if raw.shutdown_grace > Duration::from_secs(600) {
         err("shutdown_grace".into(), "is longer than 10 minutes".into());
     }
@@ -569,6 +576,46 @@ fn check_datapath(raw: &RawConfig, errors: &mut Vec<ConfigError>) {
         );
     }
 }
+
+/// `api_socket`, `state_file` and `bpffs`: absolute, a socket path the
+/// kernel can bind (at most 107 bytes), files that are files.
+fn check_paths(raw: &RawConfig, err: &mut impl FnMut(String, String)) {
+    for (field, path, file) in [
+        ("api_socket", raw.api_socket.as_deref(), true),
+        ("state_file", raw.state_file.as_deref(), true),
+        ("bpffs", Some(raw.bpffs.as_path()), false),
+    ] {
+        let Some(path) = path else { continue };
+        let shown = excerpt(&path.display().to_string());
+        if path.as_os_str().is_empty() {
+            err(field.into(), "must not be empty".into());
+        } else if !path.is_absolute() {
+            err(field.into(), format!("{shown} is not an absolute path"));
+        } else if file
+            && (path.file_name().is_none() || path.as_os_str().as_encoded_bytes().ends_with(b"/"))
+        {
+            err(
+                field.into(),
+                format!("{shown} names a directory, not a file"),
+            );
+        }
+    }
+    if let Some(socket) = raw.api_socket.as_deref()
+        && socket.as_os_str().len() > MAX_SOCKET_PATH
+    {
+        err(
+            "api_socket".into(),
+            format!(
+                "is {} bytes long; a Unix socket's path is at most {MAX_SOCKET_PATH}",
+                socket.as_os_str().len()
+            ),
+        );
+    }
+}
+
+/// The longest path a Unix socket can be bound at (`sun_path` is 108
+/// bytes with the terminating NUL).
+const MAX_SOCKET_PATH: usize = 107;
 
 /// The tunnels' outer sources: fixed or a prefix, never both, and no
 /// address that can never be one.

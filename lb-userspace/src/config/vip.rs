@@ -272,12 +272,16 @@ impl<'de> Deserialize<'de> for PortSpec {
             fn visit_str<E: de::Error>(self, v: &str) -> Result<PortSpec, E> {
                 match v {
                     "all" | "*" => Ok(PortSpec(0)),
-                    _ => v
-                        .parse::<u64>()
-                        .map_err(|_| {
-                            E::custom(format!("{} is not a port (1-65535 or `all`)", excerpt(v)))
-                        })
-                        .and_then(|p| self.visit_u64(p)),
+                    // A quoted number is a template that went wrong as
+                    // often as not: say so rather than guess.
+                    _ if v.parse::<u64>().is_ok() => Err(E::custom(format!(
+                        "port {} is quoted: write it as a number ({v}), or `all`",
+                        excerpt(v)
+                    ))),
+                    _ => Err(E::custom(format!(
+                        "{} is not a port (1-65535 or `all`)",
+                        excerpt(v)
+                    ))),
                 }
             }
         }
@@ -783,6 +787,12 @@ impl VipRules<'_> {
         }
         if vip.drain_timeout > Duration::from_secs(86_400) {
             self.err(format!("{at}.drain_timeout"), "is longer than a day".into());
+        }
+        if vip.min_healthy == 0 {
+            self.err(
+                format!("{at}.min_healthy"),
+                "0 would announce the VIP with no usable backend (a blackhole): at least 1".into(),
+            );
         }
         let no_backends_in_file = self.from_file && vip.backends.is_empty();
         if vip.min_healthy as usize > vip.backends.len() && !no_backends_in_file {

@@ -406,7 +406,7 @@ mod tests {
     #[test]
     fn each_validation_error_names_its_field() {
         let c = parse(
-            "local_as: 23456\nrouter_id: 0.0.0.0\nhold_time: 2\nconnect_retry: { initial: 0s, max: 0s }\nnext_hop_v6: '::'\npeers:\n  - { address: 10.0.0.1, remote_as: 0, port: 0, local_address: 2001:db8::1 }\n  - { address: 10.0.0.1, remote_as: 65000, port: 0 }\n",
+            "local_as: 23456\nrouter_id: 0.0.0.0\nhold_time: 2s\nconnect_retry: { initial: 0s, max: 0s }\nnext_hop_v6: '::'\npeers:\n  - { address: 10.0.0.1, remote_as: 0, port: 0, local_address: 2001:db8::1 }\n  - { address: 10.0.0.1, remote_as: 65000, port: 0 }\n",
         );
         let errors = c.validate();
         let fields: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
