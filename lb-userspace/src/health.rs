@@ -43,7 +43,7 @@ pub struct ProbeResult {
 }
 
 /// Where and how to probe one backend.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ProbeTarget {
     pub addr: SocketAddr,
     /// `SO_MARK` for the probe's socket (probes through the tunnel).

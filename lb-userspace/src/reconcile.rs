@@ -44,7 +44,8 @@ use std::{
 };
 
 use lb_common::{
-    BackendDef, CounterValue, DatapathConfig, FlowKey, TraceFilter, VipKey, VipMeta, addr_to_words,
+    BackendDef, CounterValue, DatapathConfig, FlowKey, TraceFilter, VipFilter, VipKey, VipMeta,
+    addr_to_words,
     consts::{
         BACKEND_F_SECOND_CHANCE, BACKEND_F_USABLE, BACKEND_INDEX_MASK, CFG_F_ALL_PORTS_VIPS,
         CFG_F_DROP_MALFORMED, CFG_F_ICMP_ECHO, CFG_F_PASS_TOO_BIG, CFG_F_TRACE, FAMILY_V4,
@@ -78,6 +79,8 @@ pub enum ReconcileError {
     },
     #[error("no free VIP id: max_vips ({0}) VIPs are in use")]
     VipIdsExhausted(u32),
+    #[error("VIP {0} is not in the maps")]
+    NotProgrammed(VipId),
     #[error("no free backend slot: max_backends ({0}) backends are in use")]
     BackendsExhausted(u32),
     #[error("no free alternates region: second_chance_vips ({0}) VIPs have second chance")]
@@ -323,6 +326,11 @@ pub struct Reconciler<D: Dataplane> {
     retired: BTreeMap<(VipId, IpAddr), u32>,
     /// The last apply succeeded (what `retired` is kept for).
     clean: bool,
+    /// The auxiliary `LB_VIPS` keys as written (read once at adoption):
+    /// keeping them here spares every apply a walk of the whole map.
+    aux: HashMap<VipKey, VipMeta>,
+    /// The VIP filter as written (read once at adoption).
+    filter: VipFilter,
 }
 
 /// What a backend's entry says of its VIP besides the tunnel.
@@ -367,8 +375,7 @@ impl<D: Dataplane> Reconciler<D> {
         let layout = dp.layout();
         let mut slots = Vec::with_capacity(layout.max_backends as usize);
         let mut by_vip: BTreeMap<u32, Vec<BackendDef>> = BTreeMap::new();
-        for index in 0..layout.max_backends {
-            let def = dp.backend(index)?;
+        for def in dp.all_backends()? {
             let occupied = def.family != 0 && def.handle != 0;
             slots.push((def.handle, occupied));
             if occupied {
@@ -377,8 +384,12 @@ impl<D: Dataplane> Reconciler<D> {
         }
         let mut pool = TablePool::new(layout.pool_chunks());
         let mut vips = BTreeMap::new();
+        let mut aux = HashMap::new();
         for (key, meta) in dp.vips()? {
             let Some(id) = VipId::from_key(&key) else {
+                if is_aux_key(&key) {
+                    aux.insert(key, meta);
+                }
                 continue;
             };
             let (region, live) = layout.region_of(&meta);
@@ -414,7 +425,6 @@ impl<D: Dataplane> Reconciler<D> {
         let free_ids = (0..layout.max_vips).filter(|i| !used.contains(i)).collect();
         // Backends whose VIP is gone (a crash between steps) are freed.
         let mut r = Self {
-            dp,
             layout,
             vips,
             slots,
@@ -425,6 +435,9 @@ impl<D: Dataplane> Reconciler<D> {
             sources: BTreeMap::new(),
             retired: BTreeMap::new(),
             clean: true,
+            filter: dp.vip_filter()?,
+            aux,
+            dp,
         };
         for defs in by_vip.into_values() {
             for def in defs {
@@ -566,6 +579,38 @@ impl<D: Dataplane> Reconciler<D> {
         Ok(report)
     }
 
+    /// Brings only `vips` — VIPs in the maps already, whose health or
+    /// timers moved their backends' weights and usable flags — to what
+    /// they say, and leaves every other VIP, the auxiliary keys, the filter
+    /// and the settings alone: the work of one verdict is its VIP's, not
+    /// every VIP's. A VIP not in the maps is an error (that is
+    /// [`apply`](Self::apply)'s job).
+    pub fn apply_some(
+        &mut self,
+        vips: &[VipConfig],
+        usable: &dyn Fn(&VipId, &IpAddr) -> bool,
+    ) -> Result<ApplyReport> {
+        let mut report = ApplyReport::default();
+        if let Some(v) = vips.iter().find(|v| !self.vips.contains_key(&v.id)) {
+            return Err(ReconcileError::NotProgrammed(v.id));
+        }
+        if self.clean {
+            self.retired.clear();
+            let freed = std::mem::take(&mut self.free_retired);
+            self.free_slots.extend(freed);
+        }
+        self.clean = false;
+        let result = vips
+            .iter()
+            .try_for_each(|vip| self.apply_vip(vip, usable, &mut report));
+        self.clean = result.is_ok();
+        result?;
+        if !report.is_noop() {
+            debug!(?report, "dataplane updated");
+        }
+        Ok(report)
+    }
+
     /// Whether every new backend of `desired` finds a free index at the
     /// moment the apply adds it: removed VIPs give theirs back first, a
     /// kept VIP's leaving backends only after its own new ones are in.
@@ -645,7 +690,7 @@ impl<D: Dataplane> Reconciler<D> {
         self.sync_aux_keys(desired)?;
         // The filter follows the VIP set: new VIPs become reachable, removed
         // ones stop costing a lookup.
-        self.dp.sync_vip_filter()?;
+        self.sync_vip_filter()?;
         // The all-ports flag follows the VIP set.
         let cfg = self.dp.config()?;
         let flags = self.all_ports_flag(cfg.flags);
@@ -688,19 +733,40 @@ impl<D: Dataplane> Reconciler<D> {
                 frag.aux_port = key.port;
             }
         }
-        let have: HashMap<VipKey, VipMeta> = self
-            .dp
-            .vips()?
-            .into_iter()
-            .filter(|(k, _)| is_aux_key(k))
-            .collect();
         for (key, meta) in &want {
-            if have.get(key) != Some(meta) {
+            if self.aux.get(key) != Some(meta) {
                 self.dp.upsert_vip(key, meta)?;
+                self.aux.insert(*key, *meta);
             }
         }
-        for key in have.keys().filter(|k| !want.contains_key(k)) {
-            self.dp.remove_vip(key)?;
+        let stale: Vec<VipKey> = self
+            .aux
+            .keys()
+            .filter(|k| !want.contains_key(k))
+            .copied()
+            .collect();
+        for key in stale {
+            self.dp.remove_vip(&key)?;
+            self.aux.remove(&key);
+        }
+        Ok(())
+    }
+
+    /// Writes the VIP filter of the keys now in `LB_VIPS` (the VIPs and
+    /// the auxiliary keys) if it differs from the one written.
+    fn sync_vip_filter(&mut self) -> Result<()> {
+        let mut filter = VipFilter::default();
+        for key in self
+            .vips
+            .keys()
+            .map(VipId::key)
+            .chain(self.aux.keys().copied())
+        {
+            filter.insert(&key);
+        }
+        if filter != self.filter {
+            self.dp.set_vip_filter(&filter)?;
+            self.filter = filter;
         }
         Ok(())
     }

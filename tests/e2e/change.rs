@@ -113,6 +113,44 @@ fn an_unconfirmed_reload_is_reverted_by_lbd_and_untouched_flows_go_on() {
     })());
 }
 
+/// A change on probation, then `kill -9` of `lbd` and a restart before
+/// the deadline: the new `lbd` shows the probation and reverts at the
+/// deadline the first one set.
+#[test]
+fn a_probation_survives_kill_9_and_a_restart() {
+    let _serial = serial();
+    check((|| {
+        let (rig, lbd) = setup(3, &[Some(1), Some(1), Some(1)])?;
+        let listed = backends(&lbd, &rig)?;
+        std::fs::write(&lbd.config, rig.config(&[Some(1), Some(1), None]))?;
+        let changed = Instant::now();
+        lbd.lbctl(&["reload", "--confirm-within", "8s"])?;
+        let revision = status(&lbd)?["pending_confirm"]["revision"].clone();
+        let config = lbd.config.clone();
+        lbd.kill9()?;
+        let lbd = Lbd::start(&rig, &config)?;
+        let pending = status(&lbd)?["pending_confirm"].clone();
+        if pending["revision"] != revision {
+            bail!("the restarted lbd does not hold the probation of {revision}: {pending}");
+        }
+        wait_for(
+            "the automatic revert after the restart",
+            Duration::from_secs(120),
+            Duration::from_millis(50),
+            || Ok(status(&lbd)?["auto_reverts"] == 1),
+        )?;
+        let took = changed.elapsed();
+        if took < Duration::from_secs(7) {
+            bail!("reverted {took:?} after the change, before its 8 s window ended");
+        }
+        if backends(&lbd, &rig)? != listed {
+            bail!("the revert after the restart did not bring the VIP back");
+        }
+        eprintln!("the probation survived kill -9; reverted {took:?} after the change");
+        Ok(())
+    })());
+}
+
 #[test]
 fn a_confirmed_reload_stays() {
     let _serial = serial();

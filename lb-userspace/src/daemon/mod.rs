@@ -37,6 +37,7 @@ pub mod trace;
 pub mod views;
 
 use std::{
+    collections::BTreeSet,
     net::IpAddr,
     path::PathBuf,
     sync::Arc,
@@ -274,8 +275,79 @@ impl<D: Dataplane> Daemon<D> {
 
     /// A probe result: a changed verdict is logged and re-planned.
     pub fn on_probe(&mut self, key: BackendKey, result: ProbeResult) {
+        self.on_probes(std::iter::once((key, result)));
+    }
+
+    /// Probe results that arrived together (the loop takes every one
+    /// queued): each recorded, and one re-plan for all the verdicts that
+    /// changed, so a thousand backends coming up at once cost one apply,
+    /// not a thousand.
+    pub fn on_probes(&mut self, results: impl IntoIterator<Item = (BackendKey, ProbeResult)>) {
+        let mut changed = BTreeSet::new();
+        let mut first = false;
+        for (key, result) in results {
+            match self.record_probe(key, result) {
+                ProbeEffect::Nothing => {}
+                ProbeEffect::FirstVerdict => first = true,
+                ProbeEffect::Changed => {
+                    changed.insert(key.0);
+                }
+            }
+        }
+        if !changed.is_empty() {
+            self.replan_vips(&changed);
+        } else if first {
+            self.announce();
+        }
+    }
+
+    /// Re-plans only the VIPs `ids`, whose backends' verdicts changed:
+    /// their plan and their tables (the other VIPs, the auxiliary keys and
+    /// the probers stay as they are), then the announcement of all. A
+    /// failure there re-plans everything.
+    pub fn replan_vips(&mut self, ids: &BTreeSet<VipId>) {
+        let effective = self.effective();
+        let some: Vec<VipConfig> = effective
+            .iter()
+            .filter(|v| ids.contains(&v.id))
+            .cloned()
+            .collect();
+        let plan = self.lifecycle.plan(&some, Instant::now());
+        for event in &plan.events {
+            warn!("{event}");
+        }
+        self.pending |= plan.pending;
+        let usable =
+            |id: &VipId, addr: &IpAddr| plan.usable.get(&(*id, *addr)).copied().unwrap_or(true);
+        match self.reconciler.apply_some(&plan.vips, &usable) {
+            Ok(report) => {
+                self.record_builds(&report);
+                self.announce_for(&effective);
+            }
+            Err(e) => {
+                self.metrics.reconcile_errors.inc();
+                warn!("updating {} VIPs failed, updating all: {e}", ids.len());
+                self.replan();
+            }
+        }
+    }
+
+    /// Results of the probers (by [`probes::ProbeId`]), each handed to
+    /// every backend entry its prober serves; one re-plan for all.
+    pub fn on_probe_results(&mut self, results: Vec<(probes::ProbeId, ProbeResult)>) {
+        let mut fanned = Vec::with_capacity(results.len());
+        for (id, result) in results {
+            for key in self.probes.keys_of(id) {
+                fanned.push((key, result.clone()));
+            }
+        }
+        self.on_probes(fanned);
+    }
+
+    /// One probe result into the lifecycle; what it changed (logged).
+    fn record_probe(&mut self, key: BackendKey, result: ProbeResult) -> ProbeEffect {
         if !self.probes.has(&key) {
-            return; // a prober stopped since it sent this
+            return ProbeEffect::Nothing; // a prober stopped since it sent this
         }
         let (vip, addr) = key;
         let detail = result.detail.clone();
@@ -283,13 +355,11 @@ impl<D: Dataplane> Daemon<D> {
             .probe_duration
             .with_label_values(&[vip.to_string(), addr.to_string()])
             .observe(result.latency_us as f64 / 1e6);
-        match self
+        let effect = self
             .lifecycle
-            .record_probe(&vip, &addr, result, Instant::now())
-        {
-            ProbeEffect::Nothing => return,
-            ProbeEffect::FirstVerdict => return self.announce(),
-            ProbeEffect::Changed => {}
+            .record_probe(&vip, &addr, result, Instant::now());
+        if effect != ProbeEffect::Changed {
+            return effect;
         }
         let up = self
             .lifecycle
@@ -303,7 +373,7 @@ impl<D: Dataplane> Daemon<D> {
         } else {
             warn!(vip = %vip, backend = %addr, reason = %detail, "backend is down: out of the table");
         }
-        self.replan();
+        effect
     }
 
     /// The gateway watcher saw a change: a new MAC is written at once (the

@@ -1,9 +1,19 @@
-//! One prober per probed backend: started, restarted when its check or
-//! target changes, stopped when the backend goes. How a prober is started
-//! is given ([`SpawnProber`]): `lbd` spawns the real one
+//! Probers: one per distinct probe, shared by every backend entry that
+//! asks for it. A backend address in several VIPs with the same check
+//! (same port, exchange, interval, timeout and jitter; rise and fall are
+//! each tracker's own) is one probe stream, its results handed to each
+//! entry's tracker: 1,000 VIPs on one backend cost one probe a second,
+//! not 1,000, and all of them see the same verdicts at the same moment. A
+//! probe through the tunnel names its backend entry (its mark), so it is
+//! never shared. Started, restarted when a check or target changes,
+//! stopped when the last entry goes. How a prober is started is given
+//! ([`SpawnProber`]): `lbd` spawns the real one
 //! ([`crate::health::spawn_prober`]), tests record what would run.
 
-use std::{collections::BTreeMap, net::IpAddr};
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    net::IpAddr,
+};
 
 use lb_common::consts::{BACKEND_INDEX_MASK, probe_mark};
 use tokio::{sync::mpsc, task::JoinHandle};
@@ -19,51 +29,94 @@ use crate::{
 /// A backend of a VIP: the key of probes and lifecycle entries.
 pub type BackendKey = (VipId, IpAddr);
 
-/// Starts a prober: `(backend, check, target, seed)` → its task.
-pub type SpawnProber =
-    Box<dyn FnMut(BackendKey, HealthCheck, ProbeTarget, u64) -> JoinHandle<()> + Send>;
+/// A running prober, named in the results it sends.
+pub type ProbeId = u64;
 
-/// A running prober and what it probes.
-struct Prober {
+/// Starts a prober: `(id, the entries it serves, check, target, seed)` →
+/// its task.
+pub type SpawnProber =
+    Box<dyn FnMut(ProbeId, &[BackendKey], HealthCheck, ProbeTarget, u64) -> JoinHandle<()> + Send>;
+
+/// What a probe does, whoever asks for it: the target (address and port
+/// resolved), and the check without its port (in the target) and without
+/// rise and fall (each tracker applies its own).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct Spec {
     check: HealthCheck,
     target: ProbeTarget,
+}
+
+impl Spec {
+    fn of(check: &HealthCheck, target: &ProbeTarget) -> Self {
+        Self {
+            check: HealthCheck {
+                port: None,
+                rise: 1,
+                fall: 1,
+                ..check.clone()
+            },
+            target: target.clone(),
+        }
+    }
+}
+
+/// A running prober and the entries it serves.
+struct Prober {
+    spec: Spec,
+    keys: BTreeSet<BackendKey>,
     task: JoinHandle<()>,
 }
 
 /// The running probers.
 pub struct Probes {
-    running: BTreeMap<BackendKey, Prober>,
+    running: HashMap<ProbeId, Prober>,
+    by_spec: HashMap<Spec, ProbeId>,
+    /// Each served entry, its prober and its own check (rise and fall).
+    by_key: BTreeMap<BackendKey, (ProbeId, HealthCheck)>,
+    next: ProbeId,
     spawn: SpawnProber,
 }
 
 impl Probes {
     pub fn new(spawn: SpawnProber) -> Self {
         Self {
-            running: BTreeMap::new(),
+            running: HashMap::new(),
+            by_spec: HashMap::new(),
+            by_key: BTreeMap::new(),
+            next: 1,
             spawn,
         }
     }
 
     /// Real probers sending their results to `results`.
-    pub fn real(results: mpsc::Sender<(BackendKey, ProbeResult)>) -> Self {
-        Self::new(Box::new(move |key, check, target, seed| {
-            crate::health::spawn_prober(key, check, target, seed, results.clone())
+    pub fn real(results: mpsc::Sender<(ProbeId, ProbeResult)>) -> Self {
+        Self::new(Box::new(move |id, _, check, target, seed| {
+            crate::health::spawn_prober(id, check, target, seed, results.clone())
         }))
     }
 
-    /// A prober runs for `key`.
+    /// A prober serves `key`.
     pub fn has(&self, key: &BackendKey) -> bool {
-        self.running.contains_key(key)
+        self.by_key.contains_key(key)
     }
 
-    /// What runs: each prober's backend and target.
-    pub fn targets(&self) -> impl Iterator<Item = (&BackendKey, &ProbeTarget)> {
-        self.running.iter().map(|(k, p)| (k, &p.target))
+    /// The entries prober `id` serves (none if it stopped since it sent).
+    pub fn keys_of(&self, id: ProbeId) -> Vec<BackendKey> {
+        self.running
+            .get(&id)
+            .map(|p| p.keys.iter().copied().collect())
+            .unwrap_or_default()
+    }
+
+    /// How many probers run (a shared one counts once).
+    pub fn count(&self) -> usize {
+        self.running.len()
     }
 
     /// Starts, restarts or stops probers so that each probed backend of
-    /// `effective` has exactly one, probing what its check says. A new
-    /// prober restarts the backend's probe streaks (its verdict stands).
+    /// `effective` is served by the one prober of its check and target. An
+    /// entry that changes prober restarts its probe streaks (its verdict
+    /// stands).
     pub fn sync<D: Dataplane>(
         &mut self,
         effective: &[VipConfig],
@@ -71,32 +124,85 @@ impl Probes {
         lifecycle: &mut Lifecycle,
     ) {
         let wanted = wanted(effective, reconciler);
-        self.running.retain(|key, p| {
-            let keep = wanted
-                .get(key)
-                .is_some_and(|(c, t)| *c == p.check && *t == p.target);
-            if !keep {
-                p.task.abort();
-            }
-            keep
-        });
+        let stale: Vec<BackendKey> = self
+            .by_key
+            .iter()
+            .filter(|(key, (id, check))| {
+                wanted.get(*key).is_none_or(|(c, t)| {
+                    c != check
+                        || self
+                            .running
+                            .get(id)
+                            .is_none_or(|p| p.spec != Spec::of(c, t))
+                })
+            })
+            .map(|(k, _)| *k)
+            .collect();
+        for key in stale {
+            self.unsubscribe(&key);
+        }
+        let mut fresh: HashMap<Spec, Vec<(BackendKey, HealthCheck)>> = HashMap::new();
         for (key, (check, target)) in wanted {
-            if self.running.contains_key(&key) {
+            if self.by_key.contains_key(&key) {
                 continue;
             }
             lifecycle.reset_health(&key.0, &key.1, check.rise, check.fall);
-            let seed = lb_common::flow::fmix64(
-                self.running.len() as u64 ^ u64::from(key.1.is_ipv4()) ^ u64::from(key.0.port),
-            );
-            let task = (self.spawn)(key, check.clone(), target.clone(), seed);
-            self.running.insert(
-                key,
-                Prober {
-                    check,
-                    target,
-                    task,
-                },
-            );
+            let spec = Spec::of(&check, &target);
+            match self.by_spec.get(&spec).copied() {
+                Some(id) => self.subscribe(id, key, check),
+                None => fresh.entry(spec).or_default().push((key, check)),
+            }
+        }
+        for (spec, keys) in fresh {
+            self.start(spec, keys);
+        }
+    }
+
+    /// A new prober for `keys`.
+    fn start(&mut self, spec: Spec, keys: Vec<(BackendKey, HealthCheck)>) {
+        let id = self.next;
+        self.next += 1;
+        let served: Vec<BackendKey> = keys.iter().map(|(k, _)| *k).collect();
+        let first = served[0];
+        let seed = lb_common::flow::fmix64(
+            id ^ u64::from(first.1.is_ipv4()) ^ (u64::from(first.0.port) << 32),
+        );
+        let task = (self.spawn)(id, &served, spec.check.clone(), spec.target.clone(), seed);
+        self.by_spec.insert(spec.clone(), id);
+        self.running.insert(
+            id,
+            Prober {
+                spec,
+                keys: BTreeSet::new(),
+                task,
+            },
+        );
+        for (key, check) in keys {
+            self.subscribe(id, key, check);
+        }
+    }
+
+    fn subscribe(&mut self, id: ProbeId, key: BackendKey, check: HealthCheck) {
+        if let Some(p) = self.running.get_mut(&id) {
+            p.keys.insert(key);
+            self.by_key.insert(key, (id, check));
+        }
+    }
+
+    /// `key` leaves its prober, which stops when it served only `key`.
+    fn unsubscribe(&mut self, key: &BackendKey) {
+        let Some((id, _)) = self.by_key.remove(key) else {
+            return;
+        };
+        let Some(p) = self.running.get_mut(&id) else {
+            return;
+        };
+        p.keys.remove(key);
+        if p.keys.is_empty() {
+            p.task.abort();
+            let spec = p.spec.clone();
+            self.running.remove(&id);
+            self.by_spec.remove(&spec);
         }
     }
 
@@ -106,6 +212,8 @@ impl Probes {
             p.task.abort();
         }
         self.running.clear();
+        self.by_spec.clear();
+        self.by_key.clear();
     }
 }
 

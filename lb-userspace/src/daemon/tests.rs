@@ -102,8 +102,8 @@ fn rig_in(dir: ScratchDir, text: &str) -> Rig {
     reconciler.apply_settings(&settings).unwrap();
     let spawned = Spawned::default();
     let record = spawned.clone();
-    let probes = Probes::new(Box::new(move |key, _, _, _| {
-        record.lock().unwrap().push(key);
+    let probes = Probes::new(Box::new(move |_, keys, _, _, _| {
+        record.lock().unwrap().extend_from_slice(keys);
         tokio::spawn(async {})
     }));
     let told = Told::default();
@@ -634,6 +634,56 @@ async fn probed_backends_are_announced_after_their_first_verdict_and_leave_when_
     // A result from a prober that was stopped since is ignored.
     r.daemon.on_probe((id(WEB), ip("10.1.0.9")), result(true));
     assert_eq!(r.in_table(WEB), BTreeSet::from([ip("10.1.0.1")]));
+}
+
+/// Two VIPs on one backend address with the same check (probing port 80
+/// for both; another rise): one prober, whose results reach both entries
+/// at once. (Without `port:`, each would probe its VIP's port: two.)
+#[tokio::test]
+async fn vips_on_one_backend_share_its_prober() {
+    let mut text = FILE.replace("    protocol: tcp\n", &format!("    protocol: tcp{PROBED}"));
+    text.push_str(&format!(
+        "  - address: 10.99.0.1\n    port: 8080\n    protocol: tcp{}    backends:\n      - address: 10.1.0.1\n",
+        PROBED
+            .replace("health_check:\n", "health_check:\n      port: 80\n")
+            .replace("rise: 1", "rise: 2")
+    ));
+    let mut r = rig(&text);
+    assert_eq!(r.daemon.probes.count(), 2, "10.1.0.1 once, 10.1.0.2 once");
+    let shared = r
+        .spawned
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|k| k.1 == ip("10.1.0.1"))
+        .count();
+    assert_eq!(shared, 2, "one prober serving both entries of 10.1.0.1");
+    let result = |ok| ProbeResult {
+        ok,
+        latency_us: 100,
+        detail: "x".into(),
+    };
+    let id_of = |r: &Rig, b: &str| {
+        (1..=2)
+            .find(|id| r.daemon.probes.keys_of(*id).iter().any(|k| k.1 == ip(b)))
+            .expect("a prober")
+    };
+    let one = id_of(&r, "10.1.0.1");
+    let two = id_of(&r, "10.1.0.2");
+    r.daemon
+        .on_probe_results(vec![(one, result(true)), (two, result(true))]);
+    for _ in 0..2 {
+        r.daemon.on_probe_results(vec![(one, result(false))]);
+    }
+    let health: Vec<api::VipHealth> = parse(r.ok(Request::Health).await);
+    for vip in &health {
+        let b = vip
+            .backends
+            .iter()
+            .find(|b| b.address == ip("10.1.0.1"))
+            .unwrap();
+        assert_eq!(b.health, "down", "{}", vip.vip);
+    }
 }
 
 #[tokio::test]

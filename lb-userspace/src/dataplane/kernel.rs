@@ -524,6 +524,19 @@ impl Dataplane for KernelDataplane {
             .map_err(map_err(MAP_BACKENDS))
     }
 
+    fn all_backends(&self) -> Result<Vec<BackendDef>> {
+        let fd = self.maps.backends.map().fd().as_fd();
+        match super::batch::read_per_cpu(fd, self.layout.max_backends, 1, |sum, v| *sum = *v) {
+            Ok(all) => Ok(all),
+            Err(e) => {
+                tracing::debug!(error = %e, "batch lookup unavailable; reading element by element");
+                (0..self.layout.max_backends)
+                    .map(|i| self.backend(i))
+                    .collect()
+            }
+        }
+    }
+
     fn set_backend(&mut self, index: u32, def: &BackendDef) -> Result<()> {
         self.maps
             .backends

@@ -273,6 +273,15 @@ pub trait Dataplane {
     fn backend(&self, index: u32) -> Result<BackendDef>;
     fn set_backend(&mut self, index: u32, def: &BackendDef) -> Result<()>;
 
+    /// Every backend entry, index by index (the reconciler reads them all
+    /// when it adopts pinned maps). The kernel implementation reads them
+    /// in one batch syscall: 65,536 lookups took minutes under emulation.
+    fn all_backends(&self) -> Result<Vec<BackendDef>> {
+        (0..self.layout().max_backends)
+            .map(|i| self.backend(i))
+            .collect()
+    }
+
     /// Writes `chunks` whole chunks of handles starting at chunk `base`
     /// (`slots.len()` ≤ `chunks × 1024`; the rest of the last chunk is 0).
     fn write_table(&mut self, base: u32, slots: &[u32]) -> Result<()>;

@@ -425,6 +425,216 @@ fn row(s: &Scenario, build: &str, f: &Figures) -> String {
     )
 }
 
+/// A TCP listener on port 80 in `ns` that holds every connection for a
+/// second (a connect probe waits 100 ms for a close: one held shorter
+/// would fail it); stopped when dropped.
+struct HoldingListener {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<Result<()>>>,
+}
+
+impl HoldingListener {
+    fn start(ns: &Netns) -> Result<HoldingListener> {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let (tx, rx) = std::sync::mpsc::channel::<Result<()>>();
+        let thread = ns.spawn(move || {
+            let l = match std::net::TcpListener::bind(("0.0.0.0", 80)).and_then(|l| {
+                l.set_nonblocking(true)?;
+                Ok(l)
+            }) {
+                Ok(l) => {
+                    let _ = tx.send(Ok(()));
+                    l
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e.into()));
+                    return;
+                }
+            };
+            let mut held = std::collections::VecDeque::new();
+            while !flag.load(Ordering::Relaxed) {
+                match l.accept() {
+                    Ok((c, _)) => held.push_back((Instant::now(), c)),
+                    Err(_) => std::thread::sleep(Duration::from_millis(2)),
+                }
+                while held
+                    .front()
+                    .is_some_and(|(t, _)| t.elapsed() > Duration::from_secs(1))
+                {
+                    held.pop_front();
+                }
+            }
+        });
+        rx.recv_timeout(Duration::from_secs(10))
+            .context("the listener did not start")??;
+        Ok(HoldingListener {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for HoldingListener {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// What the health scenario measured: seconds from the listener up to
+/// every VIP announced and from the listener down to every VIP
+/// withdrawn, `lbctl status` latency while that went on, and `lbd`'s CPU.
+struct Convergence {
+    up: f64,
+    down: f64,
+    status: Stat,
+    cpu: f64,
+}
+
+/// The file of the health scenario: `vips` VIPs of one backend each
+/// (their own address), a TCP check every second (rise 1, fall 2), an
+/// ExaBGP announcer so that the announcement policy runs.
+fn write_probed_config(site: &Site, vips: u32) -> Result<()> {
+    // Two 4 KiB chunks per VIP of 101 slots, and a quarter more.
+    let pool = (u64::from(vips) * 8192 * 5 / 4).div_ceil(1 << 20);
+    let mut y = format!(
+        "instance: {}\ninterfaces: [eth0]\nxdp_mode: native\ngateway_mac: \"02:00:00:00:00:01\"\nouter_source_v4: 10.250.0.1\ntable_size: 65537\nconntrack_buckets: 65536\nmax_vips: {vips}\nmax_backends: 65536\ntable_pool_mib: {pool}\napi_socket: {}\nstate_file: {}\nannounce:\n  exabgp: {{}}\nvips:\n",
+        site.instance,
+        site.socket().display(),
+        site.dir.join("state.json").display()
+    );
+    for v in 0..vips {
+        y.push_str(&format!(
+            "  - address: 10.200.{}.{}\n    port: 80\n    protocol: tcp\n    table_size: 101\n    passive_health: {{ enabled: false }}\n    panic_threshold: 0\n    health_check: {{ interval: 1s, timeout: 500ms, rise: 1, fall: 2 }}\n    backends:\n      - address: 10.251.{}.{}\n",
+            v >> 8,
+            v & 255,
+            v >> 8,
+            v & 255
+        ));
+    }
+    Ok(std::fs::write(site.config(), y)?)
+}
+
+/// How many VIPs `lbctl bgp` says are announced, and how long `lbctl
+/// status` took just before.
+fn announced(site: &Site, build: &Build) -> Result<(usize, f64)> {
+    let status = lbctl(site, build, &["status"])?;
+    let out = Command::new(&build.lbctl)
+        .arg("--socket")
+        .arg(site.socket())
+        .args(["-o", "json", "bgp"])
+        .output()?;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("lbctl bgp: {}", String::from_utf8_lossy(&out.stderr)))?;
+    let n = v["vips"]
+        .as_array()
+        .map_or(0, |a| a.iter().filter(|v| v["announced"] == true).count());
+    Ok((n, status))
+}
+
+/// Polls until `want(announced)` holds; the seconds it took.
+fn converge(
+    site: &Site,
+    build: &Build,
+    statuses: &mut Vec<f64>,
+    want: impl Fn(usize) -> bool,
+) -> Result<f64> {
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(600) {
+        let (n, status) = announced(site, build)?;
+        if started.elapsed().as_secs() % 10 == 0 {
+            eprintln!(
+                "lb-scale: {n} announced after {:.1} s",
+                started.elapsed().as_secs_f64()
+            );
+        }
+        statuses.push(status);
+        if want(n) {
+            return Ok(started.elapsed().as_secs_f64());
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    bail!(
+        "no convergence within 600 s:\n{}",
+        tail(&site.dir.join("lbd.log"))
+    )
+}
+
+/// `vips` health-checked VIPs whose backends come up together, then go
+/// down together.
+fn measure_probed(build: &Build, vips: u32) -> Result<Convergence> {
+    let site = Site::new()?;
+    site.ns
+        .ip(&["route", "add", "10.251.0.0/16", "via", "10.250.0.2"])?;
+    site._peer
+        .ip(&["addr", "add", "10.250.0.2/24", "dev", "eth0"])?;
+    site._peer
+        .ip(&["route", "add", "local", "10.251.0.0/16", "dev", "lo"])?;
+    write_probed_config(&site, vips)?;
+    let (lbd, _) = start(&site, build)?;
+    // Every backend is down at start: its first probes fail.
+    let mut statuses = Vec::new();
+    converge(&site, build, &mut statuses, |n| n == 0)?;
+    std::thread::sleep(Duration::from_secs(3));
+    let cpu_before = cpu_ticks(lbd.pid())?;
+    let listener = HoldingListener::start(&site._peer)?;
+    let up = converge(&site, build, &mut statuses, |n| n == vips as usize)?;
+    drop(listener);
+    let down = converge(&site, build, &mut statuses, |n| n == 0)?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    let cpu = (cpu_ticks(lbd.pid())? - cpu_before) as f64 / hz / (up + down) * 100.0;
+    Ok(Convergence {
+        up,
+        down,
+        status: Stat::of(statuses),
+        cpu,
+    })
+}
+
+fn cpu_ticks(pid: u32) -> Result<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let after = stat.rsplit_once(')').context("stat")?.1;
+    let f: Vec<&str> = after.split_whitespace().collect();
+    Ok(f[11].parse::<u64>()? + f[12].parse::<u64>()?)
+}
+
+/// The health scenarios' section.
+fn probed_report(this: &Build, baseline: Option<&Build>) -> Result<String> {
+    let mut out = String::from(
+        "\n### Health-checked VIPs converging\n\nN VIPs of one backend each (N backends), a TCP check every 1 s (timeout 500 ms, rise 1, fall 2), every backend down at start; then one listener answers for all of them (up), then it stops (down). Seconds from the listener's start to every VIP announced (`lbctl bgp`, polled every 100 ms) and from its stop to every VIP withdrawn; the bound the checks set is one interval for up (rise 1: the next probe) and two intervals plus a timeout for down (fall 2). `lbctl status` latency while it converged: median (min–max). CPU: `lbd`'s, % of one core, over both.\n\n| VIPs | build | up s | down s | `lbctl status` s | CPU % |\n| --- | --- | --- | --- | --- | --- |\n",
+    );
+    for vips in [1000, 4000] {
+        if !std::env::var("LB_SCALE_ONLY").map_or(true, |v| {
+            v.split(',')
+                .any(|p| p.trim() == format!("probes{vips}") || p.trim() == "probes")
+        }) {
+            continue;
+        }
+        let builds: Vec<(&str, &Build)> = baseline
+            .map(|b| ("baseline", b))
+            .into_iter()
+            .chain([("this", this)])
+            .collect();
+        for (name, build) in builds {
+            eprintln!("lb-scale: {vips} health-checked VIPs ({name})");
+            let c = measure_probed(build, vips)?;
+            out.push_str(&format!(
+                "| {vips} | {name} | {:.2} | {:.2} | {} | {:.0} |\n",
+                c.up,
+                c.down,
+                c.status.cell(),
+                c.cpu
+            ));
+        }
+    }
+    Ok(out)
+}
+
 fn wanted(s: &Scenario) -> bool {
     std::env::var("LB_SCALE_ONLY").map_or(true, |v| {
         v.split(',').any(|p| p.trim() == s.vips.to_string())
@@ -487,6 +697,7 @@ fn main() -> Result<()> {
         rows.push(row(own, "this", &sized));
     }
     print!("{}", report(&this, baseline.as_ref(), &rows, &notes));
+    print!("{}", probed_report(&this, baseline.as_ref())?);
     Ok(())
 }
 

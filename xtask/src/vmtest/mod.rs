@@ -303,7 +303,7 @@ fn snapshot(steps: &[job::Step], out: &Path) -> Result<Vec<job::Step>> {
 /// own namespaces, the checkout read-only and `out` writable over 9p.
 fn qemu(kernel: &image::BootKernel, disk: &Path, src: &Path, out: &Path) -> Result<Child> {
     let append = format!(
-        "root=/dev/vda rw console=ttyS0 panic=-1 quiet lb.src={}",
+        "root=/dev/vda rw console=ttyS0 panic=-1 quiet mitigations=off lb.src={}",
         src.display()
     );
     Command::new("qemu-system-x86_64")

@@ -149,6 +149,9 @@ impl ParsedReload {
     }
 }
 
+/// Probe results taken off the channel for one re-plan, at most.
+const PROBE_BATCH: usize = 4096;
+
 /// Waits until `at`, or forever.
 async fn until(at: Option<tokio::time::Instant>) {
     match at {
@@ -249,7 +252,7 @@ fn attach(daemon: &mut Daemon<KernelDataplane>) -> Result<()> {
 struct Started {
     daemon: Daemon<KernelDataplane>,
     gateway: Option<GatewayWatch>,
-    probes: mpsc::Receiver<(lb::daemon::BackendKey, lb::health::ProbeResult)>,
+    probes: mpsc::Receiver<(lb::daemon::probes::ProbeId, lb::health::ProbeResult)>,
     /// Held until `lbd` exits: one `lbd` per instance.
     _lock: lb::lock::DirLock,
 }
@@ -386,7 +389,7 @@ async fn start_locked(
 async fn serve(
     daemon: &mut Daemon<KernelDataplane>,
     gateway: &mut Option<GatewayWatch>,
-    mut probes: mpsc::Receiver<(lb::daemon::BackendKey, lb::health::ProbeResult)>,
+    mut probes: mpsc::Receiver<(lb::daemon::probes::ProbeId, lb::health::ProbeResult)>,
     mut calls: mpsc::Receiver<Call>,
 ) -> Result<()> {
     let mut hup = signal(SignalKind::hangup())?;
@@ -406,7 +409,16 @@ async fn serve(
                 ParsedReload::start(&daemon.config_path, false, options, None, &parsed_tx);
             }
             Some(parsed) = parsed_rx.recv() => apply_reload(daemon, parsed).await,
-            Some((key, result)) = probes.recv() => daemon.on_probe(key, result),
+            Some(first) = probes.recv() => {
+                // Every result queued behind it too: one re-plan for all.
+                let mut batch = vec![first];
+                while batch.len() < PROBE_BATCH
+                    && let Ok(more) = probes.try_recv()
+                {
+                    batch.push(more);
+                }
+                daemon.on_probe_results(batch);
+            }
             _ = sample_tick.tick() => {
                 daemon.tick();
                 if watchdog.is_some() {

@@ -48,7 +48,7 @@ fn restart(r: Rig) -> Rig {
         },
         reconciler,
         settings,
-        Probes::new(Box::new(|_, _, _, _| tokio::spawn(async {}))),
+        Probes::new(Box::new(|_, _, _, _, _| tokio::spawn(async {}))),
         Announcers::new(Box::new(move |_| {
             Ok(vec![Box::new(Recording(sink.clone())) as Box<dyn Announcer>])
         })),
