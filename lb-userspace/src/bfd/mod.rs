@@ -55,6 +55,8 @@ pub enum BfdError {
     TooMany,
     #[error("BFD must be started inside a tokio runtime")]
     NoRuntime,
+    #[error("bfd needs the datapath's BFD maps, which only lbd has")]
+    NoMaps,
 }
 
 /// One peer's BFD session as configured.
