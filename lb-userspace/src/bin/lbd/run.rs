@@ -306,7 +306,7 @@ async fn start(config_path: PathBuf) -> Result<Started> {
         reconciler,
         settings,
         Probes::real(probe_tx),
-        Announcers::real(),
+        Announcers::real_with(pin_dir.clone(), maps_adopted),
         revisions,
     );
     daemon.file_digest = file.digest;
@@ -378,6 +378,9 @@ async fn serve(
                 }
                 None => return Ok(()),
             },
+            _ = until(daemon.graceful_deadline().map(tokio::time::Instant::from_std)) => {
+                daemon.end_graceful_shutdown();
+            }
             _ = until(stop_at) => return Ok(()),
         }
         // A change on probation that came due is reverted now.
