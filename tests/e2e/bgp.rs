@@ -60,6 +60,8 @@ fn speaker_config(i: usize) -> BgpConfig {
         },
         next_hop_v4: None,
         next_hop_v6: Some(BgpRig::speaker_v6(i)),
+        graceful_restart: Default::default(),
+        graceful_shutdown: None,
         peers: vec![PeerConfig {
             local_address: Some(BgpRig::speaker_v4(i).into()),
             ..PeerConfig::new(BgpRig::router_v4(i).into(), ROUTER_AS)
@@ -492,7 +494,7 @@ fn cases() -> Vec<Case> {
     let router_id = Ipv4Addr::new(127, 0, 0, 2);
     let mut bad_marker = wire::keepalive();
     bad_marker[0] = 0;
-    let mut hold_1 = wire::open(ROUTER_AS, 3, router_id).expect("open");
+    let mut hold_1 = wire::open(ROUTER_AS, 3, router_id, None).expect("open");
     hold_1[22..24].copy_from_slice(&[0, 1]);
     vec![
         Case {
@@ -528,7 +530,7 @@ fn cases() -> Vec<Case> {
         Case {
             name: "OPEN when Established",
             in_open: false,
-            bytes: wire::open(ROUTER_AS, 3, router_id).expect("open"),
+            bytes: wire::open(ROUTER_AS, 3, router_id, None).expect("open"),
             want: Notification::new(5, 3, [1]),
         },
         Case {
@@ -540,7 +542,7 @@ fn cases() -> Vec<Case> {
         Case {
             name: "wrong AS",
             in_open: true,
-            bytes: wire::open(65099, 3, router_id).expect("open"),
+            bytes: wire::open(65099, 3, router_id, None).expect("open"),
             want: Notification::new(2, 2, 65099u16.to_be_bytes()),
         },
     ]
@@ -572,7 +574,7 @@ fn fake_session(listener: &TcpListener, case: &Case) -> Result<(Notification, Du
     if case.in_open {
         sock.write_all(&case.bytes)?;
     } else {
-        sock.write_all(&wire::open(ROUTER_AS, 3, Ipv4Addr::new(127, 0, 0, 2))?)?;
+        sock.write_all(&wire::open(ROUTER_AS, 3, Ipv4Addr::new(127, 0, 0, 2), None)?)?;
         sock.write_all(&wire::keepalive())?;
         let ka = read_frame(&mut sock)?;
         if ka != wire::keepalive() {
@@ -631,6 +633,8 @@ fn malformed_messages_from_a_peer_get_the_right_notification() {
             },
             next_hop_v4: None,
             next_hop_v6: None,
+            graceful_restart: Default::default(),
+            graceful_shutdown: None,
             peers: vec![PeerConfig {
                 port: peer.port(),
                 ..PeerConfig::new(peer.ip(), ROUTER_AS)

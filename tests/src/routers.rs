@@ -177,6 +177,8 @@ impl BgpRig {
         RouterSpec {
             router_id: Self::router_v4(1),
             check_link: false,
+            bfd: false,
+            graceful_shutdown_policy: false,
             peers: (1..=self.speakers.len())
                 .map(|i| RouterPeer {
                     name: format!("lb{i}"),
@@ -198,6 +200,13 @@ pub struct RouterSpec {
     /// `check link`; FRR's fast-external-failover, on by default), rather
     /// than at hold-timer expiry.
     pub check_link: bool,
+    /// BFD with every peer (BIRD `protocol bfd`, 300 ms × 3, and `bfd on`:
+    /// a BFD session that goes down takes the BGP session down, routes
+    /// flushed even while the peer is in graceful restart).
+    pub bfd: bool,
+    /// Honour GRACEFUL_SHUTDOWN (RFC 8326 §4.2): routes that carry 65535:0
+    /// get LOCAL_PREF 0.
+    pub graceful_shutdown_policy: bool,
     pub peers: Vec<RouterPeer>,
 }
 
@@ -343,10 +352,22 @@ protocol kernel kernel6 {{
 }}
 define VIPS4 = [ {VIP4_RANGE}{{32,32}} ];
 define VIPS6 = [ {VIP6_RANGE}{{128,128}} ];
+filter vips4 {{ if ! (net ~ VIPS4) then reject; {gshut} accept; }}
+filter vips6 {{ if ! (net ~ VIPS6) then reject; {gshut} accept; }}
 "#,
             id = spec.router_id,
             dir = dir.display(),
+            gshut = if spec.graceful_shutdown_policy {
+                "if (65535, 0) ~ bgp_community then bgp_local_pref = 0;"
+            } else {
+                ""
+            },
         );
+        if spec.bfd {
+            c.push_str(
+                "protocol bfd {\n  interface \"*\" { min rx interval 300 ms; min tx interval 300 ms; multiplier 3; };\n}\n",
+            );
+        }
         for p in &spec.peers {
             let _ = write!(
                 c,
@@ -355,9 +376,9 @@ define VIPS6 = [ {VIP6_RANGE}{{128,128}} ];
   neighbor {addr} as {SPEAKER_AS};
   hold time 3; keepalive time 1; connect retry time 1;
   error wait time 1, 2;
-  check link {check};{security}
-  ipv4 {{ import where net ~ VIPS4; export none; }};
-  ipv6 {{ import where net ~ VIPS6; export none; }};
+  check link {check};{security}{bfd}
+  ipv4 {{ import filter vips4; export none; }};
+  ipv6 {{ import filter vips6; export none; }};
 }}
 "#,
                 name = p.name,
@@ -365,6 +386,7 @@ define VIPS6 = [ {VIP6_RANGE}{{128,128}} ];
                 addr = p.address,
                 check = if spec.check_link { "yes" } else { "no" },
                 security = bird_security(p),
+                bfd = if spec.bfd { "\n  bfd on;" } else { "" },
             );
         }
         c
