@@ -61,8 +61,14 @@ fn rig(n: usize, bfd: bool) -> Result<EcmpRig> {
     Ok(rig)
 }
 
-fn start(rig: &EcmpRig, i: usize, top: &str) -> Result<Lbd> {
-    rig.start_lbd(i, &rig.lbd_config(i, VIP_EXTRA, &format!("{TOP}{top}")))
+/// Balancer `i`'s configuration: second chance and fast probes on the
+/// TCP VIP.
+fn config(rig: &EcmpRig, i: usize) -> String {
+    rig.lbd_config_weighted(i, &[(0, 1), (1, 1), (2, 1)], VIP_EXTRA, TOP)
+}
+
+fn start(rig: &EcmpRig, i: usize, _top: &str) -> Result<Lbd> {
+    rig.start_lbd(i, &config(rig, i))
 }
 
 /// `lbctl bgp`'s first peer, as JSON.
@@ -314,7 +320,7 @@ fn sigterm_announces_graceful_shutdown_before_the_withdrawal() {
         let gshut = "";
         let mut lbd1 = rig.start_lbd(
             1,
-            &rig.lbd_config(1, VIP_EXTRA, TOP).replace(
+            &config(&rig, 1).replace(
                 GR,
                 &format!("{GR}    graceful_shutdown: {{ wait: 3s }}\n"),
             ),
