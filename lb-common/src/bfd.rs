@@ -203,7 +203,10 @@ mod tests {
     /// RFC 5880 §6.8.6, written out row by row from its text (and the
     /// diagram of §6.2): (bfd.SessionState, received State) → new state
     /// and whether bfd.LocalDiag becomes 3. `None`: discarded.
-    const TABLE: &[(u8, u8, Option<(u8, bool)>)] = &[
+    /// The new state, and whether bfd.LocalDiag becomes 3.
+    type Outcome = Option<(u8, bool)>;
+
+    const TABLE: &[(u8, u8, Outcome)] = &[
         // "If bfd.SessionState is AdminDown: Discard the packet"
         (A, A, None),
         (A, D, None),
@@ -295,10 +298,7 @@ mod tests {
     #[test]
     fn replies_keep_their_distance_but_polls_are_answered() {
         // 300 ms: no reply within 206.25 ms of the last one.
-        assert_eq!(
-            min_reply_gap_ns(300_000, 300_000, false),
-            Some(206_250_000)
-        );
+        assert_eq!(min_reply_gap_ns(300_000, 300_000, false), Some(206_250_000));
         // The peer's Required Min RX counts when it is larger.
         assert_eq!(
             min_reply_gap_ns(300_000, 1_000_000, false),

@@ -76,7 +76,13 @@ fn pseudo(src: &[u8], dst: &[u8], udp_len: usize) -> u32 {
 
 /// Ethernet, IPv4 (TOS 0xc0, DF, `ttl`, id `id`), UDP `sport` → `dport`,
 /// `payload`; checksums filled in.
-fn frame4(dst_mac: [u8; 6], src_mac: [u8; 6], src: &str, dst: &str, ttl: u8, id: u16, sport: u16, dport: u16, payload: &[u8]) -> Vec<u8> {
+fn frame4(
+    (dst_mac, src_mac): ([u8; 6], [u8; 6]),
+    (src, dst, ttl): (&str, &str, u8),
+    id: u16,
+    (sport, dport): (u16, u16),
+    payload: &[u8],
+) -> Vec<u8> {
     let (s, d) = (common::v4(src), common::v4(dst));
     let udp_len = 8 + payload.len();
     let mut f = Vec::new();
@@ -97,7 +103,12 @@ fn frame4(dst_mac: [u8; 6], src_mac: [u8; 6], src: &str, dst: &str, ttl: u8, id:
 }
 
 /// Ethernet, IPv6 (traffic class 0xc0, hop limit `hops`), UDP, `payload`.
-fn frame6(dst_mac: [u8; 6], src_mac: [u8; 6], src: &str, dst: &str, hops: u8, sport: u16, dport: u16, payload: &[u8]) -> Vec<u8> {
+fn frame6(
+    (dst_mac, src_mac): ([u8; 6], [u8; 6]),
+    (src, dst, hops): (&str, &str, u8),
+    (sport, dport): (u16, u16),
+    payload: &[u8],
+) -> Vec<u8> {
     let (s, d) = (common::v6(src), common::v6(dst));
     let udp_len = 8 + payload.len();
     let mut f = Vec::new();
@@ -128,12 +139,24 @@ fn udp(f: &mut Vec<u8>, sport: u16, dport: u16, payload: &[u8], pseudo: u32) {
 
 /// The router's packet to the balancer over IPv4.
 fn from_router(payload: &[u8]) -> Vec<u8> {
-    frame4(LB_MAC, ROUTER_MAC, "10.98.1.1", "10.98.1.2", 255, 0x1234, 49999, 3784, payload)
+    frame4(
+        (LB_MAC, ROUTER_MAC),
+        ("10.98.1.1", "10.98.1.2", 255),
+        0x1234,
+        (49999, 3784),
+        payload,
+    )
 }
 
 /// Our reply as RFC 5881 wants it: from our address and port, TTL 255.
 fn to_router(payload: &[u8]) -> Vec<u8> {
-    frame4(ROUTER_MAC, LB_MAC, "10.98.1.2", "10.98.1.1", 255, 0, SRC_PORT, 3784, payload)
+    frame4(
+        (ROUTER_MAC, LB_MAC),
+        ("10.98.1.2", "10.98.1.1", 255),
+        0,
+        (SRC_PORT, 3784),
+        payload,
+    )
 }
 
 fn state(table: &KernelBfdTable) -> BfdState {
@@ -157,7 +180,10 @@ fn the_datapath_brings_a_session_up_and_answers_polls_with_final() {
     let (action, out, _) = rig.run_counted(&down, Counter::ReplyBfd);
     assert_eq!(action, XDP_TX);
     // Init, C set, 1 s while not Up (§6.8.3), our Required Min RX 300 ms.
-    assert_eq!(out, to_router(&control(2, C, 3, MY_DISC, PEER_DISC, 1_000_000, 300_000)));
+    assert_eq!(
+        out,
+        to_router(&control(2, C, 3, MY_DISC, PEER_DISC, 1_000_000, 300_000))
+    );
     let s = state(&table);
     assert_eq!((s.state, s.remote_disc, s.rx, s.tx), (2, PEER_DISC, 1, 1));
     assert_eq!(s.detect_ns, 3_000_000_000, "3 × the router's 1 s");
@@ -171,23 +197,35 @@ fn the_datapath_brings_a_session_up_and_answers_polls_with_final() {
     wait_out_the_limit();
     let init = from_router(&control(2, 0, 3, PEER_DISC, MY_DISC, 1_000_000, 300_000));
     let (_, out, _) = rig.run_counted(&init, Counter::ReplyBfd);
-    assert_eq!(out, to_router(&control(3, C, 3, MY_DISC, PEER_DISC, 1_000_000, 300_000)));
+    assert_eq!(
+        out,
+        to_router(&control(3, C, 3, MY_DISC, PEER_DISC, 1_000_000, 300_000))
+    );
     assert_eq!((state(&table).state, state(&table).ups), (3, 1));
 
     // Up, it polls to go fast (300 ms): Final, and our 300 ms.
     wait_out_the_limit();
     let poll = from_router(&control(3, P, 3, PEER_DISC, MY_DISC, 300_000, 300_000));
     let (_, out, _) = rig.run_counted(&poll, Counter::ReplyBfd);
-    assert_eq!(out, to_router(&control(3, C | F, 3, MY_DISC, PEER_DISC, 300_000, 300_000)));
+    assert_eq!(
+        out,
+        to_router(&control(3, C | F, 3, MY_DISC, PEER_DISC, 300_000, 300_000))
+    );
     // Our Desired Min TX changed: we poll until the router's Final.
     std::thread::sleep(Duration::from_millis(220));
     let up = from_router(&control(3, 0, 3, PEER_DISC, MY_DISC, 300_000, 300_000));
     let (_, out, _) = rig.run_counted(&up, Counter::ReplyBfd);
-    assert_eq!(out, to_router(&control(3, C | P, 3, MY_DISC, PEER_DISC, 300_000, 300_000)));
+    assert_eq!(
+        out,
+        to_router(&control(3, C | P, 3, MY_DISC, PEER_DISC, 300_000, 300_000))
+    );
     std::thread::sleep(Duration::from_millis(220));
     let fin = from_router(&control(3, F, 3, PEER_DISC, MY_DISC, 300_000, 300_000));
     let (_, out, _) = rig.run_counted(&fin, Counter::ReplyBfd);
-    assert_eq!(out, to_router(&control(3, C, 3, MY_DISC, PEER_DISC, 300_000, 300_000)));
+    assert_eq!(
+        out,
+        to_router(&control(3, C, 3, MY_DISC, PEER_DISC, 300_000, 300_000))
+    );
     assert_eq!(state(&table).detect_ns, 900_000_000);
 
     // Silent past the Detection Time (900 ms): the next packet finds the
@@ -215,8 +253,26 @@ fn packets_failing_a_check_are_dropped_and_counted() {
         from_router(&b)
     };
     let cases: Vec<(&str, Vec<u8>)> = vec![
-        ("TTL 254 (RFC 5881 §5)", frame4(LB_MAC, ROUTER_MAC, "10.98.1.1", "10.98.1.2", 254, 1, 49999, 3784, &good)),
-        ("to another address of ours", frame4(LB_MAC, ROUTER_MAC, "10.98.1.1", "10.98.1.3", 255, 1, 49999, 3784, &good)),
+        (
+            "TTL 254 (RFC 5881 §5)",
+            frame4(
+                (LB_MAC, ROUTER_MAC),
+                ("10.98.1.1", "10.98.1.2", 254),
+                1,
+                (49999, 3784),
+                &good,
+            ),
+        ),
+        (
+            "to another address of ours",
+            frame4(
+                (LB_MAC, ROUTER_MAC),
+                ("10.98.1.1", "10.98.1.3", 255),
+                1,
+                (49999, 3784),
+                &good,
+            ),
+        ),
         ("version 2", with(&|b| b[0] = 2 << 5)),
         ("Length 23", with(&|b| b[3] = 23)),
         ("Length past the packet", with(&|b| b[3] = 25)),
@@ -224,7 +280,10 @@ fn packets_failing_a_check_are_dropped_and_counted() {
         ("Multipoint", with(&|b| b[1] |= 0x01)),
         ("authentication", with(&|b| b[1] |= 0x04)),
         ("My Discriminator 0", with(&|b| b[4..8].fill(0))),
-        ("someone else's Your Discriminator", with(&|b| b[8..12].copy_from_slice(&7u32.to_be_bytes()))),
+        (
+            "someone else's Your Discriminator",
+            with(&|b| b[8..12].copy_from_slice(&7u32.to_be_bytes())),
+        ),
         ("Up without Your Discriminator", with(&|b| b[1] = 3 << 6)),
         ("Init without Your Discriminator", with(&|b| b[1] = 2 << 6)),
         ("cut short", from_router(&good[..20])),
@@ -235,9 +294,19 @@ fn packets_failing_a_check_are_dropped_and_counted() {
         assert_eq!(state(&table).invalid, i as u64 + 1, "{what}");
     }
     let s = state(&table);
-    assert_eq!((s.rx, s.tx, s.state), (0, 0, 1), "no invalid packet touched the session");
+    assert_eq!(
+        (s.rx, s.tx, s.state),
+        (0, 0, 1),
+        "no invalid packet touched the session"
+    );
     // A packet of no session is the kernel's, untouched.
-    let stranger = frame4(LB_MAC, ROUTER_MAC, "10.98.9.9", "10.98.1.2", 255, 1, 49999, 3784, &good);
+    let stranger = frame4(
+        (LB_MAC, ROUTER_MAC),
+        ("10.98.9.9", "10.98.1.2", 255),
+        1,
+        (49999, 3784),
+        &good,
+    );
     let (action, out, _) = rig.run_counted(&stranger, Counter::PassNotVip);
     assert_eq!((action, out), (XDP_PASS, stranger));
     // The good one still works.
@@ -249,24 +318,30 @@ fn packets_failing_a_check_are_dropped_and_counted() {
 fn an_ipv6_session_is_answered_with_a_udp_checksum() {
     let (mut rig, table) = rig("fd00:98:1::1", "fd00:98:1::2");
     let down = control(1, 0, 3, PEER_DISC, 0, 1_000_000, 300_000);
-    let frame = frame6(LB_MAC, ROUTER_MAC, "fd00:98:1::1", "fd00:98:1::2", 255, 49999, 3784, &down);
+    let frame = frame6(
+        (LB_MAC, ROUTER_MAC),
+        ("fd00:98:1::1", "fd00:98:1::2", 255),
+        (49999, 3784),
+        &down,
+    );
     let (action, out, _) = rig.run_counted(&frame, Counter::ReplyBfd);
     assert_eq!(action, XDP_TX);
     let want = frame6(
-        ROUTER_MAC,
-        LB_MAC,
-        "fd00:98:1::2",
-        "fd00:98:1::1",
-        255,
-        SRC_PORT,
-        3784,
+        (ROUTER_MAC, LB_MAC),
+        ("fd00:98:1::2", "fd00:98:1::1", 255),
+        (SRC_PORT, 3784),
         &control(2, C, 3, MY_DISC, PEER_DISC, 1_000_000, 300_000),
     );
     assert_eq!(out, want);
     assert_ne!(&out[60..62], &[0, 0], "IPv6 UDP needs its checksum");
     assert_eq!(state(&table).state, 2);
     // Hop limit 64: dropped.
-    let far = frame6(LB_MAC, ROUTER_MAC, "fd00:98:1::1", "fd00:98:1::2", 64, 49999, 3784, &down);
+    let far = frame6(
+        (LB_MAC, ROUTER_MAC),
+        ("fd00:98:1::1", "fd00:98:1::2", 64),
+        (49999, 3784),
+        &down,
+    );
     rig.run_counted(&far, Counter::DropBfdInvalid);
 }
 
@@ -277,5 +352,8 @@ fn trailing_bytes_are_cut_from_the_reply() {
     frame.extend_from_slice(&[0xee; 30]); // Ethernet padding
     let (action, out, _) = rig.run_counted(&frame, Counter::ReplyBfd);
     assert_eq!(action, XDP_TX);
-    assert_eq!(out, to_router(&control(2, C, 3, MY_DISC, PEER_DISC, 1_000_000, 300_000)));
+    assert_eq!(
+        out,
+        to_router(&control(2, C, 3, MY_DISC, PEER_DISC, 1_000_000, 300_000))
+    );
 }

@@ -78,9 +78,12 @@ fn peer(lbd: &Lbd) -> Result<serde_json::Value> {
 }
 
 fn wait_bfd_up(lbd: &Lbd, what: &str) -> Result<Duration> {
-    wait_for(what, Duration::from_secs(20), Duration::from_millis(50), || {
-        Ok(peer(lbd)?["bfd"]["up"] == true)
-    })
+    wait_for(
+        what,
+        Duration::from_secs(20),
+        Duration::from_millis(50),
+        || Ok(peer(lbd)?["bfd"]["up"] == true),
+    )
 }
 
 fn bird(rig: &EcmpRig, args: &[&str]) -> Result<String> {
@@ -113,12 +116,20 @@ fn finish_clean(streams: Vec<Stream>) -> Result<usize> {
 /// Waits until every stream has made `n` more round trips.
 fn advance(streams: &[Stream], n: u64) -> Result<()> {
     let from: Vec<u64> = streams.iter().map(Stream::exchanges).collect();
-    wait_for("every stream flowing", Duration::from_secs(30), Duration::from_millis(20), || {
-        if let Some(s) = streams.iter().find(|s| s.ended()) {
-            bail!("the stream from port {} ended", s.sport);
-        }
-        Ok(streams.iter().zip(&from).all(|(s, f)| s.exchanges() >= f + n))
-    })
+    wait_for(
+        "every stream flowing",
+        Duration::from_secs(30),
+        Duration::from_millis(20),
+        || {
+            if let Some(s) = streams.iter().find(|s| s.ended()) {
+                bail!("the stream from port {} ended", s.sport);
+            }
+            Ok(streams
+                .iter()
+                .zip(&from)
+                .all(|(s, f)| s.exchanges() >= f + n))
+        },
+    )
     .map(|_| ())
 }
 
@@ -158,9 +169,12 @@ fn bfd_takes_a_silent_balancer_out_and_no_connection_breaks() {
         );
         advance(&streams, 5)?;
         // lbd noticed too: the router's packets stopped.
-        wait_for("lb1's BFD down", Duration::from_secs(5), Duration::from_millis(50), || {
-            Ok(peer(&lbd1)?["bfd"]["up"] == false)
-        })?;
+        wait_for(
+            "lb1's BFD down",
+            Duration::from_secs(5),
+            Duration::from_millis(50),
+            || Ok(peer(&lbd1)?["bfd"]["up"] == false),
+        )?;
         rig.unsilence(1)?;
         let back = rig.wait_hops("lb1 back", &[1, 2], Duration::from_secs(30))?;
         println!("lb1 heard again: back in the route after {}", ms(back));
@@ -237,7 +251,9 @@ impl Watch {
 
     fn finish(self) -> Result<Duration> {
         self.stop.store(true, Ordering::Relaxed);
-        self.thread.join().map_err(|_| anyhow::anyhow!("watch thread panicked"))?
+        self.thread
+            .join()
+            .map_err(|_| anyhow::anyhow!("watch thread panicked"))?
     }
 }
 
@@ -250,9 +266,12 @@ fn kill_and_restart(rig: &EcmpRig, lbd1: Lbd) -> Result<Lbd> {
     std::thread::sleep(Duration::from_secs(2));
     let gr = bird(rig, &["show", "protocols", "all", "lb1"])?;
     let lbd1 = start(rig, 1, "")?;
-    let eor = wait_for("End-of-RIB after the restart", Duration::from_secs(20), Duration::from_millis(20), || {
-        Ok(peer(&lbd1)?["graceful_restart"]["end_of_rib_sent"] == true)
-    })?;
+    let eor = wait_for(
+        "End-of-RIB after the restart",
+        Duration::from_secs(20),
+        Duration::from_millis(20),
+        || Ok(peer(&lbd1)?["graceful_restart"]["end_of_rib_sent"] == true),
+    )?;
     std::thread::sleep(Duration::from_secs(1));
     let missing = watch.finish()?;
     let p = peer(&lbd1)?;
@@ -261,10 +280,16 @@ fn kill_and_restart(rig: &EcmpRig, lbd1: Lbd) -> Result<Lbd> {
         ms(eor),
         ms(missing),
         p["bfd"]["state"],
-        gr.lines().filter(|l| l.contains("state") || l.contains("restart") || l.contains("BGP")).collect::<Vec<_>>().join("\n")
+        gr.lines()
+            .filter(|l| l.contains("state") || l.contains("restart") || l.contains("BGP"))
+            .collect::<Vec<_>>()
+            .join("\n")
     );
     if missing > Duration::ZERO {
-        bail!("the router dropped lb1's route for {} during the restart", ms(missing));
+        bail!(
+            "the router dropped lb1's route for {} during the restart",
+            ms(missing)
+        );
     }
     if p["graceful_restart"]["restarting"] != true || p["bfd"]["up"] != true {
         bail!("after the restart: {p}");
@@ -320,10 +345,7 @@ fn sigterm_announces_graceful_shutdown_before_the_withdrawal() {
         let gshut = "";
         let mut lbd1 = rig.start_lbd(
             1,
-            &config(&rig, 1).replace(
-                GR,
-                &format!("{GR}    graceful_shutdown: {{ wait: 3s }}\n"),
-            ),
+            &config(&rig, 1).replace(GR, &format!("{GR}    graceful_shutdown: {{ wait: 3s }}\n")),
         )?;
         let _lbd2 = start(&rig, 2, gshut)?;
         rig.wait_hops("ECMP via both", &[1, 2], Duration::from_secs(20))?;
@@ -334,19 +356,34 @@ fn sigterm_announces_graceful_shutdown_before_the_withdrawal() {
         // The router sees lb1's route with the community, still there, and
         // takes it out of the ECMP route for its lower preference.
         let mut seen = String::new();
-        let community = wait_for("GRACEFUL_SHUTDOWN on lb1's route", Duration::from_secs(5), Duration::from_millis(10), || {
-            seen = bird(&rig, &["show", "route", "for", "10.99.0.1/32", "all"])?;
-            Ok(seen.contains("(65535,0)"))
-        })?;
+        let community = wait_for(
+            "GRACEFUL_SHUTDOWN on lb1's route",
+            Duration::from_secs(5),
+            Duration::from_millis(10),
+            || {
+                seen = bird(&rig, &["show", "route", "for", "10.99.0.1/32", "all"])?;
+                Ok(seen.contains("(65535,0)"))
+            },
+        )?;
         let moved = rig.wait_hops("traffic off lb1", &[2], Duration::from_secs(5))?;
         let still = bird(&rig, &["show", "route", "for", "10.99.0.1/32", "all"])?;
         if !still.contains("10.98.1.2") {
             bail!("lb1's route was withdrawn before the community moved traffic:\n{still}");
         }
-        let gone = wait_for("lb1's route withdrawn", Duration::from_secs(10), Duration::from_millis(10), || {
-            Ok(!bird(&rig, &["show", "route", "for", "10.99.0.1/32", "all"])?.contains("via 10.98.1.2"))
-        })?;
-        let exited = lbd1.wait_exit(Duration::from_secs(15))?.context("lbd did not exit")?;
+        let gone = wait_for(
+            "lb1's route withdrawn",
+            Duration::from_secs(10),
+            Duration::from_millis(10),
+            || {
+                Ok(
+                    !bird(&rig, &["show", "route", "for", "10.99.0.1/32", "all"])?
+                        .contains("via 10.98.1.2"),
+                )
+            },
+        )?;
+        let exited = lbd1
+            .wait_exit(Duration::from_secs(15))?
+            .context("lbd did not exit")?;
         println!(
             "SIGTERM: community seen after {}, traffic off lb1 after {}, withdrawn after {} (wait 3 s), lbd exited ({exited}) after {}; BIRD during the wait:\n{seen}",
             ms(community),
@@ -355,7 +392,10 @@ fn sigterm_announces_graceful_shutdown_before_the_withdrawal() {
             ms(sent.elapsed())
         );
         if gone + moved + community < Duration::from_secs(2) {
-            bail!("withdrawn {} after SIGTERM: before the 3 s wait", ms(gone + moved + community));
+            bail!(
+                "withdrawn {} after SIGTERM: before the 3 s wait",
+                ms(gone + moved + community)
+            );
         }
         advance(&streams, 5)?;
         let n = finish_clean(streams)?;
@@ -371,7 +411,11 @@ fn send_from_router(rig: &EcmpRig, payload: &[u8], count: usize, sport: u16) -> 
     let script = format!(
         "import socket\ns=socket.socket(socket.AF_INET,socket.SOCK_DGRAM)\ns.setsockopt(socket.IPPROTO_IP,socket.IP_TTL,255)\ns.bind(('10.98.1.1',{sport}))\np=bytes.fromhex('{hex}')\nfor _ in range({count}): s.sendto(p,('10.98.1.2',3784))\n"
     );
-    let out = rig.router.command("python3").args(["-c", &script]).output()?;
+    let out = rig
+        .router
+        .command("python3")
+        .args(["-c", &script])
+        .output()?;
     if !out.status.success() {
         bail!("python3: {}", String::from_utf8_lossy(&out.stderr));
     }
@@ -413,7 +457,11 @@ fn bfd_under_loss_and_a_hostile_sender() {
         );
         rig.router_nft("unloss", "delete table netdev lbloss\n")?;
         wait_bfd_up(&lbd1, "lb1's BFD up again after the loss")?;
-        rig.wait_hops("ECMP via both after the loss", &[1, 2], Duration::from_secs(30))?;
+        rig.wait_hops(
+            "ECMP via both after the loss",
+            &[1, 2],
+            Duration::from_secs(30),
+        )?;
 
         // A hostile sender on the link, from the router's address.
         let disc = after["bfd"]["local_disc"].as_u64().unwrap_or(0) as u32;
@@ -455,7 +503,11 @@ fn bfd_under_loss_and_a_hostile_sender() {
         if p1["bfd"]["up"] != true || p2["bfd"]["up"] != true || p2["bfd"]["invalid"] != 0 {
             bail!("the hostile packets touched a session: {p1} / {p2}");
         }
-        rig.wait_hops("ECMP via both after the hostile packets", &[1, 2], Duration::from_secs(5))?;
+        rig.wait_hops(
+            "ECMP via both after the hostile packets",
+            &[1, 2],
+            Duration::from_secs(5),
+        )?;
         if lbd1.counter("drop_bfd_invalid")? < 20_006 {
             bail!("drop_bfd_invalid: {}", lbd1.counter("drop_bfd_invalid")?);
         }

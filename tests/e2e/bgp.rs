@@ -574,7 +574,12 @@ fn fake_session(listener: &TcpListener, case: &Case) -> Result<(Notification, Du
     if case.in_open {
         sock.write_all(&case.bytes)?;
     } else {
-        sock.write_all(&wire::open(ROUTER_AS, 3, Ipv4Addr::new(127, 0, 0, 2), None)?)?;
+        sock.write_all(&wire::open(
+            ROUTER_AS,
+            3,
+            Ipv4Addr::new(127, 0, 0, 2),
+            None,
+        )?)?;
         sock.write_all(&wire::keepalive())?;
         let ka = read_frame(&mut sock)?;
         if ka != wire::keepalive() {

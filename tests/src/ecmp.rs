@@ -405,10 +405,12 @@ impl EcmpRig {
 
     /// Undoes [`silence`](Self::silence).
     pub fn unsilence(&self, i: usize) -> Result<()> {
-        sh(self
-            .router
-            .command("nft")
-            .args(["delete", "table", "netdev", &format!("lbsilence{i}")]))?;
+        sh(self.router.command("nft").args([
+            "delete",
+            "table",
+            "netdev",
+            &format!("lbsilence{i}"),
+        ]))?;
         Ok(())
     }
 

@@ -219,7 +219,11 @@ fn config_for(peer: &BfdPeer, local: Option<IpAddr>, old: BfdConfig) -> BfdConfi
     c.required_min_rx_us = micros(peer.timers.min_rx);
     c.detect_mult = peer.timers.multiplier;
     if (c.desired_min_tx_us, c.required_min_rx_us, c.detect_mult)
-        != (old.desired_min_tx_us, old.required_min_rx_us, old.detect_mult)
+        != (
+            old.desired_min_tx_us,
+            old.required_min_rx_us,
+            old.detect_mult,
+        )
         && old.my_disc != 0
     {
         c.config_gen = old.config_gen.wrapping_add(1);

@@ -149,7 +149,13 @@ pub struct FakeBfdTable {
 }
 
 fn fake_key(k: &BfdKey) -> [u32; 5] {
-    [k.addr[0], k.addr[1], k.addr[2], k.addr[3], u32::from(k.family)]
+    [
+        k.addr[0],
+        k.addr[1],
+        k.addr[2],
+        k.addr[3],
+        u32::from(k.family),
+    ]
 }
 
 impl FakeBfdTable {

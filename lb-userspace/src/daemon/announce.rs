@@ -23,8 +23,8 @@ use crate::{
         self, AnnounceError, Announcer, SessionState, StartContext,
         policy::{self, Decision, NodeState},
     },
-    bfd::{BfdTable, KernelBfdTable},
     api::{self, AnnounceStatus, NodeChange},
+    bfd::{BfdTable, KernelBfdTable},
     config::{VipConfig, announce::AnnounceConfig},
     dataplane::Dataplane,
 };

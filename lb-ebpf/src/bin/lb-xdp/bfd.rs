@@ -73,7 +73,7 @@ pub fn answer(ctx: &XdpContext, pkt: &Packet) -> Option<(u32, Counter)> {
         _pad: [0; 3],
     };
     // SAFETY: a live value of a hash map, copied out.
-    let cfg = unsafe { *LB_BFD_PEERS.get_ptr(&key)? };
+    let cfg = unsafe { *LB_BFD_PEERS.get_ptr(key)? };
     let Some(rx) = check(ctx, pkt, &cfg) else {
         if let Some(st) = LB_BFD_STATE.get_ptr_mut(cfg.slot) {
             // SAFETY: a live array value; counters only.
@@ -185,7 +185,12 @@ fn update(cfg: &BfdConfig, st: &mut BfdState, rx: &Received, now: u64) -> Option
     st.remote_mult = rx.hdr.detect_mult;
     st.remote_min_rx_us = remote_rx;
     st.remote_min_tx_us = remote_tx;
-    st.flags = (st.flags & !BFD_ST_REMOTE_C) | if rx.flags & FLAG_C != 0 { BFD_ST_REMOTE_C } else { 0 };
+    st.flags = (st.flags & !BFD_ST_REMOTE_C)
+        | if rx.flags & FLAG_C != 0 {
+            BFD_ST_REMOTE_C
+        } else {
+            0
+        };
     if rx.flags & FLAG_F != 0 {
         // The Poll Sequence is over; the peer has our current timers.
         st.flags &= !BFD_ST_POLL;
@@ -211,7 +216,12 @@ fn update(cfg: &BfdConfig, st: &mut BfdState, rx: &Received, now: u64) -> Option
     st.detect_ns = detect_ns(rx.hdr.detect_mult, remote_tx, cfg.required_min_rx_us);
     st.last_rx_ns = now;
     st.rx += 1;
-    let adv_tx = advertised_tx_us(state, cfg.desired_min_tx_us, cfg.required_min_rx_us, remote_tx);
+    let adv_tx = advertised_tx_us(
+        state,
+        cfg.desired_min_tx_us,
+        cfg.required_min_rx_us,
+        remote_tx,
+    );
     // §6.8.3: changed timers start a Poll Sequence.
     if (st.adv_tx_us != 0 && adv_tx != st.adv_tx_us) || st.config_gen != cfg.config_gen {
         st.flags |= BFD_ST_POLL;

@@ -7,8 +7,8 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
 use lb_common::{
-    AltChunk, BackendDef, BfdConfig, BfdKey, BfdState, CounterValue, DatapathConfig, FlowBucket, SynCounts, SynSlot, TableChunk,
-    TraceFilter, VipFilter, VipKey, VipMeta,
+    AltChunk, BackendDef, BfdConfig, BfdKey, BfdState, CounterValue, DatapathConfig, FlowBucket,
+    SynCounts, SynSlot, TableChunk, TraceFilter, VipFilter, VipKey, VipMeta,
     bfd::BFD_MAX_SESSIONS,
     consts::{SYN_SLOTS, TRACE_RING_BYTES},
     counters::COUNTER_SLOTS,

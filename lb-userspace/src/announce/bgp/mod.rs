@@ -29,12 +29,12 @@ use tracing::info;
 
 use self::session::{Local, PeerShared};
 use super::{AnnounceError, Announcer, PeerStatus, StartContext, check_prefixes};
+pub use crate::config::announce::bgp::{
+    BgpConfig, ConnectRetry, GracefulRestart, GracefulShutdown, PeerConfig,
+};
 use crate::{
     bfd::{BfdLink, BfdPeer, BfdSessions},
     config::ConfigErrors,
-};
-pub use crate::config::announce::bgp::{
-    BgpConfig, ConnectRetry, GracefulRestart, GracefulShutdown, PeerConfig,
 };
 
 /// How long [`Announcer::shutdown`] waits for the sessions to withdraw,

@@ -598,11 +598,7 @@ impl<'a> Session<'a> {
         End::Stopped
     }
 
-    async fn on_bytes(
-        &mut self,
-        bytes: &[u8],
-        desired: &mut DesiredRx,
-    ) -> Result<(), End> {
+    async fn on_bytes(&mut self, bytes: &[u8], desired: &mut DesiredRx) -> Result<(), End> {
         self.decoder.extend(bytes);
         loop {
             match self.decoder.next_message() {
@@ -624,11 +620,7 @@ impl<'a> Session<'a> {
         }
     }
 
-    async fn on_message(
-        &mut self,
-        message: Message,
-        desired: &mut DesiredRx,
-    ) -> Result<(), End> {
+    async fn on_message(&mut self, message: Message, desired: &mut DesiredRx) -> Result<(), End> {
         if let Message::Notification(n) = &message {
             self.close().await;
             return Err(End::Failed(format!("the peer sent NOTIFICATION {n}")));
@@ -826,8 +818,8 @@ impl<'a> Session<'a> {
         if deferring {
             return Ok(());
         }
-        let shutdown = (want.shutdown && self.local.graceful_shutdown)
-            .then_some(self.peer.graceful_shutdown);
+        let shutdown =
+            (want.shutdown && self.local.graceful_shutdown).then_some(self.peer.graceful_shutdown);
         if shutdown != self.attrs.shutdown {
             // New attributes for every route: announce them all again.
             self.attrs.shutdown = shutdown;

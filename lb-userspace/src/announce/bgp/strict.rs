@@ -61,7 +61,8 @@ fn max_len(afi: u16, safi: u8) -> Option<u8> {
 pub fn check_update(body: &[u8]) -> Result<(), Malformed> {
     let field = |e: String| reset(UPDATE_MESSAGE_ERROR, 10, format!("UPDATE with {e}"));
     let withdrawn = usize::from(u16::from_be_bytes([body[0], body[1]]));
-    check_prefixes(&body[2..2 + withdrawn], 32).map_err(|e| field(format!("{e} in Withdrawn Routes")))?;
+    check_prefixes(&body[2..2 + withdrawn], 32)
+        .map_err(|e| field(format!("{e} in Withdrawn Routes")))?;
     let at = 2 + withdrawn;
     let attrs_len = usize::from(u16::from_be_bytes([body[at], body[at + 1]]));
     let attrs = &body[at + 2..at + 2 + attrs_len];
@@ -105,7 +106,8 @@ fn check_mp_attributes(mut attrs: &[u8]) -> Result<(), Malformed> {
             return Err(reset(
                 UPDATE_MESSAGE_ERROR,
                 1,
-                "UPDATE with MP_REACH_NLRI or MP_UNREACH_NLRI more than once (RFC 7606 §3(g))".into(),
+                "UPDATE with MP_REACH_NLRI or MP_UNREACH_NLRI more than once (RFC 7606 §3(g))"
+                    .into(),
             ));
         }
     }
@@ -118,11 +120,14 @@ fn check_mp_reach(v: &[u8]) -> Result<(), String> {
     }
     let (afi, safi, nh_len) = (u16::from_be_bytes([v[0], v[1]]), v[2], usize::from(v[3]));
     if 4 + nh_len + 1 > v.len() {
-        return Err(format!("MP_REACH_NLRI whose next hop ({nh_len} bytes) overruns it"));
+        return Err(format!(
+            "MP_REACH_NLRI whose next hop ({nh_len} bytes) overruns it"
+        ));
     }
     match max_len(afi, safi) {
-        Some(max) => check_prefixes(&v[4 + nh_len + 1..], max)
-            .map_err(|e| format!("MP_REACH_NLRI with {e}")),
+        Some(max) => {
+            check_prefixes(&v[4 + nh_len + 1..], max).map_err(|e| format!("MP_REACH_NLRI with {e}"))
+        }
         None => Ok(()),
     }
 }
@@ -133,9 +138,7 @@ fn check_mp_unreach(v: &[u8]) -> Result<(), String> {
     }
     let (afi, safi) = (u16::from_be_bytes([v[0], v[1]]), v[2]);
     match max_len(afi, safi) {
-        Some(max) => {
-            check_prefixes(&v[3..], max).map_err(|e| format!("MP_UNREACH_NLRI with {e}"))
-        }
+        Some(max) => check_prefixes(&v[3..], max).map_err(|e| format!("MP_UNREACH_NLRI with {e}")),
         None => Ok(()),
     }
 }
@@ -151,7 +154,9 @@ pub fn check_open(body: &[u8]) -> Result<(), Malformed> {
     };
     while !params.is_empty() {
         if params.len() < 2 || 2 + usize::from(params[1]) > params.len() {
-            return Err(bad("an optional parameter that overruns the parameters".into()));
+            return Err(bad(
+                "an optional parameter that overruns the parameters".into()
+            ));
         }
         let (kind, len) = (params[0], usize::from(params[1]));
         if kind == 2 {
@@ -205,9 +210,22 @@ mod tests {
     #[test]
     fn malformed_nlri_resets_the_session() {
         // A /33, and a /24 with two of its three bytes.
-        assert_eq!(reply(check_update(&update(&[], &ORIGIN_PATH_NH, &[33, 10, 0, 0, 0, 1]))), (3, 10));
-        assert_eq!(reply(check_update(&update(&[], &ORIGIN_PATH_NH, &[24, 10, 0]))), (3, 10));
-        assert_eq!(reply(check_update(&update(&[40, 1, 2, 3, 4, 5], &[], &[]))), (3, 10));
+        assert_eq!(
+            reply(check_update(&update(
+                &[],
+                &ORIGIN_PATH_NH,
+                &[33, 10, 0, 0, 0, 1]
+            ))),
+            (3, 10)
+        );
+        assert_eq!(
+            reply(check_update(&update(&[], &ORIGIN_PATH_NH, &[24, 10, 0]))),
+            (3, 10)
+        );
+        assert_eq!(
+            reply(check_update(&update(&[40, 1, 2, 3, 4, 5], &[], &[]))),
+            (3, 10)
+        );
         // Well formed: /32, /0, and an empty update (End-of-RIB).
         assert!(check_update(&update(&[0], &ORIGIN_PATH_NH, &[32, 10, 99, 0, 1])).is_ok());
         assert!(check_update(&update(&[], &[], &[])).is_ok());
@@ -226,13 +244,26 @@ mod tests {
             a
         };
         // A 1-byte MP_UNREACH_NLRI.
-        assert_eq!(reply(check_update(&update(&[], &unreach(&[0]), &[]))), (3, 9));
+        assert_eq!(
+            reply(check_update(&update(&[], &unreach(&[0]), &[]))),
+            (3, 9)
+        );
         // An IPv6 prefix length of 200.
         let mut v6 = vec![0, 2, 1, 200];
         v6.extend_from_slice(&[0; 25]);
-        assert_eq!(reply(check_update(&update(&[], &unreach(&v6), &[]))), (3, 9));
+        assert_eq!(
+            reply(check_update(&update(&[], &unreach(&v6), &[]))),
+            (3, 9)
+        );
         // MP_REACH whose next hop overruns it; one with a /129.
-        assert_eq!(reply(check_update(&update(&[], &reach(&[0, 2, 1, 16, 0, 0]), &[]))), (3, 9));
+        assert_eq!(
+            reply(check_update(&update(
+                &[],
+                &reach(&[0, 2, 1, 16, 0, 0]),
+                &[]
+            ))),
+            (3, 9)
+        );
         let mut r = vec![0, 2, 1, 16];
         r.extend_from_slice(&[0xfd; 16]);
         r.extend_from_slice(&[0, 129]);
@@ -269,7 +300,10 @@ mod tests {
         // A 3-byte 4-octet-AS capability.
         assert_eq!(reply(check_open(&open(&[2, 5, 65, 3, 0, 0, 1]))), (2, 0));
         // A parameter longer than the parameters.
-        assert_eq!(reply(check_open(&open(&[2, 9, 65, 4, 0, 0, 0xfd, 0xe8]))), (2, 0));
+        assert_eq!(
+            reply(check_open(&open(&[2, 9, 65, 4, 0, 0, 0xfd, 0xe8]))),
+            (2, 0)
+        );
         // Graceful restart of 3 bytes.
         assert_eq!(reply(check_open(&open(&[2, 5, 64, 3, 0, 0, 0]))), (2, 0));
         // Well formed: 4-octet AS, multiprotocol, GR with one family,

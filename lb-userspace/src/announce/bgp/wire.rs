@@ -781,10 +781,14 @@ fn check_update_lengths(body: &[u8]) -> Result<(), Malformed> {
 fn check_well_known(update: &BgpUpdateMessage) -> Result<(), Malformed> {
     // RFC 4271 §6.3: a well-known attribute (optional bit clear) that is
     // not one we know (RFC 7606 §3: treat-as-withdraw).
-    if let Some(code) = update.path_attributes().iter().find_map(|a| match a.value() {
-        PathAttributeValue::UnknownAttribute(u) if !a.optional() => Some(u.code()),
-        _ => None,
-    }) {
+    if let Some(code) = update
+        .path_attributes()
+        .iter()
+        .find_map(|a| match a.value() {
+            PathAttributeValue::UnknownAttribute(u) if !a.optional() => Some(u.code()),
+            _ => None,
+        })
+    {
         return Err(Malformed {
             reply: Some(Notification::new(UPDATE_MESSAGE_ERROR, 2, [code])),
             detail: format!("UPDATE with an unrecognized well-known attribute (type {code})"),
@@ -961,9 +965,13 @@ mod tests {
             ebgp: false,
             ..attrs
         };
-        let got = announce_v4(&ibgp, Ipv4Addr::new(10, 98, 0, 2), &[Ipv4Addr::new(10, 99, 0, 1)])
-            .unwrap()
-            .remove(0);
+        let got = announce_v4(
+            &ibgp,
+            Ipv4Addr::new(10, 98, 0, 2),
+            &[Ipv4Addr::new(10, 99, 0, 1)],
+        )
+        .unwrap()
+        .remove(0);
         let body = &got[HEADER_LEN..];
         let lp = [0x40, 5, 4, 0, 0, 0, 0];
         assert!(body.windows(7).any(|w| w == lp), "LOCAL_PREF 0 in {body:?}");

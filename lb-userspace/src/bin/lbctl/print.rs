@@ -189,7 +189,11 @@ fn bfd_cell(p: &lb::api::PeerRow) -> String {
     } else {
         format!(" ({})", b.diag)
     };
-    let error = b.error.as_ref().map(|e| format!(" [{e}]")).unwrap_or_default();
+    let error = b
+        .error
+        .as_ref()
+        .map(|e| format!(" [{e}]"))
+        .unwrap_or_default();
     format!("{}{since}{why}{error}", b.state)
 }
 
@@ -197,7 +201,14 @@ fn bfd_cell(p: &lb::api::PeerRow) -> String {
 fn gr_cell(p: &lb::api::PeerRow) -> String {
     let mut words = Vec::new();
     if let Some(g) = &p.graceful_restart {
-        words.push(if g.peer_supports { "on" } else { "peer lacks it" }.to_string());
+        words.push(
+            if g.peer_supports {
+                "on"
+            } else {
+                "peer lacks it"
+            }
+            .to_string(),
+        );
         if g.restarting {
             words.push("restarted".into());
         }

@@ -467,8 +467,7 @@ impl BgpConfig {
             check_unicast("next_hop_v6", nh.into(), &mut errors);
         }
         let gr = &self.graceful_restart;
-        if gr.restart_time.subsec_nanos() != 0 || !(1..=4095).contains(&gr.restart_time.as_secs())
-        {
+        if gr.restart_time.subsec_nanos() != 0 || !(1..=4095).contains(&gr.restart_time.as_secs()) {
             errors.push(problem(
                 "graceful_restart.restart_time",
                 "must be whole seconds, 1 to 4095 (RFC 4724)",
