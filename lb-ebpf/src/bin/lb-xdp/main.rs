@@ -123,9 +123,8 @@ fn decide<const TRACE: bool>(
     // there, never carried in an `Option` across branches: a verifier
     // older than 6.8 or so (Debian 12's 6.1) loses the link between a
     // pointer spilled to the stack and a "was it NULL" flag computed from
-    // it, and rejects the program. An array lookup is inlined by the
-    // verifier (a bounds check and an add), so a second one costs nothing
-    // measurable.
+    // it. An array lookup is inlined (a bounds check and an add), so a
+    // second one costs nothing measurable.
     if !syn
         && let Some(bucket) = LB_FLOWS.get_ptr_mut(bucket_index & cfg.ct_mask)
         && let Some((way, handle)) = conntrack::find(bucket, tag)
