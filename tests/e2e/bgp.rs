@@ -711,8 +711,9 @@ fn no_session(
             || router.established(BgpRig::speaker_v4(1))?
         {
             bail!(
-                "{} established a session {what}:\n{}",
+                "{} established a session {what} (ours: {:?}):\n{}",
                 router.name(),
+                lb.peer(&peer_name(1))?,
                 router.logs()
             );
         }
@@ -723,8 +724,8 @@ fn no_session(
 
 /// TCP MD5 (RFC 2385) and GTSM (RFC 5082). Against a router that demands
 /// both: with the key and TTL 255, the session and the route; without the
-/// key, no session; without GTSM, none either where the router enforces
-/// it on connections it accepts (FRR does; BIRD 2.0.12 does not). Against
+/// key, no session; without GTSM, none either (BIRD and FRR both drop the
+/// TTL-64 segments of the connection they accepted). Against
 /// a router without GTSM (which sends eBGP with TTL 1), the speaker's own
 /// check refuses the session.
 fn md5_and_gtsm(kind: RouterKind) -> Result<()> {
@@ -776,11 +777,9 @@ fn md5_and_gtsm(kind: RouterKind) -> Result<()> {
         true,
         watch,
     )?;
-    if kind == RouterKind::Frr {
-        let mut no_gtsm = full();
-        no_gtsm.peers[0].ttl_security = None;
-        no_session(&rig, router.as_ref(), no_gtsm, "without GTSM", false, watch)?;
-    }
+    let mut no_gtsm = full();
+    no_gtsm.peers[0].ttl_security = None;
+    no_session(&rig, router.as_ref(), no_gtsm, "without GTSM", true, watch)?;
     drop(router);
 
     spec.peers[0].ttl_security = false;
@@ -794,13 +793,8 @@ fn md5_and_gtsm(kind: RouterKind) -> Result<()> {
         watch,
     )?;
     eprintln!(
-        "{name} with TCP MD5 and GTSM: established in {}; no session without the key, none with a router that does not send TTL 255{} (watched {} each)",
+        "{name} with TCP MD5 and GTSM: established in {}; no session without the key, none with a router that does not send TTL 255, none without GTSM (watched {} each)",
         ms(up),
-        if kind == RouterKind::Frr {
-            ", none without GTSM"
-        } else {
-            ""
-        },
         ms(watch)
     );
     Ok(())
@@ -814,4 +808,58 @@ fn bird_with_md5_and_gtsm() {
 #[test]
 fn frr_with_md5_and_gtsm() {
     check(md5_and_gtsm(RouterKind::Frr));
+}
+
+/// GTSM on the router only (RFC 5082), lb without it: whatever the
+/// router does with lb's TTL-64 segments, lb must never report a session
+/// the router does not have. Watched for 8 s; the states seen are printed.
+fn gtsm_on_the_router_only(kind: RouterKind) -> Result<()> {
+    let _serial = serial();
+    let rig = BgpRig::new(1)?;
+    let mut spec = rig.router_spec();
+    spec.peers[0].ttl_security = true;
+    let router = start_router_with(kind, &rig, &spec)?;
+    let mut lb = SpeakerThread::start(&rig.speakers[0], speaker_config(1))?;
+    let start = Instant::now();
+    let mut seen = std::collections::BTreeMap::new();
+    while start.elapsed() < Duration::from_secs(8) {
+        let ours = lb.peer(&peer_name(1))?;
+        let theirs = router.established(BgpRig::speaker_v4(1))?;
+        *seen.entry((ours.state.to_string(), theirs)).or_insert(0) += 1;
+        if ours.state == SessionState::Established && !theirs {
+            // The router may lag a moment behind: only a lasting
+            // disagreement is a lie.
+            std::thread::sleep(Duration::from_millis(500));
+            if lb.peer(&peer_name(1))?.state == SessionState::Established
+                && !router.established(BgpRig::speaker_v4(1))?
+            {
+                bail!(
+                    "lb says Established, {} does not: {:?}\n{}",
+                    router.name(),
+                    lb.peer(&peer_name(1))?,
+                    router.session_report(BgpRig::speaker_v4(1))?
+                );
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let error = lb.peer(&peer_name(1))?.last_error.unwrap_or_default();
+    eprintln!(
+        "{} with GTSM, lb without: (our state, router established) samples {seen:?}; last error {error:?}",
+        router.name(),
+    );
+    if !error.contains("ttl_security") {
+        bail!("lbctl bgp would not point at GTSM: {error}");
+    }
+    lb.shutdown()
+}
+
+#[test]
+fn bird_with_gtsm_on_the_router_only() {
+    check(gtsm_on_the_router_only(RouterKind::Bird));
+}
+
+#[test]
+fn frr_with_gtsm_on_the_router_only() {
+    check(gtsm_on_the_router_only(RouterKind::Frr));
 }

@@ -61,6 +61,11 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// A session that stayed Established this long was a working one: the
 /// reconnection backoff starts over after it.
 const STABLE_SESSION: Duration = Duration::from_secs(10);
+/// Why a session that dies after the connection but before the peer's
+/// KEEPALIVE did: our OPEN never reached the peer, or never pleased it.
+/// With BIRD and FRR, the usual cause is GTSM on the router only.
+const UNCONFIRMED: &str = "(the peer never confirmed our OPEN: a router with GTSM (ttl-security) drops our segments unless ttl_security is set here too)";
+
 /// How long we read (and discard) after our NOTIFICATION before closing,
 /// so that the kernel sends FIN, not RST, and the peer gets to read it.
 const LINGER: Duration = Duration::from_millis(500);
@@ -295,6 +300,14 @@ pub(super) async fn run_peer(
                 match end {
                     End::Stopped => break,
                     End::Failed(reason) => {
+                        let reason = if matches!(
+                            session.state,
+                            SessionState::OpenSent | SessionState::OpenConfirm
+                        ) {
+                            format!("{reason} {UNCONFIRMED}")
+                        } else {
+                            reason
+                        };
                         warn!(peer = %addr, reason = %reason, "BGP session closed");
                         shared.error(reason);
                     }
