@@ -580,6 +580,151 @@ mod tests {
         );
     }
 
+    /// The peer's OPEN with the graceful restart capability (restart time
+    /// 120 s, IPv4 unicast), written out from RFC 4724 §3.
+    fn open_with_gr() -> Vec<u8> {
+        #[rustfmt::skip]
+        let body = [
+            4, 0xfd, 0xe8, 0, 3, 10, 0, 0, 1,
+            22, 2, 20,
+            1, 4, 0, 1, 0, 1,
+            65, 4, 0, 0, 0xfd, 0xe8,
+            64, 6, 0, 120, 0, 1, 1, 0,
+        ];
+        let mut m = vec![0xff; 16];
+        m.extend_from_slice(&((HEADER_LEN + body.len()) as u16).to_be_bytes());
+        m.push(TYPE_OPEN);
+        m.extend_from_slice(&body);
+        m
+    }
+
+    /// Accepts, checks that our OPEN offers `gr`, answers with GR.
+    async fn establish_gr(listener: &TcpListener, gr: GracefulRestartOffer) -> TcpStream {
+        let (mut sock, _) = timeout(Duration::from_secs(5), listener.accept())
+            .await
+            .expect("the speaker connects")
+            .expect("accept");
+        let open = frame(&mut sock).await;
+        assert_eq!(
+            open,
+            wire::open(65001, 3, Ipv4Addr::new(10, 0, 0, 11), Some(gr)).unwrap()
+        );
+        sock.write_all(&open_with_gr()).await.unwrap();
+        sock.write_all(&keepalive()).await.unwrap();
+        assert_eq!(frame(&mut sock).await, keepalive());
+        sock
+    }
+
+    /// The next message that is not a KEEPALIVE.
+    async fn next_update(sock: &mut TcpStream) -> Vec<u8> {
+        loop {
+            let m = frame(sock).await;
+            if m != keepalive() {
+                return m;
+            }
+        }
+    }
+
+    fn gr_config(port: u16) -> BgpConfig {
+        let mut c = config(port, 3);
+        c.graceful_restart.mode = crate::config::announce::bgp::GracefulRestartMode::On;
+        c.graceful_restart.eor_defer_max = Duration::from_secs(20);
+        c
+    }
+
+    #[tokio::test]
+    async fn after_a_restart_routes_and_end_of_rib_wait_for_the_first_verdicts() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let ctx = StartContext {
+            restarted: true,
+            ..StartContext::default()
+        };
+        let mut speaker = BgpSpeaker::start_with(gr_config(port), &ctx).expect("starts");
+        let vip: IpAddr = "10.99.0.1".parse().unwrap();
+        // What the policy says before the verdicts: nothing yet.
+        speaker.set_announced(&BTreeSet::new()).unwrap();
+        let gr = GracefulRestartOffer {
+            restarting: true,
+            restart_time: 30,
+            forwarding: true,
+        };
+        let mut sock = establish_gr(&listener, gr).await;
+        wait_for_state(&speaker, SessionState::Established).await;
+        // Held back: a withdrawal-free, route-free second, no End-of-RIB.
+        speaker.set_announced(&[vip].into_iter().collect()).unwrap();
+        for _ in 0..2 {
+            assert_eq!(frame(&mut sock).await, keepalive(), "nothing but keepalives while deferring");
+        }
+        let s = speaker.status().remove(0);
+        let g = s.graceful_restart.expect("graceful restart status");
+        assert!(g.deferring && g.restarting && g.peer_supports && !g.end_of_rib_sent, "{g:?}");
+        // The verdicts are in: the route, then End-of-RIB.
+        speaker.set_settled(true);
+        let attrs = RouteAttrs {
+            local_as: 65001,
+            ebgp: true,
+            asn4: true,
+            shutdown: None,
+        };
+        let want =
+            announce_v4(&attrs, Ipv4Addr::LOCALHOST, &[Ipv4Addr::new(10, 99, 0, 1)]).unwrap();
+        assert_eq!(vec![next_update(&mut sock).await], want);
+        assert_eq!(next_update(&mut sock).await, end_of_rib_v4());
+        // The graceful shutdown: the same route again, with the community.
+        speaker.set_graceful_shutdown(true);
+        assert!(speaker.graceful_shutdown_wait().is_none(), "not configured");
+        speaker.shutdown().await.expect("clean shutdown");
+    }
+
+    #[tokio::test]
+    async fn a_fresh_start_sends_end_of_rib_at_once_and_graceful_shutdown_re_announces() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mut cfg = gr_config(port);
+        cfg.graceful_shutdown = Some(GracefulShutdown {
+            wait: Duration::from_secs(5),
+        });
+        cfg.peers[0].graceful_shutdown.med = Some(7);
+        let ctx = StartContext {
+            fresh: true,
+            ..StartContext::default()
+        };
+        let mut speaker = BgpSpeaker::start_with(cfg, &ctx).expect("starts");
+        assert_eq!(speaker.graceful_shutdown_wait(), Some(Duration::from_secs(5)));
+        let vip = Ipv4Addr::new(10, 99, 0, 1);
+        speaker
+            .set_announced(&[IpAddr::from(vip)].into_iter().collect())
+            .unwrap();
+        let gr = GracefulRestartOffer {
+            restarting: false,
+            restart_time: 30,
+            forwarding: false,
+        };
+        let mut sock = establish_gr(&listener, gr).await;
+        let mut attrs = RouteAttrs {
+            local_as: 65001,
+            ebgp: true,
+            asn4: true,
+            shutdown: None,
+        };
+        let plain = announce_v4(&attrs, Ipv4Addr::LOCALHOST, &[vip]).unwrap();
+        assert_eq!(vec![next_update(&mut sock).await], plain);
+        assert_eq!(next_update(&mut sock).await, end_of_rib_v4());
+        speaker.set_graceful_shutdown(true);
+        attrs.shutdown = Some(crate::config::announce::bgp::ShutdownAttributes {
+            med: Some(7),
+            ..Default::default()
+        });
+        let gshut = announce_v4(&attrs, Ipv4Addr::LOCALHOST, &[vip]).unwrap();
+        assert_eq!(vec![next_update(&mut sock).await], gshut);
+        assert!(speaker.status()[0].graceful_shutdown);
+        // Then the withdrawal.
+        speaker.set_announced(&BTreeSet::new()).unwrap();
+        assert_eq!(vec![next_update(&mut sock).await], withdraw_v4(&[vip]).unwrap());
+        speaker.shutdown().await.expect("clean shutdown");
+    }
+
     #[test]
     fn starting_needs_a_runtime_and_a_valid_config() {
         assert!(matches!(
