@@ -50,7 +50,11 @@ fn ms(d: Duration) -> String {
 /// The rig: `n` balancers, BIRD with BFD (or not) and the graceful
 /// shutdown policy.
 fn rig(n: usize, bfd: bool) -> Result<EcmpRig> {
-    let mut rig = EcmpRig::new_with(n, 3, RouterKind::Bird, false, &|s| {
+    rig_of(RouterKind::Bird, n, bfd)
+}
+
+fn rig_of(kind: RouterKind, n: usize, bfd: bool) -> Result<EcmpRig> {
+    let mut rig = EcmpRig::new_with(n, 3, kind, false, &|s| {
         s.bfd = bfd;
         s.graceful_shutdown_policy = true;
     })?;
@@ -184,6 +188,39 @@ fn bfd_takes_a_silent_balancer_out_and_no_connection_breaks() {
             "{n} connections, none broken, {} in all",
             ms(started.elapsed())
         );
+        drop((lbd1, lbd2));
+        Ok(())
+    })());
+}
+
+#[test]
+fn frr_bfdd_takes_a_silent_balancer_out_and_no_connection_breaks() {
+    let _serial = serial();
+    check((|| {
+        let rig = rig_of(RouterKind::Frr, 2, true)?;
+        let lbd1 = start(&rig, 1, "")?;
+        let lbd2 = start(&rig, 2, "")?;
+        rig.wait_hops("ECMP via both", &[1, 2], Duration::from_secs(20))?;
+        let up = wait_bfd_up(&lbd1, "lb1's BFD session with bfdd up")?;
+        wait_bfd_up(&lbd2, "lb2's BFD session with bfdd up")?;
+        println!("FRR bfdd: BFD up {} after start; lb1: {}", ms(up), peer(&lbd1)?["bfd"]);
+        let streams = rig.streams(46_500..46_700, EVERY, PATIENCE)?;
+        advance(&streams, 3)?;
+        rig.silence(1)?;
+        let out = rig.wait_hops("lb1 out of the ECMP route", &[2], Duration::from_secs(10))?;
+        let report = rig.router_daemon().session_report(lb_tests::ecmp::balancer_addr(1))?;
+        if !report.contains("BFD") {
+            bail!("FRR dropped lb1, but not for BFD:\n{report}");
+        }
+        println!(
+            "FRR: lb1 silenced, out of the ECMP route after {} (bfdd 300 ms × 3; hold time 3 s)",
+            ms(out)
+        );
+        advance(&streams, 5)?;
+        rig.unsilence(1)?;
+        rig.wait_hops("lb1 back", &[1, 2], Duration::from_secs(30))?;
+        let n = finish_clean(streams)?;
+        println!("FRR: {n} connections, none broken");
         drop((lbd1, lbd2));
         Ok(())
     })());

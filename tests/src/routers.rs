@@ -32,6 +32,7 @@ pub const BIRD: &str = "/usr/sbin/bird";
 pub const BIRDC: &str = "/usr/sbin/birdc";
 pub const ZEBRA: &str = "/usr/lib/frr/zebra";
 pub const BGPD: &str = "/usr/lib/frr/bgpd";
+pub const BFDD: &str = "/usr/lib/frr/bfdd";
 pub const VTYSH: &str = "/usr/bin/vtysh";
 
 /// The router's AS and the speakers' AS (eBGP).
@@ -519,6 +520,8 @@ pub struct Frr {
     dir: PathBuf,
     zebra: Option<Child>,
     bgpd: Option<Child>,
+    /// With `RouterSpec::bfd`.
+    bfdd: Option<Child>,
     /// Pids whose `/var/tmp/frr/<daemon>.<pid>` directories to remove.
     pids: Vec<(&'static str, u32)>,
 }
@@ -548,6 +551,10 @@ impl Frr {
                 let _ = writeln!(c, " neighbor {} ttl-security hops 1", p.address);
                 let _ = writeln!(c, " neighbor {} passive", p.address);
             }
+            if spec.bfd {
+                // bfdd's defaults: 300 ms × 3.
+                let _ = writeln!(c, " neighbor {} bfd", p.address);
+            }
         }
         for (family, map) in [("ipv4", "VIPS4"), ("ipv6", "VIPS6")] {
             let _ = writeln!(c, " address-family {family} unicast\n  maximum-paths 16");
@@ -573,6 +580,10 @@ impl Frr {
             format!("hostname router\nlog file {}/zebra.log\n", dir.display()),
         )?;
         std::fs::write(dir.join("bgpd.conf"), Self::bgpd_config(&dir, spec))?;
+        std::fs::write(
+            dir.join("bfdd.conf"),
+            format!("hostname router\nlog file {}/bfdd.log\n", dir.display()),
+        )?;
         // The daemons run as frr: they write their sockets, pids and logs
         // here.
         sh(Command::new("chown").arg("-R").arg("frr:frr").arg(&dir))?;
@@ -582,9 +593,13 @@ impl Frr {
             dir,
             zebra: None,
             bgpd: None,
+            bfdd: None,
             pids: Vec::new(),
         };
         frr.zebra = Some(frr.spawn("zebra", ZEBRA)?);
+        if spec.bfd {
+            frr.bfdd = Some(frr.spawn("bfdd", BFDD)?);
+        }
         wait_for(
             "zebra's API socket",
             Duration::from_secs(10),
@@ -693,7 +708,14 @@ impl Router for Frr {
 
     fn logs(&self) -> String {
         let mut s = String::new();
-        for f in ["zebra.out", "zebra.log", "bgpd.out", "bgpd.log"] {
+        for f in [
+            "zebra.out",
+            "zebra.log",
+            "bfdd.out",
+            "bfdd.log",
+            "bgpd.out",
+            "bgpd.log",
+        ] {
             let text = std::fs::read_to_string(self.dir.join(f)).unwrap_or_default();
             let _ = writeln!(s, "--- {f}\n{text}");
         }
@@ -703,7 +725,10 @@ impl Router for Frr {
 
 impl Drop for Frr {
     fn drop(&mut self) {
-        for child in [self.bgpd.take(), self.zebra.take()].into_iter().flatten() {
+        for child in [self.bgpd.take(), self.bfdd.take(), self.zebra.take()]
+            .into_iter()
+            .flatten()
+        {
             let mut child = child;
             stop_child(&mut child, Duration::from_secs(2));
         }
