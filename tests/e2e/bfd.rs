@@ -203,12 +203,18 @@ fn frr_bfdd_takes_a_silent_balancer_out_and_no_connection_breaks() {
         rig.wait_hops("ECMP via both", &[1, 2], Duration::from_secs(20))?;
         let up = wait_bfd_up(&lbd1, "lb1's BFD session with bfdd up")?;
         wait_bfd_up(&lbd2, "lb2's BFD session with bfdd up")?;
-        println!("FRR bfdd: BFD up {} after start; lb1: {}", ms(up), peer(&lbd1)?["bfd"]);
+        println!(
+            "FRR bfdd: BFD up {} after start; lb1: {}",
+            ms(up),
+            peer(&lbd1)?["bfd"]
+        );
         let streams = rig.streams(46_500..46_700, EVERY, PATIENCE)?;
         advance(&streams, 3)?;
         rig.silence(1)?;
         let out = rig.wait_hops("lb1 out of the ECMP route", &[2], Duration::from_secs(10))?;
-        let report = rig.router_daemon().session_report(lb_tests::ecmp::balancer_addr(1))?;
+        let report = rig
+            .router_daemon()
+            .session_report(lb_tests::ecmp::balancer_addr(1))?;
         if !report.contains("BFD") {
             bail!("FRR dropped lb1, but not for BFD:\n{report}");
         }

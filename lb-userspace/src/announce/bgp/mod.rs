@@ -654,11 +654,18 @@ mod tests {
         // Held back: a withdrawal-free, route-free second, no End-of-RIB.
         speaker.set_announced(&[vip].into_iter().collect()).unwrap();
         for _ in 0..2 {
-            assert_eq!(frame(&mut sock).await, keepalive(), "nothing but keepalives while deferring");
+            assert_eq!(
+                frame(&mut sock).await,
+                keepalive(),
+                "nothing but keepalives while deferring"
+            );
         }
         let s = speaker.status().remove(0);
         let g = s.graceful_restart.expect("graceful restart status");
-        assert!(g.deferring && g.restarting && g.peer_supports && !g.end_of_rib_sent, "{g:?}");
+        assert!(
+            g.deferring && g.restarting && g.peer_supports && !g.end_of_rib_sent,
+            "{g:?}"
+        );
         // The verdicts are in: the route, then End-of-RIB.
         speaker.set_settled(true);
         let attrs = RouteAttrs {
@@ -691,7 +698,10 @@ mod tests {
             ..StartContext::default()
         };
         let mut speaker = BgpSpeaker::start_with(cfg, &ctx).expect("starts");
-        assert_eq!(speaker.graceful_shutdown_wait(), Some(Duration::from_secs(5)));
+        assert_eq!(
+            speaker.graceful_shutdown_wait(),
+            Some(Duration::from_secs(5))
+        );
         let vip = Ipv4Addr::new(10, 99, 0, 1);
         speaker
             .set_announced(&[IpAddr::from(vip)].into_iter().collect())
@@ -721,7 +731,10 @@ mod tests {
         assert!(speaker.status()[0].graceful_shutdown);
         // Then the withdrawal.
         speaker.set_announced(&BTreeSet::new()).unwrap();
-        assert_eq!(vec![next_update(&mut sock).await], withdraw_v4(&[vip]).unwrap());
+        assert_eq!(
+            vec![next_update(&mut sock).await],
+            withdraw_v4(&[vip]).unwrap()
+        );
         speaker.shutdown().await.expect("clean shutdown");
     }
 
