@@ -533,6 +533,92 @@ pub struct BenchPacket {
     pub data: [u8; BENCH_RESTORE_LEN],
 }
 
+/// `LB_BFD_PEERS` key: a BFD peer's address (the source of its control
+/// packets), in the datapath's word form.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct BfdKey {
+    pub addr: AddrWords,
+    /// [`crate::consts::FAMILY_V4`] or [`crate::consts::FAMILY_V6`].
+    pub family: u8,
+    pub _pad: [u8; 3],
+}
+
+/// `LB_BFD_PEERS` value: one BFD session's configuration, written by
+/// `lbd` only (`lb_xdp` reads it; its state is in [`BfdState`]).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BfdConfig {
+    /// Our address on the link, where the peer's packets must be sent
+    /// and ours come from (word form of the key's family).
+    pub local_addr: AddrWords,
+    /// bfd.LocalDiscr: nonzero, unique among the sessions.
+    pub my_disc: u32,
+    /// bfd.DesiredMinTxInterval (configured; the advertised value also
+    /// depends on the peer, see `bfd::advertised_tx_us`), microseconds.
+    pub desired_min_tx_us: u32,
+    /// bfd.RequiredMinRxInterval, microseconds.
+    pub required_min_rx_us: u32,
+    /// Index of the session's [`BfdState`] in `LB_BFD_STATE`.
+    pub slot: u32,
+    /// Bumped by `lbd` when the timers change: a Poll Sequence follows
+    /// until the peer's Final ([`BfdState::config_gen`] catches up).
+    pub config_gen: u32,
+    /// Our UDP source port (49152–65535), network order.
+    pub src_port: u16,
+    /// bfd.DetectMult.
+    pub detect_mult: u8,
+    /// Reserved (0).
+    pub flags: u8,
+}
+
+/// `LB_BFD_STATE` value: one session's state, written by `lb_xdp` as the
+/// peer's packets arrive (`lbd` only resets a slot, to zeroes and state
+/// Down, before giving it to a new session). The Detection Time is applied lazily: a packet that
+/// comes after `detect_ns` without one first takes the session Down
+/// (diagnostic 1), as the expired timer would have; `lbd` applies the
+/// same rule when it reads the state.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BfdState {
+    /// `bpf_ktime_get_ns` of the last packet that passed the checks.
+    pub last_rx_ns: u64,
+    /// ... and of our last reply.
+    pub last_tx_ns: u64,
+    /// Our Detection Time for the peer, from its last packet.
+    pub detect_ns: u64,
+    /// When `state` last changed.
+    pub changed_ns: u64,
+    /// Packets that passed the checks; replies sent; packets discarded
+    /// (a failed check of RFC 5880 §6.8.6 or RFC 5881 §5); packets
+    /// processed but not answered (too soon after the last reply).
+    pub rx: u64,
+    pub tx: u64,
+    pub invalid: u64,
+    pub too_soon: u64,
+    /// Transitions to Up.
+    pub ups: u64,
+    /// bfd.RemoteDiscr, the peer's Required Min RX and Desired Min TX
+    /// (microseconds), from its last packet.
+    pub remote_disc: u32,
+    pub remote_min_rx_us: u32,
+    pub remote_min_tx_us: u32,
+    /// The Desired Min TX of our last reply.
+    pub adv_tx_us: u32,
+    /// The [`BfdConfig::config_gen`] whose Poll Sequence completed.
+    pub config_gen: u32,
+    /// bfd.SessionState and bfd.LocalDiag.
+    pub state: u8,
+    pub diag: u8,
+    /// The State, Diag and Detect Mult of the peer's last packet.
+    pub remote_state: u8,
+    pub remote_diag: u8,
+    pub remote_mult: u8,
+    /// `BFD_ST_*` bits.
+    pub flags: u8,
+    pub _pad: [u8; 6],
+}
+
 const _: () = {
     assert!(core::mem::size_of::<BenchPacket>() == 16 + BENCH_RESTORE_LEN);
     assert!(core::mem::offset_of!(BenchPacket, data) % 8 == 0);
@@ -553,6 +639,9 @@ const _: () = {
     assert!(core::mem::size_of::<TraceFilter>() == 60);
     assert!(core::mem::size_of::<TraceEvent>() == 80);
     assert!(core::mem::size_of::<SynCounts>() == 16);
+    assert!(core::mem::size_of::<BfdKey>() == 20);
+    assert!(core::mem::size_of::<BfdConfig>() == 40);
+    assert!(core::mem::size_of::<BfdState>() == 104);
 };
 
 #[cfg(feature = "user")]
@@ -579,6 +668,9 @@ mod pod {
     unsafe impl aya::Pod for TraceEvent {}
     unsafe impl aya::Pod for SynCounts {}
     unsafe impl aya::Pod for SynSlot {}
+    unsafe impl aya::Pod for BfdKey {}
+    unsafe impl aya::Pod for BfdConfig {}
+    unsafe impl aya::Pod for BfdState {}
 }
 
 #[cfg(test)]
@@ -589,6 +681,19 @@ mod tests {
 
     #[test]
     fn layouts_are_pinned() {
+        assert_eq!(offset_of!(BfdKey, family), 16);
+        assert_eq!(offset_of!(BfdConfig, my_disc), 16);
+        assert_eq!(offset_of!(BfdConfig, slot), 28);
+        assert_eq!(offset_of!(BfdConfig, config_gen), 32);
+        assert_eq!(offset_of!(BfdConfig, src_port), 36);
+        assert_eq!(offset_of!(BfdConfig, detect_mult), 38);
+        assert_eq!(offset_of!(BfdState, rx), 32);
+        assert_eq!(offset_of!(BfdState, ups), 64);
+        assert_eq!(offset_of!(BfdState, remote_disc), 72);
+        assert_eq!(offset_of!(BfdState, config_gen), 88);
+        assert_eq!(offset_of!(BfdState, state), 92);
+        assert_eq!(offset_of!(BfdState, flags), 97);
+
         assert_eq!(offset_of!(VipKey, port), 16);
         assert_eq!(offset_of!(VipKey, proto), 18);
         assert_eq!(offset_of!(VipKey, family), 19);

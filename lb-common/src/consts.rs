@@ -215,9 +215,11 @@ pub const MAP_TRACE_EVENTS: &str = "LB_TRACE_EVENTS";
 pub const MAP_SYNS: &str = "LB_SYNS";
 pub const MAP_VIP_RETIRED: &str = "LB_VIP_RETIRED";
 pub const MAP_ALTERNATES: &str = "LB_ALTERNATES";
+pub const MAP_BFD_PEERS: &str = "LB_BFD_PEERS";
+pub const MAP_BFD_STATE: &str = "LB_BFD_STATE";
 
 /// Every map of the balancer object, in a stable order.
-pub const ALL_MAPS: [&str; 15] = [
+pub const ALL_MAPS: [&str; 17] = [
     MAP_CONFIG,
     MAP_VIPS,
     MAP_BACKENDS,
@@ -233,6 +235,8 @@ pub const ALL_MAPS: [&str; 15] = [
     MAP_SYNS,
     MAP_VIP_RETIRED,
     MAP_ALTERNATES,
+    MAP_BFD_PEERS,
+    MAP_BFD_STATE,
 ];
 
 /// Name of the balancer's XDP program in the object file.

@@ -162,6 +162,20 @@ counters! {
     /// flow's alternates in lb's GUE list, and not recorded (which of them
     /// holds the connection is the backends' to find out).
     FwdSecondChance = 38, "fwd_second_chance", Forward;
+    /// A BFD control packet (UDP 3784) of a session `lbd` configured,
+    /// answered by the datapath itself (`XDP_TX`) with the session's
+    /// state (RFC 5880 asynchronous mode, one reply per packet).
+    ReplyBfd = 39, "reply_bfd", Reply;
+    /// A BFD control packet from a configured peer that fails a check of
+    /// RFC 5880 §6.8.6 or RFC 5881 §5 (version, lengths, Detect Mult 0,
+    /// Multipoint, discriminators, authentication, TTL other than 255,
+    /// IP options or extension headers, not to the session's address):
+    /// dropped, counted in the session too.
+    DropBfdInvalid = 40, "drop_bfd_invalid", Drop;
+    /// A valid BFD control packet that came too soon after our last reply
+    /// (the transmit limit of RFC 5880 §6.8.7: a flood, or a peer faster
+    /// than it advertised): its state is taken, no reply is sent.
+    DropBfdTooSoon = 41, "drop_bfd_too_soon", Drop;
     }
 }
 

@@ -163,3 +163,21 @@ pub const ICMPV6_ECHO_REQUEST: u8 = 128;
 pub const ICMPV6_ECHO_REPLY: u8 = 129;
 /// The IPv6 minimum link MTU (RFC 8200).
 pub const IPV6_MIN_MTU: u32 = 1280;
+
+/// The mandatory section of a BFD control packet (RFC 5880 §4.1): version
+/// (3 bits) and diagnostic (5), state (2) and the P F C A D M flags,
+/// Detect Mult, Length, the discriminators and the three intervals
+/// (microseconds). The u32 fields hold network-order bytes.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct BfdHdr {
+    pub vers_diag: u8,
+    pub sta_flags: u8,
+    pub detect_mult: u8,
+    pub length: u8,
+    pub my_disc: u32,
+    pub your_disc: u32,
+    pub desired_min_tx: u32,
+    pub required_min_rx: u32,
+    pub required_min_echo_rx: u32,
+}

@@ -4,6 +4,7 @@
 pub mod announce;
 pub mod api;
 pub mod atomic_file;
+pub mod bfd;
 pub mod cli_docs;
 pub mod config;
 pub mod daemon;

@@ -81,6 +81,10 @@ pub struct PeerSample {
     pub updates_sent: u64,
     pub updates_received: u64,
     pub updates_ignored: u64,
+    /// The peer's BFD session, if configured.
+    pub bfd: Option<crate::bfd::BfdStatus>,
+    /// Graceful restart negotiated (both sides sent the capability).
+    pub graceful_restart: bool,
 }
 
 /// The daemon's state as of its last tick.
@@ -353,6 +357,36 @@ const FAMILIES: &[(&str, &str, MetricType, &[&str])] = &[
         &["peer"],
     ),
     (
+        "lb_bgp_graceful_restart",
+        "1 while graceful restart is negotiated with the peer (both sent the capability).",
+        MetricType::GAUGE,
+        &["peer"],
+    ),
+    (
+        "lb_bfd_session_up",
+        "1 while the peer's BFD session is Up (answered by the datapath).",
+        MetricType::GAUGE,
+        &["peer"],
+    ),
+    (
+        "lb_bfd_state_seconds",
+        "Time since lbd saw the BFD session's state change (absent: not since lbd started).",
+        MetricType::GAUGE,
+        &["peer"],
+    ),
+    (
+        "lb_bfd_transitions_up_total",
+        "Times the peer's BFD session came Up.",
+        MetricType::COUNTER,
+        &["peer"],
+    ),
+    (
+        "lb_bfd_packets_total",
+        "The peer's BFD control packets: received (valid), replied, invalid (failed a check of RFC 5880/5881), too_soon (not answered: the transmit limit).",
+        MetricType::COUNTER,
+        &["peer", "what"],
+    ),
+    (
         "lb_build_info",
         "The lbd build: version and git commit.",
         MetricType::GAUGE,
@@ -536,6 +570,24 @@ fn add_bgp(f: &mut Families, s: &Snapshot) {
             &peer,
             p.updates_ignored as f64,
         );
+        let gr = f64::from(u8::from(p.graceful_restart));
+        f.add("lb_bgp_graceful_restart", &peer, gr);
+        if let Some(b) = &p.bfd {
+            f.add("lb_bfd_session_up", &peer, f64::from(u8::from(b.up)));
+            if let Some(since) = b.since_secs {
+                f.add("lb_bfd_state_seconds", &peer, since as f64);
+            }
+            f.add("lb_bfd_transitions_up_total", &peer, b.ups as f64);
+            for (what, n) in [
+                ("received", b.received),
+                ("replied", b.replied),
+                ("invalid", b.invalid),
+                ("too_soon", b.too_soon),
+            ] {
+                let l = [("peer", p.peer.as_str()), ("what", what)];
+                f.add("lb_bfd_packets_total", &l, n as f64);
+            }
+        }
     }
 }
 

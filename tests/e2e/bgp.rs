@@ -60,6 +60,8 @@ fn speaker_config(i: usize) -> BgpConfig {
         },
         next_hop_v4: None,
         next_hop_v6: Some(BgpRig::speaker_v6(i)),
+        graceful_restart: Default::default(),
+        graceful_shutdown: None,
         peers: vec![PeerConfig {
             local_address: Some(BgpRig::speaker_v4(i).into()),
             ..PeerConfig::new(BgpRig::router_v4(i).into(), ROUTER_AS)
@@ -492,7 +494,7 @@ fn cases() -> Vec<Case> {
     let router_id = Ipv4Addr::new(127, 0, 0, 2);
     let mut bad_marker = wire::keepalive();
     bad_marker[0] = 0;
-    let mut hold_1 = wire::open(ROUTER_AS, 3, router_id).expect("open");
+    let mut hold_1 = wire::open(ROUTER_AS, 3, router_id, None).expect("open");
     hold_1[22..24].copy_from_slice(&[0, 1]);
     vec![
         Case {
@@ -528,7 +530,7 @@ fn cases() -> Vec<Case> {
         Case {
             name: "OPEN when Established",
             in_open: false,
-            bytes: wire::open(ROUTER_AS, 3, router_id).expect("open"),
+            bytes: wire::open(ROUTER_AS, 3, router_id, None).expect("open"),
             want: Notification::new(5, 3, [1]),
         },
         Case {
@@ -540,7 +542,7 @@ fn cases() -> Vec<Case> {
         Case {
             name: "wrong AS",
             in_open: true,
-            bytes: wire::open(65099, 3, router_id).expect("open"),
+            bytes: wire::open(65099, 3, router_id, None).expect("open"),
             want: Notification::new(2, 2, 65099u16.to_be_bytes()),
         },
     ]
@@ -572,7 +574,12 @@ fn fake_session(listener: &TcpListener, case: &Case) -> Result<(Notification, Du
     if case.in_open {
         sock.write_all(&case.bytes)?;
     } else {
-        sock.write_all(&wire::open(ROUTER_AS, 3, Ipv4Addr::new(127, 0, 0, 2))?)?;
+        sock.write_all(&wire::open(
+            ROUTER_AS,
+            3,
+            Ipv4Addr::new(127, 0, 0, 2),
+            None,
+        )?)?;
         sock.write_all(&wire::keepalive())?;
         let ka = read_frame(&mut sock)?;
         if ka != wire::keepalive() {
@@ -631,6 +638,8 @@ fn malformed_messages_from_a_peer_get_the_right_notification() {
             },
             next_hop_v4: None,
             next_hop_v6: None,
+            graceful_restart: Default::default(),
+            graceful_shutdown: None,
             peers: vec![PeerConfig {
                 port: peer.port(),
                 ..PeerConfig::new(peer.ip(), ROUTER_AS)
@@ -702,8 +711,9 @@ fn no_session(
             || router.established(BgpRig::speaker_v4(1))?
         {
             bail!(
-                "{} established a session {what}:\n{}",
+                "{} established a session {what} (ours: {:?}):\n{}",
                 router.name(),
+                lb.peer(&peer_name(1))?,
                 router.logs()
             );
         }
@@ -714,8 +724,8 @@ fn no_session(
 
 /// TCP MD5 (RFC 2385) and GTSM (RFC 5082). Against a router that demands
 /// both: with the key and TTL 255, the session and the route; without the
-/// key, no session; without GTSM, none either where the router enforces
-/// it on connections it accepts (FRR does; BIRD 2.0.12 does not). Against
+/// key, no session; without GTSM, none either (BIRD and FRR both drop the
+/// TTL-64 segments of the connection they accepted). Against
 /// a router without GTSM (which sends eBGP with TTL 1), the speaker's own
 /// check refuses the session.
 fn md5_and_gtsm(kind: RouterKind) -> Result<()> {
@@ -767,11 +777,9 @@ fn md5_and_gtsm(kind: RouterKind) -> Result<()> {
         true,
         watch,
     )?;
-    if kind == RouterKind::Frr {
-        let mut no_gtsm = full();
-        no_gtsm.peers[0].ttl_security = None;
-        no_session(&rig, router.as_ref(), no_gtsm, "without GTSM", false, watch)?;
-    }
+    let mut no_gtsm = full();
+    no_gtsm.peers[0].ttl_security = None;
+    no_session(&rig, router.as_ref(), no_gtsm, "without GTSM", true, watch)?;
     drop(router);
 
     spec.peers[0].ttl_security = false;
@@ -785,13 +793,8 @@ fn md5_and_gtsm(kind: RouterKind) -> Result<()> {
         watch,
     )?;
     eprintln!(
-        "{name} with TCP MD5 and GTSM: established in {}; no session without the key, none with a router that does not send TTL 255{} (watched {} each)",
+        "{name} with TCP MD5 and GTSM: established in {}; no session without the key, none with a router that does not send TTL 255, none without GTSM (watched {} each)",
         ms(up),
-        if kind == RouterKind::Frr {
-            ", none without GTSM"
-        } else {
-            ""
-        },
         ms(watch)
     );
     Ok(())
@@ -805,4 +808,58 @@ fn bird_with_md5_and_gtsm() {
 #[test]
 fn frr_with_md5_and_gtsm() {
     check(md5_and_gtsm(RouterKind::Frr));
+}
+
+/// GTSM on the router only (RFC 5082), lb without it: whatever the
+/// router does with lb's TTL-64 segments, lb must never report a session
+/// the router does not have. Watched for 8 s; the states seen are printed.
+fn gtsm_on_the_router_only(kind: RouterKind) -> Result<()> {
+    let _serial = serial();
+    let rig = BgpRig::new(1)?;
+    let mut spec = rig.router_spec();
+    spec.peers[0].ttl_security = true;
+    let router = start_router_with(kind, &rig, &spec)?;
+    let mut lb = SpeakerThread::start(&rig.speakers[0], speaker_config(1))?;
+    let start = Instant::now();
+    let mut seen = std::collections::BTreeMap::new();
+    while start.elapsed() < Duration::from_secs(8) {
+        let ours = lb.peer(&peer_name(1))?;
+        let theirs = router.established(BgpRig::speaker_v4(1))?;
+        *seen.entry((ours.state.to_string(), theirs)).or_insert(0) += 1;
+        if ours.state == SessionState::Established && !theirs {
+            // The router may lag a moment behind: only a lasting
+            // disagreement is a lie.
+            std::thread::sleep(Duration::from_millis(500));
+            if lb.peer(&peer_name(1))?.state == SessionState::Established
+                && !router.established(BgpRig::speaker_v4(1))?
+            {
+                bail!(
+                    "lb says Established, {} does not: {:?}\n{}",
+                    router.name(),
+                    lb.peer(&peer_name(1))?,
+                    router.session_report(BgpRig::speaker_v4(1))?
+                );
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let error = lb.peer(&peer_name(1))?.last_error.unwrap_or_default();
+    eprintln!(
+        "{} with GTSM, lb without: (our state, router established) samples {seen:?}; last error {error:?}",
+        router.name(),
+    );
+    if !error.contains("ttl_security") {
+        bail!("lbctl bgp would not point at GTSM: {error}");
+    }
+    lb.shutdown()
+}
+
+#[test]
+fn bird_with_gtsm_on_the_router_only() {
+    check(gtsm_on_the_router_only(RouterKind::Bird));
+}
+
+#[test]
+fn frr_with_gtsm_on_the_router_only() {
+    check(gtsm_on_the_router_only(RouterKind::Frr));
 }

@@ -80,6 +80,10 @@ pub struct EcmpRig {
     pub backends: Vec<Backend>,
     pub client: Netns,
     pub router: Netns,
+    /// Lines added to every balancer's `announce.bgp` (4 spaces in), and
+    /// to its peer's flow mapping (`, bfd: {}`).
+    pub speaker_extra: String,
+    pub peer_extra: String,
 }
 
 impl EcmpRig {
@@ -88,6 +92,19 @@ impl EcmpRig {
     /// router daemon of `kind` peering with every balancer. The router
     /// drops a balancer's session as soon as its link goes down.
     pub fn new(balancers: usize, backends: usize, kind: RouterKind) -> Result<EcmpRig> {
+        Self::new_with(balancers, backends, kind, true, &|_| {})
+    }
+
+    /// As [`new`](Self::new); `check_link`: the router drops a session
+    /// when its link loses carrier; `router` edits the router's
+    /// configuration (BFD, policies).
+    pub fn new_with(
+        balancers: usize,
+        backends: usize,
+        kind: RouterKind,
+        check_link: bool,
+        edit_router: &dyn Fn(&mut RouterSpec),
+    ) -> Result<EcmpRig> {
         require_root()?;
         let daemons: &[&str] = match kind {
             RouterKind::Bird => &[crate::routers::BIRD, crate::routers::BIRDC],
@@ -114,6 +131,8 @@ impl EcmpRig {
             backends: Vec::new(),
             client,
             router,
+            speaker_extra: String::new(),
+            peer_extra: String::new(),
         };
         for i in 1..=balancers {
             let name = format!("lb{i}");
@@ -138,9 +157,11 @@ impl EcmpRig {
             });
         }
         rig.wire().context("wiring the ECMP rig")?;
-        let spec = RouterSpec {
+        let mut spec = RouterSpec {
             router_id: router_addr(1),
-            check_link: true,
+            check_link,
+            bfd: false,
+            graceful_shutdown_policy: false,
             peers: (1..=balancers)
                 .map(|i| RouterPeer {
                     name: format!("lb{i}"),
@@ -151,6 +172,7 @@ impl EcmpRig {
                 })
                 .collect(),
         };
+        edit_router(&mut spec);
         rig.router_daemon = Some(match kind {
             RouterKind::Bird => Box::new(Bird::start(&rig.router, &rig.dir, &spec)?),
             RouterKind::Frr => Box::new(Frr::start(&rig.router, &rig.dir, &spec)?),
@@ -291,11 +313,13 @@ impl EcmpRig {
     ) -> String {
         let lb = self.balancer(i);
         format!(
-            "instance: {instance}\ninterfaces: [eth0]\nxdp_mode: native\ngateway_mac: auto\nouter_source_v4: {addr}\nmtu: {INFRA_MTU}\ntable_size: 65537\nconntrack_buckets: 65536\napi_socket: {dir}/lbd.sock\nstate_file: {dir}/state.json\n{top_extra}announce:\n  bgp:\n    local_as: {SPEAKER_AS}\n    router_id: {addr}\n    hold_time: 3s\n    connect_retry: {{ initial: 200ms, max: 1s }}\n    peers:\n      - {{ address: {router}, remote_as: {ROUTER_AS}, local_address: {addr} }}\nvips:\n  - address: {VIP}\n    port: {TCP_PORT}\n    protocol: tcp\n{tcp_extra}    backends:\n{backends}  - address: {VIP}\n    port: {UDP_PORT}\n    protocol: udp\n{udp_extra}    backends:\n{backends}",
+            "instance: {instance}\ninterfaces: [eth0]\nxdp_mode: native\ngateway_mac: auto\nouter_source_v4: {addr}\nmtu: {INFRA_MTU}\ntable_size: 65537\nconntrack_buckets: 65536\napi_socket: {dir}/lbd.sock\nstate_file: {dir}/state.json\n{top_extra}announce:\n  bgp:\n    local_as: {SPEAKER_AS}\n    router_id: {addr}\n    hold_time: 3s\n    connect_retry: {{ initial: 200ms, max: 1s }}\n{speaker}    peers:\n      - {{ address: {router}, remote_as: {ROUTER_AS}, local_address: {addr}{peer} }}\nvips:\n  - address: {VIP}\n    port: {TCP_PORT}\n    protocol: tcp\n{tcp_extra}    backends:\n{backends}  - address: {VIP}\n    port: {UDP_PORT}\n    protocol: udp\n{udp_extra}    backends:\n{backends}",
             instance = lb.instance,
             addr = lb.addr,
             router = router_addr(i),
             dir = lb.dir.display(),
+            speaker = self.speaker_extra,
+            peer = self.peer_extra,
         )
     }
 
@@ -361,6 +385,40 @@ impl EcmpRig {
             "metric",
             "1000",
         ])?;
+        Ok(())
+    }
+
+    /// Balancer `i`'s link goes silent, carrier up (a dead box behind a
+    /// switch, a cut fibre in one direction beyond it): the router drops
+    /// every frame from and to it (nftables in the router's namespace,
+    /// after its XDP program), so neither BGP nor BFD gets through.
+    pub fn silence(&self, i: usize) -> Result<()> {
+        let dev = format!("r-lb{i}");
+        let rules = format!(
+            "table netdev lbsilence{i} {{\n chain in {{ type filter hook ingress device \"{dev}\" priority 0; policy drop; }}\n chain out {{ type filter hook egress device \"{dev}\" priority 0; policy drop; }}\n}}\n"
+        );
+        let path = self.dir.join(format!("silence{i}.nft"));
+        std::fs::write(&path, rules)?;
+        sh(self.router.command("nft").arg("-f").arg(&path))?;
+        Ok(())
+    }
+
+    /// Undoes [`silence`](Self::silence).
+    pub fn unsilence(&self, i: usize) -> Result<()> {
+        sh(self.router.command("nft").args([
+            "delete",
+            "table",
+            "netdev",
+            &format!("lbsilence{i}"),
+        ]))?;
+        Ok(())
+    }
+
+    /// `nft` rules in the router's namespace, from a file written here.
+    pub fn router_nft(&self, name: &str, rules: &str) -> Result<()> {
+        let path = self.dir.join(format!("{name}.nft"));
+        std::fs::write(&path, rules)?;
+        sh(self.router.command("nft").arg("-f").arg(&path))?;
         Ok(())
     }
 

@@ -32,6 +32,7 @@ pub const BIRD: &str = "/usr/sbin/bird";
 pub const BIRDC: &str = "/usr/sbin/birdc";
 pub const ZEBRA: &str = "/usr/lib/frr/zebra";
 pub const BGPD: &str = "/usr/lib/frr/bgpd";
+pub const BFDD: &str = "/usr/lib/frr/bfdd";
 pub const VTYSH: &str = "/usr/bin/vtysh";
 
 /// The router's AS and the speakers' AS (eBGP).
@@ -177,6 +178,8 @@ impl BgpRig {
         RouterSpec {
             router_id: Self::router_v4(1),
             check_link: false,
+            bfd: false,
+            graceful_shutdown_policy: false,
             peers: (1..=self.speakers.len())
                 .map(|i| RouterPeer {
                     name: format!("lb{i}"),
@@ -198,6 +201,13 @@ pub struct RouterSpec {
     /// `check link`; FRR's fast-external-failover, on by default), rather
     /// than at hold-timer expiry.
     pub check_link: bool,
+    /// BFD with every peer (BIRD `protocol bfd`, 300 ms × 3, and `bfd on`:
+    /// a BFD session that goes down takes the BGP session down, routes
+    /// flushed even while the peer is in graceful restart).
+    pub bfd: bool,
+    /// Honour GRACEFUL_SHUTDOWN (RFC 8326 §4.2): routes that carry 65535:0
+    /// get LOCAL_PREF 0.
+    pub graceful_shutdown_policy: bool,
     pub peers: Vec<RouterPeer>,
 }
 
@@ -343,10 +353,22 @@ protocol kernel kernel6 {{
 }}
 define VIPS4 = [ {VIP4_RANGE}{{32,32}} ];
 define VIPS6 = [ {VIP6_RANGE}{{128,128}} ];
+filter vips4 {{ if ! (net ~ VIPS4) then reject; {gshut} accept; }}
+filter vips6 {{ if ! (net ~ VIPS6) then reject; {gshut} accept; }}
 "#,
             id = spec.router_id,
             dir = dir.display(),
+            gshut = if spec.graceful_shutdown_policy {
+                "if (65535, 0) ~ bgp_community then bgp_local_pref = 0;"
+            } else {
+                ""
+            },
         );
+        if spec.bfd {
+            c.push_str(
+                "protocol bfd {\n  interface \"*\" { min rx interval 300 ms; min tx interval 300 ms; multiplier 3; };\n}\n",
+            );
+        }
         for p in &spec.peers {
             let _ = write!(
                 c,
@@ -355,9 +377,9 @@ define VIPS6 = [ {VIP6_RANGE}{{128,128}} ];
   neighbor {addr} as {SPEAKER_AS};
   hold time 3; keepalive time 1; connect retry time 1;
   error wait time 1, 2;
-  check link {check};{security}
-  ipv4 {{ import where net ~ VIPS4; export none; }};
-  ipv6 {{ import where net ~ VIPS6; export none; }};
+  check link {check};{security}{bfd}
+  ipv4 {{ import filter vips4; export none; }};
+  ipv6 {{ import filter vips6; export none; }};
 }}
 "#,
                 name = p.name,
@@ -365,6 +387,7 @@ define VIPS6 = [ {VIP6_RANGE}{{128,128}} ];
                 addr = p.address,
                 check = if spec.check_link { "yes" } else { "no" },
                 security = bird_security(p),
+                bfd = if spec.bfd { "\n  bfd on;" } else { "" },
             );
         }
         c
@@ -497,6 +520,8 @@ pub struct Frr {
     dir: PathBuf,
     zebra: Option<Child>,
     bgpd: Option<Child>,
+    /// With `RouterSpec::bfd`.
+    bfdd: Option<Child>,
     /// Pids whose `/var/tmp/frr/<daemon>.<pid>` directories to remove.
     pids: Vec<(&'static str, u32)>,
 }
@@ -526,6 +551,10 @@ impl Frr {
                 let _ = writeln!(c, " neighbor {} ttl-security hops 1", p.address);
                 let _ = writeln!(c, " neighbor {} passive", p.address);
             }
+            if spec.bfd {
+                // bfdd's defaults: 300 ms × 3.
+                let _ = writeln!(c, " neighbor {} bfd", p.address);
+            }
         }
         for (family, map) in [("ipv4", "VIPS4"), ("ipv6", "VIPS6")] {
             let _ = writeln!(c, " address-family {family} unicast\n  maximum-paths 16");
@@ -551,6 +580,10 @@ impl Frr {
             format!("hostname router\nlog file {}/zebra.log\n", dir.display()),
         )?;
         std::fs::write(dir.join("bgpd.conf"), Self::bgpd_config(&dir, spec))?;
+        std::fs::write(
+            dir.join("bfdd.conf"),
+            format!("hostname router\nlog file {}/bfdd.log\n", dir.display()),
+        )?;
         // The daemons run as frr: they write their sockets, pids and logs
         // here.
         sh(Command::new("chown").arg("-R").arg("frr:frr").arg(&dir))?;
@@ -560,9 +593,13 @@ impl Frr {
             dir,
             zebra: None,
             bgpd: None,
+            bfdd: None,
             pids: Vec::new(),
         };
         frr.zebra = Some(frr.spawn("zebra", ZEBRA)?);
+        if spec.bfd {
+            frr.bfdd = Some(frr.spawn("bfdd", BFDD)?);
+        }
         wait_for(
             "zebra's API socket",
             Duration::from_secs(10),
@@ -671,7 +708,14 @@ impl Router for Frr {
 
     fn logs(&self) -> String {
         let mut s = String::new();
-        for f in ["zebra.out", "zebra.log", "bgpd.out", "bgpd.log"] {
+        for f in [
+            "zebra.out",
+            "zebra.log",
+            "bfdd.out",
+            "bfdd.log",
+            "bgpd.out",
+            "bgpd.log",
+        ] {
             let text = std::fs::read_to_string(self.dir.join(f)).unwrap_or_default();
             let _ = writeln!(s, "--- {f}\n{text}");
         }
@@ -681,7 +725,10 @@ impl Router for Frr {
 
 impl Drop for Frr {
     fn drop(&mut self) {
-        for child in [self.bgpd.take(), self.zebra.take()].into_iter().flatten() {
+        for child in [self.bgpd.take(), self.bfdd.take(), self.zebra.take()]
+            .into_iter()
+            .flatten()
+        {
             let mut child = child;
             stop_child(&mut child, Duration::from_secs(2));
         }

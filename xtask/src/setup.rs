@@ -26,8 +26,11 @@ const PACKAGES: &[&str] = &[
     "binutils",
     "dpkg-dev",
     "shellcheck",
-    // nft: the SYN-flood test drops the tunnelled flood on its router.
+    // nft: the SYN-flood test drops the tunnelled flood on its router; the
+    // BFD tests silence a balancer's link and make BFD's path lossy.
     "nftables",
+    // Loads the CPUs to check that a rig test passes on a busy machine.
+    "stress-ng",
     // Real BGP routers for the interop and active-active tests.
     "bird2",
     "frr",

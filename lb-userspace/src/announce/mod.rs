@@ -65,6 +65,35 @@ pub trait Announcer: Send {
     /// every route, then a NOTIFICATION Cease). Bounded in time; after it,
     /// [`set_announced`](Self::set_announced) fails.
     fn shutdown(&mut self) -> BoxFuture<'_, Result<(), AnnounceError>>;
+
+    /// Whether every backend has had its first probe verdict, so the set
+    /// given to [`set_announced`](Self::set_announced) is the policy's
+    /// real answer (after a restart, BGP sends its routes and End-of-RIB
+    /// only then).
+    fn set_settled(&mut self, _settled: bool) {}
+
+    /// How long a graceful shutdown (RFC 8326) waits between re-announcing
+    /// with the GRACEFUL_SHUTDOWN community and withdrawing; `None`: this
+    /// announcer does not do one.
+    fn graceful_shutdown_wait(&self) -> Option<std::time::Duration> {
+        None
+    }
+
+    /// Starts (or ends) the graceful shutdown's re-announcement.
+    fn set_graceful_shutdown(&mut self, _on: bool) {}
+}
+
+/// What an announcer's start needs from `lbd` beyond its configuration.
+#[derive(Clone, Default)]
+pub struct StartContext {
+    /// The BFD maps (the instance's pins); `None`: BFD cannot run.
+    pub bfd: Option<std::sync::Arc<dyn crate::bfd::BfdTable>>,
+    /// `lbd` restarted over a datapath that kept forwarding (its pins
+    /// were adopted): the first sessions say so (graceful restart).
+    pub restarted: bool,
+    /// The datapath is new (nothing adopted): the first sessions clear
+    /// the Forwarding State bit.
+    pub fresh: bool,
 }
 
 /// The BGP finite state machine's states (RFC 4271 §8.2.2). Announcers
@@ -123,6 +152,32 @@ pub struct PeerStatus {
     /// treat-as-withdraw (BGP only).
     #[serde(default)]
     pub updates_ignored: u64,
+    /// The peer's BFD session, if configured (BGP only).
+    #[serde(default)]
+    pub bfd: Option<crate::bfd::BfdStatus>,
+    /// Graceful restart with this peer (BGP only).
+    #[serde(default)]
+    pub graceful_restart: Option<GracefulRestartStatus>,
+    /// The announcements carry the GRACEFUL_SHUTDOWN community now.
+    #[serde(default)]
+    pub graceful_shutdown: bool,
+}
+
+/// Graceful restart (RFC 4724) in a peer's current or last session.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GracefulRestartStatus {
+    /// We sent the capability; the peer did (it keeps our routes while
+    /// we restart).
+    pub offered: bool,
+    pub peer_supports: bool,
+    pub restart_time_secs: u16,
+    /// Our OPEN said Restart State (`lbd` restarted) and Forwarding State.
+    pub restarting: bool,
+    pub forwarding: bool,
+    /// Holding the routes and End-of-RIB back until the backends' first
+    /// probe verdicts (after a restart).
+    pub deferring: bool,
+    pub end_of_rib_sent: bool,
 }
 
 impl PeerStatus {
@@ -142,6 +197,9 @@ impl PeerStatus {
             updates_sent: 0,
             updates_received: 0,
             updates_ignored: 0,
+            bfd: None,
+            graceful_restart: None,
+            graceful_shutdown: false,
         }
     }
 }
@@ -167,6 +225,8 @@ pub enum AnnounceError {
     ShutDown,
     #[error("shutdown incomplete: {0}")]
     Shutdown(String),
+    #[error("BFD: {0}")]
+    Bfd(#[from] crate::bfd::BfdError),
 }
 
 /// What turns `current` into `desired`.
@@ -242,8 +302,16 @@ pub fn check_prefixes(prefixes: &BTreeSet<IpAddr>) -> Result<(), AnnounceError> 
 }
 
 /// Starts every announcer `config` asks for (inside a tokio runtime; the
-/// ExaBGP one writes to standard output).
+/// ExaBGP one writes to standard output), without BFD or restart state.
 pub fn start(config: &AnnounceConfig) -> Result<Vec<Box<dyn Announcer>>, AnnounceError> {
+    start_with(config, &StartContext::default())
+}
+
+/// [`start`] with what `lbd` knows: its BFD maps, whether it restarted.
+pub fn start_with(
+    config: &AnnounceConfig,
+    ctx: &StartContext,
+) -> Result<Vec<Box<dyn Announcer>>, AnnounceError> {
     let errors = config.validate();
     if !errors.is_empty() {
         return Err(ConfigErrors {
@@ -254,7 +322,7 @@ pub fn start(config: &AnnounceConfig) -> Result<Vec<Box<dyn Announcer>>, Announc
     }
     let mut started: Vec<Box<dyn Announcer>> = Vec::new();
     if let Some(bgp) = &config.bgp {
-        started.push(Box::new(bgp::BgpSpeaker::start(bgp.clone())?));
+        started.push(Box::new(bgp::BgpSpeaker::start_with(bgp.clone(), ctx)?));
     }
     if let Some(exabgp) = &config.exabgp {
         started.push(Box::new(exabgp::ExabgpAnnouncer::stdout(exabgp.clone())));

@@ -106,6 +106,15 @@ pub struct PeerRow {
     /// UPDATEs with malformed attributes, ignored (RFC 7606).
     #[serde(default)]
     pub updates_ignored: u64,
+    /// The peer's BFD session (BGP peers with `bfd`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bfd: Option<crate::bfd::BfdStatus>,
+    /// Graceful restart in the current or last session (BGP).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub graceful_restart: Option<crate::announce::GracefulRestartStatus>,
+    /// The routes carry the GRACEFUL_SHUTDOWN community now.
+    #[serde(default)]
+    pub graceful_shutdown: bool,
 }
 
 /// One VIP's announcement verdict, for `lbctl bgp`.

@@ -789,6 +789,10 @@ fn the_annotated_example_names_every_setting() {
     all.extend(fields_of::<super::announce::bgp::BgpConfig>());
     all.extend(fields_of::<super::announce::bgp::PeerConfig>());
     all.extend(fields_of::<super::announce::bgp::ConnectRetry>());
+    all.extend(fields_of::<super::announce::bgp::GracefulRestart>());
+    all.extend(fields_of::<super::announce::bgp::GracefulShutdown>());
+    all.extend(fields_of::<super::announce::bgp::BfdTimers>());
+    all.extend(fields_of::<super::announce::bgp::ShutdownAttributes>());
     all.extend(fields_of::<super::announce::ExabgpConfig>());
     all.extend(fields_of::<super::announce::ExecConfig>());
     assert!(all.len() > 60, "{all:?}");

@@ -5,7 +5,13 @@
 //! starts the configured ones, tests give recording fakes.
 
 use std::{
+    collections::BTreeSet,
     net::IpAddr,
+    path::PathBuf,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -14,10 +20,11 @@ use tracing::{error, info, warn};
 use super::{Daemon, Result, refused};
 use crate::{
     announce::{
-        self, AnnounceError, Announcer, SessionState,
+        self, AnnounceError, Announcer, SessionState, StartContext,
         policy::{self, Decision, NodeState},
     },
     api::{self, AnnounceStatus, NodeChange},
+    bfd::{BfdTable, KernelBfdTable},
     config::{VipConfig, announce::AnnounceConfig},
     dataplane::Dataplane,
 };
@@ -39,6 +46,11 @@ pub struct Announcers {
     withdrawn_at: Option<Instant>,
     /// The last error an announcer returned, logged once.
     error: Option<String>,
+    /// A graceful shutdown (RFC 8326) is re-announcing `graceful_set`
+    /// with the GRACEFUL_SHUTDOWN community until then; the withdrawal
+    /// follows.
+    graceful_until: Option<Instant>,
+    graceful_set: BTreeSet<IpAddr>,
 }
 
 impl Announcers {
@@ -51,12 +63,56 @@ impl Announcers {
             decision: Decision::default(),
             withdrawn_at: None,
             error: None,
+            graceful_until: None,
+            graceful_set: BTreeSet::new(),
         }
     }
 
     /// The announcers the configuration names ([`announce::start`]).
     pub fn real() -> Self {
         Self::new(Box::new(announce::start))
+    }
+
+    /// The announcers the configuration names, with the instance's BFD
+    /// maps (pinned under `pin_dir`) and, for the first start, whether
+    /// `lbd` restarted over a datapath that kept forwarding (`adopted`).
+    pub fn real_with(pin_dir: PathBuf, adopted: bool) -> Self {
+        let first = AtomicBool::new(true);
+        Self::new(Box::new(move |config: &AnnounceConfig| {
+            let first = first.swap(false, Ordering::Relaxed);
+            let wants_bfd = config
+                .bgp
+                .as_ref()
+                .is_some_and(|b| b.peers.iter().any(|p| p.bfd.is_some()));
+            let bfd = if wants_bfd {
+                let table = KernelBfdTable::open_pinned(&pin_dir)
+                    .map_err(|e| AnnounceError::Bfd(e.into()))?;
+                Some(Arc::new(table) as Arc<dyn BfdTable>)
+            } else {
+                None
+            };
+            let ctx = StartContext {
+                bfd,
+                restarted: first && adopted,
+                fresh: first && !adopted,
+            };
+            announce::start_with(config, &ctx)
+        }))
+    }
+
+    /// The longest graceful-shutdown wait of the running announcers.
+    fn graceful_wait(&self) -> Option<Duration> {
+        self.running
+            .iter()
+            .filter_map(|a| a.graceful_shutdown_wait())
+            .max()
+            .filter(|w| !w.is_zero())
+    }
+
+    fn set_graceful(&mut self, on: bool) {
+        for a in &mut self.running {
+            a.set_graceful_shutdown(on);
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -92,11 +148,14 @@ impl<D: Dataplane> Daemon<D> {
     /// Applies the announce policy to `effective` and hands the answer to
     /// every announcer (they ignore a set they already have).
     pub fn announce_for(&mut self, effective: &[VipConfig]) {
-        let decision = policy::decide(
-            &self.lifecycle.counts(effective),
-            self.startup.attached,
-            self.announcers.node,
-        );
+        let counts = self.lifecycle.counts(effective);
+        let settled = counts.iter().all(|c| c.awaiting == 0);
+        let mut decision = policy::decide(&counts, self.startup.attached, self.announcers.node);
+        if self.announcers.graceful_until.is_some() {
+            // A graceful shutdown keeps what was announced, with the
+            // community, until its wait is over.
+            decision.addresses = self.announcers.graceful_set.clone();
+        }
         // A change on probation that costs a VIP its announcement is
         // reverted before any router hears of it.
         if self.probation_breaks(&decision) {
@@ -111,6 +170,7 @@ impl<D: Dataplane> Daemon<D> {
         }
         let mut failed = None;
         for announcer in &mut a.running {
+            announcer.set_settled(settled);
             if let Err(e) = announcer.set_announced(&decision.addresses) {
                 failed = Some(e.to_string());
             }
@@ -158,6 +218,38 @@ impl<D: Dataplane> Daemon<D> {
         }
     }
 
+    /// Starts a graceful shutdown if an announcer does one and something
+    /// is announced: the routes stay, with the GRACEFUL_SHUTDOWN
+    /// community, for its wait. Returns the wait.
+    fn begin_graceful(&mut self) -> Option<Duration> {
+        let a = &mut self.announcers;
+        let wait = a.graceful_wait()?;
+        if a.node != NodeState::Serving || a.decision.addresses.is_empty() {
+            return None;
+        }
+        a.graceful_set = a.decision.addresses.clone();
+        a.graceful_until = Some(Instant::now() + wait);
+        a.set_graceful(true);
+        info!(
+            addresses = ?a.graceful_set,
+            wait_ms = wait.as_millis() as u64,
+            "graceful shutdown: routes announced again with GRACEFUL_SHUTDOWN, withdrawn after the wait"
+        );
+        Some(wait)
+    }
+
+    /// When the graceful shutdown's wait ends (the serve loop's timer).
+    pub fn graceful_deadline(&self) -> Option<Instant> {
+        self.announcers.graceful_until
+    }
+
+    /// The graceful shutdown's wait is over: withdraw now.
+    pub fn end_graceful_shutdown(&mut self) {
+        if self.announcers.graceful_until.take().is_some() {
+            self.announce();
+        }
+    }
+
     /// A stop signal came: only the grace period is left.
     pub fn stopping(&self) -> bool {
         self.announcers.node == NodeState::Stopping
@@ -174,6 +266,15 @@ impl<D: Dataplane> Daemon<D> {
             NodeState::Serving
         };
         let changed = self.announcers.node != want;
+        let graceful = if drained && changed {
+            self.begin_graceful()
+        } else {
+            None
+        };
+        if !drained {
+            self.announcers.graceful_until = None;
+            self.announcers.set_graceful(false);
+        }
         if changed {
             self.announcers.node = want;
             self.announcers.node_since = Instant::now();
@@ -181,10 +282,10 @@ impl<D: Dataplane> Daemon<D> {
         let before = self.announcers.decision.addresses.clone();
         self.announce();
         let after = &self.announcers.decision.addresses;
-        let addresses: Vec<IpAddr> = if drained {
-            before.difference(after).copied().collect()
-        } else {
-            after.difference(&before).copied().collect()
+        let addresses: Vec<IpAddr> = match (drained, graceful) {
+            (true, Some(_)) => self.announcers.graceful_set.iter().copied().collect(),
+            (true, None) => before.difference(after).copied().collect(),
+            (false, _) => after.difference(&before).copied().collect(),
         };
         if changed {
             info!(
@@ -198,10 +299,10 @@ impl<D: Dataplane> Daemon<D> {
             node: node_wire(self.announcers.node),
             changed,
             addresses,
-            wait_secs: if drained {
-                self.grace_left().as_secs_f64()
-            } else {
-                0.0
+            wait_secs: match (drained, graceful) {
+                (true, Some(w)) => (w + self.config.shutdown_grace).as_secs_f64(),
+                (true, None) => self.grace_left().as_secs_f64(),
+                (false, _) => 0.0,
             },
         })
     }
@@ -213,10 +314,19 @@ impl<D: Dataplane> Daemon<D> {
             info!(signal, "second signal: stopping now");
             return None;
         }
+        // A graceful shutdown already under way (a drain) runs on.
+        let graceful = self.begin_graceful().or_else(|| {
+            self.announcers
+                .graceful_until
+                .map(|t| t.saturating_duration_since(Instant::now()))
+        });
         self.announcers.node = NodeState::Stopping;
         self.announcers.node_since = Instant::now();
         self.announce();
-        let wait = self.grace_left();
+        let wait = match graceful {
+            Some(w) => w + self.config.shutdown_grace,
+            None => self.grace_left(),
+        };
         info!(
             signal,
             wait_ms = wait.as_millis() as u64,
@@ -256,6 +366,9 @@ impl<D: Dataplane> Daemon<D> {
                     updates_sent: p.updates_sent,
                     updates_received: p.updates_received,
                     updates_ignored: p.updates_ignored,
+                    bfd: p.bfd,
+                    graceful_restart: p.graceful_restart,
+                    graceful_shutdown: p.graceful_shutdown,
                 })
                 .collect(),
             vips: a
@@ -291,8 +404,15 @@ impl<D: Dataplane> Daemon<D> {
             NodeState::Serving => String::new(),
             other => format!("; node {other}"),
         };
+        let bfd: Vec<_> = peers.iter().filter_map(|p| p.bfd.as_ref()).collect();
+        let bfd = if bfd.is_empty() {
+            String::new()
+        } else {
+            let up = bfd.iter().filter(|b| b.up).count();
+            format!(", BFD {up} of {} up", bfd.len())
+        };
         format!(
-            "{}: {up} of {} up, {n} address(es) announced{node}",
+            "{}: {up} of {} up{bfd}, {n} address(es) announced{node}",
             kinds.join(", "),
             peers.len()
         )

@@ -177,6 +177,11 @@ impl<D: Dataplane> Daemon<D> {
                 updates_sent: p.updates_sent,
                 updates_received: p.updates_received,
                 updates_ignored: p.updates_ignored,
+                graceful_restart: p
+                    .graceful_restart
+                    .as_ref()
+                    .is_some_and(|g| g.offered && g.peer_supports),
+                bfd: p.bfd,
                 peer: p.peer,
             })
             .collect()

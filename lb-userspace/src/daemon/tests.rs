@@ -74,13 +74,59 @@ struct Rig {
     _dir: ScratchDir,
 }
 
+/// An announcer that records the sets, the settled flags and the
+/// graceful shutdowns it is told, with a graceful-shutdown wait of 3 s.
+struct Graceful(Told, Arc<Mutex<Vec<String>>>);
+
+impl Announcer for Graceful {
+    fn set_announced(&mut self, prefixes: &BTreeSet<IpAddr>) -> Result<(), AnnounceError> {
+        self.0.lock().unwrap().push(prefixes.clone());
+        Ok(())
+    }
+
+    fn status(&self) -> Vec<PeerStatus> {
+        Vec::new()
+    }
+
+    fn shutdown(&mut self) -> BoxFuture<'_, Result<(), AnnounceError>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn set_settled(&mut self, settled: bool) {
+        self.1.lock().unwrap().push(format!("settled {settled}"));
+    }
+
+    fn graceful_shutdown_wait(&self) -> Option<std::time::Duration> {
+        Some(std::time::Duration::from_secs(3))
+    }
+
+    fn set_graceful_shutdown(&mut self, on: bool) {
+        self.1.lock().unwrap().push(format!("graceful {on}"));
+    }
+}
+
+/// One recording announcer, recording into `told`.
+fn recording(told: &Told) -> Announcers {
+    let sink = told.clone();
+    Announcers::new(Box::new(move |_| {
+        Ok(vec![Box::new(Recording(sink.clone())) as Box<dyn Announcer>])
+    }))
+}
+
 /// A daemon programmed from `text` (its state file in a scratch
 /// directory), attached, with one recording announcer.
 fn rig(text: &str) -> Rig {
+    let told = Told::default();
+    let announcers = recording(&told);
+    rig_with(text, told, announcers)
+}
+
+/// [`rig`] with these announcers, which record into `told`.
+fn rig_with(text: &str, told: Told, announcers: Announcers) -> Rig {
     let dir = ScratchDir::new("daemon");
     let state = dir.join("state.json");
     let text = format!("{text}\nstate_file: {}\n", state.display());
-    rig_in(dir, &text)
+    rig_in(dir, &text, told, announcers)
 }
 
 /// The daemon of `r` started again (as after `kill -9`): the same file,
@@ -89,11 +135,13 @@ fn restart(r: Rig) -> Rig {
     let Rig { daemon, _dir, .. } = r;
     let text = daemon.text.to_string();
     drop(daemon);
-    rig_in(_dir, &text)
+    let told = Told::default();
+    let announcers = recording(&told);
+    rig_in(_dir, &text, told, announcers)
 }
 
 /// [`rig`] in `dir`, from `text` (which names its state file).
-fn rig_in(dir: ScratchDir, text: &str) -> Rig {
+fn rig_in(dir: ScratchDir, text: &str, told: Told, announcers: Announcers) -> Rig {
     let text = text.to_string();
     let config = Config::parse(&text).expect("test config parses");
     let revisions = RevisionStore::open(&config.revisions_dir(), config.history).unwrap();
@@ -105,11 +153,6 @@ fn rig_in(dir: ScratchDir, text: &str) -> Rig {
     let probes = Probes::new(Box::new(move |_, keys, _, _, _| {
         record.lock().unwrap().extend_from_slice(keys);
         tokio::spawn(async {})
-    }));
-    let told = Told::default();
-    let sink = told.clone();
-    let announcers = Announcers::new(Box::new(move |_| {
-        Ok(vec![Box::new(Recording(sink.clone())) as Box<dyn Announcer>])
     }));
     let target = Target {
         config,
@@ -484,6 +527,64 @@ async fn node_drain_withdraws_everything_and_undrain_brings_it_back() {
     r.daemon.begin_stop("SIGTERM");
     let e = r.refused(Request::Node(NodeRequest::Undrain)).await;
     assert!(e.contains("shutting down"), "{e}");
+}
+
+#[tokio::test]
+async fn a_graceful_shutdown_keeps_the_routes_with_the_community_then_withdraws() {
+    let told = Told::default();
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let (sink, log) = (told.clone(), events.clone());
+    let announcers = Announcers::new(Box::new(move |_| {
+        Ok(vec![
+            Box::new(Graceful(sink.clone(), log.clone())) as Box<dyn Announcer>
+        ])
+    }));
+    let mut r = rig_with(FILE, told, announcers);
+    let graceful = || {
+        events
+            .lock()
+            .unwrap()
+            .iter()
+            .rev()
+            .find(|e| e.starts_with("graceful"))
+            .cloned()
+    };
+    let web = BTreeSet::from([ip("10.99.0.1")]);
+    assert_eq!(r.announced(), web);
+    assert!(events.lock().unwrap().contains(&"settled true".to_string()));
+    // Drain: announced still, with the community, for the 3 s wait.
+    let c: api::NodeChange = parse(
+        r.ok(Request::Node(NodeRequest::Drain { no_wait: true }))
+            .await,
+    );
+    assert_eq!(c.addresses, vec![ip("10.99.0.1")]);
+    assert_eq!(
+        c.wait_secs,
+        3.0 + r.daemon.config.shutdown_grace.as_secs_f64()
+    );
+    assert_eq!(r.announced(), web, "not withdrawn before the wait");
+    assert_eq!(graceful().as_deref(), Some("graceful true"));
+    assert!(r.daemon.graceful_deadline().is_some());
+    // A probe result meanwhile changes nothing.
+    r.daemon.announce();
+    assert_eq!(r.announced(), web);
+    // The wait is over: withdrawn.
+    r.daemon.end_graceful_shutdown();
+    assert!(r.announced().is_empty());
+    assert!(r.daemon.graceful_deadline().is_none());
+    // Undrain: back, without the community.
+    r.ok(Request::Node(NodeRequest::Undrain)).await;
+    assert_eq!(r.announced(), web);
+    assert_eq!(graceful().as_deref(), Some("graceful false"));
+    // SIGTERM: the same, and lbd waits for both.
+    let wait = r.daemon.begin_stop("SIGTERM").expect("a first signal");
+    assert_eq!(
+        wait,
+        std::time::Duration::from_secs(3) + r.daemon.config.shutdown_grace
+    );
+    assert_eq!(r.announced(), web);
+    r.daemon.end_graceful_shutdown();
+    assert!(r.announced().is_empty());
 }
 
 #[tokio::test]

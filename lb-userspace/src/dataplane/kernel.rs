@@ -23,11 +23,12 @@ use aya::{
 use lb_common::{
     AltChunk, BackendDef, CounterValue, DatapathConfig, FlowBucket, SynCounts, SynSlot, TableChunk,
     TraceFilter, VipFilter, VipKey, VipMeta,
+    bfd::BFD_MAX_SESSIONS,
     consts::{
-        ALL_MAPS, MAP_ALTERNATES, MAP_BACKEND_STATS, MAP_BACKEND_SYNS, MAP_BACKENDS, MAP_CONFIG,
-        MAP_COUNTERS, MAP_FLOWS, MAP_SYNS, MAP_TABLES, MAP_TRACE, MAP_TRACE_EVENTS, MAP_VIP_FILTER,
-        MAP_VIP_RETIRED, MAP_VIP_STATS, MAP_VIPS, PROG_LB, PROG_LB_TRACE, PROG_PROBE_ENCAP,
-        SYN_SLOTS, TABLE_CHUNK_SLOTS, TRACE_RING_BYTES,
+        ALL_MAPS, MAP_ALTERNATES, MAP_BACKEND_STATS, MAP_BACKEND_SYNS, MAP_BACKENDS, MAP_BFD_PEERS,
+        MAP_BFD_STATE, MAP_CONFIG, MAP_COUNTERS, MAP_FLOWS, MAP_SYNS, MAP_TABLES, MAP_TRACE,
+        MAP_TRACE_EVENTS, MAP_VIP_FILTER, MAP_VIP_RETIRED, MAP_VIP_STATS, MAP_VIPS, PROG_LB,
+        PROG_LB_TRACE, PROG_PROBE_ENCAP, SYN_SLOTS, TABLE_CHUNK_SLOTS, TRACE_RING_BYTES,
     },
     counters::COUNTER_SLOTS,
 };
@@ -319,6 +320,15 @@ impl KernelDataplane {
         }
     }
 
+    /// The BFD maps of the loaded object, once (`None` after that), for a
+    /// `lb::bfd::KernelBfdTable` in tests: `lbd` opens them from the pins.
+    pub fn take_bfd_maps(&mut self) -> Option<(Map, Map)> {
+        Some((
+            self.ebpf.take_map(MAP_BFD_PEERS)?,
+            self.ebpf.take_map(MAP_BFD_STATE)?,
+        ))
+    }
+
     /// The loaded `lb_xdp` program (attach it, or drive it with `TestRun`).
     pub fn program(&mut self) -> &mut Xdp {
         self.ebpf
@@ -406,7 +416,7 @@ fn per_cpu_sum(map: &Counts, name: &'static str, index: u32) -> Result<CounterVa
 }
 
 /// Sizes of each map for `layout`: (name, max entries, value size).
-fn expected_maps(layout: &Layout) -> [(&'static str, u32, u32); 15] {
+fn expected_maps(layout: &Layout) -> [(&'static str, u32, u32); 17] {
     use std::mem::size_of;
     let v = |n: usize| n as u32;
     [
@@ -448,6 +458,16 @@ fn expected_maps(layout: &Layout) -> [(&'static str, u32, u32); 15] {
             MAP_ALTERNATES,
             layout.alt_map_entries(),
             v(size_of::<AltChunk>()),
+        ),
+        (
+            MAP_BFD_PEERS,
+            BFD_MAX_SESSIONS,
+            v(size_of::<lb_common::BfdConfig>()),
+        ),
+        (
+            MAP_BFD_STATE,
+            BFD_MAX_SESSIONS,
+            v(size_of::<lb_common::BfdState>()),
         ),
     ]
 }

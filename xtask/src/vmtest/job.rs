@@ -37,6 +37,7 @@ const DATAPATH: &[&str] = &[
     "fragments",
     "decap",
     "second_chance",
+    "bfd",
 ];
 
 /// End-to-end tests of `tests/e2e/main.rs` in the slice: connections

@@ -360,7 +360,11 @@ fn resize(ctx: &XdpContext, keep: usize, grow: usize) -> Result<(), ReplyError> 
 /// One's-complement sum (unfolded) of the `N` bytes at `off` plus `seed`,
 /// by the kernel's `bpf_csum_diff`. `N` is a multiple of 4, at most 512.
 #[inline(always)]
-fn sum_bytes<const N: usize>(ctx: &XdpContext, off: usize, seed: u32) -> Result<u32, ReplyError> {
+pub(crate) fn sum_bytes<const N: usize>(
+    ctx: &XdpContext,
+    off: usize,
+    seed: u32,
+) -> Result<u32, ReplyError> {
     let p = At::<[u8; N]>::new(ctx, off).ok_or(ReplyError)?;
     // SAFETY: `p` covers `N` bytes of the packet (checked by `At::new`).
     let sum = unsafe {

@@ -3,7 +3,8 @@
 //! otherwise find the VIP, pick the backend by Maglev, record the flow;
 //! encapsulate, `XDP_TX`. Fragments and ICMP take their own short paths
 //! (fragment policy, echo replies, errors routed to the flow's backend),
-//! and a packet too big once encapsulated is answered with ICMP. Every
+//! a packet too big once encapsulated is answered with ICMP, and BFD
+//! control packets that are no VIP's are answered (`bfd.rs`). Every
 //! packet ends in exactly one outcome counter, incremented here and
 //! nowhere else.
 //!
@@ -16,6 +17,7 @@
 #![no_std]
 #![no_main]
 
+mod bfd;
 mod conntrack;
 mod encap;
 mod icmp;
@@ -114,7 +116,7 @@ fn decide<const TRACE: bool>(
         return icmp_to_vip::<TRACE>(ctx, cfg, pkt);
     }
     if !maybe_vip(cfg, pkt) {
-        return (PASS, Counter::PassNotVip);
+        return not_a_vip(ctx, pkt);
     }
     let hash = flow_hash(pkt.family, &pkt.src, &pkt.dst, pkt.ports, pkt.proto);
     let (bucket_index, tag) = ct_position(hash, cfg.ct_seed);
@@ -144,7 +146,7 @@ fn decide<const TRACE: bool>(
     }
 
     let Some(meta) = find_vip(cfg, &pkt.dst, pkt.dport(), pkt.proto, pkt.family) else {
-        return (PASS, Counter::PassNotVip);
+        return not_a_vip(ctx, pkt);
     };
     // A tracked TCP flow has a slot in the recent SYNs.
     let has_syn_slot = meta.flags & VIP_F_NO_CONNTRACK == 0 && pkt.is_tcp();
@@ -175,6 +177,20 @@ fn decide<const TRACE: bool>(
         has_syn_slot,
     };
     new_flow::<TRACE>(ctx, cfg, &meta, pkt, hash, at)
+}
+
+/// A TCP or UDP packet that is no VIP's: passed to the kernel, unless it
+/// is a BFD control packet of a session `lbd` configured, which the
+/// datapath answers itself (`bfd.rs`). The check costs VIP traffic
+/// nothing: VIP packets never come here.
+#[inline(always)]
+fn not_a_vip(ctx: &XdpContext, pkt: &Packet) -> (u32, Counter) {
+    if bfd::is_control(pkt)
+        && let Some(done) = bfd::answer(ctx, pkt)
+    {
+        return done;
+    }
+    (PASS, Counter::PassNotVip)
 }
 
 /// Where a flow lives: its connection-table bucket (and recent-SYN slot)

@@ -7,8 +7,9 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
 use lb_common::{
-    AltChunk, BackendDef, CounterValue, DatapathConfig, FlowBucket, SynCounts, SynSlot, TableChunk,
-    TraceFilter, VipFilter, VipKey, VipMeta,
+    AltChunk, BackendDef, BfdConfig, BfdKey, BfdState, CounterValue, DatapathConfig, FlowBucket,
+    SynCounts, SynSlot, TableChunk, TraceFilter, VipFilter, VipKey, VipMeta,
+    bfd::BFD_MAX_SESSIONS,
     consts::{SYN_SLOTS, TRACE_RING_BYTES},
     counters::COUNTER_SLOTS,
 };
@@ -83,3 +84,14 @@ pub static LB_TRACE: Array<TraceFilter> = Array::with_max_entries(1, 0);
 /// Trace events, read by `lbctl trace` from the pinned map.
 #[map]
 pub static LB_TRACE_EVENTS: RingBuf = RingBuf::with_byte_size(TRACE_RING_BYTES, 0);
+
+/// BFD sessions by peer address: their configuration, written by `lbd`
+/// only (see `bfd.rs`).
+#[map]
+pub static LB_BFD_PEERS: HashMap<BfdKey, BfdConfig> =
+    HashMap::with_max_entries(BFD_MAX_SESSIONS, 0);
+
+/// Each BFD session's state, written by this program only (`lbd` zeroes a
+/// slot for a new session).
+#[map]
+pub static LB_BFD_STATE: Array<BfdState> = Array::with_max_entries(BFD_MAX_SESSIONS, 0);

@@ -16,18 +16,26 @@
 
 mod session;
 mod sockopt;
+mod strict;
 pub mod wire;
 
 use std::{collections::BTreeSet, net::IpAddr, sync::Arc, time::Duration};
+
+pub use self::session::Desired;
 
 use futures::future::BoxFuture;
 use tokio::{sync::watch, task::JoinHandle};
 use tracing::info;
 
 use self::session::{Local, PeerShared};
-use super::{AnnounceError, Announcer, PeerStatus, publish_desired};
-use crate::config::ConfigErrors;
-pub use crate::config::announce::bgp::{BgpConfig, ConnectRetry, PeerConfig};
+use super::{AnnounceError, Announcer, PeerStatus, StartContext, check_prefixes};
+pub use crate::config::announce::bgp::{
+    BgpConfig, ConnectRetry, GracefulRestart, GracefulShutdown, PeerConfig,
+};
+use crate::{
+    bfd::{BfdLink, BfdPeer, BfdSessions},
+    config::ConfigErrors,
+};
 
 /// How long [`Announcer::shutdown`] waits for the sessions to withdraw,
 /// send Cease and close before it abandons them.
@@ -36,6 +44,7 @@ pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 struct Peer {
     config: PeerConfig,
     shared: Arc<PeerShared>,
+    bfd: Option<BfdLink>,
     task: Option<JoinHandle<()>>,
 }
 
@@ -43,10 +52,13 @@ struct Peer {
 /// and send Cease while the runtime lives); [`Announcer::shutdown`] also
 /// waits for that.
 pub struct BgpSpeaker {
-    desired: watch::Sender<Arc<BTreeSet<IpAddr>>>,
+    desired: watch::Sender<Arc<Desired>>,
     stop: watch::Sender<bool>,
     peers: Vec<Peer>,
     shut_down: bool,
+    graceful_shutdown: Option<Duration>,
+    /// Reads the BFD sessions' state while the speaker runs.
+    _bfd: Option<BfdSessions>,
 }
 
 impl BgpSpeaker {
@@ -54,6 +66,11 @@ impl BgpSpeaker {
     /// current tokio runtime. Nothing is announced until
     /// [`Announcer::set_announced`].
     pub fn start(config: BgpConfig) -> Result<Self, AnnounceError> {
+        Self::start_with(config, &StartContext::default())
+    }
+
+    /// [`start`](Self::start) with `lbd`'s BFD maps and restart state.
+    pub fn start_with(config: BgpConfig, ctx: &StartContext) -> Result<Self, AnnounceError> {
         let mut errors = config.validate();
         errors.extend(config.check_files());
         if !errors.is_empty() {
@@ -73,24 +90,39 @@ impl BgpSpeaker {
             retry_max: config.connect_retry.max,
             next_hop_v4: config.next_hop_v4,
             next_hop_v6: config.next_hop_v6,
+            graceful_restart: config.graceful_restart.clone(),
+            graceful_shutdown: config.graceful_shutdown.is_some(),
+            restarted: ctx.restarted,
+            fresh: ctx.fresh,
         });
-        let (desired, desired_rx) = watch::channel(Arc::new(BTreeSet::new()));
+        let bfd = start_bfd(&config, ctx)?;
+        let (desired, desired_rx) = watch::channel(Arc::new(Desired::default()));
         let (stop, stop_rx) = watch::channel(false);
+        let mut next_bfd = 0;
         let peers = config
             .peers
             .into_iter()
             .map(|peer| {
                 let shared = Arc::new(PeerShared::default());
+                let link = match (&bfd, peer.bfd) {
+                    (Some(sessions), Some(_)) => {
+                        next_bfd += 1;
+                        Some(sessions.link(next_bfd - 1))
+                    }
+                    _ => None,
+                };
                 let task = runtime.spawn(session::run_peer(
                     Arc::clone(&local),
                     peer.clone(),
                     Arc::clone(&shared),
                     desired_rx.clone(),
                     stop_rx.clone(),
+                    link.clone(),
                 ));
                 Peer {
                     config: peer,
                     shared,
+                    bfd: link,
                     task: Some(task),
                 }
             })
@@ -106,19 +138,77 @@ impl BgpSpeaker {
             stop,
             peers,
             shut_down: false,
+            graceful_shutdown: config.graceful_shutdown.map(|g| g.wait),
+            _bfd: bfd,
         })
     }
+
+    fn update_desired(&self, f: impl FnOnce(&mut Desired)) {
+        self.desired.send_if_modified(|current| {
+            let mut next = (**current).clone();
+            f(&mut next);
+            if next == **current {
+                return false;
+            }
+            *current = Arc::new(next);
+            true
+        });
+    }
+}
+
+/// The BFD sessions of the peers that ask for one, in peer order.
+fn start_bfd(config: &BgpConfig, ctx: &StartContext) -> Result<Option<BfdSessions>, AnnounceError> {
+    let peers: Vec<BfdPeer> = config
+        .peers
+        .iter()
+        .filter_map(|p| {
+            p.bfd.map(|timers| BfdPeer {
+                peer: p.address,
+                local: p.local_address,
+                timers,
+            })
+        })
+        .collect();
+    if peers.is_empty() {
+        return Ok(None);
+    }
+    let Some(table) = &ctx.bfd else {
+        return Err(crate::bfd::BfdError::NoMaps.into());
+    };
+    Ok(Some(crate::bfd::start(Arc::clone(table), peers)?))
 }
 
 impl Announcer for BgpSpeaker {
     fn set_announced(&mut self, prefixes: &BTreeSet<IpAddr>) -> Result<(), AnnounceError> {
-        publish_desired(&self.desired, self.shut_down, prefixes)
+        if self.shut_down {
+            return Err(AnnounceError::ShutDown);
+        }
+        check_prefixes(prefixes)?;
+        self.update_desired(|d| d.prefixes.clone_from(prefixes));
+        Ok(())
+    }
+
+    fn set_settled(&mut self, settled: bool) {
+        self.update_desired(|d| d.settled = settled);
+    }
+
+    fn graceful_shutdown_wait(&self) -> Option<Duration> {
+        self.graceful_shutdown
+    }
+
+    fn set_graceful_shutdown(&mut self, on: bool) {
+        let on = on && self.graceful_shutdown.is_some();
+        self.update_desired(|d| d.shutdown = on);
     }
 
     fn status(&self) -> Vec<PeerStatus> {
         self.peers
             .iter()
-            .map(|p| p.shared.status(&p.config))
+            .map(|p| {
+                let mut s = p.shared.status(&p.config);
+                s.bfd = p.bfd.as_ref().map(BfdLink::status);
+                s
+            })
             .collect()
     }
 
@@ -188,6 +278,8 @@ mod tests {
             },
             next_hop_v4: None,
             next_hop_v6: None,
+            graceful_restart: GracefulRestart::default(),
+            graceful_shutdown: None,
             peers: vec![PeerConfig {
                 port,
                 ..PeerConfig::new(Ipv4Addr::LOCALHOST.into(), 65000)
@@ -218,9 +310,9 @@ mod tests {
         let open = frame(&mut sock).await;
         assert_eq!(
             open,
-            wire::open(65001, 3, Ipv4Addr::new(10, 0, 0, 11)).unwrap()
+            wire::open(65001, 3, Ipv4Addr::new(10, 0, 0, 11), None).unwrap()
         );
-        sock.write_all(&wire::open(65000, peer_hold, Ipv4Addr::new(10, 0, 0, 1)).unwrap())
+        sock.write_all(&wire::open(65000, peer_hold, Ipv4Addr::new(10, 0, 0, 1), None).unwrap())
             .await
             .unwrap();
         sock.write_all(&keepalive()).await.unwrap();
@@ -261,6 +353,7 @@ mod tests {
             local_as: 65001,
             ebgp: true,
             asn4: true,
+            shutdown: None,
         };
         let want =
             announce_v4(&attrs, Ipv4Addr::LOCALHOST, &[Ipv4Addr::new(10, 99, 0, 1)]).unwrap();
@@ -353,6 +446,7 @@ mod tests {
             local_as: 65001,
             ebgp: true,
             asn4: true,
+            shutdown: None,
         };
         let mut want = announce_v4(&attrs, Ipv4Addr::new(192, 0, 2, 11), &[v4]).unwrap();
         want.extend(announce_v6(&attrs, std::net::Ipv6Addr::LOCALHOST, &[v6]).unwrap());
@@ -382,6 +476,7 @@ mod tests {
             local_as: 65001,
             ebgp: true,
             asn4: true,
+            shutdown: None,
         };
         let want = announce_v6(&attrs, "2001:db8:bbbb::11".parse().unwrap(), &[v6]).unwrap();
         assert_eq!(vec![frame(&mut sock).await], want);
@@ -404,7 +499,7 @@ mod tests {
         };
         // A 3-byte COMMUNITIES, three times (as a router would resend it).
         let bad = update(&[
-            0, 0, 0, 24, 0x40, 1, 1, 0, 0x40, 2, 0, 0x40, 3, 4, 10, 0, 0, 1, 0xc0, 8, 3, 1, 2, 3,
+            0, 0, 0, 20, 0x40, 1, 1, 0, 0x40, 2, 0, 0x40, 3, 4, 10, 0, 0, 1, 0xc0, 8, 3, 1, 2, 3,
             32, 10, 99, 0, 1,
         ]);
         for _ in 0..3 {
@@ -472,7 +567,7 @@ mod tests {
             .unwrap()
             .unwrap();
         frame(&mut sock).await;
-        sock.write_all(&wire::open(65099, 3, Ipv4Addr::new(10, 0, 0, 1)).unwrap())
+        sock.write_all(&wire::open(65099, 3, Ipv4Addr::new(10, 0, 0, 1), None).unwrap())
             .await
             .unwrap();
         let reply = frame(&mut sock).await;
@@ -483,6 +578,164 @@ mod tests {
             s.last_error.as_deref().unwrap_or("").contains("AS 65099"),
             "{s:?}"
         );
+    }
+
+    /// The peer's OPEN with the graceful restart capability (restart time
+    /// 120 s, IPv4 unicast), written out from RFC 4724 §3.
+    fn open_with_gr() -> Vec<u8> {
+        #[rustfmt::skip]
+        let body = [
+            4, 0xfd, 0xe8, 0, 3, 10, 0, 0, 1,
+            22, 2, 20,
+            1, 4, 0, 1, 0, 1,
+            65, 4, 0, 0, 0xfd, 0xe8,
+            64, 6, 0, 120, 0, 1, 1, 0,
+        ];
+        let mut m = vec![0xff; 16];
+        m.extend_from_slice(&((HEADER_LEN + body.len()) as u16).to_be_bytes());
+        m.push(TYPE_OPEN);
+        m.extend_from_slice(&body);
+        m
+    }
+
+    /// Accepts, checks that our OPEN offers `gr`, answers with GR.
+    async fn establish_gr(listener: &TcpListener, gr: GracefulRestartOffer) -> TcpStream {
+        let (mut sock, _) = timeout(Duration::from_secs(5), listener.accept())
+            .await
+            .expect("the speaker connects")
+            .expect("accept");
+        let open = frame(&mut sock).await;
+        assert_eq!(
+            open,
+            wire::open(65001, 3, Ipv4Addr::new(10, 0, 0, 11), Some(gr)).unwrap()
+        );
+        sock.write_all(&open_with_gr()).await.unwrap();
+        sock.write_all(&keepalive()).await.unwrap();
+        assert_eq!(frame(&mut sock).await, keepalive());
+        sock
+    }
+
+    /// The next message that is not a KEEPALIVE.
+    async fn next_update(sock: &mut TcpStream) -> Vec<u8> {
+        loop {
+            let m = frame(sock).await;
+            if m != keepalive() {
+                return m;
+            }
+        }
+    }
+
+    fn gr_config(port: u16) -> BgpConfig {
+        let mut c = config(port, 3);
+        c.graceful_restart.mode = crate::config::announce::bgp::GracefulRestartMode::On;
+        c.graceful_restart.eor_defer_max = Duration::from_secs(20);
+        c
+    }
+
+    #[tokio::test]
+    async fn after_a_restart_routes_and_end_of_rib_wait_for_the_first_verdicts() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let ctx = StartContext {
+            restarted: true,
+            ..StartContext::default()
+        };
+        let mut speaker = BgpSpeaker::start_with(gr_config(port), &ctx).expect("starts");
+        let vip: IpAddr = "10.99.0.1".parse().unwrap();
+        // What the policy says before the verdicts: nothing yet.
+        speaker.set_announced(&BTreeSet::new()).unwrap();
+        let gr = GracefulRestartOffer {
+            restarting: true,
+            restart_time: 30,
+            forwarding: true,
+        };
+        let mut sock = establish_gr(&listener, gr).await;
+        wait_for_state(&speaker, SessionState::Established).await;
+        // Held back: a withdrawal-free, route-free second, no End-of-RIB.
+        speaker.set_announced(&[vip].into_iter().collect()).unwrap();
+        for _ in 0..2 {
+            assert_eq!(
+                frame(&mut sock).await,
+                keepalive(),
+                "nothing but keepalives while deferring"
+            );
+        }
+        let s = speaker.status().remove(0);
+        let g = s.graceful_restart.expect("graceful restart status");
+        assert!(
+            g.deferring && g.restarting && g.peer_supports && !g.end_of_rib_sent,
+            "{g:?}"
+        );
+        // The verdicts are in: the route, then End-of-RIB.
+        speaker.set_settled(true);
+        let attrs = RouteAttrs {
+            local_as: 65001,
+            ebgp: true,
+            asn4: true,
+            shutdown: None,
+        };
+        let want =
+            announce_v4(&attrs, Ipv4Addr::LOCALHOST, &[Ipv4Addr::new(10, 99, 0, 1)]).unwrap();
+        assert_eq!(vec![next_update(&mut sock).await], want);
+        assert_eq!(next_update(&mut sock).await, end_of_rib_v4());
+        // The graceful shutdown: the same route again, with the community.
+        speaker.set_graceful_shutdown(true);
+        assert!(speaker.graceful_shutdown_wait().is_none(), "not configured");
+        speaker.shutdown().await.expect("clean shutdown");
+    }
+
+    #[tokio::test]
+    async fn a_fresh_start_sends_end_of_rib_at_once_and_graceful_shutdown_re_announces() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mut cfg = gr_config(port);
+        cfg.graceful_shutdown = Some(GracefulShutdown {
+            wait: Duration::from_secs(5),
+        });
+        cfg.peers[0].graceful_shutdown.med = Some(7);
+        let ctx = StartContext {
+            fresh: true,
+            ..StartContext::default()
+        };
+        let mut speaker = BgpSpeaker::start_with(cfg, &ctx).expect("starts");
+        assert_eq!(
+            speaker.graceful_shutdown_wait(),
+            Some(Duration::from_secs(5))
+        );
+        let vip = Ipv4Addr::new(10, 99, 0, 1);
+        speaker
+            .set_announced(&[IpAddr::from(vip)].into_iter().collect())
+            .unwrap();
+        let gr = GracefulRestartOffer {
+            restarting: false,
+            restart_time: 30,
+            forwarding: false,
+        };
+        let mut sock = establish_gr(&listener, gr).await;
+        let mut attrs = RouteAttrs {
+            local_as: 65001,
+            ebgp: true,
+            asn4: true,
+            shutdown: None,
+        };
+        let plain = announce_v4(&attrs, Ipv4Addr::LOCALHOST, &[vip]).unwrap();
+        assert_eq!(vec![next_update(&mut sock).await], plain);
+        assert_eq!(next_update(&mut sock).await, end_of_rib_v4());
+        speaker.set_graceful_shutdown(true);
+        attrs.shutdown = Some(crate::config::announce::bgp::ShutdownAttributes {
+            med: Some(7),
+            ..Default::default()
+        });
+        let gshut = announce_v4(&attrs, Ipv4Addr::LOCALHOST, &[vip]).unwrap();
+        assert_eq!(vec![next_update(&mut sock).await], gshut);
+        assert!(speaker.status()[0].graceful_shutdown);
+        // Then the withdrawal.
+        speaker.set_announced(&BTreeSet::new()).unwrap();
+        assert_eq!(
+            vec![next_update(&mut sock).await],
+            withdraw_v4(&[vip]).unwrap()
+        );
+        speaker.shutdown().await.expect("clean shutdown");
     }
 
     #[test]

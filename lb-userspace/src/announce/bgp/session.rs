@@ -30,10 +30,26 @@ use tokio::{
 use tracing::{debug, info, warn};
 
 use super::{
-    PeerConfig,
-    wire::{self, Decoder, Message, Notification, RouteAttrs},
+    GracefulRestart, PeerConfig,
+    wire::{self, Decoder, GracefulRestartOffer, Message, Notification, RouteAttrs},
 };
-use crate::announce::{PeerStatus, SessionState, diff};
+use crate::{
+    announce::{GracefulRestartStatus, PeerStatus, SessionState, diff},
+    bfd::BfdLink,
+};
+
+/// What the speaker wants every session to announce.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Desired {
+    pub prefixes: BTreeSet<IpAddr>,
+    /// Every backend has had its first probe verdict (see
+    /// `Announcer::set_settled`).
+    pub settled: bool,
+    /// A graceful shutdown is under way: announce with GRACEFUL_SHUTDOWN.
+    pub shutdown: bool,
+}
+
+type DesiredRx = watch::Receiver<Arc<Desired>>;
 
 /// Hold timer while waiting for the peer's OPEN (RFC 4271 §8: "a large
 /// value", suggested 4 minutes).
@@ -45,6 +61,11 @@ const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// A session that stayed Established this long was a working one: the
 /// reconnection backoff starts over after it.
 const STABLE_SESSION: Duration = Duration::from_secs(10);
+/// Why a session that dies after the connection but before the peer's
+/// KEEPALIVE did: our OPEN never reached the peer, or never pleased it.
+/// With BIRD and FRR, the usual cause is GTSM on the router only.
+const UNCONFIRMED: &str = "(the peer never confirmed our OPEN: a router with GTSM (ttl-security) drops our segments unless ttl_security is set here too)";
+
 /// How long we read (and discard) after our NOTIFICATION before closing,
 /// so that the kernel sends FIN, not RST, and the peer gets to read it.
 const LINGER: Duration = Duration::from_millis(500);
@@ -59,6 +80,13 @@ pub(super) struct Local {
     pub retry_max: Duration,
     pub next_hop_v4: Option<Ipv4Addr>,
     pub next_hop_v6: Option<Ipv6Addr>,
+    pub graceful_restart: GracefulRestart,
+    /// `graceful_shutdown` is configured.
+    pub graceful_shutdown: bool,
+    /// `lbd` restarted over a forwarding datapath / the datapath is new
+    /// (see `announce::StartContext`).
+    pub restarted: bool,
+    pub fresh: bool,
 }
 
 /// A peer's status, written by its task, read by `status()`.
@@ -81,6 +109,8 @@ struct Counters {
     updates_received: u64,
     /// UPDATEs with malformed attributes, ignored (RFC 7606).
     updates_ignored: u64,
+    graceful_restart: Option<GracefulRestartStatus>,
+    graceful_shutdown: bool,
 }
 
 impl Default for Counters {
@@ -97,6 +127,8 @@ impl Default for Counters {
             updates_sent: 0,
             updates_received: 0,
             updates_ignored: 0,
+            graceful_restart: None,
+            graceful_shutdown: false,
         }
     }
 }
@@ -124,6 +156,9 @@ impl PeerShared {
             updates_sent: c.updates_sent,
             updates_received: c.updates_received,
             updates_ignored: c.updates_ignored,
+            bfd: None,
+            graceful_restart: c.graceful_restart.clone(),
+            graceful_shutdown: c.graceful_shutdown,
         }
     }
 
@@ -229,11 +264,14 @@ pub(super) async fn run_peer(
     local: Arc<Local>,
     peer: PeerConfig,
     shared: Arc<PeerShared>,
-    mut desired: watch::Receiver<Arc<BTreeSet<IpAddr>>>,
+    mut desired: DesiredRx,
     mut stop: watch::Receiver<bool>,
+    bfd: Option<BfdLink>,
 ) {
     let addr = peer.socket_addr();
     let mut backoff = Backoff::new(local.retry_initial, local.retry_max);
+    let gr_on = peer.graceful_restart(&local.graceful_restart);
+    let mut first = true;
     loop {
         if *stop.borrow() {
             break;
@@ -248,11 +286,28 @@ pub(super) async fn run_peer(
             Ok(stream) => {
                 debug!(peer = %addr, "BGP connection up");
                 let mut session = Session::new(&local, &peer, &shared, stream);
+                session.bfd = bfd.clone();
+                // RFC 4724: Restart State on the first session after lbd
+                // restarted; Forwarding State unless the datapath is new.
+                session.gr = gr_on.then(|| GracefulRestartOffer {
+                    restarting: first && local.restarted,
+                    restart_time: local.graceful_restart.restart_time.as_secs() as u16,
+                    forwarding: !(first && local.fresh),
+                });
+                first = false;
                 let end = session.run(&mut desired, &mut stop).await;
                 backoff.session_ended(session.established_for());
                 match end {
                     End::Stopped => break,
                     End::Failed(reason) => {
+                        let reason = if matches!(
+                            session.state,
+                            SessionState::OpenSent | SessionState::OpenConfirm
+                        ) {
+                            format!("{reason} {UNCONFIRMED}")
+                        } else {
+                            reason
+                        };
                         warn!(peer = %addr, reason = %reason, "BGP session closed");
                         shared.error(reason);
                     }
@@ -305,6 +360,18 @@ struct Session<'a> {
     skipped: BTreeSet<IpAddr>,
     /// When it reached Established, if it did.
     established_at: Option<Instant>,
+    /// The peer's BFD session, if configured.
+    bfd: Option<BfdLink>,
+    /// BFD was Up in this session: its going down ends it.
+    bfd_was_up: bool,
+    /// What our OPEN offers of graceful restart.
+    gr: Option<GracefulRestartOffer>,
+    /// The peer sent the capability: it gets End-of-RIB.
+    peer_gr: bool,
+    end_of_rib_sent: bool,
+    /// After a restart, routes and End-of-RIB wait until then at most for
+    /// the backends' first verdicts.
+    defer_until: Instant,
 }
 
 impl<'a> Session<'a> {
@@ -329,12 +396,19 @@ impl<'a> Session<'a> {
                 local_as: local.local_as,
                 ebgp: peer.remote_as != local.local_as,
                 asn4: false,
+                shutdown: None,
             },
             v4: false,
             v6: false,
             adj_out: BTreeSet::new(),
             skipped: BTreeSet::new(),
             established_at: None,
+            bfd: None,
+            bfd_was_up: false,
+            gr: None,
+            peer_gr: false,
+            end_of_rib_sent: false,
+            defer_until: now,
         }
     }
 
@@ -356,15 +430,13 @@ impl<'a> Session<'a> {
         (!self.hold.is_zero()).then(|| (self.hold / 3).max(Duration::from_secs(1)))
     }
 
-    async fn run(
-        &mut self,
-        desired: &mut watch::Receiver<Arc<BTreeSet<IpAddr>>>,
-        stop: &mut watch::Receiver<bool>,
-    ) -> End {
+    async fn run(&mut self, desired: &mut DesiredRx, stop: &mut watch::Receiver<bool>) -> End {
+        self.bfd_was_up = self.bfd.as_ref().is_some_and(|b| *b.up.borrow());
         let open = match wire::open(
             self.local.local_as,
             self.local.hold_time,
             self.local.router_id,
+            self.gr,
         ) {
             Ok(open) => open,
             Err(e) => return End::Failed(e.to_string()),
@@ -382,6 +454,7 @@ impl<'a> Session<'a> {
                     SessionState::OpenConfirm | SessionState::Established
                 );
             let established = self.state == SessionState::Established;
+            let deferring = established && self.deferring(desired);
             let result = tokio::select! {
                 biased;
                 _ = stopped(stop) => return self.stop_gracefully().await,
@@ -400,6 +473,8 @@ impl<'a> Session<'a> {
                     // The speaker is gone: same as a stop.
                     Err(_) => return self.stop_gracefully().await,
                 },
+                _ = sleep_until(self.defer_until), if deferring => self.sync(desired).await,
+                up = bfd_changed(&mut self.bfd) => self.on_bfd(up).await,
                 read = self.stream.read(&mut buf) => match read {
                     Ok(0) => Err(End::Failed("the peer closed the connection".into())),
                     Ok(n) => self.on_bytes(&buf[..n], desired).await,
@@ -410,6 +485,53 @@ impl<'a> Session<'a> {
                 return end;
             }
         }
+    }
+
+    /// BFD went up or down: down after being up in this session ends it
+    /// (Cease, subcode 10: BFD Down, RFC 9384).
+    async fn on_bfd(&mut self, up: bool) -> Result<(), End> {
+        if up {
+            self.bfd_was_up = true;
+            return Ok(());
+        }
+        if !self.bfd_was_up {
+            return Ok(());
+        }
+        let detail = self
+            .bfd
+            .as_ref()
+            .map(|b| b.status().diag)
+            .unwrap_or_default();
+        Err(self
+            .fail(
+                Notification::new(wire::CEASE, 10, []),
+                format!("the BFD session went down ({detail})"),
+            )
+            .await)
+    }
+
+    /// Routes and End-of-RIB are held back: the first session after a
+    /// restart, until the backends' first verdicts or `eor_defer_max`.
+    fn deferring(&self, desired: &DesiredRx) -> bool {
+        self.gr.is_some_and(|g| g.restarting)
+            && !self.end_of_rib_sent
+            && !desired.borrow().settled
+            && Instant::now() < self.defer_until
+    }
+
+    fn publish_gr(&self, deferring: bool) {
+        let Some(gr) = self.gr else {
+            return;
+        };
+        self.shared.lock().graceful_restart = Some(GracefulRestartStatus {
+            offered: true,
+            peer_supports: self.peer_gr,
+            restart_time_secs: gr.restart_time,
+            restarting: gr.restarting,
+            forwarding: gr.forwarding,
+            deferring,
+            end_of_rib_sent: self.end_of_rib_sent,
+        });
     }
 
     async fn send(&mut self, bytes: &[u8]) -> Result<(), End> {
@@ -489,11 +611,7 @@ impl<'a> Session<'a> {
         End::Stopped
     }
 
-    async fn on_bytes(
-        &mut self,
-        bytes: &[u8],
-        desired: &mut watch::Receiver<Arc<BTreeSet<IpAddr>>>,
-    ) -> Result<(), End> {
+    async fn on_bytes(&mut self, bytes: &[u8], desired: &mut DesiredRx) -> Result<(), End> {
         self.decoder.extend(bytes);
         loop {
             match self.decoder.next_message() {
@@ -515,11 +633,7 @@ impl<'a> Session<'a> {
         }
     }
 
-    async fn on_message(
-        &mut self,
-        message: Message,
-        desired: &mut watch::Receiver<Arc<BTreeSet<IpAddr>>>,
-    ) -> Result<(), End> {
+    async fn on_message(&mut self, message: Message, desired: &mut DesiredRx) -> Result<(), End> {
         if let Message::Notification(n) = &message {
             self.close().await;
             return Err(End::Failed(format!("the peer sent NOTIFICATION {n}")));
@@ -550,8 +664,10 @@ impl<'a> Session<'a> {
                     hold_secs = self.hold.as_secs(),
                     ipv4 = self.v4,
                     ipv6 = self.v6,
+                    graceful_restart = self.peer_gr && self.gr.is_some(),
                     "BGP session established"
                 );
+                self.defer_until = Instant::now() + self.local.graceful_restart.eor_defer_max;
                 self.sync(desired).await
             }
             (SessionState::Established, Message::Keepalive) => Ok(()),
@@ -616,6 +732,9 @@ impl<'a> Session<'a> {
         let asn4 = capabilities
             .iter()
             .any(|c| matches!(c, BgpCapability::FourOctetAs(_)));
+        self.peer_gr = capabilities
+            .iter()
+            .any(|c| matches!(c, BgpCapability::GracefulRestartCapability(_)));
         let families: Vec<AddressType> = capabilities
             .iter()
             .filter_map(|c| match c {
@@ -703,16 +822,28 @@ impl<'a> Session<'a> {
         Ok(())
     }
 
-    /// Brings the peer's routes from us to the desired set.
-    async fn sync(
-        &mut self,
-        desired: &mut watch::Receiver<Arc<BTreeSet<IpAddr>>>,
-    ) -> Result<(), End> {
+    /// Brings the peer's routes from us to the desired set (then, once,
+    /// End-of-RIB), unless they are held back after a restart.
+    async fn sync(&mut self, desired: &mut DesiredRx) -> Result<(), End> {
         let want = Arc::clone(&desired.borrow_and_update());
+        let deferring = self.deferring(desired);
+        self.publish_gr(deferring);
+        if deferring {
+            return Ok(());
+        }
+        let shutdown =
+            (want.shutdown && self.local.graceful_shutdown).then_some(self.peer.graceful_shutdown);
+        if shutdown != self.attrs.shutdown {
+            // New attributes for every route: announce them all again.
+            self.attrs.shutdown = shutdown;
+            self.adj_out.clear();
+            self.shared.lock().graceful_shutdown = shutdown.is_some();
+            info!(peer = %self.addr(), on = shutdown.is_some(), "graceful shutdown (GRACEFUL_SHUTDOWN community)");
+        }
         let mut carried = BTreeSet::new();
         let mut skipped = BTreeSet::new();
         let mut reason = "";
-        for &vip in want.iter() {
+        for &vip in want.prefixes.iter() {
             match self.next_hop(vip) {
                 Ok(_) => {
                     carried.insert(vip);
@@ -746,6 +877,9 @@ impl<'a> Session<'a> {
         }
         self.adj_out = carried;
         self.shared.lock().prefixes = self.adj_out.len();
+        if !self.end_of_rib_sent && self.peer_gr && self.gr.is_some() {
+            self.send_end_of_rib().await?;
+        }
         if !skipped.is_empty() && skipped != self.skipped {
             let message = format!(
                 "{} VIP(s) not announced to this peer ({}): {reason}",
@@ -761,6 +895,36 @@ impl<'a> Session<'a> {
         }
         self.skipped = skipped;
         Ok(())
+    }
+}
+
+impl Session<'_> {
+    /// End-of-RIB for each family the peer takes (RFC 4724 §2).
+    async fn send_end_of_rib(&mut self) -> Result<(), End> {
+        if self.v4 {
+            self.send_update(&wire::end_of_rib_v4()).await?;
+        }
+        if self.v6 {
+            self.send_update(&wire::end_of_rib_v6()).await?;
+        }
+        self.end_of_rib_sent = true;
+        self.publish_gr(false);
+        info!(peer = %self.addr(), routes = self.adj_out.len(), "End-of-RIB sent");
+        Ok(())
+    }
+}
+
+/// Waits for the BFD session to change; its new state. Never without
+/// one.
+async fn bfd_changed(bfd: &mut Option<BfdLink>) -> bool {
+    match bfd {
+        Some(link) => {
+            if link.up.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+            *link.up.borrow_and_update()
+        }
+        None => std::future::pending().await,
     }
 }
 

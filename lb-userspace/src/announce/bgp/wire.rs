@@ -31,13 +31,18 @@ use std::{
 use ipnet::{Ipv4Net, Ipv6Net};
 use netgauze_bgp_pkt::{
     BgpMessage,
-    capabilities::{BgpCapability, FourOctetAsCapability, MultiProtocolExtensionsCapability},
+    capabilities::{
+        BgpCapability, FourOctetAsCapability, GracefulRestartAddressFamily,
+        GracefulRestartCapability, MultiProtocolExtensionsCapability,
+    },
+    community::Community,
     nlri::{Ipv4Unicast, Ipv4UnicastAddress, Ipv6Unicast, Ipv6UnicastAddress},
     notification::BgpNotificationMessage,
     open::{BgpOpenMessage, BgpOpenMessageParameter},
     path_attribute::{
-        As2PathSegment, As4Path, As4PathSegment, AsPath, AsPathSegmentType, LocalPreference,
-        MpReach, MpUnreach, NextHop, Origin, PathAttribute, PathAttributeValue,
+        As2PathSegment, As4Path, As4PathSegment, AsPath, AsPathSegmentType, Communities,
+        LocalPreference, MpReach, MpUnreach, MultiExitDiscriminator, NextHop, Origin,
+        PathAttribute, PathAttributeValue,
     },
     update::BgpUpdateMessage,
     wire::deserializer::BgpParsingContext,
@@ -46,7 +51,10 @@ use netgauze_iana::address_family::AddressType;
 use netgauze_parse_utils::{WritablePdu as _, reader::SliceReader, traits::ParseFromWithOneInput};
 use thiserror::Error;
 
-use crate::config::announce::bgp::AS_TRANS;
+use crate::config::announce::bgp::{AS_TRANS, ShutdownAttributes};
+
+/// The GRACEFUL_SHUTDOWN well-known community 65535:0 (RFC 8326).
+pub const GRACEFUL_SHUTDOWN: u32 = 0xffff_0000;
 
 /// Every message starts with 16 bytes of ones.
 pub const MARKER: [u8; 16] = [0xff; 16];
@@ -287,13 +295,30 @@ pub fn keepalive() -> Vec<u8> {
     out
 }
 
+/// What our OPEN says about graceful restart (RFC 4724 §3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GracefulRestartOffer {
+    /// Restart State (R): this is the first session after `lbd` restarted.
+    pub restarting: bool,
+    /// Restart Time, seconds (at most 4095).
+    pub restart_time: u16,
+    /// Forwarding State (F) for IPv4 and IPv6 unicast: the XDP program
+    /// kept forwarding through the restart.
+    pub forwarding: bool,
+}
+
 /// Our OPEN: version 4, `local_as` (AS_TRANS in the 2-octet field when it
 /// does not fit), `hold_time`, `router_id`, and one capabilities parameter:
 /// multiprotocol IPv4 unicast, IPv6 unicast (RFC 4760), 4-octet AS
-/// (RFC 6793).
-pub fn open(local_as: u32, hold_time: u16, router_id: Ipv4Addr) -> Result<Vec<u8>, WireError> {
+/// (RFC 6793), and graceful restart (RFC 4724) if offered.
+pub fn open(
+    local_as: u32,
+    hold_time: u16,
+    router_id: Ipv4Addr,
+    gr: Option<GracefulRestartOffer>,
+) -> Result<Vec<u8>, WireError> {
     let my_as = u16::try_from(local_as).unwrap_or(AS_TRANS as u16);
-    let capabilities = [
+    let mut capabilities = vec![
         BgpCapability::MultiProtocolExtensions(MultiProtocolExtensionsCapability::new(
             AddressType::Ipv4Unicast,
         )),
@@ -302,6 +327,17 @@ pub fn open(local_as: u32, hold_time: u16, router_id: Ipv4Addr) -> Result<Vec<u8
         )),
         BgpCapability::FourOctetAs(FourOctetAsCapability::new(local_as)),
     ];
+    if let Some(gr) = gr {
+        capabilities.push(BgpCapability::GracefulRestartCapability(
+            GracefulRestartCapability::new(
+                gr.restarting,
+                false,
+                gr.restart_time.min(4095),
+                [AddressType::Ipv4Unicast, AddressType::Ipv6Unicast]
+                    .map(|t| GracefulRestartAddressFamily::new(gr.forwarding, t)),
+            ),
+        ));
+    }
     encode(&BgpMessage::Open(BgpOpenMessage::new(
         my_as,
         hold_time,
@@ -321,6 +357,10 @@ pub struct RouteAttrs {
     /// take 4 octets. Otherwise 2, with AS_TRANS plus an AS4_PATH when
     /// `local_as` needs 4.
     pub asn4: bool,
+    /// A graceful shutdown is under way (RFC 8326): the GRACEFUL_SHUTDOWN
+    /// community, and these attributes (LOCAL_PREF for internal peers
+    /// only, MED, prepends for external ones only).
+    pub shutdown: Option<ShutdownAttributes>,
 }
 
 fn attr(
@@ -334,8 +374,9 @@ fn attr(
 }
 
 impl RouteAttrs {
-    /// ORIGIN, AS_PATH, then (in type-code order, after `middle`)
-    /// LOCAL_PREF and AS4_PATH as needed.
+    /// ORIGIN, AS_PATH, then in type-code order NEXT_HOP (of `middle`),
+    /// MED, LOCAL_PREF and COMMUNITIES as needed, the rest of `middle`
+    /// (MP_REACH_NLRI) and AS4_PATH.
     fn attributes(&self, middle: Vec<PathAttribute>) -> Result<Vec<PathAttribute>, WireError> {
         let mut out = vec![attr(
             false,
@@ -344,16 +385,19 @@ impl RouteAttrs {
             PathAttributeValue::Origin(Origin::IGP),
         )?];
         let needs_as4_path = self.ebgp && !self.asn4 && self.local_as > u32::from(u16::MAX);
+        let times = 1 + usize::from(self.shutdown.map_or(0, |s| s.prepend));
+        let path4 = vec![self.local_as; times];
+        let path2 = vec![u16::try_from(self.local_as).unwrap_or(AS_TRANS as u16); times];
         let as_path = match (self.ebgp, self.asn4) {
             (false, true) => AsPath::As4PathSegments(Box::new([])),
             (false, false) => AsPath::As2PathSegments(Box::new([])),
             (true, true) => AsPath::As4PathSegments(Box::new([As4PathSegment::new(
                 AsPathSegmentType::AsSequence,
-                [self.local_as],
+                path4.clone(),
             )])),
             (true, false) => AsPath::As2PathSegments(Box::new([As2PathSegment::new(
                 AsPathSegmentType::AsSequence,
-                [u16::try_from(self.local_as).unwrap_or(AS_TRANS as u16)],
+                path2,
             )])),
         };
         out.push(attr(
@@ -366,12 +410,31 @@ impl RouteAttrs {
             .into_iter()
             .partition(|a| matches!(a.value(), PathAttributeValue::NextHop(_)));
         out.extend(before_local_pref);
+        if let Some(med) = self.shutdown.and_then(|s| s.med) {
+            out.push(attr(
+                true,
+                false,
+                false,
+                PathAttributeValue::MultiExitDiscriminator(MultiExitDiscriminator::new(med)),
+            )?);
+        }
         if !self.ebgp {
+            let pref = self.shutdown.and_then(|s| s.local_pref).unwrap_or(100);
             out.push(attr(
                 false,
                 true,
                 false,
-                PathAttributeValue::LocalPreference(LocalPreference::new(100)),
+                PathAttributeValue::LocalPreference(LocalPreference::new(pref)),
+            )?);
+        }
+        if self.shutdown.is_some() {
+            out.push(attr(
+                true,
+                true,
+                false,
+                PathAttributeValue::Communities(Communities::new([Community::new(
+                    GRACEFUL_SHUTDOWN,
+                )])),
             )?);
         }
         out.extend(after);
@@ -382,7 +445,7 @@ impl RouteAttrs {
                 false,
                 PathAttributeValue::As4Path(As4Path::new([As4PathSegment::new(
                     AsPathSegmentType::AsSequence,
-                    [self.local_as],
+                    path4,
                 )])),
             )?);
         }
@@ -491,6 +554,24 @@ pub fn withdraw_v6(prefixes: &[Ipv6Addr]) -> Result<Vec<Vec<u8>>, WireError> {
             update(vec![], vec![unreach], vec![])
         })
         .collect()
+}
+
+/// End-of-RIB for IPv4 unicast (RFC 4724 §2): an UPDATE with nothing in
+/// it.
+pub fn end_of_rib_v4() -> Vec<u8> {
+    let mut out = MARKER.to_vec();
+    out.extend_from_slice(&23u16.to_be_bytes());
+    out.extend_from_slice(&[TYPE_UPDATE, 0, 0, 0, 0]);
+    out
+}
+
+/// End-of-RIB for IPv6 unicast: an UPDATE whose only attribute is an
+/// empty MP_UNREACH_NLRI for AFI 2, SAFI 1.
+pub fn end_of_rib_v6() -> Vec<u8> {
+    let mut out = MARKER.to_vec();
+    out.extend_from_slice(&29u16.to_be_bytes());
+    out.extend_from_slice(&[TYPE_UPDATE, 0, 0, 0, 6, 0x80, 15, 3, 0, 2, 1]);
+    out
 }
 
 /// A message from the peer.
@@ -640,6 +721,9 @@ impl Decoder {
         let is_update = frame[18] == TYPE_UPDATE;
         if is_update {
             check_update_lengths(&frame[HEADER_LEN..])?;
+            super::strict::check_update(&frame[HEADER_LEN..])?;
+        } else {
+            super::strict::check_open(&frame[HEADER_LEN..])?;
         }
         let parsed = BgpMessage::parse(&mut SliceReader::new(frame), &mut self.ctx);
         // Errors tolerated by the context pile up in it: drop them.
@@ -695,6 +779,21 @@ fn check_update_lengths(body: &[u8]) -> Result<(), Malformed> {
 /// AS_PATH, and NEXT_HOP for classic IPv4 NLRI (RFC 7606 §3.d: without
 /// them, treat-as-withdraw).
 fn check_well_known(update: &BgpUpdateMessage) -> Result<(), Malformed> {
+    // RFC 4271 §6.3: a well-known attribute (optional bit clear) that is
+    // not one we know (RFC 7606 §3: treat-as-withdraw).
+    if let Some(code) = update
+        .path_attributes()
+        .iter()
+        .find_map(|a| match a.value() {
+            PathAttributeValue::UnknownAttribute(u) if !a.optional() => Some(u.code()),
+            _ => None,
+        })
+    {
+        return Err(Malformed {
+            reply: Some(Notification::new(UPDATE_MESSAGE_ERROR, 2, [code])),
+            detail: format!("UPDATE with an unrecognized well-known attribute (type {code})"),
+        });
+    }
     let has =
         |f: fn(&PathAttributeValue) -> bool| update.path_attributes().iter().any(|a| f(a.value()));
     let reaches = has(|v| matches!(v, PathAttributeValue::MpReach(_)));
@@ -774,7 +873,7 @@ mod tests {
 
     #[test]
     fn open_matches_the_rfc_layout() {
-        let got = open(65001, 90, Ipv4Addr::new(10, 0, 0, 11)).expect("encodes");
+        let got = open(65001, 90, Ipv4Addr::new(10, 0, 0, 11), None).expect("encodes");
         #[rustfmt::skip]
         let body = [
             4,                      // version
@@ -791,8 +890,97 @@ mod tests {
     }
 
     #[test]
+    fn graceful_restart_is_capability_64_with_r_f_and_the_time() {
+        let gr = GracefulRestartOffer {
+            restarting: true,
+            restart_time: 120,
+            forwarding: true,
+        };
+        let got = open(65001, 90, Ipv4Addr::new(10, 0, 0, 11), Some(gr)).expect("encodes");
+        #[rustfmt::skip]
+        let body = [
+            4, 0xfd, 0xe9, 0x00, 0x5a, 10, 0, 0, 11,
+            32,                     // optional parameters length
+            2, 30,                  // capabilities, 30 bytes
+            1, 4, 0, 1, 0, 1,
+            1, 4, 0, 2, 0, 1,
+            65, 4, 0, 0, 0xfd, 0xe9,
+            64, 10,                 // graceful restart, 10 bytes
+            0x80, 120,              // R, restart time 120
+            0, 1, 1, 0x80,          // IPv4 unicast, F
+            0, 2, 1, 0x80,          // IPv6 unicast, F
+        ];
+        assert_eq!(got, message(TYPE_OPEN, &body));
+        // A fresh start: no R, no F.
+        let fresh = GracefulRestartOffer {
+            restarting: false,
+            forwarding: false,
+            ..gr
+        };
+        let got = open(65001, 90, Ipv4Addr::new(10, 0, 0, 11), Some(fresh)).unwrap();
+        assert_eq!(&got[got.len() - 10..], &[0, 120, 0, 1, 1, 0, 0, 2, 1, 0]);
+    }
+
+    #[test]
+    fn end_of_rib_markers_are_rfc_4724s() {
+        assert_eq!(end_of_rib_v4(), message(TYPE_UPDATE, &[0, 0, 0, 0]));
+        assert_eq!(
+            end_of_rib_v6(),
+            message(TYPE_UPDATE, &[0, 0, 0, 6, 0x80, 15, 3, 0, 2, 1])
+        );
+        for m in [end_of_rib_v4(), end_of_rib_v6()] {
+            assert_eq!(decode_all(&m).expect("valid"), vec![Message::Update]);
+        }
+    }
+
+    #[test]
+    fn graceful_shutdown_adds_the_community_med_and_prepends() {
+        let attrs = RouteAttrs {
+            shutdown: Some(ShutdownAttributes {
+                local_pref: Some(0),
+                med: Some(50),
+                prepend: 2,
+            }),
+            ..EBGP4
+        };
+        let got = announce_v4(
+            &attrs,
+            Ipv4Addr::new(10, 98, 0, 2),
+            &[Ipv4Addr::new(10, 99, 0, 1)],
+        )
+        .expect("encodes");
+        #[rustfmt::skip]
+        let body = [
+            0, 0, 0, 42,
+            0x40, 1, 1, 0,                                  // ORIGIN IGP
+            0x40, 2, 14, 2, 3, 0, 0, 0xfd, 0xe9, 0, 0, 0xfd, 0xe9, 0, 0, 0xfd, 0xe9,
+            0x40, 3, 4, 10, 98, 0, 2,                       // NEXT_HOP
+            0x80, 4, 4, 0, 0, 0, 50,                        // MED 50
+            0xc0, 8, 4, 0xff, 0xff, 0, 0,                   // GRACEFUL_SHUTDOWN
+            32, 10, 99, 0, 1,
+        ];
+        assert_eq!(got, vec![message(TYPE_UPDATE, &body)]);
+        // Internal: LOCAL_PREF as configured, no prepends.
+        let ibgp = RouteAttrs {
+            ebgp: false,
+            ..attrs
+        };
+        let got = announce_v4(
+            &ibgp,
+            Ipv4Addr::new(10, 98, 0, 2),
+            &[Ipv4Addr::new(10, 99, 0, 1)],
+        )
+        .unwrap()
+        .remove(0);
+        let body = &got[HEADER_LEN..];
+        let lp = [0x40, 5, 4, 0, 0, 0, 0];
+        assert!(body.windows(7).any(|w| w == lp), "LOCAL_PREF 0 in {body:?}");
+        assert!(body.windows(3).any(|w| w == [0x40, 2, 0]), "empty AS_PATH");
+    }
+
+    #[test]
     fn open_with_a_4_octet_as_puts_as_trans_in_the_2_octet_field() {
-        let got = open(4_200_000_001, 3, Ipv4Addr::new(192, 0, 2, 1)).expect("encodes");
+        let got = open(4_200_000_001, 3, Ipv4Addr::new(192, 0, 2, 1), None).expect("encodes");
         assert_eq!(&got[20..22], &[0x5b, 0xa0], "AS_TRANS 23456");
         assert_eq!(&got[22..24], &[0, 3], "hold time");
         assert_eq!(
@@ -814,6 +1002,7 @@ mod tests {
         local_as: 65001,
         ebgp: true,
         asn4: true,
+        shutdown: None,
     };
 
     #[test]
@@ -867,6 +1056,7 @@ mod tests {
             local_as: 4_200_000_001,
             ebgp: true,
             asn4: false,
+            shutdown: None,
         };
         let got = announce_v4(
             &attrs,
@@ -961,7 +1151,7 @@ mod tests {
     fn messages_split_across_reads_are_reassembled() {
         let mut d = Decoder::new();
         let mut stream = keepalive();
-        stream.extend(open(65000, 3, Ipv4Addr::new(10, 0, 0, 1)).unwrap());
+        stream.extend(open(65000, 3, Ipv4Addr::new(10, 0, 0, 1), None).unwrap());
         stream.extend(keepalive());
         let mut got = Vec::new();
         for byte in stream {
@@ -1019,7 +1209,7 @@ mod tests {
 
     #[test]
     fn open_errors_get_open_message_error_codes() {
-        let good = open(65000, 3, Ipv4Addr::new(10, 0, 0, 1)).unwrap();
+        let good = open(65000, 3, Ipv4Addr::new(10, 0, 0, 1), None).unwrap();
         let mut version = good.clone();
         version[19] = 3;
         assert_eq!(reply_of(&version).code, OPEN_MESSAGE_ERROR);
@@ -1054,7 +1244,7 @@ mod tests {
         let bad_origin = message(
             TYPE_UPDATE,
             &[
-                0, 0, 0, 18, 0x40, 1, 1, 7, 0x40, 2, 0, 0x40, 3, 4, 10, 0, 0, 1, 32, 10, 99, 0, 1,
+                0, 0, 0, 14, 0x40, 1, 1, 7, 0x40, 2, 0, 0x40, 3, 4, 10, 0, 0, 1, 32, 10, 99, 0, 1,
             ],
         );
         // Routes without NEXT_HOP.
@@ -1067,7 +1257,7 @@ mod tests {
         let short_communities = message(
             TYPE_UPDATE,
             &[
-                0, 0, 0, 24, 0x40, 1, 1, 0, 0x40, 2, 0, 0x40, 3, 4, 10, 0, 0, 1, 0xc0, 8, 3, 1, 2,
+                0, 0, 0, 20, 0x40, 1, 1, 0, 0x40, 2, 0, 0x40, 3, 4, 10, 0, 0, 1, 0xc0, 8, 3, 1, 2,
                 3, 32, 10, 99, 0, 1,
             ],
         );
@@ -1076,7 +1266,7 @@ mod tests {
         let unknown_well_known = message(
             TYPE_UPDATE,
             &[
-                0, 0, 0, 23, 0x40, 1, 1, 0, 0x40, 2, 0, 0x40, 3, 4, 10, 0, 0, 1, 0x40, 99, 2, 0, 0,
+                0, 0, 0, 19, 0x40, 1, 1, 0, 0x40, 2, 0, 0x40, 3, 4, 10, 0, 0, 1, 0x40, 99, 2, 0, 0,
                 32, 10, 99, 0, 1,
             ],
         );
@@ -1119,7 +1309,7 @@ mod tests {
         // Every truncation and every single-byte corruption of valid
         // messages either decodes or yields a NOTIFICATION.
         let mut samples = vec![
-            open(65001, 90, Ipv4Addr::new(10, 0, 0, 11)).unwrap(),
+            open(65001, 90, Ipv4Addr::new(10, 0, 0, 11), None).unwrap(),
             keepalive(),
             Notification::cease().encode(),
         ];

@@ -174,6 +174,60 @@ fn gateway(s: &Status) -> String {
     )
 }
 
+/// A peer's BFD session in a few words: `Up 2m`, `Down (control detection
+/// time expired)`, `-` without one.
+fn bfd_cell(p: &lb::api::PeerRow) -> String {
+    let Some(b) = &p.bfd else {
+        return "-".into();
+    };
+    let since = b
+        .since_secs
+        .map(|s| format!(" {}", duration(s as f64)))
+        .unwrap_or_default();
+    let why = if b.up || b.diag == "no diagnostic" {
+        String::new()
+    } else {
+        format!(" ({})", b.diag)
+    };
+    let error = b
+        .error
+        .as_ref()
+        .map(|e| format!(" [{e}]"))
+        .unwrap_or_default();
+    format!("{}{since}{why}{error}", b.state)
+}
+
+/// Graceful restart and shutdown in a few words.
+fn gr_cell(p: &lb::api::PeerRow) -> String {
+    let mut words = Vec::new();
+    if let Some(g) = &p.graceful_restart {
+        words.push(
+            if g.peer_supports {
+                "on"
+            } else {
+                "peer lacks it"
+            }
+            .to_string(),
+        );
+        if g.restarting {
+            words.push("restarted".into());
+        }
+        if g.deferring {
+            words.push("holding routes for the first verdicts".into());
+        } else if g.end_of_rib_sent {
+            words.push("End-of-RIB sent".into());
+        }
+    }
+    if p.graceful_shutdown {
+        words.push("GRACEFUL_SHUTDOWN".into());
+    }
+    if words.is_empty() {
+        "-".into()
+    } else {
+        words.join(", ")
+    }
+}
+
 pub fn print_bgp(s: AnnounceStatus) -> Result<()> {
     let node = match s.node {
         lb::api::NodeState::Serving => "serving".to_string(),
@@ -216,6 +270,8 @@ pub fn print_bgp(s: AnnounceStatus) -> Result<()> {
                     },
                     p.prefixes_announced.to_string(),
                     p.updates_sent.to_string(),
+                    bfd_cell(p),
+                    gr_cell(p),
                     p.last_error.clone().unwrap_or_else(|| "-".into()),
                 ]
             })
@@ -228,6 +284,8 @@ pub fn print_bgp(s: AnnounceStatus) -> Result<()> {
                 "uptime",
                 "prefixes",
                 "updates",
+                "bfd",
+                "graceful restart",
                 "last error",
             ],
             rows,

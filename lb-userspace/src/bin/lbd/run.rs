@@ -358,7 +358,7 @@ async fn start_locked(
         reconciler,
         settings,
         Probes::real(probe_tx),
-        Announcers::real(),
+        Announcers::real_with(pin_dir.clone(), maps_adopted),
         revisions,
     );
     daemon.file_digest = file.digest;
@@ -440,6 +440,9 @@ async fn serve(
                 }
                 None => return Ok(()),
             },
+            _ = until(daemon.graceful_deadline().map(tokio::time::Instant::from_std)) => {
+                daemon.end_graceful_shutdown();
+            }
             _ = until(stop_at) => return Ok(()),
         }
         // A change on probation that came due is reverted now.

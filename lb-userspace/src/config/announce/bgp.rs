@@ -32,10 +32,13 @@ pub const MD5_MAX_KEY: usize = 80;
 /// hold_time: 9s            # offered; the session uses min(ours, theirs)
 /// connect_retry: { initial: 1s, max: 30s }
 /// next_hop_v6: 2001:db8::11   # IPv6 VIPs over an IPv4 session
+/// graceful_restart: { restart_time: 30s }  # default: on for peers with bfd
+/// graceful_shutdown: { wait: 5s }           # default: off
 /// peers:
 ///   - address: 10.0.0.1
 ///     remote_as: 65000
 ///     local_address: 10.0.0.11
+///     bfd: { min_rx: 300ms, min_tx: 300ms, multiplier: 3 }
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -62,8 +65,124 @@ pub struct BgpConfig {
     /// only). On IPv6 sessions the next hop is the session's local address.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_hop_v6: Option<Ipv6Addr>,
+    /// Graceful restart (RFC 4724) as the restarting speaker: offered to
+    /// the peers it is enabled for (see [`GracefulRestart`]).
+    #[serde(default)]
+    pub graceful_restart: GracefulRestart,
+    /// Graceful shutdown (RFC 8326) on a planned stop or `lbctl node
+    /// drain`: off without this section.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub graceful_shutdown: Option<GracefulShutdown>,
     pub peers: Vec<PeerConfig>,
 }
+
+/// Graceful restart: while `lbd` restarts (a crash, `kill -9`, an
+/// upgrade) its XDP program keeps forwarding, so the routers may keep
+/// its routes; the restarted `lbd` says so (Forwarding State bit) and
+/// sends them again, then End-of-RIB.
+///
+/// Offered by default only to peers with `bfd`: a router that keeps a
+/// dead balancer's routes for `restart_time` blackholes its share of
+/// traffic all that time, and only BFD (answered by the datapath, so it
+/// survives an `lbd` restart but not the box or its link) tells the
+/// router that the box, not `lbd`, died.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GracefulRestart {
+    /// `auto` (default): for peers with BFD; `on`: every peer; `off`: none.
+    #[serde(default)]
+    pub mode: GracefulRestartMode,
+    /// The Restart Time we advertise (1-4095 s): how long a router keeps
+    /// our routes while the session is down.
+    #[serde(default = "default_restart_time", with = "duration")]
+    pub restart_time: Duration,
+    /// After a restart, how long at most to wait for the backends' first
+    /// probe verdicts before sending the routes and End-of-RIB (routes
+    /// withheld meanwhile stay on the routers, marked stale).
+    #[serde(default = "default_eor_defer", with = "duration")]
+    pub eor_defer_max: Duration,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GracefulRestartMode {
+    #[default]
+    Auto,
+    On,
+    Off,
+}
+
+impl Default for GracefulRestart {
+    fn default() -> Self {
+        Self {
+            mode: GracefulRestartMode::Auto,
+            restart_time: default_restart_time(),
+            eor_defer_max: default_eor_defer(),
+        }
+    }
+}
+
+/// Graceful shutdown: before a planned withdrawal (SIGTERM, `lbctl node
+/// drain`) every announced route is sent again with the GRACEFUL_SHUTDOWN
+/// community (65535:0) and each peer's `graceful_shutdown` attributes;
+/// `wait` later the routes are withdrawn. Routers that honour the
+/// community (RFC 8326 §4.2: LOCAL_PREF 0) move traffic to the other
+/// balancers before the withdrawal.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GracefulShutdown {
+    #[serde(default = "default_gshut_wait", with = "duration")]
+    pub wait: Duration,
+}
+
+/// A peer's BFD session (RFC 5880, RFC 5881 single hop), answered by the
+/// datapath. A BFD session that goes down takes the BGP session down.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BfdTimers {
+    /// Required Min RX: the router sends no faster than this.
+    #[serde(default = "default_bfd_interval", with = "duration")]
+    pub min_rx: Duration,
+    /// Desired Min TX. lb answers each of the router's packets, so it
+    /// sends as often as the router does, and advertises at least the
+    /// router's interval (ARCHITECTURE.md, "BFD").
+    #[serde(default = "default_bfd_interval", with = "duration")]
+    pub min_tx: Duration,
+    /// Detect Mult: the router declares us down after this many intervals
+    /// without an answer.
+    #[serde(default = "default_bfd_multiplier")]
+    pub multiplier: u8,
+}
+
+impl Default for BfdTimers {
+    fn default() -> Self {
+        Self {
+            min_rx: default_bfd_interval(),
+            min_tx: default_bfd_interval(),
+            multiplier: default_bfd_multiplier(),
+        }
+    }
+}
+
+/// What a peer's announcements carry during a graceful shutdown, besides
+/// the GRACEFUL_SHUTDOWN community.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShutdownAttributes {
+    /// LOCAL_PREF (internal peers only: it is never sent to external ones).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_pref: Option<u32>,
+    /// MULTI_EXIT_DISC.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub med: Option<u32>,
+    /// Our AS this many more times in the AS_PATH (external peers; 0-10).
+    #[serde(default)]
+    pub prepend: u8,
+}
+
+/// Interval bounds of `bfd` timers: 10 ms to 60 s.
+pub const BFD_MIN_INTERVAL: Duration = Duration::from_millis(10);
+pub const BFD_MAX_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Reconnection backoff: `initial`, doubling after every failure up to
 /// `max`, each wait shortened by a random 0–25% so that balancers that
@@ -121,6 +240,13 @@ pub struct PeerConfig {
     pub next_hop_v4: Option<Ipv4Addr>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_hop_v6: Option<Ipv6Addr>,
+    /// BFD with this router (`bfd: {}` for the defaults, 300 ms × 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bfd: Option<BfdTimers>,
+    /// Attributes of this peer's announcements during a graceful
+    /// shutdown (with the speaker's `graceful_shutdown`).
+    #[serde(default)]
+    pub graceful_shutdown: ShutdownAttributes,
 }
 
 impl PeerConfig {
@@ -167,6 +293,34 @@ impl PeerConfig {
         {
             errors.push(problem(at("password_file"), "must not be empty"));
         }
+        if let Some(bfd) = &self.bfd {
+            for (field, d) in [("bfd.min_rx", bfd.min_rx), ("bfd.min_tx", bfd.min_tx)] {
+                if !(BFD_MIN_INTERVAL..=BFD_MAX_INTERVAL).contains(&d) {
+                    errors.push(problem(at(field), "must be 10ms to 60s"));
+                }
+            }
+            if bfd.multiplier < 2 {
+                errors.push(problem(
+                    at("bfd.multiplier"),
+                    "must be 2-255: with 1, a single lost packet takes the session down",
+                ));
+            }
+            if self.address.is_ipv6() && self.address.to_string().starts_with("fe80") {
+                errors.push(problem(at("bfd"), "link-local peers are not supported"));
+            }
+        }
+        if self.graceful_shutdown.prepend > 10 {
+            errors.push(problem(at("graceful_shutdown.prepend"), "must be 0-10"));
+        }
+    }
+
+    /// Whether graceful restart is offered to this peer.
+    pub fn graceful_restart(&self, gr: &GracefulRestart) -> bool {
+        match gr.mode {
+            GracefulRestartMode::On => true,
+            GracefulRestartMode::Off => false,
+            GracefulRestartMode::Auto => self.bfd.is_some(),
+        }
     }
 
     /// A peer with no optional setting.
@@ -180,6 +334,8 @@ impl PeerConfig {
             ttl_security: None,
             next_hop_v4: None,
             next_hop_v6: None,
+            bfd: None,
+            graceful_shutdown: ShutdownAttributes::default(),
         }
     }
 
@@ -240,6 +396,21 @@ fn default_retry_max() -> Duration {
 fn default_port() -> u16 {
     BGP_PORT
 }
+fn default_restart_time() -> Duration {
+    Duration::from_secs(30)
+}
+fn default_eor_defer() -> Duration {
+    Duration::from_secs(20)
+}
+fn default_gshut_wait() -> Duration {
+    Duration::from_secs(5)
+}
+fn default_bfd_interval() -> Duration {
+    Duration::from_millis(300)
+}
+fn default_bfd_multiplier() -> u8 {
+    3
+}
 
 fn check_as(field: &str, asn: u32, errors: &mut Vec<ConfigError>) {
     if asn == 0 {
@@ -294,6 +465,24 @@ impl BgpConfig {
         }
         if let Some(nh) = self.next_hop_v6 {
             check_unicast("next_hop_v6", nh.into(), &mut errors);
+        }
+        let gr = &self.graceful_restart;
+        if gr.restart_time.subsec_nanos() != 0 || !(1..=4095).contains(&gr.restart_time.as_secs()) {
+            errors.push(problem(
+                "graceful_restart.restart_time",
+                "must be whole seconds, 1 to 4095 (RFC 4724)",
+            ));
+        }
+        if gr.eor_defer_max >= gr.restart_time {
+            errors.push(problem(
+                "graceful_restart.eor_defer_max",
+                "must be shorter than restart_time, or the routers drop the routes while lbd waits",
+            ));
+        }
+        if let Some(g) = &self.graceful_shutdown
+            && g.wait > Duration::from_secs(60)
+        {
+            errors.push(problem("graceful_shutdown.wait", "must be at most 60s"));
         }
         if self.peers.is_empty() {
             errors.push(problem("peers", "at least one peer is needed"));
