@@ -725,3 +725,106 @@ fn a_change_refused_for_a_full_disk_resets_no_connection() {
         Ok(())
     })());
 }
+
+/// `lbd check` and a reload of the running `lbd` agree on every file of a
+/// corpus: the file mutated by hand (each value the old check accepted
+/// and the reload refused, or that cannot work) and at random (seeded):
+/// lines deleted, doubled, cut, digits changed. For each, `lbd check`
+/// and `lbctl reload` must both accept it or both refuse it.
+#[test]
+fn lbd_check_and_a_reload_agree_on_a_corpus_of_mutated_files() {
+    let _serial = serial();
+    check((|| {
+        let (rig, lbd) = lb_tests::scenario::setup(2, &[Some(1), Some(1)])?;
+        let good = std::fs::read_to_string(&lbd.config)?;
+        let mut corpus: Vec<(String, String)> = [
+            ("api_socket: ", "api_socket: /run/elsewhere.sock\n# was: "),
+            ("state_file: ", "state_file: /tmp/other-state.json\n# was: "),
+            ("instance: ", "instance: another\n# was: "),
+            ("table_size: 65537", "table_size: 4099"),
+            ("conntrack_buckets: 65536", "conntrack_buckets: 2147483648"),
+            ("gateway_mac: auto", "gateway_mac: ff:ff:ff:ff:ff:ff"),
+            ("    protocol: tcp\n", "    protocol: tcp\n    min_healthy: 0\n"),
+            ("    protocol: tcp\n", "    protocol: tcp\n    drain_timeout: 65536\n"),
+            ("    port: 80\n", "    port: \"80\"\n"),
+            ("        weight: 1\n", "        weight: 0\n"),
+            ("xdp_mode: native", "xdp_mode: generic"),
+            ("mtu: ", "mtu: 100\n# was: "),
+        ]
+        .iter()
+        .map(|(from, to)| (format!("{from} -> {to}"), good.replacen(from, to, 1)))
+        .collect();
+        corpus.push(("every weight 0".into(), good.replace("weight: 1", "weight: 0")));
+        corpus.push(("state_file: /".into(), format!("state_file: /\n{good}")));
+        corpus.push(("a relative bpffs".into(), format!("bpffs: sys/fs/bpf\n{good}")));
+        corpus.push(("not YAML".into(), format!("{good}\n  - [")));
+        let mut rng = 0x5eed_u64;
+        let lines: Vec<&str> = good.lines().collect();
+        for n in 0..40 {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            let at = (rng >> 8) as usize % lines.len();
+            let mut l: Vec<String> = lines.iter().map(|s| s.to_string()).collect();
+            let what = match n % 4 {
+                0 => {
+                    l.remove(at);
+                    "deleted"
+                }
+                1 => {
+                    l.insert(at, l[at].clone());
+                    "doubled"
+                }
+                2 => {
+                    let cut = (rng >> 24) as usize % (l[at].len() + 1);
+                    l[at].truncate(cut);
+                    "cut"
+                }
+                _ => {
+                    l[at] = l[at]
+                        .chars()
+                        .map(|c| if c.is_ascii_digit() { '7' } else { c })
+                        .collect();
+                    "digits changed"
+                }
+            };
+            corpus.push((format!("line {at} {what}"), l.join("\n") + "\n"));
+        }
+        let lbd_bin = bin_path("lbd")?;
+        let (mut accepted, mut refused) = (0, 0);
+        for (what, text) in &corpus {
+            std::fs::write(&lbd.config, text)?;
+            let check = run_bounded(
+                Command::new(&lbd_bin).arg("--config").arg(&lbd.config).arg("check"),
+                Duration::from_secs(120),
+            )?;
+            let reload = lbd.lbctl(&["reload"]);
+            let checked = check.status.success();
+            if checked != reload.is_ok() {
+                bail!(
+                    "{what}: lbd check {} but the reload {}:\ncheck: {}{}\nreload: {reload:?}",
+                    if checked { "accepted it" } else { "refused it" },
+                    if reload.is_ok() { "applied it" } else { "refused it" },
+                    String::from_utf8_lossy(&check.stdout),
+                    String::from_utf8_lossy(&check.stderr),
+                );
+            }
+            if checked {
+                accepted += 1;
+            } else {
+                refused += 1;
+            }
+            std::fs::write(&lbd.config, &good)?;
+            lbd.lbctl(&["reload", "--force"])?;
+        }
+        eprintln!(
+            "lbd check and reload agreed on {} files: {accepted} accepted, {refused} refused",
+            corpus.len()
+        );
+        let vip = rig.tcp_vip();
+        rig.client
+            .within(move || lb_tests::traffic::tcp_request(lb_tests::rig::CLIENT, 47_000, vip))?
+            .context("a connection after the corpus")?;
+        Ok(())
+    })());
+}

@@ -68,7 +68,15 @@ pub enum Request {
     /// VIPs and backends added, removed and re-weighted, settings, the
     /// share of each table's slots that move, and the connections that
     /// would break. Changes nothing. → [`super::ChangePreview`]
-    Diff { file: Option<PathBuf> },
+    Diff {
+        file: Option<PathBuf>,
+        /// Refuse what a plain `lbctl reload` (without `--force`) would
+        /// refuse, as the reload would (`lbd check` asks this of a running
+        /// `lbd`).
+        #[arg(long)]
+        #[serde(default)]
+        strict: bool,
+    },
     /// The last revisions: every configuration applied (or refused), with
     /// its source and digest. → `Vec<`[`super::RevisionRow`]`>`
     History {

@@ -86,7 +86,9 @@ fn run(args: Args) -> Result<()> {
         Command::Api(request) => request,
     };
     // lbd reads the file: make a relative path relative to here.
-    if let Request::Diff { file: Some(path) } = &mut request
+    if let Request::Diff {
+        file: Some(path), ..
+    } = &mut request
         && path.is_relative()
     {
         *path = std::env::current_dir()?.join(&*path);

@@ -7,6 +7,7 @@
 //! program and removes every pinned object of the instance (this drops the
 //! connection table).
 
+mod check;
 mod notify;
 mod run;
 mod server;
@@ -36,8 +37,14 @@ struct Args {
 enum Command {
     /// Run the balancer (the default).
     Run,
-    /// Check the configuration file and exit.
-    Check,
+    /// Check the configuration file and exit: as a reload of the lbd that
+    /// runs the file would (if one does), or as a start would.
+    Check {
+        /// Leave out what only this box can say (the interfaces, the
+        /// running lbd, pinned maps): for a file meant for another box.
+        #[arg(long)]
+        offline: bool,
+    },
     /// Detach the program from the configured interfaces and remove every
     /// pinned map and link of this instance (drops the connection table).
     Teardown,
@@ -93,25 +100,7 @@ fn run() -> Result<()> {
     };
     init_logging(format);
     match args.command.unwrap_or(Command::Run) {
-        Command::Check => {
-            let config = Config::load(&args.config)?;
-            let files = config.announce.check_files();
-            if !files.is_empty() {
-                return Err(lb::config::ConfigErrors {
-                    source_name: Some(args.config.display().to_string()),
-                    errors: files,
-                }
-                .into());
-            }
-            for w in &config.warnings {
-                println!("warning: {w}");
-            }
-            for w in table_size_changes(&config) {
-                println!("warning: {w}");
-            }
-            println!("{}: ok", args.config.display());
-            Ok(())
-        }
+        Command::Check { offline } => check::check(&args.config, offline),
         Command::Teardown => teardown(&args.config),
         Command::Generate { what, dir } => generate(what, &dir),
         Command::Run => tokio::runtime::Builder::new_multi_thread()
@@ -126,7 +115,7 @@ fn run() -> Result<()> {
 /// `lbd check`: the file's VIPs whose table size differs from the one in
 /// the maps pinned for the instance (the running `lbd`'s): every flow of
 /// such a VIP remaps, and a reload that does it needs `--force`.
-fn table_size_changes(config: &Config) -> Vec<String> {
+pub(crate) fn table_size_changes(config: &Config) -> Vec<String> {
     let pinned = match lb::dataplane::kernel::pinned_table_sizes(&config.pin_dir()) {
         Ok(Some(pinned)) => pinned,
         Ok(None) => return Vec::new(),

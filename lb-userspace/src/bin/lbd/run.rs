@@ -466,13 +466,13 @@ async fn on_call(
         Request::Reload { force } if !daemon.stopping() => {
             ParsedReload::start(&daemon.config_path, force, options, Some(reply), parsed);
         }
-        Request::Diff { file } => {
+        Request::Diff { file, strict } => {
             let path = file.unwrap_or_else(|| daemon.config_path.clone());
             let options = ChangeOptions {
                 dry_run: true,
                 ..options
             };
-            ParsedReload::start(&path, true, options, Some(reply), parsed);
+            ParsedReload::start(&path, !strict, options, Some(reply), parsed);
         }
         request => {
             let _ = reply.send(daemon.handle(request, options).await);
