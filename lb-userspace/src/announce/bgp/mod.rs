@@ -428,6 +428,49 @@ mod tests {
         assert!(speaker.set_announced(&BTreeSet::new()).is_err());
     }
 
+    /// A peer that stops hearing us after our OPEN (a router with GTSM
+    /// only on its side: the kernel drops our TTL-64 segments) sits in
+    /// OpenConfirm; we must say OpenConfirm too, not Established, and say
+    /// Established once the peer's TCP has our KEEPALIVE.
+    #[tokio::test]
+    async fn established_is_shown_only_once_the_peer_has_our_keepalive() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mut speaker = BgpSpeaker::start(config(port, 30)).expect("starts");
+        let (mut sock, _) = timeout(Duration::from_secs(5), listener.accept())
+            .await
+            .expect("the speaker connects")
+            .expect("accept");
+        frame(&mut sock).await;
+        // From now on our segments (TTL 64 on loopback) are dropped.
+        let deaf = |sock: &TcpStream, hops| {
+            sockopt::set_ttl_security(
+                &socket2::SockRef::from(sock),
+                Ipv4Addr::LOCALHOST.into(),
+                hops,
+            )
+        };
+        deaf(&sock, 1).expect("IP_MINTTL 255");
+        sock.write_all(&wire::open(65000, 30, Ipv4Addr::new(10, 0, 0, 1), None).unwrap())
+            .await
+            .unwrap();
+        sock.write_all(&keepalive()).await.unwrap();
+        let mut states = BTreeSet::new();
+        for _ in 0..40 {
+            let s = speaker.status().remove(0);
+            states.insert(s.state.to_string());
+            assert_ne!(s.state, SessionState::Established, "{s:?}");
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        assert!(states.contains("OpenConfirm"), "{states:?}");
+        // The peer hears us again: TCP retransmits, the KEEPALIVE lands.
+        deaf(&sock, 255).expect("IP_MINTTL 1");
+        let s = wait_for_state(&speaker, SessionState::Established).await;
+        assert_eq!(s.sessions_established, 1);
+        assert_eq!(frame(&mut sock).await, keepalive());
+        speaker.shutdown().await.expect("clean shutdown");
+    }
+
     #[tokio::test]
     async fn over_ipv6_ipv4_vips_take_next_hop_v4() {
         let listener = TcpListener::bind("[::1]:0").await.unwrap();

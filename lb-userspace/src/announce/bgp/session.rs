@@ -66,6 +66,10 @@ const STABLE_SESSION: Duration = Duration::from_secs(10);
 /// With BIRD and FRR, the usual cause is GTSM on the router only.
 const UNCONFIRMED: &str = "(the peer never confirmed our OPEN: a router with GTSM (ttl-security) drops our segments unless ttl_security is set here too)";
 
+/// How often an Established session checks whether the peer's TCP has
+/// acknowledged our KEEPALIVE, until it has.
+const CONFIRM_POLL: Duration = Duration::from_millis(20);
+
 /// How long we read (and discard) after our NOTIFICATION before closing,
 /// so that the kernel sends FIN, not RST, and the peer gets to read it.
 const LINGER: Duration = Duration::from_millis(500);
@@ -148,7 +152,12 @@ impl PeerShared {
             state: c.state,
             uptime_secs: c.established_at.map_or(0, |t| t.elapsed().as_secs()),
             hold_time_secs: c.hold_time,
-            prefixes_announced: c.prefixes,
+            // Routes count as announced only on a session the peer has.
+            prefixes_announced: if c.state == SessionState::Established {
+                c.prefixes
+            } else {
+                0
+            },
             sessions_established: c.sessions_established,
             last_error: c.last_error.clone(),
             messages_sent: c.messages_sent,
@@ -300,10 +309,7 @@ pub(super) async fn run_peer(
                 match end {
                     End::Stopped => break,
                     End::Failed(reason) => {
-                        let reason = if matches!(
-                            session.state,
-                            SessionState::OpenSent | SessionState::OpenConfirm
-                        ) {
+                        let reason = if session.unconfirmed() {
                             format!("{reason} {UNCONFIRMED}")
                         } else {
                             reason
@@ -358,8 +364,14 @@ struct Session<'a> {
     /// VIPs we could not announce to this peer (family not accepted, no
     /// next hop), as last reported.
     skipped: BTreeSet<IpAddr>,
-    /// When it reached Established, if it did.
+    /// When the peer confirmed Established (see `confirmed`), if it did.
     established_at: Option<Instant>,
+    /// The peer's TCP acknowledged our KEEPALIVE after its own: the peer
+    /// holds it, so it is Established too. Until then `lbctl bgp` shows
+    /// OpenConfirm: a router with GTSM (or a filter) may drop our segments
+    /// after accepting the connection, and stay in OpenConfirm while we
+    /// would otherwise say Established.
+    confirmed: bool,
     /// The peer's BFD session, if configured.
     bfd: Option<BfdLink>,
     /// BFD was Up in this session: its going down ends it.
@@ -403,6 +415,7 @@ impl<'a> Session<'a> {
             adj_out: BTreeSet::new(),
             skipped: BTreeSet::new(),
             established_at: None,
+            confirmed: false,
             bfd: None,
             bfd_was_up: false,
             gr: None,
@@ -419,6 +432,48 @@ impl<'a> Session<'a> {
 
     fn addr(&self) -> SocketAddr {
         self.peer.socket_addr()
+    }
+
+    /// The peer has not shown that it got our OPEN and KEEPALIVE.
+    fn unconfirmed(&self) -> bool {
+        match self.state {
+            SessionState::OpenSent | SessionState::OpenConfirm => true,
+            SessionState::Established => !self.confirmed,
+            _ => false,
+        }
+    }
+
+    /// Established on our side: once the peer's TCP holds everything we
+    /// sent (our KEEPALIVE included), the session is up for everyone to
+    /// see. A socket that cannot tell is taken at its word.
+    fn confirm_if_acknowledged(&mut self) {
+        if self.confirmed {
+            return;
+        }
+        if let Ok(n) = super::sockopt::unacknowledged(&self.stream)
+            && n > 0
+        {
+            return;
+        }
+        self.confirmed = true;
+        let now = Instant::now();
+        self.established_at = Some(now);
+        {
+            let mut c = self.shared.lock();
+            c.state = SessionState::Established;
+            c.established_at = Some(now);
+            c.hold_time = Some(u16::try_from(self.hold.as_secs()).unwrap_or(u16::MAX));
+            c.sessions_established += 1;
+        }
+        info!(
+            peer = %self.addr(),
+            remote_as = self.peer.remote_as,
+            hold_secs = self.hold.as_secs(),
+            ipv4 = self.v4,
+            ipv6 = self.v6,
+            graceful_restart = self.peer_gr && self.gr.is_some(),
+            "BGP session established"
+        );
     }
 
     fn set_state(&mut self, state: SessionState) {
@@ -474,6 +529,10 @@ impl<'a> Session<'a> {
                     Err(_) => return self.stop_gracefully().await,
                 },
                 _ = sleep_until(self.defer_until), if deferring => self.sync(desired).await,
+                _ = sleep(CONFIRM_POLL), if established && !self.confirmed => {
+                    self.confirm_if_acknowledged();
+                    Ok(())
+                }
                 up = bfd_changed(&mut self.bfd) => self.on_bfd(up).await,
                 read = self.stream.read(&mut buf) => match read {
                     Ok(0) => Err(End::Failed("the peer closed the connection".into())),
@@ -650,23 +709,10 @@ impl<'a> Session<'a> {
         match (self.state, message) {
             (SessionState::OpenSent, Message::Open(open)) => self.on_open(&open).await,
             (SessionState::OpenConfirm, Message::Keepalive) => {
-                self.set_state(SessionState::Established);
-                self.established_at = Some(Instant::now());
-                {
-                    let mut c = self.shared.lock();
-                    c.established_at = Some(Instant::now());
-                    c.hold_time = Some(u16::try_from(self.hold.as_secs()).unwrap_or(u16::MAX));
-                    c.sessions_established += 1;
-                }
-                info!(
-                    peer = %self.addr(),
-                    remote_as = self.peer.remote_as,
-                    hold_secs = self.hold.as_secs(),
-                    ipv4 = self.v4,
-                    ipv6 = self.v6,
-                    graceful_restart = self.peer_gr && self.gr.is_some(),
-                    "BGP session established"
-                );
+                // Ours only: the status follows once the peer has our
+                // KEEPALIVE (`confirm_if_acknowledged`).
+                self.state = SessionState::Established;
+                self.confirm_if_acknowledged();
                 self.defer_until = Instant::now() + self.local.graceful_restart.eor_defer_max;
                 self.sync(desired).await
             }

@@ -1,12 +1,13 @@
-//! Socket options a BGP session may need before it connects, which no
-//! safe wrapper offers: the TCP MD5 signature key for the peer (RFC 2385,
-//! `TCP_MD5SIG`) and the minimum TTL or hop limit of what it receives
-//! (GTSM, RFC 5082: `IP_MINTTL`, `IPV6_MINHOPCOUNT`). The TTL we send with
-//! is set through socket2.
+//! Socket calls a BGP session needs that no safe wrapper offers: the TCP
+//! MD5 signature key for the peer (RFC 2385, `TCP_MD5SIG`), the minimum
+//! TTL or hop limit of what it receives (GTSM, RFC 5082: `IP_MINTTL`,
+//! `IPV6_MINHOPCOUNT`), and how much of what we sent the peer's TCP has
+//! not acknowledged yet (`SIOCOUTQ`). The TTL we send with is set through
+//! socket2.
 //!
 //! The library's one other `unsafe` is the Maglev builder's AVX-512
-//! module; each call here is one `setsockopt(2)` on a socket we own, with
-//! a value whose layout is the kernel's.
+//! module; each call here is one `setsockopt(2)` or `ioctl(2)` on a socket
+//! we own, with a value whose layout is the kernel's.
 #![allow(unsafe_code)]
 
 use std::{
@@ -93,5 +94,20 @@ pub fn set_ttl_security(socket: &socket2::Socket, family: IpAddr, hops: u8) -> i
             socket.set_unicast_hops_v6(255)?;
             setsockopt(socket, libc::IPPROTO_IPV6, libc::IPV6_MINHOPCOUNT, &min)
         }
+    }
+}
+
+/// Bytes written to `fd` that the peer's TCP has not acknowledged yet
+/// (or not yet sent): `SIOCOUTQ` (tcp(7)). Zero means the peer's kernel
+/// holds everything we wrote.
+pub fn unacknowledged(fd: &impl AsRawFd) -> io::Result<u32> {
+    let mut queued: libc::c_int = 0;
+    // SAFETY: SIOCOUTQ writes one int through the pointer, which points
+    // at a live `c_int`.
+    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCOUTQ, &mut queued) };
+    if rc == 0 {
+        Ok(u32::try_from(queued).unwrap_or(0))
+    } else {
+        Err(io::Error::last_os_error())
     }
 }
