@@ -69,6 +69,30 @@ async fn ifindex_with(handle: &Handle, name: &str) -> Result<u32, NetError> {
         .ok_or_else(|| NetError::NoInterface(name.into()))
 }
 
+/// The id of the XDP program attached to interface `name`, if one is.
+pub async fn xdp_program(name: &str) -> Result<Option<u32>, NetError> {
+    use rtnetlink::packet_route::link::{LinkAttribute, LinkXdp};
+    let handle = connect().await?;
+    let links: Vec<_> = handle
+        .link()
+        .get()
+        .match_name(name.to_string())
+        .execute()
+        .try_collect()
+        .await
+        .map_err(|_| NetError::NoInterface(name.into()))?;
+    let link = links
+        .first()
+        .ok_or_else(|| NetError::NoInterface(name.into()))?;
+    Ok(link.attributes.iter().find_map(|a| match a {
+        LinkAttribute::Xdp(xdp) => xdp.iter().find_map(|x| match x {
+            LinkXdp::ProgId(id) if *id != 0 => Some(*id),
+            _ => None,
+        }),
+        _ => None,
+    }))
+}
+
 async fn default_gateway(handle: &Handle, ifindex: u32, iface: &str) -> Result<IpAddr, NetError> {
     let v4 = RouteMessageBuilder::<std::net::Ipv4Addr>::new().build();
     let v6 = RouteMessageBuilder::<std::net::Ipv6Addr>::new().build();

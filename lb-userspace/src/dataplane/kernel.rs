@@ -237,6 +237,13 @@ impl KernelDataplane {
         Ok((dp, adopted))
     }
 
+    /// The id of the program the link pinned at `path` runs, if it can be
+    /// read.
+    pub fn pinned_link_program(path: &Path) -> Option<u32> {
+        let pinned = PinnedLink::from_pin(path).ok()?;
+        FdLink::from(pinned).info().ok().map(|i| i.program_id())
+    }
+
     /// Whether `dir` holds the pins of an earlier `lbd` (its config map).
     pub fn has_pins(dir: &Path) -> bool {
         dir.join(MAP_CONFIG).exists()

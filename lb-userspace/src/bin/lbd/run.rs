@@ -294,6 +294,7 @@ async fn start(config_path: PathBuf) -> Result<Started> {
     // Before any pin or the socket is touched: one lbd per instance.
     let lock = crate::lock_instance(&config)?;
     let first = !KernelDataplane::has_pins(&config.pin_dir());
+    interfaces_free(&config, first).await?;
     match start_locked(config_path, target, file, revisions, lock).await {
         Ok(started) => Ok(started),
         Err(e) => {
@@ -309,6 +310,39 @@ async fn start(config_path: PathBuf) -> Result<Started> {
             Err(keep_verifier_log(e, &config))
         }
     }
+}
+
+/// Before anything is created: each interface exists and, unless this
+/// instance attached to it before (its pinned link), runs no XDP program
+/// already (another `lbd` instance's, or anyone's). Otherwise a start
+/// would create and pin every map (tens of MiB) and only then fail at
+/// attachment with "Device or resource busy".
+async fn interfaces_free(config: &Config, first: bool) -> Result<()> {
+    for iface in &config.interfaces {
+        let ours = !first && config.pin_dir().join(format!("link-{iface}")).exists();
+        let attached = net::xdp_program(iface)
+            .await
+            .with_context(|| format!("interfaces: {iface}"))?;
+        if let (Some(id), false) = (attached, ours) {
+            bail!(
+                "interfaces: {iface} already runs XDP program {id}{}; stop it first (or `lbd teardown` its instance)",
+                other_instance(iface, id)
+                    .map(|i| format!(", lbd instance `{i}`'s"))
+                    .unwrap_or_default()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The `lbd` instance whose pinned link for `iface` runs program `id`.
+fn other_instance(iface: &str, id: u32) -> Option<String> {
+    let root = std::path::Path::new("/sys/fs/bpf/lb");
+    std::fs::read_dir(root).ok()?.flatten().find_map(|dir| {
+        let link = dir.path().join(format!("link-{iface}"));
+        let prog = KernelDataplane::pinned_link_program(&link)?;
+        (prog == id).then(|| dir.file_name().to_string_lossy().into_owned())
+    })
 }
 
 /// Writes the whole log of a verifier's refusal beside the state file

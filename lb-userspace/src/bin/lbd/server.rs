@@ -41,27 +41,67 @@ pub fn bind(path: &Path) -> Result<UnixListener> {
     Ok(listener)
 }
 
+/// How long a connection may take to send its request (one line;
+/// `lbctl` writes it at once).
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Connections accepted but still waiting for their request, by id: when
+/// every slot is taken, the oldest of them gives its slot to the newcomer,
+/// so idle clients never lock an operator out.
+type Waiting = std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<u64, tokio::task::AbortHandle>>>;
+
 pub async fn serve(listener: UnixListener, calls: mpsc::Sender<Call>) {
     let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let waiting = Waiting::default();
+    let mut next = 0u64;
     loop {
-        match listener.accept().await {
-            Ok((stream, _)) => match slots.clone().try_acquire_owned() {
-                Ok(slot) => {
-                    let calls = calls.clone();
-                    tokio::spawn(async move {
-                        handle(stream, calls).await;
-                        drop(slot);
-                    });
-                }
-                Err(_) => {
-                    tokio::spawn(refuse(stream));
-                }
-            },
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
             Err(e) => {
                 warn!(error = %e, "accept on the control socket failed");
                 tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
             }
+        };
+        let slot = match slots.clone().try_acquire_owned() {
+            Ok(slot) => slot,
+            Err(_) => {
+                // The oldest connection that has not sent its request yet
+                // makes room; if every one is being served, refuse.
+                let oldest = waiting.lock().ok().and_then(|mut w| w.pop_first());
+                let freed = match oldest {
+                    Some((_, task)) => {
+                        task.abort();
+                        tokio::time::timeout(Duration::from_secs(1), slots.clone().acquire_owned())
+                            .await
+                            .ok()
+                            .and_then(Result::ok)
+                    }
+                    None => None,
+                };
+                match freed {
+                    Some(slot) => slot,
+                    None => {
+                        tokio::spawn(refuse(stream));
+                        continue;
+                    }
+                }
+            }
+        };
+        next += 1;
+        let (id, calls, list) = (next, calls.clone(), waiting.clone());
+        // Listed as waiting before it reads a byte (it starts once listed).
+        let (listed, start) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let _slot = slot;
+            if start.await.is_ok() {
+                handle(stream, calls, id, list).await;
+            }
+        });
+        if let Ok(mut w) = waiting.lock() {
+            w.insert(id, task.abort_handle());
         }
+        let _ = listed.send(());
     }
 }
 
@@ -85,13 +125,16 @@ async fn write_response(
     write.write_all(&out).await
 }
 
-async fn handle(stream: UnixStream, calls: mpsc::Sender<Call>) {
+async fn handle(stream: UnixStream, calls: mpsc::Sender<Call>, id: u64, waiting: Waiting) {
     let (read, mut write) = stream.into_split();
     let mut reader = BufReader::new(read.take(MAX_REQUEST as u64));
     let mut line = String::new();
-    let response = match tokio::time::timeout(Duration::from_secs(10), reader.read_line(&mut line))
-        .await
-    {
+    let read = tokio::time::timeout(REQUEST_TIMEOUT, reader.read_line(&mut line)).await;
+    // Read (or given up on): no longer one that may make room for others.
+    if let Ok(mut w) = waiting.lock() {
+        w.remove(&id);
+    }
+    let response = match read {
         Err(_) => Response::err("timed out waiting for the request"),
         Ok(Err(e)) => Response::err(format!("reading the request: {e}")),
         Ok(Ok(n)) if !line.ends_with('\n') && n >= MAX_REQUEST => Response::err(format!(
