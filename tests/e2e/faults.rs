@@ -738,8 +738,14 @@ fn lbd_check_and_a_reload_agree_on_a_corpus_of_mutated_files() {
             ("table_size: 65537", "table_size: 4099"),
             ("conntrack_buckets: 65536", "conntrack_buckets: 2147483648"),
             ("gateway_mac: auto", "gateway_mac: ff:ff:ff:ff:ff:ff"),
-            ("    protocol: tcp\n", "    protocol: tcp\n    min_healthy: 0\n"),
-            ("    protocol: tcp\n", "    protocol: tcp\n    drain_timeout: 65536\n"),
+            (
+                "    protocol: tcp\n",
+                "    protocol: tcp\n    min_healthy: 0\n",
+            ),
+            (
+                "    protocol: tcp\n",
+                "    protocol: tcp\n    drain_timeout: 65536\n",
+            ),
             ("    port: 80\n", "    port: \"80\"\n"),
             ("        weight: 1\n", "        weight: 0\n"),
             ("xdp_mode: native", "xdp_mode: generic"),
@@ -748,9 +754,15 @@ fn lbd_check_and_a_reload_agree_on_a_corpus_of_mutated_files() {
         .iter()
         .map(|(from, to)| (format!("{from} -> {to}"), good.replacen(from, to, 1)))
         .collect();
-        corpus.push(("every weight 0".into(), good.replace("weight: 1", "weight: 0")));
+        corpus.push((
+            "every weight 0".into(),
+            good.replace("weight: 1", "weight: 0"),
+        ));
         corpus.push(("state_file: /".into(), format!("state_file: /\n{good}")));
-        corpus.push(("a relative bpffs".into(), format!("bpffs: sys/fs/bpf\n{good}")));
+        corpus.push((
+            "a relative bpffs".into(),
+            format!("bpffs: sys/fs/bpf\n{good}"),
+        ));
         corpus.push(("not YAML".into(), format!("{good}\n  - [")));
         let mut rng = 0x5eed_u64;
         let lines: Vec<&str> = good.lines().collect();
@@ -789,7 +801,10 @@ fn lbd_check_and_a_reload_agree_on_a_corpus_of_mutated_files() {
         for (what, text) in &corpus {
             std::fs::write(&lbd.config, text)?;
             let check = run_bounded(
-                Command::new(&lbd_bin).arg("--config").arg(&lbd.config).arg("check"),
+                Command::new(&lbd_bin)
+                    .arg("--config")
+                    .arg(&lbd.config)
+                    .arg("check"),
                 Duration::from_secs(120),
             )?;
             let reload = lbd.lbctl(&["reload"]);
@@ -798,7 +813,11 @@ fn lbd_check_and_a_reload_agree_on_a_corpus_of_mutated_files() {
                 bail!(
                     "{what}: lbd check {} but the reload {}:\ncheck: {}{}\nreload: {reload:?}",
                     if checked { "accepted it" } else { "refused it" },
-                    if reload.is_ok() { "applied it" } else { "refused it" },
+                    if reload.is_ok() {
+                        "applied it"
+                    } else {
+                        "refused it"
+                    },
                     String::from_utf8_lossy(&check.stdout),
                     String::from_utf8_lossy(&check.stderr),
                 );
@@ -835,12 +854,18 @@ fn a_second_instance_on_a_busy_interface_is_refused_before_it_creates_anything()
         let second = rig.dir.join("second.yaml");
         std::fs::write(
             &second,
-            text.replace(&format!("instance: {}", rig.id), &format!("instance: {other}"))
-                .replace("lbd.sock", "second.sock")
-                .replace("state.json", "second-state.json"),
+            text.replace(
+                &format!("instance: {}", rig.id),
+                &format!("instance: {other}"),
+            )
+            .replace("lbd.sock", "second.sock")
+            .replace("state.json", "second-state.json"),
         )?;
         let out = run_bounded(
-            rig.lb.command(bin_path("lbd")?).arg("--config").arg(&second),
+            rig.lb
+                .command(bin_path("lbd")?)
+                .arg("--config")
+                .arg(&second),
             Duration::from_secs(60),
         )?;
         let err = String::from_utf8_lossy(&out.stderr);

@@ -115,6 +115,18 @@ struct Counters {
     updates_ignored: u64,
     graceful_restart: Option<GracefulRestartStatus>,
     graceful_shutdown: bool,
+    /// Established on our side, not yet confirmed by the peer: a second
+    /// handle on the session's socket, to ask it (see
+    /// [`PeerShared::confirm_if_acknowledged`]).
+    unconfirmed: Option<Unconfirmed>,
+}
+
+/// A session we hold Established and the peer may not (yet).
+#[derive(Debug)]
+struct Unconfirmed {
+    socket: socket2::Socket,
+    peer: SocketAddr,
+    hold: u16,
 }
 
 impl Default for Counters {
@@ -133,6 +145,7 @@ impl Default for Counters {
             updates_ignored: 0,
             graceful_restart: None,
             graceful_shutdown: false,
+            unconfirmed: None,
         }
     }
 }
@@ -145,6 +158,7 @@ impl PeerShared {
     }
 
     pub fn status(&self, peer: &PeerConfig) -> PeerStatus {
+        self.confirm_if_acknowledged();
         let c = self.lock();
         PeerStatus {
             peer: peer.socket_addr().to_string(),
@@ -174,11 +188,61 @@ impl PeerShared {
     fn set_state(&self, state: SessionState) {
         let mut c = self.lock();
         c.state = state;
+        c.unconfirmed = None;
         if state != SessionState::Established {
             c.established_at = None;
             c.hold_time = None;
             c.prefixes = 0;
         }
+    }
+
+    /// Our side of the session is Established (the peer's KEEPALIVE came):
+    /// the status stays OpenConfirm until the peer's TCP has acknowledged
+    /// everything we sent, our KEEPALIVE included, so the peer has it
+    /// too. A router with GTSM (or a filter) may drop our segments after
+    /// accepting the connection and sit in OpenConfirm; we must not say
+    /// Established then. A socket we cannot ask is taken at its word.
+    fn await_confirmation(&self, stream: &TcpStream, peer: SocketAddr, hold: u16) {
+        match socket2::SockRef::from(stream).try_clone() {
+            Ok(socket) => {
+                self.lock().unconfirmed = Some(Unconfirmed { socket, peer, hold });
+                self.confirm_if_acknowledged();
+            }
+            Err(_) => self.confirm(peer, hold),
+        }
+    }
+
+    /// Whether the peer has confirmed the session (see
+    /// [`Self::await_confirmation`]); checked on every status read, so
+    /// the status is true when it is read.
+    fn confirm_if_acknowledged(&self) -> bool {
+        let mut c = self.lock();
+        let Some(u) = &c.unconfirmed else {
+            return c.state == SessionState::Established;
+        };
+        if super::sockopt::unacknowledged(&u.socket).is_ok_and(|n| n > 0) {
+            return false;
+        }
+        let (peer, hold) = (u.peer, u.hold);
+        c.unconfirmed = None;
+        drop(c);
+        self.confirm(peer, hold);
+        true
+    }
+
+    fn confirm(&self, peer: SocketAddr, hold: u16) {
+        let mut c = self.lock();
+        c.state = SessionState::Established;
+        c.established_at = Some(Instant::now());
+        c.hold_time = Some(hold);
+        c.sessions_established += 1;
+        drop(c);
+        info!(peer = %peer, hold_secs = hold, "BGP session established");
+    }
+
+    fn confirmed(&self) -> bool {
+        let c = self.lock();
+        c.state == SessionState::Established && c.unconfirmed.is_none()
     }
 
     pub fn set_idle(&self) {
@@ -364,14 +428,8 @@ struct Session<'a> {
     /// VIPs we could not announce to this peer (family not accepted, no
     /// next hop), as last reported.
     skipped: BTreeSet<IpAddr>,
-    /// When the peer confirmed Established (see `confirmed`), if it did.
+    /// When it reached Established, if it did.
     established_at: Option<Instant>,
-    /// The peer's TCP acknowledged our KEEPALIVE after its own: the peer
-    /// holds it, so it is Established too. Until then `lbctl bgp` shows
-    /// OpenConfirm: a router with GTSM (or a filter) may drop our segments
-    /// after accepting the connection, and stay in OpenConfirm while we
-    /// would otherwise say Established.
-    confirmed: bool,
     /// The peer's BFD session, if configured.
     bfd: Option<BfdLink>,
     /// BFD was Up in this session: its going down ends it.
@@ -415,7 +473,6 @@ impl<'a> Session<'a> {
             adj_out: BTreeSet::new(),
             skipped: BTreeSet::new(),
             established_at: None,
-            confirmed: false,
             bfd: None,
             bfd_was_up: false,
             gr: None,
@@ -438,42 +495,9 @@ impl<'a> Session<'a> {
     fn unconfirmed(&self) -> bool {
         match self.state {
             SessionState::OpenSent | SessionState::OpenConfirm => true,
-            SessionState::Established => !self.confirmed,
+            SessionState::Established => !self.shared.confirmed(),
             _ => false,
         }
-    }
-
-    /// Established on our side: once the peer's TCP holds everything we
-    /// sent (our KEEPALIVE included), the session is up for everyone to
-    /// see. A socket that cannot tell is taken at its word.
-    fn confirm_if_acknowledged(&mut self) {
-        if self.confirmed {
-            return;
-        }
-        if let Ok(n) = super::sockopt::unacknowledged(&self.stream)
-            && n > 0
-        {
-            return;
-        }
-        self.confirmed = true;
-        let now = Instant::now();
-        self.established_at = Some(now);
-        {
-            let mut c = self.shared.lock();
-            c.state = SessionState::Established;
-            c.established_at = Some(now);
-            c.hold_time = Some(u16::try_from(self.hold.as_secs()).unwrap_or(u16::MAX));
-            c.sessions_established += 1;
-        }
-        info!(
-            peer = %self.addr(),
-            remote_as = self.peer.remote_as,
-            hold_secs = self.hold.as_secs(),
-            ipv4 = self.v4,
-            ipv6 = self.v6,
-            graceful_restart = self.peer_gr && self.gr.is_some(),
-            "BGP session established"
-        );
     }
 
     fn set_state(&mut self, state: SessionState) {
@@ -529,8 +553,8 @@ impl<'a> Session<'a> {
                     Err(_) => return self.stop_gracefully().await,
                 },
                 _ = sleep_until(self.defer_until), if deferring => self.sync(desired).await,
-                _ = sleep(CONFIRM_POLL), if established && !self.confirmed => {
-                    self.confirm_if_acknowledged();
+                _ = sleep(CONFIRM_POLL), if established && !self.shared.confirmed() => {
+                    self.shared.confirm_if_acknowledged();
                     Ok(())
                 }
                 up = bfd_changed(&mut self.bfd) => self.on_bfd(up).await,
@@ -710,9 +734,21 @@ impl<'a> Session<'a> {
             (SessionState::OpenSent, Message::Open(open)) => self.on_open(&open).await,
             (SessionState::OpenConfirm, Message::Keepalive) => {
                 // Ours only: the status follows once the peer has our
-                // KEEPALIVE (`confirm_if_acknowledged`).
+                // KEEPALIVE (`PeerShared::await_confirmation`).
                 self.state = SessionState::Established;
-                self.confirm_if_acknowledged();
+                self.established_at = Some(Instant::now());
+                let hold = u16::try_from(self.hold.as_secs()).unwrap_or(u16::MAX);
+                self.shared
+                    .await_confirmation(&self.stream, self.addr(), hold);
+                info!(
+                    peer = %self.addr(),
+                    remote_as = self.peer.remote_as,
+                    hold_secs = self.hold.as_secs(),
+                    ipv4 = self.v4,
+                    ipv6 = self.v6,
+                    graceful_restart = self.peer_gr && self.gr.is_some(),
+                    "BGP session open; established once the peer acknowledges our KEEPALIVE"
+                );
                 self.defer_until = Instant::now() + self.local.graceful_restart.eor_defer_max;
                 self.sync(desired).await
             }

@@ -100,7 +100,11 @@ fn running_lbd_of(path: &Path) -> Option<(u32, PathBuf)> {
     let want = std::fs::metadata(path).ok()?;
     let me = std::process::id();
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
             continue;
         };
         if pid == me {
@@ -111,7 +115,10 @@ fn running_lbd_of(path: &Path) -> Option<(u32, PathBuf)> {
         };
         // The same file, however it was named (relative to the process's
         // own directory, through a link).
-        let file = Path::new("/proc").join(pid.to_string()).join("cwd").join(&config);
+        let file = Path::new("/proc")
+            .join(pid.to_string())
+            .join("cwd")
+            .join(&config);
         let Ok(meta) = std::fs::metadata(&file) else {
             continue;
         };
@@ -129,7 +136,10 @@ fn running_lbd_of(path: &Path) -> Option<(u32, PathBuf)> {
 /// `/etc/lb/lb.yaml`).
 fn lbd_config_of(pid: u32) -> Option<PathBuf> {
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-    let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).filter(|a| !a.is_empty()).collect();
+    let args: Vec<&[u8]> = cmdline
+        .split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .collect();
     let (program, rest) = args.split_first()?;
     if !program.ends_with(b"lbd") {
         return None;

@@ -48,7 +48,8 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 /// Connections accepted but still waiting for their request, by id: when
 /// every slot is taken, the oldest of them gives its slot to the newcomer,
 /// so idle clients never lock an operator out.
-type Waiting = std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<u64, tokio::task::AbortHandle>>>;
+type Waiting =
+    std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<u64, tokio::task::AbortHandle>>>;
 
 pub async fn serve(listener: UnixListener, calls: mpsc::Sender<Call>) {
     let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
