@@ -111,7 +111,8 @@ fn a_vip_of_its_own_table_size_forwards_survives_a_restart_and_changes_only_when
         }
         follow_simulate(&rig, &lbd, 21_040..21_060)?;
 
-        // A new size: warned by lbd check, refused by a plain reload.
+        // A new size: refused by lbd check (the running lbd's verdict) and
+        // by a plain reload, both saying how to force it.
         let text = std::fs::read_to_string(&config)?;
         std::fs::write(
             &config,
@@ -122,9 +123,16 @@ fn a_vip_of_its_own_table_size_forwards_survives_a_restart_and_changes_only_when
             .arg(&config)
             .arg("check")
             .output()?;
-        let said = String::from_utf8_lossy(&out.stdout);
-        if !said.contains("table_size 1009 (running) -> 2053 remaps every flow") {
-            bail!("lbd check said: {said}");
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if out.status.success()
+            || !said.contains("table_size 1009 -> 2053 remaps every flow")
+            || !said.contains("--force")
+        {
+            bail!("lbd check ({}) said: {said}", out.status);
         }
         let err = lbd.lbctl(&["reload"]).expect_err("refused without --force");
         if !format!("{err:#}").contains("--force") {
