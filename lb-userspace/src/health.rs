@@ -246,6 +246,16 @@ impl Tracker {
         self.up
     }
 
+    /// Starts down instead of up (the last `lbd` had found the backend
+    /// down): `rise` successes bring it in. Only before any probe.
+    pub fn assume_down(&mut self) {
+        if self.probes == 0 {
+            self.up = false;
+            self.streak = 0;
+            self.verdict = false;
+        }
+    }
+
     /// The probes have spoken: `is_up` is their verdict, not the starting
     /// assumption. A backend counts toward announcing its VIP only then.
     pub fn has_verdict(&self) -> bool {

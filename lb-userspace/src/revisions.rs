@@ -24,7 +24,7 @@ use std::{
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::{atomic_file, state::Overlay};
+use crate::{atomic_file, config::VipId, state::Overlay};
 
 /// Largest revision file read back (a configuration is at most 16 MiB).
 const MAX_REVISION_BYTES: u64 = 40 << 20;
@@ -90,6 +90,15 @@ pub type Listed = Result<Revision, RevisionError>;
 
 /// The file of the probation in force, beside the revisions.
 const PROBATION: &str = "probation.json";
+/// The backends the probes last found down, beside the revisions.
+const VERDICTS: &str = "verdicts.json";
+
+/// The probes' last verdicts that matter across a restart: the backends
+/// found down (`verdicts.json`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SavedVerdicts {
+    pub down: Vec<(VipId, std::net::IpAddr)>,
+}
 
 /// The revisions of one instance, on disk.
 #[derive(Clone, Debug)]
@@ -210,6 +219,34 @@ impl RevisionStore {
                 source,
             }),
         }
+    }
+
+    /// The backends the last `lbd` found down; none if it left no file.
+    pub fn verdicts(&self) -> Result<SavedVerdicts, RevisionError> {
+        let path = self.dir.join(VERDICTS);
+        match read_bounded(&path) {
+            Ok(text) => serde_json::from_str(&text).map_err(|e| RevisionError::Corrupt {
+                number: 0,
+                path: path.display().to_string(),
+                reason: e.to_string(),
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(SavedVerdicts::default()),
+            Err(source) => Err(RevisionError::Io {
+                path: path.display().to_string(),
+                source,
+            }),
+        }
+    }
+
+    /// Writes the backends found down now.
+    pub fn save_verdicts(&self, saved: &SavedVerdicts) -> Result<(), RevisionError> {
+        let path = self.dir.join(VERDICTS);
+        let io = |source| RevisionError::Io {
+            path: path.display().to_string(),
+            source,
+        };
+        let text = serde_json::to_vec(saved).map_err(|e| io(e.into()))?;
+        atomic_file::write_private(&path, &text).map_err(io)
     }
 
     /// Writes the probation (`None`: removes it).

@@ -157,6 +157,9 @@ pub struct Daemon<D: Dataplane> {
     samples: views::Samples,
     /// Second chance: each VIP's previous backends, from the revisions.
     alt_history: second_chance::History,
+    /// Backends the last `lbd` found down: they start down (see
+    /// [`Daemon::seed_verdicts`]).
+    seeded_down: BTreeSet<BackendKey>,
 }
 
 impl<D: Dataplane> Daemon<D> {
@@ -205,6 +208,31 @@ impl<D: Dataplane> Daemon<D> {
             gateway: None,
             samples: views::Samples::default(),
             alt_history: second_chance::History::default(),
+            seeded_down: BTreeSet::new(),
+        }
+    }
+
+    /// Before the first [`Daemon::program`]: the backends the last `lbd`
+    /// found down (`verdicts.json` beside the revisions) start down, not
+    /// up, until their probes say otherwise (`rise` successes). Without
+    /// it, a restart puts a dead backend back in the table for the first
+    /// probes' time, and new connections to it fail.
+    pub fn seed_verdicts(&mut self) {
+        match self.revisions.verdicts() {
+            Ok(saved) => self.seeded_down = saved.down.into_iter().collect(),
+            Err(e) => {
+                warn!("the last probe verdicts cannot be read, so every backend starts up: {e}")
+            }
+        }
+    }
+
+    /// Keeps the backends found down now for the next start.
+    fn save_verdicts(&self) {
+        let saved = crate::revisions::SavedVerdicts {
+            down: self.lifecycle.down().into_iter().collect(),
+        };
+        if let Err(e) = self.revisions.save_verdicts(&saved) {
+            warn!("keeping the probe verdicts for a restart: {e}");
         }
     }
 
@@ -222,6 +250,14 @@ impl<D: Dataplane> Daemon<D> {
         let now = Instant::now();
         let drained = self.overlay.drained_in(effective);
         self.lifecycle.sync(effective, &drained, now, initial);
+        if initial && !self.seeded_down.is_empty() {
+            let seeded = self
+                .lifecycle
+                .seed_down(&std::mem::take(&mut self.seeded_down));
+            info!(
+                "{seeded} backend(s) start down, as the last lbd left them, until their probes say up"
+            );
+        }
         let plan = self.lifecycle.plan(effective, now);
         for event in &plan.events {
             warn!("{event}");
@@ -296,6 +332,7 @@ impl<D: Dataplane> Daemon<D> {
         }
         if !changed.is_empty() {
             self.replan_vips(&changed);
+            self.save_verdicts();
         } else if first {
             self.announce();
         }

@@ -169,6 +169,7 @@ fn rig_in(dir: ScratchDir, text: &str, told: Told, announcers: Announcers) -> Ri
         revisions,
     );
     daemon.startup.attached = true;
+    daemon.seed_verdicts();
     let effective = daemon.effective();
     daemon.program(&effective, true).expect("programs");
     daemon.start_announcers().unwrap();
@@ -735,6 +736,45 @@ async fn probed_backends_are_announced_after_their_first_verdict_and_leave_when_
     // A result from a prober that was stopped since is ignored.
     r.daemon.on_probe((id(WEB), ip("10.1.0.9")), result(true));
     assert_eq!(r.in_table(WEB), BTreeSet::from([ip("10.1.0.1")]));
+}
+
+/// A backend found down stays out of the table across a restart until
+/// its probes say up (`rise`); one found up starts up, as before.
+#[tokio::test]
+async fn a_backend_down_before_a_restart_starts_down_until_its_probes_say_up() {
+    let text = FILE.replace(
+        "    protocol: tcp\n",
+        &format!("    protocol: tcp{}", PROBED.replace("rise: 1", "rise: 2")),
+    );
+    let mut r = rig(&text);
+    let result = |ok| ProbeResult {
+        ok,
+        latency_us: 100,
+        detail: "x".into(),
+    };
+    for _ in 0..2 {
+        r.daemon.on_probe((id(WEB), ip("10.1.0.2")), result(false));
+    }
+    assert_eq!(r.in_table(WEB), BTreeSet::from([ip("10.1.0.1")]));
+    let mut r = restart(r);
+    assert_eq!(
+        r.in_table(WEB),
+        BTreeSet::from([ip("10.1.0.1")]),
+        "down before the restart: out of the table from the start"
+    );
+    r.daemon.on_probe((id(WEB), ip("10.1.0.2")), result(true));
+    assert_eq!(r.in_table(WEB), BTreeSet::from([ip("10.1.0.1")]), "rise 2");
+    r.daemon.on_probe((id(WEB), ip("10.1.0.2")), result(true));
+    assert_eq!(
+        r.in_table(WEB),
+        BTreeSet::from([ip("10.1.0.1"), ip("10.1.0.2")])
+    );
+    // Up when it stopped: up from the start after the next restart.
+    let r = restart(r);
+    assert_eq!(
+        r.in_table(WEB),
+        BTreeSet::from([ip("10.1.0.1"), ip("10.1.0.2")])
+    );
 }
 
 /// Two VIPs on one backend address with the same check (probing port 80

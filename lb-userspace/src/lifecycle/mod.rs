@@ -174,6 +174,33 @@ impl Lifecycle {
         }
     }
 
+    /// At start-up: the backends `down` (as the last `lbd` left them) start
+    /// down instead of up, so a backend whose check was failing does not
+    /// take new connections while the first probes run. Returns how many.
+    pub fn seed_down(&mut self, down: &BTreeSet<(VipId, IpAddr)>) -> usize {
+        let mut seeded = 0;
+        for (vip, addr) in down {
+            if let Some(t) = self.backend_mut(vip, addr).and_then(|b| b.health.as_mut()) {
+                t.assume_down();
+                seeded += usize::from(!t.is_up());
+            }
+        }
+        seeded
+    }
+
+    /// The probed backends whose probes say down now.
+    pub fn down(&self) -> BTreeSet<(VipId, IpAddr)> {
+        self.vips
+            .iter()
+            .flat_map(|(id, v)| {
+                v.backends
+                    .iter()
+                    .filter(|(_, b)| b.health.as_ref().is_some_and(|t| !t.is_up()))
+                    .map(move |(addr, _)| (*id, *addr))
+            })
+            .collect()
+    }
+
     /// Restarts the probe streaks of a backend whose check changed; its
     /// current verdict stands until the new check overturns it.
     pub fn reset_health(&mut self, vip: &VipId, addr: &IpAddr, rise: u32, fall: u32) {
