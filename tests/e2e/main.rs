@@ -231,7 +231,7 @@ fn kill_9_and_restart_keep_connections_and_runtime_changes() {
             bail!("the runtime weight change was lost: {vips}");
         }
         let human = lbd.lbctl(&["status"])?;
-        if !human.contains("adopted") || !human.contains("runtime changes") {
+        if !human.contains("adopted") || !human.contains("runtime change") {
             bail!("lbctl status does not say so:\n{human}");
         }
         Ok(())

@@ -109,6 +109,34 @@ pub enum Request {
     /// → [`super::NodeChange`]
     #[command(subcommand)]
     Node(NodeRequest),
+    /// Runtime changes still in force over the file (made with `lbctl vip`
+    /// and `lbctl backend`), and clearing them.
+    #[command(subcommand)]
+    Overrides(OverridesRequest),
+}
+
+/// `lbctl overrides ...`
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Subcommand)]
+#[serde(tag = "action", rename_all = "snake_case", deny_unknown_fields)]
+pub enum OverridesRequest {
+    /// Every runtime change in force: object, field, what the file says,
+    /// what runs, and the revision, time and source that made it so.
+    /// → `Vec<`[`super::OverrideRow`]`>`
+    List,
+    /// Drop runtime changes so that the file decides again: all of them,
+    /// a VIP's, or one backend's; a change like any other (previewed with
+    /// --dry-run, recorded, revertible). → [`super::Committed`]
+    Clear {
+        /// Only this VIP's changes (e.g. `10.0.0.1:80/tcp`).
+        vip: Option<VipId>,
+        /// Only this backend's changes of VIP.
+        #[arg(requires = "vip")]
+        backend: Option<IpAddr>,
+        /// Even if it leaves an announced VIP without a usable backend.
+        #[arg(long)]
+        #[serde(default)]
+        force: bool,
+    },
 }
 
 /// `lbctl vip ...`

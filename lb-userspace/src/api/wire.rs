@@ -168,6 +168,9 @@ pub struct Status {
     pub map_bytes: Vec<(String, u64)>,
     /// Runtime changes on top of the configuration file are present.
     pub api_changes: bool,
+    /// How many (`lbctl overrides` lists them).
+    #[serde(default)]
+    pub overrides: usize,
     pub last_reload: Option<String>,
     pub warnings: Vec<String>,
     /// One line on route announcement: announcers, peers up, prefixes.
@@ -458,6 +461,28 @@ pub struct VipRemoved {
     pub flows_breaking: u64,
 }
 
+/// A runtime change in force over the file (`lbctl overrides`, and in
+/// `lbctl diff`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OverrideRow {
+    pub vip: VipId,
+    /// The backend, for a change of one backend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<IpAddr>,
+    /// `vip`, `backend`, `weight` or `state`.
+    pub field: String,
+    /// What the file says (`absent`: it has no such object).
+    pub file: String,
+    /// What runs.
+    pub running: String,
+    /// The revision that made it so (0: kept from an earlier `lbd`).
+    pub revision: u64,
+    /// When, UTC.
+    pub time: String,
+    /// What made it: `api: backend weight ...`.
+    pub source: String,
+}
+
 /// What a change would do (`lbctl diff`, `--dry-run`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ChangePreview {
@@ -471,6 +496,14 @@ pub struct ChangePreview {
     pub settings: Vec<SettingChange>,
     /// Problems of the change that a reload would also report.
     pub warnings: Vec<String>,
+    /// Runtime changes that would still be in force, each shadowing what
+    /// the file says.
+    #[serde(default)]
+    pub overrides: Vec<OverrideRow>,
+    /// Runtime changes the change takes back (a reload: the file changed
+    /// their object since, so the file decides).
+    #[serde(default)]
+    pub overrides_dropped: Vec<OverrideRow>,
 }
 
 impl ChangePreview {
@@ -480,6 +513,7 @@ impl ChangePreview {
             && self.vips_removed.is_empty()
             && self.vips_changed.is_empty()
             && self.settings.is_empty()
+            && self.overrides_dropped.is_empty()
     }
 }
 

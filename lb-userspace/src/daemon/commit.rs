@@ -77,7 +77,7 @@ pub struct SavedProbation {
     pub announced: Vec<VipId>,
 }
 
-fn unix_now() -> u64 {
+pub(super) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
@@ -142,7 +142,7 @@ impl<D: Dataplane> Daemon<D> {
         force: Force,
         kind: Kind,
     ) -> Result<Committed> {
-        let warnings = self.check(&target, force, options.dry_run)?;
+        let mut warnings = self.check(&target, force, options.dry_run)?;
         if options.dry_run {
             let mut preview = self.preview(&target)?;
             preview.warnings = warnings;
@@ -167,6 +167,16 @@ impl<D: Dataplane> Daemon<D> {
                 note: Some("nothing changed".into()),
                 ..Committed::default()
             });
+        }
+        for o in self.dropped_overrides(&target) {
+            let what = match o.backend {
+                Some(b) => format!("VIP {} backend {b} {}", o.vip, o.field),
+                None => format!("VIP {}", o.vip),
+            };
+            warnings.push(format!(
+                "{what}: the runtime change of revision {} ({}: {}) no longer applies; the file says {}",
+                o.revision, o.source, o.running, o.file
+            ));
         }
         // Everything that can fail is done before the first map write:
         // the checks above, then the revision, the state file and the

@@ -80,7 +80,30 @@ impl<D: Dataplane> Daemon<D> {
             vips_changed,
             settings: global_changes(&self.config, &target.config),
             warnings: Vec::new(),
+            overrides: target
+                .overlay
+                .overrides(&target.config.vips)
+                .into_iter()
+                .map(super::views::override_row)
+                .collect(),
+            overrides_dropped: self
+                .dropped_overrides(target)
+                .into_iter()
+                .map(super::views::override_row)
+                .collect(),
         })
+    }
+
+    /// The runtime changes in force now that `target` no longer has.
+    pub fn dropped_overrides(&self, target: &Target) -> Vec<crate::state::Override> {
+        let after = target.overlay.overrides(&target.config.vips);
+        let key = |o: &crate::state::Override| (o.vip, o.backend, o.field);
+        let kept: BTreeSet<_> = after.iter().map(key).collect();
+        self.overlay
+            .overrides(&self.config.vips)
+            .into_iter()
+            .filter(|o| !kept.contains(&key(o)))
+            .collect()
     }
 
     /// Per VIP, the handles of its backends that the change removes (all

@@ -170,10 +170,14 @@ impl<D: Dataplane> Daemon<D> {
         } else {
             std::mem::replace(&mut self.file_digest, read.digest)
         };
+        // Which change wins: runtime changes whose object the file changed
+        // since are dropped (the preview and the answer say which).
+        let mut overlay = self.overlay.clone();
+        overlay.rebase(&read.config.vips);
         let target = Target {
             config: read.config,
             text: read.text,
-            overlay: self.overlay.clone(),
+            overlay,
         };
         let force = Force {
             yes: force,

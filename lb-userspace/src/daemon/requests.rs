@@ -10,12 +10,12 @@ use super::{
 };
 use crate::{
     api::{
-        BackendRequest, ChangeOptions, Committed, NodeRequest, Request, Response, RevisionRow,
-        VipRequest,
+        BackendRequest, ChangeOptions, Committed, NodeRequest, OverridesRequest, Request, Response,
+        RevisionRow, VipRequest,
     },
     config::VipConfig,
     dataplane::Dataplane,
-    state::Overlay,
+    state::{Overlay, Stamp},
 };
 
 impl<D: Dataplane> Daemon<D> {
@@ -68,6 +68,23 @@ impl<D: Dataplane> Daemon<D> {
                 .simulate(src, dst, protocol.number(), sport, dport, syn)
                 .map(json),
             Request::Bgp => Ok(json(self.announce_status())),
+            Request::Overrides(OverridesRequest::List) => Ok(json(self.override_rows())),
+            Request::Overrides(OverridesRequest::Clear {
+                vip,
+                backend,
+                force,
+            }) => {
+                let source = format!("api: {}", describe(&request_of_clear(vip, backend)));
+                let result = self
+                    .change(source, forced(force), options, |o, base| {
+                        if o.clear(base, vip.as_ref(), backend) == 0 {
+                            return Err(refused(nothing_to_clear(o, vip, backend)));
+                        }
+                        Ok(())
+                    })
+                    .await;
+                result.map(json)
+            }
         }
     }
 
@@ -81,7 +98,14 @@ impl<D: Dataplane> Daemon<D> {
         edit: impl FnOnce(&mut Overlay, &[VipConfig]) -> Result<()>,
     ) -> Result<Committed> {
         let mut target = self.running();
+        let before = target.overlay.clone();
         edit(&mut target.overlay, &self.config.vips)?;
+        let stamp = Stamp {
+            revision: self.revisions.next_number().unwrap_or(self.revision + 1),
+            time: super::commit::unix_now(),
+            source: source.clone(),
+        };
+        target.overlay.stamp(&before, &self.config.vips, &stamp);
         self.commit(target, source, options, force, Kind::Change)
             .await
     }
@@ -232,6 +256,34 @@ impl<D: Dataplane> Daemon<D> {
     }
 }
 
+/// The clear request, for its description.
+fn request_of_clear(
+    vip: Option<crate::config::VipId>,
+    backend: Option<std::net::IpAddr>,
+) -> Request {
+    Request::Overrides(OverridesRequest::Clear {
+        vip,
+        backend,
+        force: false,
+    })
+}
+
+/// Why `lbctl overrides clear` found nothing to clear.
+fn nothing_to_clear(
+    o: &Overlay,
+    vip: Option<crate::config::VipId>,
+    backend: Option<std::net::IpAddr>,
+) -> String {
+    match (vip, backend) {
+        (Some(v), Some(_)) if o.vips_added.contains_key(&v) => format!(
+            "VIP {v} was added by the API: its backends are part of it; `lbctl overrides clear {v}` drops the VIP's runtime definition"
+        ),
+        (Some(v), Some(b)) => format!("no runtime change of VIP {v} backend {b} is in force"),
+        (Some(v), None) => format!("no runtime change of VIP {v} is in force"),
+        (None, _) => "no runtime change is in force: the file decides everything".into(),
+    }
+}
+
 fn forced(yes: bool) -> Force {
     Force {
         yes,
@@ -247,6 +299,7 @@ fn is_change(r: &Request) -> bool {
             | Request::Backend(_)
             | Request::Reload { .. }
             | Request::Revert { .. }
+            | Request::Overrides(OverridesRequest::Clear { .. })
     )
 }
 
@@ -273,6 +326,17 @@ pub fn describe(r: &Request) -> String {
                 format!("backend undrain {vip} {address}")
             }
         },
+        Request::Overrides(OverridesRequest::Clear { vip, backend, .. }) => {
+            let mut s = "overrides clear".to_string();
+            for part in [vip.map(|v| v.to_string()), backend.map(|b| b.to_string())]
+                .into_iter()
+                .flatten()
+            {
+                s.push(' ');
+                s.push_str(&part);
+            }
+            s
+        }
         other => format!("{other:?}"),
     }
 }

@@ -134,6 +134,7 @@ impl<D: Dataplane> Daemon<D> {
                 .map(|(n, b)| (n.to_string(), b))
                 .collect(),
             api_changes: !self.overlay.is_empty(),
+            overrides: self.overlay.overrides(&self.config.vips).len(),
             last_reload: self.last_reload.clone(),
             warnings: self.config.warnings.clone(),
             announce: self.announce_summary(),
@@ -579,4 +580,33 @@ pub fn humantime(t: SystemTime) -> String {
         rem % 3600 / 60,
         rem % 60
     )
+}
+
+/// A runtime change in force, as `lbctl overrides` shows it.
+pub fn override_row(o: crate::state::Override) -> api::OverrideRow {
+    api::OverrideRow {
+        vip: o.vip,
+        backend: o.backend,
+        field: o.field.to_string(),
+        file: o.file,
+        running: o.running,
+        revision: o.revision,
+        time: if o.time == 0 {
+            String::new()
+        } else {
+            humantime(std::time::UNIX_EPOCH + std::time::Duration::from_secs(o.time))
+        },
+        source: o.source,
+    }
+}
+
+impl<D: Dataplane> Daemon<D> {
+    /// `lbctl overrides`: every runtime change in force over the file.
+    pub fn override_rows(&self) -> Vec<api::OverrideRow> {
+        self.overlay
+            .overrides(&self.config.vips)
+            .into_iter()
+            .map(override_row)
+            .collect()
+    }
 }

@@ -3,8 +3,9 @@
 //!
 //! The file stays the operator's base; the overlay records what `lbctl`
 //! added, removed or re-weighted on top of it. The effective VIP set is
-//! `overlay.apply(file)`, recomputed at start and on every reload, so an
-//! edit of the file and earlier API changes both take effect.
+//! `overlay.apply(file)`, recomputed at start and on every reload. Which
+//! of a runtime change and a later file edit wins is [`overrides`]'
+//! rule: the newest intent for each object.
 //!
 //! Persistence is crash-safe: write a temporary file, fsync it, rename it
 //! over the old one, fsync the directory. A reader sees the old state or the
@@ -20,6 +21,10 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::config::{BackendConfig, VipConfig, VipId};
+
+mod overrides;
+
+pub use overrides::{Origin, Origins, Override, Stamp};
 
 #[derive(Debug, Error)]
 pub enum StateError {
@@ -65,6 +70,10 @@ pub struct Overlay {
     /// Backends an operator drained (`lbctl backend drain`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub drained: BTreeMap<VipId, BTreeSet<IpAddr>>,
+    /// Where each change above came from, and what the file said of its
+    /// object then ([`overrides`]: which change wins).
+    #[serde(default, skip_serializing_if = "Origins::is_empty")]
+    pub origins: Origins,
 }
 
 impl Overlay {

@@ -2,7 +2,7 @@
 //! probation), what it would do (`diff`, `--dry-run`), and the revisions
 //! (`history`).
 
-use lb::api::{ChangePreview, Committed, RevisionRow, VipChange};
+use lb::api::{ChangePreview, Committed, OverrideRow, RevisionRow, VipChange};
 
 use crate::print::print_rows;
 
@@ -45,6 +45,7 @@ pub fn print_preview(p: &ChangePreview) {
     }
     if p.is_empty() {
         println!("no change (configuration digest {})", p.digest_before);
+        print_shadows(&p.overrides);
         return;
     }
     println!(
@@ -66,6 +67,79 @@ pub fn print_preview(p: &ChangePreview) {
     for v in &p.vips_changed {
         print_vip_change(v);
     }
+    for o in &p.overrides_dropped {
+        println!(
+            "! {}: the file decides again ({}); the runtime change of revision {} ({}: {}) no longer applies",
+            object(o),
+            o.file,
+            o.revision,
+            o.source,
+            o.running
+        );
+    }
+    print_shadows(&p.overrides);
+}
+
+/// `VIP` or `VIP backend ADDR`.
+fn object(o: &OverrideRow) -> String {
+    match o.backend {
+        Some(b) => format!("VIP {} backend {b} {}", o.vip, o.field),
+        None => format!("VIP {}", o.vip),
+    }
+}
+
+/// The runtime changes that still shadow the file.
+fn print_shadows(rows: &[OverrideRow]) {
+    if rows.is_empty() {
+        return;
+    }
+    println!("runtime changes still in force over the file (`lbctl overrides`):");
+    for o in rows {
+        println!(
+            "  {}: file {}, running {} (revision {}, {})",
+            object(o),
+            o.file,
+            o.running,
+            o.revision,
+            o.source
+        );
+    }
+}
+
+/// `lbctl overrides`.
+pub fn print_overrides(rows: &[OverrideRow]) {
+    if rows.is_empty() {
+        println!("no runtime change in force: the file decides everything");
+        return;
+    }
+    let rows = rows
+        .iter()
+        .map(|o| {
+            vec![
+                o.vip.to_string(),
+                o.backend.map_or_else(|| "-".into(), |b| b.to_string()),
+                o.field.clone(),
+                o.file.clone(),
+                o.running.clone(),
+                o.revision.to_string(),
+                o.time.clone(),
+                o.source.clone(),
+            ]
+        })
+        .collect();
+    print_rows(
+        &[
+            "vip",
+            "backend",
+            "field",
+            "file",
+            "running",
+            "revision",
+            "time (UTC)",
+            "source",
+        ],
+        rows,
+    );
 }
 
 fn print_vip_change(v: &VipChange) {

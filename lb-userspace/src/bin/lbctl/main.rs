@@ -141,6 +141,13 @@ fn show(request: &Request, data: serde_json::Value) -> Result<()> {
             print::print_node_change(&decode(data)?, "serving", "announced");
             Ok(())
         }
+        Request::Overrides(api::OverridesRequest::List) => {
+            change::print_overrides(&decode::<Vec<api::OverrideRow>>(data)?);
+            Ok(())
+        }
+        Request::Overrides(api::OverridesRequest::Clear { .. }) => {
+            committed(data, "cleared runtime changes: the file decides")
+        }
     }
 }
 

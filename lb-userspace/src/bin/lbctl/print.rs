@@ -84,7 +84,14 @@ pub fn print_status(s: Status) -> Result<()> {
         "instance      {} (pid {}, up {h}h{m:02}m{sec:02}s)",
         s.instance, s.pid
     );
-    let changes = if_set(s.api_changes, " + runtime changes");
+    let changes = if s.overrides > 0 {
+        format!(
+            " + {} runtime change(s) over it (`lbctl overrides list`)",
+            s.overrides
+        )
+    } else {
+        String::new()
+    };
     println!("config        {}{changes}", s.config_file);
     println!("interfaces    {}", interfaces(&s));
     println!("gateway MAC   {}", gateway(&s));

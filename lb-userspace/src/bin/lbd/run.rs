@@ -181,7 +181,7 @@ fn load(config_path: &Path) -> Result<(Target, FileRead, RevisionStore)> {
         }
         None => (file.config.clone(), file.text.clone()),
     };
-    let overlay = Overlay::load(&config.state_file)?;
+    let overlay = settled_overlay(&config)?;
     config
         .check_vips(&overlay.apply(&config.vips))
         .map_err(|e| {
@@ -197,6 +197,42 @@ fn load(config_path: &Path) -> Result<(Target, FileRead, RevisionStore)> {
         overlay,
     };
     Ok((target, file, store))
+}
+
+/// The runtime changes of the state file, settled against the file as the
+/// rule says (the newest intent for each object wins): a change whose
+/// object the file changed while `lbd` was down no longer applies, and
+/// says so. Changes kept by an `lbd` that recorded no origins are taken as
+/// made against this file.
+fn settled_overlay(config: &Config) -> Result<Overlay> {
+    let loaded = Overlay::load(&config.state_file)?;
+    let mut overlay = loaded.clone();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    overlay.adopt(
+        &config.vips,
+        &lb::state::Stamp {
+            revision: 0,
+            time: now,
+            source: "kept by an earlier lbd".into(),
+        },
+    );
+    for o in overlay.rebase(&config.vips) {
+        warn!(
+            vip = %o.vip,
+            backend = ?o.backend,
+            field = o.field,
+            "the file changed this since the runtime change of revision {} ({}: {}): the file decides (it says {})",
+            o.revision, o.source, o.running, o.file
+        );
+    }
+    if overlay != loaded
+        && let Err(e) = overlay.save(&config.state_file)
+    {
+        warn!("keeping the settled runtime changes: {e}");
+    }
+    Ok(overlay)
 }
 
 /// The newest revision, if it runs another text than `file` while `file`
@@ -400,6 +436,7 @@ async fn start_locked(
     if let Some(g) = &gateway {
         daemon.gateway = Some(g.state.borrow().clone());
     }
+    daemon.seed_verdicts();
     // Maps first, attachment second: the first packet sees the full state.
     let effective = daemon.effective();
     let report = daemon.program(&effective, true)?;
