@@ -90,6 +90,17 @@ pub type Listed = Result<Revision, RevisionError>;
 
 /// The file of the probation in force, beside the revisions.
 const PROBATION: &str = "probation.json";
+/// A probation as the revision store keeps it (`probation.json`), so that
+/// an `lbd` restarted before the deadline resumes it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SavedProbation {
+    pub revision: u64,
+    pub fallback: u64,
+    /// The deadline, in seconds since the Unix epoch.
+    pub deadline: u64,
+    pub announced: Vec<VipId>,
+}
+
 /// The backends the probes last found down, beside the revisions.
 const VERDICTS: &str = "verdicts.json";
 
@@ -201,9 +212,7 @@ impl RevisionStore {
     }
 
     /// The probation an `lbd` left (`probation.json`), if any.
-    pub fn probation(
-        &self,
-    ) -> Result<Option<crate::daemon::commit::SavedProbation>, RevisionError> {
+    pub fn probation(&self) -> Result<Option<SavedProbation>, RevisionError> {
         let path = self.dir.join(PROBATION);
         match read_bounded(&path) {
             Ok(text) => serde_json::from_str(&text)
@@ -250,10 +259,7 @@ impl RevisionStore {
     }
 
     /// Writes the probation (`None`: removes it).
-    pub fn save_probation(
-        &self,
-        saved: Option<&crate::daemon::commit::SavedProbation>,
-    ) -> Result<(), RevisionError> {
+    pub fn save_probation(&self, saved: Option<&SavedProbation>) -> Result<(), RevisionError> {
         let path = self.dir.join(PROBATION);
         let io = |source| RevisionError::Io {
             path: path.display().to_string(),

@@ -22,7 +22,7 @@ use crate::{
     config::{Config, VipConfig, VipId},
     dataplane::Dataplane,
     digest,
-    revisions::Revision,
+    revisions::{Revision, SavedProbation},
     state::Overlay,
 };
 
@@ -66,34 +66,22 @@ pub struct Pending {
     pub announced: BTreeSet<VipId>,
 }
 
-/// A probation as the revision store keeps it (`probation.json`), so that
-/// an `lbd` restarted before the deadline resumes it.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct SavedProbation {
-    pub revision: u64,
-    pub fallback: u64,
-    /// The deadline, in seconds since the Unix epoch.
-    pub deadline: u64,
-    pub announced: Vec<VipId>,
-}
-
 pub(super) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
 }
 
-impl SavedProbation {
-    fn of(p: &Pending) -> Self {
-        let left = p
-            .deadline
-            .saturating_duration_since(tokio::time::Instant::now());
-        Self {
-            revision: p.revision,
-            fallback: p.fallback,
-            deadline: unix_now() + left.as_secs() + u64::from(left.subsec_nanos() > 0),
-            announced: p.announced.iter().copied().collect(),
-        }
+/// A probation as the revision store keeps it.
+fn saved_probation(p: &Pending) -> SavedProbation {
+    let left = p
+        .deadline
+        .saturating_duration_since(tokio::time::Instant::now());
+    SavedProbation {
+        revision: p.revision,
+        fallback: p.fallback,
+        deadline: unix_now() + left.as_secs() + u64::from(left.subsec_nanos() > 0),
+        announced: p.announced.iter().copied().collect(),
     }
 }
 
@@ -168,16 +156,7 @@ impl<D: Dataplane> Daemon<D> {
                 ..Committed::default()
             });
         }
-        for o in self.dropped_overrides(&target) {
-            let what = match o.backend {
-                Some(b) => format!("VIP {} backend {b} {}", o.vip, o.field),
-                None => format!("VIP {}", o.vip),
-            };
-            warnings.push(format!(
-                "{what}: the runtime change of revision {} ({}: {}) no longer applies; the file says {}",
-                o.revision, o.source, o.running, o.file
-            ));
-        }
+        warnings.extend(self.dropped_override_warnings(&target));
         // Everything that can fail is done before the first map write:
         // the checks above, then the revision, the state file and the
         // probation.
@@ -208,6 +187,21 @@ impl<D: Dataplane> Daemon<D> {
             self.save_probation();
             return Err(e);
         }
+        self.applied(number, source, options);
+        for w in &warnings {
+            warn!("{w}");
+        }
+        Ok(Committed {
+            revision: Some(number),
+            warnings,
+            confirm_within_secs: options.confirm_within.map(|w| w.0.as_secs_f64()),
+            ..Committed::default()
+        })
+    }
+
+    /// A change applied as revision `number`: it runs, on probation if
+    /// asked.
+    fn applied(&mut self, number: u64, source: &str, options: &ChangeOptions) {
         self.revision = number;
         self.revision_source = source.to_string();
         if let Some(p) = &mut self.confirm
@@ -224,15 +218,24 @@ impl<D: Dataplane> Daemon<D> {
             // A revert ended the probation, or there was none.
             self.save_probation();
         }
-        for w in &warnings {
-            warn!("{w}");
-        }
-        Ok(Committed {
-            revision: Some(number),
-            warnings,
-            confirm_within_secs: options.confirm_within.map(|w| w.0.as_secs_f64()),
-            ..Committed::default()
-        })
+    }
+
+    /// The runtime changes `target` takes back (the file changed their
+    /// object), in words for the change's answer.
+    fn dropped_override_warnings(&self, target: &Target) -> Vec<String> {
+        self.dropped_overrides(target)
+            .into_iter()
+            .map(|o| {
+                let what = match o.backend {
+                    Some(b) => format!("VIP {} backend {b} {}", o.vip, o.field),
+                    None => format!("VIP {}", o.vip),
+                };
+                format!(
+                    "{what}: the runtime change of revision {} ({}: {}) no longer applies; the file says {}",
+                    o.revision, o.source, o.running, o.file
+                )
+            })
+            .collect()
     }
 
     /// The digest of the running configuration, kept until a change
@@ -257,7 +260,7 @@ impl<D: Dataplane> Daemon<D> {
     fn check(&self, target: &Target, force: Force, dry_run: bool) -> Result<Vec<String>> {
         if let Some(what) = super::reload::fixed_setting_changed(&self.config, &target.config) {
             return Err(refused(format!(
-                "{what} cannot change on reload; restart lbd to change it"
+                "{what} changed: it is fixed when lbd starts (the maps are made with it), so a reload cannot change it; restart lbd to change it"
             )));
         }
         let effective = target.effective();
@@ -322,7 +325,7 @@ impl<D: Dataplane> Daemon<D> {
     /// Makes the revision store's probation what runs now (none, or the
     /// one on probation). Logged, not fatal: the change itself stands.
     fn save_probation(&self) {
-        let saved = self.confirm.as_ref().map(SavedProbation::of);
+        let saved = self.confirm.as_ref().map(saved_probation);
         if let Err(e) = self.revisions.save_probation(saved.as_ref()) {
             error!("revisions: the probation: {e}");
         }
