@@ -32,12 +32,33 @@ pub enum LockError {
         /// What to change to run side by side (`instance`, an interface).
         key: String,
     },
-    #[error("cannot lock {dir}: {source}")]
+    #[error("cannot lock {dir}")]
     Io {
         dir: String,
         #[source]
         source: std::io::Error,
     },
+    #[error(
+        "no BPF file system is mounted at {dir} or above it here (`ip netns exec` mounts its own /sys, which hides it): run the command under `nsenter --net=/run/netns/NAME` instead, or mount one with `mount -t bpf bpf /sys/fs/bpf`"
+    )]
+    NoBpffs { dir: String },
+}
+
+/// Whether the file system holding `dir` (or the nearest mount point
+/// above it) is a BPF file system, by `/proc/self/mounts`; `None` when
+/// that cannot be read.
+pub fn on_bpffs(dir: &Path) -> Option<bool> {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
+    mounts
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            let (_, point, kind) = (f.next()?, f.next()?, f.next()?);
+            Some((PathBuf::from(point.replace("\\040", " ")), kind == "bpf"))
+        })
+        .filter(|(point, _)| dir.starts_with(point))
+        .max_by_key(|(point, _)| point.components().count())
+        .map(|(_, bpf)| bpf)
 }
 
 /// Who holds a lock, as far as `/proc/locks` tells.
@@ -77,7 +98,17 @@ impl DirLock {
             dir: dir.display().to_string(),
             source,
         };
-        std::fs::create_dir_all(dir).map_err(io)?;
+        std::fs::create_dir_all(dir).map_err(|e| {
+            // Pins live on a bpffs; a directory under /sys/fs/bpf that
+            // cannot be made is nearly always a bpffs that is not there.
+            if dir.starts_with("/sys/fs/bpf") && on_bpffs(dir) == Some(false) {
+                LockError::NoBpffs {
+                    dir: dir.display().to_string(),
+                }
+            } else {
+                io(e)
+            }
+        })?;
         let file = File::open(dir).map_err(io)?;
         match file.try_lock() {
             Ok(()) => Ok(DirLock {
@@ -142,6 +173,18 @@ fn libc_minor(dev: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bpffs_is_told_from_other_file_systems() {
+        assert_eq!(on_bpffs(Path::new("/proc/self/status")), Some(false));
+        assert_eq!(on_bpffs(Path::new("/")), Some(false));
+        if std::fs::read_to_string("/proc/self/mounts")
+            .unwrap_or_default()
+            .contains(" /sys/fs/bpf bpf ")
+        {
+            assert_eq!(on_bpffs(Path::new("/sys/fs/bpf/lb/x/y")), Some(true));
+        }
+    }
 
     #[test]
     fn a_second_lock_is_refused_naming_the_holder() {

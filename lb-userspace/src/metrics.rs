@@ -85,6 +85,9 @@ pub struct PeerSample {
     pub bfd: Option<crate::bfd::BfdStatus>,
     /// Graceful restart negotiated (both sides sent the capability).
     pub graceful_restart: bool,
+    /// Per address family the session negotiated, the routes the peer
+    /// has from us.
+    pub routes: Vec<(&'static str, usize)>,
 }
 
 /// The daemon's state as of its last tick.
@@ -333,6 +336,12 @@ const FAMILIES: &[(&str, &str, MetricType, &[&str])] = &[
         &["peer"],
     ),
     (
+        "lb_bgp_routes_announced",
+        "Routes the peer has from us now, per address family the session negotiated.",
+        MetricType::GAUGE,
+        &["peer", "family"],
+    ),
+    (
         "lb_bgp_session_uptime_seconds",
         "Time since the session reached Established (0 when it is not).",
         MetricType::GAUGE,
@@ -558,6 +567,10 @@ fn add_bgp(f: &mut Families, s: &Snapshot) {
         let peer = [("peer", p.peer.as_str())];
         let up = f64::from(u8::from(p.established));
         f.add("lb_bgp_session_established", &peer, up);
+        for (family, n) in &p.routes {
+            let labels = [("peer", p.peer.as_str()), ("family", *family)];
+            f.add("lb_bgp_routes_announced", &labels, *n as f64);
+        }
         f.add("lb_bgp_session_uptime_seconds", &peer, p.uptime_secs as f64);
         f.add("lb_bgp_updates_sent_total", &peer, p.updates_sent as f64);
         f.add(

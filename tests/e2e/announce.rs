@@ -440,3 +440,84 @@ fn frr_route_follows_start_drain_reload_and_shutdown() {
         Ok(())
     })());
 }
+
+/// "Announced" means a router has it. An IPv6 VIP beside the IPv4 one, a
+/// `next_hop_v6` set, and a BIRD that takes IPv4 only: the speaker cannot
+/// send the IPv6 route, so `lbctl bgp`, `lbctl status` and the metrics
+/// say it is not announced (wanted, held by no router, and why), while the
+/// IPv4 VIP is, and BIRD's IPv6 table stays empty.
+#[test]
+fn an_ipv6_vip_that_no_router_takes_is_never_called_announced() {
+    let _serial = serial();
+    check((|| {
+        let mut rig = EcmpRig::new_with(1, 2, RouterKind::Bird, false, &|spec| {
+            spec.ipv4_only = true;
+        })?;
+        rig.speaker_extra = "    next_hop_v6: fd00:98::2\n".into();
+        let metrics = "127.0.0.1:9471";
+        let mut config = rig.lbd_config(1, "", &format!("metrics:\n  listen: {metrics}\n"));
+        config.push_str(&format!(
+            "  - address: fd00:99::1\n    port: 80\n    protocol: tcp\n    backends:\n      - address: {}\n",
+            rig.backends[0].addr
+        ));
+        let lbd = rig.start_lbd(1, &config)?;
+        rig.wait_hops("the IPv4 VIP route", &[1], Duration::from_secs(15))?;
+        let v6: IpAddr = "fd00:99::1".parse()?;
+        // The speaker has had its chance to send everything.
+        std::thread::sleep(Duration::from_millis(500));
+        let bgp = lbd.lbctl_json(&["bgp"])?;
+        let vip6 = bgp["vips"]
+            .as_array()
+            .and_then(|v| v.iter().find(|v| v["vip"] == "[fd00:99::1]:80/tcp"))
+            .with_context(|| format!("no IPv6 VIP in {bgp}"))?;
+        let reason = vip6["reason"].as_str().unwrap_or("");
+        if vip6["announced"] != false
+            || vip6["wanted"] != true
+            || !reason.contains("did not offer IPv6 unicast")
+        {
+            bail!("lbctl bgp on the IPv6 VIP: {vip6}");
+        }
+        let (on, _) = tcp_verdict(&lbd)?;
+        let peer = &bgp["peers"][0];
+        if !on || peer["families"] != serde_json::json!(["ipv4"]) {
+            bail!("the IPv4 VIP or the peer's families: {bgp}");
+        }
+        if bgp["announced"] != serde_json::json!(["10.99.0.1"]) {
+            bail!("lbctl bgp's announced addresses: {}", bgp["announced"]);
+        }
+        let status = lbd.lbctl(&["status"])?;
+        if line_with(
+            &status,
+            "1 address(es) announced, 1 wanted but held by no router",
+        )
+        .is_none()
+        {
+            bail!("lbctl status:\n{status}");
+        }
+        let scrape = rig.balancer(1).ns.within(move || -> Result<String> {
+            use std::io::{Read as _, Write as _};
+            let mut s = std::net::TcpStream::connect(metrics)?;
+            s.set_read_timeout(Some(Duration::from_secs(5)))?;
+            write!(s, "GET /metrics HTTP/1.0\r\n\r\n")?;
+            let mut text = String::new();
+            s.read_to_string(&mut text)?;
+            Ok(text)
+        })??;
+        for want in [
+            "lb_vip_announced{vip=\"[fd00:99::1]:80/tcp\"} 0",
+            "lb_address_announced{address=\"fd00:99::1\"} 0",
+            "lb_vip_announced{vip=\"10.99.0.1:80/tcp\"} 1",
+            "lb_bgp_routes_announced{peer=\"10.98.1.1:179\",family=\"ipv4\"} 1",
+        ] {
+            if !scrape.contains(want) {
+                bail!("the metrics lack {want}:\n{scrape}");
+            }
+        }
+        let routes = lb_tests::routers::kernel_routes(&rig.router, v6)?;
+        if !routes.trim().is_empty() {
+            bail!("BIRD has an IPv6 route after all: {routes}");
+        }
+        eprintln!("IPv6 VIP over an IPv4-only session: {reason}");
+        Ok(())
+    })());
+}

@@ -107,7 +107,10 @@ fn a_file_edit_wins_over_an_older_runtime_change_and_lbctl_says_so() {
         let path = lbd.config.clone();
 
         // 1. A VIP added at runtime, unchecked: announced.
-        lbd.lbctl(&["vip", "add", API_VIP, "--backend", &be1])?;
+        let said = lbd.lbctl(&["vip", "add", API_VIP, "--backend", &be1])?;
+        if !said.contains("no health check") {
+            bail!("vip add without a health check said nothing of it:\n{said}");
+        }
         let added = running_revision(&lbd)?;
         wait_for(
             "BIRD's route to the API VIP",
@@ -214,6 +217,42 @@ fn a_file_edit_wins_over_an_older_runtime_change_and_lbctl_says_so() {
         let history = lbd.lbctl(&["history", "--last", "1"])?;
         if !history.contains(&format!("overrides clear {UDP}")) {
             bail!("the clear is not a revision:\n{history}");
+        }
+        // 4. lbctl vip add takes the file's settings: a health check on a
+        // port nothing listens on keeps the VIP from ever being announced.
+        let checked = "10.99.0.8:80/tcp";
+        lbd.lbctl(&[
+            "vip",
+            "add",
+            checked,
+            "--backend",
+            &be1,
+            "--health-check-port",
+            "9",
+            "--health-check-interval",
+            "300ms",
+            "--health-check-timeout",
+            "200ms",
+            "--health-check-fall",
+            "2",
+            "--slow-start",
+            "5s",
+        ])?;
+        wait_for(
+            "the added VIP's backend found down",
+            Duration::from_secs(10),
+            Duration::from_millis(50),
+            || {
+                let health = lbd.lbctl_json(&["health"])?;
+                Ok(health
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|v| v["vip"] == checked && v["backends"][0]["health"] == "down"))
+            },
+        )?;
+        if routed(&rig, "10.99.0.8")? {
+            bail!("a VIP whose only backend fails its check is routed");
         }
         eprintln!("lbctl overrides after `lbctl vip add`:\n{table}");
         Ok(())

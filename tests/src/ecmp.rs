@@ -162,6 +162,7 @@ impl EcmpRig {
             check_link,
             bfd: false,
             graceful_shutdown_policy: false,
+            ipv4_only: false,
             peers: (1..=balancers)
                 .map(|i| RouterPeer {
                     name: format!("lb{i}"),

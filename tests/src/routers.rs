@@ -180,6 +180,7 @@ impl BgpRig {
             check_link: false,
             bfd: false,
             graceful_shutdown_policy: false,
+            ipv4_only: false,
             peers: (1..=self.speakers.len())
                 .map(|i| RouterPeer {
                     name: format!("lb{i}"),
@@ -208,6 +209,9 @@ pub struct RouterSpec {
     /// Honour GRACEFUL_SHUTDOWN (RFC 8326 §4.2): routes that carry 65535:0
     /// get LOCAL_PREF 0.
     pub graceful_shutdown_policy: bool,
+    /// Offer IPv4 unicast only on the sessions, so that IPv6 routes cannot
+    /// be sent (BIRD only: no `ipv6` channel).
+    pub ipv4_only: bool,
     pub peers: Vec<RouterPeer>,
 }
 
@@ -378,10 +382,14 @@ filter vips6 {{ if ! (net ~ VIPS6) then reject; {gshut} accept; }}
   hold time 3; keepalive time 1; connect retry time 1;
   error wait time 1, 2;
   check link {check};{security}{bfd}
-  ipv4 {{ import filter vips4; export none; }};
-  ipv6 {{ import filter vips6; export none; }};
+  ipv4 {{ import filter vips4; export none; }};{v6}
 }}
 "#,
+                v6 = if spec.ipv4_only {
+                    ""
+                } else {
+                    "\n  ipv6 { import filter vips6; export none; };"
+                },
                 name = p.name,
                 local = p.local,
                 addr = p.address,

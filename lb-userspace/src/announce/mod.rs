@@ -161,6 +161,30 @@ pub struct PeerStatus {
     /// The announcements carry the GRACEFUL_SHUTDOWN community now.
     #[serde(default)]
     pub graceful_shutdown: bool,
+    /// The addresses the peer has from us now (BGP: sent in a family the
+    /// session negotiated, with a next hop, on a session the peer
+    /// confirmed). `None`: the announcer cannot tell addresses apart (exec,
+    /// ExaBGP: everything it was given, while it works).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub carried: Option<Vec<IpAddr>>,
+    /// The address families the session negotiated (BGP): `ipv4`, `ipv6`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub families: Vec<String>,
+    /// Addresses wanted but not sent to this peer, and why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub withheld: Vec<(IpAddr, String)>,
+}
+
+impl PeerStatus {
+    /// Whether this peer has `addr` from us now, `wanted` being what the
+    /// policy hands the announcers.
+    pub fn carries(&self, addr: &IpAddr, wanted: &std::collections::BTreeSet<IpAddr>) -> bool {
+        self.state == SessionState::Established
+            && match &self.carried {
+                Some(list) => list.contains(addr),
+                None => wanted.contains(addr),
+            }
+    }
 }
 
 /// Graceful restart (RFC 4724) in a peer's current or last session.
@@ -200,6 +224,9 @@ impl PeerStatus {
             bfd: None,
             graceful_restart: None,
             graceful_shutdown: false,
+            carried: None,
+            families: Vec::new(),
+            withheld: Vec::new(),
         }
     }
 }

@@ -239,8 +239,18 @@ mod tests {
             panic!("vip add")
         };
         assert_eq!(add.vip.to_string(), "10.0.0.2:53/udp");
-        assert_eq!((add.backends[0].weight, add.min_healthy), (1, 1));
-        assert_eq!(add.encap, EncapName::Ipip);
+        assert_eq!(add.backends[0].weight, 1);
+        assert!(add.settings.is_empty());
+        // Settings travel by their path in the file.
+        let add = Envelope::parse(
+            r#"{"api":2,"op":"vip","action":"add","vip":"10.0.0.2:53/udp","backends":[],"settings":{"encap":"gue","health_check.interval":"1s"}}"#,
+        )
+        .unwrap()
+        .request;
+        let Request::Vip(VipRequest::Add(add)) = add else {
+            panic!("vip add")
+        };
+        assert_eq!(add.settings.0["health_check.interval"], "1s");
     }
 
     #[test]
@@ -264,6 +274,66 @@ mod tests {
         ] {
             let err = Envelope::parse(text).unwrap_err();
             assert!(err.contains(want), "{text}: {err}");
+        }
+    }
+
+    /// `lbctl vip add` has a flag for every VIP setting, named after its
+    /// path in the file, and hands the values on as written.
+    #[test]
+    fn vip_add_takes_every_setting_by_its_file_name() {
+        use clap::Parser as _;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(subcommand)]
+            request: Request,
+        }
+        let cli = Cli::try_parse_from([
+            "lbctl",
+            "vip",
+            "add",
+            "10.0.0.1:80/tcp",
+            "--backend",
+            "10.1.0.1=2",
+            "--health-check-interval",
+            "1s",
+            "--health-check-http-path",
+            "/ready",
+            "--second-chance",
+            "--no-conntrack",
+            "--passive-health",
+        ])
+        .expect("parses");
+        let Request::Vip(VipRequest::Add(add)) = cli.request else {
+            panic!("vip add")
+        };
+        let got: Vec<(&str, &str)> = add
+            .settings
+            .0
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("conntrack", "false"),
+                ("health_check.http.path", "/ready"),
+                ("health_check.interval", "1s"),
+                ("passive_health", ""),
+                ("second_chance", "true"),
+            ]
+        );
+        let cmd = <Cli as clap::CommandFactory>::command();
+        let add = cmd
+            .find_subcommand("vip")
+            .and_then(|v| v.find_subcommand("add"))
+            .expect("vip add");
+        for s in crate::config::vip_settings::VIP_SETTINGS {
+            let flag = crate::config::vip_settings::flag_name(s.path);
+            assert!(
+                add.get_arguments()
+                    .any(|a| a.get_long() == Some(flag.as_str())),
+                "no --{flag}"
+            );
         }
     }
 

@@ -10,16 +10,17 @@
 
 use std::{net::IpAddr, path::PathBuf, str::FromStr};
 
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{Args, Subcommand};
 use serde::{Deserialize, Serialize};
 
 use crate::config::{Protocol, VipId};
 
-/// A request to `lbd` (the answer's type is named on each variant).
+/// A request to lbd (the answer's type is named on each variant).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Subcommand)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Request {
-    /// The daemon: interfaces, maps, limits, last reload. → [`super::Status`]
+    /// The daemon: interfaces, maps, limits, last reload.
+    // Answer: [`super::Status`]
     Status,
     /// VIPs.
     #[command(subcommand)]
@@ -28,26 +29,35 @@ pub enum Request {
     #[command(subcommand)]
     Backend(BackendRequest),
     /// Counters and rates: outcomes, drop reasons, per VIP and backend.
-    /// → [`super::Stats`]
+    // Answer: [`super::Stats`]
     Stats,
-    /// Backend states and the last probe of each. → `Vec<`[`super::VipHealth`]`>`
+    /// Backend states and the last probe of each.
+    // Answer: `Vec<`[`super::VipHealth`]`>`
     Health,
     /// A VIP's Maglev table: slots per backend, share against weight, and
     /// its digest (equal on two balancers exactly when they send every flow
-    /// to the same backend). → [`super::TableInfo`]
+    /// to the same backend).
+    // Answer: [`super::TableInfo`]
     Table {
+        /// The VIP, e.g. 10.0.0.1:80/tcp.
         vip: VipId,
-        /// Also list every slot's backend (`-o json`).
+        /// Also list every slot's backend (-o json).
         #[arg(long)]
         #[serde(default)]
         slots: bool,
     },
-    /// Which backend a flow gets, and why. → [`super::Simulation`]
+    /// Which backend a flow gets, and why.
+    // Answer: [`super::Simulation`]
     Simulate {
+        /// The client's address.
         src: IpAddr,
+        /// The VIP's address.
         dst: IpAddr,
+        /// tcp or udp.
         protocol: Protocol,
+        /// The client's port.
         sport: u16,
+        /// The VIP's port.
         dport: u16,
         /// As a TCP SYN (a new connection: skips the connection table).
         #[arg(long)]
@@ -55,7 +65,8 @@ pub enum Request {
         syn: bool,
     },
     /// Re-read the configuration file (an invalid file is rejected and the
-    /// running configuration stays). → [`super::Committed`]
+    /// running configuration stays).
+    // Answer: [`super::Committed`]
     Reload {
         /// Apply a file that leaves an announced VIP without a usable
         /// backend, or changes a VIP's table_size, which remaps its flows
@@ -67,18 +78,21 @@ pub enum Request {
     /// What a reload of FILE (default: the configured file) would change:
     /// VIPs and backends added, removed and re-weighted, settings, the
     /// share of each table's slots that move, and the connections that
-    /// would break. Changes nothing. → [`super::ChangePreview`]
+    /// would break. Changes nothing.
+    // Answer: [`super::ChangePreview`]
     Diff {
+        /// The file to compare with what runs (default: lbd's own).
         file: Option<PathBuf>,
-        /// Refuse what a plain `lbctl reload` (without `--force`) would
-        /// refuse, as the reload would (`lbd check` asks this of a running
-        /// `lbd`).
+        /// Refuse what a plain lbctl reload (without --force) would
+        /// refuse, as the reload would (lbd check asks this of a running
+        /// lbd).
         #[arg(long)]
         #[serde(default)]
         strict: bool,
     },
     /// The last revisions: every configuration applied (or refused), with
-    /// its source and digest. → `Vec<`[`super::RevisionRow`]`>`
+    /// its source and digest.
+    // Answer: `Vec<`[`super::RevisionRow`]`>`
     History {
         /// How many, newest first.
         #[arg(long, default_value_t = 20)]
@@ -86,8 +100,10 @@ pub enum Request {
         last: usize,
     },
     /// Apply an earlier revision again (default: the one before the
-    /// running one). The file on disk is not rewritten. → [`super::Committed`]
+    /// running one). The file on disk is not rewritten.
+    // Answer: [`super::Committed`]
     Revert {
+        /// The revision to run again (lbctl history lists them).
         revision: Option<u64>,
         /// Even if it leaves an announced VIP without a usable backend or
         /// changes a VIP's table_size.
@@ -95,39 +111,43 @@ pub enum Request {
         #[serde(default)]
         force: bool,
     },
-    /// Keep a change made with `--confirm-within`. → [`super::Committed`]
+    /// Keep a change made with --confirm-within.
+    // Answer: [`super::Committed`]
     Confirm,
-    /// `lbctl trace`'s lease on the datapath's tracing (not a command of
-    /// its own: `lbctl trace` sends it). → [`super::TraceLeased`]
+    /// lbctl trace's lease on the datapath's tracing (not a command of
+    /// its own: lbctl trace sends it).
+    // Answer: [`super::TraceLeased`]
     #[command(subcommand, name = "trace-lease", hide = true)]
     #[serde(rename = "trace")]
     TraceLease(TraceRequest),
     /// Route announcement: each peer's session, and which VIPs are
-    /// announced or withheld, and why. → [`super::AnnounceStatus`]
+    /// announced or withheld, and why.
+    // Answer: [`super::AnnounceStatus`]
     Bgp,
     /// The balancer as a whole: take it out of the routers' paths and back.
-    /// → [`super::NodeChange`]
+    // Answer: [`super::NodeChange`]
     #[command(subcommand)]
     Node(NodeRequest),
-    /// Runtime changes still in force over the file (made with `lbctl vip`
-    /// and `lbctl backend`), and clearing them.
+    /// Runtime changes still in force over the file (made with lbctl vip
+    /// and lbctl backend), and clearing them.
     #[command(subcommand)]
     Overrides(OverridesRequest),
 }
 
-/// `lbctl overrides ...`
+/// lbctl overrides ...
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Subcommand)]
 #[serde(tag = "action", rename_all = "snake_case", deny_unknown_fields)]
 pub enum OverridesRequest {
     /// Every runtime change in force: object, field, what the file says,
     /// what runs, and the revision, time and source that made it so.
-    /// → `Vec<`[`super::OverrideRow`]`>`
+    // Answer: `Vec<`[`super::OverrideRow`]`>`
     List,
     /// Drop runtime changes so that the file decides again: all of them,
     /// a VIP's, or one backend's; a change like any other (previewed with
-    /// --dry-run, recorded, revertible). → [`super::Committed`]
+    /// --dry-run, recorded, revertible).
+    // Answer: [`super::Committed`]
     Clear {
-        /// Only this VIP's changes (e.g. `10.0.0.1:80/tcp`).
+        /// Only this VIP's changes (e.g. 10.0.0.1:80/tcp).
         vip: Option<VipId>,
         /// Only this backend's changes of VIP.
         #[arg(requires = "vip")]
@@ -139,48 +159,113 @@ pub enum OverridesRequest {
     },
 }
 
-/// `lbctl vip ...`
+/// lbctl vip ...
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Subcommand)]
 #[serde(tag = "action", rename_all = "snake_case", deny_unknown_fields)]
 pub enum VipRequest {
-    /// → `Vec<`[`super::VipInfo`]`>`
+    /// List the VIPs: settings, backends, weights, states and handles.
+    // Answer: `Vec<`[`super::VipInfo`]`>`
     List,
-    /// Add a VIP, e.g. `vip add 10.0.0.1:80/tcp --backend 10.1.0.1 --backend 10.1.0.2=2`. → `null`
+    /// Add a VIP, e.g. vip add 10.0.0.1:80/tcp --backend 10.1.0.1 --backend 10.1.0.2=2.
+    // Answer: `null`
     Add(VipAdd),
-    /// → `null`
-    Del { vip: VipId },
+    /// Delete a VIP; its connections break (even if it is the last VIP
+    /// announced).
+    // Answer: `null`
+    Del {
+        /// The VIP, e.g. 10.0.0.1:80/tcp.
+        vip: VipId,
+    },
 }
 
-/// A VIP added at runtime.
+/// A VIP added at runtime: its identity, its backends, and any setting a
+/// VIP has in the file (--health-check-interval 1s, --encap gue, ...:
+/// one flag per row of VIP_SETTINGS).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Args)]
 #[serde(deny_unknown_fields)]
 pub struct VipAdd {
+    /// The VIP, e.g. 10.0.0.1:80/tcp, [2001:db8::1]:443/tcp, 10.0.0.1:*/udp.
     pub vip: VipId,
     /// ADDRESS or ADDRESS=WEIGHT; repeat for each backend.
     #[arg(short, long = "backend")]
     pub backends: Vec<BackendSpec>,
-    #[arg(long, value_enum, default_value_t = EncapName::Ipip)]
-    #[serde(default)]
-    pub encap: EncapName,
-    /// Hash every packet; keep no per-flow state.
-    #[arg(long)]
-    #[serde(default)]
-    pub no_conntrack: bool,
-    /// Announce the VIP only while this many backends are usable.
-    #[arg(long, default_value_t = 1)]
-    #[serde(default = "one")]
-    pub min_healthy: u32,
-    /// The VIP's own Maglev table size, a prime (default: the global
-    /// table_size); the smallest prime ≥ 100 × backends keeps shares
-    /// within 1% in the least memory.
-    #[arg(long)]
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub table_size: Option<u32>,
-    /// Second chance (TCP): mid-flow packets this balancer never placed
-    /// carry the flow's alternates; needs lb's decap on every backend.
-    #[arg(long)]
-    #[serde(default)]
-    pub second_chance: bool,
+    /// The file's settings of a VIP, by their path in the file.
+    #[command(flatten)]
+    #[serde(default, skip_serializing_if = "VipSettings::is_empty")]
+    pub settings: VipSettings,
+}
+
+/// A VIP's settings as lbctl vip add takes them: the path of each in the
+/// file (health_check.interval) and its value as written (1s); lbd
+/// parses them as the file's VIP (config::vip_settings).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct VipSettings(pub std::collections::BTreeMap<String, String>);
+
+impl VipSettings {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl clap::FromArgMatches for VipSettings {
+    fn from_arg_matches(m: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        let mut s = Self::default();
+        s.update_from_arg_matches(m)?;
+        Ok(s)
+    }
+
+    fn update_from_arg_matches(&mut self, m: &clap::ArgMatches) -> Result<(), clap::Error> {
+        use crate::config::vip_settings::{VIP_SETTINGS, Value};
+        for setting in VIP_SETTINGS {
+            let given = match setting.value {
+                Value::Section => m.get_flag(setting.path).then(String::new),
+                _ => m.get_one::<String>(setting.path).cloned(),
+            };
+            if let Some(v) = given {
+                self.0.insert(setting.path.to_string(), v);
+            }
+        }
+        // The older spelling of `--conntrack false`.
+        if m.get_flag("no_conntrack") {
+            self.0.insert("conntrack".into(), "false".into());
+        }
+        Ok(())
+    }
+}
+
+impl clap::Args for VipSettings {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        use clap::{Arg, ArgAction};
+
+        use crate::config::vip_settings::{VIP_SETTINGS, Value, flag_name};
+        let cmd = VIP_SETTINGS.iter().fold(cmd, |cmd, s| {
+            let arg = Arg::new(s.path)
+                // clap keeps `&'static str` names: the 30-odd names are
+                // made once per command line built (once per process).
+                .long(&*Box::leak(flag_name(s.path).into_boxed_str()))
+                .help(s.help)
+                .help_heading("VIP settings (as in the file)");
+            cmd.arg(match s.value {
+                Value::Section => arg.action(ArgAction::SetTrue),
+                Value::Switch => arg
+                    .value_name("BOOL")
+                    .num_args(0..=1)
+                    .default_missing_value("true"),
+                Value::Scalar | Value::Text => arg.value_name("VALUE"),
+            })
+        });
+        cmd.arg(
+            Arg::new("no_conntrack")
+                .long("no-conntrack")
+                .action(ArgAction::SetTrue)
+                .hide(true),
+        )
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
+    }
 }
 
 fn one() -> u32 {
@@ -191,17 +276,7 @@ fn twenty() -> usize {
     20
 }
 
-/// A tunnel, as the API names it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum EncapName {
-    #[default]
-    Ipip,
-    Gre,
-    Gue,
-}
-
-/// `ADDRESS` or `ADDRESS=WEIGHT` on the command line; `{address, weight}`
+/// ADDRESS or ADDRESS=WEIGHT on the command line; {address, weight}
 /// on the wire.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -223,85 +298,113 @@ impl FromStr for BackendSpec {
             ),
             None => (s, 1),
         };
-        let address = addr
-            .parse()
-            .map_err(|_| format!("`{addr}` is not an IP address"))?;
+        let address = crate::config::vip::parse_backend_address(addr)?;
         Ok(Self { address, weight })
     }
 }
 
-/// `lbctl backend ...`; changes that would leave a serving VIP with no
-/// usable backend are refused unless `force`. Each → [`super::Committed`].
+/// lbctl backend ...; changes that would leave a serving VIP with no
+/// usable backend are refused unless forced.
+// Answer (each): [`super::Committed`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Subcommand)]
 #[serde(tag = "action", rename_all = "snake_case", deny_unknown_fields)]
 pub enum BackendRequest {
+    /// Add a backend to a VIP, e.g. backend add 10.0.0.1:80/tcp 10.1.0.3 -w 2.
     Add {
+        /// The VIP, e.g. 10.0.0.1:80/tcp.
         vip: VipId,
+        /// The backend's address (it takes the VIP's port: direct server
+        /// return keeps the packet as the client sent it).
+        #[arg(value_parser = crate::config::vip::parse_backend_address)]
         address: IpAddr,
+        /// Its weight: its share of new flows against the others'.
         #[arg(short, long, default_value_t = 1)]
         #[serde(default = "one")]
         weight: u32,
     },
+    /// Remove a backend from a VIP; its connections are re-picked and break.
     Del {
+        /// The VIP, e.g. 10.0.0.1:80/tcp.
         vip: VipId,
+        /// The backend's address.
+        #[arg(value_parser = crate::config::vip::parse_backend_address)]
         address: IpAddr,
         /// Even if it leaves an announced VIP without a usable backend.
         #[arg(long)]
         #[serde(default)]
         force: bool,
     },
+    /// Set a backend's weight; 0 takes it out of the table (drain it
+    /// instead to keep its connections).
     Weight {
+        /// The VIP, e.g. 10.0.0.1:80/tcp.
         vip: VipId,
+        /// The backend's address.
+        #[arg(value_parser = crate::config::vip::parse_backend_address)]
         address: IpAddr,
+        /// The new weight, 0 to 10000.
         weight: u32,
         /// Even if it leaves an announced VIP without a usable backend.
         #[arg(long)]
         #[serde(default)]
         force: bool,
     },
-    /// Stop sending it new flows; its connections continue until the VIP's
-    /// drain_timeout. Persisted.
+    /// Stop sending a backend new flows; its connections continue until
+    /// the VIP's drain_timeout. Kept across restarts.
     Drain {
+        /// The VIP, e.g. 10.0.0.1:80/tcp.
         vip: VipId,
+        /// The backend's address.
+        #[arg(value_parser = crate::config::vip::parse_backend_address)]
         address: IpAddr,
         /// Even if it leaves an announced VIP without a usable backend.
         #[arg(long)]
         #[serde(default)]
         force: bool,
     },
+    /// Send a drained backend new flows again.
     Undrain {
+        /// The VIP, e.g. 10.0.0.1:80/tcp.
         vip: VipId,
+        /// The backend's address.
+        #[arg(value_parser = crate::config::vip::parse_backend_address)]
         address: IpAddr,
     },
 }
 
-/// A trace lease: taken or renewed (`on`), or given back (`off`).
+/// A trace lease: taken or renewed (on), or given back (off).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Subcommand)]
 #[serde(tag = "action", rename_all = "snake_case", deny_unknown_fields)]
 pub enum TraceRequest {
+    /// Take or renew the lease.
     On {
+        /// The tracing lbctl's session number.
         session: u32,
+        /// Only packets to this VIP.
         #[arg(long)]
         vip: Option<VipId>,
-        /// `ADDRESS/LEN`.
+        /// Only packets from this prefix, ADDRESS/LEN.
         #[arg(long)]
         client: Option<String>,
     },
+    /// Give the lease back.
     Off {
+        /// The tracing lbctl's session number.
         session: u32,
     },
 }
 
-/// `lbctl node ...` → [`super::NodeChange`]
+/// lbctl node ...
+// Answer: [`super::NodeChange`]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Subcommand)]
 #[serde(tag = "action", rename_all = "snake_case", deny_unknown_fields)]
 pub enum NodeRequest {
     /// Withdraw every VIP from the routers; forwarding goes on for what
-    /// still arrives. Lasts until `node undrain` or a restart of lbd.
-    /// Waits out `shutdown_grace` (the routers moving traffic away) before
+    /// still arrives. Lasts until node undrain or a restart of lbd.
+    /// Waits out shutdown_grace (the routers moving traffic away) before
     /// returning.
     Drain {
-        /// Return at once (`lbctl` only: the request is the same).
+        /// Return at once (lbctl only: the request is the same).
         #[arg(long)]
         #[serde(skip)]
         no_wait: bool,
@@ -310,18 +413,18 @@ pub enum NodeRequest {
     Undrain,
 }
 
-/// How a change (`vip add|del`, `backend ...`, `reload`, `revert`) is
-/// applied. Sent beside the request ([`super::Envelope`]); `lbd` refuses
+/// How a change (vip add|del, backend ..., reload, revert) is
+/// applied. Sent beside the request (Envelope); lbd refuses
 /// them on requests that change nothing.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, Args)]
 #[serde(deny_unknown_fields)]
 pub struct ChangeOptions {
-    /// Show what the change would do, as `lbctl diff` does; change nothing.
+    /// Show what the change would do, as lbctl diff does; change nothing.
     #[arg(long, global = true)]
     #[serde(default, skip_serializing_if = "is_false")]
     pub dry_run: bool,
-    /// Revert to the previous revision by itself unless `lbctl confirm`
-    /// arrives within this long (e.g. `2m`); sooner if the change makes a
+    /// Revert to the previous revision by itself unless lbctl confirm
+    /// arrives within this long (e.g. 2m); sooner if the change makes a
     /// VIP that was announced lose its announcement.
     #[arg(long, global = true, value_name = "DURATION")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -339,7 +442,7 @@ fn is_false(b: &bool) -> bool {
     !*b
 }
 
-/// A confirmation window, `2m` or `90s` (at most a day).
+/// A confirmation window, 2m or 90s (at most a day).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct Within(pub std::time::Duration);

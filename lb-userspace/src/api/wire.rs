@@ -115,6 +115,16 @@ pub struct PeerRow {
     /// The routes carry the GRACEFUL_SHUTDOWN community now.
     #[serde(default)]
     pub graceful_shutdown: bool,
+    /// The addresses the peer has from us now (BGP; absent for announcers
+    /// that cannot tell addresses apart).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub carried: Option<Vec<IpAddr>>,
+    /// The address families the session negotiated (BGP).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub families: Vec<String>,
+    /// Addresses wanted but not sent to this peer, and why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub withheld: Vec<(IpAddr, String)>,
 }
 
 /// One VIP's announcement verdict, for `lbctl bgp`.
@@ -125,8 +135,14 @@ pub struct VipAnnouncement {
     pub usable: u32,
     pub backends: u32,
     pub min_healthy: u32,
-    /// The VIP's address is announced.
+    /// The VIP's address is announced: the policy wants it and at least
+    /// one peer has it (an Established session that negotiated its family,
+    /// with a next hop for it).
     pub announced: bool,
+    /// The policy wants it announced (enough usable backends, the node
+    /// serving, the program attached), whether or not a peer has it.
+    #[serde(default)]
+    pub wanted: bool,
     /// Why, in words.
     pub reason: String,
 }

@@ -22,6 +22,7 @@ pub mod error;
 pub mod health;
 pub mod parse;
 pub mod vip;
+pub mod vip_settings;
 
 use std::{
     collections::BTreeSet,
@@ -289,6 +290,7 @@ impl Config {
             self.outer_source_v6_prefix,
         );
         let warnings = check_vips(vips, &self.layout, &sources, self.mtu, false, &mut errors);
+        errors.extend(self.announce.family_problems(vips, false));
         if errors.is_empty() {
             Ok(warnings)
         } else {
@@ -386,6 +388,7 @@ fn validate_raw(raw: RawConfig, errors: &mut Vec<ConfigError>) -> Option<Config>
         raw.outer_source_v6_prefix,
     );
     let warnings = check_vips(&raw.vips, &layout, &sources, raw.mtu, true, errors);
+    errors.extend(raw.announce.family_problems(&raw.vips, true));
     if !errors.is_empty() {
         return None;
     }

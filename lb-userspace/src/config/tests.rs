@@ -74,7 +74,7 @@ fn unknown_field_names_field_and_line() {
 fn bad_address_names_field_and_line() {
     let e = errors(&with("address: 10.1.0.2", "address: 10.1.0.300"));
     assert!(
-        e[0].starts_with("vips[0].backends[1].address: invalid IP address"),
+        e[0].starts_with("vips[0].backends[1].address: `10.1.0.300` is not an IP address"),
         "{e:?}"
     );
     assert!(e[0].contains("line 15"), "{e:?}");
@@ -678,7 +678,7 @@ fn announce_settings_parse_with_defaults_and_are_checked() {
     assert_eq!(c.vips[0].min_healthy, 1);
 
     let text = format!(
-        "{GOOD}announce:\n  bgp:\n    local_as: 65001\n    router_id: 10.0.0.11\n    peers:\n      - {{ address: 10.0.0.1, remote_as: 65000 }}\nshutdown_grace: 2s\ndetach_on_exit: true\n"
+        "{GOOD}announce:\n  bgp:\n    local_as: 65001\n    router_id: 10.0.0.11\n    next_hop_v6: fd00::11\n    peers:\n      - {{ address: 10.0.0.1, remote_as: 65000 }}\nshutdown_grace: 2s\ndetach_on_exit: true\n"
     );
     let c = Config::parse(&text.replace(
         "    protocol: tcp\n",
@@ -964,4 +964,158 @@ fn values_that_cannot_work_are_refused() {
             "{field}: {errors:?}"
         );
     }
+}
+
+/// `lbctl vip add` takes every setting a VIP has in the file: the table
+/// its flags come from lists exactly the file's fields.
+#[test]
+fn every_vip_setting_of_the_file_has_an_lbctl_flag() {
+    use std::collections::BTreeSet;
+    let identity = ["address", "port", "protocol", "backends"];
+    let mut file: BTreeSet<String> = fields_of::<RawVip>()
+        .into_iter()
+        .filter(|f| !identity.contains(&f.as_str()))
+        .collect();
+    let nested = |section: &str, fields: Vec<String>| {
+        fields
+            .into_iter()
+            .map(|f| format!("{section}.{f}"))
+            .collect::<Vec<_>>()
+    };
+    file.extend(nested("health_check", fields_of::<HealthCheck>()));
+    file.extend(nested("health_check.http", fields_of::<HttpCheck>()));
+    file.extend(nested(
+        "passive_health",
+        fields_of::<crate::passive::PassiveHealth>(),
+    ));
+    let flags: BTreeSet<String> = vip_settings::VIP_SETTINGS
+        .iter()
+        .map(|s| s.path.to_string())
+        .collect();
+    assert_eq!(file, flags, "VIP_SETTINGS and the file's VIP fields differ");
+    assert!(
+        vip_settings::VIP_SETTINGS
+            .iter()
+            .all(|s| !s.help.is_empty()),
+        "every flag says what it does"
+    );
+}
+
+#[test]
+fn vip_settings_are_parsed_as_the_file_parses_them() {
+    use std::collections::BTreeMap;
+    let id: VipId = "10.0.0.9:443/tcp".parse().unwrap();
+    let backends = [("10.1.0.1".parse().unwrap(), 2)];
+    let settings = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    let v = vip_settings::vip_from_settings(
+        &id,
+        &backends,
+        &settings(&[
+            ("health_check", ""),
+            ("health_check.http.path", "/ready"),
+            ("health_check.interval", "1500ms"),
+            ("health_check.send", "true"),
+            ("second_chance", "true"),
+            ("encap", "gue"),
+            ("passive_health.enabled", "false"),
+            ("min_healthy", "2"),
+        ]),
+    )
+    .expect("valid settings");
+    let check = v.health_check.as_ref().expect("a health check");
+    assert_eq!(check.interval, std::time::Duration::from_millis(1500));
+    assert_eq!(check.http.as_ref().map(|h| h.path.as_str()), Some("/ready"));
+    assert_eq!(check.send.as_deref(), Some("true"), "text stays text");
+    assert_eq!(
+        (v.second_chance, v.encap, v.min_healthy),
+        (true, Encap::Gue, 2)
+    );
+    assert!(!v.passive_health.enabled);
+    assert_eq!(v.backends[0].weight, 2);
+    // The file's rules and errors: a duration needs a unit, a setting
+    // must exist, a quoted number stays a string the file would refuse.
+    for (pairs, want) in [
+        (vec![("health_check.interval", "5")], "unit"),
+        (vec![("no_such", "1")], "unknown VIP setting"),
+        (vec![("encap", "vxlan")], "unknown variant"),
+        (vec![("health_check.rise", "two")], "invalid type"),
+    ] {
+        let e = vip_settings::vip_from_settings(&id, &backends, &settings(&pairs))
+            .expect_err("refused");
+        assert!(
+            e.contains(want) && e.contains("10.0.0.9:443/tcp"),
+            "{pairs:?}: {e}"
+        );
+    }
+}
+
+/// A VIP of a family no BGP peer can carry is refused: it would count as
+/// announced while no router can learn it.
+#[test]
+fn a_vip_no_bgp_peer_can_carry_is_refused() {
+    let bgp = |extra: &str, peer: &str| {
+        format!(
+            "{GOOD}announce:\n  bgp:\n    local_as: 65001\n    router_id: 10.0.0.11\n{extra}    peers:\n      - {{ address: {peer}, remote_as: 65000 }}\n"
+        )
+    };
+    let e = errors(&bgp("", "10.0.0.1"));
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(
+        e[0].starts_with(
+            "vips[1].address: VIP [2001:db8::1]:*/udp is IPv6 and no BGP peer can carry it"
+        ) && e[0].contains("next_hop_v6"),
+        "{e:?}"
+    );
+    // A next hop for the family, an IPv6 peer, or another announcer: fine.
+    Config::parse(&bgp("    next_hop_v6: fd00::11\n", "10.0.0.1")).expect("next_hop_v6");
+    Config::parse(&bgp("", "fd00::1"))
+        .map_err(|e| e.to_string())
+        .expect_err("no IPv4 peer");
+    let both = bgp("", "fd00::1").replace(
+        "      - { address: fd00::1, remote_as: 65000 }\n",
+        "      - { address: fd00::1, remote_as: 65000 }\n      - { address: 10.0.0.1, remote_as: 65000 }\n",
+    );
+    Config::parse(&both).expect("one peer of each family");
+    let exec = format!("{}  exec:\n    command: [/bin/true]\n", bgp("", "10.0.0.1"));
+    Config::parse(&exec).expect("the exec announcer may carry it");
+    // Through the API the VIP is named, not a place in the file.
+    let c = Config::parse(&bgp("", "10.0.0.1").replace(
+        "  - address: 2001:db8::1\n    port: all\n    protocol: udp\n    encap: gre\n    conntrack: false\n    backends:\n      - address: fd00:1::1\n",
+        "",
+    ))
+    .expect("IPv4 VIPs only");
+    let mut vips = c.vips.clone();
+    vips.push(VipConfig::new(
+        "[2001:db8::7]:80/tcp".parse().unwrap(),
+        vec![],
+    ));
+    let e = c.check_vips(&vips).expect_err("refused").to_string();
+    assert!(e.contains("VIP [2001:db8::7]:80/tcp.address"), "{e}");
+}
+
+/// The ipvsadm habit of a backend with a port gets the reason, in the
+/// file and on the command line.
+#[test]
+fn a_backend_with_a_port_is_told_why_it_takes_none() {
+    let e = errors(&with("address: 10.1.0.2", "address: 10.1.0.2:8080"));
+    assert!(
+        e[0].starts_with("vips[0].backends[1].address: 10.1.0.2:8080: a backend takes no port")
+            && e[0].contains("direct server return")
+            && e[0].contains("write 10.1.0.2"),
+        "{e:?}"
+    );
+    let cli = "10.1.0.2:8080=3"
+        .parse::<crate::api::BackendSpec>()
+        .unwrap_err();
+    assert!(cli.contains("takes no port"), "{cli}");
+    assert!(
+        vip::parse_backend_address("[fd00::1]:80")
+            .unwrap_err()
+            .contains("write fd00::1")
+    );
 }

@@ -307,6 +307,7 @@ pub enum FragmentPolicy {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BackendConfig {
+    #[serde(deserialize_with = "backend_address")]
     pub address: IpAddr,
     #[serde(default = "default_weight")]
     pub weight: u32,
@@ -323,6 +324,34 @@ impl BackendConfig {
             health_check: None,
         }
     }
+}
+
+/// A backend's address as written: an IP address, never with a port (the
+/// ipvsadm habit `10.0.0.2:8080` gets the reason).
+pub fn parse_backend_address(s: &str) -> Result<IpAddr, String> {
+    s.parse::<IpAddr>().map_err(|_| match s.parse::<std::net::SocketAddr>() {
+        Ok(with_port) => format!(
+            "{s}: a backend takes no port: it is sent the VIP's own port (with direct server return the packet reaches the backend as the client sent it, and the backend answers from the VIP's address and port); write {}",
+            with_port.ip()
+        ),
+        Err(_) => format!("{} is not an IP address", excerpt(s)),
+    })
+}
+
+/// Deserializes a backend's address: the error is raised while the
+/// parser is at the value, so it names the field and the line.
+fn backend_address<'de, D: Deserializer<'de>>(d: D) -> Result<IpAddr, D::Error> {
+    struct Address;
+    impl de::Visitor<'_> for Address {
+        type Value = IpAddr;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("an IP address")
+        }
+        fn visit_str<E: de::Error>(self, s: &str) -> Result<IpAddr, E> {
+            parse_backend_address(s).map_err(E::custom)
+        }
+    }
+    d.deserialize_str(Address)
 }
 
 fn default_weight() -> u32 {
@@ -610,7 +639,7 @@ pub(crate) fn check_vips(
     let mut ids = BTreeSet::new();
     let mut frag_hash = std::collections::BTreeMap::new();
     for (i, vip) in vips.iter().enumerate() {
-        let at = format!("vips[{i}]");
+        let at = vip_field(i, vip, from_file);
         if !ids.insert(vip.id) {
             rules.err(at.clone(), format!("VIP {} is defined twice", vip.id));
         }
@@ -647,6 +676,17 @@ pub(crate) fn check_vips(
         );
     }
     rules.warnings
+}
+
+/// How an error names a VIP: its place in the file (`vips[2]`), or, for a
+/// set that is not the file's (the file with runtime changes), the VIP
+/// itself (`VIP 10.0.0.1:80/tcp`).
+pub(crate) fn vip_field(i: usize, vip: &VipConfig, from_file: bool) -> String {
+    if from_file {
+        format!("vips[{i}]")
+    } else {
+        format!("VIP {}", vip.id)
+    }
 }
 
 /// The rules of [`check_vips`], one method per concern, and what they found.

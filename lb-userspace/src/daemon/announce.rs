@@ -338,6 +338,7 @@ impl<D: Dataplane> Daemon<D> {
     /// `lbctl bgp`.
     pub fn announce_status(&self) -> AnnounceStatus {
         let a = &self.announcers;
+        let rows = a.peer_rows();
         AnnounceStatus {
             node: node_wire(a.node),
             node_state_secs: match a.node {
@@ -346,12 +347,11 @@ impl<D: Dataplane> Daemon<D> {
             },
             attached: self.startup.attached,
             shutdown_grace_secs: self.config.shutdown_grace.as_secs_f64(),
-            announced: a.decision.addresses.iter().copied().collect(),
+            announced: self.carried_addresses(&rows).into_iter().collect(),
             announcers: kinds(&self.config.announce),
-            peers: a
-                .running
+            peers: rows
                 .iter()
-                .flat_map(|x| x.status())
+                .cloned()
                 .map(|p| api::PeerRow {
                     peer: p.peer,
                     remote_as: p.remote_as,
@@ -369,22 +369,82 @@ impl<D: Dataplane> Daemon<D> {
                     bfd: p.bfd,
                     graceful_restart: p.graceful_restart,
                     graceful_shutdown: p.graceful_shutdown,
+                    carried: p.carried,
+                    families: p.families,
+                    withheld: p.withheld,
                 })
                 .collect(),
             vips: a
                 .decision
                 .vips
                 .iter()
-                .map(|v| api::VipAnnouncement {
-                    vip: v.vip,
-                    usable: v.usable,
-                    backends: v.backends,
-                    min_healthy: v.min_healthy,
-                    announced: v.announced,
-                    reason: v.reason.clone(),
+                .map(|v| {
+                    let (announced, reason) = self.truth(v.vip.addr, v.announced, &v.reason, &rows);
+                    api::VipAnnouncement {
+                        vip: v.vip,
+                        usable: v.usable,
+                        backends: v.backends,
+                        min_healthy: v.min_healthy,
+                        announced,
+                        wanted: v.announced,
+                        reason,
+                    }
                 })
                 .collect(),
         }
+    }
+
+    /// The addresses some peer has from us now. With no announcer
+    /// configured, what the policy wants (routes are someone else's
+    /// business then).
+    pub fn carried_addresses(&self, peers: &[crate::announce::PeerStatus]) -> BTreeSet<IpAddr> {
+        let wanted = &self.announcers.decision.addresses;
+        if kinds(&self.config.announce).is_empty() {
+            return wanted.clone();
+        }
+        wanted
+            .iter()
+            .filter(|a| peers.iter().any(|p| p.carries(a, wanted)))
+            .copied()
+            .collect()
+    }
+
+    /// A VIP's announcement as it is: wanted by the policy *and* held by
+    /// a peer; when wanted and held by none, why, peer by peer.
+    fn truth(
+        &self,
+        addr: IpAddr,
+        wanted: bool,
+        reason: &str,
+        peers: &[crate::announce::PeerStatus],
+    ) -> (bool, String) {
+        let set = &self.announcers.decision.addresses;
+        if !wanted
+            || kinds(&self.config.announce).is_empty()
+            || peers.iter().any(|p| p.carries(&addr, set))
+        {
+            return (wanted, reason.to_string());
+        }
+        let why: Vec<String> = peers
+            .iter()
+            .map(|p| {
+                let withheld = p.withheld.iter().find(|(a, _)| *a == addr);
+                match (p.state, withheld) {
+                    (_, Some((_, w))) => format!("{}: {w}", p.peer),
+                    (SessionState::Established, None) => format!("{}: not sent yet", p.peer),
+                    (state, None) => format!("{}: session {state}", p.peer),
+                }
+            })
+            .collect();
+        let peers = if why.is_empty() {
+            "no peer".to_string()
+        } else {
+            why.join("; ")
+        };
+        (
+            false,
+            format!("withheld: wanted ({reason}), but no router has it: {peers}"),
+        )
     }
 
     /// One line for `lbctl status`.
@@ -411,8 +471,14 @@ impl<D: Dataplane> Daemon<D> {
             let up = bfd.iter().filter(|b| b.up).count();
             format!(", BFD {up} of {} up", bfd.len())
         };
+        let carried = self.carried_addresses(&peers).len();
+        let held_by_none = if carried < n {
+            format!(", {} wanted but held by no router", n - carried)
+        } else {
+            String::new()
+        };
         format!(
-            "{}: {up} of {} up{bfd}, {n} address(es) announced{node}",
+            "{}: {up} of {} up{bfd}, {carried} address(es) announced{held_by_none}{node}",
             kinds.join(", "),
             peers.len()
         )

@@ -95,12 +95,14 @@ impl<D: Dataplane> Daemon<D> {
     }
 
     fn vip_samples(&self) -> Vec<VipSample> {
+        // Announced as it is: wanted, and held by a peer.
+        let carried = self.carried_addresses(&self.announcers.peer_rows());
         let announced: BTreeSet<_> = self
             .announcers
             .decision
             .vips
             .iter()
-            .filter(|v| v.announced)
+            .filter(|v| v.announced && carried.contains(&v.vip.addr))
             .map(|v| v.vip)
             .collect();
         let stats = self.samples_latest_vips();
@@ -181,6 +183,18 @@ impl<D: Dataplane> Daemon<D> {
                     .graceful_restart
                     .as_ref()
                     .is_some_and(|g| g.offered && g.peer_supports),
+                routes: ["ipv4", "ipv6"]
+                    .into_iter()
+                    .filter(|f| p.families.iter().any(|g| g == f))
+                    .map(|f| {
+                        let v4 = f == "ipv4";
+                        let n = p
+                            .carried
+                            .as_ref()
+                            .map_or(0, |c| c.iter().filter(|a| a.is_ipv4() == v4).count());
+                        (f, n)
+                    })
+                    .collect(),
                 bfd: p.bfd,
                 peer: p.peer,
             })
@@ -188,7 +202,7 @@ impl<D: Dataplane> Daemon<D> {
     }
 
     fn address_samples(&self) -> Vec<(String, bool)> {
-        let announced = &self.announcers.decision.addresses;
+        let announced = &self.carried_addresses(&self.announcers.peer_rows());
         let addresses: BTreeSet<_> = self.effective().iter().map(|v| v.id.addr).collect();
         addresses
             .into_iter()

@@ -97,9 +97,23 @@ pub(super) fn fixed_setting_changed(old: &Config, new: &Config) -> Option<&'stat
         ("instance", new.instance != old.instance),
         ("interfaces", new.interfaces != old.interfaces),
         ("xdp_mode", new.xdp_mode != old.xdp_mode),
+        ("table_size", new.layout.table_size != old.layout.table_size),
         (
-            "table_size, conntrack_buckets, max_vips, max_backends, table_pool_mib or second_chance_vips",
-            new.layout != old.layout,
+            "conntrack_buckets",
+            new.layout.ct_buckets != old.layout.ct_buckets,
+        ),
+        ("max_vips", new.layout.max_vips != old.layout.max_vips),
+        (
+            "max_backends",
+            new.layout.max_backends != old.layout.max_backends,
+        ),
+        (
+            "table_pool_mib",
+            new.layout.table_pool != old.layout.table_pool,
+        ),
+        (
+            "second_chance_vips",
+            new.layout.second_chance_vips != old.layout.second_chance_vips,
         ),
         ("bpffs", new.bpffs != old.bpffs),
         ("api_socket", new.api_socket != old.api_socket),

@@ -115,10 +115,19 @@ impl<D: Dataplane> Daemon<D> {
         match r {
             VipRequest::List => Err(refused("not a change")),
             VipRequest::Add(add) => {
-                let vip = views::vip_config(&add);
+                let vip = views::vip_config(&add).map_err(refused)?;
                 let force = forced(false);
-                self.change(source, force, options, |o, base| Ok(o.add_vip(base, vip)?))
-                    .await
+                let unchecked = vip.health_check.is_none() && !vip.backends.is_empty();
+                let mut done = self
+                    .change(source, force, options, |o, base| Ok(o.add_vip(base, vip)?))
+                    .await?;
+                if unchecked {
+                    done.warnings.push(format!(
+                        "VIP {}: no health check, so its backends count as up whether they answer or not (and it is announced): --health-check, --health-check-port ... probe them",
+                        add.vip
+                    ));
+                }
+                Ok(done)
             }
             VipRequest::Del { vip } => {
                 // Deleting a VIP withdraws it on purpose.

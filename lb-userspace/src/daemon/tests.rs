@@ -14,8 +14,8 @@ use super::*;
 use crate::{
     announce::{Announcer, PeerStatus},
     api::{
-        BackendRequest, BackendSpec, ChangeOptions, EncapName, NodeRequest, NodeState, Request,
-        Response, Simulation, VipAdd, VipRequest,
+        BackendRequest, BackendSpec, ChangeOptions, NodeRequest, NodeState, Request, Response,
+        Simulation, VipAdd, VipRequest, VipSettings,
     },
     config::Protocol,
     dataplane::fake::FakeDataplane,
@@ -283,11 +283,16 @@ async fn a_vip_added_is_programmed_announced_persisted_and_deleted() {
                 weight: 3,
             },
         ],
-        encap: EncapName::Gue,
-        no_conntrack: true,
-        min_healthy: 1,
-        table_size: Some(1009),
-        second_chance: false,
+        settings: VipSettings(
+            [
+                ("encap", "gue"),
+                ("conntrack", "false"),
+                ("table_size", "1009"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ),
     };
     r.ok(Request::Vip(VipRequest::Add(add))).await;
     let list: Vec<api::VipInfo> = parse(r.ok(Request::Vip(VipRequest::List)).await);
@@ -317,11 +322,7 @@ async fn a_vip_added_is_programmed_announced_persisted_and_deleted() {
     let again = VipAdd {
         vip: id("10.99.0.2:53/udp"),
         backends: vec![],
-        encap: EncapName::Ipip,
-        no_conntrack: false,
-        min_healthy: 1,
-        table_size: None,
-        second_chance: false,
+        settings: VipSettings::default(),
     };
     let e = r.refused(Request::Vip(VipRequest::Add(again))).await;
     assert!(e.contains("10.99.0.2:53/udp"), "{e}");
@@ -660,7 +661,31 @@ async fn a_reload_applies_a_good_file_and_keeps_the_running_one_otherwise() {
         .await
         .unwrap_err()
         .to_string();
-    assert!(e.contains("instance cannot change on reload"), "{e}");
+    assert!(
+        e.contains("instance changed: it is fixed when lbd starts"),
+        "{e}"
+    );
+    // Each fixed size is named on its own.
+    for (from, to, name) in [
+        ("table_size: 101", "table_size: 103", "table_size changed"),
+        (
+            "conntrack_buckets: 1024",
+            "conntrack_buckets: 2048",
+            "conntrack_buckets changed",
+        ),
+    ] {
+        let changed = reparse(&r, &FILE.replace(from, to));
+        let e = r
+            .daemon
+            .reload(changed, true, &plain())
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(name) || e.contains(&format!(": {name}")),
+            "{e}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -14,10 +14,10 @@ use tracing::warn;
 use super::{Daemon, Result, refused};
 use crate::{
     api::{
-        self, BackendHealth, BackendInfo, BackendStats, CounterInfo, EncapName, ProbeInfo, Rate,
-        Simulation, Stats, Status, TableInfo, TableShare, VipAdd, VipHealth, VipInfo, VipStats,
+        self, BackendHealth, BackendInfo, BackendStats, CounterInfo, ProbeInfo, Rate, Simulation,
+        Stats, Status, TableInfo, TableShare, VipAdd, VipHealth, VipInfo, VipStats,
     },
-    config::{BackendConfig, Encap, HealthCheck, Mac, MalformedPolicy, VipConfig, VipId, duration},
+    config::{BackendConfig, HealthCheck, Mac, MalformedPolicy, VipConfig, VipId, duration},
     dataplane::Dataplane,
     lifecycle::{BackendLife, BackendState, WEIGHT_SCALE},
     predict::Via,
@@ -41,24 +41,11 @@ pub struct Samples {
     latest: Sample,
 }
 
-/// The VIP an `lbctl vip add` describes.
-pub fn vip_config(add: &VipAdd) -> VipConfig {
-    let backends = add
-        .backends
-        .iter()
-        .map(|b| BackendConfig::new(b.address, b.weight))
-        .collect();
-    let mut v = VipConfig::new(add.vip, backends);
-    v.encap = match add.encap {
-        EncapName::Ipip => Encap::Ipip,
-        EncapName::Gre => Encap::Gre,
-        EncapName::Gue => Encap::Gue,
-    };
-    v.conntrack = !add.no_conntrack;
-    v.min_healthy = add.min_healthy;
-    v.table_size = add.table_size;
-    v.second_chance = add.second_chance;
-    v
+/// The VIP an `lbctl vip add` describes, parsed as the file's VIP would
+/// be.
+pub fn vip_config(add: &VipAdd) -> std::result::Result<VipConfig, String> {
+    let backends: Vec<_> = add.backends.iter().map(|b| (b.address, b.weight)).collect();
+    crate::config::vip_settings::vip_from_settings(&add.vip, &backends, &add.settings.0)
 }
 
 pub(super) fn state_wire(s: BackendState) -> api::BackendState {

@@ -119,6 +119,12 @@ struct Counters {
     /// handle on the session's socket, to ask it (see
     /// [`PeerShared::confirm_if_acknowledged`]).
     unconfirmed: Option<Unconfirmed>,
+    /// What the peer has from us (the session's Adj-RIB-Out).
+    carried: BTreeSet<IpAddr>,
+    /// The families the session negotiated.
+    families: Vec<String>,
+    /// Wanted but not sent, and why.
+    withheld: Vec<(IpAddr, String)>,
 }
 
 /// A session we hold Established and the peer may not (yet).
@@ -146,6 +152,9 @@ impl Default for Counters {
             graceful_restart: None,
             graceful_shutdown: false,
             unconfirmed: None,
+            carried: BTreeSet::new(),
+            families: Vec::new(),
+            withheld: Vec::new(),
         }
     }
 }
@@ -182,6 +191,13 @@ impl PeerShared {
             bfd: None,
             graceful_restart: c.graceful_restart.clone(),
             graceful_shutdown: c.graceful_shutdown,
+            carried: Some(if c.state == SessionState::Established {
+                c.carried.iter().copied().collect()
+            } else {
+                Vec::new()
+            }),
+            families: c.families.clone(),
+            withheld: c.withheld.clone(),
         }
     }
 
@@ -193,6 +209,8 @@ impl PeerShared {
             c.established_at = None;
             c.hold_time = None;
             c.prefixes = 0;
+            c.carried.clear();
+            c.withheld.clear();
         }
     }
 
@@ -685,7 +703,11 @@ impl<'a> Session<'a> {
                 }
                 Err(e) => warn!(peer = %self.addr(), error = %e, "cannot encode withdrawals"),
             }
-            self.shared.lock().prefixes = 0;
+            {
+                let mut c = self.shared.lock();
+                c.prefixes = 0;
+                c.carried.clear();
+            }
         }
         let cease = Notification::cease();
         let _ = self.send(&cease.encode()).await;
@@ -836,6 +858,11 @@ impl<'a> Session<'a> {
         };
         self.attrs.asn4 = asn4;
         self.decoder.set_asn4(asn4);
+        self.shared.lock().families = [(self.v4, "ipv4"), (self.v6, "ipv6")]
+            .into_iter()
+            .filter(|(on, _)| *on)
+            .map(|(_, f)| f.to_string())
+            .collect();
         self.hold = Duration::from_secs(u64::from(self.local.hold_time.min(open.hold_time())));
         self.hold_deadline = Instant::now() + self.hold;
         self.send_keepalive().await?;
@@ -924,6 +951,7 @@ impl<'a> Session<'a> {
         }
         let mut carried = BTreeSet::new();
         let mut skipped = BTreeSet::new();
+        let mut withheld = Vec::new();
         let mut reason = "";
         for &vip in want.prefixes.iter() {
             match self.next_hop(vip) {
@@ -932,6 +960,7 @@ impl<'a> Session<'a> {
                 }
                 Err(why) => {
                     skipped.insert(vip);
+                    withheld.push((vip, why.to_string()));
                     reason = why;
                 }
             }
@@ -958,7 +987,12 @@ impl<'a> Session<'a> {
             );
         }
         self.adj_out = carried;
-        self.shared.lock().prefixes = self.adj_out.len();
+        {
+            let mut c = self.shared.lock();
+            c.prefixes = self.adj_out.len();
+            c.carried = self.adj_out.clone();
+            c.withheld = withheld;
+        }
         if !self.end_of_rib_sent && self.peer_gr && self.gr.is_some() {
             self.send_end_of_rib().await?;
         }

@@ -12,21 +12,29 @@ use crate::print::print_rows;
 pub enum DecapCommand {
     /// Attach the decapsulation program to IFACE (stays attached after exit).
     Attach {
+        /// The backend's interface that receives the tunnels, e.g. eth0.
         iface: String,
+        /// XDP mode: native (in the driver) or generic (any interface).
         #[arg(long, value_enum, default_value_t = ModeArg::Native)]
         mode: ModeArg,
         /// Tunnel endpoint addresses to accept (default: IFACE's addresses).
         #[arg(long = "local")]
         local: Vec<IpAddr>,
         /// UDP port on which GUE tunnels are accepted (the balancer's
-        /// `gue_port`); 0 accepts no GUE.
+        /// gue_port); 0 accepts no GUE.
         #[arg(long, default_value_t = lb_common::consts::GUE_PORT)]
         gue_port: u16,
     },
     /// Detach it from IFACE.
-    Detach { iface: String },
-    /// Its counters on IFACE.
-    Stats { iface: String },
+    Detach {
+        /// The interface it was attached to.
+        iface: String,
+    },
+    /// Its counters on IFACE: delivered, passed, malformed, second chance.
+    Stats {
+        /// The interface it is attached to.
+        iface: String,
+    },
 }
 
 #[derive(Clone, Copy, ValueEnum)]

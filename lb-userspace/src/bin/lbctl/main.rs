@@ -201,3 +201,46 @@ fn generate(what: Generated, dir: &std::path::Path) -> Result<()> {
 fn decode<T: DeserializeOwned>(v: serde_json::Value) -> Result<T> {
     serde_json::from_value(v).context("unexpected answer from lbd (version mismatch?)")
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    use super::Args;
+
+    /// Every command and argument says what it does, in words an operator
+    /// reads (no Rust documentation artefacts), in `--help` and in the man
+    /// pages, and every command is in the README's list.
+    #[test]
+    fn help_and_man_pages_describe_every_command_in_plain_words() {
+        let cmd = Args::command().name("lbctl");
+        let problems = lb::cli_docs::doc_problems(&cmd);
+        assert!(problems.is_empty(), "{}", problems.join("\n"));
+        let pages = lb::cli_docs::render_man_pages(&cmd).expect("renders");
+        assert!(pages.len() > 30, "{} pages", pages.len());
+        for (name, page) in &pages {
+            assert!(
+                !page.contains('→') && !page.contains("[`") && !page.contains("super::"),
+                "{name}'s man page:\n{page}"
+            );
+            let title = page
+                .lines()
+                .skip_while(|l| !l.starts_with(".SH NAME"))
+                .nth(1)
+                .unwrap_or_default();
+            assert!(
+                title.split_once(" \\- ").is_some_and(|(_, d)| d.len() > 3),
+                "{name}'s name line: {title:?}"
+            );
+        }
+        let readme = include_str!("../../../../README.md");
+        let missing: Vec<String> = lb::cli_docs::leaf_commands(&cmd)
+            .into_iter()
+            .filter(|c| !readme.contains(&format!("`{c}")))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "commands missing from README's lbctl table: {missing:?}"
+        );
+    }
+}

@@ -18,6 +18,16 @@ pub fn print_node_change(c: &NodeChange, state: &str, verb: &str) {
 }
 
 pub fn print_rows(header: &[&str], rows: Vec<Vec<String>>) {
+    // One line per row: a cell's own line breaks (a multi-line error)
+    // would break the table.
+    let rows: Vec<Vec<String>> = rows
+        .into_iter()
+        .map(|r| {
+            r.into_iter()
+                .map(|c| c.split('\n').map(str::trim).collect::<Vec<_>>().join(" / "))
+                .collect()
+        })
+        .collect();
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for row in &rows {
         for (w, cell) in widths.iter_mut().zip(row) {

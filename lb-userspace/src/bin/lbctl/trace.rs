@@ -20,10 +20,10 @@ use lb::{
 /// `lbctl trace ...`
 #[derive(Args)]
 pub struct TraceArgs {
-    /// Only packets to this VIP (`10.0.0.1:80/tcp`).
+    /// Only packets to this VIP, e.g. 10.0.0.1:80/tcp.
     #[arg(long)]
     vip: Option<VipId>,
-    /// Only packets from clients in this prefix (`192.0.2.0/24`).
+    /// Only packets from clients in this prefix, e.g. 192.0.2.0/24.
     #[arg(long)]
     client: Option<String>,
     /// Stop after this many packets (default: until Ctrl-C).

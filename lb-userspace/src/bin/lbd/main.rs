@@ -14,7 +14,7 @@ mod server;
 
 use std::path::PathBuf;
 
-use anyhow::{Context as _, Result};
+use anyhow::{Context as _, Result, bail};
 use clap::{Parser, Subcommand};
 use lb::{
     cli_docs::Generated,
@@ -99,7 +99,11 @@ fn run() -> Result<()> {
         _ => LogFormat::Text,
     };
     init_logging(format);
-    match args.command.unwrap_or(Command::Run) {
+    let command = args.command.unwrap_or(Command::Run);
+    if matches!(command, Command::Run | Command::Teardown) {
+        require_capabilities(&std::fs::read_to_string("/proc/self/status").unwrap_or_default())?;
+    }
+    match command {
         Command::Check { offline } => check::check(&args.config, offline),
         Command::Teardown => teardown(&args.config),
         Command::Generate { what, dir } => generate(what, &dir),
@@ -110,6 +114,40 @@ fn run() -> Result<()> {
             .context("starting the async runtime")?
             .block_on(run::run(args.config)),
     }
+}
+
+/// The capabilities `lbd` needs, as the unit grants them: loading and
+/// pinning programs and maps (`CAP_BPF`), reading program information and
+/// tracing (`CAP_PERFMON`), attaching to interfaces and marking probes
+/// (`CAP_NET_ADMIN`).
+const CAPABILITIES: [(u32, &str); 3] =
+    [(39, "CAP_BPF"), (38, "CAP_PERFMON"), (12, "CAP_NET_ADMIN")];
+
+/// Fails once, saying what is missing, unless the effective capabilities
+/// (`CapEff` in `status`, the text of /proc/self/status) hold every one of
+/// [`CAPABILITIES`]. Without it, `lbd` run by a user fails later, at the
+/// first file or map it may not touch, with a bare "Operation not
+/// permitted".
+fn require_capabilities(status: &str) -> Result<()> {
+    let Some(eff) = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|h| u64::from_str_radix(h.trim(), 16).ok())
+    else {
+        return Ok(()); // cannot tell: let the kernel say
+    };
+    let missing: Vec<&str> = CAPABILITIES
+        .iter()
+        .filter(|(bit, _)| eff & (1 << bit) == 0)
+        .map(|(_, name)| *name)
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    bail!(
+        "lbd needs root (or the capabilities CAP_BPF, CAP_PERFMON and CAP_NET_ADMIN, as lbd.service grants them); missing {}",
+        missing.join(", ")
+    )
 }
 
 /// `lbd check`: the file's VIPs whose table size differs from the one in
@@ -187,5 +225,46 @@ pub(crate) fn remove_pins(config: &Config) -> Result<()> {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(e).with_context(|| format!("removing {}", dir.display())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory as _;
+
+    use super::Args;
+
+    #[test]
+    fn missing_capabilities_are_named_once() {
+        let root = "Name:\tlbd\nCapEff:\t000001ffffffffff\n";
+        assert!(super::require_capabilities(root).is_ok());
+        let user = "CapEff:\t0000000000000000\n";
+        let e = super::require_capabilities(user).unwrap_err().to_string();
+        assert!(
+            e.starts_with("lbd needs root")
+                && e.ends_with("missing CAP_BPF, CAP_PERFMON, CAP_NET_ADMIN"),
+            "{e}"
+        );
+        // The unit's three: enough.
+        let unit = format!("CapEff:\t{:016x}\n", (1u64 << 39) | (1 << 38) | (1 << 12));
+        assert!(super::require_capabilities(&unit).is_ok());
+    }
+
+    /// Every command and argument of lbd says what it does in plain words,
+    /// and the README shows each command.
+    #[test]
+    fn help_and_man_pages_describe_every_command_in_plain_words() {
+        let cmd = Args::command().name("lbd");
+        let problems = lb::cli_docs::doc_problems(&cmd);
+        assert!(problems.is_empty(), "{}", problems.join("\n"));
+        let pages = lb::cli_docs::render_man_pages(&cmd).expect("renders");
+        assert_eq!(pages.len(), 4, "lbd, run, check, teardown");
+        let readme = include_str!("../../../../README.md");
+        for c in lb::cli_docs::leaf_commands(&cmd) {
+            assert!(
+                readme.contains(&format!("lbd {c}")),
+                "README never shows lbd {c}"
+            );
+        }
     }
 }

@@ -39,6 +39,53 @@ pub struct AnnounceConfig {
 }
 
 impl AnnounceConfig {
+    /// A VIP no router can ever learn: with the BGP speaker as the only
+    /// announcer, a VIP of a family that no peer can carry (no peer of
+    /// that family, and no `next_hop_v4`/`next_hop_v6` for it, on the
+    /// speaker or a peer). Such a VIP would count as announced while no
+    /// router has it.
+    pub fn family_problems(
+        &self,
+        vips: &[crate::config::VipConfig],
+        from_file: bool,
+    ) -> Vec<ConfigError> {
+        let Some(bgp) = &self.bgp else {
+            return Vec::new();
+        };
+        if self.exabgp.is_some() || self.exec.is_some() {
+            return Vec::new();
+        }
+        let carries = |v4: bool| {
+            bgp.peers.iter().any(|p| {
+                p.address.is_ipv4() == v4
+                    || if v4 {
+                        p.next_hop_v4.or(bgp.next_hop_v4).is_some()
+                    } else {
+                        p.next_hop_v6.or(bgp.next_hop_v6).is_some()
+                    }
+            })
+        };
+        let (v4, v6) = (carries(true), carries(false));
+        vips.iter()
+            .enumerate()
+            .filter(|(_, v)| if v.id.addr.is_ipv4() { !v4 } else { !v6 })
+            .map(|(i, v)| {
+                let (family, setting, other) = if v.id.addr.is_ipv4() {
+                    ("IPv4", "next_hop_v4", "IPv6")
+                } else {
+                    ("IPv6", "next_hop_v6", "IPv4")
+                };
+                ConfigError {
+                    field: format!("{}.address", crate::config::vip::vip_field(i, v, from_file)),
+                    message: format!(
+                        "VIP {} is {family} and no BGP peer can carry it: every peer is over {other} and {setting} is not set; set announce.bgp.{setting} (or the peer's), or add an {family} peer",
+                        v.id
+                    ),
+                }
+            })
+            .collect()
+    }
+
     /// Every problem, with field paths relative to this section
     /// (`bgp.peers[0].remote_as`).
     pub fn validate(&self) -> Vec<ConfigError> {
