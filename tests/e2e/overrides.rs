@@ -26,8 +26,13 @@ const API_ADDR: &str = "10.99.0.7";
 const TCP: &str = "10.99.0.1:80/tcp";
 const UDP: &str = "10.99.0.1:53/udp";
 
+/// A VIP and its backends with their configured weights.
+type VipRow = (String, Vec<(String, u64)>);
+/// A runtime change: (vip, backend, field, running, revision).
+type OverrideRow = (String, String, String, String, u64);
+
 /// `lbctl vip list -o json`: each VIP's backends and configured weights.
-fn vips(lbd: &Lbd) -> Result<Vec<(String, Vec<(String, u64)>)>> {
+fn vips(lbd: &Lbd) -> Result<Vec<VipRow>> {
     let list = lbd.lbctl_json(&["vip", "list"])?;
     let vips = list.as_array().context("vip list")?;
     Ok(vips
@@ -62,7 +67,7 @@ fn routed(rig: &EcmpRig, addr: &str) -> Result<bool> {
 }
 
 /// `lbctl overrides -o json` as (vip, backend, field, running, revision).
-fn overrides(lbd: &Lbd) -> Result<Vec<(String, String, String, String, u64)>> {
+fn overrides(lbd: &Lbd) -> Result<Vec<OverrideRow>> {
     let rows = lbd.lbctl_json(&["overrides", "list"])?;
     Ok(rows
         .as_array()

@@ -496,7 +496,7 @@ fn check_sizes(raw: &RawConfig, errors: &mut Vec<ConfigError>) {
             format!(
                 "{} buckets would take {} GiB of kernel memory; the most is {MAX_CT_BUCKETS} ({} GiB, {} flows)",
                 raw.conntrack_buckets,
-                raw.conntrack_buckets as u64 * 64 >> 30,
+                (raw.conntrack_buckets as u64 * 64) >> 30,
                 (MAX_CT_BUCKETS as u64 * 64) >> 30,
                 MAX_CT_BUCKETS as u64 * lb_common::consts::CT_WAYS as u64
             ),

@@ -546,7 +546,7 @@ fn converge(
     let started = Instant::now();
     while started.elapsed() < Duration::from_secs(600) {
         let (n, status) = announced(site, build)?;
-        if started.elapsed().as_secs() % 10 == 0 {
+        if started.elapsed().as_secs().is_multiple_of(10) {
             eprintln!(
                 "lb-scale: {n} announced after {:.1} s",
                 started.elapsed().as_secs_f64()

@@ -30,7 +30,9 @@ vips:
 "#;
 
 /// Every backend handle of every VIP, and every published table.
-fn maps(r: &Rig) -> (Vec<(VipId, IpAddr, u32)>, Vec<Vec<Option<IpAddr>>>) {
+type Maps = (Vec<(VipId, IpAddr, u32)>, Vec<Vec<Option<IpAddr>>>);
+
+fn maps(r: &Rig) -> Maps {
     let mut handles = Vec::new();
     let mut tables = Vec::new();
     for (id, state) in r.daemon.reconciler.vips() {
