@@ -423,27 +423,31 @@ impl FlowEntry {
 
 /// One slot of `LB_SYNS`, the recent SYNs: the flow's tag and the backend
 /// its last SYN went to (one 8-byte word, as in the connection table, so
-/// that no reader sees a tag with another flow's backend), and the stamp
-/// tick of that SYN.
+/// that no reader sees a tag with another flow's backend), the stamp tick
+/// of that SYN, and whether the flow's retransmission was counted already
+/// (passive health counts flows, not packets).
 #[repr(C, align(16))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SynSlot {
     pub entry: FlowEntry,
     pub stamp: u16,
-    pub _pad: [u8; 6],
+    /// 1 once a retransmitted SYN of this flow was counted (was padding,
+    /// always 0, before: older slots read as not yet counted).
+    pub retried: u8,
+    pub _pad: [u8; 5],
 }
 
 /// One bucket of the connection table `LB_FLOWS`: one cache line holding
-/// [`CT_WAYS`] entries and their stamps. A stamp is the tick the way was
-/// last seen (low 15 bits, coarse and wrapping) and
-/// [`crate::consts::CT_STAMP_CONFIRMED`] once the entry has seen a second
-/// packet. A flow lives in the bucket its seeded hash selects; a new flow
-/// takes an empty way or evicts the stalest unconfirmed way, else the
-/// stalest confirmed one.
+/// [`CT_WAYS`] entries and their stamps. A stamp is the way's activity
+/// class (top 2 bits, [`crate::consts::CT_STAMP_CLASS_SHIFT`]) and the
+/// tick it was last seen (low 14 bits, coarse and wrapping). A flow lives
+/// in the bucket its seeded hash selects; a new flow takes an empty way or
+/// evicts the way of the lowest class, the stalest within it, but never an
+/// active way seen recently ([`crate::consts::CT_PROTECT_TICKS`]).
 ///
-/// Stamps written by versions before the confirmed bit (whole 16-bit
-/// ticks of about a second) read as arbitrary ranks until their flows are
-/// seen again: eviction order only, never a flow's backend.
+/// Stamps written by older versions (a confirmed bit and 15 bits of tick,
+/// or whole 16-bit ticks) read as arbitrary classes and ages until their
+/// flows are seen again: eviction order only, never a flow's backend.
 #[repr(C, align(64))]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FlowBucket {

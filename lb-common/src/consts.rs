@@ -157,13 +157,29 @@ pub const TABLE_CHUNK_SLOTS: u32 = 1024;
 /// fill one 64-byte cache line.
 pub const CT_WAYS: usize = 6;
 
-/// [`crate::FlowBucket::stamps`]: the way's entry has seen a packet after
-/// the one that created it (an established flow, not a lone SYN). Insertion
-/// evicts unconfirmed entries before confirmed ones.
-pub const CT_STAMP_CONFIRMED: u16 = 1 << 15;
-/// [`crate::FlowBucket::stamps`]: the low 15 bits, the tick the way was
-/// last seen (`jiffies >> CT_STAMP_TICK_SHIFT`, wrapping).
-pub const CT_STAMP_TIME: u16 = CT_STAMP_CONFIRMED - 1;
+/// [`crate::FlowBucket::stamps`]: the top two bits are the way's activity
+/// class (what its flow has paid to be kept), the low 14 bits the tick it
+/// was last seen (`jiffies >> CT_STAMP_TICK_SHIFT`, see [`CT_STAMP_TIME`]).
+pub const CT_STAMP_CLASS_SHIFT: u32 = 14;
+/// The low 14 bits of a stamp: the tick (16,384 ticks: 70 minutes at
+/// HZ=250, before wrapping; stamps only rank ways, so wrapping is
+/// harmless).
+pub const CT_STAMP_TIME: u16 = (1 << CT_STAMP_CLASS_SHIFT) - 1;
+/// Class 0: one packet seen, and no handshake this balancer saw.
+pub const CT_CLASS_NEW: u16 = 0;
+/// Class 1: a second packet, or a handshake whose SYN went out from here
+/// (a spoofed SYN followed by an ACK of the same tuple reaches this, for
+/// two packets).
+pub const CT_CLASS_CONFIRMED: u16 = 1;
+/// Class 3, the highest: four packets seen (one more class per packet
+/// after the first), e.g. a handshake, a request and the ACK of its
+/// answer.
+pub const CT_CLASS_ACTIVE: u16 = 3;
+/// A way of class [`CT_CLASS_ACTIVE`] seen within this many ticks (240:
+/// 61 s at HZ=250, 15 s at HZ=1000) is never evicted: a new flow that
+/// finds every way of its bucket so held goes to its Maglev backend
+/// unrecorded (`ct_insert_refused`).
+pub const CT_PROTECT_TICKS: u16 = 240;
 /// The stamps' tick: 64 jiffies (256 ms at HZ=250, 64 ms at HZ=1000).
 pub const CT_STAMP_TICK_SHIFT: u64 = 6;
 /// [`crate::DatapathConfig::syn_window`] when 0: 40 stamp ticks (10 s at

@@ -67,7 +67,8 @@ counters! {
     PassNotVip = 2, "pass_not_vip", Pass;
     /// Forwarded to the backend found in the connection table.
     FwdConntrack = 3, "fwd_conntrack_hit", Forward;
-    /// Forwarded by the Maglev table; the flow was (re)inserted in the connection table.
+    /// Forwarded by the Maglev table; the flow was (re)inserted in the
+    /// connection table (unless `ct_insert_refused` counts it too).
     FwdMaglev = 4, "fwd_maglev_new_flow", Forward;
     /// Forwarded by the Maglev table for a VIP that does not use the connection table.
     FwdMaglevNoConntrack = 5, "fwd_maglev_no_conntrack", Forward;
@@ -143,10 +144,13 @@ counters! {
     /// IPv6 extension headers longer than the datapath reads (1,024 bytes
     /// in all before the TCP or UDP header).
     MalformedIpv6ExtTooLong = 34, "malformed_ipv6_ext_too_long", Malformed;
-    /// Event: a new flow evicted a confirmed connection-table entry (one
-    /// that had seen more than one packet) because its bucket held no
-    /// empty or unconfirmed way. Also counted in `ct_evicted`. An
-    /// established flow lost its pinning: a table change may now move it.
+    /// Event: a new flow evicted an established connection-table entry
+    /// (activity class 2 or more: three packets or more)
+    /// because its bucket held no empty way nor one of a lower class (an
+    /// active entry seen within a minute is never taken). Also counted in
+    /// `ct_evicted`. A flow lost its pinning: a table change may now move
+    /// it. Entries of one packet or of a bare handshake (class 0 and 1,
+    /// what a spoofed SYN + ACK pair earns) count in `ct_evicted` only.
     CtEvictedConfirmed = 35, "ct_evicted_established", Event;
     /// Event: a connection-table hit on an entry idle since before a SYN
     /// of its flow: a new connection on a reused tuple. The entry now
@@ -176,6 +180,12 @@ counters! {
     /// (the transmit limit of RFC 5880 §6.8.7: a flood, or a peer faster
     /// than it advertised): its state is taken, no reply is sent.
     DropBfdTooSoon = 41, "drop_bfd_too_soon", Drop;
+    /// Event: a new flow found every way of its connection-table bucket
+    /// held by an active flow seen within the last minute (see
+    /// `CT_PROTECT_TICKS`): it went to its Maglev backend and was not
+    /// recorded (its next packet tries again). A flood cannot evict such
+    /// flows; a table too small for the box's active flows shows here.
+    CtInsertRefused = 42, "ct_insert_refused", Event;
     }
 }
 

@@ -224,6 +224,53 @@ fn handshake(rig: &mut Rig, dst: &str, dport: u16, sport: u16) -> usize {
     to
 }
 
+/// The activity class of a connection-table stamp.
+fn class(stamp: u16) -> u16 {
+    stamp >> CT_STAMP_CLASS_SHIFT
+}
+
+/// Sets every live way of bucket `index` to activity class `class`, last
+/// seen `ticks_ago` before the newest stamp of the bucket (a way aged on
+/// its own with [`age_entry`] keeps its age relative to that).
+fn set_classes(rig: &mut Rig, index: u32, class: u16, ticks_ago: u16) {
+    let mut bucket = rig.dp().flow_bucket(index).expect("bucket");
+    let newest = bucket
+        .stamps
+        .iter()
+        .map(|s| s & CT_STAMP_TIME)
+        .max()
+        .unwrap_or(0);
+    for (e, s) in bucket.entries.iter().zip(bucket.stamps.iter_mut()) {
+        if e.0 != 0 {
+            *s = class << CT_STAMP_CLASS_SHIFT | (newest.wrapping_sub(ticks_ago) & CT_STAMP_TIME);
+        }
+    }
+    rig.r
+        .dataplane_mut()
+        .set_flow_bucket(index, &bucket)
+        .expect("write bucket");
+}
+
+/// Makes the connection-table entry of `flow` active (class 3), as four
+/// packets would have.
+fn activate(rig: &mut Rig, flow: &FlowKey) {
+    let cfg = rig.dp().config().expect("config");
+    let (index, tag) = lb_common::flow::ct_position(flow.hash(), cfg.ct_seed);
+    let index = index & cfg.ct_mask;
+    let mut bucket = rig.dp().flow_bucket(index).expect("bucket");
+    let way = bucket
+        .entries
+        .iter()
+        .position(|e| e.0 != 0 && e.tag() == tag)
+        .expect("the flow's way");
+    bucket.stamps[way] =
+        CT_CLASS_ACTIVE << CT_STAMP_CLASS_SHIFT | (bucket.stamps[way] & CT_STAMP_TIME);
+    rig.r
+        .dataplane_mut()
+        .set_flow_bucket(index, &bucket)
+        .expect("write bucket");
+}
+
 /// Makes the connection-table entry of `flow` look last seen `ticks`
 /// stamp ticks ago (as if the flow had been idle), keeping its state.
 fn age_entry(rig: &mut Rig, flow: &FlowKey, ticks: u16) {
@@ -237,7 +284,7 @@ fn age_entry(rig: &mut Rig, flow: &FlowKey, ticks: u16) {
         .position(|e| e.0 != 0 && e.tag() == tag)
         .expect("the flow's way");
     let s = bucket.stamps[way];
-    bucket.stamps[way] = (s & CT_STAMP_CONFIRMED) | (s.wrapping_sub(ticks) & CT_STAMP_TIME);
+    bucket.stamps[way] = (s & !CT_STAMP_TIME) | (s.wrapping_sub(ticks) & CT_STAMP_TIME);
     rig.r
         .dataplane_mut()
         .set_flow_bucket(index, &bucket)
@@ -335,7 +382,10 @@ fn a_handshake_keeps_its_syns_backend_across_a_table_change() {
         .iter()
         .position(|e| e.tag() == tag)
         .expect("way");
-    assert_ne!(bucket.stamps[way] & CT_STAMP_CONFIRMED, 0, "{bucket:?}");
+    assert!(
+        class(bucket.stamps[way]) >= CT_CLASS_CONFIRMED,
+        "{bucket:?}"
+    );
 
     // A SYN whose backend went down before its ACK: the ACK is re-picked.
     let other = port_for_backend(&rig, "10.0.0.10", 80, 2);
@@ -553,7 +603,7 @@ fn floods_never_evict_an_established_flow() {
     let confirmed = bucket
         .stamps
         .iter()
-        .filter(|s| **s & CT_STAMP_CONFIRMED != 0)
+        .filter(|s| class(**s) == CT_CLASS_CONFIRMED)
         .count();
     assert_eq!(
         confirmed, 3,
@@ -600,14 +650,84 @@ fn floods_never_evict_an_established_flow() {
         );
     }
 
-    // With every way confirmed, a new flow must take one: the stalest
-    // established flow goes, and says so.
+    // Spoofed SYN + ACK pairs earn class 1: they displace one another,
+    // never a flow that has been active (class 3, seen within a minute).
+    for &p in &established {
+        let flow = FlowKey::new(IpAddr::from(CLIENT_V4), ip("10.0.0.10"), PROTO_TCP, p, 80);
+        activate(&mut rig, &flow);
+    }
+    let before = rig.dp().flow_bucket(0).expect("bucket");
+    for p in 0..300u16 {
+        let port = 20000 + p;
+        rig.run_counted(
+            &tcp4(TO_LB, "10.0.0.10", 80, port, true, b""),
+            Counter::FwdMaglev,
+        );
+        let (_, _, ev) = rig.run_counted(
+            &tcp4(TO_LB, "10.0.0.10", 80, port, false, b""),
+            Counter::FwdHandshake,
+        );
+        assert!(
+            !ev.contains(&Counter::CtEvictedConfirmed) && !ev.contains(&Counter::CtInsertRefused),
+            "pair {p}: {ev:?}"
+        );
+    }
+    let after = rig.dp().flow_bucket(0).expect("bucket");
+    let kept = |b: &FlowBucket| -> Vec<u64> {
+        b.entries
+            .iter()
+            .zip(b.stamps)
+            .filter(|(_, s)| class(*s) == CT_CLASS_ACTIVE)
+            .map(|(e, _)| e.0)
+            .collect()
+    };
+    assert_eq!(
+        kept(&after),
+        kept(&before),
+        "the active flows kept their ways"
+    );
+    assert_eq!(events(&rig).1, 0);
+
+    // Every way established (class 2), none active: a new flow takes the
+    // stalest, and says an established flow lost its pinning.
     for p in 31003..31006u16 {
         handshake(&mut rig, "10.0.0.10", 80, p);
     }
+    set_classes(&mut rig, 0, 2, 0);
     let ack = tcp4(TO_LB, "10.0.0.10", 80, 45000, false, b"");
     let (_, _, ev) = rig.run_counted(&ack, Counter::FwdMaglev);
     assert_eq!(ev, vec![Counter::CtEvicted, Counter::CtEvictedConfirmed]);
+
+    // Every way active and seen now: nothing is taken; the new flow goes to
+    // its Maglev backend unrecorded, again on its next packet.
+    set_classes(&mut rig, 0, CT_CLASS_ACTIVE, 0);
+    let full = rig.dp().flow_bucket(0).expect("bucket");
+    let ack = tcp4(TO_LB, "10.0.0.10", 80, 45001, false, b"");
+    for _ in 0..2 {
+        let (action, _, ev) = rig.run_counted(&ack, Counter::FwdMaglev);
+        assert_eq!((action, ev), (XDP_TX, vec![Counter::CtInsertRefused]));
+    }
+    assert_eq!(rig.dp().flow_bucket(0).expect("bucket"), full);
+    // One of them idle for longer than the protection: that one goes.
+    set_classes(&mut rig, 0, CT_CLASS_ACTIVE, 0);
+    let mut aged = rig.dp().flow_bucket(0).expect("bucket");
+    aged.stamps[2] = CT_CLASS_ACTIVE << CT_STAMP_CLASS_SHIFT
+        | ((aged.stamps[2] & CT_STAMP_TIME).wrapping_sub(CT_PROTECT_TICKS + 1) & CT_STAMP_TIME);
+    rig.r
+        .dataplane_mut()
+        .set_flow_bucket(0, &aged)
+        .expect("write bucket");
+    let (_, _, ev) = rig.run_counted(&ack, Counter::FwdMaglev);
+    assert_eq!(ev, vec![Counter::CtEvicted, Counter::CtEvictedConfirmed]);
+    let now = rig.dp().flow_bucket(0).expect("bucket");
+    assert_ne!(now.entries[2], aged.entries[2], "the idle way was taken");
+    assert_eq!(
+        (0..6)
+            .filter(|&w| now.entries[w] != aged.entries[w])
+            .count(),
+        1,
+        "only that one"
+    );
 }
 
 // ---------------------------------------------------------------- table sizes
@@ -971,21 +1091,27 @@ fn a_syn_repeated_before_any_other_packet_counts_as_retransmitted() {
         (syn_counts(&rig, 1).syns, syn_counts(&rig, 1).retransmits),
         (1, 0)
     );
-    // The client got no SYN-ACK: the same SYN again, twice.
+    // The client got no SYN-ACK: the same SYN again, twice, then 1,000
+    // more (a spoofed tuple repeated): one flow, retried, counted once.
     forward(&mut rig, &syn);
     forward(&mut rig, &syn);
     let c = syn_counts(&rig, 1);
     assert_eq!(
         (c.syns, c.retransmits),
-        (3, 2),
-        "two retransmissions of its SYN"
+        (1, 1),
+        "one flow whose SYN was retried, however often"
     );
+    for _ in 0..1000 {
+        forward(&mut rig, &syn);
+    }
+    let c = syn_counts(&rig, 1);
+    assert_eq!((c.syns, c.retransmits), (1, 1));
     // Answered: the ACK confirms the entry; a later SYN of the same tuple
-    // (a new connection on a reused port) is no retransmission.
+    // (a new connection on a reused port) is a new flow, no retransmission.
     forward(&mut rig, &tcp4(TO_LB, "10.0.0.10", 80, p, false, b"ack"));
     forward(&mut rig, &syn);
     let c = syn_counts(&rig, 1);
-    assert_eq!((c.syns, c.retransmits), (4, 2));
+    assert_eq!((c.syns, c.retransmits), (2, 1));
     // Other backends saw nothing; a non-SYN miss counts no SYN.
     let q = port_for_backend(&rig, "10.0.0.10", 80, 2);
     forward(

@@ -357,6 +357,7 @@ fn a_spoofed_syn_flood_ejects_nobody() {
                 dst: std::net::SocketAddrV4::new(VIP, TCP_PORT),
                 src_net: FLOOD_NET,
                 tcp_flags: SYN,
+                seed: lb_tests::flood::fresh_seed(),
             },
             Duration::from_secs(20),
         )?;
@@ -377,6 +378,89 @@ fn a_spoofed_syn_flood_ejects_nobody() {
             report.sent,
             report.rate()
         );
+        Ok(())
+    })());
+}
+
+/// Passive health counts flows, not packets: one spoofed tuple's SYN sent
+/// a hundred thousand times is one flow that retried, and a flood of
+/// distinct spoofed tuples that each retry retries on every backend
+/// alike. Neither ejects anyone; real clients keep connecting throughout.
+#[test]
+fn a_repeated_tuple_and_spoofed_retries_eject_nobody() {
+    let _serial = serial();
+    check((|| {
+        let (rig, lbd) = start(3)?;
+        drop_tunnelled(&rig.router, FLOOD_NET)?;
+        let connector = Connector::start(&rig, 28_000, 10);
+        let began = Instant::now();
+        let mut reports = Vec::new();
+        for (shape, name) in [
+            (lb_tests::flood::SYN_ONE_TUPLE, "one tuple, repeated"),
+            (
+                lb_tests::flood::SYN_RETRIED,
+                "distinct tuples, each retried",
+            ),
+        ] {
+            let seed = lb_tests::flood::fresh_seed();
+            let flood = SynFlood::start(
+                &rig.router,
+                Target {
+                    ifname: "r-lb".into(),
+                    src_mac: mac_of(&rig.router, "r-lb")?,
+                    dst_mac: mac_of(&rig.lb, "eth0")?,
+                    dst: std::net::SocketAddrV4::new(VIP, TCP_PORT),
+                    src_net: FLOOD_NET,
+                    tcp_flags: shape,
+                    seed,
+                },
+                Duration::from_secs(20),
+            )?;
+            std::thread::sleep(Duration::from_secs(6));
+            let during = ejected(&lbd)?;
+            let rows: Vec<serde_json::Value> = rig
+                .backends
+                .iter()
+                .map(|b| row(&lbd, &b.addr.to_string()))
+                .collect::<Result<_>>()?;
+            let report = flood.stop()?;
+            if !during.is_empty() {
+                bail!("{name} (seed {seed:#x}) ejected {during:?}: {rows:?}");
+            }
+            let counts: Vec<(u64, u64)> = rows
+                .iter()
+                .map(|r| {
+                    (
+                        r["passive"]["syns"].as_u64().unwrap_or(0),
+                        r["passive"]["retransmits"].as_u64().unwrap_or(0),
+                    )
+                })
+                .collect();
+            reports.push(format!(
+                "{name}: {} SYNs ({:.0}/s, seed {seed:#x}); (SYNs, retried) per backend in the window {counts:?}",
+                report.sent,
+                report.rate()
+            ));
+            if shape == lb_tests::flood::SYN_ONE_TUPLE
+                && counts.iter().any(|(_, retried)| *retried > 1)
+            {
+                bail!("one repeated tuple counted as {counts:?}: it is one flow");
+            }
+            std::thread::sleep(Duration::from_secs(11)); // the window forgets it
+        }
+        let (ok, failed) = connector.outcomes(began);
+        connector.stop();
+        reports.push(format!("{ok} real connections succeeded"));
+        for r in &reports {
+            eprintln!("{r}");
+        }
+        if !failed.is_empty() {
+            bail!(
+                "{} real connections failed: {:?}",
+                failed.len(),
+                &failed[..failed.len().min(5)]
+            );
+        }
         Ok(())
     })());
 }

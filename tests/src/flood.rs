@@ -51,8 +51,10 @@ pub struct SynFlood {
 
 /// Where the flood goes: out of `ifname` in `ns`, to `dst_mac`, from
 /// `src_mac`, for `dst`, with sources in `src_net.0.0/16`; TCP flags
-/// `tcp_flags` ([`SYN`], or [`ACK`] for a flood of one-packet flows that
-/// are not SYNs).
+/// `tcp_flags` ([`SYN`], [`ACK`] for a flood of one-packet flows that are
+/// not SYNs, or [`SYN_ACK_PAIRS`]: each tuple a SYN, then an ACK, as a
+/// spoofed handshake); tuples drawn from `seed` (give each generator its
+/// own: two floods of one seed send the same tuples).
 pub struct Target {
     pub ifname: String,
     pub src_mac: [u8; 6],
@@ -60,12 +62,33 @@ pub struct Target {
     pub dst: SocketAddrV4,
     pub src_net: [u8; 2],
     pub tcp_flags: u8,
+    pub seed: u64,
+}
+
+/// A fresh seed for a flood's tuples (print it: a run can be replayed).
+pub fn fresh_seed() -> u64 {
+    use std::hash::{BuildHasher as _, Hasher as _};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    h.finish() | 1
 }
 
 /// TCP flags of a SYN.
 pub const SYN: u8 = 0x02;
 /// TCP flags of an ACK.
 pub const ACK: u8 = 0x10;
+/// Not TCP flags: [`Target::tcp_flags`] for a flood of spoofed
+/// handshakes, each tuple a SYN then an ACK, back to back.
+pub const SYN_ACK_PAIRS: u8 = SYN | ACK;
+/// Not TCP flags: each tuple's SYN sent twice, back to back (clients that
+/// retry: what passive health counts).
+pub const SYN_RETRIED: u8 = SYN | 0x80;
+/// Not TCP flags: one SYN, the same tuple in every frame.
+pub const SYN_ONE_TUPLE: u8 = SYN | 0x40;
 
 impl SynFlood {
     /// Starts the flood on a thread inside `ns`; it ends by itself after
@@ -132,14 +155,29 @@ fn run(
     sent: &AtomicU64,
     limit: Duration,
 ) -> Result<FloodReport> {
-    let template = syn_frame(target);
-    let mut frames = vec![template; BATCH];
-    let mut rng = XorShift(0x9e37_79b9_7f4a_7c15 ^ u64::from(std::process::id()));
+    let pairs = matches!(target.tcp_flags, SYN_ACK_PAIRS | SYN_RETRIED);
+    let flags = |i: usize| match (target.tcp_flags, i % 2) {
+        (SYN_ACK_PAIRS, 1) => ACK,
+        (SYN_ACK_PAIRS | SYN_RETRIED | SYN_ONE_TUPLE, _) => SYN,
+        (flags, _) => flags,
+    };
+    let mut frames: Vec<[u8; FRAME_LEN]> =
+        (0..BATCH).map(|i| syn_frame(target, flags(i))).collect();
+    let mut rng = XorShift(target.seed | 1);
+    let one = rng.next();
     let start = Instant::now();
     let mut total = 0u64;
     while !stop.load(Ordering::Relaxed) && start.elapsed() < limit {
-        for f in frames.iter_mut() {
-            randomise(f, target.src_net, rng.next());
+        let mut r = 0;
+        for (i, f) in frames.iter_mut().enumerate() {
+            // A pair's second frame repeats the first's tuple.
+            if !pairs || i % 2 == 0 {
+                r = rng.next();
+            }
+            if target.tcp_flags == SYN_ONE_TUPLE {
+                r = one;
+            }
+            randomise(f, target.src_net, r);
         }
         let n = sock.send_batch(&frames)?;
         total += n as u64;
@@ -151,9 +189,9 @@ fn run(
     })
 }
 
-/// A segment from `src_net.0.0:0` to the target, checksums for that
-/// source.
-fn syn_frame(t: &Target) -> [u8; FRAME_LEN] {
+/// A segment with TCP flags `flags` from `src_net.0.0:0` to the target,
+/// checksums for that source.
+fn syn_frame(t: &Target, flags: u8) -> [u8; FRAME_LEN] {
     let mut f = [0u8; FRAME_LEN];
     f[0..6].copy_from_slice(&t.dst_mac);
     f[6..12].copy_from_slice(&t.src_mac);
@@ -169,7 +207,7 @@ fn syn_frame(t: &Target) -> [u8; FRAME_LEN] {
     let tcp = &mut f[34..54];
     tcp[2..4].copy_from_slice(&t.dst.port().to_be_bytes());
     tcp[12] = 0x50;
-    tcp[13] = t.tcp_flags;
+    tcp[13] = flags;
     tcp[14..16].copy_from_slice(&64240u16.to_be_bytes());
     f
 }

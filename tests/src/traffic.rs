@@ -472,7 +472,11 @@ impl Stream {
                 recent.fetch_max(gap.as_micros() as u64, Ordering::Relaxed);
                 report.max_gap = report.max_gap.max(gap);
                 last = Instant::now();
-                std::thread::sleep(every);
+                // In steps, so that a stop never waits out a long interval.
+                let until = last + every;
+                while !flag.load(Ordering::Relaxed) && Instant::now() < until {
+                    std::thread::sleep((until - Instant::now()).min(Duration::from_millis(100)));
+                }
             }
             Ok(report)
         });

@@ -4,15 +4,22 @@
 //! A flow's seeded hash picks a bucket (one cache line) and a 32-bit tag.
 //! Each of the bucket's ways is one 8-byte word `tag << 32 | handle`, read
 //! and written whole, so a lookup on one CPU never sees half of an insert on
-//! another. Each way also has a 16-bit stamp: when it was last seen and
-//! whether it is *confirmed* (has seen a packet after the one that created
-//! it). A flow is recorded by its first packet that is not a SYN (SYNs
-//! are kept apart, in `syns.rs`): confirmed at once when it completes a
-//! handshake this balancer saw, else unconfirmed. It takes a way holding
-//! the same tag, else an empty way, else the stalest unconfirmed entry,
-//! and only then the stalest confirmed one: a flood of spoofed SYNs never
-//! reaches the table, and a flood of other one-packet flows displaces
-//! only its own kind while established flows have their ways.
+//! another. Each way also has a 16-bit stamp: the tick it was last seen and
+//! its *activity class*, what its flow has paid to be kept: 0 (one packet),
+//! 1 (confirmed: a second packet, or a handshake this balancer saw), then
+//! one class more per packet, up to 3 (*active*: four packets, e.g. a
+//! handshake, a request and the ACK of its answer). A flow is recorded by its first packet that is not a SYN
+//! (SYNs are kept apart, in `syns.rs`). It takes a way holding the same
+//! tag, else an empty way, else the way of the lowest class, the stalest
+//! within it; an active way seen in the last [`CT_PROTECT_TICKS`] is never
+//! taken, and a new flow that finds only such ways goes unrecorded
+//! (`ct_insert_refused`: its Maglev backend, every packet).
+//!
+//! So a flood of spoofed SYNs never reaches the table; a flood of
+//! one-packet flows, or of spoofed SYN + ACK pairs (two packets: class 1),
+//! displaces only its own kind, bare handshakes, and flows idle for over a
+//! minute; and a flow that has sent four packets keeps its way for as long
+//! as it is seen at least once a minute, whatever a flood sends.
 //!
 //! Why not the kernel's LRU hash: a miss-and-insert there cost 260-600 ns
 //! on our machines (measured with `BPF_PROG_TEST_RUN` before this table
@@ -27,11 +34,14 @@
 use aya_ebpf::helpers::generated::bpf_jiffies64;
 use lb_common::{
     FlowBucket, FlowEntry,
-    consts::{CT_STAMP_CONFIRMED, CT_STAMP_TICK_SHIFT, CT_STAMP_TIME, CT_WAYS},
+    consts::{
+        CT_CLASS_ACTIVE, CT_CLASS_CONFIRMED, CT_CLASS_NEW, CT_PROTECT_TICKS, CT_STAMP_CLASS_SHIFT,
+        CT_STAMP_TICK_SHIFT, CT_STAMP_TIME, CT_WAYS,
+    },
 };
 
 /// The current tick of the stamps' clock: jiffies >> 6, 256 ms at HZ=250,
-/// 15 bits (wrapping after 2.3 hours; stamps only rank ways for eviction,
+/// 14 bits (wrapping after 70 minutes; stamps only rank ways for eviction,
 /// so wrapping is harmless).
 #[inline(always)]
 pub fn now() -> u16 {
@@ -52,22 +62,36 @@ pub fn find(bucket: *mut FlowBucket, tag: u32) -> Option<(usize, u32)> {
     None
 }
 
+/// A stamp of class `class` at tick `now`.
+#[inline(always)]
+fn stamp(class: u16, now: u16) -> u16 {
+    class << CT_STAMP_CLASS_SHIFT | now
+}
+
 /// Marks `way` as seen now by a packet after the one that created it:
-/// confirmed. Writes only when the stamp changes, so a busy flow dirties
-/// its cache line once per tick, not on every packet. Returns the tick
-/// the way was last seen if that was before this one (the flow was idle).
+/// one class more, up to active. Writes only when the stamp changes (the
+/// first few packets of a flow, then once per tick), so a busy flow
+/// dirties its cache line once per tick, not on every packet. Returns the
+/// tick the way was last seen if that was an earlier tick (the flow was
+/// idle since), or if the entry had seen one packet only.
 #[inline(always)]
 pub fn touch(bucket: *mut FlowBucket, way: usize, now: u16) -> Option<u16> {
-    let stamp_now = CT_STAMP_CONFIRMED | now;
     // SAFETY: live map value, `way < CT_WAYS` (from `find`).
     unsafe {
-        let stamp = &mut (*bucket).stamps[way];
-        let last = *stamp;
+        let slot = &mut (*bucket).stamps[way];
+        let last = *slot;
+        let (class, tick) = (last >> CT_STAMP_CLASS_SHIFT, last & CT_STAMP_TIME);
+        let class = if class < CT_CLASS_ACTIVE {
+            class + 1
+        } else {
+            class
+        };
+        let stamp_now = stamp(class, now);
         if last == stamp_now {
             return None;
         }
-        *stamp = stamp_now;
-        Some(last & CT_STAMP_TIME)
+        *slot = stamp_now;
+        (tick != now || last >> CT_STAMP_CLASS_SHIFT == CT_CLASS_NEW).then_some(tick)
     }
 }
 
@@ -80,10 +104,9 @@ pub fn set(bucket: *mut FlowBucket, way: usize, tag: u32, handle: u32) {
 }
 
 /// Eviction rank of a way (higher goes first): a way of the same flow,
-/// then an empty one, then unconfirmed entries (one packet seen, no
-/// handshake), then confirmed ones; the stalest first within each class.
-/// A flood of one-packet flows therefore only ever displaces other
-/// one-packet entries while a confirmed flow has a way.
+/// then an empty one, then live entries by class (the lowest first) and
+/// age (the stalest first within a class); an active way seen within
+/// [`CT_PROTECT_TICKS`] ranks [`RANK_PROTECTED`] and is never taken.
 #[inline(always)]
 fn eviction_rank(e: FlowEntry, stamp: u16, tag: u32, now: u16) -> u32 {
     if e == FlowEntry::EMPTY {
@@ -91,18 +114,23 @@ fn eviction_rank(e: FlowEntry, stamp: u16, tag: u32, now: u16) -> u32 {
     } else if e.tag() == tag {
         RANK_SAME_FLOW
     } else {
+        let class = stamp >> CT_STAMP_CLASS_SHIFT;
         let age = now.wrapping_sub(stamp) & CT_STAMP_TIME;
-        let unconfirmed = if stamp & CT_STAMP_CONFIRMED == 0 {
-            RANK_UNCONFIRMED
+        if class >= CT_CLASS_ACTIVE && age <= CT_PROTECT_TICKS {
+            RANK_PROTECTED
         } else {
-            0
-        };
-        unconfirmed | age as u32
+            let lower = u32::from(CT_CLASS_ACTIVE - class.min(CT_CLASS_ACTIVE));
+            1 + ((lower << CT_STAMP_CLASS_SHIFT) | u32::from(age))
+        }
     }
 }
 
-/// Ranks above every age (15 bits).
-const RANK_UNCONFIRMED: u32 = 0x1_0000;
+/// Below every other rank: never taken.
+const RANK_PROTECTED: u32 = 0;
+/// The live ranks are 1 + ((3 − class) << 14 | age), at most 0x1_0000;
+/// classes 0 and 1 rank from this one up.
+const RANK_CONFIRMED: u32 =
+    1 + (((CT_CLASS_ACTIVE - CT_CLASS_CONFIRMED) as u32) << CT_STAMP_CLASS_SHIFT);
 const RANK_EMPTY: u32 = 0x2_0000;
 const RANK_SAME_FLOW: u32 = 0x3_0000;
 
@@ -111,16 +139,21 @@ const RANK_SAME_FLOW: u32 = 0x3_0000;
 pub enum Evicted {
     /// Nothing live: the flow's own way or an empty one.
     Nothing,
-    /// A live entry that had seen one packet.
+    /// A live entry of class 0 or 1: one packet, or a confirmation only
+    /// (what a spoofed SYN + ACK pair earns).
     Unconfirmed,
-    /// A live entry that had seen more than one: an established flow lost
-    /// its pinning.
+    /// A live entry of class 2 or more (traffic in more than one tick): an
+    /// established flow lost its pinning.
     Confirmed,
+    /// Nothing: every way holds an active flow seen recently. The new
+    /// flow is not recorded.
+    Refused,
 }
 
 /// Records `tag → handle` in the way [`eviction_rank`] puts first (the
-/// first such way on a tie); `confirmed` when the flow is known to be
-/// established already (its handshake was seen).
+/// first such way on a tie), unless every way is protected; `confirmed`
+/// when the flow is known to be established already (its handshake was
+/// seen).
 #[inline(always)]
 pub fn insert(
     bucket: *mut FlowBucket,
@@ -145,19 +178,22 @@ pub fn insert(
             best_rank = rank;
         }
     }
-    let stamp = if confirmed {
-        CT_STAMP_CONFIRMED | now
+    if best_rank == RANK_PROTECTED {
+        return Evicted::Refused;
+    }
+    let class = if confirmed {
+        CT_CLASS_CONFIRMED
     } else {
-        now
+        CT_CLASS_NEW
     };
     // SAFETY: live map value; `best < CT_WAYS`; one aligned 8-byte store.
     unsafe {
         core::ptr::write_volatile(&mut (*bucket).entries[best], FlowEntry::new(tag, handle));
-        (*bucket).stamps[best] = stamp;
+        (*bucket).stamps[best] = stamp(class, now);
     }
     if best_rank >= RANK_EMPTY {
         Evicted::Nothing
-    } else if best_rank >= RANK_UNCONFIRMED {
+    } else if best_rank >= RANK_CONFIRMED {
         Evicted::Unconfirmed
     } else {
         Evicted::Confirmed

@@ -163,8 +163,8 @@ fn decide<const TRACE: bool>(
         let outcome = match slot {
             Some(slot) => {
                 let index = def.handle & BACKEND_INDEX_MASK;
-                let repeat = syns::record(slot, tag, def.handle, conntrack::now(), syn_window(cfg));
-                stats::syn(index, repeat.map(|h| h & BACKEND_INDEX_MASK));
+                let seen = syns::record(slot, tag, def.handle, conntrack::now(), syn_window(cfg));
+                stats::syn(index, seen);
                 Counter::FwdMaglev
             }
             None => Counter::FwdMaglevNoConntrack,
@@ -258,6 +258,7 @@ fn new_flow<const TRACE: bool>(
                 stats::count(Counter::CtEvicted, pkt.frame_len);
                 stats::count(Counter::CtEvictedConfirmed, pkt.frame_len);
             }
+            conntrack::Evicted::Refused => stats::count(Counter::CtInsertRefused, pkt.frame_len),
         }
         if answered.is_some() {
             Counter::FwdHandshake

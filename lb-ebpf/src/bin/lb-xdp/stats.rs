@@ -1,7 +1,7 @@
 //! Counting: the only writes to the counter maps.
 
 use aya_ebpf::maps::PerCpuArray;
-use lb_common::{Counter, CounterValue};
+use lb_common::{Counter, CounterValue, consts::BACKEND_INDEX_MASK};
 
 use crate::maps::{LB_BACKEND_STATS, LB_BACKEND_SYNS, LB_COUNTERS, LB_VIP_STATS};
 
@@ -32,18 +32,25 @@ pub fn backend(index: u32, bytes: u32) {
     bump(&LB_BACKEND_STATS, index, bytes);
 }
 
-/// A SYN sent to backend `index`; `repeat_of`: the backend index its
-/// unanswered predecessor went to, if it is a retransmission.
+/// A SYN sent to backend `index`, as `seen` counts it: a flow's first
+/// SYN counts one SYN for `index`; its first retransmission one for the
+/// backend its unanswered predecessor went to; further ones nothing.
 #[inline(always)]
-pub fn syn(index: u32, repeat_of: Option<u32>) {
-    if let Some(c) = LB_BACKEND_SYNS.get_ptr_mut(index) {
-        // SAFETY: a per-CPU value: no other writer.
-        unsafe { (*c).syns += 1 };
-    }
-    if let Some(old) = repeat_of
-        && let Some(c) = LB_BACKEND_SYNS.get_ptr_mut(old)
-    {
-        // SAFETY: as above.
-        unsafe { (*c).retransmits += 1 };
+pub fn syn(index: u32, seen: crate::syns::SynSeen) {
+    use crate::syns::SynSeen;
+    match seen {
+        SynSeen::First => {
+            if let Some(c) = LB_BACKEND_SYNS.get_ptr_mut(index) {
+                // SAFETY: a per-CPU value: no other writer.
+                unsafe { (*c).syns += 1 };
+            }
+        }
+        SynSeen::Retried(old) => {
+            if let Some(c) = LB_BACKEND_SYNS.get_ptr_mut(old & BACKEND_INDEX_MASK) {
+                // SAFETY: as above.
+                unsafe { (*c).retransmits += 1 };
+            }
+        }
+        SynSeen::Again => {}
     }
 }

@@ -10,9 +10,12 @@
 //! (the handshake's ACK), which finds its SYN here and takes that SYN's
 //! backend even if the table changed in between. A SYN that finds its own
 //! flow's earlier SYN here, recent and unanswered, is a retransmission
-//! (passive health). Slots are overwritten freely: a lost slot costs a
-//! retransmission uncounted, or an ACK placed by the Maglev table, as
-//! before the slot existed.
+//! (passive health). Passive health counts flows, not packets: a flow's
+//! SYN counts once however often it is sent within the window, and its
+//! retransmission once (the slot remembers it was counted), so one
+//! spoofed tuple sent 100,000 times is one flow that retried. Slots are
+//! overwritten freely: a lost slot costs a retransmission uncounted, or an
+//! ACK placed by the Maglev table, as before the slot existed.
 
 use lb_common::{FlowEntry, SynSlot, consts::CT_STAMP_TIME, consts::SYN_SLOTS};
 
@@ -30,21 +33,43 @@ fn recent(stamp: u16, now: u16, window: u16) -> bool {
     now.wrapping_sub(stamp) & CT_STAMP_TIME <= window
 }
 
-/// Records a SYN of flow `tag` sent to backend `handle` at `now`.
-/// Returns the backend its predecessor went to if that was a SYN of the
-/// same flow within `window` ticks, unanswered: a retransmission.
+/// What a SYN counts for passive health.
+#[derive(Clone, Copy)]
+pub enum SynSeen {
+    /// The flow's first SYN within the window: one more flow.
+    First,
+    /// A retransmission: the first one of the flow, whose predecessor went
+    /// to this backend (handle) unanswered.
+    Retried(u32),
+    /// A further retransmission: counted already.
+    Again,
+}
+
+/// Records a SYN of flow `tag` sent to backend `handle` at `now`, and
+/// says what it counts for: a new flow, its first retransmission within
+/// `window` ticks (unanswered), or nothing new.
 #[inline(always)]
-pub fn record(slot: *mut SynSlot, tag: u32, handle: u32, now: u16, window: u16) -> Option<u32> {
+pub fn record(slot: *mut SynSlot, tag: u32, handle: u32, now: u16, window: u16) -> SynSeen {
     // SAFETY: a live map value; the entry is one aligned 8-byte word.
-    let (old, stamp) = unsafe {
-        let old = core::ptr::read_volatile(&(*slot).entry);
-        let stamp = (*slot).stamp;
+    let (old, stamp, retried) = unsafe {
+        (
+            core::ptr::read_volatile(&(*slot).entry),
+            (*slot).stamp,
+            (*slot).retried,
+        )
+    };
+    let repeat = old != FlowEntry::EMPTY && old.tag() == tag && recent(stamp, now, window);
+    // SAFETY: as above; one aligned 8-byte store.
+    unsafe {
         core::ptr::write_volatile(&mut (*slot).entry, FlowEntry::new(tag, handle));
         (*slot).stamp = now;
-        (old, stamp)
-    };
-    (old != FlowEntry::EMPTY && old.tag() == tag && recent(stamp, now, window))
-        .then_some(old.handle())
+        (*slot).retried = u8::from(repeat);
+    }
+    match (repeat, retried) {
+        (false, _) => SynSeen::First,
+        (true, 0) => SynSeen::Retried(old.handle()),
+        (true, _) => SynSeen::Again,
+    }
 }
 
 /// The backend of a recent SYN of flow `tag`, the slot left as it is
