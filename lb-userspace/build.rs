@@ -1,11 +1,25 @@
 //! Builds `lb-ebpf`'s programs for `bpfel-unknown-none` with the nightly
 //! toolchain and `bpf-linker`, and leaves the objects in `OUT_DIR` for
 //! `include_bytes_aligned!`.
+//!
+//! With `LB_EBPF=stub` it builds none and leaves empty objects instead:
+//! checking, linting and unit-testing userspace code then needs neither
+//! nightly nor `bpf-linker` nor their minutes (`cargo xtask test --unit`,
+//! `cargo xtask check`); such a build refuses to load a program, naming
+//! the variable.
 use anyhow::{Context as _, anyhow};
 use aya_build::Toolchain;
 
 fn main() -> anyhow::Result<()> {
     git_commit();
+    println!("cargo:rerun-if-env-changed=LB_EBPF");
+    if std::env::var("LB_EBPF").is_ok_and(|v| v == "stub") {
+        let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
+        for name in ["lb-xdp", "lb-decap", "lb-bench"] {
+            std::fs::write(out.join(name), b"")?;
+        }
+        return Ok(());
+    }
     let cargo_metadata::Metadata { packages, .. } = cargo_metadata::MetadataCommand::new()
         .no_deps()
         .exec()

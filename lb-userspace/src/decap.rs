@@ -54,6 +54,10 @@ pub const LINK_PIN: &str = "link";
 pub enum DecapError {
     #[error("loading the decap object failed: {0}")]
     Load(#[source] Box<aya::EbpfError>),
+    #[error(
+        "this build carries no eBPF programs (built with LB_EBPF=stub, for unit tests): build without it to load them"
+    )]
+    NoObjects,
     /// The kernel's verifier refused the program (short message; the
     /// whole log in the rejection).
     #[error("{0}")]
@@ -164,6 +168,9 @@ fn load_object(program: &'static str, pin_dir: Option<&Path>) -> Result<Ebpf> {
 
 /// [`load_object`] from `object`, another build of the decap object.
 fn load_bytes(object: &[u8], program: &'static str, pin_dir: Option<&Path>) -> Result<Ebpf> {
+    if object.is_empty() {
+        return Err(DecapError::NoObjects);
+    }
     let mut loader = EbpfLoader::new();
     if let Some(dir) = pin_dir {
         for name in ALL_DECAP_MAPS {

@@ -885,3 +885,46 @@ fn a_second_instance_on_a_busy_interface_is_refused_before_it_creates_anything()
         Ok(())
     })());
 }
+
+/// A preview of a huge file (10 MB, 150,000 VIPs) costs memory while it
+/// runs and gives it back: `lbd`'s resident memory returns to near where
+/// it was.
+#[test]
+fn a_preview_of_a_huge_file_gives_its_memory_back() {
+    let _serial = serial();
+    check((|| {
+        let (rig, lbd) = setup(1, &[Some(1)])?;
+        let base = std::fs::read_to_string(&lbd.config)?;
+        let mut huge = base.clone();
+        let mut n = 0u32;
+        while huge.len() < 10 << 20 {
+            huge.push_str(&format!(
+                "  - address: 10.{}.{}.{}\n    port: 80\n    protocol: tcp\n    backends:\n      - address: 10.10.31.2\n",
+                100 + n / 65536,
+                (n / 256) % 256,
+                n % 256
+            ));
+            n += 1;
+        }
+        let path = rig.dir.join("huge.yaml");
+        std::fs::write(&path, &huge)?;
+        let before = rss_kib(lbd.pid())?;
+        let err = lbd
+            .lbctl(&["diff", path.to_str().context("path")?])
+            .expect_err("too many VIPs for max_vips");
+        if !format!("{err:#}").contains("max_vips") {
+            bail!("the preview of {n} VIPs said: {err:#}");
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        let after = rss_kib(lbd.pid())?;
+        eprintln!(
+            "lbd RSS {before} KiB before a preview of {n} VIPs ({} MB), {after} KiB after",
+            huge.len() >> 20
+        );
+        if after > before + 32 * 1024 {
+            bail!("lbd kept {} MiB after the preview", (after - before) / 1024);
+        }
+        lbd.lbctl(&["status"])?;
+        Ok(())
+    })());
+}

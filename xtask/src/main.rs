@@ -29,6 +29,10 @@ enum Task {
         /// Leave out the kernel matrix (`cargo xtask vmtest`), for quicker local runs.
         #[arg(long)]
         no_vm: bool,
+        /// Only the unit tests: no root, no kernel, no eBPF build (the
+        /// programs are stubbed, `LB_EBPF=stub`, in `target/unit`).
+        #[arg(long)]
+        unit: bool,
         /// Extra arguments for `cargo test` (e.g. a test name filter).
         #[arg(trailing_var_arg = true)]
         args: Vec<String>,
@@ -49,6 +53,10 @@ enum Task {
     },
     /// rustfmt and clippy, warnings as errors.
     Lint,
+    /// The fast inner loop: clippy on the userspace crates without building
+    /// the eBPF programs (`LB_EBPF=stub`, in `target/unit`); no nightly, no
+    /// root. `cargo xtask test --unit` runs their unit tests the same way.
+    Check,
     /// Measure: datapath ns per packet class, veth forwarding rate, table
     /// writes, memory, Maglev build time and quality, and the control plane
     /// at scale (`lb-scale`). Prints the figures and writes them into
@@ -107,7 +115,10 @@ enum Task {
 fn main() -> Result<()> {
     match Cli::parse().task {
         Task::Setup => setup::run(setup::Mode::Always),
-        Task::Test { no_vm, args } => test(&args, !no_vm),
+        Task::Test {
+            unit: true, args, ..
+        } => unit_tests(&args),
+        Task::Test { no_vm, args, .. } => test(&args, !no_vm),
         Task::Vmtest {
             kernel,
             full,
@@ -122,6 +133,19 @@ fn main() -> Result<()> {
             vmtest::vmtest(kernel, depth, &steps)
         }
         Task::Lint => lint(),
+        Task::Check => run(cargo()
+            .env("LB_EBPF", "stub")
+            .env("CARGO_TARGET_DIR", "target/unit")
+            .args([
+                "clippy",
+                "--workspace",
+                "--exclude",
+                "lb-ebpf",
+                "--all-targets",
+                "--",
+                "-D",
+                "warnings",
+            ])),
         Task::Demo { keep, down } => demo(keep, down),
         Task::Bench { baseline } => bench(baseline.as_deref()),
         Task::Fuzz { packets, seed } => fuzz(packets, seed),
@@ -155,13 +179,12 @@ fn cargo() -> Command {
 }
 
 fn test(args: &[String], vm: bool) -> Result<()> {
-    setup::run(setup::Mode::IfMissing)?;
     if !setup::is_root() {
-        eprintln!(
-            "warning: not running as root: the datapath and end-to-end tests will fail \
-             (they load XDP programs and create network namespaces)"
+        bail!(
+            "cargo xtask test needs root: its datapath and end-to-end tests load XDP programs and make network namespaces (`cargo xtask test --unit` runs the unit tests without root)"
         );
     }
+    setup::run(setup::Mode::IfMissing)?;
     // The end-to-end tests run the real lbd and lbctl binaries.
     build_bins()?;
     run(cargo()
@@ -171,6 +194,26 @@ fn test(args: &[String], vm: bool) -> Result<()> {
         vmtest::vmtest(vmtest::KernelChoice::All, vmtest::Depth::Slice, &[])?;
     }
     Ok(())
+}
+
+/// `cargo xtask test --unit`: every unit test of the workspace (the
+/// libraries', the binaries' and xtask's), built without the eBPF
+/// programs in a target directory of its own, so that switching between
+/// this and the full suite rebuilds nothing. No root, no kernel, no
+/// nightly toolchain.
+fn unit_tests(args: &[String]) -> Result<()> {
+    run(cargo()
+        .env("LB_EBPF", "stub")
+        .env("CARGO_TARGET_DIR", "target/unit")
+        .args([
+            "test",
+            "--workspace",
+            "--exclude",
+            "lb-ebpf",
+            "--lib",
+            "--bins",
+        ])
+        .args(args))
 }
 
 fn build_bins() -> Result<()> {

@@ -152,6 +152,9 @@ impl KernelDataplane {
     /// against this one in the same run.
     pub fn load_object(object: &[u8], layout: Layout, pin_dir: Option<&Path>) -> Result<Self> {
         layout.validate()?;
+        if object.is_empty() {
+            return Err(DataplaneError::NoObjects);
+        }
         let mut loader = EbpfLoader::new();
         loader
             .map_max_entries(MAP_VIPS, layout.vip_keys())

@@ -33,6 +33,12 @@ pub enum DataplaneError {
     Layout(String),
     #[error("loading the eBPF object failed: {0}")]
     Load(#[source] Box<aya::EbpfError>),
+    /// Built with `LB_EBPF=stub` (`cargo xtask test --unit`): no program
+    /// to load.
+    #[error(
+        "this build carries no eBPF programs (built with LB_EBPF=stub, for unit tests): build without it to load them"
+    )]
+    NoObjects,
     /// The kernel's verifier refused a program: the message is short,
     /// the whole log is in [`verifier::Rejection::log`].
     #[error("{0}")]
