@@ -447,13 +447,25 @@ fn nothing_outside_the_filter(m: &Machine) -> Result<()> {
 /// `lbctl trace --count 1` sees a connection made while it runs.
 fn trace_one(m: &Machine) -> Result<()> {
     let lbctl = bin_path("lbctl")?;
-    let child = Command::new(&lbctl)
+    let mut child = Command::new(&lbctl)
         .args(["--socket", &m.socket, "trace", "--vip", "10.99.0.1:80/tcp"])
         .args(["--count", "1"])
         .stdout(std::process::Stdio::piped())
         .spawn()?;
-    std::thread::sleep(Duration::from_secs(3));
-    m.forwards(3, 25_000)?;
+    // Connections until the trace has seen one (under emulation and load
+    // the traced program may take a while to swap in), for at most 2 min.
+    let started = std::time::Instant::now();
+    let mut port = 25_000;
+    while child.try_wait()?.is_none() {
+        if started.elapsed() > Duration::from_secs(120) {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("lbctl trace saw no packet of 10.99.0.1:80/tcp in 2 minutes of connections");
+        }
+        m.forwards(3, port)?;
+        port += 3;
+        std::thread::sleep(Duration::from_secs(1));
+    }
     let out = child.wait_with_output()?;
     let text = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() || !text.contains("10.99.0.1") {
@@ -467,6 +479,7 @@ fn scrape(m: &Machine) -> Result<()> {
     let body = m.rig.balancer(1).ns.within(|| -> Result<String> {
         use std::io::{Read as _, Write as _};
         let mut s = std::net::TcpStream::connect(("127.0.0.1", METRICS_PORT))?;
+        s.set_read_timeout(Some(Duration::from_secs(30)))?;
         s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n")?;
         let mut body = String::new();
         s.read_to_string(&mut body)?;
