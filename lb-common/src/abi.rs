@@ -226,6 +226,15 @@ pub struct DatapathConfig {
 
 pub use crate::consts::VIP_FILTER_WORDS;
 
+/// The single element of `LB_HASH_KEY`: the tier's secret key for the hash
+/// that picks a new flow's backend ([`crate::flow::pick_hash`]), read by
+/// the datapath only when [`crate::consts::CFG_F_HASH_KEY`] is set.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HashKey {
+    pub k: [u64; 2],
+}
+
 /// The single element of `LB_VIP_FILTER`: bit [`crate::flow::vip_filter_bit`]
 /// of each VIP key (exact port, or port 0 for all-ports VIPs) is set. A
 /// clear bit proves a packet is no VIP's, so non-VIP traffic passes after
@@ -642,6 +651,7 @@ const _: () = {
     assert!(core::mem::size_of::<DecapAddr>() == 20);
     assert!(core::mem::size_of::<TraceFilter>() == 60);
     assert!(core::mem::size_of::<TraceEvent>() == 80);
+    assert!(core::mem::size_of::<HashKey>() == 16);
     assert!(core::mem::size_of::<SynCounts>() == 16);
     assert!(core::mem::size_of::<BfdKey>() == 20);
     assert!(core::mem::size_of::<BfdConfig>() == 40);
@@ -670,6 +680,7 @@ mod pod {
     unsafe impl aya::Pod for DecapAddr {}
     unsafe impl aya::Pod for TraceFilter {}
     unsafe impl aya::Pod for TraceEvent {}
+    unsafe impl aya::Pod for HashKey {}
     unsafe impl aya::Pod for SynCounts {}
     unsafe impl aya::Pod for SynSlot {}
     unsafe impl aya::Pod for BfdKey {}

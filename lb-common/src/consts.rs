@@ -99,6 +99,23 @@ pub const VIP_F_SECOND_HALF: u16 = 1 << 3;
 /// chance"). [`crate::VipMeta::alt_index`] names the VIP's alternates in
 /// `LB_ALTERNATES`.
 pub const VIP_F_SECOND_CHANCE: u16 = 1 << 4;
+/// [`crate::VipMeta::flags`], the VIP's hash fields (`hash:` in the file):
+/// each bit leaves one field of the 5-tuple out of the hash that picks a
+/// new flow's backend (none set: the whole 5-tuple). See
+/// [`crate::flow::select_fields`].
+pub const VIP_F_HASH_NO_SPORT: u16 = 1 << 8;
+pub const VIP_F_HASH_NO_DPORT: u16 = 1 << 9;
+pub const VIP_F_HASH_NO_DST: u16 = 1 << 10;
+pub const VIP_F_HASH_NO_PROTO: u16 = 1 << 11;
+/// An IPv6 source is hashed on its /64 (privacy addresses change within
+/// it); an IPv4 source whole.
+pub const VIP_F_HASH_SRC_V6_64: u16 = 1 << 12;
+/// Every hash-field bit.
+pub const VIP_F_HASH_FIELDS: u16 = VIP_F_HASH_NO_SPORT
+    | VIP_F_HASH_NO_DPORT
+    | VIP_F_HASH_NO_DST
+    | VIP_F_HASH_NO_PROTO
+    | VIP_F_HASH_SRC_V6_64;
 
 /// Auxiliary `LB_VIPS` keys, next to the VIPs themselves:
 /// - `{addr, 0, proto, family | KEY_FRAGMENTS}` per VIP address and
@@ -142,6 +159,10 @@ pub const CFG_F_PASS_TOO_BIG: u32 = 1 << 3;
 /// (attached only then) describes the packets matching `LB_TRACE`'s filter
 /// into `LB_TRACE_EVENTS`. `lb_xdp` has no tracing code.
 pub const CFG_F_TRACE: u32 = 1 << 4;
+/// [`crate::DatapathConfig::flags`]: the hash that picks a new flow's
+/// backend is keyed with the secret in `LB_HASH_KEY` (`hash_key_file`):
+/// without the key, nobody can tell which tuples reach which backend.
+pub const CFG_F_HASH_KEY: u32 = 1 << 5;
 
 /// Bytes of the trace ring buffer (a power of two, a multiple of the page
 /// size): a few thousand events.
@@ -233,9 +254,12 @@ pub const MAP_VIP_RETIRED: &str = "LB_VIP_RETIRED";
 pub const MAP_ALTERNATES: &str = "LB_ALTERNATES";
 pub const MAP_BFD_PEERS: &str = "LB_BFD_PEERS";
 pub const MAP_BFD_STATE: &str = "LB_BFD_STATE";
+/// The tier's secret hash key (one [`crate::HashKey`]), read only when
+/// [`CFG_F_HASH_KEY`] is set.
+pub const MAP_HASH_KEY: &str = "LB_HASH_KEY";
 
 /// Every map of the balancer object, in a stable order.
-pub const ALL_MAPS: [&str; 17] = [
+pub const ALL_MAPS: [&str; 18] = [
     MAP_CONFIG,
     MAP_VIPS,
     MAP_BACKENDS,
@@ -253,6 +277,7 @@ pub const ALL_MAPS: [&str; 17] = [
     MAP_ALTERNATES,
     MAP_BFD_PEERS,
     MAP_BFD_STATE,
+    MAP_HASH_KEY,
 ];
 
 /// Name of the balancer's XDP program in the object file.

@@ -2,17 +2,25 @@
 //! by userspace.
 //!
 //! It decides two things. `slot = hash % M` picks the Maglev slot, so every
-//! balancer with the same backends sends a flow to the same backend: the hash
-//! is unseeded and must never change between versions that run side by side.
-//! The connection-table bucket and tag come from the hash mixed with a secret
-//! per-map seed ([`ct_position`]), so that outsiders cannot aim flows at one
-//! bucket.
+//! balancer with the same backends sends a flow to the same backend: the
+//! hash must never change between versions that run side by side. That
+//! hash may be keyed with a secret the balancers of a tier share
+//! ([`hash_v4_keyed`]; the key `[0, 0]` is the public, pinned hash) and
+//! may leave fields of the 5-tuple out ([`select_fields`], a VIP's `hash:`
+//! setting, e.g. the source address alone for client affinity). The
+//! connection-table bucket and tag come from the unkeyed 5-tuple hash
+//! mixed with a secret per-map seed ([`ct_position`]), so that outsiders
+//! cannot aim flows at one bucket, and a change of key or fields never
+//! loses an established flow's entry.
 //!
 //! Inputs are words as the datapath loads them from the packet (see
 //! [`crate::abi`]): addresses as network-order words, the ports as the first
 //! four bytes of the L4 header read little-endian.
 
-use crate::consts::VIP_FILTER_WORDS;
+use crate::consts::{
+    FAMILY_V4, VIP_F_FRAG_HASH, VIP_F_HASH_FIELDS, VIP_F_HASH_NO_DPORT, VIP_F_HASH_NO_DST,
+    VIP_F_HASH_NO_PROTO, VIP_F_HASH_NO_SPORT, VIP_F_HASH_SRC_V6_64, VIP_FILTER_WORDS,
+};
 
 const K_LANE: u64 = 0x9E37_79B9_7F4A_7C15;
 const SEED_V4: u64 = 0x243F_6A88_85A3_08D3;
@@ -42,18 +50,110 @@ const fn pair(hi: u32, lo: u32) -> u64 {
 /// Hash of an IPv4 5-tuple.
 #[inline(always)]
 pub const fn hash_v4(src: u32, dst: u32, ports: u32, proto: u8) -> u64 {
-    let h = lane(SEED_V4, pair(src, dst));
-    fmix64(lane(h, pair(ports, proto as u32)))
+    hash_v4_keyed(&[0, 0], src, dst, ports, proto)
 }
 
 /// Hash of an IPv6 5-tuple.
 #[inline(always)]
 pub const fn hash_v6(src: &[u32; 4], dst: &[u32; 4], ports: u32, proto: u8) -> u64 {
-    let mut h = lane(SEED_V6, pair(src[0], src[1]));
+    hash_v6_keyed(&[0, 0], src, dst, ports, proto)
+}
+
+/// Hash of an IPv4 5-tuple keyed with `key`: the first word joins the
+/// lanes' seed, the second the finaliser's input. `[0, 0]` is [`hash_v4`].
+/// Not a cryptographic MAC: it keeps a tier's placement from being
+/// computed by someone without the key, not from being learned by someone
+/// who can watch many flows' backends.
+#[inline(always)]
+pub const fn hash_v4_keyed(key: &[u64; 2], src: u32, dst: u32, ports: u32, proto: u8) -> u64 {
+    let h = lane(SEED_V4 ^ key[0], pair(src, dst));
+    fmix64(lane(h, pair(ports, proto as u32)) ^ key[1])
+}
+
+/// Hash of an IPv6 5-tuple keyed with `key` (see [`hash_v4_keyed`]).
+#[inline(always)]
+pub const fn hash_v6_keyed(
+    key: &[u64; 2],
+    src: &[u32; 4],
+    dst: &[u32; 4],
+    ports: u32,
+    proto: u8,
+) -> u64 {
+    let mut h = lane(SEED_V6 ^ key[0], pair(src[0], src[1]));
     h = lane(h, pair(src[2], src[3]));
     h = lane(h, pair(dst[0], dst[1]));
     h = lane(h, pair(dst[2], dst[3]));
-    fmix64(lane(h, pair(ports, proto as u32)))
+    fmix64(lane(h, pair(ports, proto as u32)) ^ key[1])
+}
+
+/// The fields a VIP hashes on (its `VIP_F_HASH_*` bits in `flags`): the
+/// 5-tuple with the left-out fields zeroed, an IPv6 source cut to its /64
+/// if asked. The ports word is as the datapath loads it (source port in
+/// the low half, destination port in the high half).
+#[inline(always)]
+pub const fn select_fields(
+    flags: u16,
+    family: u8,
+    src: &[u32; 4],
+    dst: &[u32; 4],
+    ports: u32,
+    proto: u8,
+) -> ([u32; 4], [u32; 4], u32, u8) {
+    let mut s = *src;
+    let mut d = *dst;
+    let mut p = ports;
+    if flags & VIP_F_HASH_SRC_V6_64 != 0 && family != FAMILY_V4 {
+        s[2] = 0;
+        s[3] = 0;
+    }
+    if flags & VIP_F_HASH_NO_DST != 0 {
+        d = [0; 4];
+    }
+    if flags & VIP_F_HASH_NO_SPORT != 0 {
+        p &= 0xffff_0000;
+    }
+    if flags & VIP_F_HASH_NO_DPORT != 0 {
+        p &= 0x0000_ffff;
+    }
+    let proto = if flags & VIP_F_HASH_NO_PROTO != 0 {
+        0
+    } else {
+        proto
+    };
+    (s, d, p, proto)
+}
+
+/// The hash fields of a VIP with `VipMeta` flags `meta_flags`: its own,
+/// and no ports at all if it hashes fragments (fragments carry none, and
+/// a flow's fragments and whole packets must agree).
+#[inline(always)]
+pub const fn pick_fields(meta_flags: u16) -> u16 {
+    let mut fields = meta_flags & VIP_F_HASH_FIELDS;
+    if meta_flags & VIP_F_FRAG_HASH != 0 {
+        fields |= VIP_F_HASH_NO_SPORT | VIP_F_HASH_NO_DPORT;
+    }
+    fields
+}
+
+/// The hash that picks a new flow's backend for a VIP with hash-field
+/// bits `flags`, keyed with `key`: the one definition the datapath and
+/// `lbd` (`predict`, `lbctl simulate`) share.
+#[inline(always)]
+pub const fn pick_hash(
+    key: &[u64; 2],
+    flags: u16,
+    family: u8,
+    src: &[u32; 4],
+    dst: &[u32; 4],
+    ports: u32,
+    proto: u8,
+) -> u64 {
+    let (s, d, p, proto) = select_fields(flags, family, src, dst, ports, proto);
+    if family == FAMILY_V4 {
+        hash_v4_keyed(key, s[0], d[0], p, proto)
+    } else {
+        hash_v6_keyed(key, &s, &d, p, proto)
+    }
 }
 
 /// Number of bits in the VIP filter (a power of two).
@@ -178,6 +278,101 @@ mod tests {
             }
         }
         assert!(distinct >= 950, "only {distinct} distinct bits");
+    }
+
+    /// One pinned value per field set (and for a key), the constants
+    /// computed from the definition by a separate implementation (a few
+    /// lines of Python: lanes, the MurmurHash3 finaliser, little-endian
+    /// words), which also reproduces the public value of `hash_is_pinned`.
+    /// If one changes, balancers of two versions disagree.
+    #[test]
+    fn field_sets_and_keys_are_pinned() {
+        use crate::consts::*;
+        let k = key("192.0.2.1", "198.51.100.7", 40000);
+        let at = |flags, key: [u64; 2]| {
+            pick_hash(
+                &key,
+                flags,
+                k.family,
+                &k.src,
+                &k.dst,
+                k.ports_word(),
+                k.proto,
+            )
+        };
+        assert_eq!(
+            at(0, [0, 0]),
+            k.hash(),
+            "the 5-tuple, no key: the public hash"
+        );
+        let src_only =
+            VIP_F_HASH_NO_SPORT | VIP_F_HASH_NO_DPORT | VIP_F_HASH_NO_DST | VIP_F_HASH_NO_PROTO;
+        assert_eq!(
+            at(src_only, [0, 0]),
+            hash_v4(k.src[0], 0, 0, 0),
+            "the source alone: every other field zero"
+        );
+        assert_eq!(
+            at(VIP_F_HASH_NO_SPORT, [0, 0]),
+            hash_v4(k.src[0], k.dst[0], k.ports_word() & 0xffff_0000, k.proto)
+        );
+        assert_ne!(at(0, [1, 0]), at(0, [0, 0]));
+        assert_ne!(at(0, [0, 1]), at(0, [0, 0]));
+        assert_eq!(
+            at(src_only, [0, 0]),
+            0x43c1_a7ab_4b1e_85bd,
+            "got {:#018x}",
+            at(src_only, [0, 0])
+        );
+        assert_eq!(
+            at(0, [0x1234, 0x5678]),
+            0xfc25_e14f_7884_121e,
+            "got {:#018x}",
+            at(0, [0x1234, 0x5678])
+        );
+        // Two ports of one client, the same source-only hash; two clients
+        // of one /64, the same /64 hash.
+        let other_port = key("192.0.2.1", "198.51.100.7", 40001);
+        assert_eq!(
+            pick_hash(
+                &[0, 0],
+                src_only,
+                4,
+                &other_port.src,
+                &other_port.dst,
+                other_port.ports_word(),
+                6
+            ),
+            at(src_only, [0, 0])
+        );
+        let a = FlowKey::new(
+            "2001:db8:1:2::a".parse().unwrap(),
+            "2001:db8::2".parse().unwrap(),
+            6,
+            1,
+            80,
+        );
+        let b = FlowKey::new(
+            "2001:db8:1:2::b".parse().unwrap(),
+            "2001:db8::2".parse().unwrap(),
+            6,
+            2,
+            80,
+        );
+        let v6 = src_only | VIP_F_HASH_SRC_V6_64;
+        let h = |f: &FlowKey, flags| {
+            pick_hash(
+                &[0, 0],
+                flags,
+                f.family,
+                &f.src,
+                &f.dst,
+                f.ports_word(),
+                f.proto,
+            )
+        };
+        assert_eq!(h(&a, v6), h(&b, v6));
+        assert_ne!(h(&a, src_only), h(&b, src_only));
     }
 
     #[test]

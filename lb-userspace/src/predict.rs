@@ -10,11 +10,11 @@
 use lb_common::{
     BackendDef, FlowEntry, FlowKey, VipKey, VipMeta,
     consts::{
-        BACKEND_F_USABLE, BACKEND_INDEX_MASK, CFG_F_ALL_PORTS_VIPS, PROTO_TCP, SC_MAX_ALTERNATES,
-        TABLE_CHUNK_SLOTS, VIP_F_FRAG_HASH, VIP_F_NO_BACKENDS, VIP_F_NO_CONNTRACK,
-        VIP_F_SECOND_CHANCE,
+        BACKEND_F_USABLE, BACKEND_INDEX_MASK, CFG_F_ALL_PORTS_VIPS, CFG_F_HASH_KEY, PROTO_TCP,
+        SC_MAX_ALTERNATES, TABLE_CHUNK_SLOTS, VIP_F_FRAG_HASH, VIP_F_NO_BACKENDS,
+        VIP_F_NO_CONNTRACK, VIP_F_SECOND_CHANCE,
     },
-    flow::{ct_position, maglev_slot},
+    flow::{ct_position, maglev_slot, pick_fields, pick_hash},
 };
 
 use crate::dataplane::{Dataplane, Result};
@@ -36,8 +36,8 @@ pub struct Prediction {
     pub vip: VipKey,
     pub meta: VipMeta,
     pub hash: u64,
-    /// Maglev slot: `hash % M`, or the 3-tuple hash `% M` for a VIP that
-    /// hashes fragments.
+    /// Maglev slot: the VIP's pick hash (its fields, the tier's key; no
+    /// ports for a VIP that hashes fragments) `% M`.
     pub slot: u32,
     /// `None`: the VIP has no usable backend, the packet is dropped.
     pub backend: Option<BackendDef>,
@@ -138,6 +138,27 @@ fn handshake(
     }))
 }
 
+/// The hash that picks the backend of a new flow of the VIP `meta`, as
+/// the datapath's `vip_hash` computes it: the VIP's fields (no ports if
+/// it hashes fragments), keyed with the tier's key if the datapath uses
+/// one.
+pub fn pick_hash_of(dp: &dyn Dataplane, meta: &VipMeta, flow: &FlowKey) -> Result<u64> {
+    let key = if dp.config()?.flags & CFG_F_HASH_KEY != 0 {
+        dp.hash_key()?
+    } else {
+        [0; 2]
+    };
+    Ok(pick_hash(
+        &key,
+        pick_fields(meta.flags),
+        flow.family,
+        &flow.src,
+        &flow.dst,
+        flow.ports_word(),
+        flow.proto,
+    ))
+}
+
 /// Predicts the datapath's choice for a packet of `flow`; `syn` is a TCP
 /// SYN without ACK. `None` if the flow's destination is not a VIP.
 ///
@@ -152,9 +173,14 @@ pub fn predict(dp: &dyn Dataplane, flow: &FlowKey, syn: bool) -> Result<Option<P
     let vip = find_vip(dp, flow)?;
     let cfg = dp.config()?;
     let hash = flow.hash();
-    // The VIP's own table size (the datapath's `maglev::lookup`).
+    // The VIP's own table size (the datapath's `maglev::lookup`), and the
+    // slot of the hash that picks its backends (its fields, the key).
     let m = vip.map_or(cfg.table_size, |(_, meta)| meta.maglev_size(cfg.table_size));
-    let slot = if m == 0 { 0 } else { maglev_slot(hash, m) };
+    let vhash = match vip {
+        Some((_, meta)) => pick_hash_of(dp, &meta, flow)?,
+        None => hash,
+    };
+    let slot = if m == 0 { 0 } else { maglev_slot(vhash, m) };
     if !syn {
         let (bucket, tag) = ct_position(hash, cfg.ct_seed);
         let bucket = dp.flow_bucket(bucket & cfg.ct_mask)?;
@@ -180,17 +206,6 @@ pub fn predict(dp: &dyn Dataplane, flow: &FlowKey, syn: bool) -> Result<Option<P
     }
     let Some((vip, meta)) = vip else {
         return Ok(None);
-    };
-    // A VIP that hashes fragments picks every backend by the 3-tuple.
-    let slot = if meta.flags & VIP_F_FRAG_HASH != 0 && m != 0 {
-        let three = FlowKey {
-            sport: 0,
-            dport: 0,
-            ..*flow
-        };
-        maglev_slot(three.hash(), m)
-    } else {
-        slot
     };
     let mut p = Prediction {
         vip,

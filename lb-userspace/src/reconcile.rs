@@ -48,9 +48,10 @@ use lb_common::{
     addr_to_words,
     consts::{
         BACKEND_F_SECOND_CHANCE, BACKEND_F_USABLE, BACKEND_INDEX_MASK, CFG_F_ALL_PORTS_VIPS,
-        CFG_F_DROP_MALFORMED, CFG_F_ICMP_ECHO, CFG_F_PASS_TOO_BIG, CFG_F_TRACE, FAMILY_V4,
-        GUE_PORT, KEY_FRAGMENTS, PROTO_ICMP, PROTO_ICMPV6, TABLE_CHUNK_SLOTS, VIP_F_FRAG_HASH,
-        VIP_F_NO_BACKENDS, VIP_F_NO_CONNTRACK, VIP_F_SECOND_CHANCE,
+        CFG_F_DROP_MALFORMED, CFG_F_HASH_KEY, CFG_F_ICMP_ECHO, CFG_F_PASS_TOO_BIG, CFG_F_TRACE,
+        FAMILY_V4, GUE_PORT, KEY_FRAGMENTS, PROTO_ICMP, PROTO_ICMPV6, TABLE_CHUNK_SLOTS,
+        VIP_F_FRAG_HASH, VIP_F_HASH_FIELDS, VIP_F_NO_BACKENDS, VIP_F_NO_CONNTRACK,
+        VIP_F_SECOND_CHANCE,
     },
 };
 use thiserror::Error;
@@ -129,6 +130,9 @@ pub struct DatapathSettings {
     pub icmp_echo: bool,
     /// Pass (rather than drop) IPv4 packets without DF that are too big.
     pub pass_too_big: bool,
+    /// The tier's secret key for the hash that picks backends; `None`:
+    /// the public hash.
+    pub hash_key: Option<[u64; 2]>,
 }
 
 impl Default for DatapathSettings {
@@ -143,6 +147,7 @@ impl Default for DatapathSettings {
             malformed: MalformedPolicy::Pass,
             mtu: 0,
             gue_port: GUE_PORT,
+            hash_key: None,
             icmp_echo: true,
             pass_too_big: false,
         }
@@ -501,10 +506,17 @@ impl<D: Dataplane> Reconciler<D> {
         cfg.mtu = s.mtu;
         cfg.gue_port = s.gue_port.to_be();
         cfg.flags = self.all_ports_flag(cfg.flags);
+        // The key before the flag that makes the datapath read it.
+        if let Some(key) = &s.hash_key
+            && self.dp.hash_key()? != *key
+        {
+            self.dp.set_hash_key(key)?;
+        }
         for (bit, on) in [
             (CFG_F_DROP_MALFORMED, s.malformed == MalformedPolicy::Drop),
             (CFG_F_ICMP_ECHO, s.icmp_echo),
             (CFG_F_PASS_TOO_BIG, s.pass_too_big),
+            (CFG_F_HASH_KEY, s.hash_key.is_some()),
         ] {
             if on {
                 cfg.flags |= bit;
@@ -1063,7 +1075,9 @@ impl<D: Dataplane> Reconciler<D> {
         state.conntrack = vip.conntrack;
         let mut meta = state.meta;
         meta.encap = vip.encap.code();
-        meta.flags &= !(VIP_F_NO_CONNTRACK | VIP_F_FRAG_HASH | VIP_F_SECOND_CHANCE);
+        meta.flags &=
+            !(VIP_F_NO_CONNTRACK | VIP_F_FRAG_HASH | VIP_F_SECOND_CHANCE | VIP_F_HASH_FIELDS);
+        meta.flags |= vip.hash.flags();
         if !vip.conntrack {
             meta.flags |= VIP_F_NO_CONNTRACK;
         }

@@ -352,3 +352,60 @@ fn lbctl_rejects_bad_requests_clearly() {
         Ok(())
     })());
 }
+
+/// Client affinity (`hash: [src_ip]`): 50 connections from one client
+/// address, each from another source port, all reach one backend, and the
+/// same one again after `kill -9` and a restart of `lbd`; the 5-tuple VIP
+/// beside it spreads the same client's connections.
+#[test]
+fn a_source_affinity_vip_keeps_a_client_on_one_backend_across_a_restart() {
+    let _serial = serial();
+    check((|| {
+        let (rig, lbd) = lb_tests::scenario::setup_with(
+            3,
+            &[Some(1), Some(1), Some(1)],
+            "    hash: [src_ip]\n",
+        )?;
+        let vip = rig.tcp_vip();
+        let backends = |first: u16| -> Result<BTreeMap<String, usize>> {
+            let got: Vec<Result<String>> = rig.client.within(move || {
+                (first..first + 50)
+                    .map(|p| tcp_request(CLIENT, p, vip))
+                    .collect()
+            })?;
+            let mut count = BTreeMap::new();
+            for r in got {
+                *count.entry(r?).or_insert(0) += 1;
+            }
+            Ok(count)
+        };
+        let before = backends(47_000)?;
+        if before.len() != 1 {
+            bail!("50 connections of one client reached {before:?}");
+        }
+        let config = lbd.config.clone();
+        lbd.kill9()?;
+        let lbd = Lbd::start(&rig, &config)?;
+        let after = backends(47_100)?;
+        if after != before {
+            bail!("before the restart {before:?}, after {after:?}");
+        }
+        let udp = rig.udp_vip();
+        let spread = rig.client.within(move || {
+            (47_200..47_250u16)
+                .map(|p| udp_request(CLIENT, p, udp))
+                .collect::<Vec<_>>()
+        })?;
+        let names: std::collections::BTreeSet<String> =
+            spread.into_iter().collect::<Result<_>>()?;
+        if names.len() < 2 {
+            bail!("the 5-tuple UDP VIP sent 50 flows of one client to {names:?}");
+        }
+        eprintln!(
+            "source affinity: 50 + 50 connections of one client to {before:?}, across kill -9; the 5-tuple VIP spread them over {}",
+            names.len()
+        );
+        lbd.lbctl(&["status"])?;
+        Ok(())
+    })());
+}

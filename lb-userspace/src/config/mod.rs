@@ -19,6 +19,7 @@ pub mod announce;
 pub mod datapath;
 pub mod duration;
 pub mod error;
+pub mod hash;
 pub mod health;
 pub mod parse;
 pub mod vip;
@@ -91,6 +92,9 @@ struct RawConfig {
     second_chance_vips: Option<u32>,
     #[serde(default)]
     malformed: MalformedPolicy,
+    /// The tier's secret key for the hash that picks backends (see
+    /// [`hash::load_key`]); none: the public hash.
+    hash_key_file: Option<PathBuf>,
     api_socket: Option<PathBuf>,
     state_file: Option<PathBuf>,
     #[serde(default = "default_bpffs")]
@@ -221,6 +225,9 @@ pub struct Config {
     pub too_big_no_df: TooBigPolicy,
     pub layout: Layout,
     pub malformed: MalformedPolicy,
+    /// The tier's secret hash key, read when the datapath is programmed
+    /// (start, reload); every balancer of a tier must have the same.
+    pub hash_key_file: Option<PathBuf>,
     pub api_socket: PathBuf,
     pub state_file: PathBuf,
     pub bpffs: PathBuf,
@@ -420,6 +427,7 @@ fn build(raw: RawConfig, layout: Layout, warnings: Vec<String>) -> Config {
         too_big_no_df: raw.too_big_no_df,
         layout,
         malformed: raw.malformed,
+        hash_key_file: raw.hash_key_file,
         bpffs: raw.bpffs,
         vips: raw.vips,
         announce: raw.announce,
@@ -580,12 +588,13 @@ fn check_datapath(raw: &RawConfig, errors: &mut Vec<ConfigError>) {
     }
 }
 
-/// `api_socket`, `state_file` and `bpffs`: absolute, a socket path the
+/// `api_socket`, `state_file`, `hash_key_file` and `bpffs`: absolute, a socket path the
 /// kernel can bind (at most 107 bytes), files that are files.
 fn check_paths(raw: &RawConfig, err: &mut impl FnMut(String, String)) {
     for (field, path, file) in [
         ("api_socket", raw.api_socket.as_deref(), true),
         ("state_file", raw.state_file.as_deref(), true),
+        ("hash_key_file", raw.hash_key_file.as_deref(), true),
         ("bpffs", Some(raw.bpffs.as_path()), false),
     ] {
         let Some(path) = path else { continue };

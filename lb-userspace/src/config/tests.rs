@@ -1024,6 +1024,7 @@ fn vip_settings_are_parsed_as_the_file_parses_them() {
             ("encap", "gue"),
             ("passive_health.enabled", "false"),
             ("min_healthy", "2"),
+            ("hash", "src_ip,protocol"),
         ]),
     )
     .expect("valid settings");
@@ -1037,6 +1038,7 @@ fn vip_settings_are_parsed_as_the_file_parses_them() {
     );
     assert!(!v.passive_health.enabled);
     assert_eq!(v.backends[0].weight, 2);
+    assert_eq!(v.hash.names(), ["src_ip", "protocol"]);
     // The file's rules and errors: a duration needs a unit, a setting
     // must exist, a quoted number stays a string the file would refuse.
     for (pairs, want) in [

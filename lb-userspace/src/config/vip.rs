@@ -395,6 +395,9 @@ pub struct VipConfig {
     /// program on every backend; off by default (ARCHITECTURE.md, "Second
     /// chance").
     pub second_chance: bool,
+    /// The fields that pick a new flow's backend (the 5-tuple by default;
+    /// `[src_ip]`: every connection of a client to one backend).
+    pub hash: super::hash::HashFields,
 }
 
 impl VipConfig {
@@ -414,6 +417,7 @@ impl VipConfig {
             passive_health: Default::default(),
             table_size: None,
             second_chance: false,
+            hash: super::hash::HashFields::FIVE_TUPLE,
         }
     }
 
@@ -469,6 +473,8 @@ pub struct RawVip {
     table_size: Option<u32>,
     #[serde(default)]
     second_chance: bool,
+    #[serde(default)]
+    hash: super::hash::HashFields,
 }
 
 pub(crate) fn yes() -> bool {
@@ -499,6 +505,7 @@ impl RawVip {
             passive_health: self.passive_health,
             table_size: self.table_size,
             second_chance: self.second_chance,
+            hash: self.hash,
         }
     }
 }
@@ -536,6 +543,9 @@ impl Serialize for VipConfig {
             // existed keep their digests.
             #[serde(skip_serializing_if = "is_false")]
             second_chance: bool,
+            // Omitted for the 5-tuple, likewise.
+            #[serde(skip_serializing_if = "super::hash::HashFields::is_default")]
+            hash: super::hash::HashFields,
         }
         Out {
             address: self.id.addr,
@@ -556,6 +566,7 @@ impl Serialize for VipConfig {
             passive_health: &self.passive_health,
             table_size: self.table_size,
             second_chance: self.second_chance,
+            hash: self.hash,
         }
         .serialize(s)
     }

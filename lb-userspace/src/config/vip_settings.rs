@@ -93,6 +93,11 @@ pub const VIP_SETTINGS: &[VipSetting] = &[
         "Second chance for TCP flows moved between balancers (needs lb_decap on every backend)",
     ),
     s(
+        "hash",
+        Scalar,
+        "The fields that pick a new flow's backend, comma-separated: the 5-tuple by default, src_ip for client affinity, src_ip/64 to hash IPv6 clients on their /64",
+    ),
+    s(
         "health_check",
         Section,
         "Probe the backends: a TCP connect to the VIP's port, 2s interval, unless other --health-check-* flags say otherwise",

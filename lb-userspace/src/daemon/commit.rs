@@ -268,7 +268,8 @@ impl<D: Dataplane> Daemon<D> {
         if target.text != self.text {
             warnings.extend(target.config.warnings.iter().cloned());
         }
-        let remaps = self.remaps(&effective);
+        let key = super::reload::hash_key_of(&target.config)?;
+        let remaps = self.remaps(&effective, key);
         if !remaps.is_empty() && !force.yes {
             return Err(refused(format!(
                 "refused, it changes a VIP's table size: {}; to do it anyway: `{}`",
@@ -402,7 +403,8 @@ impl<D: Dataplane> Daemon<D> {
         } else {
             super::reload::resolve_gateway(new).await?
         };
-        let settings = datapath_settings(new, resolved.1);
+        let mut settings = datapath_settings(new, resolved.1);
+        settings.hash_key = super::reload::hash_key_of(new)?;
         self.reconciler.apply_settings(&settings)?;
         let effective = target.effective();
         let old_overlay = std::mem::replace(&mut self.overlay, target.overlay.clone());

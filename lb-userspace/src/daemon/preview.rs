@@ -53,10 +53,18 @@ impl<D: Dataplane> Daemon<D> {
                 .map(|h| flows.get(h).copied().unwrap_or(0))
                 .sum()
         };
+        // A key that cannot be read refuses the change itself (check).
+        let keys = (
+            self.settings.hash_key.unwrap_or([0; 2]),
+            super::reload::hash_key_of(&target.config)
+                .ok()
+                .flatten()
+                .unwrap_or([0; 2]),
+        );
         let mut vips_changed = Vec::new();
         for (id, was) in &old {
             let Some(will) = new.get(id) else { continue };
-            let change = self.vip_change(was, will, &plan, breaking(id))?;
+            let change = self.vip_change(was, will, &plan, breaking(id), keys)?;
             if let Some(change) = change {
                 vips_changed.push(change);
             }
@@ -155,6 +163,7 @@ impl<D: Dataplane> Daemon<D> {
         will: &VipConfig,
         plan: &Plan,
         flows_breaking: u64,
+        keys: ([u64; 2], [u64; 2]),
     ) -> Result<Option<VipChange>> {
         let layout = &self.config.layout;
         let m_was = self
@@ -168,7 +177,11 @@ impl<D: Dataplane> Daemon<D> {
             .table_addresses(&was.id)?
             .unwrap_or_else(|| vec![None; m_was as usize]);
         let after = planned_table(plan, &will.id, m)?;
-        let slots_moved = if m == m_was {
+        let rehashed = was.hash != will.hash || keys.0 != keys.1;
+        let slots_moved = if rehashed {
+            let share = flows_moved_rehashed(was, will, keys, (&before, &after));
+            (share * f64::from(m)).round() as u32
+        } else if m == m_was {
             before.iter().zip(&after).filter(|(a, b)| a != b).count() as u32
         } else {
             (flows_moved(&before, &after) * f64::from(m)).round() as u32
@@ -208,6 +221,68 @@ fn flows_moved(before: &[Option<IpAddr>], after: &[Option<IpAddr>]) -> f64 {
     let moved = (0..SAMPLES)
         .map(|i| i.wrapping_mul(0x9E37_79B1) as usize)
         .filter(|h| before[h % before.len()] != after[h % after.len()])
+        .count();
+    moved as f64 / f64::from(SAMPLES)
+}
+
+/// The share of flows whose backend differs when the hash that picks it
+/// changes (the VIP's fields, or the tier's key: `keys` before and
+/// after), and maybe the table too: 65,536 flows of made-up clients to the
+/// VIP, each placed by the old hash in the old table and by the new hash
+/// in the new one.
+fn flows_moved_rehashed(
+    was: &VipConfig,
+    will: &VipConfig,
+    keys: ([u64; 2], [u64; 2]),
+    (before, after): (&[Option<IpAddr>], &[Option<IpAddr>]),
+) -> f64 {
+    use lb_common::{
+        FlowKey,
+        flow::{maglev_slot, pick_hash},
+    };
+    const SAMPLES: u32 = 1 << 16;
+    if before.is_empty() || after.is_empty() {
+        return 1.0;
+    }
+    let id = will.id;
+    // As the datapath's `vip_hash`: the VIP's fields, no ports if it
+    // hashes fragments.
+    let fields = |v: &VipConfig| {
+        let frag = if v.fragments == crate::config::FragmentPolicy::Hash {
+            lb_common::consts::VIP_F_FRAG_HASH
+        } else {
+            0
+        };
+        lb_common::flow::pick_fields(v.hash.flags() | frag)
+    };
+    let place = |fields: u16, key: &[u64; 2], table: &[Option<IpAddr>], f: &FlowKey| {
+        let h = pick_hash(
+            key,
+            fields,
+            f.family,
+            &f.src,
+            &f.dst,
+            f.ports_word(),
+            f.proto,
+        );
+        table[maglev_slot(h, table.len() as u32) as usize]
+    };
+    let moved = (0..SAMPLES)
+        .filter(|i| {
+            let r = lb_common::flow::fmix64(u64::from(*i) ^ 0x5bd1_e995);
+            let client: IpAddr = if id.addr.is_ipv4() {
+                std::net::Ipv4Addr::from(0x6400_0000 | (r as u32 & 0x00ff_ffff)).into()
+            } else {
+                std::net::Ipv6Addr::from(0x2001_0db8_u128 << 96 | u128::from(r)).into()
+            };
+            let dport = if id.port == 0 {
+                (r >> 48) as u16
+            } else {
+                id.port
+            };
+            let f = FlowKey::new(client, id.addr, id.proto.number(), (r >> 32) as u16, dport);
+            place(fields(was), &keys.0, before, &f) != place(fields(will), &keys.1, after, &f)
+        })
         .count();
     moved as f64 / f64::from(SAMPLES)
 }
@@ -304,47 +379,41 @@ fn show(v: Option<&serde_json::Value>) -> String {
 /// The global settings a reload can change that differ.
 fn global_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
     let d = |v: &dyn std::fmt::Debug| format!("{v:?}");
-    let rows: [(&str, String, String); 12] = [
-        ("gateway_mac", d(&old.gateway), d(&new.gateway)),
-        (
+    let row = |name, a: &dyn std::fmt::Debug, b: &dyn std::fmt::Debug| (name, d(a), d(b));
+    let rows: [(&str, String, String); 13] = [
+        row("gateway_mac", &old.gateway, &new.gateway),
+        row(
             "gateway_refresh",
-            d(&old.gateway_refresh),
-            d(&new.gateway_refresh),
+            &old.gateway_refresh,
+            &new.gateway_refresh,
         ),
-        (
+        row(
             "outer_source_v4",
-            d(&old.outer_source_v4),
-            d(&new.outer_source_v4),
+            &old.outer_source_v4,
+            &new.outer_source_v4,
         ),
-        (
+        row(
             "outer_source_v6",
-            d(&old.outer_source_v6),
-            d(&new.outer_source_v6),
+            &old.outer_source_v6,
+            &new.outer_source_v6,
         ),
-        (
+        row(
             "outer_source_v4_prefix",
-            d(&old.outer_source_v4_prefix),
-            d(&new.outer_source_v4_prefix),
+            &old.outer_source_v4_prefix,
+            &new.outer_source_v4_prefix,
         ),
-        (
+        row(
             "outer_source_v6_prefix",
-            d(&old.outer_source_v6_prefix),
-            d(&new.outer_source_v6_prefix),
+            &old.outer_source_v6_prefix,
+            &new.outer_source_v6_prefix,
         ),
-        ("mtu", d(&old.mtu), d(&new.mtu)),
-        ("gue_port", d(&old.gue_port), d(&new.gue_port)),
-        ("icmp_echo", d(&old.icmp_echo), d(&new.icmp_echo)),
-        (
-            "too_big_no_df",
-            d(&old.too_big_no_df),
-            d(&new.too_big_no_df),
-        ),
-        ("malformed", d(&old.malformed), d(&new.malformed)),
-        (
-            "shutdown_grace",
-            d(&old.shutdown_grace),
-            d(&new.shutdown_grace),
-        ),
+        row("mtu", &old.mtu, &new.mtu),
+        row("gue_port", &old.gue_port, &new.gue_port),
+        row("icmp_echo", &old.icmp_echo, &new.icmp_echo),
+        row("too_big_no_df", &old.too_big_no_df, &new.too_big_no_df),
+        row("malformed", &old.malformed, &new.malformed),
+        row("hash_key_file", &old.hash_key_file, &new.hash_key_file),
+        row("shutdown_grace", &old.shutdown_grace, &new.shutdown_grace),
     ];
     let mut changes: Vec<SettingChange> = rows
         .into_iter()

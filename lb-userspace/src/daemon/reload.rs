@@ -72,7 +72,20 @@ pub fn datapath_settings(config: &Config, gateway_mac: [u8; 6]) -> DatapathSetti
         gue_port: config.gue_port,
         icmp_echo: config.icmp_echo,
         pass_too_big: config.too_big_no_df == TooBigPolicy::Pass,
+        hash_key: None,
     }
+}
+
+/// The tier's hash key `config` names, read now (`None`: no key). A key
+/// file that cannot be used refuses the start or the change, naming it.
+pub fn hash_key_of(config: &Config) -> Result<Option<[u64; 2]>> {
+    config
+        .hash_key_file
+        .as_deref()
+        .map(|path| {
+            crate::config::hash::load_key(path).map_err(|e| refused(format!("hash_key_file: {e}")))
+        })
+        .transpose()
 }
 
 /// The gateway MAC of `config`: configured, or (`auto`) looked up now,
@@ -233,24 +246,50 @@ impl<D: Dataplane> Daemon<D> {
         Ok(())
     }
 
-    /// The VIPs with a table now whose table size `effective` changes, in
-    /// words: every flow of such a VIP moves to another slot. A change
-    /// that does this must be forced.
-    pub fn remaps(&self, effective: &[VipConfig]) -> Vec<String> {
+    /// The VIPs with a table now whose new flows `effective` (with the
+    /// hash key `key`) sends elsewhere wholesale, in words: a changed
+    /// table size moves every flow to another slot, a changed set of hash
+    /// fields or key gives every flow another hash. A change that does
+    /// this must be forced.
+    pub fn remaps(&self, effective: &[VipConfig], key: Option<[u64; 2]>) -> Vec<String> {
+        const KEPT: &str = "established connections keep their backend through this balancer's connection table; flows that move between balancers that disagree do not";
         let layout = &self.config.layout;
-        effective
+        let running = self.effective();
+        let mut out: Vec<String> = effective
             .iter()
             .filter_map(|v| {
                 let state = self.reconciler.vips().get(&v.id)?;
+                if !state.has_table() {
+                    return None;
+                }
                 let m = v.maglev_size(layout);
-                (m != state.table_size && state.has_table()).then(|| {
-                    format!(
-                        "VIP {}: table_size {} -> {m} remaps every flow of the VIP (established connections keep their backend through this balancer's connection table; flows that move between balancers of different M do not)",
+                let was = running.iter().find(|r| r.id == v.id).map(|r| r.hash);
+                if m != state.table_size {
+                    Some(format!(
+                        "VIP {}: table_size {} -> {m} remaps every flow of the VIP ({KEPT})",
                         v.id, state.table_size
-                    )
-                })
+                    ))
+                } else {
+                    was.filter(|h| *h != v.hash).map(|h| {
+                        format!(
+                            "VIP {}: hash {h} -> {} sends new flows to other backends ({KEPT})",
+                            v.id, v.hash
+                        )
+                    })
+                }
             })
-            .collect()
+            .collect();
+        if key != self.settings.hash_key && self.reconciler.vips().values().any(|s| s.has_table()) {
+            let what = match (self.settings.hash_key.is_some(), key.is_some()) {
+                (false, true) => "a hash key (hash_key_file) added",
+                (true, false) => "the hash key removed",
+                _ => "the hash key changed",
+            };
+            out.push(format!(
+                "{what}: every VIP's new flows go to other backends ({KEPT})"
+            ));
+        }
+        out
     }
 
     /// Checks that `effective` (with `drained`) leaves every VIP that is

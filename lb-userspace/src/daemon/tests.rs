@@ -966,3 +966,63 @@ async fn everyone_retrying_alike_ejects_nobody() {
     }
     assert_eq!(r.in_table(WEB).len(), 2);
 }
+
+/// A change of a serving VIP's hash fields moves its new flows: `lbctl
+/// diff` says how many (about 4 in 9 for weights 2:1, by the odds that a
+/// flow's two placements agree), and a reload needs --force.
+#[tokio::test]
+async fn a_change_of_hash_fields_is_previewed_and_needs_force() {
+    let mut r = rig(FILE);
+    let text = FILE.replace(
+        "    protocol: tcp\n",
+        "    protocol: tcp\n    hash: [src_ip]\n",
+    );
+    let e = r
+        .daemon
+        .reload(reparse(&r, &text), false, &plain())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("hash the 5-tuple -> [src_ip] sends new flows to other backends")
+            && e.contains("--force"),
+        "{e}"
+    );
+    let dry = ChangeOptions {
+        dry_run: true,
+        ..ChangeOptions::default()
+    };
+    let preview = r
+        .daemon
+        .reload(reparse(&r, &text), true, &dry)
+        .await
+        .expect("a preview")
+        .preview
+        .expect("preview");
+    let web = preview
+        .vips_changed
+        .iter()
+        .find(|v| v.vip == id(WEB))
+        .expect("the VIP changes");
+    assert!(
+        (0.35..0.55).contains(&web.share_moved),
+        "share moved {}",
+        web.share_moved
+    );
+    assert!(
+        web.settings.iter().any(|s| s.name == "hash"),
+        "{:?}",
+        web.settings
+    );
+    r.daemon
+        .reload(reparse(&r, &text), true, &plain())
+        .await
+        .expect("forced");
+    let meta = r.daemon.reconciler.vips()[&id(WEB)].meta;
+    assert_eq!(
+        meta.flags & lb_common::consts::VIP_F_HASH_FIELDS,
+        crate::config::hash::HashFields::parse(["src_ip"])
+            .unwrap()
+            .flags()
+    );
+}

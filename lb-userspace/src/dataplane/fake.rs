@@ -15,6 +15,7 @@ use super::{AltSlot, Counters, Dataplane, DataplaneError, Layout, Result};
 pub struct FakeDataplane {
     layout: Layout,
     config: DatapathConfig,
+    hash_key: [u64; 2],
     vips: HashMap<VipKey, VipMeta>,
     backends: Vec<BackendDef>,
     tables: Vec<u32>,
@@ -46,6 +47,7 @@ impl FakeDataplane {
         Self {
             layout,
             config: DatapathConfig::default(),
+            hash_key: [0; 2],
             vips: HashMap::new(),
             backends: vec![BackendDef::default(); layout.max_backends as usize],
             tables: vec![0; (layout.table_map_entries() * TABLE_CHUNK_SLOTS) as usize],
@@ -100,6 +102,16 @@ impl Dataplane for FakeDataplane {
     fn set_config(&mut self, cfg: &DatapathConfig) -> Result<()> {
         self.write(1)?;
         self.config = *cfg;
+        Ok(())
+    }
+
+    fn hash_key(&self) -> Result<[u64; 2]> {
+        Ok(self.hash_key)
+    }
+
+    fn set_hash_key(&mut self, key: &[u64; 2]) -> Result<()> {
+        self.write(1)?;
+        self.hash_key = *key;
         Ok(())
     }
 

@@ -26,9 +26,9 @@ use lb_common::{
     bfd::BFD_MAX_SESSIONS,
     consts::{
         ALL_MAPS, MAP_ALTERNATES, MAP_BACKEND_STATS, MAP_BACKEND_SYNS, MAP_BACKENDS, MAP_BFD_PEERS,
-        MAP_BFD_STATE, MAP_CONFIG, MAP_COUNTERS, MAP_FLOWS, MAP_SYNS, MAP_TABLES, MAP_TRACE,
-        MAP_TRACE_EVENTS, MAP_VIP_FILTER, MAP_VIP_RETIRED, MAP_VIP_STATS, MAP_VIPS, PROG_LB,
-        PROG_LB_TRACE, PROG_PROBE_ENCAP, SYN_SLOTS, TABLE_CHUNK_SLOTS, TRACE_RING_BYTES,
+        MAP_BFD_STATE, MAP_CONFIG, MAP_COUNTERS, MAP_FLOWS, MAP_HASH_KEY, MAP_SYNS, MAP_TABLES,
+        MAP_TRACE, MAP_TRACE_EVENTS, MAP_VIP_FILTER, MAP_VIP_RETIRED, MAP_VIP_STATS, MAP_VIPS,
+        PROG_LB, PROG_LB_TRACE, PROG_PROBE_ENCAP, SYN_SLOTS, TABLE_CHUNK_SLOTS, TRACE_RING_BYTES,
     },
     counters::COUNTER_SLOTS,
 };
@@ -69,6 +69,8 @@ struct Maps {
     vip_retired: Option<Array<MapData, CounterValue>>,
     /// Absent in builds before second chance (likewise).
     alternates: Option<Array<MapData, AltChunk>>,
+    /// Absent in builds before hash keys (likewise).
+    hash_key: Option<Array<MapData, lb_common::HashKey>>,
 }
 
 impl Maps {
@@ -111,6 +113,10 @@ impl Maps {
             },
             alternates: match ebpf.map(MAP_ALTERNATES) {
                 Some(_) => Some(typed(ebpf, MAP_ALTERNATES)?),
+                None => None,
+            },
+            hash_key: match ebpf.map(MAP_HASH_KEY) {
+                Some(_) => Some(typed(ebpf, MAP_HASH_KEY)?),
                 None => None,
             },
         })
@@ -426,7 +432,7 @@ fn per_cpu_sum(map: &Counts, name: &'static str, index: u32) -> Result<CounterVa
 }
 
 /// Sizes of each map for `layout`: (name, max entries, value size).
-fn expected_maps(layout: &Layout) -> [(&'static str, u32, u32); 17] {
+fn expected_maps(layout: &Layout) -> [(&'static str, u32, u32); 18] {
     use std::mem::size_of;
     let v = |n: usize| n as u32;
     [
@@ -479,6 +485,7 @@ fn expected_maps(layout: &Layout) -> [(&'static str, u32, u32); 17] {
             BFD_MAX_SESSIONS,
             v(size_of::<lb_common::BfdState>()),
         ),
+        (MAP_HASH_KEY, 1, v(size_of::<lb_common::HashKey>())),
     ]
 }
 
@@ -515,6 +522,21 @@ impl Dataplane for KernelDataplane {
 
     fn set_config(&mut self, cfg: &DatapathConfig) -> Result<()> {
         self.maps.config.set(0, cfg, 0).map_err(map_err(MAP_CONFIG))
+    }
+
+    fn hash_key(&self) -> Result<[u64; 2]> {
+        match &self.maps.hash_key {
+            Some(map) => map.get(&0, 0).map(|k| k.k).map_err(map_err(MAP_HASH_KEY)),
+            None => Ok([0; 2]),
+        }
+    }
+
+    fn set_hash_key(&mut self, key: &[u64; 2]) -> Result<()> {
+        let Some(map) = &mut self.maps.hash_key else {
+            return Err(DataplaneError::MissingMap(MAP_HASH_KEY));
+        };
+        map.set(0, lb_common::HashKey { k: *key }, 0)
+            .map_err(map_err(MAP_HASH_KEY))
     }
 
     fn vips(&self) -> Result<Vec<(VipKey, VipMeta)>> {

@@ -269,6 +269,10 @@ pub trait Dataplane {
 
     fn config(&self) -> Result<DatapathConfig>;
     fn set_config(&mut self, cfg: &DatapathConfig) -> Result<()>;
+    /// The tier's hash key in `LB_HASH_KEY` (read by the datapath only
+    /// while `CFG_F_HASH_KEY` is set); `[0, 0]` in a build without it.
+    fn hash_key(&self) -> Result<[u64; 2]>;
+    fn set_hash_key(&mut self, key: &[u64; 2]) -> Result<()>;
 
     fn vips(&self) -> Result<Vec<(VipKey, VipMeta)>>;
     fn vip(&self, key: &VipKey) -> Result<Option<VipMeta>>;

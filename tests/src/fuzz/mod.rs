@@ -220,6 +220,21 @@ impl Fuzzer {
                 self.flows
                     .observe(&three, sent.backend, sent.weight, false)?;
             }
+            if let Some(affinity) = m.vips[fwd.vip].affinity
+                && !self.flows.carried_over(&fwd.flow)
+            {
+                // One client, one backend: its flows keyed by the client
+                // alone (as fragments are keyed by their 3-tuple).
+                let client = Flow {
+                    src: model::client_of(fwd.flow.src, affinity),
+                    sport: 0,
+                    dport: 0,
+                    three_tuple: true,
+                    ..fwd.flow
+                };
+                self.flows
+                    .observe(&client, sent.backend, sent.weight, false)?;
+            }
             if let Some(port) = sent.gue_sport {
                 self.flows.gue_port(&fwd.flow, port)?;
             }

@@ -45,6 +45,10 @@ pub struct Vip {
     /// Second chance: a TCP packet without a connection-table entry may
     /// carry alternates (GUE variant 0 with lb's list, whatever `encap`).
     pub second_chance: bool,
+    /// Client affinity (`hash: [src_ip]`, or `[src_ip/64]`: an IPv6
+    /// client by its /64): every new flow of one client reaches one
+    /// backend while the table is unchanged.
+    pub affinity: Option<Affinity>,
     /// The family of its backends (`None`: a VIP that never has any).
     pub backend_v6: Option<bool>,
     pub backends: Vec<Backend>,
@@ -162,6 +166,31 @@ const VIPS: &[VipRow] = &[
 /// The VIPs of [`VIPS`] with second chance.
 const SECOND_CHANCE: &[&str] = &["sc4", "sc6"];
 
+/// How a VIP with client affinity knows a client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Affinity {
+    /// By its address.
+    Address,
+    /// An IPv6 client by its /64 (an IPv4 one by its address).
+    Prefix64,
+}
+
+/// How a VIP of affinity `a` knows the client at `src`: the address, or
+/// for [`Affinity::Prefix64`] an IPv6 address with its last 64 bits zero.
+pub fn client_of(src: IpAddr, a: Affinity) -> IpAddr {
+    match (src, a) {
+        (IpAddr::V6(v6), Affinity::Prefix64) => {
+            let s = v6.segments();
+            IpAddr::V6(Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+        }
+        (other, _) => other,
+    }
+}
+
+/// The VIPs of [`VIPS`] with client affinity: each alone on its address
+/// for its protocol, so that a client of the VIP names the VIP.
+const AFFINITY: &[(&str, Affinity)] = &[("sc4", Affinity::Address), ("gre6", Affinity::Prefix64)];
+
 impl Model {
     /// Epoch 0: every VIP with three backends of weight 1 (none for the
     /// empty ones).
@@ -181,6 +210,7 @@ impl Model {
                         conntrack,
                         frag_hash,
                         second_chance: SECOND_CHANCE.contains(&name),
+                        affinity: AFFINITY.iter().find(|(n, _)| *n == name).map(|(_, a)| *a),
                         backend_v6,
                         backends: Vec::new(),
                         block: i as u8 + 1,
@@ -269,6 +299,15 @@ impl Model {
                 c.encap = v.encap;
                 c.conntrack = v.conntrack;
                 c.second_chance = v.second_chance;
+                c.hash = match v.affinity {
+                    None => lb::config::hash::HashFields::FIVE_TUPLE,
+                    Some(Affinity::Address) => {
+                        lb::config::hash::HashFields::parse(["src_ip"]).expect("a field list")
+                    }
+                    Some(Affinity::Prefix64) => {
+                        lb::config::hash::HashFields::parse(["src_ip/64"]).expect("a field list")
+                    }
+                };
                 if v.frag_hash {
                     c.fragments = FragmentPolicy::Hash;
                 }
@@ -295,6 +334,8 @@ impl Model {
             gue_port: s.gue_port,
             icmp_echo: s.icmp_echo,
             pass_too_big: s.pass_too_big,
+            // Every third epoch keyed: placement changes, no invariant may.
+            hash_key: (self.epoch % 3 == 2).then_some([u64::from(self.epoch) + 1, 0x5151_5151]),
         }
     }
 

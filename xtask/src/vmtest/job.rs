@@ -35,6 +35,7 @@ const DATAPATH: &[&str] = &[
     "forward",
     "icmp",
     "fragments",
+    "hash_fields",
     "decap",
     "second_chance",
     "bfd",

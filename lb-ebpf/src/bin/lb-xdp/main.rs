@@ -34,18 +34,18 @@ use lb_common::{
     BackendDef, Counter, DatapathConfig, FlowBucket, VIP_FILTER_WORDS, VipKey, VipMeta,
     consts::{
         BACKEND_F_USABLE, BACKEND_INDEX_MASK, CFG_F_ALL_PORTS_VIPS, CFG_F_DROP_MALFORMED,
-        CFG_F_ICMP_ECHO, CFG_F_PASS_TOO_BIG, CFG_F_TRACE, CT_STAMP_TIME, CT_SYN_WINDOW_DEFAULT,
-        FAMILY_V4, KEY_FRAGMENTS, PROTO_TCP, VIP_F_FRAG_HASH, VIP_F_NO_BACKENDS,
-        VIP_F_NO_CONNTRACK,
+        CFG_F_HASH_KEY, CFG_F_ICMP_ECHO, CFG_F_PASS_TOO_BIG, CFG_F_TRACE, CT_STAMP_TIME,
+        CT_SYN_WINDOW_DEFAULT, FAMILY_V4, KEY_FRAGMENTS, PROTO_TCP, VIP_F_FRAG_HASH,
+        VIP_F_NO_BACKENDS, VIP_F_NO_CONNTRACK,
     },
     counters::Kind,
-    flow::{ct_position, hash_v4, hash_v6, vip_filter_bit},
+    flow::{ct_position, hash_v4, hash_v6, pick_fields, pick_hash, vip_filter_bit},
 };
 use lb_ebpf::{
     hdr::{TCP_ACK, TCP_SYN},
     parse::{Packet, Reject, parse},
 };
-use maps::{LB_BACKENDS, LB_CONFIG, LB_FLOWS, LB_VIP_FILTER, LB_VIPS};
+use maps::{LB_BACKENDS, LB_CONFIG, LB_FLOWS, LB_HASH_KEY, LB_VIP_FILTER, LB_VIPS};
 
 const PASS: u32 = xdp_action::XDP_PASS;
 const DROP: u32 = xdp_action::XDP_DROP;
@@ -139,7 +139,14 @@ fn decide<const TRACE: bool>(
         };
         match backend_of(handle) {
             Some(def) if def.flags & BACKEND_F_USABLE != 0 => {
-                return forward::<TRACE>(ctx, cfg, def, pkt, hash, Counter::FwdConntrack);
+                return forward::<TRACE>(
+                    ctx,
+                    cfg,
+                    def,
+                    pkt,
+                    Hashes::same(hash),
+                    Counter::FwdConntrack,
+                );
             }
             _ => stats::count(Counter::CtStale, pkt.frame_len),
         }
@@ -148,35 +155,55 @@ fn decide<const TRACE: bool>(
     let Some(meta) = find_vip(cfg, &pkt.dst, pkt.dport(), pkt.proto, pkt.family) else {
         return not_a_vip(ctx, pkt);
     };
-    // A tracked TCP flow has a slot in the recent SYNs.
-    let has_syn_slot = meta.flags & VIP_F_NO_CONNTRACK == 0 && pkt.is_tcp();
-    if syn {
-        let Some(def) = pick(cfg, &meta, pkt.family, &pkt.src, &pkt.dst, pkt.proto, hash) else {
-            stats::vip(meta.vip_id as u32, pkt.frame_len);
-            return (DROP, Counter::DropNoBackend);
-        };
-        let slot = if has_syn_slot {
-            syns::slot(bucket_index)
-        } else {
-            None
-        };
-        let outcome = match slot {
-            Some(slot) => {
-                let index = def.handle & BACKEND_INDEX_MASK;
-                let seen = syns::record(slot, tag, def.handle, conntrack::now(), syn_window(cfg));
-                stats::syn(index, seen);
-                Counter::FwdMaglev
-            }
-            None => Counter::FwdMaglevNoConntrack,
-        };
-        return forward::<TRACE>(ctx, cfg, def, pkt, hash, outcome);
-    }
     let at = FlowAt {
         bucket_index,
         tag,
-        has_syn_slot,
+        // A tracked TCP flow has a slot in the recent SYNs.
+        has_syn_slot: meta.flags & VIP_F_NO_CONNTRACK == 0 && pkt.is_tcp(),
     };
+    if syn {
+        return new_syn::<TRACE>(ctx, cfg, &meta, pkt, hash, at);
+    }
     new_flow::<TRACE>(ctx, cfg, &meta, pkt, hash, at)
+}
+
+/// A TCP SYN (without ACK): the VIP's Maglev pick, written into the flow's
+/// slot of the recent SYNs (never into the connection table).
+#[inline(always)]
+fn new_syn<const TRACE: bool>(
+    ctx: &XdpContext,
+    cfg: &DatapathConfig,
+    meta: &VipMeta,
+    pkt: &Packet,
+    hash: u64,
+    at: FlowAt,
+) -> (u32, Counter) {
+    let vhash = vip_hash(
+        cfg, meta, pkt.family, &pkt.src, &pkt.dst, pkt.ports, pkt.proto, hash,
+    );
+    let Some(def) = pick(cfg, meta, vhash) else {
+        stats::vip(meta.vip_id as u32, pkt.frame_len);
+        return (DROP, Counter::DropNoBackend);
+    };
+    let slot = if at.has_syn_slot {
+        syns::slot(at.bucket_index)
+    } else {
+        None
+    };
+    let outcome = match slot {
+        Some(slot) => {
+            let index = def.handle & BACKEND_INDEX_MASK;
+            let seen = syns::record(slot, at.tag, def.handle, conntrack::now(), syn_window(cfg));
+            stats::syn(index, seen);
+            Counter::FwdMaglev
+        }
+        None => Counter::FwdMaglevNoConntrack,
+    };
+    let hashes = Hashes {
+        flow: hash,
+        pick: vhash,
+    };
+    forward::<TRACE>(ctx, cfg, def, pkt, hashes, outcome)
 }
 
 /// A TCP or UDP packet that is no VIP's: passed to the kernel, unless it
@@ -227,9 +254,12 @@ fn new_flow<const TRACE: bool>(
     } else {
         None
     };
+    let vhash = vip_hash(
+        cfg, meta, pkt.family, &pkt.src, &pkt.dst, pkt.ports, pkt.proto, hash,
+    );
     let def = match answered {
         Some(def) => def,
-        None => match pick(cfg, meta, pkt.family, &pkt.src, &pkt.dst, pkt.proto, hash) {
+        None => match pick(cfg, meta, vhash) {
             Some(def) => def,
             None => {
                 stats::vip(meta.vip_id as u32, pkt.frame_len);
@@ -244,7 +274,7 @@ fn new_flow<const TRACE: bool>(
     // its backend is known, so it goes alone and is recorded.
     let mut alts = second_chance::Alternates::NONE;
     if answered.is_none() && second_chance::wanted(meta, pkt) {
-        alts = second_chance::alternates(cfg, meta, hash, def);
+        alts = second_chance::alternates(cfg, meta, vhash, def);
     }
     let outcome = if alts.count != 0 {
         Counter::FwdSecondChance
@@ -269,7 +299,11 @@ fn new_flow<const TRACE: bool>(
         Counter::FwdMaglevNoConntrack
     };
     let alts = (alts.count != 0).then_some(&alts);
-    forward_with::<TRACE>(ctx, cfg, def, pkt, hash, alts, outcome)
+    let hashes = Hashes {
+        flow: hash,
+        pick: vhash,
+    };
+    forward_with::<TRACE>(ctx, cfg, def, pkt, hashes, alts, outcome)
 }
 
 /// A connection-table hit on an entry last seen at tick `last`: if a SYN
@@ -310,28 +344,68 @@ fn flow_hash(family: u8, src: &[u32; 4], dst: &[u32; 4], ports: u32, proto: u8) 
     }
 }
 
-/// The backend of a new flow of the VIP `meta`: Maglev on the flow hash,
-/// or on the 3-tuple hash if the VIP hashes fragments (so that its
-/// fragments and whole packets agree).
+/// The hash that picks the backend of a new flow of the VIP `meta` (its
+/// Maglev slot, its second-chance alternates), the one place that says
+/// which fields count: the VIP's hash fields (the 5-tuple by default; no
+/// ports at all if the VIP hashes fragments, so that its fragments and
+/// whole packets agree), keyed with the tier's secret if there is one.
+/// `hash` is the flow's unkeyed 5-tuple hash, returned as it is when
+/// nothing differs from it (no cost for a plain VIP).
 #[inline(always)]
-fn pick(
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the fields by reference: a struct of them would be copied onto the 512-byte stack"
+)]
+fn vip_hash(
     cfg: &DatapathConfig,
     meta: &VipMeta,
     family: u8,
     src: &[u32; 4],
     dst: &[u32; 4],
+    ports: u32,
     proto: u8,
     hash: u64,
-) -> Option<&'static BackendDef> {
+) -> u64 {
+    let fields = pick_fields(meta.flags);
+    if fields == 0 && cfg.flags & CFG_F_HASH_KEY == 0 {
+        return hash;
+    }
+    let key = if cfg.flags & CFG_F_HASH_KEY != 0 {
+        LB_HASH_KEY.get(0).map_or([0; 2], |k| k.k)
+    } else {
+        [0; 2]
+    };
+    pick_hash(&key, fields, family, src, dst, ports, proto)
+}
+
+/// The backend of a new flow of the VIP `meta`: Maglev on `vhash`, its
+/// [`vip_hash`].
+#[inline(always)]
+fn pick(cfg: &DatapathConfig, meta: &VipMeta, vhash: u64) -> Option<&'static BackendDef> {
     if meta.flags & VIP_F_NO_BACKENDS != 0 {
         return None;
     }
-    let hash = if meta.flags & VIP_F_FRAG_HASH != 0 {
-        flow_hash(family, src, dst, 0, proto)
-    } else {
-        hash
-    };
-    maglev::lookup(cfg, meta, hash).and_then(backend_of)
+    maglev::lookup(cfg, meta, vhash).and_then(backend_of)
+}
+
+/// A packet's two hashes: its flow's 5-tuple hash (the GUE source port,
+/// so every packet of a connection takes one receive queue), and the hash
+/// its backend was picked with ([`vip_hash`]: the Maglev slot a trace
+/// shows).
+#[derive(Clone, Copy)]
+struct Hashes {
+    flow: u64,
+    pick: u64,
+}
+
+impl Hashes {
+    #[inline(always)]
+    fn same(hash: u64) -> Self {
+        Self {
+            flow: hash,
+            pick: hash,
+        }
+    }
 }
 
 /// Encapsulates for `def` and counts the packet for its VIP and itself;
@@ -342,10 +416,10 @@ fn forward<const TRACE: bool>(
     cfg: &DatapathConfig,
     def: &BackendDef,
     pkt: &Packet,
-    hash: u64,
+    hashes: Hashes,
     outcome: Counter,
 ) -> (u32, Counter) {
-    forward_with::<TRACE>(ctx, cfg, def, pkt, hash, None, outcome)
+    forward_with::<TRACE>(ctx, cfg, def, pkt, hashes, None, outcome)
 }
 
 /// [`forward`] with second-chance alternates (`None`: as without).
@@ -355,7 +429,7 @@ fn forward_with<const TRACE: bool>(
     cfg: &DatapathConfig,
     def: &BackendDef,
     pkt: &Packet,
-    hash: u64,
+    hashes: Hashes,
     alts: Option<&second_chance::Alternates>,
     outcome: Counter,
 ) -> (u32, Counter) {
@@ -366,7 +440,7 @@ fn forward_with<const TRACE: bool>(
         stats::vip(def.vip_id as u32, pkt.frame_len);
         return too_big(ctx, cfg, pkt, (cfg.mtu as u32).saturating_sub(overhead));
     }
-    if encap::encapsulate(ctx, cfg, def, pkt, hash, alts).is_err() {
+    if encap::encapsulate(ctx, cfg, def, pkt, hashes.flow, alts).is_err() {
         stats::vip(def.vip_id as u32, pkt.frame_len);
         return (DROP, Counter::DropEncap);
     }
@@ -374,7 +448,7 @@ fn forward_with<const TRACE: bool>(
     // (`lbd` adds them up), which saves a counter update per packet.
     stats::backend(def.handle & BACKEND_INDEX_MASK, pkt.frame_len);
     if TRACE && cfg.flags & CFG_F_TRACE != 0 {
-        trace::packet(pkt, outcome as u32, Some(def), hash);
+        trace::packet(pkt, outcome as u32, Some(def), hashes.pick);
     }
     (TX, outcome)
 }
@@ -436,11 +510,18 @@ fn fragment<const TRACE: bool>(
         return (DROP, Counter::DropFragment);
     };
     let hash = flow_hash(pkt.family, &pkt.src, &pkt.dst, 0, pkt.proto);
-    let Some(def) = pick(cfg, &meta, pkt.family, &pkt.src, &pkt.dst, pkt.proto, hash) else {
+    let vhash = vip_hash(
+        cfg, &meta, pkt.family, &pkt.src, &pkt.dst, 0, pkt.proto, hash,
+    );
+    let Some(def) = pick(cfg, &meta, vhash) else {
         stats::vip(meta.vip_id as u32, pkt.frame_len);
         return (DROP, Counter::DropNoBackend);
     };
-    forward::<TRACE>(ctx, cfg, def, pkt, hash, Counter::FwdFragment)
+    let hashes = Hashes {
+        flow: hash,
+        pick: vhash,
+    };
+    forward::<TRACE>(ctx, cfg, def, pkt, hashes, Counter::FwdFragment)
 }
 
 /// ICMP or ICMPv6 to a VIP address: echo requests are answered, errors
@@ -491,7 +572,14 @@ fn icmp_error<const TRACE: bool>(
         && let Some(def) = backend_of(handle)
         && def.flags & BACKEND_F_USABLE != 0
     {
-        return forward::<TRACE>(ctx, cfg, def, pkt, hash, Counter::FwdIcmpError);
+        return forward::<TRACE>(
+            ctx,
+            cfg,
+            def,
+            pkt,
+            Hashes::same(hash),
+            Counter::FwdIcmpError,
+        );
     }
     let Some(meta) = find_vip(cfg, &q.vip, q.vip_port(), q.proto, pkt.family) else {
         return (PASS, Counter::PassIcmp);
@@ -503,13 +591,27 @@ fn icmp_error<const TRACE: bool>(
         && let Some(def) = backend_of(handle)
         && def.flags & BACKEND_F_USABLE != 0
     {
-        return forward::<TRACE>(ctx, cfg, def, pkt, hash, Counter::FwdIcmpError);
+        return forward::<TRACE>(
+            ctx,
+            cfg,
+            def,
+            pkt,
+            Hashes::same(hash),
+            Counter::FwdIcmpError,
+        );
     }
-    let Some(def) = pick(cfg, &meta, pkt.family, &q.client, &q.vip, q.proto, hash) else {
+    let vhash = vip_hash(
+        cfg, &meta, pkt.family, &q.client, &q.vip, q.ports, q.proto, hash,
+    );
+    let Some(def) = pick(cfg, &meta, vhash) else {
         stats::vip(meta.vip_id as u32, pkt.frame_len);
         return (DROP, Counter::DropNoBackend);
     };
-    forward::<TRACE>(ctx, cfg, def, pkt, hash, Counter::FwdIcmpError)
+    let hashes = Hashes {
+        flow: hash,
+        pick: vhash,
+    };
+    forward::<TRACE>(ctx, cfg, def, pkt, hashes, Counter::FwdIcmpError)
 }
 
 /// Is the VIP filter's bit for `{addr, port, proto}` set? `false` proves

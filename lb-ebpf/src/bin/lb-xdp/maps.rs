@@ -8,7 +8,7 @@ use aya_ebpf::{
 };
 use lb_common::{
     AltChunk, BackendDef, BfdConfig, BfdKey, BfdState, CounterValue, DatapathConfig, FlowBucket,
-    SynCounts, SynSlot, TableChunk, TraceFilter, VipFilter, VipKey, VipMeta,
+    HashKey, SynCounts, SynSlot, TableChunk, TraceFilter, VipFilter, VipKey, VipMeta,
     bfd::BFD_MAX_SESSIONS,
     consts::{SYN_SLOTS, TRACE_RING_BYTES},
     counters::COUNTER_SLOTS,
@@ -95,3 +95,7 @@ pub static LB_BFD_PEERS: HashMap<BfdKey, BfdConfig> =
 /// slot for a new session).
 #[map]
 pub static LB_BFD_STATE: Array<BfdState> = Array::with_max_entries(BFD_MAX_SESSIONS, 0);
+
+/// The tier's secret hash key (`CFG_F_HASH_KEY`).
+#[map]
+pub static LB_HASH_KEY: Array<HashKey> = Array::with_max_entries(1, 0);

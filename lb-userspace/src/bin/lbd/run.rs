@@ -416,7 +416,8 @@ async fn start_locked(
     let mut reconciler = Reconciler::adopt(dp)?;
     let resolved = resolve_gateway(config).await?;
     let gateway = GatewayWatch::start(config, resolved);
-    let settings = datapath_settings(config, resolved.1);
+    let mut settings = datapath_settings(config, resolved.1);
+    settings.hash_key = lb::daemon::reload::hash_key_of(config)?;
     reconciler.apply_settings(&settings)?;
     // A trace of an lbd that died mid-trace ends here.
     reconciler.set_trace(None)?;
