@@ -99,28 +99,28 @@ pub const fn select_fields(
     ports: u32,
     proto: u8,
 ) -> ([u32; 4], [u32; 4], u32, u8) {
-    let mut s = *src;
-    let mut d = *dst;
-    let mut p = ports;
-    if flags & VIP_F_HASH_SRC_V6_64 != 0 && family != FAMILY_V4 {
-        s[2] = 0;
-        s[3] = 0;
-    }
-    if flags & VIP_F_HASH_NO_DST != 0 {
-        d = [0; 4];
-    }
-    if flags & VIP_F_HASH_NO_SPORT != 0 {
-        p &= 0xffff_0000;
-    }
-    if flags & VIP_F_HASH_NO_DPORT != 0 {
-        p &= 0x0000_ffff;
-    }
-    let proto = if flags & VIP_F_HASH_NO_PROTO != 0 {
-        0
-    } else {
-        proto
-    };
-    (s, d, p, proto)
+    // Masks, not branches: the datapath inlines this at four sites, and
+    // every branch there is one more path for the verifier to walk.
+    let v6 = (family != FAMILY_V4) as u32;
+    let cut_src = mask(flags & VIP_F_HASH_SRC_V6_64 != 0) & 0u32.wrapping_sub(v6);
+    let keep_dst = !mask(flags & VIP_F_HASH_NO_DST != 0);
+    let keep_sport = !mask(flags & VIP_F_HASH_NO_SPORT != 0) | 0xffff_0000;
+    let keep_dport = !mask(flags & VIP_F_HASH_NO_DPORT != 0) | 0x0000_ffff;
+    let keep_proto = !mask(flags & VIP_F_HASH_NO_PROTO != 0) as u8;
+    let s = [src[0], src[1], src[2] & !cut_src, src[3] & !cut_src];
+    let d = [
+        dst[0] & keep_dst,
+        dst[1] & keep_dst,
+        dst[2] & keep_dst,
+        dst[3] & keep_dst,
+    ];
+    (s, d, ports & keep_sport & keep_dport, proto & keep_proto)
+}
+
+/// All ones if `on`, else zero.
+#[inline(always)]
+const fn mask(on: bool) -> u32 {
+    0u32.wrapping_sub(on as u32)
 }
 
 /// The hash fields of a VIP with `VipMeta` flags `meta_flags`: its own,

@@ -367,15 +367,22 @@ fn vip_hash(
     hash: u64,
 ) -> u64 {
     let fields = pick_fields(meta.flags);
-    if fields == 0 && cfg.flags & CFG_F_HASH_KEY == 0 {
+    let keyed = cfg.flags & CFG_F_HASH_KEY != 0;
+    if fields == 0 && !keyed {
         return hash;
     }
-    let key = if cfg.flags & CFG_F_HASH_KEY != 0 {
-        LB_HASH_KEY.get(0).map_or([0; 2], |k| k.k)
-    } else {
-        [0; 2]
-    };
-    pick_hash(&key, fields, family, src, dst, ports, proto)
+    // The key masked in, not branched on (fewer paths for the verifier).
+    let k = LB_HASH_KEY.get(0).map_or([0; 2], |k| k.k);
+    let on = 0u64.wrapping_sub(keyed as u64);
+    pick_hash(
+        &[k[0] & on, k[1] & on],
+        fields,
+        family,
+        src,
+        dst,
+        ports,
+        proto,
+    )
 }
 
 /// The backend of a new flow of the VIP `meta`: Maglev on `vhash`, its

@@ -15,9 +15,13 @@ use lb_ebpf::parse::Packet;
 use crate::maps::{LB_TRACE, LB_TRACE_EVENTS};
 
 /// Describes `pkt` (sent to `backend`, if any) if the
-/// active trace's filter matches it. Not inlined: the program carries one
-/// copy, called only while a trace is active, instead of one per call site.
-#[inline(never)]
+/// active trace's filter matches it. Inlined at each call site, though a
+/// single called copy would be smaller: older verifiers (6.1's among
+/// them) cannot track which values matter across a call between BPF functions,
+/// gives up by treating every value as exact, and then explores
+/// `lb_xdp_trace` past its million-instruction limit (measured on Debian
+/// 12's 6.1: refused with a call, accepted inlined).
+#[inline(always)]
 pub fn packet(pkt: &Packet, counter: u32, backend: Option<&BackendDef>, hash: u64) {
     let Some(filter) = LB_TRACE.get(0) else {
         return;
