@@ -3,8 +3,15 @@
 //! its `mod` declarations, leaving out what is compiled only for tests
 //! (`#[cfg(test)]` modules and `#[test]` functions), so that:
 //!
-//! - the module graph of each crate is drawn from `crate::`/`super::`
-//!   paths, and its cycles (strongly connected sets) are listed;
+//! - the module graph of each crate is drawn from the paths its code
+//!   names (`use` trees, paths in code, and paths written as strings in
+//!   attributes such as `#[serde(with = "crate::x::y")]`), at every level:
+//!   a reference from `a::b::c` to `a::d::e` is an edge between the
+//!   siblings `a::b` → `a::d`, one between top-level modules if they
+//!   differ at the top. Names re-exported with `use` are followed to the
+//!   module that defines them. Cycles (strongly connected sets) are
+//!   listed; a reference between a module and its own ancestor (a
+//!   parent's shared types, a child's items) is containment, not an edge;
 //! - every function's length is measured from `fn` to its closing brace.
 //!
 //! The suite holds both to the rules in ARCHITECTURE.md (no cycle, no
@@ -84,8 +91,15 @@ pub struct CrateShape {
     /// Runtime files and their line counts.
     pub files: Vec<(PathBuf, usize)>,
     pub functions: Vec<Function>,
-    /// Top-level module → the top-level modules it names.
+    /// Module (`a::b`) → the sibling modules it names (see the module
+    /// doc), at every level of the tree.
     pub edges: BTreeMap<String, BTreeSet<String>>,
+    /// Every module of the crate, by path (the root is empty).
+    modules: BTreeSet<Vec<String>>,
+    /// Each path a module names: (module, path as written).
+    refs: Vec<(Vec<String>, Vec<String>)>,
+    /// `use` bindings: (module, name) → path as written there.
+    uses: BTreeMap<(Vec<String>, String), Vec<String>>,
 }
 
 impl CrateShape {
@@ -103,8 +117,89 @@ pub fn walk_crate(workspace: &Path, root: &str) -> Result<CrateShape> {
     };
     let path = workspace.join(root);
     let dir = path.parent().context("crate root without a directory")?;
+    shape.modules.insert(Vec::new());
     walk_file(workspace, &path, dir, &[], &mut shape)?;
+    shape.draw_edges();
     Ok(shape)
+}
+
+impl CrateShape {
+    /// The module a path written in `module` lands in: `crate::`,
+    /// `super::`, `self::` or a child module's name, the longest prefix
+    /// that is a module, then through `use` re-exports (a bounded number
+    /// of hops). `None` for other crates' paths.
+    fn resolve(&self, module: &[String], path: &[String]) -> Option<Vec<String>> {
+        let mut abs = absolute(module, path, &self.modules)?;
+        for _ in 0..8 {
+            let m = (0..=abs.len())
+                .rev()
+                .map(|n| &abs[..n])
+                .find(|p| self.modules.contains(*p))?
+                .to_vec();
+            let Some(next) = abs.get(m.len()) else {
+                return Some(m);
+            };
+            let Some(target) = self.uses.get(&(m.clone(), next.clone())) else {
+                return Some(m);
+            };
+            let mut hop = absolute(&m, target, &self.modules)?;
+            hop.extend_from_slice(&abs[m.len() + 1..]);
+            if hop == abs {
+                return Some(m);
+            }
+            abs = hop;
+        }
+        None
+    }
+
+    /// Turns the references into sibling edges (see the module doc).
+    fn draw_edges(&mut self) {
+        let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (from, path) in &self.refs {
+            let Some(to) = self.resolve(from, path) else {
+                continue;
+            };
+            let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
+            if common == from.len() || common == to.len() {
+                continue; // an ancestor or a descendant: containment
+            }
+            edges
+                .entry(from[..=common].join("::"))
+                .or_default()
+                .insert(to[..=common].join("::"));
+        }
+        self.edges = edges;
+    }
+}
+
+/// `path` as written in `module`, from the crate root, if it names this
+/// crate (`crate::`, `super::`, `self::`, or a child module of `module`).
+fn absolute(
+    module: &[String],
+    path: &[String],
+    modules: &BTreeSet<Vec<String>>,
+) -> Option<Vec<String>> {
+    let first = path.first()?;
+    let mut abs = match first.as_str() {
+        "crate" => return Some(path[1..].to_vec()),
+        "self" => module.to_vec(),
+        "super" => {
+            let supers = path.iter().take_while(|s| *s == "super").count();
+            let mut abs = module.get(..module.len().checked_sub(supers)?)?.to_vec();
+            abs.extend_from_slice(&path[supers..]);
+            return Some(abs);
+        }
+        _ => {
+            let mut child = module.to_vec();
+            child.push(first.clone());
+            if !modules.contains(&child) {
+                return None;
+            }
+            return Some([module, path].concat());
+        }
+    };
+    abs.extend_from_slice(&path[1..]);
+    Some(abs)
 }
 
 fn walk_file(
@@ -162,6 +257,7 @@ impl Reader<'_> {
         let name = m.ident.to_string();
         let mut module = self.module.to_vec();
         module.push(name.clone());
+        self.shape.modules.insert(module.clone());
         let child_dir = dir.join(&name);
         match &m.content {
             Some((_, items)) => {
@@ -195,36 +291,32 @@ impl Reader<'_> {
         });
     }
 
-    /// `crate::x...` or `super::...`: the top-level module it names.
+    /// A path named in this module, resolved once the walk knows every
+    /// module ([`CrateShape::draw_edges`]).
     fn reference(&mut self, segments: &[String]) {
-        let Some(top) = self.module.first() else {
-            return; // the crate root names everything; it is no module
-        };
-        let target = match segments.first().map(String::as_str) {
-            Some("crate") => segments.get(1).cloned(),
-            Some("super") => {
-                let supers = segments.iter().take_while(|s| *s == "super").count();
-                let depth = self.module.len().checked_sub(supers);
-                match depth {
-                    Some(0) => segments.get(supers).cloned(),
-                    Some(_) => Some(top.clone()),
-                    None => None,
-                }
-            }
-            _ => None,
-        };
-        if let Some(target) = target
-            && target != *top
-            && target
-                .chars()
-                .next()
-                .is_some_and(|c| c.is_ascii_lowercase())
-        {
+        if !segments.is_empty() {
             self.shape
-                .edges
-                .entry(top.clone())
-                .or_default()
-                .insert(target);
+                .refs
+                .push((self.module.to_vec(), segments.to_vec()));
+        }
+    }
+
+    /// Paths written as strings in an attribute's arguments (`serde`'s
+    /// `with`, `default`, `deserialize_with`...): a dependency the
+    /// compiler follows and a reader of the code does not see.
+    fn attribute_paths(&mut self, a: &Attribute) {
+        let syn::Meta::List(list) = &a.meta else {
+            return;
+        };
+        let text = list.tokens.to_string();
+        for quoted in text.split('"').skip(1).step_by(2) {
+            if let Ok(path) = syn::parse_str::<syn::Path>(quoted)
+                && path.segments.len() > 1
+            {
+                let segments: Vec<String> =
+                    path.segments.iter().map(|s| s.ident.to_string()).collect();
+                self.reference(&segments);
+            }
         }
     }
 }
@@ -272,9 +364,19 @@ impl<'ast> Visit<'ast> for Reader<'_> {
     }
 
     fn visit_item_use(&mut self, u: &'ast ItemUse) {
-        for path in use_paths(&u.tree, Vec::new()) {
+        for (name, path) in use_paths(&u.tree, Vec::new()) {
+            if let Some(name) = name {
+                self.shape
+                    .uses
+                    .insert((self.module.to_vec(), name), path.clone());
+            }
             self.reference(&path);
         }
+    }
+
+    fn visit_attribute(&mut self, a: &'ast Attribute) {
+        self.attribute_paths(a);
+        visit::visit_attribute(self, a);
     }
 
     fn visit_path(&mut self, p: &'ast syn::Path) {
@@ -290,8 +392,9 @@ impl<'ast> Visit<'ast> for Reader<'_> {
     }
 }
 
-/// Every path a `use` tree names, as segments.
-fn use_paths(tree: &UseTree, prefix: Vec<String>) -> Vec<Vec<String>> {
+/// Every path a `use` tree names, as segments, with the name it binds
+/// there (none for a glob; `a::{self}` binds `a`).
+fn use_paths(tree: &UseTree, prefix: Vec<String>) -> Vec<(Option<String>, Vec<String>)> {
     let with = |s: String| {
         let mut p = prefix.clone();
         p.push(s);
@@ -299,9 +402,12 @@ fn use_paths(tree: &UseTree, prefix: Vec<String>) -> Vec<Vec<String>> {
     };
     match tree {
         UseTree::Path(p) => use_paths(&p.tree, with(p.ident.to_string())),
-        UseTree::Name(n) => vec![with(n.ident.to_string())],
-        UseTree::Rename(r) => vec![with(r.ident.to_string())],
-        UseTree::Glob(_) => vec![prefix],
+        UseTree::Name(n) if n.ident == "self" => {
+            vec![(prefix.last().cloned(), prefix.clone())]
+        }
+        UseTree::Name(n) => vec![(Some(n.ident.to_string()), with(n.ident.to_string()))],
+        UseTree::Rename(r) => vec![(Some(r.rename.to_string()), with(r.ident.to_string()))],
+        UseTree::Glob(_) => vec![(None, prefix)],
         UseTree::Group(g) => g
             .items
             .iter()
@@ -393,6 +499,114 @@ pub fn cycles(edges: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<String>> {
     t.found
 }
 
+/// The `## Code map` section of ARCHITECTURE.md as its bullets, each the
+/// set of names it writes in backticks (`a/{b,c}.rs` spelled out).
+pub fn code_map(architecture: &str) -> Vec<BTreeSet<String>> {
+    let start = architecture.find("\n## Code map").map_or(0, |s| s + 1);
+    let section = &architecture[start..];
+    let end = section[3..].find("\n## ").map_or(section.len(), |e| e + 3);
+    section[..end]
+        .split("\n- ")
+        .skip(1)
+        .map(|bullet| {
+            bullet
+                .split('`')
+                .skip(1)
+                .step_by(2)
+                .flat_map(expand_braces)
+                .collect()
+        })
+        .collect()
+}
+
+/// `a/{b,c}.rs` → `a/b.rs`, `a/c.rs` (one group).
+fn expand_braces(name: &str) -> Vec<String> {
+    match (name.find('{'), name.find('}')) {
+        (Some(open), Some(close)) if open < close => name[open + 1..close]
+            .split(',')
+            .map(|part| format!("{}{part}{}", &name[..open], &name[close + 1..]))
+            .collect(),
+        _ => vec![name.to_string()],
+    }
+}
+
+/// Whether the code map names `file` (a path from the workspace root):
+/// by its path; by a tail of it with a directory (`daemon/commit.rs`);
+/// by its name, or its path below the directory, in the entry of a
+/// directory holding it (`lb-ebpf/src/bin/lb-xdp/` … `maps.rs`), or in
+/// the entry of a file beside it; a directory's `mod.rs`, `main.rs` or
+/// `lib.rs` by the directory's entry. Unit tests inside `src/` (a
+/// `tests.rs`, or a file under a `tests/` directory there) belong to the
+/// module beside them.
+pub fn in_code_map(map: &[BTreeSet<String>], file: &str) -> bool {
+    if file.contains("/src/")
+        && (file.ends_with("/tests.rs")
+            || file
+                .split("/src/")
+                .nth(1)
+                .is_some_and(|r| r.contains("tests/")))
+    {
+        return true;
+    }
+    let (dir, base) = file.rsplit_once('/').map_or(("", file), |(d, b)| (d, b));
+    map.iter().any(|names| {
+        names.contains(file)
+            || names.iter().any(|name| {
+                let rest = name
+                    .ends_with('/')
+                    .then(|| file.strip_prefix(name.as_str()))
+                    .flatten();
+                (name.contains('/') && name.ends_with(".rs") && file.ends_with(&format!("/{name}")))
+                    || rest.is_some_and(|rest| {
+                        names.contains(rest)
+                            || names.contains(base)
+                            || ["mod.rs", "main.rs", "lib.rs"].contains(&rest)
+                            || names
+                                .iter()
+                                .any(|sub| sub.ends_with('/') && rest.starts_with(sub.as_str()))
+                    })
+                    || (name.ends_with(".rs")
+                        && name.rsplit_once('/').is_some_and(|(d, _)| d == dir)
+                        && names.contains(base))
+            })
+    })
+}
+
+/// The Rust files of the workspace at `ws` that git tracks, or that are
+/// new and not ignored, and exist.
+pub fn rust_files(ws: &Path) -> Result<Vec<String>> {
+    let out = std::process::Command::new("git")
+        .args([
+            "ls-files",
+            "--cached",
+            "--others",
+            "--exclude-standard",
+            "*.rs",
+        ])
+        .current_dir(ws)
+        .output()
+        .context("running git ls-files")?;
+    if !out.status.success() {
+        bail!("git ls-files failed in {}", ws.display());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|f| ws.join(f).exists())
+        .map(String::from)
+        .collect())
+}
+
+/// The files of [`rust_files`] that ARCHITECTURE.md's code map does not
+/// name.
+pub fn unmapped_files(ws: &Path) -> Result<Vec<String>> {
+    let text = std::fs::read_to_string(ws.join("ARCHITECTURE.md")).context("ARCHITECTURE.md")?;
+    let map = code_map(&text);
+    Ok(rust_files(ws)?
+        .into_iter()
+        .filter(|f| !in_code_map(&map, f))
+        .collect())
+}
+
 /// The workspace this xtask belongs to.
 pub fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -430,6 +644,15 @@ pub fn report(ws: Option<PathBuf>) -> Result<()> {
                 .filter(|f| f.lines > MAX_FN_LINES),
         );
         files.extend(shape.files);
+    }
+    let unmapped = unmapped_files(&ws)?;
+    println!(
+        "\nfiles ARCHITECTURE.md's code map does not name: {} of {}",
+        unmapped.len(),
+        rust_files(&ws)?.len()
+    );
+    for f in &unmapped {
+        println!("  {f}");
     }
     files.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     files.dedup();
@@ -539,16 +762,147 @@ mod tests {
             "use crate::{a::X, b};\n\
              use super::c::Y;\n\
              impl T {\n    fn m(&self) {\n        crate::d::f();\n    }\n}\n\
+             #[derive(Deserialize)]\nstruct S { #[serde(with = \"crate::g::h\")] s: u8 }\n\
              #[cfg(test)]\nmod tests { use crate::e; }\n\
              #[test]\nfn t() { crate::e::g(); }\n",
             &["top", "sub"],
         );
-        let named: Vec<&str> = shape.edges["top"].iter().map(String::as_str).collect();
-        // `super::c` from top::sub is top::c: inside the same top module.
-        assert_eq!(named, ["a", "b", "d"]);
+        let named: Vec<String> = shape.refs.iter().map(|(_, p)| p.join("::")).collect();
+        for want in [
+            "crate::a::X",
+            "crate::b",
+            "super::c::Y",
+            "crate::d::f",
+            "crate::g::h",
+        ] {
+            assert!(named.iter().any(|n| n == want), "{want} not in {named:?}");
+        }
+        assert!(
+            !named.iter().any(|n| n.starts_with("crate::e")),
+            "{named:?}"
+        );
+        assert_eq!(
+            shape.uses[&(vec!["top".into(), "sub".into()], "Y".to_string())],
+            ["super", "c", "Y"]
+        );
         assert_eq!(shape.functions.len(), 1, "{:?}", shape.functions);
         assert_eq!(shape.functions[0].name, "top::sub::T::m");
         assert_eq!((shape.functions[0].line, shape.functions[0].lines), (4, 3));
+    }
+
+    /// A crate written into a scratch directory, removed on drop.
+    struct Scratch(PathBuf);
+
+    impl Scratch {
+        fn new(files: &[(&str, &str)]) -> Self {
+            let dir = std::env::temp_dir().join(format!(
+                "lb-structure-{}-{:?}",
+                std::process::id(),
+                std::thread::current().id()
+            ));
+            let _ = std::fs::remove_dir_all(&dir);
+            for (name, text) in files {
+                let path = dir.join(name);
+                std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+                std::fs::write(path, text).unwrap();
+            }
+            Self(dir)
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// The sentinel: cycles the old check could not see (between two
+    /// files of one directory module; through a re-export; through a
+    /// path in a `serde` attribute) are caught, and the same crate
+    /// without them has none.
+    #[test]
+    fn planted_cycles_inside_a_module_and_in_attributes_are_caught() {
+        let lib = "mod config;\nmod passive;\n";
+        let config = "mod health;\nmod vip;\npub use vip::Vip;\n";
+        let health = "pub struct Check;\nfn f(_: crate::config::Vip) {}\n";
+        let vip_clean = "pub struct Vip;\n";
+        let vip_cycle = "pub struct Vip;\nuse super::health::Check;\n";
+        let passive = "pub fn secs() {}\nfn g() { crate::config::f(); }\n";
+        let config_attr = "mod health;\nmod vip;\npub use vip::Vip;\n\
+            pub fn f() {}\n\
+            struct S { #[serde(default = \"crate::passive::secs\")] s: u8 }\n";
+        let walk = |files: &[(&str, &str)]| {
+            let scratch = Scratch::new(files);
+            let shape = walk_crate(&scratch.0, "src/lib.rs").expect("scratch crate parses");
+            (shape.cycles(), shape.edges)
+        };
+        let (clean, edges) = walk(&[
+            ("src/lib.rs", lib),
+            ("src/config/mod.rs", config),
+            ("src/config/health.rs", health),
+            ("src/config/vip.rs", vip_clean),
+            ("src/passive.rs", "pub fn secs() {}\n"),
+        ]);
+        assert!(clean.is_empty(), "{clean:?}");
+        // health → vip through config's re-export.
+        assert!(edges["config::health"].contains("config::vip"), "{edges:?}");
+        let (inner, _) = walk(&[
+            ("src/lib.rs", lib),
+            ("src/config/mod.rs", config),
+            ("src/config/health.rs", health),
+            ("src/config/vip.rs", vip_cycle),
+            ("src/passive.rs", "pub fn secs() {}\n"),
+        ]);
+        assert_eq!(
+            inner,
+            vec![vec!["config::health".to_string(), "config::vip".into()]]
+        );
+        let (attr, _) = walk(&[
+            ("src/lib.rs", lib),
+            ("src/config/mod.rs", config_attr),
+            ("src/config/health.rs", health),
+            ("src/config/vip.rs", vip_clean),
+            ("src/passive.rs", passive),
+        ]);
+        assert_eq!(attr, vec![vec!["config".to_string(), "passive".into()]]);
+    }
+
+    /// Every Rust file of the workspace that git tracks (or that is new
+    /// and not ignored) is named in ARCHITECTURE.md's code map.
+    #[test]
+    fn every_source_file_is_in_the_code_map() {
+        let ws = workspace();
+        let text = std::fs::read_to_string(ws.join("ARCHITECTURE.md")).expect("ARCHITECTURE.md");
+        assert!(code_map(&text).len() > 40, "the code map was found");
+        let files = rust_files(&ws).expect("git lists the files");
+        assert!(files.len() > 150, "{} files", files.len());
+        let missing = unmapped_files(&ws).expect("the check runs");
+        assert!(
+            missing.is_empty(),
+            "ARCHITECTURE.md's code map does not name these files: {missing:#?}"
+        );
+    }
+
+    #[test]
+    fn the_code_map_check_catches_a_file_it_does_not_name() {
+        let map = code_map(
+            "# A\n\n## Code map\n\n- `a/src/{x,y}.rs` — two.\n- `a/src/d/` — `mod.rs`, `k.rs`; \
+             `sub/`.\n- `a/src/m.rs` — and `n.rs` beside it.\n\n## Next\n- `a/src/z.rs`\n",
+        );
+        for named in [
+            "a/src/x.rs",
+            "a/src/y.rs",
+            "a/src/d/mod.rs",
+            "a/src/d/k.rs",
+            "a/src/d/sub/q.rs",
+            "a/src/n.rs",
+            "a/src/d/tests.rs",
+        ] {
+            assert!(in_code_map(&map, named), "{named}");
+        }
+        for unnamed in ["a/src/z.rs", "a/src/d/j.rs", "a/src/e/k.rs", "b/src/x.rs"] {
+            assert!(!in_code_map(&map, unnamed), "{unnamed}");
+        }
     }
 
     #[test]

@@ -7,10 +7,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::{
-    duration,
-    vip::{Protocol, VipConfig},
-};
+use super::duration;
 
 /// An HTTP health check: `GET path` must answer with `status`.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -95,9 +92,17 @@ impl HealthCheck {
     }
 }
 
+/// What [`check_health`] needs of the VIP whose backends `h` probes.
+#[derive(Clone, Copy)]
+pub(crate) struct ProbedVip {
+    /// The VIP's port, 0 if it covers all ports.
+    pub port: u16,
+    pub tcp: bool,
+}
+
 pub(crate) fn check_health(
     h: &HealthCheck,
-    vip: &VipConfig,
+    vip: ProbedVip,
     at: &str,
     err: &mut impl FnMut(String, String),
 ) {
@@ -136,7 +141,7 @@ pub(crate) fn check_health(
     if h.expect.as_deref() == Some("") {
         err(format!("{at}.expect"), "must not be empty".into());
     }
-    if h.port.is_none() && vip.id.port == 0 {
+    if h.port.is_none() && vip.port == 0 {
         err(
             format!("{at}.port"),
             "the VIP covers all ports: say which port to probe".into(),
@@ -145,7 +150,7 @@ pub(crate) fn check_health(
     if h.port == Some(0) {
         err(format!("{at}.port"), "port 0 cannot be probed".into());
     }
-    if h.through_tunnel && vip.id.proto != Protocol::Tcp {
+    if h.through_tunnel && !vip.tcp {
         err(
             format!("{at}.through_tunnel"),
             "probes through the tunnel are TCP: the VIP must be TCP".into(),

@@ -22,6 +22,7 @@ pub mod error;
 pub mod hash;
 pub mod health;
 pub mod parse;
+pub mod passive;
 pub mod vip;
 pub mod vip_settings;
 

@@ -784,7 +784,7 @@ fn the_annotated_example_names_every_setting() {
     all.extend(fields_of::<BackendConfig>());
     all.extend(fields_of::<HealthCheck>());
     all.extend(fields_of::<HttpCheck>());
-    all.extend(fields_of::<crate::passive::PassiveHealth>());
+    all.extend(fields_of::<super::passive::PassiveHealth>());
     all.extend(fields_of::<super::announce::AnnounceConfig>());
     all.extend(fields_of::<super::announce::bgp::BgpConfig>());
     all.extend(fields_of::<super::announce::bgp::PeerConfig>());
@@ -986,7 +986,7 @@ fn every_vip_setting_of_the_file_has_an_lbctl_flag() {
     file.extend(nested("health_check.http", fields_of::<HttpCheck>()));
     file.extend(nested(
         "passive_health",
-        fields_of::<crate::passive::PassiveHealth>(),
+        fields_of::<super::passive::PassiveHealth>(),
     ));
     let flags: BTreeSet<String> = vip_settings::VIP_SETTINGS
         .iter()

@@ -22,7 +22,7 @@ use super::{
     datapath::{Sources, link_local, mapped_v4},
     duration,
     error::{ConfigError, excerpt, from_str_field},
-    health::{HealthCheck, check_health},
+    health::{HealthCheck, ProbedVip, check_health},
 };
 use crate::{
     dataplane::{
@@ -384,7 +384,7 @@ pub struct VipConfig {
     /// start). 0 announces it whenever the program is attached.
     pub min_healthy: u32,
     /// Ejecting backends whose clients' SYNs go unanswered.
-    pub passive_health: crate::passive::PassiveHealth,
+    pub passive_health: super::passive::PassiveHealth,
     /// The VIP's own Maglev table size M (a prime); `None`: the global
     /// `table_size`. Never derived from the backends: changing M moves
     /// every flow of the VIP to a new slot.
@@ -468,7 +468,7 @@ pub struct RawVip {
     #[serde(default = "default_min_healthy")]
     min_healthy: u32,
     #[serde(default)]
-    passive_health: crate::passive::PassiveHealth,
+    passive_health: super::passive::PassiveHealth,
     #[serde(default)]
     table_size: Option<u32>,
     #[serde(default)]
@@ -536,7 +536,7 @@ impl Serialize for VipConfig {
             slow_start: Duration,
             panic_threshold: u32,
             min_healthy: u32,
-            passive_health: &'a crate::passive::PassiveHealth,
+            passive_health: &'a super::passive::PassiveHealth,
             #[serde(skip_serializing_if = "Option::is_none")]
             table_size: Option<u32>,
             // Omitted when off, so that configurations written before it
@@ -811,13 +811,17 @@ impl VipRules<'_> {
         let mut err = |field: String, message: String| {
             self.errors.push(ConfigError { field, message });
         };
+        let probed = ProbedVip {
+            port: vip.id.port,
+            tcp: vip.id.proto == Protocol::Tcp,
+        };
         if let Some(h) = &vip.health_check {
-            check_health(h, vip, &format!("{at}.health_check"), &mut err);
+            check_health(h, probed, &format!("{at}.health_check"), &mut err);
         }
         for (j, b) in vip.backends.iter().enumerate() {
             if let Some(h) = &b.health_check {
                 let field = format!("{at}.backends[{j}].health_check");
-                check_health(h, vip, &field, &mut err);
+                check_health(h, probed, &field, &mut err);
             }
         }
     }

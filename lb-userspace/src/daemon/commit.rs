@@ -15,7 +15,10 @@ use std::{collections::BTreeSet, sync::Arc, time::SystemTime};
 
 use tracing::{error, info, warn};
 
-use super::{Daemon, Result, refused, reload::datapath_settings};
+use super::{
+    Daemon, Result, refused,
+    settings::{datapath_settings, fixed_setting_changed, hash_key_of, resolve_gateway},
+};
 use crate::{
     announce::policy::NodeState,
     api::{ChangeOptions, Committed},
@@ -258,7 +261,7 @@ impl<D: Dataplane> Daemon<D> {
     /// only a restart may change, the VIP rules, the blackhole guard.
     /// Returns the warnings.
     fn check(&self, target: &Target, force: Force, dry_run: bool) -> Result<Vec<String>> {
-        if let Some(what) = super::reload::fixed_setting_changed(&self.config, &target.config) {
+        if let Some(what) = fixed_setting_changed(&self.config, &target.config) {
             return Err(refused(format!(
                 "{what} changed: it is fixed when lbd starts (the maps are made with it), so a reload cannot change it; restart lbd to change it"
             )));
@@ -268,7 +271,7 @@ impl<D: Dataplane> Daemon<D> {
         if target.text != self.text {
             warnings.extend(target.config.warnings.iter().cloned());
         }
-        let key = super::reload::hash_key_of(&target.config)?;
+        let key = hash_key_of(&target.config)?;
         let remaps = self.remaps(&effective, key);
         if !remaps.is_empty() && !force.yes {
             return Err(refused(format!(
@@ -401,10 +404,10 @@ impl<D: Dataplane> Daemon<D> {
             let ip = self.gateway.as_ref().and_then(|g| g.gateway);
             (ip, self.settings.gateway_mac)
         } else {
-            super::reload::resolve_gateway(new).await?
+            resolve_gateway(new).await?
         };
         let mut settings = datapath_settings(new, resolved.1);
-        settings.hash_key = super::reload::hash_key_of(new)?;
+        settings.hash_key = hash_key_of(new)?;
         self.reconciler.apply_settings(&settings)?;
         let effective = target.effective();
         let old_overlay = std::mem::replace(&mut self.overlay, target.overlay.clone());

@@ -33,6 +33,7 @@ pub mod probes;
 pub mod reload;
 pub mod requests;
 pub mod second_chance;
+pub mod settings;
 pub mod trace;
 pub mod views;
 

@@ -56,7 +56,7 @@ impl<D: Dataplane> Daemon<D> {
         // A key that cannot be read refuses the change itself (check).
         let keys = (
             self.settings.hash_key.unwrap_or([0; 2]),
-            super::reload::hash_key_of(&target.config)
+            super::settings::hash_key_of(&target.config)
                 .ok()
                 .flatten()
                 .unwrap_or([0; 2]),

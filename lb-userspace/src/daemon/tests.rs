@@ -146,7 +146,7 @@ fn rig_in(dir: ScratchDir, text: &str, told: Told, announcers: Announcers) -> Ri
     let config = Config::parse(&text).expect("test config parses");
     let revisions = RevisionStore::open(&config.revisions_dir(), config.history).unwrap();
     let mut reconciler = Reconciler::adopt(FakeDataplane::new(config.layout)).unwrap();
-    let settings = reload::datapath_settings(&config, [2, 0, 0, 0, 0, 1]);
+    let settings = settings::datapath_settings(&config, [2, 0, 0, 0, 0, 1]);
     reconciler.apply_settings(&settings).unwrap();
     let spawned = Spawned::default();
     let record = spawned.clone();

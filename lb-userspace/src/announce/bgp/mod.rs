@@ -16,7 +16,6 @@
 
 mod session;
 mod sockopt;
-mod strict;
 pub mod wire;
 
 use std::{collections::BTreeSet, net::IpAddr, sync::Arc, time::Duration};

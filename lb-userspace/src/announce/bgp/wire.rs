@@ -53,6 +53,8 @@ use thiserror::Error;
 
 use crate::config::announce::bgp::{AS_TRANS, ShutdownAttributes};
 
+mod strict;
+
 /// The GRACEFUL_SHUTDOWN well-known community 65535:0 (RFC 8326).
 pub const GRACEFUL_SHUTDOWN: u32 = 0xffff_0000;
 
@@ -721,9 +723,9 @@ impl Decoder {
         let is_update = frame[18] == TYPE_UPDATE;
         if is_update {
             check_update_lengths(&frame[HEADER_LEN..])?;
-            super::strict::check_update(&frame[HEADER_LEN..])?;
+            strict::check_update(&frame[HEADER_LEN..])?;
         } else {
-            super::strict::check_open(&frame[HEADER_LEN..])?;
+            strict::check_open(&frame[HEADER_LEN..])?;
         }
         let parsed = BgpMessage::parse(&mut SliceReader::new(frame), &mut self.ctx);
         // Errors tolerated by the context pile up in it: drop them.

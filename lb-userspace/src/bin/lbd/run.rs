@@ -22,7 +22,7 @@ use lb::{
     config::{Config, ConfigErrors, Gateway, Mac, XdpModeSetting},
     daemon::{
         Announcers, Daemon, FileRead, Probes, SAMPLE_EVERY, Target,
-        reload::{datapath_settings, resolve_gateway},
+        settings::{datapath_settings, hash_key_of, resolve_gateway},
     },
     dataplane::kernel::KernelDataplane,
     net,
@@ -417,7 +417,7 @@ async fn start_locked(
     let resolved = resolve_gateway(config).await?;
     let gateway = GatewayWatch::start(config, resolved);
     let mut settings = datapath_settings(config, resolved.1);
-    settings.hash_key = lb::daemon::reload::hash_key_of(config)?;
+    settings.hash_key = hash_key_of(config)?;
     reconciler.apply_settings(&settings)?;
     // A trace of an lbd that died mid-trace ends here.
     reconciler.set_trace(None)?;

@@ -35,7 +35,7 @@ fn restart(r: Rig) -> Rig {
     drop(daemon);
     let revisions = RevisionStore::open(&config.revisions_dir(), config.history).unwrap();
     let mut reconciler = Reconciler::adopt(FakeDataplane::new(config.layout)).unwrap();
-    let settings = reload::datapath_settings(&config, [2, 0, 0, 0, 0, 1]);
+    let settings = settings::datapath_settings(&config, [2, 0, 0, 0, 0, 1]);
     reconciler.apply_settings(&settings).unwrap();
     let told = Told::default();
     let sink = told.clone();

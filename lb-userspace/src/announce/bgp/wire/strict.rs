@@ -14,9 +14,9 @@
 //!   2/0, OPEN Message Error, unspecific.
 //!
 //! Both run on a message whose framing and top-level lengths were
-//! checked (`wire::Decoder`); every offset here is bounded by the slice.
+//! checked (`super::Decoder`); every offset here is bounded by the slice.
 
-use super::wire::{Malformed, Notification, OPEN_MESSAGE_ERROR, UPDATE_MESSAGE_ERROR};
+use super::{Malformed, Notification, OPEN_MESSAGE_ERROR, UPDATE_MESSAGE_ERROR};
 
 const MP_REACH_NLRI: u8 = 14;
 const MP_UNREACH_NLRI: u8 = 15;

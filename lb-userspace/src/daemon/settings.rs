@@ -1,0 +1,107 @@
+//! What a configuration means for the datapath as a whole, apart from its
+//! VIPs: the global settings written into the datapath's config map (the
+//! tunnel sources, MTU, the tier's hash key read from its file, the
+//! gateway's MAC, resolved if `auto`), and the settings only a restart may
+//! change. Used by the start (`lbd`'s `run`) and by every commit.
+
+use std::net::IpAddr;
+
+use tracing::info;
+
+use super::{Result, refused};
+use crate::{
+    config::{Config, Gateway, TooBigPolicy},
+    reconcile::DatapathSettings,
+};
+
+/// The datapath's global settings for `config`, with `gateway_mac`.
+pub fn datapath_settings(config: &Config, gateway_mac: [u8; 6]) -> DatapathSettings {
+    let prefix_v4 = config.outer_source_v4_prefix;
+    let prefix_v6 = config.outer_source_v6_prefix;
+    DatapathSettings {
+        gateway_mac,
+        outer_source_v4: config
+            .outer_source_v4
+            .or(prefix_v4.and_then(|p| match p.addr {
+                IpAddr::V4(a) => Some(a),
+                IpAddr::V6(_) => None,
+            })),
+        outer_source_v6: config
+            .outer_source_v6
+            .or(prefix_v6.and_then(|p| match p.addr {
+                IpAddr::V6(a) => Some(a),
+                IpAddr::V4(_) => None,
+            })),
+        outer_source_v4_host_bits: prefix_v4.map_or(0, |p| p.host_bits()),
+        outer_source_v6_host_bits: prefix_v6.map_or(0, |p| p.host_bits()),
+        malformed: config.malformed,
+        mtu: config.mtu,
+        gue_port: config.gue_port,
+        icmp_echo: config.icmp_echo,
+        pass_too_big: config.too_big_no_df == TooBigPolicy::Pass,
+        hash_key: None,
+    }
+}
+
+/// The tier's hash key `config` names, read now (`None`: no key). A key
+/// file that cannot be used refuses the start or the change, naming it.
+pub fn hash_key_of(config: &Config) -> Result<Option<[u64; 2]>> {
+    config
+        .hash_key_file
+        .as_deref()
+        .map(|path| {
+            crate::config::hash::load_key(path).map_err(|e| refused(format!("hash_key_file: {e}")))
+        })
+        .transpose()
+}
+
+/// The gateway MAC of `config`: configured, or (`auto`) looked up now,
+/// with the gateway's address.
+pub async fn resolve_gateway(config: &Config) -> Result<(Option<IpAddr>, [u8; 6])> {
+    match config.gateway {
+        Gateway::Mac(mac) => Ok((None, mac.0)),
+        Gateway::Auto => {
+            let iface = &config.interfaces[0];
+            let (ip, mac) = crate::net::gateway_mac(iface)
+                .await
+                .map_err(|e| refused(format!("resolving gateway_mac: auto on {iface}: {e}")))?;
+            info!(gateway = %ip, mac = %mac, iface = %iface, "gateway resolved");
+            Ok((Some(ip), mac.0))
+        }
+    }
+}
+
+/// Settings that only a restart may change, and whether `new` changes one.
+pub(super) fn fixed_setting_changed(old: &Config, new: &Config) -> Option<&'static str> {
+    [
+        ("instance", new.instance != old.instance),
+        ("interfaces", new.interfaces != old.interfaces),
+        ("xdp_mode", new.xdp_mode != old.xdp_mode),
+        ("table_size", new.layout.table_size != old.layout.table_size),
+        (
+            "conntrack_buckets",
+            new.layout.ct_buckets != old.layout.ct_buckets,
+        ),
+        ("max_vips", new.layout.max_vips != old.layout.max_vips),
+        (
+            "max_backends",
+            new.layout.max_backends != old.layout.max_backends,
+        ),
+        (
+            "table_pool_mib",
+            new.layout.table_pool != old.layout.table_pool,
+        ),
+        (
+            "second_chance_vips",
+            new.layout.second_chance_vips != old.layout.second_chance_vips,
+        ),
+        ("bpffs", new.bpffs != old.bpffs),
+        ("api_socket", new.api_socket != old.api_socket),
+        ("state_file", new.state_file != old.state_file),
+        ("metrics", new.metrics != old.metrics),
+        ("log_format", new.log_format != old.log_format),
+    ]
+    .into_iter()
+    .find(|(_, changed)| *changed)
+    .map(|(what, _)| what)
+}
