@@ -369,6 +369,11 @@ fn changes_that_would_blackhole_a_serving_vip_are_refused_unless_forced() {
             Err(e) if e.to_string().contains("--force") => {}
             Err(e) => bail!("lbctl reload refused without naming --force: {e:#}"),
         }
+        // The same refusal for a script: its stable code, on stdout.
+        let refusal = lbd.lbctl_refusal(&["reload"])?;
+        if refusal["ok"] != false || refusal["code"] != "blackhole" {
+            bail!("lbctl -o json reload printed {refusal}");
+        }
         lbd.lbctl(&["reload", "--force"])?;
         if slots(&lbd)?.iter().any(|(_, n)| *n > 0) {
             bail!("the forced reload left slots in the table");

@@ -589,6 +589,28 @@ impl Lbd {
         serde_json::from_str(&text).with_context(|| format!("lbctl output: {text}"))
     }
 
+    /// `lbctl -o json ARGS...`, which must be refused by `lbd`: the
+    /// refusal it prints on stdout (`ok`, `code`, `error`), parsed.
+    pub fn lbctl_refusal(&self, args: &[&str]) -> Result<serde_json::Value> {
+        let out = Command::new(bin_path("lbctl")?)
+            .arg("--socket")
+            .arg(&self.socket)
+            .args(["-o", "json"])
+            .args(args)
+            .output()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        if out.status.success() {
+            bail!("lbctl {} was not refused: {text}", args.join(" "));
+        }
+        serde_json::from_str(&text).with_context(|| {
+            format!(
+                "lbctl {} printed no refusal: {text} {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
+    }
+
     /// `lbctl simulate` for a new client connection (a SYN from `CLIENT`
     /// port `sport`) to the TCP VIP, parsed.
     pub fn simulate_syn(&self, sport: u16) -> Result<serde_json::Value> {

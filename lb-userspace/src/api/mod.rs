@@ -90,6 +90,10 @@ pub struct Response {
     #[serde(default = "version_one")]
     pub api: u32,
     pub ok: bool,
+    /// Why it was refused, as a stable code (absent from daemons before
+    /// it was added, and from successful answers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<ErrorKind>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     #[serde(default)]
@@ -97,19 +101,30 @@ pub struct Response {
 }
 
 impl Response {
+    /// A successful answer carrying `data`; if `data` cannot be written
+    /// as JSON, a refusal that says so (never an empty success).
     pub fn ok(data: impl Serialize) -> Self {
-        Self {
-            api: API_VERSION,
-            ok: true,
-            error: None,
-            data: serde_json::to_value(data).unwrap_or(serde_json::Value::Null),
+        match serde_json::to_value(data) {
+            Ok(data) => Self {
+                api: API_VERSION,
+                ok: true,
+                code: None,
+                error: None,
+                data,
+            },
+            Err(e) => Self::err(
+                ErrorKind::Internal,
+                format!("lbd could not write its answer as JSON: {e}"),
+            ),
         }
     }
 
-    pub fn err(message: impl Into<String>) -> Self {
+    /// A refusal of kind `kind`, with the reason in words.
+    pub fn err(kind: ErrorKind, message: impl Into<String>) -> Self {
         Self {
             api: API_VERSION,
             ok: false,
+            code: Some(kind),
             error: Some(message.into()),
             data: serde_json::Value::Null,
         }
@@ -125,8 +140,13 @@ pub enum ClientError {
     Io(#[from] std::io::Error),
     #[error("bad answer from lbd")]
     Decode(#[from] serde_json::Error),
-    #[error("lbd: {0}")]
-    Daemon(String),
+    /// `lbd` refused the request: its code (none from an older `lbd`)
+    /// and its reason.
+    #[error("lbd: {message}")]
+    Daemon {
+        code: Option<ErrorKind>,
+        message: String,
+    },
 }
 
 impl ClientError {
@@ -172,9 +192,10 @@ pub fn call_with(
     if response.ok {
         Ok(response.data)
     } else {
-        Err(ClientError::Daemon(
-            response.error.unwrap_or_else(|| "unknown error".into()),
-        ))
+        Err(ClientError::Daemon {
+            code: response.code,
+            message: response.error.unwrap_or_else(|| "unknown error".into()),
+        })
     }
 }
 
@@ -184,6 +205,55 @@ mod tests {
 
     fn wire(r: Request) -> String {
         serde_json::to_string(&Envelope::new(r, ChangeOptions::default())).unwrap()
+    }
+
+    /// The codes as they travel, written out: a change here is an API
+    /// change. Every kind is listed, and `code()` agrees with serde.
+    #[test]
+    fn refusals_carry_a_stable_code() {
+        let written = [
+            "invalid_config",
+            "bad_request",
+            "not_found",
+            "exists",
+            "blackhole",
+            "needs_force",
+            "fixed_setting",
+            "conflict",
+            "capacity",
+            "unavailable",
+            "protocol",
+            "internal",
+        ];
+        assert_eq!(ErrorKind::ALL.len(), written.len());
+        for (kind, code) in ErrorKind::ALL.iter().zip(written) {
+            assert_eq!(kind.code(), code);
+            assert_eq!(serde_json::to_string(kind).unwrap(), format!("\"{code}\""));
+        }
+        let answer = Response::err(ErrorKind::Blackhole, "no usable backend");
+        let mut line = serde_json::to_string(&answer).unwrap();
+        line = line.replace(&format!("\"api\":{API_VERSION}"), "\"api\":N");
+        assert_eq!(
+            line,
+            r#"{"api":N,"ok":false,"code":"blackhole","error":"no usable backend","data":null}"#
+        );
+        // An answer from an lbd before codes reads as one without.
+        let old: Response =
+            serde_json::from_str(r#"{"api":2,"ok":false,"error":"x","data":null}"#).unwrap();
+        assert_eq!((old.code, old.error.as_deref()), (None, Some("x")));
+    }
+
+    /// An answer that cannot be written as JSON is a refusal that says
+    /// so, not a success with `null` data.
+    #[test]
+    fn an_answer_that_cannot_be_serialised_is_an_error_not_null() {
+        // JSON object keys must be strings: a map keyed by pairs fails.
+        let data = std::collections::BTreeMap::from([((1u8, 2u8), 3u8)]);
+        let answer = Response::ok(data);
+        assert!(!answer.ok);
+        assert_eq!(answer.code, Some(ErrorKind::Internal));
+        assert!(answer.error.unwrap().contains("JSON"));
+        assert!(Response::ok([1, 2]).ok);
     }
 
     #[test]

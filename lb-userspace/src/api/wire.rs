@@ -9,6 +9,92 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::VipId;
 
+/// Why `lbd` refused a request: a stable code on the wire (`"code"` of a
+/// refused answer, beside the message in words), for scripts and tests to
+/// branch on instead of the wording. A code is never renamed; new ones
+/// may be added, so a client treats an unknown code as `internal`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// The configuration (a file, or the settings a request gives) breaks
+    /// a rule; the message names every problem. The running one is kept.
+    InvalidConfig,
+    /// The request is malformed or contradicts itself (an option that
+    /// does not apply, addresses of two families, not a change).
+    BadRequest,
+    /// What the request names does not exist: a VIP, a backend, a
+    /// revision, a runtime change to clear.
+    NotFound,
+    /// The VIP or backend already exists.
+    Exists,
+    /// The change would leave a serving VIP without a usable backend
+    /// (the blackhole guard); `--force` does it anyway.
+    Blackhole,
+    /// The change moves established flows' future packets (a table size
+    /// or hash fields changed); `--force` does it anyway.
+    NeedsForce,
+    /// A setting fixed when `lbd` starts: restart `lbd` to change it.
+    FixedSetting,
+    /// The request conflicts with the daemon's state: a change awaits
+    /// confirmation, there is none to confirm, a revision cannot run.
+    Conflict,
+    /// The datapath's capacity (VIP ids, backend slots, table pool,
+    /// second-chance regions) is used up; the maps' sizes are fixed at
+    /// start.
+    Capacity,
+    /// `lbd` cannot do it now: it is shutting down, or something it needs
+    /// (the gateway) does not answer.
+    Unavailable,
+    /// The request did not reach the daemon as a request: too long, not
+    /// JSON, another API version, timed out.
+    Protocol,
+    /// Writing failed (revision store, state file, maps, announcers);
+    /// the message says what, and that nothing changed.
+    Internal,
+}
+
+impl ErrorKind {
+    /// The code as it travels (`blackhole`, `not_found`, ...).
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::InvalidConfig => "invalid_config",
+            Self::BadRequest => "bad_request",
+            Self::NotFound => "not_found",
+            Self::Exists => "exists",
+            Self::Blackhole => "blackhole",
+            Self::NeedsForce => "needs_force",
+            Self::FixedSetting => "fixed_setting",
+            Self::Conflict => "conflict",
+            Self::Capacity => "capacity",
+            Self::Unavailable => "unavailable",
+            Self::Protocol => "protocol",
+            Self::Internal => "internal",
+        }
+    }
+
+    /// Every kind, in the order above.
+    pub const ALL: [ErrorKind; 12] = [
+        Self::InvalidConfig,
+        Self::BadRequest,
+        Self::NotFound,
+        Self::Exists,
+        Self::Blackhole,
+        Self::NeedsForce,
+        Self::FixedSetting,
+        Self::Conflict,
+        Self::Capacity,
+        Self::Unavailable,
+        Self::Protocol,
+        Self::Internal,
+    ];
+}
+
+impl std::fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.code())
+    }
+}
+
 /// A backend's state (see `crate::lifecycle`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]

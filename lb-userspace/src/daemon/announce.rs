@@ -18,6 +18,7 @@ use std::{
 use tracing::{error, info, warn};
 
 use super::{Daemon, Result, refused};
+use crate::api::ErrorKind;
 use crate::{
     announce::{
         self, AnnounceError, Announcer, SessionState, StartContext,
@@ -258,7 +259,7 @@ impl<D: Dataplane> Daemon<D> {
     /// `lbctl node drain` / `undrain`.
     pub fn set_drained(&mut self, drained: bool) -> Result<NodeChange> {
         if self.announcers.node == NodeState::Stopping {
-            return Err(refused("lbd is shutting down"));
+            return Err(refused(ErrorKind::Unavailable, "lbd is shutting down"));
         }
         let want = if drained {
             NodeState::Drained

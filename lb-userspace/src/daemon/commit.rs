@@ -19,6 +19,7 @@ use super::{
     Daemon, Result, refused,
     settings::{datapath_settings, fixed_setting_changed, hash_key_of, resolve_gateway},
 };
+use crate::api::ErrorKind;
 use crate::{
     announce::policy::NodeState,
     api::{ChangeOptions, Committed},
@@ -146,10 +147,13 @@ impl<D: Dataplane> Daemon<D> {
             && kind == Kind::Change
             && options.confirm_within.is_none()
         {
-            return Err(refused(format!(
-                "revision {} awaits confirmation: `lbctl confirm` it, `lbctl revert` it, or make this change with --confirm-within too",
-                p.revision
-            )));
+            return Err(refused(
+                ErrorKind::Conflict,
+                format!(
+                    "revision {} awaits confirmation: `lbctl confirm` it, `lbctl revert` it, or make this change with --confirm-within too",
+                    p.revision
+                ),
+            ));
         }
         if self.is_running(&target) {
             return Ok(Committed {
@@ -262,9 +266,12 @@ impl<D: Dataplane> Daemon<D> {
     /// Returns the warnings.
     fn check(&self, target: &Target, force: Force, dry_run: bool) -> Result<Vec<String>> {
         if let Some(what) = fixed_setting_changed(&self.config, &target.config) {
-            return Err(refused(format!(
-                "{what} changed: it is fixed when lbd starts (the maps are made with it), so a reload cannot change it; restart lbd to change it"
-            )));
+            return Err(refused(
+                ErrorKind::FixedSetting,
+                format!(
+                    "{what} changed: it is fixed when lbd starts (the maps are made with it), so a reload cannot change it; restart lbd to change it"
+                ),
+            ));
         }
         let effective = target.effective();
         let mut warnings = target.config.check_vips(&effective)?;
@@ -274,11 +281,14 @@ impl<D: Dataplane> Daemon<D> {
         let key = hash_key_of(&target.config)?;
         let remaps = self.remaps(&effective, key);
         if !remaps.is_empty() && !force.yes {
-            return Err(refused(format!(
-                "refused, it changes a VIP's table size: {}; to do it anyway: `{}`",
-                remaps.join("; "),
-                force.how
-            )));
+            return Err(refused(
+                ErrorKind::NeedsForce,
+                format!(
+                    "refused, it sends flows to other backends (a table size or the hash fields change): {}; to do it anyway: `{}`",
+                    remaps.join("; "),
+                    force.how
+                ),
+            ));
         }
         let drained = target.overlay.drained_in(&effective);
         let mut forced = self.refuse_blackhole(&effective, &drained, force.yes, force.how)?;
@@ -300,16 +310,22 @@ impl<D: Dataplane> Daemon<D> {
         let number = self
             .revisions
             .next_number()
-            .map_err(|e| refused(format!("{e}; nothing changed")))?;
+            .map_err(|e| refused(ErrorKind::Internal, format!("{e}; nothing changed")))?;
         let revision = self.revision_of(number, source, Ok(target));
-        self.revisions
-            .append(&revision)
-            .map_err(|e| refused(format!("writing revision {number}: {e}; nothing changed")))?;
+        self.revisions.append(&revision).map_err(|e| {
+            refused(
+                ErrorKind::Internal,
+                format!("writing revision {number}: {e}; nothing changed"),
+            )
+        })?;
         if target.overlay != self.overlay
             && let Err(e) = target.overlay.save(&target.config.state_file)
         {
             self.revisions.remove(number);
-            return Err(refused(format!("{e}; nothing changed")));
+            return Err(refused(
+                ErrorKind::Internal,
+                format!("{e}; nothing changed"),
+            ));
         }
         if let Some(within) = &options.confirm_within {
             let saved = SavedProbation {
@@ -320,7 +336,10 @@ impl<D: Dataplane> Daemon<D> {
             };
             if let Err(e) = self.revisions.save_probation(Some(&saved)) {
                 self.unpersist(number);
-                return Err(refused(format!("{e}; nothing changed")));
+                return Err(refused(
+                    ErrorKind::Internal,
+                    format!("{e}; nothing changed"),
+                ));
             }
         }
         Ok(number)
@@ -576,20 +595,23 @@ impl<D: Dataplane> Daemon<D> {
 
     /// The configuration of revision `number`, ready to run again.
     pub fn target_of(&self, number: u64) -> Result<Target> {
-        let revision = self
-            .revisions
-            .get(number)
-            .map_err(|e| refused(e.to_string()))?;
+        let revision = self.revisions.get(number).map_err(super::revision_error)?;
         let (Some(text), Some(overlay)) = (revision.config, revision.overlay) else {
-            return Err(refused(format!(
-                "revision {number} was refused ({}); it cannot run",
-                revision.error.unwrap_or_default()
-            )));
+            return Err(refused(
+                ErrorKind::Conflict,
+                format!(
+                    "revision {number} was refused ({}); it cannot run",
+                    revision.error.unwrap_or_default()
+                ),
+            ));
         };
         let config = Config::parse(&text).map_err(|e| {
-            refused(format!(
-                "revision {number} no longer parses (was it made by another release?): {e}"
-            ))
+            refused(
+                ErrorKind::Conflict,
+                format!(
+                    "revision {number} no longer parses (was it made by another release?): {e}"
+                ),
+            )
         })?;
         Ok(Target {
             config,
@@ -621,7 +643,10 @@ impl<D: Dataplane> Daemon<D> {
     /// `lbctl confirm`: the change on probation stays.
     pub fn confirm(&mut self) -> Result<Committed> {
         let Some(p) = self.confirm.take() else {
-            return Err(refused("no change awaits confirmation"));
+            return Err(refused(
+                ErrorKind::Conflict,
+                "no change awaits confirmation",
+            ));
         };
         self.revert_due = None;
         self.save_probation();

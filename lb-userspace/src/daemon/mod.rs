@@ -50,7 +50,7 @@ use tracing::{error, info, warn};
 
 use crate::{
     announce::AnnounceError,
-    api,
+    api::{self, ErrorKind, Response},
     config::{Config, ConfigErrors, Mac, VipConfig, VipId},
     dataplane::{Dataplane, DataplaneError},
     health::ProbeResult,
@@ -83,15 +83,67 @@ pub enum DaemonError {
     Dataplane(#[from] DataplaneError),
     #[error(transparent)]
     Announce(#[from] AnnounceError),
-    /// A request refused, with the reason in words.
-    #[error("{0}")]
-    Refused(String),
+    /// A request refused: why, as a code, and in words.
+    #[error("{message}")]
+    Refused { kind: ErrorKind, message: String },
+}
+
+impl DaemonError {
+    /// The code a refusal carries on the wire.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Self::Config(_) => ErrorKind::InvalidConfig,
+            Self::Reconcile(e) => match e {
+                ReconcileError::VipIdsExhausted(_)
+                | ReconcileError::BackendsExhausted(_)
+                | ReconcileError::AlternatesExhausted(_)
+                | ReconcileError::TablePoolFull { .. } => ErrorKind::Capacity,
+                ReconcileError::Maglev { .. } | ReconcileError::AlternatesTableSize { .. } => {
+                    ErrorKind::InvalidConfig
+                }
+                ReconcileError::Dataplane(_)
+                | ReconcileError::NotProgrammed(_)
+                | ReconcileError::Region { .. } => ErrorKind::Internal,
+            },
+            Self::State(e) => match e {
+                StateError::NoSuchVip(_) | StateError::NoSuchBackend { .. } => ErrorKind::NotFound,
+                StateError::VipExists(_) | StateError::BackendExists { .. } => ErrorKind::Exists,
+                StateError::File { .. } => ErrorKind::Internal,
+            },
+            Self::Dataplane(_) => ErrorKind::Internal,
+            Self::Announce(e) => match e {
+                AnnounceError::Config(_) | AnnounceError::InvalidPrefix { .. } => {
+                    ErrorKind::InvalidConfig
+                }
+                _ => ErrorKind::Internal,
+            },
+            Self::Refused { kind, .. } => *kind,
+        }
+    }
+
+    /// The answer that carries this error.
+    pub fn response(&self) -> Response {
+        Response::err(self.kind(), self.to_string())
+    }
 }
 
 pub type Result<T, E = DaemonError> = std::result::Result<T, E>;
 
-fn refused(message: impl Into<String>) -> DaemonError {
-    DaemonError::Refused(message.into())
+/// A revision store's error as a refusal: a revision that does not
+/// exist is `not_found`, anything else the store's failure.
+fn revision_error(e: crate::revisions::RevisionError) -> DaemonError {
+    let kind = match e {
+        crate::revisions::RevisionError::Missing(_) => ErrorKind::NotFound,
+        _ => ErrorKind::Internal,
+    };
+    refused(kind, e.to_string())
+}
+
+fn refused(kind: ErrorKind, message: impl Into<String>) -> DaemonError {
+    DaemonError::Refused {
+        kind,
+        message: message.into(),
+    }
 }
 
 /// What `lbd` learned at start-up that the daemon reports.

@@ -21,6 +21,7 @@ use std::{
 use lb_common::FlowEntry;
 
 use super::{Daemon, Result, commit::Target, refused};
+use crate::api::ErrorKind;
 use crate::{
     api::{BackendWeight, ChangePreview, Reweight, SettingChange, VipChange, VipRemoved},
     config::{Config, VipConfig, VipId},
@@ -298,7 +299,8 @@ fn planned_table(plan: &Plan, id: &VipId, m: u32) -> Result<Vec<Option<IpAddr>>>
         .filter(|b| plan.usable.get(&(*id, b.address)).copied().unwrap_or(true))
         .map(|b| (b.address, b.weight))
         .collect();
-    let table = maglev_table(&members, m).map_err(|e| refused(format!("VIP {id}: {e}")))?;
+    let table = maglev_table(&members, m)
+        .map_err(|e| refused(ErrorKind::InvalidConfig, format!("VIP {id}: {e}")))?;
     Ok(match table {
         Some(slots) => slots.into_iter().map(Some).collect(),
         None => vec![None; m as usize],

@@ -11,11 +11,12 @@ use std::{
 use tracing::{error, info};
 
 use super::{
-    BackendKey, Daemon, DaemonError, Result,
+    BackendKey, Daemon, Result,
     commit::{Force, Kind, Target},
     refused,
     views::humantime,
 };
+use crate::api::ErrorKind;
 use crate::{
     api::{ChangeOptions, Committed},
     config::{Config, ConfigErrors, VipConfig},
@@ -147,7 +148,10 @@ impl<D: Dataplane> Daemon<D> {
                 error!("restarting the previous announcers failed: {again}");
             }
             self.announce();
-            return Err(refused(format!("starting the new announcers: {e}")));
+            return Err(refused(
+                ErrorKind::Internal,
+                format!("starting the new announcers: {e}"),
+            ));
         }
         Ok(())
     }
@@ -238,10 +242,13 @@ impl<D: Dataplane> Daemon<D> {
             return Ok(Vec::new());
         }
         if !force {
-            return Err(DaemonError::Refused(format!(
-                "refused, it would blackhole traffic: {}; fix it, or force it with `{how}`",
-                problems.join("; ")
-            )));
+            return Err(refused(
+                ErrorKind::Blackhole,
+                format!(
+                    "refused, it would blackhole traffic: {}; fix it, or force it with `{how}`",
+                    problems.join("; ")
+                ),
+            ));
         }
         Ok(problems)
     }

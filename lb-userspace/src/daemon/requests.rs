@@ -6,8 +6,9 @@
 use super::{
     Daemon, Result,
     commit::{Force, Kind, Target},
-    refused, views,
+    refused, revision_error, views,
 };
+use crate::api::ErrorKind;
 use crate::{
     api::{
         BackendRequest, ChangeOptions, Committed, NodeRequest, OverridesRequest, Request, Response,
@@ -25,12 +26,13 @@ impl<D: Dataplane> Daemon<D> {
             self.dispatch(request, &options).await
         } else {
             Err(refused(
+                ErrorKind::BadRequest,
                 "--dry-run and --confirm-within apply to changes (vip add|del, backend ..., reload, revert)",
             ))
         };
         match result {
             Ok(data) => Response::ok(data),
-            Err(e) => Response::err(e.to_string()),
+            Err(e) => e.response(),
         }
     }
 
@@ -40,23 +42,24 @@ impl<D: Dataplane> Daemon<D> {
         options: &ChangeOptions,
     ) -> Result<serde_json::Value> {
         match request {
-            Request::Vip(VipRequest::List) => Ok(json(self.vip_list())),
-            Request::Vip(r) => self.handle_vip(r, options).await.map(json),
-            Request::Backend(r) => self.handle_backend(r, options).await.map(json),
-            Request::Node(r) => self.handle_node(r).map(json),
+            Request::Vip(VipRequest::List) => json(self.vip_list()),
+            Request::Vip(r) => self.handle_vip(r, options).await.and_then(json),
+            Request::Backend(r) => self.handle_backend(r, options).await.and_then(json),
+            Request::Node(r) => self.handle_node(r).and_then(json),
             Request::Reload { .. } | Request::Diff { .. } => Err(refused(
+                ErrorKind::BadRequest,
                 "a reload is read from the file off the daemon's loop: send it through lbd's socket",
             )),
             Request::Revert { revision, force } => {
-                self.revert(revision, force, options).await.map(json)
+                self.revert(revision, force, options).await.and_then(json)
             }
-            Request::Confirm => self.confirm().map(json),
-            Request::TraceLease(r) => self.trace(r).map(json),
-            Request::History { last } => self.history(last).map(json),
-            Request::Status => Ok(json(self.status())),
-            Request::Health => Ok(json(self.health())),
-            Request::Stats => Ok(json(self.stats())),
-            Request::Table { vip, slots } => self.table(&vip, slots).map(json),
+            Request::Confirm => self.confirm().and_then(json),
+            Request::TraceLease(r) => self.trace(r).and_then(json),
+            Request::History { last } => self.history(last).and_then(json),
+            Request::Status => json(self.status()),
+            Request::Health => json(self.health()),
+            Request::Stats => json(self.stats()),
+            Request::Table { vip, slots } => self.table(&vip, slots).and_then(json),
             Request::Simulate {
                 src,
                 dst,
@@ -66,9 +69,9 @@ impl<D: Dataplane> Daemon<D> {
                 syn,
             } => self
                 .simulate(src, dst, protocol.number(), sport, dport, syn)
-                .map(json),
-            Request::Bgp => Ok(json(self.announce_status())),
-            Request::Overrides(OverridesRequest::List) => Ok(json(self.override_rows())),
+                .and_then(json),
+            Request::Bgp => json(self.announce_status()),
+            Request::Overrides(OverridesRequest::List) => json(self.override_rows()),
             Request::Overrides(OverridesRequest::Clear {
                 vip,
                 backend,
@@ -78,12 +81,15 @@ impl<D: Dataplane> Daemon<D> {
                 let result = self
                     .change(source, forced(force), options, |o, base| {
                         if o.clear(base, vip.as_ref(), backend) == 0 {
-                            return Err(refused(nothing_to_clear(o, vip, backend)));
+                            return Err(refused(
+                                ErrorKind::NotFound,
+                                nothing_to_clear(o, vip, backend),
+                            ));
                         }
                         Ok(())
                     })
                     .await;
-                result.map(json)
+                result.and_then(json)
             }
         }
     }
@@ -113,9 +119,10 @@ impl<D: Dataplane> Daemon<D> {
     async fn handle_vip(&mut self, r: VipRequest, options: &ChangeOptions) -> Result<Committed> {
         let source = format!("api: {}", describe(&Request::Vip(r.clone())));
         match r {
-            VipRequest::List => Err(refused("not a change")),
+            VipRequest::List => Err(refused(ErrorKind::BadRequest, "not a change")),
             VipRequest::Add(add) => {
-                let vip = views::vip_config(&add).map_err(refused)?;
+                let vip =
+                    views::vip_config(&add).map_err(|e| refused(ErrorKind::InvalidConfig, e))?;
                 let force = forced(false);
                 let unchecked = vip.health_check.is_none() && !vip.backends.is_empty();
                 let mut done = self
@@ -214,9 +221,9 @@ impl<D: Dataplane> Daemon<D> {
             None => self
                 .revisions
                 .latest_applied(Some(self.revision))
-                .map_err(|e| refused(e.to_string()))?
+                .map_err(revision_error)?
                 .map(|r| r.number)
-                .ok_or_else(|| refused("no earlier revision to revert to"))?,
+                .ok_or_else(|| refused(ErrorKind::NotFound, "no earlier revision to revert to"))?,
         };
         let target: Target = self.target_of(number)?;
         let force = Force {
@@ -238,7 +245,7 @@ impl<D: Dataplane> Daemon<D> {
         let listed = self
             .revisions
             .list(last.clamp(1, 10_000))
-            .map_err(|e| refused(e.to_string()))?;
+            .map_err(revision_error)?;
         Ok(listed
             .into_iter()
             .map(|r| match r {
@@ -350,6 +357,13 @@ pub fn describe(r: &Request) -> String {
     }
 }
 
-fn json(value: impl serde::Serialize) -> serde_json::Value {
-    serde_json::to_value(value).unwrap_or_default()
+/// An answer's data as JSON; one that cannot be written is refused, not
+/// sent as `null`.
+fn json(value: impl serde::Serialize) -> Result<serde_json::Value> {
+    serde_json::to_value(value).map_err(|e| {
+        refused(
+            ErrorKind::Internal,
+            format!("lbd could not write its answer as JSON: {e}"),
+        )
+    })
 }

@@ -9,6 +9,7 @@ use std::net::IpAddr;
 use tracing::info;
 
 use super::{Result, refused};
+use crate::api::ErrorKind;
 use crate::{
     config::{Config, Gateway, TooBigPolicy},
     reconcile::DatapathSettings,
@@ -50,7 +51,8 @@ pub fn hash_key_of(config: &Config) -> Result<Option<[u64; 2]>> {
         .hash_key_file
         .as_deref()
         .map(|path| {
-            crate::config::hash::load_key(path).map_err(|e| refused(format!("hash_key_file: {e}")))
+            crate::config::hash::load_key(path)
+                .map_err(|e| refused(ErrorKind::InvalidConfig, format!("hash_key_file: {e}")))
         })
         .transpose()
 }
@@ -62,9 +64,12 @@ pub async fn resolve_gateway(config: &Config) -> Result<(Option<IpAddr>, [u8; 6]
         Gateway::Mac(mac) => Ok((None, mac.0)),
         Gateway::Auto => {
             let iface = &config.interfaces[0];
-            let (ip, mac) = crate::net::gateway_mac(iface)
-                .await
-                .map_err(|e| refused(format!("resolving gateway_mac: auto on {iface}: {e}")))?;
+            let (ip, mac) = crate::net::gateway_mac(iface).await.map_err(|e| {
+                refused(
+                    ErrorKind::Unavailable,
+                    format!("resolving gateway_mac: auto on {iface}: {e}"),
+                )
+            })?;
             info!(gateway = %ip, mac = %mac, iface = %iface, "gateway resolved");
             Ok((Some(ip), mac.0))
         }

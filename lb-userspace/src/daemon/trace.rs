@@ -8,6 +8,7 @@ use std::time::Duration;
 use tracing::{info, warn};
 
 use super::{Daemon, Result, refused};
+use crate::api::ErrorKind;
 use crate::{
     api::{TraceLeased, TraceRequest},
     config::Prefix,
@@ -35,14 +36,15 @@ impl<D: Dataplane> Daemon<D> {
             } => {
                 let client: Option<Prefix> = client
                     .map(|c| {
-                        c.parse()
-                            .map_err(|e: String| refused(format!("--client: {e}")))
+                        c.parse().map_err(|e: String| {
+                            refused(ErrorKind::BadRequest, format!("--client: {e}"))
+                        })
                     })
                     .transpose()?;
                 if let Some(v) = &vip
                     && !self.reconciler.vips().contains_key(v)
                 {
-                    return Err(refused(format!("no VIP {v}")));
+                    return Err(refused(ErrorKind::NotFound, format!("no VIP {v}")));
                 }
                 let renewal = self.tracing.as_ref().is_some_and(|l| l.session == session);
                 if !renewal {

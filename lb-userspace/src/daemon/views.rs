@@ -12,6 +12,7 @@ use lb_common::{Counter, CounterValue, FlowKey, consts::BACKEND_INDEX_MASK, coun
 use tracing::warn;
 
 use super::{Daemon, Result, refused};
+use crate::api::ErrorKind;
 use crate::{
     api::{
         self, BackendHealth, BackendInfo, BackendStats, CounterInfo, ProbeInfo, Rate, Simulation,
@@ -297,7 +298,7 @@ impl<D: Dataplane> Daemon<D> {
             .reconciler
             .vips()
             .get(id)
-            .ok_or_else(|| refused(format!("no VIP {id}")))?;
+            .ok_or_else(|| refused(ErrorKind::NotFound, format!("no VIP {id}")))?;
         let mut slots: BTreeMap<u32, u32> = BTreeMap::new();
         for h in self.reconciler.live_table(id)?.unwrap_or_default() {
             *slots.entry(h).or_default() += 1;
@@ -356,7 +357,10 @@ impl<D: Dataplane> Daemon<D> {
         syn: bool,
     ) -> Result<Simulation> {
         if src.is_ipv4() != dst.is_ipv4() {
-            return Err(refused("source and destination must be of the same family"));
+            return Err(refused(
+                ErrorKind::BadRequest,
+                "source and destination must be of the same family",
+            ));
         }
         let flow = FlowKey::new(src, dst, proto, sport, dport);
         let Some(p) = self.reconciler.simulate(&flow, syn)? else {

@@ -67,7 +67,18 @@ fn main() {
     // SAFETY: restoring the default disposition of SIGPIPE before any
     // thread exists.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
-    if let Err(e) = run(Args::parse()) {
+    let args = Args::parse();
+    let json = args.output == Output::Json;
+    if let Err(e) = run(args) {
+        // With `-o json`, lbd's refusal also goes to stdout as JSON, its
+        // stable code beside the message, for scripts to branch on.
+        if json
+            && let Some(lb::api::ClientError::Daemon { code, message }) =
+                e.downcast_ref::<lb::api::ClientError>()
+        {
+            let refusal = serde_json::json!({ "ok": false, "code": code, "error": message });
+            println!("{refusal}");
+        }
         eprintln!("lbctl: {e:#}");
         std::process::exit(1);
     }

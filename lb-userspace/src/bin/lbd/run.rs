@@ -563,7 +563,7 @@ async fn apply_reload(daemon: &mut Daemon<KernelDataplane>, parsed: ParsedReload
             let _ = reply.send(Response::ok(committed));
         }
         (Some(reply), Err(e)) => {
-            let _ = reply.send(Response::err(e.to_string()));
+            let _ = reply.send(e.response());
         }
         (None, Err(e)) => error!("reload failed, keeping the running configuration: {e}"),
         (None, Ok(committed)) => {

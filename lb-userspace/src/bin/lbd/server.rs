@@ -5,7 +5,7 @@
 use std::{os::unix::fs::PermissionsExt as _, path::Path, time::Duration};
 
 use anyhow::{Context as _, Result};
-use lb::api::{Envelope, MAX_CONNECTIONS, MAX_REQUEST, Response};
+use lb::api::{Envelope, ErrorKind, MAX_CONNECTIONS, MAX_REQUEST, Response};
 use tokio::{
     io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _, BufReader},
     net::{UnixListener, UnixStream},
@@ -109,9 +109,10 @@ pub async fn serve(listener: UnixListener, calls: mpsc::Sender<Call>) {
 /// Answers a connection beyond [`MAX_CONNECTIONS`] with an error, without
 /// reading it.
 async fn refuse(mut stream: UnixStream) {
-    let response = Response::err(format!(
-        "lbd is serving {MAX_CONNECTIONS} connections already; try again"
-    ));
+    let response = Response::err(
+        ErrorKind::Unavailable,
+        format!("lbd is serving {MAX_CONNECTIONS} connections already; try again"),
+    );
     let _ = write_response(&mut stream, &response).await;
 }
 
@@ -120,7 +121,8 @@ async fn write_response(
     response: &Response,
 ) -> std::io::Result<()> {
     let mut out = serde_json::to_vec(response).unwrap_or_else(|e| {
-        format!(r#"{{"ok":false,"error":"encoding the answer: {e}"}}"#).into_bytes()
+        format!(r#"{{"ok":false,"code":"internal","error":"encoding the answer: {e}"}}"#)
+            .into_bytes()
     });
     out.push(b'\n');
     write.write_all(&out).await
@@ -136,23 +138,29 @@ async fn handle(stream: UnixStream, calls: mpsc::Sender<Call>, id: u64, waiting:
         w.remove(&id);
     }
     let response = match read {
-        Err(_) => Response::err("timed out waiting for the request"),
-        Ok(Err(e)) => Response::err(format!("reading the request: {e}")),
-        Ok(Ok(n)) if !line.ends_with('\n') && n >= MAX_REQUEST => Response::err(format!(
-            "request longer than {} KiB, the most lbd reads",
-            MAX_REQUEST >> 10
-        )),
-        Ok(Ok(_)) if !line.ends_with('\n') => Response::err("request not terminated by a newline"),
+        Err(_) => Response::err(ErrorKind::Protocol, "timed out waiting for the request"),
+        Ok(Err(e)) => Response::err(ErrorKind::Protocol, format!("reading the request: {e}")),
+        Ok(Ok(n)) if !line.ends_with('\n') && n >= MAX_REQUEST => Response::err(
+            ErrorKind::Protocol,
+            format!(
+                "request longer than {} KiB, the most lbd reads",
+                MAX_REQUEST >> 10
+            ),
+        ),
+        Ok(Ok(_)) if !line.ends_with('\n') => {
+            Response::err(ErrorKind::Protocol, "request not terminated by a newline")
+        }
         Ok(Ok(_)) => match Envelope::parse(&line) {
-            Err(e) => Response::err(e),
+            Err(e) => Response::err(ErrorKind::Protocol, e),
             Ok(envelope) => {
                 debug!(request = ?envelope.request, "api request");
                 let (tx, rx) = oneshot::channel();
                 if calls.send((envelope, tx)).await.is_err() {
-                    Response::err("lbd is shutting down")
+                    Response::err(ErrorKind::Unavailable, "lbd is shutting down")
                 } else {
-                    rx.await
-                        .unwrap_or_else(|_| Response::err("lbd dropped the request"))
+                    rx.await.unwrap_or_else(|_| {
+                        Response::err(ErrorKind::Internal, "lbd dropped the request")
+                    })
                 }
             }
         },

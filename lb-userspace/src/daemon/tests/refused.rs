@@ -53,7 +53,9 @@ async fn a_change_the_disk_cannot_hold_writes_nothing_to_the_maps() {
     // as on a full file system.
     let state = r.daemon.config.state_file.clone();
     std::fs::create_dir_all(&state).unwrap();
-    let e = r.refused(del_backend(WEB, "10.1.0.2", false)).await;
+    let e = r
+        .refused(ErrorKind::Internal, del_backend(WEB, "10.1.0.2", false))
+        .await;
     assert!(e.contains("nothing changed"), "{e}");
     assert_eq!(
         r.daemon.reconciler.dataplane().writes,
@@ -68,7 +70,9 @@ async fn a_change_the_disk_cannot_hold_writes_nothing_to_the_maps() {
     let dir = r.daemon.revisions.dir().to_path_buf();
     std::fs::remove_dir_all(&dir).unwrap();
     std::fs::write(&dir, "not a directory").unwrap();
-    let e = r.refused(del_backend(WEB, "10.1.0.2", false)).await;
+    let e = r
+        .refused(ErrorKind::Internal, del_backend(WEB, "10.1.0.2", false))
+        .await;
     assert!(e.contains("nothing changed"), "{e}");
     assert_eq!(
         r.daemon.reconciler.dataplane().writes,
