@@ -15,7 +15,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use serde::{Deserialize, Serialize};
 use tokio::{
     io::{AsyncReadExt as _, AsyncWriteExt as _},
     net::{TcpSocket, TcpStream},
@@ -33,7 +32,7 @@ const CLOSE_GRACE: Duration = Duration::from_millis(100);
 const MAX_REPLY: usize = 4096;
 
 /// The outcome of one probe.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProbeResult {
     pub ok: bool,
     /// From the start of the connect to the verdict, in microseconds.

@@ -369,7 +369,7 @@ fn hold_timer_expiry_when_the_speaker_freezes(kind: RouterKind) -> Result<()> {
         Ok(probe
             .status()?
             .iter()
-            .any(|p| p.peer == peer && p.state == SessionState::Established))
+            .any(|p| p.peer == peer && p.state == lb::api::SessionState::Established))
     };
     wait_for(
         "the probe's session Established",

@@ -232,7 +232,8 @@ impl Probe {
         Ok(())
     }
 
-    pub fn status(&mut self) -> Result<Vec<PeerStatus>> {
+    /// The peers' rows, as `lbctl bgp` would show them.
+    pub fn status(&mut self) -> Result<Vec<lb::api::PeerRow>> {
         let answer = self.request("status")?;
         serde_json::from_str(&answer).with_context(|| format!("probe status: {answer}"))
     }

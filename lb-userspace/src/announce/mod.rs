@@ -41,7 +41,6 @@ pub mod policy;
 use std::{collections::BTreeSet, fmt, net::IpAddr};
 
 use futures::future::BoxFuture;
-use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 pub use crate::config::announce::AnnounceConfig;
@@ -99,7 +98,7 @@ pub struct StartContext {
 /// The BGP finite state machine's states (RFC 4271 §8.2.2). Announcers
 /// without sessions use `Established` for "working", `Active` for "waiting
 /// to retry after a failure" and `Idle` for "stopped".
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SessionState {
     /// Not trying (stopped, or not started).
     Idle,
@@ -124,7 +123,7 @@ impl fmt::Display for SessionState {
 
 /// The state of one peer or target, for `lbctl bgp` (JSON over `lbd`'s
 /// API).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PeerStatus {
     /// `10.0.0.1:179` for a BGP peer, `exabgp` or `exec <command>`.
     pub peer: String,
@@ -150,32 +149,51 @@ pub struct PeerStatus {
     pub updates_received: u64,
     /// UPDATEs with malformed attributes, ignored as RFC 7606's
     /// treat-as-withdraw (BGP only).
-    #[serde(default)]
     pub updates_ignored: u64,
     /// The peer's BFD session, if configured (BGP only).
-    #[serde(default)]
     pub bfd: Option<crate::bfd::BfdStatus>,
     /// Graceful restart with this peer (BGP only).
-    #[serde(default)]
     pub graceful_restart: Option<GracefulRestartStatus>,
     /// The announcements carry the GRACEFUL_SHUTDOWN community now.
-    #[serde(default)]
     pub graceful_shutdown: bool,
     /// The addresses the peer has from us now (BGP: sent in a family the
     /// session negotiated, with a next hop, on a session the peer
     /// confirmed). `None`: the announcer cannot tell addresses apart (exec,
     /// ExaBGP: everything it was given, while it works).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub carried: Option<Vec<IpAddr>>,
     /// The address families the session negotiated (BGP): `ipv4`, `ipv6`.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub families: Vec<String>,
     /// Addresses wanted but not sent to this peer, and why.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub withheld: Vec<(IpAddr, String)>,
 }
 
 impl PeerStatus {
+    /// The row `lbctl bgp` shows: the API's own type, so that a change
+    /// here cannot change the wire.
+    pub fn row(self) -> crate::api::PeerRow {
+        crate::api::PeerRow {
+            peer: self.peer,
+            remote_as: self.remote_as,
+            state: session_wire(self.state),
+            uptime_secs: self.uptime_secs,
+            hold_time_secs: self.hold_time_secs,
+            prefixes_announced: self.prefixes_announced,
+            sessions_established: self.sessions_established,
+            last_error: self.last_error,
+            messages_sent: self.messages_sent,
+            messages_received: self.messages_received,
+            updates_sent: self.updates_sent,
+            updates_received: self.updates_received,
+            updates_ignored: self.updates_ignored,
+            bfd: self.bfd.map(bfd_row),
+            graceful_restart: self.graceful_restart.map(graceful_restart_row),
+            graceful_shutdown: self.graceful_shutdown,
+            carried: self.carried,
+            families: self.families,
+            withheld: self.withheld,
+        }
+    }
+
     /// Whether this peer has `addr` from us now, `wanted` being what the
     /// policy hands the announcers.
     pub fn carries(&self, addr: &IpAddr, wanted: &std::collections::BTreeSet<IpAddr>) -> bool {
@@ -188,7 +206,7 @@ impl PeerStatus {
 }
 
 /// Graceful restart (RFC 4724) in a peer's current or last session.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct GracefulRestartStatus {
     /// We sent the capability; the peer did (it keeps our routes while
     /// we restart).
@@ -358,6 +376,56 @@ pub fn start_with(
         started.push(Box::new(exec::ExecAnnouncer::start(exec.clone())?));
     }
     Ok(started)
+}
+
+fn session_wire(s: SessionState) -> crate::api::SessionState {
+    match s {
+        SessionState::Idle => crate::api::SessionState::Idle,
+        SessionState::Connect => crate::api::SessionState::Connect,
+        SessionState::Active => crate::api::SessionState::Active,
+        SessionState::OpenSent => crate::api::SessionState::OpenSent,
+        SessionState::OpenConfirm => crate::api::SessionState::OpenConfirm,
+        SessionState::Established => crate::api::SessionState::Established,
+    }
+}
+
+/// The wire row of a BFD session's status.
+fn bfd_row(s: crate::bfd::BfdStatus) -> crate::api::BfdRow {
+    crate::api::BfdRow {
+        state: s.state,
+        up: s.up,
+        diag: s.diag,
+        remote_state: s.remote_state,
+        remote_diag: s.remote_diag,
+        since_secs: s.since_secs,
+        local: s.local,
+        local_disc: s.local_disc,
+        remote_disc: s.remote_disc,
+        detect_ms: s.detect_ms,
+        tx_interval_ms: s.tx_interval_ms,
+        remote_control_independent: s.remote_control_independent,
+        received: s.received,
+        replied: s.replied,
+        invalid: s.invalid,
+        too_soon: s.too_soon,
+        ups: s.ups,
+        error: s.error,
+    }
+}
+
+/// The wire row of a session's graceful-restart status.
+fn graceful_restart_row(
+    s: crate::announce::GracefulRestartStatus,
+) -> crate::api::GracefulRestartRow {
+    crate::api::GracefulRestartRow {
+        offered: s.offered,
+        peer_supports: s.peer_supports,
+        restart_time_secs: s.restart_time_secs,
+        restarting: s.restarting,
+        forwarding: s.forwarding,
+        deferring: s.deferring,
+        end_of_rib_sent: s.end_of_rib_sent,
+    }
 }
 
 #[cfg(test)]

@@ -24,8 +24,6 @@ use std::{
     net::IpAddr,
 };
 
-use serde::{Deserialize, Serialize};
-
 use crate::config::VipId;
 
 /// What the policy needs of one VIP.
@@ -42,8 +40,7 @@ pub struct VipCounts {
 }
 
 /// What the node as a whole is doing.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NodeState {
     /// Announcing what the backends' health allows.
     Serving,
@@ -64,7 +61,7 @@ impl fmt::Display for NodeState {
 }
 
 /// One VIP's verdict, for `lbctl bgp`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VipVerdict {
     pub vip: VipId,
     /// Backends in the table now (active or slow start, weight > 0).

@@ -194,10 +194,10 @@ pub struct PeerRow {
     pub updates_ignored: u64,
     /// The peer's BFD session (BGP peers with `bfd`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bfd: Option<crate::bfd::BfdStatus>,
+    pub bfd: Option<BfdRow>,
     /// Graceful restart in the current or last session (BGP).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub graceful_restart: Option<crate::announce::GracefulRestartStatus>,
+    pub graceful_restart: Option<GracefulRestartRow>,
     /// The routes carry the GRACEFUL_SHUTDOWN community now.
     #[serde(default)]
     pub graceful_shutdown: bool,
@@ -211,6 +211,61 @@ pub struct PeerRow {
     /// Addresses wanted but not sent to this peer, and why.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub withheld: Vec<(IpAddr, String)>,
+}
+
+/// A BGP session's BFD session, as `lbctl bgp` shows it (the wire twin of
+/// `crate::bfd::BfdStatus`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BfdRow {
+    /// `Up`, `Down`, `Init`, `AdminDown` (RFC 5880), with the Detection
+    /// Time applied.
+    pub state: String,
+    pub up: bool,
+    /// Our diagnostic (why it last went down).
+    pub diag: String,
+    /// The state and diagnostic of the peer's last packet.
+    pub remote_state: String,
+    pub remote_diag: String,
+    /// Seconds since `lbd` saw the state change (`None`: not since it
+    /// started).
+    pub since_secs: Option<u64>,
+    /// The address the peer must send to (and we answer from).
+    pub local: Option<IpAddr>,
+    pub local_disc: u32,
+    pub remote_disc: u32,
+    /// Our Detection Time for the peer, and the Desired Min TX of our
+    /// last reply, in milliseconds.
+    pub detect_ms: u64,
+    pub tx_interval_ms: u64,
+    /// The peer says its BFD does not share fate with its control plane.
+    pub remote_control_independent: bool,
+    /// Packets received, replies sent, packets discarded (failed checks),
+    /// packets not answered (too soon), transitions to Up.
+    pub received: u64,
+    pub replied: u64,
+    pub invalid: u64,
+    pub too_soon: u64,
+    pub ups: u64,
+    /// Why the session cannot run (no local address, a map error).
+    pub error: Option<String>,
+}
+
+/// Graceful restart (RFC 4724) in a peer's current or last session (the
+/// wire twin of `crate::announce::GracefulRestartStatus`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GracefulRestartRow {
+    /// We sent the capability; the peer did (it keeps our routes while
+    /// we restart).
+    pub offered: bool,
+    pub peer_supports: bool,
+    pub restart_time_secs: u16,
+    /// Our OPEN said Restart State (`lbd` restarted) and Forwarding State.
+    pub restarting: bool,
+    pub forwarding: bool,
+    /// Holding the routes and End-of-RIB back until the backends' first
+    /// probe verdicts (after a restart).
+    pub deferring: bool,
+    pub end_of_rib_sent: bool,
 }
 
 /// One VIP's announcement verdict, for `lbctl bgp`.

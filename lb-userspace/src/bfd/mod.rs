@@ -34,7 +34,6 @@ use lb_common::{
         state_name,
     },
 };
-use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use tokio::{sync::watch, task::JoinHandle};
 use tracing::{info, warn};
@@ -69,7 +68,7 @@ pub struct BfdPeer {
 }
 
 /// A session's state, for `lbctl bgp` and metrics.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct BfdStatus {
     /// `Up`, `Down`, `Init`, `AdminDown` (RFC 5880), with the Detection
     /// Time applied.

@@ -353,27 +353,7 @@ impl<D: Dataplane> Daemon<D> {
             peers: rows
                 .iter()
                 .cloned()
-                .map(|p| api::PeerRow {
-                    peer: p.peer,
-                    remote_as: p.remote_as,
-                    state: session_wire(p.state),
-                    uptime_secs: p.uptime_secs,
-                    hold_time_secs: p.hold_time_secs,
-                    prefixes_announced: p.prefixes_announced,
-                    sessions_established: p.sessions_established,
-                    last_error: p.last_error,
-                    messages_sent: p.messages_sent,
-                    messages_received: p.messages_received,
-                    updates_sent: p.updates_sent,
-                    updates_received: p.updates_received,
-                    updates_ignored: p.updates_ignored,
-                    bfd: p.bfd,
-                    graceful_restart: p.graceful_restart,
-                    graceful_shutdown: p.graceful_shutdown,
-                    carried: p.carried,
-                    families: p.families,
-                    withheld: p.withheld,
-                })
+                .map(crate::announce::PeerStatus::row)
                 .collect(),
             vips: a
                 .decision
@@ -510,16 +490,5 @@ pub(super) fn node_wire(n: NodeState) -> api::NodeState {
         NodeState::Serving => api::NodeState::Serving,
         NodeState::Drained => api::NodeState::Drained,
         NodeState::Stopping => api::NodeState::Stopping,
-    }
-}
-
-fn session_wire(s: SessionState) -> api::SessionState {
-    match s {
-        SessionState::Idle => api::SessionState::Idle,
-        SessionState::Connect => api::SessionState::Connect,
-        SessionState::Active => api::SessionState::Active,
-        SessionState::OpenSent => api::SessionState::OpenSent,
-        SessionState::OpenConfirm => api::SessionState::OpenConfirm,
-        SessionState::Established => api::SessionState::Established,
     }
 }

@@ -160,41 +160,41 @@ pub struct Startup {
 /// The daemon's state: the running configuration and what the dataplane,
 /// the probes and the announcers hold.
 pub struct Daemon<D: Dataplane> {
-    pub config_path: PathBuf,
-    pub config: Config,
-    pub overlay: Overlay,
-    pub reconciler: Reconciler<D>,
-    pub settings: DatapathSettings,
-    pub startup: Startup,
-    pub started: Instant,
-    pub last_reload: Option<String>,
-    pub lifecycle: Lifecycle,
+    config_path: PathBuf,
+    config: Config,
+    overlay: Overlay,
+    reconciler: Reconciler<D>,
+    settings: DatapathSettings,
+    startup: Startup,
+    started: Instant,
+    last_reload: Option<String>,
+    lifecycle: Lifecycle,
     /// The last plan changes with time (slow start, drain timers).
-    pub pending: bool,
-    pub probes: Probes,
-    pub announcers: Announcers,
+    pending: bool,
+    probes: Probes,
+    announcers: Announcers,
     /// `gateway_mac: auto`: what the gateway watcher last said.
-    pub gateway: Option<GatewayState>,
+    gateway: Option<GatewayState>,
     /// The configuration file's text that runs.
-    pub text: Arc<str>,
+    text: Arc<str>,
     /// The digest of the configuration file as last read from disk (it
     /// differs from `text`'s after a revert).
-    pub file_digest: String,
-    pub revisions: RevisionStore,
+    file_digest: String,
+    revisions: RevisionStore,
     /// The running revision and where it came from.
-    pub revision: u64,
-    pub revision_source: String,
+    revision: u64,
+    revision_source: String,
     /// A change on probation (`--confirm-within`).
-    pub confirm: Option<Pending>,
+    confirm: Option<Pending>,
     /// Automatic reverts since start.
-    pub auto_reverts: u64,
+    auto_reverts: u64,
     /// Why an automatic revert is due ([`Daemon::settle`] runs it).
     revert_due: Option<String>,
     /// A change of the gateway settings: `lbd` restarts its watcher from
     /// this gateway and MAC.
-    pub regateway: Option<(Option<IpAddr>, [u8; 6])>,
+    regateway: Option<(Option<IpAddr>, [u8; 6])>,
     /// What `metrics:` exports (kept whether or not it is served).
-    pub metrics: std::sync::Arc<crate::metrics::Metrics>,
+    metrics: std::sync::Arc<crate::metrics::Metrics>,
     /// The running configuration's digest, until a change applies (the
     /// metrics ask for it every second).
     running_digest: Option<String>,
@@ -206,13 +206,67 @@ pub struct Daemon<D: Dataplane> {
     ticks_since_scan: u32,
     metrics_conntrack: Option<(u64, u64)>,
     /// `lbctl trace`'s lease, while one runs.
-    pub tracing: Option<trace::Lease>,
+    tracing: Option<trace::Lease>,
     samples: views::Samples,
     /// Second chance: each VIP's previous backends, from the revisions.
     alt_history: second_chance::History,
     /// Backends the last `lbd` found down: they start down (see
     /// [`Daemon::seed_verdicts`]).
     seeded_down: BTreeSet<BackendKey>,
+}
+
+/// What `lbd`'s start-up and event loop read and set on the daemon; every
+/// other field is the daemon's own.
+impl<D: Dataplane> Daemon<D> {
+    /// The running configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The configuration file a reload reads.
+    pub fn config_path(&self) -> &std::path::Path {
+        &self.config_path
+    }
+
+    /// The datapath, to attach the program and read its maps at start.
+    pub fn dataplane_mut(&mut self) -> &mut D {
+        self.reconciler.dataplane_mut()
+    }
+
+    /// The metrics registry the `/metrics` endpoint serves.
+    pub fn metrics(&self) -> Arc<crate::metrics::Metrics> {
+        self.metrics.clone()
+    }
+
+    /// Records what the start found: the maps adopted from a previous
+    /// `lbd`, the digest of the file as read, the gateway's state.
+    pub fn started_with(
+        &mut self,
+        maps_adopted: bool,
+        file_digest: String,
+        gateway: Option<GatewayState>,
+    ) {
+        self.startup.maps_adopted = maps_adopted;
+        self.file_digest = file_digest;
+        self.gateway = gateway;
+    }
+
+    /// Records that the program is attached to `interfaces` (announcing
+    /// is allowed from now on).
+    pub fn attached(&mut self, interfaces: Vec<api::InterfaceInfo>) {
+        self.startup.interfaces = interfaces;
+        self.startup.attached = true;
+    }
+
+    /// A gateway to resolve again that a committed change asked for.
+    pub fn take_regateway(&mut self) -> Option<(Option<IpAddr>, [u8; 6])> {
+        self.regateway.take()
+    }
+
+    /// Stops every prober (the stop).
+    pub fn stop_probes(&mut self) {
+        self.probes.stop();
+    }
 }
 
 impl<D: Dataplane> Daemon<D> {

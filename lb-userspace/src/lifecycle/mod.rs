@@ -31,8 +31,6 @@ use std::{
     time::{Duration, Instant},
 };
 
-use serde::{Deserialize, Serialize};
-
 mod flaps;
 mod passive;
 
@@ -49,8 +47,7 @@ pub use self::flaps::Flaps;
 /// fine steps while shares stay those of the configured weights.
 pub const WEIGHT_SCALE: u32 = 100;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BackendState {
     Active,
     SlowStart,

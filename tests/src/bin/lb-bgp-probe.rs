@@ -13,7 +13,7 @@ use std::{collections::BTreeSet, net::IpAddr};
 
 use anyhow::{Context as _, Result};
 use lb::announce::{
-    Announcer as _,
+    Announcer as _, PeerStatus,
     bgp::{BgpConfig, BgpSpeaker},
 };
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
@@ -61,7 +61,10 @@ async fn run(config: BgpConfig) -> Result<()> {
                 .collect::<Result<BTreeSet<IpAddr>>>()
                 .and_then(|set| Ok(speaker.set_announced(&set)?))
                 .map(|()| "ok".to_string()),
-            Some("status") => Ok(serde_json::to_string(&speaker.status())?),
+            Some("status") => {
+                let rows: Vec<_> = speaker.status().into_iter().map(PeerStatus::row).collect();
+                Ok(serde_json::to_string(&rows)?)
+            }
             Some("shutdown") => {
                 let result = speaker.shutdown().await;
                 let answer = match result {

@@ -261,26 +261,26 @@ fn reverted_revision(
 /// Attaches the program (and the probe tunnel) to every configured
 /// interface.
 fn attach(daemon: &mut Daemon<KernelDataplane>) -> Result<()> {
-    let config = &daemon.config;
-    let pin_dir = config.pin_dir();
+    let config = daemon.config();
+    let (pin_dir, mode) = (config.pin_dir(), config.xdp_mode);
     let mut interfaces = Vec::new();
-    for iface in &config.interfaces {
-        let dp = daemon.reconciler.dataplane_mut();
+    for iface in config.interfaces.clone() {
+        let iface = &iface;
+        let dp = daemon.dataplane_mut();
         let adopted = dp
-            .attach(iface, xdp_mode(config.xdp_mode), &pin_dir)
+            .attach(iface, xdp_mode(mode), &pin_dir)
             .with_context(|| format!("attaching XDP to {iface}"))?;
-        info!(iface = %iface, mode = mode_name(config.xdp_mode), adopted, "XDP attached");
+        info!(iface = %iface, mode = mode_name(mode), adopted, "XDP attached");
         interfaces.push(InterfaceInfo {
             name: iface.clone(),
-            mode: mode_name(config.xdp_mode).into(),
+            mode: mode_name(mode).into(),
             adopted,
         });
         // Health probes through the tunnel leave by this interface.
         dp.attach_probe_encap(iface)
             .with_context(|| format!("attaching the probe tunnel program to {iface}"))?;
     }
-    daemon.startup.interfaces = interfaces;
-    daemon.startup.attached = true;
+    daemon.attached(interfaces);
     Ok(())
 }
 
@@ -300,19 +300,19 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
         probes,
         _lock,
     } = start(config_path).await?;
-    let listener = server::bind(&daemon.config.api_socket)?;
-    let socket = daemon.config.api_socket.clone();
+    let listener = server::bind(&daemon.config().api_socket)?;
+    let socket = daemon.config().api_socket.clone();
     let (tx, calls) = mpsc::channel::<Call>(64);
     tokio::spawn(server::serve(listener, tx));
-    if let Some(m) = &daemon.config.metrics {
+    if let Some(m) = &daemon.config().metrics {
         let listener = lb::metrics::bind(m.listen)
             .await
             .with_context(|| format!("metrics: listening on {}", m.listen))?;
         info!(listen = %m.listen, "serving Prometheus metrics at /metrics");
-        tokio::spawn(lb::metrics::serve(listener, daemon.metrics.clone()));
+        tokio::spawn(lb::metrics::serve(listener, daemon.metrics()));
     }
-    info!(socket = %socket.display(), instance = %daemon.config.instance, "lbd ready");
-    crate::notify::ready(&format!("serving instance {}", daemon.config.instance));
+    info!(socket = %socket.display(), instance = %daemon.config().instance, "lbd ready");
+    crate::notify::ready(&format!("serving instance {}", daemon.config().instance));
     daemon.sample();
     let result = serve(&mut daemon, &mut gateway, probes, calls).await;
     let _ = std::fs::remove_file(&socket);
@@ -432,11 +432,11 @@ async fn start_locked(
         Announcers::real_with(pin_dir.clone(), maps_adopted),
         revisions,
     );
-    daemon.file_digest = file.digest;
-    daemon.startup.maps_adopted = maps_adopted;
-    if let Some(g) = &gateway {
-        daemon.gateway = Some(g.state.borrow().clone());
-    }
+    daemon.started_with(
+        maps_adopted,
+        file.digest,
+        gateway.as_ref().map(|g| g.state.borrow().clone()),
+    );
     daemon.seed_verdicts();
     // Maps first, attachment second: the first packet sees the full state.
     let effective = daemon.effective();
@@ -478,7 +478,7 @@ async fn serve(
             _ = hup.recv() => {
                 info!("SIGHUP: reloading");
                 let options = ChangeOptions::default();
-                ParsedReload::start(&daemon.config_path, false, options, None, &parsed_tx);
+                ParsedReload::start(daemon.config_path(), false, options, None, &parsed_tx);
             }
             Some(parsed) = parsed_rx.recv() => apply_reload(daemon, parsed).await,
             Some(first) = probes.recv() => {
@@ -519,8 +519,8 @@ async fn serve(
         }
         // A change on probation that came due is reverted now.
         daemon.settle().await;
-        if let Some(resolved) = daemon.regateway.take() {
-            *gateway = GatewayWatch::start(&daemon.config, resolved);
+        if let Some(resolved) = daemon.take_regateway() {
+            *gateway = GatewayWatch::start(daemon.config(), resolved);
         }
     }
 }
@@ -536,10 +536,10 @@ async fn on_call(
     let options = envelope.change;
     match envelope.request {
         Request::Reload { force } if !daemon.stopping() => {
-            ParsedReload::start(&daemon.config_path, force, options, Some(reply), parsed);
+            ParsedReload::start(daemon.config_path(), force, options, Some(reply), parsed);
         }
         Request::Diff { file, strict } => {
-            let path = file.unwrap_or_else(|| daemon.config_path.clone());
+            let path = file.unwrap_or_else(|| daemon.config_path().to_path_buf());
             let options = ChangeOptions {
                 dry_run: true,
                 ..options
@@ -592,8 +592,8 @@ fn give_back_memory() {
 async fn finish(mut daemon: Daemon<KernelDataplane>) -> Result<()> {
     daemon.stop_trace();
     daemon.stop_announcers().await;
-    daemon.probes.stop();
-    let config = &daemon.config;
+    daemon.stop_probes();
+    let config = daemon.config();
     if config.detach_on_exit {
         crate::remove_pins(config)?;
         info!(
