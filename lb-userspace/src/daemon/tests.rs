@@ -758,6 +758,43 @@ async fn probed_backends_are_announced_after_their_first_verdict_and_leave_when_
     assert_eq!(r.in_table(WEB), BTreeSet::from([ip("10.1.0.1")]));
 }
 
+/// The blackhole guard counts a backend that awaits its first probe as
+/// one that may serve: replacing an announced VIP's probed backends with
+/// new ones is not refused (the new ones are probed before they serve).
+#[tokio::test]
+async fn the_blackhole_guard_counts_backends_awaiting_their_first_probe() {
+    let text = FILE.replace("    protocol: tcp\n", &format!("    protocol: tcp{PROBED}"));
+    let mut r = rig(&text);
+    let up = ProbeResult {
+        ok: true,
+        latency_us: 100,
+        detail: "connected".into(),
+    };
+    for b in ["10.1.0.1", "10.1.0.2"] {
+        r.daemon.on_probe((id(WEB), ip(b)), up.clone());
+    }
+    assert_eq!(r.announced(), BTreeSet::from([ip("10.99.0.1")]));
+    let replaced = text
+        .replace("      - address: 10.1.0.1\n        weight: 2\n", "")
+        .replace("      - address: 10.1.0.2\n", "      - address: 10.1.0.5\n");
+    assert!(replaced.contains("10.1.0.5") && !replaced.contains("10.1.0.1"));
+    let done = r
+        .daemon
+        .reload(reparse(&r, &replaced), false, &plain())
+        .await
+        .expect("a backend awaiting its first probe is not a blackhole");
+    assert!(
+        done.warnings
+            .iter()
+            .all(|w| !w.contains("no usable backend")),
+        "{:?}",
+        done.warnings
+    );
+    // Once probed up, it serves.
+    r.daemon.on_probe((id(WEB), ip("10.1.0.5")), up);
+    assert_eq!(r.in_table(WEB), BTreeSet::from([ip("10.1.0.5")]));
+}
+
 /// A backend found down stays out of the table across a restart until
 /// its probes say up (`rise`); one found up starts up, as before.
 #[tokio::test]

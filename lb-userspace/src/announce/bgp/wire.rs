@@ -1209,6 +1209,45 @@ mod tests {
         assert_eq!(broken.reply, None);
     }
 
+    /// Every length limit at its exact bound: the largest message passes
+    /// and one byte more does not; an UPDATE whose attributes fill the
+    /// message exactly passes, one byte short of its stated length resets.
+    #[test]
+    fn lengths_are_checked_at_their_exact_bounds() {
+        // 4096 bytes: 4077 of body = 2 + withdrawn (one /32 and 1017 /24
+        // prefixes: 5 + 4068 bytes) + 2.
+        let mut withdrawn = vec![32, 10, 0, 0, 1];
+        for i in 0..1017u32 {
+            withdrawn.extend_from_slice(&[24, 10, (i >> 8) as u8, i as u8]);
+        }
+        let mut body = (withdrawn.len() as u16).to_be_bytes().to_vec();
+        body.extend_from_slice(&withdrawn);
+        body.extend_from_slice(&[0, 0]);
+        let largest = message(TYPE_UPDATE, &body);
+        assert_eq!(largest.len(), MAX_MESSAGE_LEN);
+        assert_eq!(
+            decode_all(&largest).expect("4096 bytes is allowed").len(),
+            1
+        );
+        assert_eq!(
+            reply_of(&header(4097, TYPE_UPDATE)),
+            Notification::new(1, 2, [0x10, 0x01])
+        );
+        // ORIGIN IGP, exactly as long as the attributes length says.
+        let exact = message(TYPE_UPDATE, &[0, 0, 0, 4, 0x40, 1, 1, 0]);
+        assert_eq!(decode_all(&exact).expect("lengths that fit").len(), 1);
+        for short_by in 1..=2u8 {
+            let over = message(TYPE_UPDATE, &[0, 0, 0, 4 + short_by, 0x40, 1, 1, 0]);
+            assert_eq!(reply_of(&over), Notification::new(3, 1, []), "{short_by}");
+            let withdrawn_over = message(TYPE_UPDATE, &[0, 5 + short_by, 32, 10, 0, 0, 1, 0, 0]);
+            assert_eq!(
+                reply_of(&withdrawn_over),
+                Notification::new(3, 1, []),
+                "{short_by}"
+            );
+        }
+    }
+
     #[test]
     fn open_errors_get_open_message_error_codes() {
         let good = open(65000, 3, Ipv4Addr::new(10, 0, 0, 1), None).unwrap();

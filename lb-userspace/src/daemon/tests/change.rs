@@ -440,6 +440,30 @@ async fn a_changed_table_size_is_previewed_and_applied_only_when_forced() {
     );
 }
 
+/// The automatic revert is forced: a change that itself needed --force
+/// (a table size) and was not confirmed goes back although going back
+/// changes the table size again.
+#[tokio::test(start_paused = true)]
+async fn an_unconfirmed_forced_change_is_reverted_although_the_revert_needs_force() {
+    let mut r = rig(FILE);
+    let before = web_table(&r);
+    let text = FILE.replace(
+        "    protocol: tcp\n",
+        "    protocol: tcp\n    table_size: 1009\n",
+    );
+    r.daemon
+        .reload(reparse(&r, &text), true, &within(2))
+        .await
+        .unwrap();
+    assert_eq!(web_table(&r).len(), 1009);
+    tokio::time::advance(Duration::from_secs(3)).await;
+    r.daemon.tick();
+    r.daemon.settle().await;
+    assert!(r.daemon.confirm.is_none());
+    assert_eq!(r.daemon.auto_reverts, 1, "the revert ran");
+    assert_eq!(web_table(&r), before, "the table is the one before");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_probation_survives_a_restart_and_reverts_at_its_deadline() {
     let mut r = rig(FILE);
