@@ -14,9 +14,16 @@
 //! The policy, per VIP, over a sliding `window`: a backend is ejected
 //! when it had at least `min_syns` SYNs, its retransmit ratio
 //! (retransmits / SYNs) is at least `ratio`, and at least `relative` times
-//! the ratio of the VIP's other backends pooled. A lossy client network or
-//! a SYN flood (spoofed sources never retransmit) moves every backend's
-//! ratio alike, so the relative test ejects nobody then. Ejected means no
+//! the ratio of the VIP's other backends pooled, and the difference is
+//! more than chance: a two-proportion z-test of its ratio against the
+//! others' is at least [`MIN_Z`] (three standard errors). A lossy client
+//! network or a SYN flood (spoofed sources never retransmit) moves every
+//! backend's ratio alike, so the relative test ejects nobody then; the
+//! z-test keeps a small sample (few SYNs in the window, a quiet VIP or a
+//! starved client) from ejecting a backend that was merely unlucky: with
+//! 30% of SYN-ACKs lost on every path, 8 retried of 16 SYNs against 5 of
+//! 32 passes the ratio tests but is z = 2.5, chance; a backend dropping
+//! every SYN, 10 of 10 against 0 of 20, is z = 5.5. Ejected means no
 //! new flows, existing connections kept (as draining does). An ejection
 //! lasts `ejection` × 2^(n−1) for the n-th in a row, at most
 //! `max_ejection`; n decays by one for each `ejection` × 4 without one. At
@@ -51,6 +58,27 @@ pub struct Passive {
 pub struct Window {
     pub syns: u64,
     pub retransmits: u64,
+}
+
+/// How many standard errors a backend's retransmit ratio must stand above
+/// the others' (pooled) before it is ejected: about one false ejection in
+/// 740 judgements of backends that differ only by chance.
+pub const MIN_Z: f64 = 3.0;
+
+/// The two-proportion z statistic of `one`'s retransmit ratio against
+/// `others`' (pooled standard error); 0 when either has no SYN or no
+/// backend retransmitted at all.
+pub fn z_score(one: Window, others: Window) -> f64 {
+    let (n1, n0) = (one.syns as f64, others.syns as f64);
+    if n1 == 0.0 || n0 == 0.0 {
+        return 0.0;
+    }
+    let pooled = (one.retransmits + others.retransmits) as f64 / (n1 + n0);
+    let variance = pooled * (1.0 - pooled) * (1.0 / n1 + 1.0 / n0);
+    if variance <= 0.0 {
+        return 0.0;
+    }
+    (one.ratio() - others.ratio()) / variance.sqrt()
 }
 
 impl Window {
@@ -168,8 +196,11 @@ pub fn evaluate(
             p.held_back = false;
             continue;
         }
-        let others = pooled_ratio(&windows, i);
-        let qualifies = w.ratio() >= settings.ratio && w.ratio() >= settings.relative * others;
+        let pool = pooled(&windows, i);
+        let others = pool.ratio();
+        let qualifies = w.ratio() >= settings.ratio
+            && w.ratio() >= settings.relative * others
+            && z_score(w, pool) >= MIN_Z;
         if !qualifies {
             p.held_back = false;
         } else if ejected >= cap {
@@ -195,8 +226,8 @@ pub fn evaluate(
     events
 }
 
-/// The retransmit ratio of every backend but `i`, pooled.
-fn pooled_ratio(windows: &[Window], i: usize) -> f64 {
+/// The windows of every backend but `i`, pooled.
+fn pooled(windows: &[Window], i: usize) -> Window {
     let (syns, retransmits) = windows
         .iter()
         .enumerate()
@@ -204,7 +235,7 @@ fn pooled_ratio(windows: &[Window], i: usize) -> f64 {
         .fold((0u64, 0u64), |(s, r), (_, w)| {
             (s + w.syns, r + w.retransmits)
         });
-    Window { syns, retransmits }.ratio()
+    Window { syns, retransmits }
 }
 
 #[cfg(test)]

@@ -216,3 +216,40 @@ fn a_reused_index_restarts_the_series() {
     .problems();
     assert_eq!(problems.len(), 2, "{problems:?}");
 }
+
+/// The z statistic against figures worked out by hand (pooled standard
+/// error), and an unlucky small sample that passes both ratio tests is
+/// not ejected while a backend dropping every SYN is.
+#[test]
+fn a_small_unlucky_sample_is_chance_and_ejects_nobody() {
+    let w = |syns, retransmits| Window { syns, retransmits };
+    // 8/16 vs 5/32: pooled 13/48; sqrt(13/48 * 35/48 * (1/16 + 1/32)).
+    assert!((z_score(w(16, 8), w(32, 5)) - 2.5263).abs() < 1e-3);
+    // 10/10 vs 0/20: pooled 1/3; sqrt(1/3 * 2/3 * (1/10 + 1/20)).
+    assert!((z_score(w(10, 10), w(20, 0)) - 5.4772).abs() < 1e-3);
+    assert_eq!(z_score(w(10, 0), w(20, 0)), 0.0);
+    assert_eq!(z_score(w(0, 0), w(20, 3)), 0.0);
+
+    let s = PassiveHealth {
+        min_syns: 10,
+        ..settings()
+    };
+    let now = Instant::now();
+    let judge = |counts: [(u64, u64); 3]| {
+        let mut states: Vec<Passive> = vec![Passive::default(); 3];
+        for (p, (syns, re)) in states.iter_mut().zip(counts) {
+            p.record(now - s.window, 0, 0, s.window);
+            p.record(now, syns, re, s.window);
+        }
+        let mut refs: Vec<(&mut Passive, bool)> = states.iter_mut().map(|p| (p, true)).collect();
+        evaluate(&s, &mut refs, now)
+            .into_iter()
+            .filter(|e| matches!(e, Event::Ejected { .. }))
+            .count()
+    };
+    // Unlucky: 8 of 16 against 5 of 32 (two backends of 16): ratios
+    // 0.5 ≥ 0.3 and ≥ 3 × 0.156.
+    assert_eq!(judge([(16, 8), (16, 2), (16, 3)]), 0);
+    // Failing: every SYN retried, against none.
+    assert_eq!(judge([(10, 10), (10, 0), (10, 0)]), 1);
+}
