@@ -15,9 +15,11 @@
 //!   (`lifecycle`, `passive`, `second_chance`, `digest`, `atomic_file`).
 //!   Internal state types are not serialised: what crosses a process
 //!   boundary is a type of [`api`]'s own (`PeerRow` for
-//!   `announce::PeerStatus`, `BfdRow`, `GracefulRestartRow`,
-//!   `BackendState`, `NodeState`, `SessionState`), so that a change inside
-//!   cannot change the wire.
+//!   `announce::PeerStatus`, `BackendState`, `NodeState`, `SessionState`
+//!   for the internal states), so that a change inside cannot change the
+//!   wire; two pure reports are API types that `lbd` fills directly
+//!   (`BfdRow` as `bfd::BfdStatus`, `GracefulRestartRow` as
+//!   `announce::GracefulRestartStatus`).
 #![deny(unsafe_code)]
 
 pub mod announce;

@@ -342,6 +342,22 @@ mod tests {
         assert!(missed * 10 > moved, "lighter: {missed} of {moved}");
     }
 
+    /// A backend weighted 0 is no member: not in the tables, not among the
+    /// addresses the alternates are written with.
+    #[test]
+    fn backends_weighted_zero_are_not_members() {
+        let vip = VipConfig::new(
+            "10.99.0.1:80/tcp".parse().unwrap(),
+            vec![
+                crate::config::BackendConfig::new(a(1), 0),
+                crate::config::BackendConfig::new(a(2), 3),
+            ],
+        );
+        assert_eq!(configured_members(&vip, 10), members(&[(2, 30)]));
+        let alts = alternates(&sources(&configured_members(&vip, 1), None), M).unwrap();
+        assert_eq!(alts.members, vec![a(2)]);
+    }
+
     #[test]
     fn slots_list_distinct_members_configured_first() {
         let cfg = members(&[(1, 1), (2, 1), (3, 1)]);

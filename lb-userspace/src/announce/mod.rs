@@ -185,8 +185,8 @@ impl PeerStatus {
             updates_sent: self.updates_sent,
             updates_received: self.updates_received,
             updates_ignored: self.updates_ignored,
-            bfd: self.bfd.map(bfd_row),
-            graceful_restart: self.graceful_restart.map(graceful_restart_row),
+            bfd: self.bfd,
+            graceful_restart: self.graceful_restart,
             graceful_shutdown: self.graceful_shutdown,
             carried: self.carried,
             families: self.families,
@@ -205,22 +205,9 @@ impl PeerStatus {
     }
 }
 
-/// Graceful restart (RFC 4724) in a peer's current or last session.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct GracefulRestartStatus {
-    /// We sent the capability; the peer did (it keeps our routes while
-    /// we restart).
-    pub offered: bool,
-    pub peer_supports: bool,
-    pub restart_time_secs: u16,
-    /// Our OPEN said Restart State (`lbd` restarted) and Forwarding State.
-    pub restarting: bool,
-    pub forwarding: bool,
-    /// Holding the routes and End-of-RIB back until the backends' first
-    /// probe verdicts (after a restart).
-    pub deferring: bool,
-    pub end_of_rib_sent: bool,
-}
+/// Graceful restart (RFC 4724) in a peer's current or last session: the
+/// API's row itself (a report; `lbd` fills it).
+pub use crate::api::GracefulRestartRow as GracefulRestartStatus;
 
 impl PeerStatus {
     /// A row with zero counters.
@@ -386,45 +373,6 @@ fn session_wire(s: SessionState) -> crate::api::SessionState {
         SessionState::OpenSent => crate::api::SessionState::OpenSent,
         SessionState::OpenConfirm => crate::api::SessionState::OpenConfirm,
         SessionState::Established => crate::api::SessionState::Established,
-    }
-}
-
-/// The wire row of a BFD session's status.
-fn bfd_row(s: crate::bfd::BfdStatus) -> crate::api::BfdRow {
-    crate::api::BfdRow {
-        state: s.state,
-        up: s.up,
-        diag: s.diag,
-        remote_state: s.remote_state,
-        remote_diag: s.remote_diag,
-        since_secs: s.since_secs,
-        local: s.local,
-        local_disc: s.local_disc,
-        remote_disc: s.remote_disc,
-        detect_ms: s.detect_ms,
-        tx_interval_ms: s.tx_interval_ms,
-        remote_control_independent: s.remote_control_independent,
-        received: s.received,
-        replied: s.replied,
-        invalid: s.invalid,
-        too_soon: s.too_soon,
-        ups: s.ups,
-        error: s.error,
-    }
-}
-
-/// The wire row of a session's graceful-restart status.
-fn graceful_restart_row(
-    s: crate::announce::GracefulRestartStatus,
-) -> crate::api::GracefulRestartRow {
-    crate::api::GracefulRestartRow {
-        offered: s.offered,
-        peer_supports: s.peer_supports,
-        restart_time_secs: s.restart_time_secs,
-        restarting: s.restarting,
-        forwarding: s.forwarding,
-        deferring: s.deferring,
-        end_of_rib_sent: s.end_of_rib_sent,
     }
 }
 

@@ -213,8 +213,8 @@ pub struct PeerRow {
     pub withheld: Vec<(IpAddr, String)>,
 }
 
-/// A BGP session's BFD session, as `lbctl bgp` shows it (the wire twin of
-/// `crate::bfd::BfdStatus`).
+/// A BGP session's BFD session, as `lbctl bgp` shows it (`lbd`'s BFD
+/// code fills it as `crate::bfd::BfdStatus`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BfdRow {
     /// `Up`, `Down`, `Init`, `AdminDown` (RFC 5880), with the Detection
@@ -250,8 +250,8 @@ pub struct BfdRow {
     pub error: Option<String>,
 }
 
-/// Graceful restart (RFC 4724) in a peer's current or last session (the
-/// wire twin of `crate::announce::GracefulRestartStatus`).
+/// Graceful restart (RFC 4724) in a peer's current or last session (`lbd`'s
+/// BGP speaker fills it as `crate::announce::GracefulRestartStatus`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GracefulRestartRow {
     /// We sent the capability; the peer did (it keeps our routes while
@@ -301,6 +301,10 @@ pub struct InterfaceInfo {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Status {
     pub instance: String,
+    /// The answering `lbd`'s version and the commit it was built from
+    /// (`lb::VERSION`); empty from an `lbd` before it was reported.
+    #[serde(default)]
+    pub version: String,
     pub pid: u32,
     pub uptime_secs: u64,
     pub config_file: String,

@@ -67,41 +67,10 @@ pub struct BfdPeer {
     pub timers: BfdTimers,
 }
 
-/// A session's state, for `lbctl bgp` and metrics.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct BfdStatus {
-    /// `Up`, `Down`, `Init`, `AdminDown` (RFC 5880), with the Detection
-    /// Time applied.
-    pub state: String,
-    pub up: bool,
-    /// Our diagnostic (why it last went down).
-    pub diag: String,
-    /// The state and diagnostic of the peer's last packet.
-    pub remote_state: String,
-    pub remote_diag: String,
-    /// Seconds since `lbd` saw the state change (`None`: not since it
-    /// started).
-    pub since_secs: Option<u64>,
-    /// The address the peer must send to (and we answer from).
-    pub local: Option<IpAddr>,
-    pub local_disc: u32,
-    pub remote_disc: u32,
-    /// Our Detection Time for the peer, and the Desired Min TX of our
-    /// last reply, in milliseconds.
-    pub detect_ms: u64,
-    pub tx_interval_ms: u64,
-    /// The peer says its BFD does not share fate with its control plane.
-    pub remote_control_independent: bool,
-    /// Packets received, replies sent, packets discarded (failed checks),
-    /// packets not answered (too soon), transitions to Up.
-    pub received: u64,
-    pub replied: u64,
-    pub invalid: u64,
-    pub too_soon: u64,
-    pub ups: u64,
-    /// Why the session cannot run (no local address, a map error).
-    pub error: Option<String>,
-}
+/// A session's state, for `lbctl bgp` and metrics: the API's row itself
+/// (a report, so its home is the wire; `lbd` fills it, nothing else
+/// reads it).
+pub use crate::api::BfdRow as BfdStatus;
 
 /// What one BGP session follows: whether its BFD session is Up, and its
 /// status.

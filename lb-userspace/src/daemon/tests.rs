@@ -261,6 +261,12 @@ async fn status_reports_the_running_configuration() {
     let mut r = rig(FILE);
     let s: api::Status = parse(r.ok(Request::Status).await);
     assert_eq!(s.instance, "unit");
+    assert_eq!(s.version, crate::VERSION);
+    assert!(
+        s.version.contains(env!("CARGO_PKG_VERSION")),
+        "{}",
+        s.version
+    );
     assert_eq!(s.vips, 1);
     assert_eq!(s.backends, 2);
     assert_eq!(s.table_size, 101);
@@ -793,6 +799,97 @@ async fn the_blackhole_guard_counts_backends_awaiting_their_first_probe() {
     // Once probed up, it serves.
     r.daemon.on_probe((id(WEB), ip("10.1.0.5")), up);
     assert_eq!(r.in_table(WEB), BTreeSet::from([ip("10.1.0.5")]));
+}
+
+/// A change of the announce section restarts the announcers with it; if
+/// the new ones cannot start, the change is refused and the old ones run
+/// again.
+#[tokio::test]
+async fn a_changed_announce_section_restarts_the_announcers_or_keeps_the_old() {
+    let told = Told::default();
+    let started: Arc<Mutex<Vec<Option<Vec<String>>>>> = Arc::default();
+    let (sink, log) = (told.clone(), started.clone());
+    let announcers = Announcers::new(Box::new(move |cfg| {
+        let command = cfg.exec.as_ref().map(|e| e.command.clone());
+        log.lock().unwrap().push(command.clone());
+        if command.as_deref() == Some(&["/bin/refused".to_string()][..]) {
+            return Err(AnnounceError::ShutDown);
+        }
+        Ok(vec![Box::new(Recording(sink.clone())) as Box<dyn Announcer>])
+    }));
+    let mut r = rig_with(FILE, told, announcers);
+    let with = |cmd: &str| format!("{FILE}announce:\n  exec:\n    command: [{cmd}]\n");
+    r.daemon
+        .reload(reparse(&r, &with("/bin/true")), false, &plain())
+        .await
+        .expect("the new announcers start");
+    let seen = started.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2, "started at start, then again: {seen:?}");
+    assert_eq!(seen[1], Some(vec!["/bin/true".to_string()]));
+    assert_eq!(r.announced(), BTreeSet::from([ip("10.99.0.1")]));
+
+    let e = r
+        .daemon
+        .reload(reparse(&r, &with("/bin/refused")), false, &plain())
+        .await
+        .expect_err("the new announcers cannot start");
+    assert_eq!(e.kind(), ErrorKind::Internal, "{e}");
+    let seen = started.lock().unwrap().clone();
+    assert_eq!(seen.len(), 4, "tried the new, then the old again: {seen:?}");
+    assert_eq!(seen[3], Some(vec!["/bin/true".to_string()]));
+    assert_eq!(r.announced(), BTreeSet::from([ip("10.99.0.1")]));
+}
+
+/// The blackhole guard protects what the routers send here: with the
+/// node drained (nothing announced) a VIP may be emptied without force.
+#[tokio::test]
+async fn a_vip_the_routers_do_not_send_here_may_be_emptied_without_force() {
+    let mut r = rig(FILE);
+    r.ok(Request::Node(NodeRequest::Drain { no_wait: true }))
+        .await;
+    assert!(r.announced().is_empty());
+    let empty = FILE.replace("weight: 2", "weight: 0").replace(
+        "      - address: 10.1.0.2\n",
+        "      - address: 10.1.0.2\n        weight: 0\n",
+    );
+    r.daemon
+        .reload(reparse(&r, &empty), false, &plain())
+        .await
+        .expect("nothing is announced: no blackhole");
+    assert!(r.in_table(WEB).is_empty());
+}
+
+/// Adding, changing and removing the tier's hash key each need --force
+/// and say which it is.
+#[tokio::test]
+async fn a_hash_key_added_or_removed_needs_force_and_says_which() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let mut r = rig(FILE);
+    let key = r._dir.join("hash.key");
+    std::fs::write(&key, "00112233445566778899aabbccddeeff\n").unwrap();
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let keyed = format!("{FILE}hash_key_file: {}\n", key.display());
+    let e = r
+        .daemon
+        .reload(reparse(&r, &keyed), false, &plain())
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NeedsForce, "{e}");
+    assert!(
+        e.to_string().contains("hash key (hash_key_file) added"),
+        "{e}"
+    );
+    r.daemon
+        .reload(reparse(&r, &keyed), true, &plain())
+        .await
+        .unwrap();
+    let e = r
+        .daemon
+        .reload(reparse(&r, FILE), false, &plain())
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NeedsForce, "{e}");
+    assert!(e.to_string().contains("the hash key removed"), "{e}");
 }
 
 /// A backend found down stays out of the table across a restart until

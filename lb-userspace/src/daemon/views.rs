@@ -99,6 +99,7 @@ impl<D: Dataplane> Daemon<D> {
         let vips = self.reconciler.vips();
         Status {
             instance: self.config.instance.clone(),
+            version: crate::VERSION.to_string(),
             pid: std::process::id(),
             uptime_secs: self.started.elapsed().as_secs(),
             config_file: self.config_path.display().to_string(),

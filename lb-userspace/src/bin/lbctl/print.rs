@@ -84,6 +84,15 @@ fn bytes(b: u64) -> String {
     }
 }
 
+/// `lbd`'s version, and a warning when this `lbctl` is another build.
+fn version_line(lbd: &str, lbctl: &str) -> String {
+    match lbd {
+        "" => "unknown (an lbd older than this lbctl)".to_string(),
+        v if v == lbctl => format!("{v}, lbctl the same"),
+        v => format!("{v}; this lbctl is {lbctl}: use the lbctl of the same release"),
+    }
+}
+
 pub fn print_status(s: Status) -> Result<()> {
     let (h, m, sec) = (
         s.uptime_secs / 3600,
@@ -93,6 +102,10 @@ pub fn print_status(s: Status) -> Result<()> {
     println!(
         "instance      {} (pid {}, up {h}h{m:02}m{sec:02}s)",
         s.instance, s.pid
+    );
+    println!(
+        "version       lbd {}",
+        version_line(&s.version, lb::VERSION)
     );
     let changes = if s.overrides > 0 {
         format!(
@@ -566,4 +579,20 @@ pub fn print_simulation(s: Simulation) -> Result<()> {
         bail!("no backend for this flow");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::version_line;
+
+    #[test]
+    fn status_says_when_lbctl_and_lbd_differ() {
+        assert_eq!(
+            version_line("1.2.0 (abc)", "1.2.0 (abc)"),
+            "1.2.0 (abc), lbctl the same"
+        );
+        let other = version_line("1.2.0 (abc)", "1.3.0 (def)");
+        assert!(other.contains("this lbctl is 1.3.0 (def)"), "{other}");
+        assert!(version_line("", "1.3.0 (def)").starts_with("unknown"));
+    }
 }

@@ -241,6 +241,7 @@ async fn a_revert_runs_an_earlier_revision_until_the_file_changes() {
         .await
         .unwrap();
     assert!(c.note.unwrap().contains("unchanged"));
+    assert_eq!(c.revision, Some(3), "names the revision that keeps running");
     assert_eq!(r.in_table(WEB).len(), 2);
     // A changed file applies.
     let edited = grown.replace("weight: 2", "weight: 3");
