@@ -96,7 +96,17 @@ pub fn vmtest(kernels: KernelChoice, depth: Depth, only: &[String]) -> Result<()
             .find(|k| k.name == *name)
             .with_context(|| format!("the image has no {name} kernel"))?;
         let out = work.join(name);
-        runs.push(boot_twice(&image, kernel, &out, &steps, &deb, depth)?);
+        // Once more if the guest died before its first step (said, with
+        // its console); a step's failure is never retried.
+        let attempt = || boot(&image, kernel, &out, &steps, &deb, depth);
+        let run = match attempt() {
+            Err(e) if e.downcast_ref::<NoStep>().is_some() => {
+                eprintln!("vmtest: {e:#}\nvmtest: booting the {name} machine again");
+                attempt()
+            }
+            other => other,
+        };
+        runs.push(run?);
     }
     print_matrix(&runs);
     eprintln!(
@@ -208,29 +218,6 @@ impl std::fmt::Display for NoStep {
 }
 
 impl std::error::Error for NoStep {}
-
-/// [`boot`], and once more if the guest died before its first step
-/// (said, with its console); a step's failure is never retried.
-fn boot_twice(
-    image: &image::Image,
-    kernel: &image::BootKernel,
-    out: &Path,
-    steps: &[job::Step],
-    deb: &Path,
-    depth: Depth,
-) -> Result<Run> {
-    match boot(image, kernel, out, steps, deb, depth) {
-        Err(e) if e.downcast_ref::<NoStep>().is_some() => {
-            eprintln!(
-                "vmtest: {e:#}
-vmtest: booting the {} machine again",
-                kernel.name
-            );
-            boot(image, kernel, out, steps, deb, depth)
-        }
-        other => other,
-    }
-}
 
 /// Boots `kernel` on a fresh overlay of the image with the job in `out`,
 /// echoes the job's log as it grows, and reads the outcomes.
