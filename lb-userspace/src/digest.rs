@@ -102,6 +102,44 @@ mod tests {
         assert_eq!(table(&[Some(a), None]), "1ed803ada58f873d409570ef1c72bd0a");
     }
 
+    /// What the configuration digest hashes, a VIP's canonical JSON,
+    /// written out by hand: keys in the file's order, settings that did not
+    /// exist in earlier versions left out at their defaults, so that
+    /// balancers of a tier on two versions compare equal.
+    #[test]
+    fn a_vips_canonical_json_is_pinned() {
+        let plain: VipConfig = serde_yaml::from_str(
+            "{address: 10.0.0.1, port: 80, protocol: tcp, backends: [{address: 10.1.0.1}]}",
+        )
+        .unwrap();
+        assert_eq!(
+            serde_json::to_string(&plain).unwrap(),
+            concat!(
+                r#"{"address":"10.0.0.1","port":80,"protocol":"tcp","encap":"ipip","#,
+                r#""conntrack":true,"fragments":"drop","backends":[{"address":"10.1.0.1","weight":1}],"#,
+                r#""drain_timeout":"60s","slow_start":"0ms","panic_threshold":50,"min_healthy":1,"#,
+                r#""passive_health":{"enabled":true,"window":"30s","min_syns":20,"ratio":0.3,"#,
+                r#""relative":3.0,"ejection":"30s","max_ejection":"600s","max_ejection_percent":50}}"#,
+            )
+        );
+        let full: VipConfig = serde_yaml::from_str(concat!(
+            "{address: 10.0.0.2, port: all, protocol: udp, encap: gue, conntrack: false, ",
+            "fragments: hash, backends: [], health_check: {port: 81}, drain_timeout: 5m, ",
+            "slow_start: 1500ms, panic_threshold: 0, min_healthy: 2, ",
+            "passive_health: {enabled: false}, table_size: 4099, second_chance: true, ",
+            "hash: [src_ip]}",
+        ))
+        .unwrap();
+        let json = serde_json::to_string(&full).unwrap();
+        for part in [
+            r#"{"address":"10.0.0.2","port":"all","protocol":"udp","encap":"gue","conntrack":false,"fragments":"hash","backends":[],"health_check":{"#,
+            r#"},"drain_timeout":"300s","slow_start":"1500ms","panic_threshold":0,"min_healthy":2,"passive_health":{"enabled":false,"#,
+            r#"},"table_size":4099,"second_chance":true,"hash":["src_ip"]}"#,
+        ] {
+            assert!(json.contains(part), "{part}\nnot in\n{json}");
+        }
+    }
+
     #[test]
     fn the_configuration_digest_ignores_vip_order_but_not_weights() {
         let vip = |s: &str, w: u32| {

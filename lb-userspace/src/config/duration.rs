@@ -80,3 +80,10 @@ pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error
     }
     d.deserialize_any(V)
 }
+
+/// [`deserialize`] for a setting that may be left out (`#[serde(default,
+/// deserialize_with = "duration::some")]`): its default is stated
+/// elsewhere.
+pub fn some<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    deserialize(d).map(Some)
+}

@@ -1121,3 +1121,53 @@ fn a_backend_with_a_port_is_told_why_it_takes_none() {
             .contains("write fd00::1")
     );
 }
+
+/// A VIP setting written without a value is a mistake to name, not a
+/// request for its default; `health_check:` and `table_size:` without a
+/// value mean "none", and `passive_health:` its defaults, as they always
+/// have.
+#[test]
+fn a_vip_setting_without_a_value_is_refused() {
+    let mut accepted = Vec::new();
+    for setting in [
+        "encap",
+        "conntrack",
+        "fragments",
+        "drain_timeout",
+        "slow_start",
+        "panic_threshold",
+        "min_healthy",
+        "second_chance",
+        "hash",
+    ] {
+        let text = with(
+            "    protocol: tcp\n",
+            &format!("    protocol: tcp\n    {setting}:\n"),
+        );
+        match Config::parse(&text) {
+            Ok(_) => accepted.push(setting),
+            Err(e) => assert!(e.to_string().contains("vips[0]"), "{setting}: {e}"),
+        }
+    }
+    assert!(
+        accepted.is_empty(),
+        "accepted without a value: {accepted:?}"
+    );
+    for none in ["health_check", "table_size"] {
+        let text = with(
+            "    protocol: tcp\n",
+            &format!("    protocol: tcp\n    {none}:\n"),
+        );
+        let c = Config::parse(&text).expect("valid");
+        assert_eq!(
+            (&c.vips[0].health_check, c.vips[0].table_size),
+            (&None, None)
+        );
+    }
+    let text = with(
+        "    protocol: tcp\n",
+        "    protocol: tcp\n    passive_health:\n",
+    );
+    let c = Config::parse(&text).expect("valid");
+    assert_eq!(c.vips[0].passive_health, Default::default());
+}

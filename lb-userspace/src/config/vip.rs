@@ -358,69 +358,141 @@ fn default_weight() -> u32 {
     1
 }
 
-/// A VIP as configured (in the file or through the API). Serialized in the
-/// same shape as the file (`address`, `port`, `protocol`, ...).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct VipConfig {
-    pub id: VipId,
-    pub encap: Encap,
+/// States every setting of a VIP once: its doc, type and default, and
+/// how the file reads and writes it (serde attributes). From the one list
+/// it makes [`VipConfig`] and [`VipConfig::new`] (the defaults),
+/// [`RawVip`] (the file's form: a setting left out takes the default
+/// stated here) and the written form that configuration digests hash
+/// (`Written`, fields in the list's order). A new setting is one entry
+/// here, a row in [`super::vip_settings::VIP_SETTINGS`] (a test fails
+/// without it), its rule in [`VipRules`] if it has one, and its use.
+macro_rules! vip_settings {
+    ($(
+        $(#[doc = $doc:literal])*
+        $name:ident: $ty:ty = $default:expr, read $read:literal
+            $(, write($($write:tt)*))?;
+    )*) => {
+        /// A VIP as configured (in the file or through the API).
+        /// Serialized in the same shape as the file (`address`, `port`,
+        /// `protocol`, ...).
+        #[derive(Clone, Debug, PartialEq, Eq)]
+        pub struct VipConfig {
+            pub id: VipId,
+            $( $(#[doc = $doc])* pub $name: $ty, )*
+        }
+
+        impl VipConfig {
+            /// A VIP with default settings.
+            pub fn new(id: VipId, backends: Vec<BackendConfig>) -> Self {
+                let mut vip = Self { id, $( $name: $default, )* };
+                vip.backends = backends;
+                vip
+            }
+        }
+
+        /// The VIP as written in YAML or JSON.
+        #[derive(Clone, Debug, Deserialize)]
+        #[serde(deny_unknown_fields)]
+        pub struct RawVip {
+            address: IpAddr,
+            port: PortSpec,
+            protocol: Protocol,
+            $( #[serde(default, deserialize_with = $read)] $name: Option<$ty>, )*
+        }
+
+        impl RawVip {
+            fn into_vip(self) -> VipConfig {
+                VipConfig {
+                    id: VipId {
+                        addr: self.address,
+                        port: self.port.0,
+                        proto: self.protocol,
+                    },
+                    $( $name: self.$name.unwrap_or_else(|| $default), )*
+                }
+            }
+        }
+
+        /// The VIP as written back: the file's keys, in its order.
+        #[derive(Serialize)]
+        struct Written {
+            address: IpAddr,
+            port: WrittenPort,
+            protocol: Protocol,
+            $( $(#[serde($($write)*)])? $name: $ty, )*
+        }
+
+        impl From<&VipConfig> for Written {
+            fn from(v: &VipConfig) -> Self {
+                Written {
+                    address: v.id.addr,
+                    port: match v.id.port {
+                        0 => WrittenPort::All("all"),
+                        p => WrittenPort::Number(p),
+                    },
+                    protocol: v.id.proto,
+                    $( $name: v.$name.clone(), )*
+                }
+            }
+        }
+    };
+}
+
+vip_settings! {
+    encap: Encap = Encap::default(), read "present";
     /// Use the connection table (default). UDP services whose backends
     /// keep no per-flow state may turn it off.
-    pub conntrack: bool,
+    conntrack: bool = true, read "present";
     /// Fragments: dropped (default) or hashed on the 3-tuple.
-    pub fragments: FragmentPolicy,
-    pub backends: Vec<BackendConfig>,
+    fragments: FragmentPolicy = FragmentPolicy::default(), read "present";
+    backends: Vec<BackendConfig> = Vec::new(), read "present";
     /// Probes for the backends; `None`: no probing, backends count as up.
-    pub health_check: Option<HealthCheck>,
+    health_check: Option<HealthCheck> = None, read "present",
+        write(skip_serializing_if = "Option::is_none");
     /// How long a draining backend keeps its existing connections.
-    pub drain_timeout: Duration,
+    drain_timeout: Duration = Duration::from_secs(60), read "duration::some",
+        write(with = "duration");
     /// A backend that joins or recovers ramps its weight up over this long.
-    pub slow_start: Duration,
+    slow_start: Duration = Duration::ZERO, read "duration::some",
+        write(with = "duration");
     /// Below this percentage of usable backends, the table is built from
     /// all of them (fail open).
-    pub panic_threshold: u32,
+    panic_threshold: u32 = 50, read "present";
     /// The VIP's address is announced (BGP, ExaBGP, exec) only while at
     /// least this many of its backends are usable (active or in slow
     /// start). 0 announces it whenever the program is attached.
-    pub min_healthy: u32,
+    min_healthy: u32 = 1, read "present";
     /// Ejecting backends whose clients' SYNs go unanswered.
-    pub passive_health: super::passive::PassiveHealth,
+    passive_health: super::passive::PassiveHealth = Default::default(), read "present";
     /// The VIP's own Maglev table size M (a prime); `None`: the global
     /// `table_size`. Never derived from the backends: changing M moves
     /// every flow of the VIP to a new slot.
-    pub table_size: Option<u32>,
+    table_size: Option<u32> = None, read "present",
+        write(skip_serializing_if = "Option::is_none");
     /// Second chance (TCP): a mid-flow packet this balancer never placed
     /// carries the backends other tables give its flow, and a backend
     /// that does not hold the connection hands it on. Needs lb's decap
     /// program on every backend; off by default (ARCHITECTURE.md, "Second
-    /// chance").
-    pub second_chance: bool,
+    /// chance"). Not written when off, so that configurations written
+    /// before it existed keep their digests.
+    second_chance: bool = false, read "present",
+        write(skip_serializing_if = "is_false");
     /// The fields that pick a new flow's backend (the 5-tuple by default;
-    /// `[src_ip]`: every connection of a client to one backend).
-    pub hash: super::hash::HashFields,
+    /// `[src_ip]`: every connection of a client to one backend). Not
+    /// written for the 5-tuple, likewise.
+    hash: super::hash::HashFields = super::hash::HashFields::FIVE_TUPLE, read "present",
+        write(skip_serializing_if = "super::hash::HashFields::is_default");
+}
+
+/// A port as written back: a number, or `all` (0 is refused in a file).
+#[derive(Serialize)]
+#[serde(untagged)]
+enum WrittenPort {
+    Number(u16),
+    All(&'static str),
 }
 
 impl VipConfig {
-    /// A VIP with default settings.
-    pub fn new(id: VipId, backends: Vec<BackendConfig>) -> Self {
-        Self {
-            id,
-            encap: Encap::default(),
-            conntrack: true,
-            fragments: FragmentPolicy::default(),
-            backends,
-            health_check: None,
-            drain_timeout: default_drain_timeout(),
-            slow_start: Duration::ZERO,
-            panic_threshold: default_panic_threshold(),
-            min_healthy: default_min_healthy(),
-            passive_health: Default::default(),
-            table_size: None,
-            second_chance: false,
-            hash: super::hash::HashFields::FIVE_TUPLE,
-        }
-    }
-
     /// The VIP's Maglev table size: its own, else `layout`'s default.
     pub fn maglev_size(&self, layout: &Layout) -> u32 {
         self.table_size.unwrap_or(layout.table_size)
@@ -432,49 +504,12 @@ impl VipConfig {
     }
 }
 
-fn default_drain_timeout() -> Duration {
-    Duration::from_secs(60)
-}
-fn default_panic_threshold() -> u32 {
-    50
-}
-fn default_min_healthy() -> u32 {
-    1
-}
-
-/// The VIP as written in YAML or JSON.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawVip {
-    address: IpAddr,
-    port: PortSpec,
-    protocol: Protocol,
-    #[serde(default)]
-    encap: Encap,
-    #[serde(default = "yes")]
-    conntrack: bool,
-    #[serde(default)]
-    fragments: FragmentPolicy,
-    #[serde(default)]
-    backends: Vec<BackendConfig>,
-    #[serde(default)]
-    health_check: Option<HealthCheck>,
-    #[serde(default = "default_drain_timeout", with = "duration")]
-    drain_timeout: Duration,
-    #[serde(default, with = "duration")]
-    slow_start: Duration,
-    #[serde(default = "default_panic_threshold")]
-    panic_threshold: u32,
-    #[serde(default = "default_min_healthy")]
-    min_healthy: u32,
-    #[serde(default)]
-    passive_health: super::passive::PassiveHealth,
-    #[serde(default)]
-    table_size: Option<u32>,
-    #[serde(default)]
-    second_chance: bool,
-    #[serde(default)]
-    hash: super::hash::HashFields,
+/// `deserialize_with` of a VIP setting written in the file: its value,
+/// which must be there (`min_healthy:` without a value is refused, as it
+/// was before settings became optional in [`RawVip`]); its default when
+/// the key is left out comes from [`vip_settings!`].
+fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
 }
 
 pub(crate) fn yes() -> bool {
@@ -485,90 +520,9 @@ fn is_false(b: &bool) -> bool {
     !*b
 }
 
-impl RawVip {
-    fn into_vip(self) -> VipConfig {
-        VipConfig {
-            id: VipId {
-                addr: self.address,
-                port: self.port.0,
-                proto: self.protocol,
-            },
-            encap: self.encap,
-            conntrack: self.conntrack,
-            fragments: self.fragments,
-            backends: self.backends,
-            health_check: self.health_check,
-            drain_timeout: self.drain_timeout,
-            slow_start: self.slow_start,
-            panic_threshold: self.panic_threshold,
-            min_healthy: self.min_healthy,
-            passive_health: self.passive_health,
-            table_size: self.table_size,
-            second_chance: self.second_chance,
-            hash: self.hash,
-        }
-    }
-}
-
 impl Serialize for VipConfig {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        #[derive(Serialize)]
-        #[serde(untagged)]
-        enum Port {
-            Number(u16),
-            /// All ports: written `all`, as a file says it (0 is refused).
-            All(&'static str),
-        }
-        #[derive(Serialize)]
-        struct Out<'a> {
-            address: IpAddr,
-            port: Port,
-            protocol: Protocol,
-            encap: Encap,
-            conntrack: bool,
-            fragments: FragmentPolicy,
-            backends: &'a [BackendConfig],
-            #[serde(skip_serializing_if = "Option::is_none")]
-            health_check: &'a Option<HealthCheck>,
-            #[serde(with = "duration")]
-            drain_timeout: Duration,
-            #[serde(with = "duration")]
-            slow_start: Duration,
-            panic_threshold: u32,
-            min_healthy: u32,
-            passive_health: &'a super::passive::PassiveHealth,
-            #[serde(skip_serializing_if = "Option::is_none")]
-            table_size: Option<u32>,
-            // Omitted when off, so that configurations written before it
-            // existed keep their digests.
-            #[serde(skip_serializing_if = "is_false")]
-            second_chance: bool,
-            // Omitted for the 5-tuple, likewise.
-            #[serde(skip_serializing_if = "super::hash::HashFields::is_default")]
-            hash: super::hash::HashFields,
-        }
-        Out {
-            address: self.id.addr,
-            port: match self.id.port {
-                0 => Port::All("all"),
-                p => Port::Number(p),
-            },
-            protocol: self.id.proto,
-            encap: self.encap,
-            conntrack: self.conntrack,
-            fragments: self.fragments,
-            backends: &self.backends,
-            health_check: &self.health_check,
-            drain_timeout: self.drain_timeout,
-            slow_start: self.slow_start,
-            panic_threshold: self.panic_threshold,
-            min_healthy: self.min_healthy,
-            passive_health: &self.passive_health,
-            table_size: self.table_size,
-            second_chance: self.second_chance,
-            hash: self.hash,
-        }
-        .serialize(s)
+        Written::from(self).serialize(s)
     }
 }
 
