@@ -205,6 +205,18 @@ mod tests {
         assert_eq!(m[0].to_ne_bytes(), [255; 4]);
         assert_eq!(m[1].to_ne_bytes(), [255, 0, 0, 0]);
         assert_eq!(m[2..], [0, 0]);
+        // A bare address is that one client.
+        let one = Prefix::address_or_prefix("10.10.1.2").unwrap();
+        let f = filter(7, None, Some(&one));
+        assert_eq!(f.client_mask[0].to_ne_bytes(), [255; 4]);
+        assert_eq!(f.client_net[0].to_ne_bytes(), [10, 10, 1, 2]);
+        let one = Prefix::address_or_prefix("2001:db8::7").unwrap();
+        assert_eq!(prefix_mask(&one), [u32::MAX; 4]);
+        assert_eq!(
+            Prefix::address_or_prefix("10.10.1.0/24").unwrap(),
+            "10.10.1.0/24".parse().unwrap()
+        );
+        assert!(Prefix::address_or_prefix("client").is_err());
         let vip: VipId = "10.99.0.1:80/tcp".parse().unwrap();
         let f = filter(1, Some(&vip), None);
         assert_eq!(f.vip_port.to_ne_bytes(), [0, 80]);

@@ -224,13 +224,20 @@ fn the_share_diff_predicts_is_the_share_the_table_moves() {
         let file = rig.dir.join("next.yaml");
         std::fs::write(&file, rig.config(&[Some(1), Some(1), Some(3)]))?;
         let path = file.to_string_lossy().to_string();
-        let diff = lbd.lbctl_json(&["diff", &path])?;
+        let (changed, text) = lbd.lbctl_diff(&["-o", "json", "diff", &path])?;
+        if !changed {
+            bail!("lbctl diff of a changed file exited 0");
+        }
+        let diff: serde_json::Value = serde_json::from_str(&text)?;
         let change = diff["preview"]["vips_changed"]
             .as_array()
             .and_then(|v| v.iter().find(|c| c["vip"] == tcp_vip(&rig)))
             .with_context(|| format!("diff names the TCP VIP: {diff}"))?;
         let predicted_moves = change["slots_moved"].as_u64().context("slots_moved")?;
-        eprintln!("$ lbctl diff {path}\n{}", lbd.lbctl(&["diff", &path])?);
+        eprintln!(
+            "$ lbctl diff {path}\n{}",
+            lbd.lbctl_diff(&["diff", &path])?.1
+        );
         if slots(&lbd, &rig)? != before {
             bail!("lbctl diff changed the table");
         }

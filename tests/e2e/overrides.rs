@@ -146,8 +146,9 @@ fn a_file_edit_wins_over_an_older_runtime_change_and_lbctl_says_so() {
             ),
         );
         std::fs::write(&path, &file)?;
-        let diff = lbd.lbctl(&["diff"])?;
-        if diff.contains("no change")
+        let (changed, diff) = lbd.lbctl_diff(&["diff"])?;
+        if !changed
+            || diff.contains("no change")
             || !diff.contains(&format!("! VIP {API_VIP}: the file decides again"))
         {
             bail!("lbctl diff after the file took the API VIP:\n{diff}");
@@ -178,7 +179,10 @@ fn a_file_edit_wins_over_an_older_runtime_change_and_lbctl_says_so() {
         // 2. A runtime weight shadows the file until the file changes it.
         lbd.lbctl(&["backend", "weight", TCP, &be1, "5"])?;
         let weighted = running_revision(&lbd)?;
-        let diff = lbd.lbctl(&["diff"])?;
+        let (changed, diff) = lbd.lbctl_diff(&["diff"])?;
+        if changed {
+            bail!("lbctl diff exited 1 with the file unchanged:\n{diff}");
+        }
         let shadow =
             format!("VIP {TCP} backend {be1} weight: file 1, running 5 (revision {weighted}");
         if !diff.contains("no change") || !diff.contains(&shadow) {

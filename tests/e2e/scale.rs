@@ -36,11 +36,8 @@ fn follow_simulate(rig: &Rig, lbd: &Lbd, ports: std::ops::Range<u16>) -> Result<
         }
         let sim = lbd.lbctl_json(&[
             "simulate",
-            &CLIENT.to_string(),
-            &rig.udp_vip().ip().to_string(),
-            "udp",
-            &sport.to_string(),
-            "53",
+            &format!("{}/udp", rig.udp_vip()),
+            &format!("{CLIENT}:{sport}"),
         ])?;
         let addr = sim["backend"].as_str().context("a backend")?;
         let want = rig

@@ -30,8 +30,9 @@ fn a_trace_shows_a_known_flow_at_the_backend_simulate_names() {
         let mut child = Command::new(bin_path("lbctl")?)
             .arg("--socket")
             .arg(&lbd.socket)
+            // A bare address: that one client.
             .args(["-o", "json", "trace", "--vip", &vip, "--client"])
-            .arg(format!("{CLIENT}/32"))
+            .arg(CLIENT.to_string())
             .args(["--count", "4"])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -78,7 +79,19 @@ fn a_trace_shows_a_known_flow_at_the_backend_simulate_names() {
             .map(serde_json::from_str)
             .collect::<Result<_, _>>()
             .with_context(|| format!("lbctl trace -o json printed:\n{out}"))?;
-        eprintln!("$ lbctl trace --vip {vip} --client {CLIENT}/32 --count 4 -o json\n{out}");
+        eprintln!("$ lbctl trace --vip {vip} --client {CLIENT} --count 4 -o json\n{out}");
+        let times: Vec<&str> = lines.iter().filter_map(|l| l["time"].as_str()).collect();
+        let stamped = |t: &&str| {
+            let b = t.as_bytes();
+            t.len() == 24
+                && b[10] == b'T'
+                && b[19] == b'.'
+                && b[20..23].iter().all(u8::is_ascii_digit)
+                && b[23] == b'Z'
+        };
+        if times.len() != lines.len() || !times.iter().all(stamped) || !times.is_sorted() {
+            bail!("trace lines without UTC millisecond times in order: {times:?}");
+        }
         let be = rig.backend(&expected).addr.to_string();
         if answered != expected {
             bail!("simulate said {expected}, but {answered} answered");
@@ -102,6 +115,20 @@ fn a_trace_shows_a_known_flow_at_the_backend_simulate_names() {
         for l in &lines[2..] {
             if l["outcome"] != "fwd_conntrack_hit" || l["backend"] != be.as_str() {
                 bail!("a later packet's line: {l}; expected {be} by the connection table");
+            }
+        }
+        // simulate without the client's port: a few ports, each as
+        // simulate with that port says.
+        let rows = lbd.lbctl_json(&["simulate", &vip, &CLIENT.to_string(), "--syn"])?;
+        let rows = rows.as_array().context("rows")?;
+        if rows.len() < 3 {
+            bail!("simulate without a port showed {} ports", rows.len());
+        }
+        for row in rows {
+            let port = row["client_port"].as_u64().context("client_port")?;
+            let one = lbd.simulate_syn(u16::try_from(port)?)?;
+            if one["backend"] != row["backend"] || one["slot"] != row["slot"] {
+                bail!("port {port}: {row} without the port, {one} with it");
             }
         }
         // The lease was given back: the datapath no longer traces.

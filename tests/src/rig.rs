@@ -616,13 +616,31 @@ impl Lbd {
     pub fn simulate_syn(&self, sport: u16) -> Result<serde_json::Value> {
         self.lbctl_json(&[
             "simulate",
-            &CLIENT.to_string(),
-            &VIP.to_string(),
-            "tcp",
-            &sport.to_string(),
-            "80",
+            &format!("{VIP}:80/tcp"),
+            &format!("{CLIENT}:{sport}"),
             "--syn",
         ])
+    }
+
+    /// `lbctl ARGS...` for `lbctl diff`, which exits as diff(1) does: 0
+    /// (no change) or 1 (changes), with its output; any other exit is an
+    /// error.
+    pub fn lbctl_diff(&self, args: &[&str]) -> Result<(bool, String)> {
+        let out = Command::new(bin_path("lbctl")?)
+            .arg("--socket")
+            .arg(&self.socket)
+            .args(args)
+            .output()?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        match out.status.code() {
+            Some(0) => Ok((false, text)),
+            Some(1) => Ok((true, text)),
+            code => bail!(
+                "lbctl {} exited {code:?}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        }
     }
 
     /// The balancer's counter `name` (packets).

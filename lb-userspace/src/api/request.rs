@@ -46,8 +46,10 @@ pub enum Request {
         #[serde(default)]
         slots: bool,
     },
-    /// Which backend a flow gets, and why.
+    /// Which backend a flow gets, and why (lbctl simulate sends it,
+    /// parsing the VIP and client as they are written elsewhere).
     // Answer: [`super::Simulation`]
+    #[command(skip)]
     Simulate {
         /// The client's address.
         src: IpAddr,

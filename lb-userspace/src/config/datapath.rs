@@ -154,6 +154,24 @@ impl FromStr for Prefix {
     }
 }
 
+impl Prefix {
+    /// A prefix (`192.0.2.0/24`) or one address (`192.0.2.7`, as
+    /// `192.0.2.7/32`).
+    pub fn address_or_prefix(s: &str) -> Result<Self, String> {
+        if s.contains('/') {
+            return s.parse();
+        }
+        let addr: IpAddr = s.parse().map_err(|_| {
+            format!(
+                "{} is neither an address nor a prefix like 192.0.2.0/24",
+                excerpt(s)
+            )
+        })?;
+        let len = if addr.is_ipv4() { 32 } else { 128 };
+        Ok(Self { addr, len })
+    }
+}
+
 impl fmt::Display for Prefix {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.addr, self.len)

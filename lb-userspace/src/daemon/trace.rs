@@ -36,7 +36,7 @@ impl<D: Dataplane> Daemon<D> {
             } => {
                 let client: Option<Prefix> = client
                     .map(|c| {
-                        c.parse().map_err(|e: String| {
+                        Prefix::address_or_prefix(&c).map_err(|e: String| {
                             refused(ErrorKind::BadRequest, format!("--client: {e}"))
                         })
                     })

@@ -574,6 +574,16 @@ pub fn humantime(t: SystemTime) -> String {
     )
 }
 
+/// [`humantime`] to the millisecond: `2026-12-04T10:30:00.123Z`.
+pub fn humantime_millis(t: SystemTime) -> String {
+    let ms = t
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_millis());
+    let mut s = humantime(t);
+    s.insert_str(s.len() - 1, &format!(".{ms:03}"));
+    s
+}
+
 /// A runtime change in force, as `lbctl overrides` shows it.
 pub fn override_row(o: crate::state::Override) -> api::OverrideRow {
     api::OverrideRow {
@@ -600,5 +610,23 @@ impl<D: Dataplane> Daemon<D> {
             .into_iter()
             .map(override_row)
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use super::{humantime, humantime_millis};
+
+    #[test]
+    fn times_are_utc_in_iso_8601() {
+        // 2000-01-01 is 946,684,800 s after the epoch; 60 days later (a
+        // leap February) is 1 March.
+        let t = UNIX_EPOCH + Duration::from_millis(951_868_800_045);
+        assert_eq!(humantime(t), "2000-03-01T00:00:00Z");
+        assert_eq!(humantime_millis(t), "2000-03-01T00:00:00.045Z");
+        let t = UNIX_EPOCH + Duration::from_millis(951_868_799_999);
+        assert_eq!(humantime_millis(t), "2000-02-29T23:59:59.999Z");
     }
 }

@@ -187,10 +187,10 @@ fn demo(rig: &Rig, config: &Path, parsed: &lb::config::Config, keep: bool) -> Re
     println!("$ lbctl table 10.99.0.1:80/tcp");
     print!("{}", indent(&lbd.lbctl(&["table", "10.99.0.1:80/tcp"])?));
     println!();
-    println!("$ lbctl simulate 10.10.1.2 10.99.0.1 tcp 20000 80");
+    println!("$ lbctl simulate 10.99.0.1:80/tcp 10.10.1.2:20000");
     print!(
         "{}",
-        indent(&lbd.lbctl(&["simulate", "10.10.1.2", "10.99.0.1", "tcp", "20000", "80"])?)
+        indent(&lbd.lbctl(&["simulate", "10.99.0.1:80/tcp", "10.10.1.2:20000"])?)
     );
     println!();
     if tcp_failed > 0 || udp_failed > 0 {

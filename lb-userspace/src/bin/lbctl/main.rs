@@ -8,6 +8,7 @@
 mod change;
 mod decap;
 mod print;
+mod simulate;
 mod trace;
 
 use std::path::PathBuf;
@@ -55,6 +56,10 @@ enum Command {
     /// backend, connection table or Maglev slot, tunnel; until --count or
     /// Ctrl-C.
     Trace(trace::TraceArgs),
+    /// Which backend a flow gets, and why: by the connection table, its
+    /// recent SYN or the Maglev slot; for a second-chance VIP, the
+    /// alternates a packet without entry carries.
+    Simulate(simulate::SimulateArgs),
     /// Writes man pages or shell completions into DIR (used to build the
     /// package).
     #[command(name = "__generate", hide = true)]
@@ -69,31 +74,45 @@ fn main() {
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let args = Args::parse();
     let json = args.output == Output::Json;
-    if let Err(e) = run(args) {
-        // With `-o json`, lbd's refusal also goes to stdout as JSON, its
-        // stable code beside the message, for scripts to branch on.
-        if json
-            && let Some(lb::api::ClientError::Daemon { code, message }) =
-                e.downcast_ref::<lb::api::ClientError>()
-        {
-            let refusal = serde_json::json!({ "ok": false, "code": code, "error": message });
-            println!("{refusal}");
-        }
-        eprintln!("lbctl: {e:#}");
-        std::process::exit(1);
+    // `lbctl diff` exits as diff(1) does: 0 no change, 1 changes, 2 trouble.
+    let trouble = match args.command {
+        Command::Api(Request::Diff { .. }) => 2,
+        _ => 1,
+    };
+    match run(args) {
+        Ok(code) => std::process::exit(code),
+        Err(e) => fail(&e, json, trouble),
     }
 }
 
-fn run(args: Args) -> Result<()> {
+/// Reports `e` and exits with `code`.
+fn fail(e: &anyhow::Error, json: bool, exit: i32) -> ! {
+    // With `-o json`, lbd's refusal also goes to stdout as JSON, its
+    // stable code beside the message, for scripts to branch on.
+    if json
+        && let Some(lb::api::ClientError::Daemon { code, message }) =
+            e.downcast_ref::<lb::api::ClientError>()
+    {
+        let refusal = serde_json::json!({ "ok": false, "code": code, "error": message });
+        println!("{refusal}");
+    }
+    eprintln!("lbctl: {e:#}");
+    std::process::exit(exit)
+}
+
+/// Runs the command; the exit code is 0 but for a `diff` that found
+/// changes (1).
+fn run(args: Args) -> Result<i32> {
     let json = args.output == Output::Json;
     let socket = args
         .socket
         .clone()
         .unwrap_or_else(|| PathBuf::from(format!("/run/lb/{}.sock", args.instance)));
     let mut request = match args.command {
-        Command::Decap(cmd) => return decap::run(cmd, json),
-        Command::Trace(t) => return trace::run(&socket, t, json),
-        Command::Generate { what, dir } => return generate(what, &dir),
+        Command::Decap(cmd) => return decap::run(cmd, json).map(|()| 0),
+        Command::Trace(t) => return trace::run(&socket, t, json).map(|()| 0),
+        Command::Simulate(s) => return simulate::run(&socket, s, json).map(|()| 0),
+        Command::Generate { what, dir } => return generate(what, &dir).map(|()| 0),
         Command::Api(request) => request,
     };
     // lbd reads the file: make a relative path relative to here.
@@ -111,9 +130,13 @@ fn run(args: Args) -> Result<()> {
         show(&request, data.clone())?;
     }
     if let Request::Node(NodeRequest::Drain { no_wait: false }) = request {
-        wait_grace(decode(data)?, json);
+        wait_grace(decode(data.clone())?, json);
     }
-    Ok(())
+    if let Request::Diff { .. } = request {
+        let c: Committed = decode(data)?;
+        return Ok(i32::from(c.preview.is_some_and(|p| !p.is_empty())));
+    }
+    Ok(0)
 }
 
 /// Prints `data`, the answer to `request`, as a table or a line.

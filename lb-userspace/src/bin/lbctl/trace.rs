@@ -23,7 +23,8 @@ pub struct TraceArgs {
     /// Only packets to this VIP, e.g. 10.0.0.1:80/tcp.
     #[arg(long)]
     vip: Option<VipId>,
-    /// Only packets from clients in this prefix, e.g. 192.0.2.0/24.
+    /// Only packets from this client (192.0.2.7) or prefix of clients
+    /// (192.0.2.0/24).
     #[arg(long)]
     client: Option<String>,
     /// Stop after this many packets (default: until Ctrl-C).
@@ -79,12 +80,16 @@ fn follow(
             let Some(line) = describe(&event, m) else {
                 continue;
             };
+            // The time the event was read: within a poll (5 ms) of the
+            // packet, which carries no time of its own.
+            let time = lb::daemon::views::humantime_millis(std::time::SystemTime::now());
             if json {
-                println!("{}", serde_json::to_string(&line)?);
+                let mut value = serde_json::to_value(&line)?;
+                value["time"] = time.into();
+                println!("{value}");
             } else {
                 println!(
-                    "{} {}:{} -> {}:{}/{} {} {} ({}{}) {} bytes",
-                    lb::daemon::views::humantime(std::time::SystemTime::now()),
+                    "{time} {}:{} -> {}:{}/{} {} {} ({}{}) {} bytes",
                     line.client,
                     line.client_port,
                     line.dst,
