@@ -26,6 +26,9 @@ const PACKAGES: &[&str] = &[
     "binutils",
     "dpkg-dev",
     "shellcheck",
+    // lbctl's completions, run by the shells that use them.
+    "zsh",
+    "fish",
     // nft: the SYN-flood test drops the tunnelled flood on its router; the
     // BFD tests silence a balancer's link and make BFD's path lossy.
     "nftables",

@@ -1,14 +1,16 @@
 //! Operations, tested for real: the systemd unit (`scripts/lbd.service`,
 //! [`service`]), the backend set-up script (`scripts/lb-backend-setup`,
-//! [`backend_setup`]) and the Debian package (`cargo xtask package`,
-//! [`package`]). Needs root (namespace rigs, XDP, `dpkg --root`) and the
-//! tools `cargo xtask setup` installs (systemd-analyze, setpriv,
-//! dpkg-deb, dpkg-shlibdeps, shellcheck); a missing tool fails the test
-//! that needs it, saying which.
+//! [`backend_setup`]), the Debian package (`cargo xtask package`,
+//! [`package`]) and `lbctl`'s shell completion ([`completion`]). Needs
+//! root (namespace rigs, XDP, `dpkg --root`) and the tools `cargo xtask
+//! setup` installs (systemd-analyze, setpriv, dpkg-deb, dpkg-shlibdeps,
+//! shellcheck, zsh, fish); a missing tool fails the test that needs it,
+//! saying which.
 //!
 //! Tests run one at a time (rigs share the machine's two cores).
 
 mod backend_setup;
+mod completion;
 mod package;
 mod service;
 

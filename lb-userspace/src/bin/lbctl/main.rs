@@ -6,6 +6,7 @@
 //! scripts.
 
 mod change;
+mod complete;
 mod decap;
 mod print;
 mod simulate;
@@ -72,6 +73,14 @@ fn main() {
     // SAFETY: restoring the default disposition of SIGPIPE before any
     // thread exists.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    // Run by a shell to complete a command line: answers and exits.
+    clap_complete::CompleteEnv::with_factory(|| {
+        use clap::CommandFactory as _;
+        complete::command(Args::command())
+    })
+    .var(complete::VAR)
+    .completer("lbctl")
+    .complete();
     let args = Args::parse();
     let json = args.output == Output::Json;
     // `lbctl diff` exits as diff(1) does: 0 no change, 1 changes, 2 trouble.
@@ -228,8 +237,11 @@ fn wait_grace(change: NodeChange, json: bool) {
 /// Writes lbctl's man pages or completions into `dir` (for the package).
 fn generate(what: Generated, dir: &std::path::Path) -> Result<()> {
     use clap::CommandFactory as _;
-    lb::cli_docs::generate(Args::command(), "lbctl", what, dir)
-        .with_context(|| format!("writing into {}", dir.display()))
+    match what {
+        Generated::Completions => complete::write_registrations(dir),
+        Generated::Man => lb::cli_docs::generate(Args::command(), "lbctl", what, dir),
+    }
+    .with_context(|| format!("writing into {}", dir.display()))
 }
 
 fn decode<T: DeserializeOwned>(v: serde_json::Value) -> Result<T> {
