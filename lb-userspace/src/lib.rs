@@ -12,7 +12,8 @@
 //!   rigs, the benchmarks) use the same modules, plus [`predict`] (the
 //!   model of the datapath's decision) and [`maglev`].
 //! - Private: the policies and helpers only the daemon runs
-//!   (`lifecycle`, `passive`, `second_chance`, `digest`, `atomic_file`).
+//!   (`lifecycle`, `liveflows`, `passive`, `second_chance`, `digest`,
+//!   `atomic_file`).
 //!   Internal state types are not serialised: what crosses a process
 //!   boundary is a type of [`api`]'s own (`PeerRow` for
 //!   `announce::PeerStatus`, `BackendState`, `NodeState`, `SessionState`
@@ -34,6 +35,7 @@ pub mod decap;
 mod digest;
 pub mod health;
 mod lifecycle;
+mod liveflows;
 pub mod lock;
 pub mod maglev;
 pub mod metrics;

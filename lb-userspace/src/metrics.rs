@@ -54,12 +54,14 @@ pub struct BackendSample {
     pub address: String,
     pub packets: u64,
     pub bytes: u64,
-    /// `active`, `slow-start`, `draining`, `down` or `ejected`.
+    /// `active`, `slow-start`, `draining`, `drained`, `down` or `ejected`.
     pub state: &'static str,
     /// The datapath's SYNs to it and retransmitted ones (passive health),
     /// since its handle was allocated.
     pub syns: u64,
     pub syn_retransmits: u64,
+    /// Its live flows at the last scan ([`crate::liveflows`]).
+    pub live_flows: Option<u64>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -325,9 +327,15 @@ const FAMILIES: &[(&str, &str, MetricType, &[&str])] = &[
     ),
     (
         "lb_backend_state",
-        "1 for the backend's state (active, slow-start, draining, down, ejected), 0 for the others.",
+        "1 for the backend's state (active, slow-start, draining, drained, down, ejected), 0 for the others.",
         MetricType::GAUGE,
         &["vip", "backend", "state"],
+    ),
+    (
+        "lb_backend_live_flows",
+        "The backend's connection-table entries seen within the last 10 s (absent until the table is first scanned).",
+        MetricType::GAUGE,
+        &["vip", "backend"],
     ),
     (
         "lb_bgp_session_established",
@@ -528,7 +536,14 @@ fn add_datapath(f: &mut Families, s: &Snapshot) {
     );
 }
 
-const STATES: [&str; 5] = ["active", "slow-start", "draining", "down", "ejected"];
+const STATES: [&str; 6] = [
+    "active",
+    "slow-start",
+    "draining",
+    "drained",
+    "down",
+    "ejected",
+];
 
 fn add_vips(f: &mut Families, s: &Snapshot) {
     for v in &s.vips {
@@ -546,6 +561,9 @@ fn add_vips(f: &mut Families, s: &Snapshot) {
             f.add("lb_backend_syns_total", &labels, b.syns as f64);
             let retransmits = "lb_backend_syn_retransmits_total";
             f.add(retransmits, &labels, b.syn_retransmits as f64);
+            if let Some(n) = b.live_flows {
+                f.add("lb_backend_live_flows", &labels, n as f64);
+            }
             for state in STATES {
                 let l = [labels[0], labels[1], ("state", state)];
                 f.add(

@@ -16,8 +16,8 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 use lb_tests::{
-    rig::{CLIENT, Lbd, Rig},
-    scenario::{check, finish, run_streams, serial, setup_with},
+    rig::{CLIENT, Lbd, Rig, bin_path},
+    scenario::{KillOnDrop, check, finish, run_streams, serial, setup_with},
     traffic::{Mode, tcp_request},
 };
 
@@ -212,6 +212,105 @@ fn draining_finishes_existing_connections_and_sends_no_new_ones() {
         lbd.lbctl(&["backend", "undrain", VIP, "10.10.31.2"])?;
         if state(&lbd, "10.10.31.2")? == "draining" {
             bail!("undrain did not take");
+        }
+        Ok(())
+    })());
+}
+
+/// A backend's live flows as `lbctl health` shows them.
+fn live_flows(lbd: &Lbd, addr: &str) -> Result<Option<u64>> {
+    Ok(vip_health(lbd)?["backends"]
+        .as_array()
+        .and_then(|b| b.iter().find(|b| b["address"] == addr))
+        .and_then(|b| b["live_flows"].as_u64()))
+}
+
+/// Established connections to port 80 in a backend's namespace (`ss`).
+fn established(rig: &Rig, name: &str) -> Result<u64> {
+    let out = rig
+        .backend(name)
+        .ns
+        .run("ss", &["-Htn", "state", "established", "( sport = :80 )"])?;
+    Ok(String::from_utf8_lossy(&out.stdout).lines().count() as u64)
+}
+
+/// Drain to empty: the live flows `lbd` counts for a backend being
+/// drained match the connections the backend holds (`ss`), within one
+/// (a probe or a stream between its two reads); they fall to 0 once the
+/// connections close (after the 10 s idle window), the backend becomes
+/// `drained`, and `lbctl backend drain --wait` returns then, saying so.
+#[test]
+fn a_drained_backend_reaches_empty_and_drain_wait_returns_then() {
+    let _serial = serial();
+    check((|| {
+        let extra = format!("{CHECK}    drain_timeout: 300s\n");
+        let (rig, lbd) = setup_with(2, &[Some(1), Some(1)], &extra)?;
+        let streams = run_streams(&rig, 56_000..56_016)?;
+        let (on_be1, others): (Vec<_>, Vec<_>) =
+            streams.into_iter().partition(|s| s.backend == "be1");
+        if on_be1.len() < 2 {
+            bail!("{} streams on be1", on_be1.len());
+        }
+        let guard = KillOnDrop::new(
+            std::process::Command::new(bin_path("lbctl")?)
+                .arg("--socket")
+                .arg(&lbd.socket)
+                .args(["backend", "drain", VIP, "10.10.31.2", "--wait"])
+                .stdout(std::process::Stdio::piped())
+                .spawn()?,
+        );
+        // The drain (lbctl sends it), then the first scan after it (every
+        // 2 s while a backend drains): until then the count is absent.
+        wait_for(Duration::from_secs(60), || {
+            Ok(state(&lbd, "10.10.31.2")? == "draining")
+        })?;
+        let counted = Instant::now();
+        wait_for(Duration::from_secs(60), || {
+            Ok(live_flows(&lbd, "10.10.31.2")?.is_some())
+        })?;
+        let live = live_flows(&lbd, "10.10.31.2")?.unwrap_or(0);
+        let held = established(&rig, "be1")?;
+        eprintln!(
+            "be1 draining: lbd counts {live} live flows, ss shows {held} connections ({} streams), {:?} after the drain",
+            on_be1.len(),
+            counted.elapsed()
+        );
+        if live.abs_diff(held) > 1 || live.abs_diff(on_be1.len() as u64) > 1 {
+            bail!(
+                "lbd counts {live} live flows; be1 holds {held} ({} streams)",
+                on_be1.len()
+            );
+        }
+        if state(&lbd, "10.10.31.2")? != "draining" {
+            bail!("be1 with live flows is {}", state(&lbd, "10.10.31.2")?);
+        }
+        let reports = finish(on_be1)?;
+        if let Some(r) = reports.iter().find(|r| r.error.is_some()) {
+            bail!("a connection broke while draining: {r:?}");
+        }
+        let closed = Instant::now();
+        let output = guard.wait_with_output(Duration::from_secs(90))?;
+        let text = String::from_utf8_lossy(&output.stdout).into_owned();
+        eprintln!(
+            "$ lbctl backend drain {VIP} 10.10.31.2 --wait ({:?} after the streams closed)\n{text}",
+            closed.elapsed()
+        );
+        if !output.status.success() || !text.contains("10.10.31.2 is drained: no live flows") {
+            bail!("drain --wait ended {} saying:\n{text}", output.status);
+        }
+        if state(&lbd, "10.10.31.2")? != "drained" || live_flows(&lbd, "10.10.31.2")? != Some(0) {
+            bail!(
+                "after --wait, be1 is {} with {:?} live flows",
+                state(&lbd, "10.10.31.2")?,
+                live_flows(&lbd, "10.10.31.2")?
+            );
+        }
+        if established(&rig, "be1")? != 0 {
+            bail!("be1 still holds connections");
+        }
+        let reports = finish(others)?;
+        if let Some(r) = reports.iter().find(|r| r.error.is_some()) {
+            bail!("a connection to be2 broke: {r:?}");
         }
         Ok(())
     })());

@@ -71,3 +71,51 @@ pub fn check(result: Result<()>) {
         panic!("{e:#}");
     }
 }
+
+/// A child process (an `lbctl` that waits, say), killed and reaped when
+/// dropped unless it was waited for.
+pub struct KillOnDrop(Option<std::process::Child>);
+
+impl KillOnDrop {
+    pub fn new(child: std::process::Child) -> Self {
+        Self(Some(child))
+    }
+
+    /// Waits at most `limit` for the child to exit, then returns its exit
+    /// status and standard output (piped); past `limit` it is killed and
+    /// that is an error.
+    pub fn wait_with_output(mut self, limit: Duration) -> Result<std::process::Output> {
+        use std::io::Read as _;
+        let mut child = self.0.take().context("waited twice")?;
+        let start = std::time::Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait()? {
+                break status;
+            }
+            if start.elapsed() > limit {
+                let _ = child.kill();
+                let _ = child.wait();
+                anyhow::bail!("the child did not exit within {limit:?}");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let mut stdout = Vec::new();
+        if let Some(mut out) = child.stdout.take() {
+            out.read_to_end(&mut stdout)?;
+        }
+        Ok(std::process::Output {
+            status,
+            stdout,
+            stderr: Vec::new(),
+        })
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}

@@ -352,7 +352,8 @@ pub enum BackendRequest {
         force: bool,
     },
     /// Stop sending a backend new flows; its connections continue until
-    /// the VIP's drain_timeout. Kept across restarts.
+    /// the VIP's drain_timeout. Kept across restarts. A draining backend
+    /// with no live flow left is drained.
     Drain {
         /// The VIP, e.g. 10.0.0.1:80/tcp.
         vip: VipId,
@@ -363,6 +364,12 @@ pub enum BackendRequest {
         #[arg(long)]
         #[serde(default)]
         force: bool,
+        /// Wait until the backend is drained (no live flow) or its
+        /// drain_timeout runs out, showing its live flows (lbctl only:
+        /// the request is the same).
+        #[arg(long)]
+        #[serde(skip)]
+        wait: bool,
     },
     /// Send a drained backend new flows again.
     Undrain {

@@ -102,6 +102,8 @@ pub enum BackendState {
     Active,
     SlowStart,
     Draining,
+    /// Draining, with no live flow left.
+    Drained,
     Down,
     /// Passive health: its clients' SYNs go unanswered.
     Ejected,
@@ -113,6 +115,7 @@ impl BackendState {
             Self::Active => "active",
             Self::SlowStart => "slow-start",
             Self::Draining => "draining",
+            Self::Drained => "drained",
             Self::Down => "down",
             Self::Ejected => "ejected",
         }
@@ -389,6 +392,9 @@ pub struct BackendInfo {
     /// Its connection-table entries are honoured.
     pub usable: bool,
     pub handle: u32,
+    /// Its connection-table entries seen within the last 10 s.
+    #[serde(default)]
+    pub live_flows: Option<u64>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -415,6 +421,10 @@ pub struct BackendHealth {
     /// Held down after flapping probes: seconds left.
     #[serde(default)]
     pub flap_hold_secs: f64,
+    /// Its connection-table entries seen within the last 10 s (absent
+    /// before the first scan, or where the kernel's clock cannot be read).
+    #[serde(default)]
+    pub live_flows: Option<u64>,
 }
 
 /// A backend's passive health, for `lbctl health`.

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeSet;
 
-use lb_common::{FlowEntry, SynCounts, counters::Counter};
+use lb_common::{SynCounts, counters::Counter};
 
 use super::{Daemon, views::state_wire};
 use crate::{
@@ -13,10 +13,6 @@ use crate::{
     metrics::{BackendSample, CounterSample, PeerSample, Snapshot, VipSample},
     reconcile::ApplyReport,
 };
-
-/// Ticks between two scans of the connection table (a scan reads every
-/// bucket: tens of milliseconds for 2M buckets).
-const SCAN_EVERY_TICKS: u32 = 15;
 
 impl<D: Dataplane> Daemon<D> {
     /// After an apply: table builds, and the digests of what is published,
@@ -42,14 +38,7 @@ impl<D: Dataplane> Daemon<D> {
 
     /// Copies the state the metrics report (the tick).
     pub fn refresh_metrics(&mut self) {
-        self.ticks_since_scan = self.ticks_since_scan.saturating_add(1);
-        let conntrack = if self.ticks_since_scan >= SCAN_EVERY_TICKS {
-            self.ticks_since_scan = 0;
-            self.conntrack_occupancy()
-        } else {
-            self.metrics_conntrack
-        };
-        self.metrics_conntrack = conntrack;
+        let conntrack = self.scan_table_if_due();
         let snapshot = Snapshot {
             counters: self.counter_samples(),
             vips: self.vip_samples(),
@@ -61,20 +50,6 @@ impl<D: Dataplane> Daemon<D> {
             auto_reverts: self.auto_reverts,
         };
         self.metrics.set_snapshot(snapshot);
-    }
-
-    fn conntrack_occupancy(&self) -> Option<(u64, u64)> {
-        let mut used = 0u64;
-        let mut all = 0u64;
-        let scan = self.reconciler.dataplane().scan_flows(&mut |bucket| {
-            all += bucket.entries.len() as u64;
-            used += bucket
-                .entries
-                .iter()
-                .filter(|e| **e != FlowEntry::EMPTY)
-                .count() as u64;
-        });
-        scan.ok().map(|()| (used, all))
     }
 
     fn counter_samples(&self) -> Vec<CounterSample> {
@@ -131,9 +106,8 @@ impl<D: Dataplane> Daemon<D> {
                         .iter()
                         .map(|b| {
                             let c = by_backend.get(&b.address).copied().unwrap_or_default();
-                            let state = life
-                                .and_then(|l| l.backends.get(&b.address))
-                                .map_or("down", |l| state_wire(l.state).name());
+                            let l = life.and_then(|l| l.backends.get(&b.address));
+                            let state = l.map_or("down", |l| state_wire(l.state).name());
                             let syns = self.backend_syns(syns, &vip.id, &b.address);
                             BackendSample {
                                 address: b.address.to_string(),
@@ -142,6 +116,7 @@ impl<D: Dataplane> Daemon<D> {
                                 state,
                                 syns: syns.syns,
                                 syn_retransmits: syns.retransmits,
+                                live_flows: l.and_then(|l| l.live_flows),
                             }
                         })
                         .collect(),

@@ -26,6 +26,7 @@
 
 pub mod announce;
 pub mod commit;
+mod flows;
 pub mod metrics;
 pub mod passive;
 pub mod preview;
@@ -201,10 +202,14 @@ pub struct Daemon<D: Dataplane> {
     /// Each VIP's published table's digest, as of the last apply, with
     /// the entry it was computed for.
     table_digests: std::collections::BTreeMap<VipId, (lb_common::VipMeta, String)>,
-    /// Ticks since the connection table was last scanned for metrics, and
-    /// what the scan found (ways in use, in all).
+    /// Ticks since the connection table was last scanned (see [`flows`]),
+    /// and what the scan found (ways in use, in all).
     ticks_since_scan: u32,
     metrics_conntrack: Option<(u64, u64)>,
+    /// The kernel's tick rate and the idle entries of draining backends,
+    /// kept between scans.
+    live_clock: crate::liveflows::Clock,
+    live_flows: crate::liveflows::LiveFlows,
     /// `lbctl trace`'s lease, while one runs.
     tracing: Option<trace::Lease>,
     samples: views::Samples,
@@ -302,6 +307,8 @@ impl<D: Dataplane> Daemon<D> {
             table_digests: std::collections::BTreeMap::new(),
             ticks_since_scan: u32::MAX,
             metrics_conntrack: None,
+            live_clock: Default::default(),
+            live_flows: Default::default(),
             tracing: None,
             reconciler,
             settings,

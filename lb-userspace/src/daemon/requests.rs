@@ -189,6 +189,7 @@ impl<D: Dataplane> Daemon<D> {
                 vip,
                 address,
                 force,
+                ..
             } => {
                 self.change(source, forced(force), options, |o, base| {
                     Ok(o.set_drained(base, &vip, address, true)?)

@@ -240,6 +240,7 @@ impl Rig {
             vip: id(vip),
             address: ip(address),
             force,
+            wait: false,
         })
     }
 }

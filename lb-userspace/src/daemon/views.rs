@@ -54,6 +54,7 @@ pub(super) fn state_wire(s: BackendState) -> api::BackendState {
         BackendState::Active => api::BackendState::Active,
         BackendState::SlowStart => api::BackendState::SlowStart,
         BackendState::Draining => api::BackendState::Draining,
+        BackendState::Drained => api::BackendState::Drained,
         BackendState::Down => api::BackendState::Down,
         BackendState::Ejected => api::BackendState::Ejected,
     }
@@ -186,6 +187,9 @@ impl<D: Dataplane> Daemon<D> {
                                     .map(|l| state_wire(l.state)),
                                 usable: k.is_some_and(|k| k.usable),
                                 handle: k.map(|k| k.handle).unwrap_or(0),
+                                live_flows: life
+                                    .and_then(|l| l.backends.get(&b.address))
+                                    .and_then(|l| l.live_flows),
                             }
                         })
                         .collect(),
@@ -470,6 +474,7 @@ fn backend_health(
             }),
         probes: l.health.as_ref().map(|t| t.probes).unwrap_or(0),
         probes_at_change: l.health.as_ref().map(|t| t.probes_at_change).unwrap_or(0),
+        live_flows: l.live_flows,
         passive: v.passive_health.enabled.then(|| {
             let w = l.passive.window();
             api::PassiveInfo {

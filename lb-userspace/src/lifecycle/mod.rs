@@ -8,7 +8,11 @@
 //!   nothing to full over the VIP's `slow_start` after it joined or
 //!   recovered;
 //! - `draining` (operator): out of the table, its existing connections kept
-//!   through the connection table until `drain_timeout`, then cut;
+//!   through the connection table until `drain_timeout`, then cut (logged
+//!   with the number of live flows cut);
+//! - `drained`: draining with no live flow left ([`crate::liveflows`]);
+//!   its entries are still honoured until `drain_timeout`, in case an idle
+//!   connection speaks again;
 //! - `down` (probes failed, or a flapping backend held down: see
 //!   [`flaps`]): out of the table, its connection-table entries ignored so
 //!   its clients re-pick at once;
@@ -52,6 +56,7 @@ pub enum BackendState {
     Active,
     SlowStart,
     Draining,
+    Drained,
     Down,
     Ejected,
 }
@@ -72,6 +77,11 @@ pub struct BackendLife {
     pub passive: Passive,
     /// Probe verdict changes, and the hold after flapping.
     pub flaps: Flaps,
+    /// Its live flows at the last scan of the connection table (`None`:
+    /// not scanned yet).
+    pub live_flows: Option<u64>,
+    /// The end of its drain was logged.
+    pub drain_cut: bool,
 }
 
 impl BackendLife {
@@ -152,6 +162,8 @@ impl Lifecycle {
                         effective_weight: 0,
                         passive: Passive::default(),
                         flaps: Flaps::default(),
+                        live_flows: None,
+                        drain_cut: false,
                     });
                 match (check, &entry.health) {
                     (None, _) => entry.health = None,
@@ -160,9 +172,14 @@ impl Lifecycle {
                 }
                 let is_drained = drained.contains(&(vip.id, b.address));
                 match (is_drained, entry.drained_since) {
-                    (true, None) => entry.drained_since = Some(now),
+                    (true, None) => {
+                        entry.drained_since = Some(now);
+                        // Judged by a scan after the drain began.
+                        entry.live_flows = None;
+                    }
                     (false, Some(_)) => {
                         entry.drained_since = None;
+                        entry.drain_cut = false;
                         entry.joined = now;
                     }
                     _ => {}
@@ -256,9 +273,10 @@ impl Lifecycle {
                 };
                 let (state, weight, usable) = backend_plan(vip, b.weight, l, panic, now);
                 plan.pending |= matches!(state, BackendState::SlowStart)
-                    || (state == BackendState::Draining && usable)
+                    || (l.drained_since.is_some() && usable)
                     || l.flaps.held(now)
                     || l.passive.is_ejected(now);
+                drain_events(vip, b.address, l, state, usable, now, &mut plan.events);
                 if state != l.state {
                     l.state = state;
                     l.state_since = now;
@@ -270,6 +288,42 @@ impl Lifecycle {
             plan.vips.push(eff);
         }
         plan
+    }
+}
+
+/// The log lines of a drain: `drained` reached (once per state change),
+/// and `drain_timeout` running out on live flows (once per drain).
+fn drain_events(
+    vip: &VipConfig,
+    addr: IpAddr,
+    l: &mut BackendLife,
+    state: BackendState,
+    usable: bool,
+    now: Instant,
+    events: &mut Vec<String>,
+) {
+    let Some(since) = l.drained_since else {
+        return;
+    };
+    let after = now.saturating_duration_since(since).as_secs_f64();
+    if state == BackendState::Drained && l.state != BackendState::Drained {
+        events.push(format!(
+            "VIP {}: backend {addr} drained: no live flows, {after:.0}s after its drain began",
+            vip.id
+        ));
+    }
+    if !usable && !l.drain_cut {
+        l.drain_cut = true;
+        let flows = l
+            .live_flows
+            .map_or_else(|| "an unknown number of".to_string(), |n| n.to_string());
+        if state == BackendState::Draining {
+            events.push(format!(
+                "VIP {}: backend {addr}: drain_timeout ({:.0}s) ran out with {flows} live flows: cut (their next packets go to other backends)",
+                vip.id,
+                vip.drain_timeout.as_secs_f64()
+            ));
+        }
     }
 }
 
@@ -322,7 +376,11 @@ fn backend_plan(
     let up = l.up(now);
     if let Some(since) = l.drained_since {
         let keep = now.saturating_duration_since(since) < vip.drain_timeout;
-        (BackendState::Draining, 0, keep)
+        let state = match l.live_flows {
+            Some(0) => BackendState::Drained,
+            _ => BackendState::Draining,
+        };
+        (state, 0, keep)
     } else if panic && weight > 0 {
         let state = if up {
             BackendState::Active
@@ -395,7 +453,7 @@ pub fn why_unusable(vip: &VipConfig, life: Option<&VipLife>) -> String {
             .map(|l| l.state);
         let cause = match state {
             _ if b.weight == 0 => "weighted 0",
-            Some(BackendState::Draining) => "draining",
+            Some(BackendState::Draining | BackendState::Drained) => "draining",
             Some(BackendState::Down) => "down",
             Some(BackendState::Ejected) => "ejected (passive health)",
             _ => "usable",
@@ -506,6 +564,71 @@ mod tests {
             weights(&l.plan(std::slice::from_ref(&v), now)),
             vec![100, 100, 100]
         );
+    }
+
+    #[test]
+    fn a_drain_ends_drained_when_no_flow_is_left_or_logs_the_flows_it_cuts() {
+        let mut v = vip(2);
+        v.drain_timeout = Duration::from_secs(10);
+        let t0 = Instant::now();
+        let mut l = Lifecycle::default();
+        l.sync(std::slice::from_ref(&v), &BTreeSet::new(), t0, true);
+        l.vips
+            .get_mut(&v.id)
+            .unwrap()
+            .backends
+            .get_mut(&addr(1))
+            .unwrap()
+            .live_flows = Some(0);
+        let drained = BTreeSet::from([(v.id, addr(1))]);
+        l.sync(std::slice::from_ref(&v), &drained, t0, false);
+        let state = |l: &Lifecycle| l.vips[&v.id].backends[&addr(1)].state;
+        let set_flows = |l: &mut Lifecycle, n| {
+            l.vips
+                .get_mut(&v.id)
+                .unwrap()
+                .backends
+                .get_mut(&addr(1))
+                .unwrap()
+                .live_flows = n;
+        };
+        // A count from before the drain does not count: no scan yet.
+        let p = l.plan(std::slice::from_ref(&v), t0 + Duration::from_secs(1));
+        assert_eq!(state(&l), BackendState::Draining);
+        assert!(p.events.is_empty(), "{:?}", p.events);
+        set_flows(&mut l, Some(4));
+        l.plan(std::slice::from_ref(&v), t0 + Duration::from_secs(2));
+        assert_eq!(state(&l), BackendState::Draining);
+        set_flows(&mut l, Some(0));
+        let p = l.plan(std::slice::from_ref(&v), t0 + Duration::from_secs(3));
+        assert_eq!(state(&l), BackendState::Drained);
+        assert!(
+            p.usable[&(v.id, addr(1))],
+            "still honoured until the timeout"
+        );
+        assert_eq!(p.events.len(), 1, "{:?}", p.events);
+        assert!(
+            p.events[0].contains("drained: no live flows, 3s after"),
+            "{:?}",
+            p.events
+        );
+        let p = l.plan(std::slice::from_ref(&v), t0 + Duration::from_secs(4));
+        assert!(p.events.is_empty(), "said once: {:?}", p.events);
+        // Flows again (an idle connection spoke): draining; at the timeout
+        // the flows left are cut, and said so once.
+        set_flows(&mut l, Some(2));
+        l.plan(std::slice::from_ref(&v), t0 + Duration::from_secs(5));
+        assert_eq!(state(&l), BackendState::Draining);
+        let p = l.plan(std::slice::from_ref(&v), t0 + Duration::from_secs(11));
+        assert!(!p.usable[&(v.id, addr(1))]);
+        assert_eq!(p.events.len(), 1, "{:?}", p.events);
+        assert!(
+            p.events[0].contains("ran out with 2 live flows: cut"),
+            "{:?}",
+            p.events
+        );
+        let p = l.plan(std::slice::from_ref(&v), t0 + Duration::from_secs(12));
+        assert!(p.events.is_empty(), "said once: {:?}", p.events);
     }
 
     #[test]

@@ -8,6 +8,7 @@
 mod change;
 mod complete;
 mod decap;
+mod drain;
 mod print;
 mod simulate;
 mod trace;
@@ -140,6 +141,16 @@ fn run(args: Args) -> Result<i32> {
     }
     if let Request::Node(NodeRequest::Drain { no_wait: false }) = request {
         wait_grace(decode(data.clone())?, json);
+    }
+    if let Request::Backend(api::BackendRequest::Drain {
+        vip,
+        address,
+        wait: true,
+        ..
+    }) = request
+        && !args.change.dry_run
+    {
+        return drain::wait_drained(&socket, vip, address, json);
     }
     if let Request::Diff { .. } = request {
         let c: Committed = decode(data)?;

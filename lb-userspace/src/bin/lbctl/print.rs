@@ -353,6 +353,7 @@ pub fn print_vips(vips: Vec<VipInfo>) -> Result<()> {
                 "-".into(),
                 "-".into(),
                 "-".into(),
+                "-".into(),
             ]);
         }
         for b in &v.backends {
@@ -363,14 +364,28 @@ pub fn print_vips(vips: Vec<VipInfo>) -> Result<()> {
                 b.address.to_string(),
                 b.weight.to_string(),
                 b.state.map(state_name).unwrap_or("-").into(),
+                flows(b.live_flows),
             ]);
         }
     }
     print_rows(
-        &["vip", "encap", "conntrack", "backend", "weight", "state"],
+        &[
+            "vip",
+            "encap",
+            "conntrack",
+            "backend",
+            "weight",
+            "state",
+            "live flows",
+        ],
         rows,
     );
     Ok(())
+}
+
+/// A backend's live flows (`-` before the first scan).
+pub fn flows(n: Option<u64>) -> String {
+    n.map_or_else(|| "-".into(), |n| n.to_string())
 }
 
 /// The probes' verdict, and a hold after flapping.
@@ -433,6 +448,7 @@ pub fn print_health(vips: Vec<VipHealth>) -> Result<()> {
                 v.vip.to_string(),
                 b.address.to_string(),
                 state_name(b.state).into(),
+                flows(b.live_flows),
                 health_word(b),
                 format!("{:.2}", b.effective_weight),
                 duration(b.in_state_secs),
@@ -447,6 +463,7 @@ pub fn print_health(vips: Vec<VipHealth>) -> Result<()> {
             "vip",
             "backend",
             "state",
+            "live flows",
             "health",
             "weight now",
             "in state",

@@ -1,0 +1,232 @@
+//! Live flows per backend, from a read-only scan of the connection table:
+//! the entries of a backend whose stamp says they were seen within
+//! [`IDLE_WINDOW`]. A stamp holds 14 bits of `jiffies >> 6` (see
+//! `lb_common::consts::CT_STAMP_TIME`), so an entry's age is the current
+//! tick minus its own, modulo 16,384 ticks; the current tick comes from
+//! the kernel's `jiffies` (`/proc/timer_list`) and the tick's length from
+//! two readings of it a few seconds apart (HZ, snapped to 100, 250, 300
+//! or 1000).
+//!
+//! The age wraps: an entry idle for 70 minutes (HZ=250) looks fresh again
+//! for one window. For a backend being drained that would hold off
+//! `drained` by phantom flows, so the entries of watched backends once
+//! seen idle are remembered (bounded by [`MAX_REMEMBERED`]) until their
+//! stamp changes; scans come every few seconds, far more often than an
+//! age can wrap. Other backends' counts are for display and may include
+//! such a phantom for one window.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    io::BufRead as _,
+    time::Instant,
+};
+
+use lb_common::{
+    FlowBucket, FlowEntry,
+    consts::{CT_STAMP_TICK_SHIFT, CT_STAMP_TIME},
+};
+
+/// A flow seen within this long is live.
+pub const IDLE_WINDOW: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// At most this many idle entries of watched backends are remembered
+/// (24 bytes each: 24 MiB).
+pub const MAX_REMEMBERED: usize = 1 << 20;
+
+/// The kernel's `jiffies`, from the first `jiffies:` line of
+/// `/proc/timer_list` (read by line, at most 4,096 lines).
+pub fn jiffies() -> Option<u64> {
+    let file = std::fs::File::open("/proc/timer_list").ok()?;
+    std::io::BufReader::new(file)
+        .lines()
+        .take(4096)
+        .map_while(Result::ok)
+        .find_map(|l| l.strip_prefix("jiffies:")?.trim().parse().ok())
+}
+
+/// The kernel's tick rate, learnt from two readings of `jiffies`.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Clock {
+    first: Option<(Instant, u64)>,
+    hz: Option<u32>,
+}
+
+impl Clock {
+    /// Records a reading; after two seconds, HZ is known.
+    pub fn observe(&mut self, at: Instant, jiffies: u64) {
+        let Some((t0, j0)) = self.first else {
+            self.first = Some((at, jiffies));
+            return;
+        };
+        let secs = at.saturating_duration_since(t0).as_secs_f64();
+        if self.hz.is_none() && secs >= 2.0 {
+            let rate = jiffies.wrapping_sub(j0) as f64 / secs;
+            self.hz = [100u32, 250, 300, 1000].into_iter().min_by(|a, b| {
+                (f64::from(*a) - rate)
+                    .abs()
+                    .total_cmp(&(f64::from(*b) - rate).abs())
+            });
+        }
+    }
+
+    /// The window in stamp ticks; until HZ is known, that of HZ=1000
+    /// (the longest: a flow is rather counted than missed).
+    pub fn window_ticks(&self) -> u16 {
+        let hz = f64::from(self.hz.unwrap_or(1000));
+        let ticks = IDLE_WINDOW.as_secs_f64() * hz / f64::from(1u32 << CT_STAMP_TICK_SHIFT);
+        (ticks.ceil() as u16).clamp(1, CT_STAMP_TIME / 2)
+    }
+
+    #[cfg(test)]
+    pub fn hz(&self) -> Option<u32> {
+        self.hz
+    }
+}
+
+/// The stamp tick of `jiffies`.
+pub fn tick_of(jiffies: u64) -> u16 {
+    (jiffies >> CT_STAMP_TICK_SHIFT) as u16 & CT_STAMP_TIME
+}
+
+/// Counts live flows per backend handle over a scan, remembering the idle
+/// entries of watched handles between scans.
+#[derive(Debug, Default)]
+pub struct LiveFlows {
+    /// (bucket index, way) → (entry, stamp) seen idle.
+    idle: HashMap<(u32, u8), (u64, u16)>,
+}
+
+impl LiveFlows {
+    /// Starts a scan at tick `now`: feed it every bucket in index order
+    /// with [`Scan::bucket`], then [`Scan::finish`].
+    pub fn scan<'a>(&'a mut self, now: u16, window: u16, watched: &'a BTreeSet<u32>) -> Scan<'a> {
+        Scan {
+            flows: self,
+            now,
+            window,
+            watched,
+            index: 0,
+            counts: BTreeMap::new(),
+            seen: HashMap::new(),
+        }
+    }
+
+    #[cfg(test)]
+    pub fn remembered(&self) -> usize {
+        self.idle.len()
+    }
+}
+
+/// One scan of the table (see [`LiveFlows::scan`]).
+pub struct Scan<'a> {
+    flows: &'a mut LiveFlows,
+    now: u16,
+    window: u16,
+    watched: &'a BTreeSet<u32>,
+    index: u32,
+    counts: BTreeMap<u32, u64>,
+    /// The idle entries of watched handles this scan saw.
+    seen: HashMap<(u32, u8), (u64, u16)>,
+}
+
+impl Scan<'_> {
+    pub fn bucket(&mut self, bucket: &FlowBucket) {
+        for (way, (entry, stamp)) in bucket.entries.iter().zip(bucket.stamps).enumerate() {
+            if *entry == FlowEntry::EMPTY {
+                continue;
+            }
+            let key = (self.index, way as u8);
+            let age = self.now.wrapping_sub(stamp & CT_STAMP_TIME) & CT_STAMP_TIME;
+            let watched = self.watched.contains(&entry.handle());
+            let known_idle = watched && self.flows.idle.get(&key) == Some(&(entry.0, stamp));
+            if age < self.window && !known_idle {
+                *self.counts.entry(entry.handle()).or_default() += 1;
+            } else if watched && self.seen.len() < MAX_REMEMBERED {
+                self.seen.insert(key, (entry.0, stamp));
+            }
+        }
+        self.index += 1;
+    }
+
+    /// Live flows per handle (handles without any are absent).
+    pub fn finish(self) -> BTreeMap<u32, u64> {
+        self.flows.idle = self.seen;
+        self.counts
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn bucket(ways: &[(u32, u16)]) -> FlowBucket {
+        let mut b = FlowBucket::default();
+        for (i, (handle, stamp)) in ways.iter().enumerate() {
+            b.entries[i] = FlowEntry::new(7 + i as u32, *handle);
+            b.stamps[i] = *stamp;
+        }
+        b
+    }
+
+    #[test]
+    fn the_tick_rate_is_learnt_from_two_readings() {
+        let t0 = Instant::now();
+        let mut c = Clock::default();
+        c.observe(t0, 4_294_000_000);
+        assert_eq!(c.hz(), None);
+        assert_eq!(
+            c.window_ticks(),
+            157,
+            "HZ=1000 until known: 10 s of 64 ms ticks"
+        );
+        // 2.5 s at 250 Hz.
+        c.observe(t0 + Duration::from_millis(2500), 4_294_000_625);
+        assert_eq!(c.hz(), Some(250));
+        assert_eq!(c.window_ticks(), 40, "10 s of 256 ms ticks");
+        assert_eq!(tick_of(64 * 16_385), 1, "14 bits of jiffies >> 6");
+    }
+
+    #[test]
+    fn live_flows_are_entries_seen_within_the_window() {
+        // Two backends (handles 1, 2); tick 1000, window 40.
+        let mut flows = LiveFlows::default();
+        let none = BTreeSet::new();
+        let class = 3 << 14;
+        let mut scan = flows.scan(1000, 40, &none);
+        scan.bucket(&bucket(&[(1, 999 | class), (1, 961), (1, 960), (2, 1000)]));
+        // 16,383 is 1,001 ticks before 1,000 (modulo 16,384).
+        scan.bucket(&bucket(&[(2, 16_383), (1, 1001)]));
+        let counts = scan.finish();
+        // 999 and 961 are within 40 ticks; 960 is not; 1001 is a tick
+        // ahead (another CPU's clock): 16,383 ticks old, not live.
+        assert_eq!(counts.get(&1), Some(&2));
+        assert_eq!(counts.get(&2), Some(&1), "1000, not 16,383 (1,001 old)");
+    }
+
+    #[test]
+    fn a_watched_entry_seen_idle_stays_idle_until_its_stamp_changes() {
+        let mut flows = LiveFlows::default();
+        let watched = BTreeSet::from([1]);
+        let idle = bucket(&[(1, 100)]);
+        let mut scan = flows.scan(1000, 40, &watched);
+        scan.bucket(&idle);
+        assert!(scan.finish().is_empty());
+        assert_eq!(flows.remembered(), 1);
+        // 16,384 ticks later its age wraps to "fresh": still idle.
+        let mut scan = flows.scan(110, 40, &watched);
+        scan.bucket(&idle);
+        assert!(scan.finish().is_empty(), "a wrapped age is no flow");
+        // An unwatched backend's wrapped entry counts (display only).
+        let unwatched = BTreeSet::new();
+        let mut scan = flows.scan(110, 40, &unwatched);
+        scan.bucket(&idle);
+        assert_eq!(scan.finish().get(&1), Some(&1));
+        // A packet: the stamp changes, the flow is live again.
+        let mut scan = flows.scan(120, 40, &watched);
+        scan.bucket(&bucket(&[(1, 119)]));
+        assert_eq!(scan.finish().get(&1), Some(&1));
+        assert_eq!(flows.remembered(), 0);
+    }
+}
