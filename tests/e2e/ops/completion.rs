@@ -93,7 +93,7 @@ fn zsh(dir: &Path, path: &str, words: &[&str]) -> Result<Vec<String>> {
             .arg("--")
             .args(words)
             .env("PATH", path)
-            .env("COMPLETE", "zsh")
+            .env("LBCTL_COMPLETE", "zsh")
             .env("_CLAP_IFS", "\n")
             .env("_CLAP_COMPLETE_INDEX", (words.len() - 1).to_string()),
         "lbctl",

@@ -1,11 +1,11 @@
 //! Shell completion from the running `lbd`: VIPs (`lbctl table <TAB>`)
 //! and a VIP's backends (`lbctl backend drain 10.0.0.1:80/tcp <TAB>`)
 //! come from `lbd vip list`; everything else from the command line's
-//! definition. clap_complete's dynamic engine: the shell runs `COMPLETE=bash
-//! lbctl -- WORDS...` for each completion, so the registration scripts
-//! (`lbctl __generate completions`, or `source <(COMPLETE=bash lbctl)`)
-//! never go stale. A completion that cannot reach `lbd` offers nothing
-//! and says nothing.
+//! definition. clap_complete's dynamic engine: the shell runs
+//! `LBCTL_COMPLETE=bash lbctl -- WORDS...` for each completion, so the
+//! registration scripts (`lbctl __generate completions`, or `source
+//! <(LBCTL_COMPLETE=bash lbctl)`) never go stale. A completion that cannot
+//! reach `lbd` offers nothing and says nothing.
 
 use std::{
     ffi::OsString,
@@ -117,7 +117,7 @@ fn backend_candidates() -> Vec<CompletionCandidate> {
 }
 
 /// The registration scripts the package installs (`lbctl.bash`,
-/// `_lbctl`, `lbctl.fish`): each runs `COMPLETE=<shell> lbctl -- WORDS`.
+/// `_lbctl`, `lbctl.fish`): each runs `LBCTL_COMPLETE=<shell> lbctl -- WORDS`.
 pub fn write_registrations(dir: &Path) -> std::io::Result<()> {
     use clap_complete::env::{Bash, EnvCompleter, Fish, Zsh};
     std::fs::create_dir_all(dir)?;
@@ -134,8 +134,10 @@ pub fn write_registrations(dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// The environment variable that asks `lbctl` for completions.
-pub const VAR: &str = "COMPLETE";
+/// The environment variable that asks `lbctl` for completions: its own
+/// name, not clap's default `COMPLETE`, which a user's environment may
+/// hold for something else (lbctl would then answer as a completer).
+pub const VAR: &str = "LBCTL_COMPLETE";
 
 #[cfg(test)]
 mod tests {
