@@ -8,7 +8,7 @@
 //! or 1000).
 //!
 //! The age wraps: an entry idle for 70 minutes (HZ=250) looks fresh again
-//! for one window. For a backend being drained that would hold off
+//! for one window (plus [`AHEAD_TICKS`]). For a backend being drained that would hold off
 //! `drained` by phantom flows, so the entries of watched backends once
 //! seen idle are remembered (bounded by [`MAX_REMEMBERED`]) until their
 //! stamp changes; scans come every few seconds, far more often than an
@@ -35,16 +35,18 @@ pub const IDLE_WINDOW: std::time::Duration = std::time::Duration::from_secs(10);
 const AHEAD_TICKS: u16 = 64;
 
 /// At most this many idle entries of watched backends are remembered
-/// (24 bytes each: 24 MiB).
+/// (about 40 bytes each in the map: 40 MiB).
 pub const MAX_REMEMBERED: usize = 1 << 20;
 
 /// The kernel's `jiffies`, from the first `jiffies:` line of
-/// `/proc/timer_list` (read by line, at most 4,096 lines).
+/// `/proc/timer_list` (after CPU 0's timers: read by line, at most 65,536
+/// lines). Needs root; `None` where it is hidden (some container
+/// profiles), and then no count.
 pub fn jiffies() -> Option<u64> {
     let file = std::fs::File::open("/proc/timer_list").ok()?;
     std::io::BufReader::new(file)
         .lines()
-        .take(4096)
+        .take(65_536)
         .map_while(Result::ok)
         .find_map(|l| l.strip_prefix("jiffies:")?.trim().parse().ok())
 }

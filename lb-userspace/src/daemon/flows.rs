@@ -36,7 +36,8 @@ impl<D: Dataplane> Daemon<D> {
         self.metrics_conntrack
     }
 
-    /// The handles of the backends being drained.
+    /// The handles of the backends being drained whose entries are still
+    /// honoured (a drain past its `drain_timeout` is over: not watched).
     fn draining_handles(&self) -> BTreeSet<u32> {
         let kernel = self.reconciler.vips();
         self.lifecycle
@@ -46,23 +47,28 @@ impl<D: Dataplane> Daemon<D> {
                 v.backends
                     .iter()
                     .filter(|(_, l)| l.drained_since.is_some())
-                    .filter_map(move |(addr, _)| Some(kernel.get(id)?.backends.get(addr)?.handle))
+                    .filter_map(move |(addr, _)| kernel.get(id)?.backends.get(addr))
+                    .filter(|b| b.usable)
+                    .map(|b| b.handle)
             })
             .collect()
     }
 
-    /// Scans the table: occupancy, and live flows into the lifecycle
-    /// (left as they were when the kernel's clock cannot be read).
+    /// Scans the table: occupancy, and live flows into the lifecycle.
+    /// Without the kernel's clock, or when the scan fails, the live flows
+    /// and the remembered idle entries stay as they were (a count judged
+    /// against no clock could call a live flow idle).
     fn scan_table(&mut self) -> Option<(u64, u64)> {
         let jiffies = liveflows::jiffies();
         if let Some(j) = jiffies {
             self.live_clock.observe(Instant::now(), j);
         }
         let watched = self.draining_handles();
-        let now = jiffies.map_or(0, liveflows::tick_of);
-        let mut scan = self
-            .live_flows
-            .scan(now, self.live_clock.window_ticks(), &watched);
+        let window = self.live_clock.window_ticks();
+        let mut scan = jiffies.map(|j| {
+            self.live_flows
+                .scan(liveflows::tick_of(j), window, &watched)
+        });
         let (mut used, mut all) = (0u64, 0u64);
         let scanned = self.reconciler.dataplane().scan_flows(&mut |bucket| {
             all += bucket.entries.len() as u64;
@@ -71,11 +77,13 @@ impl<D: Dataplane> Daemon<D> {
                 .iter()
                 .filter(|e| **e != FlowEntry::EMPTY)
                 .count() as u64;
-            scan.bucket(bucket);
+            if let Some(scan) = scan.as_mut() {
+                scan.bucket(bucket);
+            }
         });
-        let counts = scan.finish();
         scanned.ok()?;
-        if jiffies.is_some() {
+        if let Some(scan) = scan {
+            let counts = scan.finish();
             self.set_live_flows(&counts);
         }
         Some((used, all))

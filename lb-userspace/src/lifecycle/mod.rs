@@ -376,8 +376,11 @@ fn backend_plan(
     let up = l.up(now);
     if let Some(since) = l.drained_since {
         let keep = now.saturating_duration_since(since) < vip.drain_timeout;
-        let state = match l.live_flows {
-            Some(0) => BackendState::Drained,
+        // Past drain_timeout the state is what it was at the end: a cut
+        // drain stays draining though its flows, re-picked, leave it.
+        let state = match (keep, l.live_flows) {
+            (true, Some(0)) => BackendState::Drained,
+            (false, _) if l.state == BackendState::Drained => BackendState::Drained,
             _ => BackendState::Draining,
         };
         (state, 0, keep)
@@ -629,6 +632,12 @@ mod tests {
         );
         let p = l.plan(std::slice::from_ref(&v), t0 + Duration::from_secs(12));
         assert!(p.events.is_empty(), "said once: {:?}", p.events);
+        // The cut flows go elsewhere and the count falls to 0: the drain
+        // was cut, not drained, and stays so.
+        set_flows(&mut l, Some(0));
+        let p = l.plan(std::slice::from_ref(&v), t0 + Duration::from_secs(13));
+        assert_eq!(state(&l), BackendState::Draining);
+        assert!(p.events.is_empty(), "{:?}", p.events);
     }
 
     #[test]

@@ -98,17 +98,22 @@ pub fn run(socket: &Path, args: SimulateArgs, json: bool) -> Result<()> {
     Ok(())
 }
 
-/// The answers for [`SAMPLE_PORTS`]: one line when every port gets the
-/// same backend, else a line per port.
+/// The answers for [`SAMPLE_PORTS`]: one line when the port does not
+/// matter (every port hashes to one slot: the VIP's hash leaves the port
+/// out), else a line per port. Ports that merely land on one backend
+/// prove nothing of the others.
 fn print_by_port(answers: &[(u16, Simulation)]) {
     let backend = |s: &Simulation| s.backend.map_or("none".to_string(), |b| b.to_string());
-    let first = backend(&answers[0].1);
-    if answers.iter().all(|(_, s)| backend(s) == first) {
+    let first = &answers[0].1;
+    if answers
+        .iter()
+        .all(|(_, s)| s.hash == first.hash && backend(s) == backend(first))
+    {
         println!(
-            "backend   {first} for every client port tried ({} ports): this VIP's backend does not depend on the port here",
-            answers.len()
+            "backend   {} for any client port: this VIP's hash leaves the port out",
+            backend(first)
         );
-        println!("via       {}", answers[0].1.via);
+        println!("via       {}", first.via);
         return;
     }
     println!("the backend depends on the client's port; for a few ports:");
