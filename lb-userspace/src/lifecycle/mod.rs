@@ -569,6 +569,15 @@ mod tests {
         );
     }
 
+    /// `p` has one event, and it says `text`.
+    fn said_once(p: &Plan, text: &str) {
+        assert!(
+            p.events.len() == 1 && p.events[0].contains(text),
+            "{text:?} not said once: {:?}",
+            p.events
+        );
+    }
+
     #[test]
     fn a_drain_ends_drained_when_no_flow_is_left_or_logs_the_flows_it_cuts() {
         let mut v = vip(2);
@@ -609,12 +618,7 @@ mod tests {
             p.usable[&(v.id, addr(1))],
             "still honoured until the timeout"
         );
-        assert_eq!(p.events.len(), 1, "{:?}", p.events);
-        assert!(
-            p.events[0].contains("drained: no live flows, 3s after"),
-            "{:?}",
-            p.events
-        );
+        said_once(&p, "drained: no live flows, 3s after");
         let p = l.plan(std::slice::from_ref(&v), t0 + Duration::from_secs(4));
         assert!(p.events.is_empty(), "said once: {:?}", p.events);
         // Flows again (an idle connection spoke): draining; at the timeout
@@ -624,12 +628,7 @@ mod tests {
         assert_eq!(state(&l), BackendState::Draining);
         let p = l.plan(std::slice::from_ref(&v), t0 + Duration::from_secs(11));
         assert!(!p.usable[&(v.id, addr(1))]);
-        assert_eq!(p.events.len(), 1, "{:?}", p.events);
-        assert!(
-            p.events[0].contains("ran out with 2 live flows: cut"),
-            "{:?}",
-            p.events
-        );
+        said_once(&p, "ran out with 2 live flows: cut");
         let p = l.plan(std::slice::from_ref(&v), t0 + Duration::from_secs(12));
         assert!(p.events.is_empty(), "said once: {:?}", p.events);
         // The cut flows go elsewhere and the count falls to 0: the drain
