@@ -29,6 +29,7 @@ mod atomic_file;
 pub mod bfd;
 pub mod cli_docs;
 pub mod config;
+mod conns;
 pub mod daemon;
 pub mod dataplane;
 pub mod decap;

@@ -84,9 +84,25 @@ impl Clock {
         (ticks.ceil() as u16).clamp(1, CT_STAMP_TIME / 2)
     }
 
-    #[cfg(test)]
     pub fn hz(&self) -> Option<u32> {
         self.hz
+    }
+
+    /// `ticks` stamp ticks in seconds, once the tick rate is known.
+    pub fn secs_of(&self, ticks: u16) -> Option<f64> {
+        let hz = f64::from(self.hz?);
+        Some(f64::from(ticks) * f64::from(1u32 << CT_STAMP_TICK_SHIFT) / hz)
+    }
+}
+
+/// How many ticks ago a way stamped `stamp` was seen, at tick `now`
+/// (modulo 16,384 ticks; a stamp written after `now` was read is 0).
+pub fn age_ticks(now: u16, stamp: u16) -> u16 {
+    let age = now.wrapping_sub(stamp & CT_STAMP_TIME) & CT_STAMP_TIME;
+    if CT_STAMP_TIME - age < AHEAD_TICKS {
+        0
+    } else {
+        age
     }
 }
 
@@ -143,11 +159,10 @@ impl Scan<'_> {
                 continue;
             }
             let key = (self.index, way as u8);
-            let age = self.now.wrapping_sub(stamp & CT_STAMP_TIME) & CT_STAMP_TIME;
-            let ahead = CT_STAMP_TIME - age < AHEAD_TICKS;
+            let age = age_ticks(self.now, stamp);
             let watched = self.watched.contains(&entry.handle());
             let known_idle = watched && self.flows.idle.get(&key) == Some(&(entry.0, stamp));
-            if (age < self.window || ahead) && !known_idle {
+            if age < self.window && !known_idle {
                 *self.counts.entry(entry.handle()).or_default() += 1;
             } else if watched && self.seen.len() < MAX_REMEMBERED {
                 self.seen.insert(key, (entry.0, stamp));

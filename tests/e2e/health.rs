@@ -316,6 +316,111 @@ fn a_drained_backend_reaches_empty_and_drain_wait_returns_then() {
     })());
 }
 
+/// The client ports of the connections a backend holds to port 80, from
+/// its own TCP stack (`ss`'s peer column).
+fn peer_ports(rig: &Rig, name: &str) -> Result<BTreeMap<u16, String>> {
+    let out = rig
+        .backend(name)
+        .ns
+        .run("ss", &["-Htn", "state", "established", "( sport = :80 )"])?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .map(|l| {
+            let peer = l.split_whitespace().nth(3).context("an ss line")?;
+            let port = peer.rsplit_once(':').context("address:port")?.1;
+            Ok((port.parse()?, name.to_string()))
+        })
+        .collect()
+}
+
+/// `lbctl conns`: on a 2M-bucket table, the flows of the rig's client
+/// found by `--client` are exactly the connections the backends' TCP
+/// stacks hold from it (client port → backend, `ss` in each namespace),
+/// and `--backend` counts each backend's. The search times are printed
+/// (the figures of the closing note), not asserted.
+#[test]
+fn conns_shows_each_connection_with_its_client_port_and_backend() {
+    let _serial = serial();
+    check((|| {
+        let rig = Rig::new(2)?;
+        let config = rig.dir.join("lbd.yaml");
+        let text = rig.config_with(&[Some(1), Some(1)], "");
+        std::fs::write(
+            &config,
+            text.replace("conntrack_buckets: 65536", "conntrack_buckets: 2097152"),
+        )?;
+        let lbd = Lbd::start(&rig, &config)?;
+        let streams = run_streams(&rig, 57_000..57_012)?;
+        // The tick rate is learnt in the first seconds: idle times then.
+        std::thread::sleep(Duration::from_secs(3));
+        let mut held = peer_ports(&rig, "be1")?;
+        held.extend(peer_ports(&rig, "be2")?);
+        let by_name = |addr: &str| {
+            rig.backends
+                .iter()
+                .find(|b| b.addr.to_string() == addr)
+                .map(|b| b.name.clone())
+        };
+        let found = lbd.lbctl_json(&["conns", VIP, "--client", &CLIENT.to_string()])?;
+        let rows = found["rows"].as_array().context("rows")?;
+        let mut seen = BTreeMap::new();
+        for r in rows {
+            let client = r["client"].as_str().context("a client")?;
+            let (addr, port) = client.rsplit_once(':').context("address:port")?;
+            let backend = r["backend"].as_str().and_then(by_name).context("backend")?;
+            // Every stream sends each 20 ms: idle for a tick at most,
+            // 5 s being a stall that would have broken it.
+            let idle = r["idle_secs"].as_f64().context("an idle time")?;
+            if addr != CLIENT.to_string() || r["confirmed"] != true || idle > 5.0 {
+                bail!("unexpected row {r}");
+            }
+            seen.insert(port.parse::<u16>()?, backend);
+        }
+        eprintln!(
+            "conns --client {CLIENT}: {} flows, {} in {:.0} ms; ss holds {}",
+            seen.len(),
+            found["searched"],
+            found["elapsed_ms"].as_f64().unwrap_or(-1.0),
+            held.len()
+        );
+        if seen != held || held.len() != streams.len() {
+            bail!("lbctl conns found {seen:?}; the backends hold {held:?}");
+        }
+        for name in ["be1", "be2"] {
+            let addr = rig.backend(name).addr.to_string();
+            let one = lbd.lbctl_json(&["conns", "--backend", &addr, "--limit", "1"])?;
+            let want = held.values().filter(|b| *b == name).count() as u64;
+            eprintln!(
+                "conns --backend {addr}: {} matched, {} in {:.0} ms",
+                one["matched"],
+                one["searched"],
+                one["elapsed_ms"].as_f64().unwrap_or(-1.0)
+            );
+            if one["matched"].as_u64() != Some(want)
+                || one["rows"].as_array().map(Vec::len) != Some(1)
+            {
+                bail!("conns --backend {addr}: {one}; {want} connections held");
+            }
+        }
+        eprintln!(
+            "$ lbctl conns {VIP} --client {CLIENT} --limit 4\n{}",
+            lbd.lbctl(&[
+                "conns",
+                VIP,
+                "--client",
+                &CLIENT.to_string(),
+                "--limit",
+                "4"
+            ])?
+        );
+        let reports = finish(streams)?;
+        if let Some(r) = reports.iter().find(|r| r.error.is_some()) {
+            bail!("a stream broke: {r:?}");
+        }
+        Ok(())
+    })());
+}
+
 #[test]
 fn slow_start_ramps_up_a_new_backends_share() {
     let _serial = serial();

@@ -66,6 +66,29 @@ pub enum Request {
         #[serde(default)]
         syn: bool,
     },
+    /// Connection-table entries: VIP, backend, idle time, confirmed; the
+    /// client's address and port only with --client (the table keeps a
+    /// tag of each flow, not its tuple: every source port of the prefix
+    /// is hashed to find them).
+    // Answer: [`super::Conns`]
+    Conns {
+        /// Only this VIP's entries, e.g. 10.0.0.1:80/tcp.
+        vip: Option<VipId>,
+        /// Only this backend's entries.
+        #[arg(long)]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        backend: Option<IpAddr>,
+        /// Only flows from this address or prefix (at most 64 IPv4
+        /// addresses to one VIP, every source port), shown with their
+        /// address and port.
+        #[arg(long)]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        client: Option<String>,
+        /// At most this many rows (the count of all is still given).
+        #[arg(long, default_value_t = 100)]
+        #[serde(default = "hundred")]
+        limit: usize,
+    },
     /// Re-read the configuration file (an invalid file is rejected and the
     /// running configuration stays).
     // Answer: [`super::Committed`]
@@ -272,6 +295,10 @@ impl clap::Args for VipSettings {
 
 fn one() -> u32 {
     1
+}
+
+fn hundred() -> usize {
+    100
 }
 
 fn twenty() -> usize {

@@ -551,6 +551,50 @@ pub struct Simulation {
     pub alternates: Vec<IpAddr>,
 }
 
+/// `lbctl conns`: connection-table entries, as `ipvsadm -Lnc` lists
+/// IPVS's connections.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Conns {
+    /// The first `limit` entries that match, in table order.
+    pub rows: Vec<ConnRow>,
+    /// Entries that match in all (more than `rows` when cut at the limit).
+    pub matched: u64,
+    /// What was searched: the buckets read, or the tuples hashed for a
+    /// client.
+    pub searched: String,
+    /// How long the search took, in milliseconds.
+    pub elapsed_ms: f64,
+    /// VIPs a client query could not search (all-ports VIPs: every
+    /// destination port too), named.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<String>,
+}
+
+/// One connection-table entry.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ConnRow {
+    pub vip: VipId,
+    pub backend: IpAddr,
+    /// The client's address and port: only for `--client` (the table
+    /// keeps a tag of the flow, not its tuple).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client: Option<std::net::SocketAddr>,
+    /// Seconds since its last packet, in steps of the stamps' tick (64
+    /// jiffies); stamps wrap every 16,384 ticks (70 min at HZ=250), so an
+    /// entry idle longer shows less. `None` without the kernel's clock.
+    pub idle_secs: Option<f64>,
+    /// Its activity class: 0 one packet and no handshake seen, 1 a second
+    /// packet or a handshake seen from its SYN, 2, 3 (active) four
+    /// packets or more.
+    pub class: u8,
+    /// Class 1 or more: more than one packet, or its SYN went out from
+    /// here.
+    pub confirmed: bool,
+    /// Its place: bucket index and way.
+    pub bucket: u32,
+    pub way: u8,
+}
+
 /// `lbctl bgp`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct AnnounceStatus {

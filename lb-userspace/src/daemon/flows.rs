@@ -1,18 +1,26 @@
-//! The periodic read-only scan of the connection table: its occupancy
+//! The read-only scans of the connection table. Periodic: its occupancy
 //! (a metric) and each backend's live flows ([`crate::liveflows`]), which
 //! `lbctl health` and `vip list` show and which end a drain: a draining
 //! backend with none left is `drained`. Every 15 ticks; every 2 while a
-//! backend drains.
+//! backend drains. On request: `lbctl conns`, its entries as rows
+//! ([`crate::conns`]).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
     time::Instant,
 };
 
-use lb_common::FlowEntry;
+use lb_common::{FlowEntry, consts::CT_STAMP_CLASS_SHIFT};
 
-use super::Daemon;
-use crate::{dataplane::Dataplane, liveflows};
+use super::{Daemon, Result, refused};
+use crate::{
+    api::{ConnRow, Conns, ErrorKind},
+    config::{Prefix, VipId},
+    conns::{self, Found, Target},
+    dataplane::{BucketReader, Dataplane},
+    liveflows,
+};
 
 /// Ticks between two scans (a scan reads every bucket through a read-only
 /// mapping: tens of milliseconds for 2M buckets).
@@ -24,6 +32,12 @@ impl<D: Dataplane> Daemon<D> {
     /// The table's occupancy (ways in use, in all), scanning it when due.
     pub(super) fn scan_table_if_due(&mut self) -> Option<(u64, u64)> {
         self.ticks_since_scan = self.ticks_since_scan.saturating_add(1);
+        // The tick rate, learnt in the first seconds (idle times need it).
+        if self.live_clock.hz().is_none()
+            && let Some(j) = liveflows::jiffies()
+        {
+            self.live_clock.observe(Instant::now(), j);
+        }
         let every = if self.draining_handles().is_empty() {
             SCAN_EVERY_TICKS
         } else {
@@ -101,5 +115,149 @@ impl<D: Dataplane> Daemon<D> {
                 }
             }
         }
+    }
+}
+
+/// The backends a `conns` query asks about: handle → (VIP, address).
+type Handles = BTreeMap<u32, (VipId, IpAddr)>;
+
+impl<D: Dataplane> Daemon<D> {
+    /// `lbctl conns`: the connection table's entries of `vip` (all VIPs
+    /// if none), of `backend`, and, with `client`, the flows from that
+    /// address or prefix with their ports; the first `limit` rows.
+    pub fn conns(
+        &mut self,
+        vip: Option<VipId>,
+        backend: Option<IpAddr>,
+        client: Option<&str>,
+        limit: usize,
+    ) -> Result<Conns> {
+        if limit == 0 || limit > conns::MAX_LIMIT {
+            return Err(refused(
+                ErrorKind::BadRequest,
+                format!("--limit must be 1 to {}", conns::MAX_LIMIT),
+            ));
+        }
+        let handles = self.conn_handles(vip, backend)?;
+        let jiffies = liveflows::jiffies();
+        if let Some(j) = jiffies {
+            self.live_clock.observe(Instant::now(), j);
+        }
+        let started = Instant::now();
+        let (found, searched, skipped) = match client {
+            None => {
+                let buckets = self.reconciler.layout().ct_buckets;
+                let keep = |h: u32| handles.contains_key(&h);
+                let found = self.read_flows(|read| conns::scan(read, buckets, &keep, limit))?;
+                (found, format!("{buckets} buckets"), Vec::new())
+            }
+            Some(client) => self.conns_of_client(&handles, client, limit)?,
+        };
+        let now = jiffies.map(liveflows::tick_of);
+        let rows = found
+            .ways
+            .iter()
+            .filter_map(|w| {
+                let (vip, backend) = *handles.get(&w.entry.handle())?;
+                let class = (w.stamp >> CT_STAMP_CLASS_SHIFT) as u8;
+                Some(ConnRow {
+                    vip,
+                    backend,
+                    client: w.client,
+                    idle_secs: now
+                        .and_then(|n| self.live_clock.secs_of(liveflows::age_ticks(n, w.stamp))),
+                    class,
+                    confirmed: class >= 1,
+                    bucket: w.bucket,
+                    way: w.way,
+                })
+            })
+            .collect();
+        Ok(Conns {
+            rows,
+            matched: found.matched,
+            searched,
+            elapsed_ms: started.elapsed().as_secs_f64() * 1e3,
+            skipped,
+        })
+    }
+
+    /// The handles of `vip`'s backends (every VIP's if none), `backend`
+    /// only if given; either named and absent is refused.
+    fn conn_handles(&self, vip: Option<VipId>, backend: Option<IpAddr>) -> Result<Handles> {
+        let vips = self.reconciler.vips();
+        if let Some(v) = vip
+            && !vips.contains_key(&v)
+        {
+            return Err(refused(ErrorKind::NotFound, format!("no VIP {v}")));
+        }
+        let handles: Handles = vips
+            .iter()
+            .filter(|(id, _)| vip.is_none_or(|v| v == **id))
+            .flat_map(|(id, v)| v.backends.iter().map(move |(a, b)| (b.handle, (*id, *a))))
+            .filter(|(_, (_, a))| backend.is_none_or(|b| b == *a))
+            .collect();
+        if let Some(b) = backend
+            && handles.is_empty()
+        {
+            let of = vip.map(|v| format!(" of VIP {v}")).unwrap_or_default();
+            return Err(refused(ErrorKind::NotFound, format!("no backend {b}{of}")));
+        }
+        Ok(handles)
+    }
+
+    /// The flows from `client` to the VIPs of `handles`: every source
+    /// port hashed (see [`conns::clients`]); all-ports VIPs are skipped.
+    fn conns_of_client(
+        &self,
+        handles: &Handles,
+        client: &str,
+        limit: usize,
+    ) -> Result<(Found, String, Vec<String>)> {
+        let prefix = Prefix::address_or_prefix(client)
+            .map_err(|e| refused(ErrorKind::BadRequest, format!("--client: {e}")))?;
+        let mut targets: BTreeMap<VipId, Target> = BTreeMap::new();
+        let mut skipped = BTreeSet::new();
+        for (handle, (id, _)) in handles {
+            if id.addr.is_ipv4() != prefix.addr.is_ipv4() {
+                continue;
+            }
+            if id.port == 0 {
+                skipped.insert(format!("{id}: all ports (every destination port too)"));
+                continue;
+            }
+            let target = targets.entry(*id).or_insert_with(|| Target {
+                addr: id.addr,
+                port: id.port,
+                proto: id.proto.number(),
+                handles: BTreeSet::new(),
+            });
+            target.handles.insert(*handle);
+        }
+        let targets: Vec<Target> = targets.into_values().collect();
+        let cfg = self.reconciler.dataplane().config()?;
+        let mut result = Ok(Found::default());
+        self.read_flows(|read| {
+            result = conns::clients(read, (cfg.ct_mask, cfg.ct_seed), &targets, &prefix, limit);
+        })?;
+        let found = result.map_err(|e| refused(ErrorKind::BadRequest, e))?;
+        let searched = format!(
+            "{} tuples ({prefix}, every source port, to {} VIP(s))",
+            conns::tuples(&prefix, targets.len()),
+            targets.len()
+        );
+        Ok((found, searched, skipped.into_iter().collect()))
+    }
+
+    /// Runs `f` with a reader of the table's buckets.
+    fn read_flows<T: Default>(&self, f: impl FnOnce(BucketReader<'_>) -> T) -> Result<T> {
+        let mut f = Some(f);
+        let mut out = T::default();
+        self.reconciler.dataplane().with_flow_reader(&mut |read| {
+            if let Some(f) = f.take() {
+                out = f(read);
+            }
+        })?;
+        Ok(out)
     }
 }

@@ -70,6 +70,14 @@ impl<D: Dataplane> Daemon<D> {
             } => self
                 .simulate(src, dst, protocol.number(), sport, dport, syn)
                 .and_then(json),
+            Request::Conns {
+                vip,
+                backend,
+                client,
+                limit,
+            } => self
+                .conns(vip, backend, client.as_deref(), limit)
+                .and_then(json),
             Request::Bgp => json(self.announce_status()),
             Request::Overrides(OverridesRequest::List) => json(self.override_rows()),
             Request::Overrides(OverridesRequest::Clear {

@@ -506,6 +506,88 @@ async fn simulate_names_a_backend_in_the_table_or_none() {
 }
 
 #[tokio::test]
+async fn conns_lists_entries_by_vip_backend_and_client() {
+    use lb_common::{FlowBucket, FlowEntry, FlowKey, flow::ct_position};
+    let mut r = rig(FILE);
+    let be = |r: &Rig, a: &str| r.daemon.reconciler.vips()[&id(WEB)].backends[&ip(a)].handle;
+    let (be1, be2) = (be(&r, "10.1.0.1"), be(&r, "10.1.0.2"));
+    let dp = r.daemon.reconciler.dataplane_mut();
+    let cfg = dp.config().unwrap();
+    // A flow of 192.0.2.7:40000 on be1, where the datapath records it
+    // (class 1), and two entries of unknown flows on be2.
+    let flow = FlowKey::new(ip("192.0.2.7"), ip("10.99.0.1"), 6, 40_000, 80);
+    let (index, tag) = ct_position(flow.hash(), cfg.ct_seed);
+    let mut b = FlowBucket::default();
+    b.entries[2] = FlowEntry::new(tag, be1);
+    b.stamps[2] = 1 << 14;
+    dp.set_flow_bucket(index & cfg.ct_mask, &b).unwrap();
+    let other = (index & cfg.ct_mask) ^ 1;
+    let mut b = FlowBucket::default();
+    b.entries[0] = FlowEntry::new(7, be2);
+    b.entries[5] = FlowEntry::new(8, be2);
+    dp.set_flow_bucket(other, &b).unwrap();
+    let conns =
+        |vip: Option<&str>, backend: Option<&str>, client: Option<&str>, limit| Request::Conns {
+            vip: vip.map(id),
+            backend: backend.map(ip),
+            client: client.map(str::to_string),
+            limit,
+        };
+    let all: api::Conns = parse(r.ok(conns(None, None, None, 100)).await);
+    assert_eq!((all.matched, all.rows.len()), (3, 3));
+    assert!(
+        all.rows
+            .iter()
+            .all(|c| c.client.is_none() && c.vip == id(WEB))
+    );
+    let on_be2: api::Conns = parse(r.ok(conns(Some(WEB), Some("10.1.0.2"), None, 1)).await);
+    assert_eq!(
+        (on_be2.matched, on_be2.rows.len()),
+        (2, 1),
+        "cut at the limit"
+    );
+    assert_eq!(on_be2.rows[0].backend, ip("10.1.0.2"));
+    assert!(!on_be2.rows[0].confirmed);
+    let mine: api::Conns = parse(r.ok(conns(None, None, Some("192.0.2.7"), 100)).await);
+    assert_eq!(mine.matched, 1);
+    let row = &mine.rows[0];
+    assert_eq!(row.client, Some("192.0.2.7:40000".parse().unwrap()));
+    assert_eq!(
+        (row.backend, row.class, row.confirmed),
+        (ip("10.1.0.1"), 1, true)
+    );
+    assert_eq!((row.bucket, row.way), (index & cfg.ct_mask, 2));
+    assert!(
+        mine.searched.starts_with("65536 tuples"),
+        "{}",
+        mine.searched
+    );
+    // Refused: a VIP or backend that does not exist, a prefix too wide,
+    // a limit of 0.
+    r.refused(
+        ErrorKind::NotFound,
+        conns(Some("10.99.0.9:80/tcp"), None, None, 9),
+    )
+    .await;
+    r.refused(ErrorKind::NotFound, conns(None, Some("10.1.0.9"), None, 9))
+        .await;
+    let e = r
+        .refused(
+            ErrorKind::BadRequest,
+            conns(None, None, Some("192.0.2.0/24"), 9),
+        )
+        .await;
+    assert!(e.contains("/26 or longer"), "{e}");
+    r.refused(
+        ErrorKind::BadRequest,
+        conns(None, None, Some("192.0.2.x"), 9),
+    )
+    .await;
+    r.refused(ErrorKind::BadRequest, conns(None, None, None, 0))
+        .await;
+}
+
+#[tokio::test]
 async fn stats_read_the_dataplane_counters() {
     let mut r = rig(FILE);
     let counters = &mut r.daemon.reconciler.dataplane_mut().counters;

@@ -783,6 +783,14 @@ impl Dataplane for KernelDataplane {
         Ok(())
     }
 
+    fn with_flow_reader(&self, read: &mut dyn FnMut(super::BucketReader<'_>)) -> Result<()> {
+        let buckets = self.layout.ct_buckets as usize;
+        let len = buckets * std::mem::size_of::<FlowBucket>();
+        let mapping = super::mmap::ReadOnlyMapping::new(self.flows_fd(), len)?;
+        read(&|index| mapping.bucket(index as usize).unwrap_or_default());
+        Ok(())
+    }
+
     fn set_flow_bucket(&mut self, index: u32, bucket: &FlowBucket) -> Result<()> {
         self.maps
             .flows

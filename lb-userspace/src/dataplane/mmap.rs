@@ -48,6 +48,19 @@ impl ReadOnlyMapping {
     }
 }
 
+impl ReadOnlyMapping {
+    /// A copy of bucket `i`, if the mapping holds it.
+    pub fn bucket(&self, i: usize) -> Option<FlowBucket> {
+        if i >= self.len / std::mem::size_of::<FlowBucket>() {
+            return None;
+        }
+        // SAFETY: bucket `i` lies inside the mapping (checked above),
+        // which is page aligned and lives as long as `self`; a volatile
+        // read, as in `buckets`.
+        Some(unsafe { std::ptr::read_volatile((self.addr as *const FlowBucket).add(i)) })
+    }
+}
+
 impl Drop for ReadOnlyMapping {
     fn drop(&mut self) {
         // SAFETY: unmapping exactly the mapping made in `new`.

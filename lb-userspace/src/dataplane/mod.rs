@@ -27,6 +27,10 @@ use thiserror::Error;
 use self::pool::{Region, half_chunks};
 use crate::maglev;
 
+/// Reads connection-table buckets by index (see
+/// [`Dataplane::with_flow_reader`]).
+pub type BucketReader<'a> = &'a dyn Fn(u32) -> FlowBucket;
+
 #[derive(Debug, Error)]
 pub enum DataplaneError {
     #[error("invalid layout: {0}")]
@@ -359,6 +363,15 @@ pub trait Dataplane {
         for index in 0..self.layout().ct_buckets {
             visit(&self.flow_bucket(index)?);
         }
+        Ok(())
+    }
+
+    /// Lends `read` a reader of connection-table buckets by index, for
+    /// lookups of many flows at once (`lbctl conns --client`): through
+    /// the read-only mapping on a kernel. An index past the table, or a
+    /// bucket that cannot be read, reads as empty.
+    fn with_flow_reader(&self, read: &mut dyn FnMut(BucketReader<'_>)) -> Result<()> {
+        read(&|index| self.flow_bucket(index).unwrap_or_default());
         Ok(())
     }
 

@@ -171,6 +171,10 @@ fn show(request: &Request, data: serde_json::Value) -> Result<()> {
         Request::Health => print::print_health(decode(data)?),
         Request::Table { .. } => print::print_table(decode(data)?),
         Request::Simulate { .. } => print::print_simulation(decode(data)?),
+        Request::Conns { .. } => {
+            print::print_conns(&decode(data)?);
+            Ok(())
+        }
         Request::Reload { .. } => committed(data, "reloaded"),
         Request::Diff { .. } => {
             let c: Committed = decode(data)?;

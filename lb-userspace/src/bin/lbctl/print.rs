@@ -544,6 +544,45 @@ pub fn print_stats(s: Stats) -> Result<()> {
     Ok(())
 }
 
+/// `lbctl conns`: one line per entry, then how many matched in all.
+pub fn print_conns(c: &lb::api::Conns) {
+    let with_client = c.rows.iter().any(|r| r.client.is_some());
+    let rows = c
+        .rows
+        .iter()
+        .map(|r| {
+            let mut row = vec![r.vip.to_string()];
+            if with_client {
+                row.push(r.client.map_or("-".into(), |a| a.to_string()));
+            }
+            row.extend([
+                r.backend.to_string(),
+                r.idle_secs.map_or("-".into(), |s| format!("{s:.1}s")),
+                if r.confirmed { "yes" } else { "no" }.into(),
+                r.class.to_string(),
+                format!("{}/{}", r.bucket, r.way),
+            ]);
+            row
+        })
+        .collect();
+    let mut header = vec!["vip"];
+    if with_client {
+        header.push("client");
+    }
+    header.extend(["backend", "idle", "confirmed", "class", "bucket/way"]);
+    print_rows(&header, rows);
+    println!(
+        "{} of {} entries shown; searched {} in {:.0} ms",
+        c.rows.len(),
+        c.matched,
+        c.searched,
+        c.elapsed_ms
+    );
+    for s in &c.skipped {
+        println!("not searched: {s}");
+    }
+}
+
 pub fn print_table(t: TableInfo) -> Result<()> {
     println!(
         "{}: M = {}, active half {}, digest {}",
