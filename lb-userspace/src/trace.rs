@@ -59,7 +59,7 @@ fn prefix_mask(prefix: &Prefix) -> [u32; 4] {
 }
 
 /// One traced packet, as `lbctl trace` shows it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct TraceLine {
     pub client: IpAddr,
     pub client_port: u16,

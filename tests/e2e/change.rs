@@ -300,3 +300,106 @@ fn bird_keeps_the_route_when_a_change_that_empties_the_vip_is_reverted() {
         Ok(())
     })());
 }
+
+/// Every command of `lbctl -o json`, run against a real `lbd`: `Lbd::lbctl`
+/// checks each output against `docs/api.schema.json` with an independent
+/// validator (and refusals against the answer line's schema), so the
+/// published schema is held to what lbctl prints, command by command.
+#[test]
+fn every_lbctl_json_output_matches_the_published_schema() {
+    let _serial = serial();
+    check((|| {
+        let (rig, lbd) = setup(2, &[Some(1), Some(1)])?;
+        let vip = tcp_vip(&rig);
+        let be1 = rig.backend("be1").addr.to_string();
+        let client = lb_tests::rig::CLIENT.to_string();
+        let extra = "10.99.0.7:8080/tcp";
+        let config = rig.dir.join("lbd.yaml");
+        let config = config.to_str().context("path")?;
+        let json = |args: &[&str]| -> Result<()> {
+            let mut all = vec!["-o", "json"];
+            all.extend_from_slice(args);
+            lbd.lbctl(&all).map(drop)
+        };
+        let commands: Vec<Vec<&str>> = vec![
+            vec!["status"],
+            vec!["vip", "list"],
+            vec!["health"],
+            vec!["stats"],
+            vec!["table", &vip, "--slots"],
+            vec!["simulate", &vip, "10.10.1.2:40000"],
+            vec!["simulate", &vip, &client],
+            vec!["conns"],
+            vec!["conns", &vip, "--client", &client],
+            vec!["bgp"],
+            vec!["history"],
+            vec!["overrides", "list"],
+            vec!["--dry-run", "backend", "weight", &vip, &be1, "3"],
+            vec!["vip", "add", extra, "--backend", "10.10.31.2"],
+            vec!["backend", "add", extra, "10.10.32.2"],
+            vec!["backend", "weight", extra, "10.10.32.2", "2"],
+            vec!["backend", "drain", extra, "10.10.32.2"],
+            vec!["backend", "undrain", extra, "10.10.32.2"],
+            vec!["backend", "del", extra, "10.10.32.2"],
+            vec!["overrides", "list"],
+            vec!["overrides", "clear", extra],
+            vec![
+                "--confirm-within",
+                "5m",
+                "backend",
+                "weight",
+                &vip,
+                &be1,
+                "2",
+            ],
+            vec!["confirm"],
+            vec!["revert"],
+            vec!["reload"],
+            vec!["node", "drain", "--no-wait"],
+            vec!["node", "undrain"],
+            vec!["backend", "drain", &vip, &be1, "--wait"],
+        ];
+        for c in &commands {
+            json(c).with_context(|| format!("lbctl -o json {}", c.join(" ")))?;
+        }
+        let (_, _) = lbd.lbctl_diff(&["-o", "json", "diff", config])?;
+        // docs/API.md's worked example, a script that drives lbd without
+        // lbctl: health, then a drain it follows to the end.
+        lbd.lbctl(&["backend", "undrain", &vip, &be1])?;
+        let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/examples/lbd_api.py");
+        let socket = lbd.socket.to_str().context("socket path")?;
+        let run = |args: &[&str]| -> Result<String> {
+            let out = std::process::Command::new("python3")
+                .args([example, "--socket", socket])
+                .args(args)
+                .output()?;
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            eprintln!("$ lbd_api.py {}\n{text}", args.join(" "));
+            if !out.status.success() {
+                bail!(
+                    "lbd_api.py {args:?}: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            Ok(text)
+        };
+        let health = run(&["health"])?;
+        if !health.contains(&format!("{vip} {be1} active")) {
+            bail!("the example's health does not show {be1} active");
+        }
+        if !run(&["drain", &vip, &be1])?.contains(&format!("{be1} drained")) {
+            bail!("the example's drain did not end drained");
+        }
+        // A refusal (nothing to confirm) is checked against the answer
+        // line's schema.
+        let refusal = lbd.lbctl_refusal(&["confirm"])?;
+        if refusal["code"] != "conflict" {
+            bail!("confirm without a change on probation: {refusal}");
+        }
+        eprintln!(
+            "{} lbctl -o json outputs match the schema",
+            commands.len() + 2
+        );
+        Ok(())
+    })());
+}

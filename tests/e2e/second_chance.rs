@@ -194,7 +194,9 @@ fn decap_counters(rig: &EcmpRig) -> Result<Vec<(String, u64)>> {
             .ns
             .command(&lbctl)
             .args(["-o", "json", "decap", "stats", "eth0"]))?;
-        let stats: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        lb_tests::schema::check_output(&["-o", "json", "decap", "stats"], &text)?;
+        let stats: serde_json::Value = serde_json::from_str(&text)?;
         for (sum, name) in sums.iter_mut().zip(names) {
             *sum += stats[name]["packets"].as_u64().unwrap_or(0);
         }

@@ -80,6 +80,7 @@ fn a_trace_shows_a_known_flow_at_the_backend_simulate_names() {
             .collect::<Result<_, _>>()
             .with_context(|| format!("lbctl trace -o json printed:\n{out}"))?;
         eprintln!("$ lbctl trace --vip {vip} --client {CLIENT} --count 4 -o json\n{out}");
+        lb_tests::schema::check_output(&["-o", "json", "trace"], &out)?;
         let times: Vec<&str> = lines.iter().filter_map(|l| l["time"].as_str()).collect();
         let stamped = |t: &&str| {
             let b = t.as_bytes();

@@ -14,6 +14,7 @@ pub mod netns;
 pub mod rig;
 pub mod routers;
 pub mod scenario;
+pub mod schema;
 pub mod speaker;
 pub mod stat;
 pub mod traffic;

@@ -596,7 +596,11 @@ impl Lbd {
                 String::from_utf8_lossy(&out.stderr).trim()
             );
         }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        if args.windows(2).any(|w| w == ["-o", "json"]) {
+            crate::schema::check_output(args, &stdout)?;
+        }
+        Ok(stdout)
     }
 
     /// `lbctl -o json ARGS...`, parsed.
@@ -620,13 +624,15 @@ impl Lbd {
         if out.status.success() {
             bail!("lbctl {} was not refused: {text}", args.join(" "));
         }
-        serde_json::from_str(&text).with_context(|| {
+        let refusal = serde_json::from_str(&text).with_context(|| {
             format!(
                 "lbctl {} printed no refusal: {text} {}",
                 args.join(" "),
                 String::from_utf8_lossy(&out.stderr)
             )
-        })
+        })?;
+        crate::schema::check_refusal(&refusal)?;
+        Ok(refusal)
     }
 
     /// `lbctl simulate` for a new client connection (a SYN from `CLIENT`
@@ -650,6 +656,10 @@ impl Lbd {
             .args(args)
             .output()?;
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if matches!(out.status.code(), Some(0 | 1)) && args.windows(2).any(|w| w == ["-o", "json"])
+        {
+            crate::schema::check_output(args, &text)?;
+        }
         match out.status.code() {
             Some(0) => Ok((false, text)),
             Some(1) => Ok((true, text)),

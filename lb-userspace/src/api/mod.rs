@@ -13,6 +13,7 @@
 //! are `crate::daemon`'s, the socket `lbd`'s.
 
 pub mod request;
+pub mod schema;
 pub mod wire;
 
 use std::{
@@ -22,6 +23,7 @@ use std::{
     time::Duration,
 };
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -42,7 +44,7 @@ pub const API_VERSION: u32 = 2;
 
 /// A request as it travels: its version, the request, and how a change
 /// is applied.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Envelope {
     /// Absent in version 1's requests.
     #[serde(default = "version_one")]
@@ -84,7 +86,7 @@ impl Envelope {
     }
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
 pub struct Response {
     /// The API version of the daemon that answered.
     #[serde(default = "version_one")]

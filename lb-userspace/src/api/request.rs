@@ -11,12 +11,13 @@
 use std::{net::IpAddr, path::PathBuf, str::FromStr};
 
 use clap::{Args, Subcommand};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{Protocol, VipId};
 
 /// A request to lbd (the answer's type is named on each variant).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Subcommand)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Subcommand, JsonSchema)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Request {
     /// The daemon: interfaces, maps, limits, last reload.
@@ -160,7 +161,7 @@ pub enum Request {
 }
 
 /// lbctl overrides ...
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Subcommand)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Subcommand, JsonSchema)]
 #[serde(tag = "action", rename_all = "snake_case", deny_unknown_fields)]
 pub enum OverridesRequest {
     /// Every runtime change in force: object, field, what the file says,
@@ -185,18 +186,18 @@ pub enum OverridesRequest {
 }
 
 /// lbctl vip ...
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Subcommand)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Subcommand, JsonSchema)]
 #[serde(tag = "action", rename_all = "snake_case", deny_unknown_fields)]
 pub enum VipRequest {
     /// List the VIPs: settings, backends, weights, states and handles.
     // Answer: `Vec<`[`super::VipInfo`]`>`
     List,
     /// Add a VIP, e.g. vip add 10.0.0.1:80/tcp --backend 10.1.0.1 --backend 10.1.0.2=2.
-    // Answer: `null`
+    // Answer: [`super::Committed`]
     Add(VipAdd),
     /// Delete a VIP; its connections break (even if it is the last VIP
     /// announced).
-    // Answer: `null`
+    // Answer: [`super::Committed`]
     Del {
         /// The VIP, e.g. 10.0.0.1:80/tcp.
         vip: VipId,
@@ -206,7 +207,7 @@ pub enum VipRequest {
 /// A VIP added at runtime: its identity, its backends, and any setting a
 /// VIP has in the file (--health-check-interval 1s, --encap gue, ...:
 /// one flag per row of VIP_SETTINGS).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Args)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Args, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct VipAdd {
     /// The VIP, e.g. 10.0.0.1:80/tcp, [2001:db8::1]:443/tcp, 10.0.0.1:*/udp.
@@ -223,7 +224,7 @@ pub struct VipAdd {
 /// A VIP's settings as lbctl vip add takes them: the path of each in the
 /// file (health_check.interval) and its value as written (1s); lbd
 /// parses them as the file's VIP (config::vip_settings).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(transparent)]
 pub struct VipSettings(pub std::collections::BTreeMap<String, String>);
 
@@ -307,7 +308,7 @@ fn twenty() -> usize {
 
 /// ADDRESS or ADDRESS=WEIGHT on the command line; {address, weight}
 /// on the wire.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BackendSpec {
     pub address: IpAddr,
@@ -335,7 +336,7 @@ impl FromStr for BackendSpec {
 /// lbctl backend ...; changes that would leave a serving VIP with no
 /// usable backend are refused unless forced.
 // Answer (each): [`super::Committed`].
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Subcommand)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Subcommand, JsonSchema)]
 #[serde(tag = "action", rename_all = "snake_case", deny_unknown_fields)]
 pub enum BackendRequest {
     /// Add a backend to a VIP, e.g. backend add 10.0.0.1:80/tcp 10.1.0.3 -w 2.
@@ -409,7 +410,7 @@ pub enum BackendRequest {
 }
 
 /// A trace lease: taken or renewed (on), or given back (off).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Subcommand)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Subcommand, JsonSchema)]
 #[serde(tag = "action", rename_all = "snake_case", deny_unknown_fields)]
 pub enum TraceRequest {
     /// Take or renew the lease.
@@ -432,7 +433,7 @@ pub enum TraceRequest {
 
 /// lbctl node ...
 // Answer: [`super::NodeChange`]
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Subcommand)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Subcommand, JsonSchema)]
 #[serde(tag = "action", rename_all = "snake_case", deny_unknown_fields)]
 pub enum NodeRequest {
     /// Withdraw every VIP from the routers; forwarding goes on for what
@@ -452,7 +453,7 @@ pub enum NodeRequest {
 /// How a change (vip add|del, backend ..., reload, revert) is
 /// applied. Sent beside the request (Envelope); lbd refuses
 /// them on requests that change nothing.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, Args)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, Args, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ChangeOptions {
     /// Show what the change would do, as lbctl diff does; change nothing.
@@ -479,7 +480,7 @@ fn is_false(b: &bool) -> bool {
 }
 
 /// A confirmation window, 2m or 90s (at most a day).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(try_from = "String", into = "String")]
 pub struct Within(pub std::time::Duration);
 

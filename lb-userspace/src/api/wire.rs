@@ -5,6 +5,7 @@
 
 use std::net::IpAddr;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::config::VipId;
@@ -13,7 +14,7 @@ use crate::config::VipId;
 /// refused answer, beside the message in words), for scripts and tests to
 /// branch on instead of the wording. A code is never renamed; new ones
 /// may be added, so a client treats an unknown code as `internal`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorKind {
     /// The configuration (a file, or the settings a request gives) breaks
@@ -96,7 +97,7 @@ impl std::fmt::Display for ErrorKind {
 }
 
 /// A backend's state (see `crate::lifecycle`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum BackendState {
     Active,
@@ -123,7 +124,7 @@ impl BackendState {
 }
 
 /// What the node as a whole is doing.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum NodeState {
     Serving,
@@ -142,7 +143,7 @@ impl std::fmt::Display for NodeState {
 }
 
 /// A BGP session's state (RFC 4271), or an announcer's (Idle, Established).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum SessionState {
     Idle,
     Connect,
@@ -159,7 +160,7 @@ impl std::fmt::Display for SessionState {
 }
 
 /// The outcome of one probe.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct ProbeInfo {
     pub ok: bool,
     /// From the start of the connect to the verdict, in microseconds.
@@ -169,7 +170,7 @@ pub struct ProbeInfo {
 }
 
 /// One BGP peer, ExaBGP pipe or exec command, for `lbctl bgp`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct PeerRow {
     /// `10.0.0.1:179` for a BGP peer, `exabgp` or `exec <command>`.
     pub peer: String,
@@ -218,7 +219,7 @@ pub struct PeerRow {
 
 /// A BGP session's BFD session, as `lbctl bgp` shows it (`lbd`'s BFD
 /// code fills it as `crate::bfd::BfdStatus`).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct BfdRow {
     /// `Up`, `Down`, `Init`, `AdminDown` (RFC 5880), with the Detection
     /// Time applied.
@@ -255,7 +256,7 @@ pub struct BfdRow {
 
 /// Graceful restart (RFC 4724) in a peer's current or last session (`lbd`'s
 /// BGP speaker fills it as `crate::announce::GracefulRestartStatus`).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct GracefulRestartRow {
     /// We sent the capability; the peer did (it keeps our routes while
     /// we restart).
@@ -272,7 +273,7 @@ pub struct GracefulRestartRow {
 }
 
 /// One VIP's announcement verdict, for `lbctl bgp`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct VipAnnouncement {
     pub vip: VipId,
     /// Backends in the table now, confirmed by their probes.
@@ -292,7 +293,7 @@ pub struct VipAnnouncement {
 }
 
 /// One interface the program is attached to.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
 pub struct InterfaceInfo {
     pub name: String,
     /// `native`, `generic` or `auto`.
@@ -301,7 +302,7 @@ pub struct InterfaceInfo {
     pub adopted: bool,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
 pub struct Status {
     pub instance: String,
     /// The answering `lbd`'s version and the commit it was built from
@@ -364,7 +365,7 @@ pub struct Status {
 }
 
 /// A change made with `--confirm-within`, not confirmed yet.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
 pub struct PendingConfirm {
     pub revision: u64,
     /// The revision it reverts to without a confirmation.
@@ -374,7 +375,7 @@ pub struct PendingConfirm {
 }
 
 /// The gateway watcher's state (`gateway_mac: auto`).
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
 pub struct GatewayInfo {
     pub address: Option<IpAddr>,
     /// A lookup is under way right now (the daemon answers meanwhile).
@@ -383,7 +384,7 @@ pub struct GatewayInfo {
     pub error: Option<String>,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
 pub struct BackendInfo {
     pub address: IpAddr,
     /// Configured weight.
@@ -397,7 +398,7 @@ pub struct BackendInfo {
     pub live_flows: Option<u64>,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
 pub struct BackendHealth {
     pub address: IpAddr,
     pub state: BackendState,
@@ -428,7 +429,7 @@ pub struct BackendHealth {
 }
 
 /// A backend's passive health, for `lbctl health`.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
 pub struct PassiveInfo {
     /// SYNs sent to it, and retransmitted SYNs of its clients, over the
     /// window.
@@ -446,7 +447,7 @@ pub struct PassiveInfo {
     pub note: Option<String>,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
 pub struct VipHealth {
     pub vip: VipId,
     /// Too few backends are healthy: the table uses all of them.
@@ -456,7 +457,7 @@ pub struct VipHealth {
     pub backends: Vec<BackendHealth>,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
 pub struct VipInfo {
     pub vip: VipId,
     pub encap: String,
@@ -467,7 +468,7 @@ pub struct VipInfo {
 }
 
 /// A counter value and its rate over the last sampling interval.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema)]
 pub struct Rate {
     pub packets: u64,
     pub bytes: u64,
@@ -475,7 +476,7 @@ pub struct Rate {
     pub bps: f64,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
 pub struct CounterInfo {
     pub name: String,
     /// `pass`, `forward`, `drop`, `malformed` or `event`.
@@ -484,14 +485,14 @@ pub struct CounterInfo {
     pub value: Rate,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
 pub struct BackendStats {
     pub address: IpAddr,
     #[serde(flatten)]
     pub value: Rate,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
 pub struct VipStats {
     pub vip: VipId,
     #[serde(flatten)]
@@ -499,7 +500,7 @@ pub struct VipStats {
     pub backends: Vec<BackendStats>,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
 pub struct Stats {
     /// Seconds the rates are measured over.
     pub interval_secs: f64,
@@ -509,7 +510,7 @@ pub struct Stats {
     pub malformed_policy: String,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
 pub struct TableShare {
     pub address: IpAddr,
     pub weight: u32,
@@ -520,7 +521,7 @@ pub struct TableShare {
     pub weight_share: f64,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
 pub struct TableInfo {
     pub vip: VipId,
     pub table_size: u32,
@@ -534,7 +535,7 @@ pub struct TableInfo {
     pub slots: Option<Vec<Option<IpAddr>>>,
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
 pub struct Simulation {
     /// `None` if the destination is not a VIP.
     pub vip: Option<VipId>,
@@ -553,7 +554,7 @@ pub struct Simulation {
 
 /// `lbctl conns`: connection-table entries, as `ipvsadm -Lnc` lists
 /// IPVS's connections.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
 pub struct Conns {
     /// The first `limit` entries that match, in table order.
     pub rows: Vec<ConnRow>,
@@ -571,7 +572,7 @@ pub struct Conns {
 }
 
 /// One connection-table entry.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
 pub struct ConnRow {
     pub vip: VipId,
     pub backend: IpAddr,
@@ -596,7 +597,7 @@ pub struct ConnRow {
 }
 
 /// `lbctl bgp`.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
 pub struct AnnounceStatus {
     pub node: NodeState,
     /// Seconds in that state (drained or stopping); 0 while serving.
@@ -614,7 +615,7 @@ pub struct AnnounceStatus {
 }
 
 /// The answer to `node_drain` and `node_undrain`.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
 pub struct NodeChange {
     pub node: NodeState,
     /// The request changed the state (false: it was already so).
@@ -627,20 +628,20 @@ pub struct NodeChange {
 }
 
 /// A setting's value before and after a change, in the file's words.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct SettingChange {
     pub name: String,
     pub before: String,
     pub after: String,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct BackendWeight {
     pub address: IpAddr,
     pub weight: u32,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Reweight {
     pub address: IpAddr,
     pub before: u32,
@@ -648,7 +649,7 @@ pub struct Reweight {
 }
 
 /// What a change does to one VIP that exists before and after it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct VipChange {
     pub vip: VipId,
     pub backends_added: Vec<BackendWeight>,
@@ -669,7 +670,7 @@ pub struct VipChange {
 }
 
 /// A VIP a change removes.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct VipRemoved {
     pub vip: VipId,
     /// Its connection-table entries: those connections break.
@@ -678,7 +679,7 @@ pub struct VipRemoved {
 
 /// A runtime change in force over the file (`lbctl overrides`, and in
 /// `lbctl diff`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct OverrideRow {
     pub vip: VipId,
     /// The backend, for a change of one backend.
@@ -699,7 +700,7 @@ pub struct OverrideRow {
 }
 
 /// What a change would do (`lbctl diff`, `--dry-run`).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ChangePreview {
     pub digest_before: String,
     pub digest_after: String,
@@ -734,7 +735,7 @@ impl ChangePreview {
 
 /// The answer to a change (`vip`, `backend`, `reload`, `revert`,
 /// `confirm`).
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize, JsonSchema)]
 pub struct Committed {
     /// The revision now running (`None` for a dry run).
     pub revision: Option<u64>,
@@ -748,7 +749,7 @@ pub struct Committed {
 }
 
 /// The answer to a trace lease.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
 pub struct TraceLeased {
     /// Where the ring buffer of events is pinned.
     pub events: String,
@@ -762,7 +763,7 @@ pub struct TraceLeased {
 }
 
 /// One revision, for `lbctl history`.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
 pub struct RevisionRow {
     pub revision: u64,
     /// When, UTC.

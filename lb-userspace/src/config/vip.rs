@@ -69,7 +69,19 @@ pub fn pool_mib(chunks: u64) -> String {
 }
 
 /// L4 protocol of a VIP.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Protocol {
     Tcp,
@@ -238,6 +250,20 @@ impl Serialize for VipId {
 impl<'de> Deserialize<'de> for VipId {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         from_str_field(d, "a VIP such as 10.0.0.1:80/tcp")
+    }
+}
+
+impl schemars::JsonSchema for VipId {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "VipId".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "type": "string",
+            "description": "A VIP: ADDRESS:PORT/PROTO, e.g. 10.0.0.1:80/tcp, [2001:db8::1]:443/tcp, 10.0.0.1:*/udp (all ports)",
+            "pattern": "^([0-9.]+|\\[[0-9A-Fa-f:.]+\\]):([0-9]{1,5}|\\*|all)/(tcp|udp)$"
+        })
     }
 }
 

@@ -1,7 +1,9 @@
 //! `lbctl backend drain VIP ADDR --wait`: after the drain, follows the
 //! backend's live flows once a second until it is `drained` (exit 0), its
 //! `drain_timeout` runs out (the flows left are cut: exit 1), or it stops
-//! draining (undrained, removed: exit 1).
+//! draining (undrained, removed: exit 1). With `-o json`, JSON Lines:
+//! the drain's answer, then the backend (`vip list`'s entry, `null` once
+//! removed) each time its live flows change, and at the end.
 
 use std::{net::IpAddr, path::Path, time::Duration};
 
@@ -50,7 +52,7 @@ pub fn wait_drained(socket: &Path, vip: VipId, address: IpAddr, json: bool) -> R
         let b = backend(socket, vip, address)?;
         if let Some(end) = end_of(b.as_ref()) {
             if json {
-                println!("{}", serde_json::to_string_pretty(&b)?);
+                println!("{}", serde_json::to_string(&b)?);
             } else {
                 match &end {
                     End::Drained => println!("{address} is drained: no live flows"),
@@ -63,9 +65,13 @@ pub fn wait_drained(socket: &Path, vip: VipId, address: IpAddr, json: bool) -> R
             }
             return Ok(i32::from(end != End::Drained));
         }
-        let flows = b.and_then(|b| b.live_flows);
-        if !json && flows != shown {
-            println!("{} live flows", crate::print::flows(flows));
+        let flows = b.as_ref().and_then(|b| b.live_flows);
+        if flows != shown {
+            if json {
+                println!("{}", serde_json::to_string(&b)?);
+            } else {
+                println!("{} live flows", crate::print::flows(flows));
+            }
             shown = flows;
         }
         std::thread::sleep(Duration::from_secs(1));

@@ -134,7 +134,14 @@ fn run(args: Args) -> Result<i32> {
         *path = std::env::current_dir()?.join(&*path);
     }
     let data = api::call_with(&socket, &request, &args.change)?;
-    if json {
+    let lines = matches!(
+        request,
+        Request::Backend(api::BackendRequest::Drain { wait: true, .. })
+    ) && !args.change.dry_run;
+    if json && lines {
+        // JSON Lines: the backend's state follows, line by line.
+        println!("{}", serde_json::to_string(&data)?);
+    } else if json {
         println!("{}", serde_json::to_string_pretty(&data)?);
     } else {
         show(&request, data.clone())?;
