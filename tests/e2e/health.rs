@@ -591,3 +591,114 @@ fn probes_through_the_tunnel_catch_a_backend_without_its_vip() {
         Ok(())
     })());
 }
+
+/// A tmux session, killed when dropped (also on failure).
+struct Tmux(String);
+
+impl Tmux {
+    fn run(&self, args: &[&str]) -> Result<std::process::Output> {
+        Ok(std::process::Command::new("tmux").args(args).output()?)
+    }
+
+    /// The visible screen, as text.
+    fn screen(&self) -> Result<String> {
+        let out = self.run(&["capture-pane", "-p", "-t", &self.0])?;
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    fn alive(&self) -> Result<bool> {
+        Ok(self.run(&["has-session", "-t", &self.0])?.status.success())
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = self.run(&["kill-session", "-t", &self.0]);
+    }
+}
+
+/// `lbctl top` in a real terminal (tmux): its screen, read back with
+/// `capture-pane`, shows the VIP, each backend with its state and live
+/// flows, and the totals; `s` changes the sort, `q` quits. `--once`
+/// prints the same lines plainly.
+#[test]
+fn lbctl_top_shows_vips_backends_and_rates_and_quits_on_q() {
+    let _serial = serial();
+    check((|| {
+        let (rig, lbd) = setup_with(2, &[Some(1), Some(1)], "")?;
+        let streams = run_streams(&rig, 57_100..57_106)?;
+        let tmux = Tmux(format!("lbtop{}", std::process::id()));
+        let command = format!(
+            "{} --socket {} top",
+            bin_path("lbctl")?.display(),
+            lbd.socket.display()
+        );
+        let started = tmux.run(&[
+            "new-session",
+            "-d",
+            "-s",
+            &tmux.0,
+            "-x",
+            "150",
+            "-y",
+            "40",
+            &command,
+        ])?;
+        if !started.status.success() {
+            bail!("tmux: {}", String::from_utf8_lossy(&started.stderr));
+        }
+        let backend_lines = |screen: &str| -> usize {
+            rig.backends
+                .iter()
+                .filter(|b| {
+                    screen
+                        .lines()
+                        .any(|l| l.contains(&format!("  {}", b.addr)) && l.contains("active"))
+                })
+                .count()
+        };
+        let shown = wait_for(Duration::from_secs(30), || {
+            let s = tmux.screen()?;
+            Ok(s.contains(VIP) && s.contains("forwarded") && backend_lines(&s) == 2)
+        })
+        .with_context(|| format!("lbctl top's screen:\n{}", tmux.screen().unwrap_or_default()))?;
+        let screen = tmux.screen()?;
+        eprintln!("lbctl top drew its screen within {shown:?}:\n{screen}");
+        if !screen.contains("live flows") || !screen.contains("sorted by pps") {
+            bail!("no live flows column or sort line:\n{screen}");
+        }
+        // The view follows lbd: the VIP's live flows reach the streams'
+        // count once lbd's periodic scan (every 15 s) has seen them.
+        let vip_flows = |screen: &str| -> Option<usize> {
+            let line = screen.lines().find(|l| l.starts_with(VIP))?;
+            line.split_whitespace().nth(4)?.parse().ok()
+        };
+        wait_for(Duration::from_secs(60), || {
+            Ok(vip_flows(&tmux.screen()?) == Some(streams.len()))
+        })
+        .with_context(|| {
+            format!(
+                "live flows never reached {}:\n{}",
+                streams.len(),
+                tmux.screen().unwrap_or_default()
+            )
+        })?;
+        tmux.run(&["send-keys", "-t", &tmux.0, "s"])?;
+        wait_for(Duration::from_secs(10), || {
+            Ok(tmux.screen()?.contains("sorted by bps"))
+        })
+        .context("s did not change the sort")?;
+        tmux.run(&["send-keys", "-t", &tmux.0, "q"])?;
+        wait_for(Duration::from_secs(10), || Ok(!tmux.alive()?)).context("q did not quit")?;
+        let once = lbd.lbctl(&["top", "--once"])?;
+        eprintln!("$ lbctl top --once\n{once}");
+        if !once.contains(VIP) || once.lines().filter(|l| l.contains("active")).count() < 2 {
+            bail!("lbctl top --once:\n{once}");
+        }
+        let reports = finish(streams)?;
+        if let Some(r) = reports.iter().find(|r| r.error.is_some()) {
+            bail!("a stream broke: {r:?}");
+        }
+        Ok(())
+    })());
+}

@@ -32,6 +32,8 @@ const PACKAGES: &[&str] = &[
     // nft: the SYN-flood test drops the tunnelled flood on its router; the
     // BFD tests silence a balancer's link and make BFD's path lossy.
     "nftables",
+    // lbctl top runs in a real terminal in its test.
+    "tmux",
     // Runs docs/examples/lbd_api.py, the API driven without lbctl.
     "python3",
     // Loads the CPUs to check that a rig test passes on a busy machine.

@@ -11,6 +11,7 @@ mod decap;
 mod drain;
 mod print;
 mod simulate;
+mod top;
 mod trace;
 
 use std::path::PathBuf;
@@ -62,6 +63,11 @@ enum Command {
     /// recent SYN or the Maglev slot; for a second-chance VIP, the
     /// alternates a packet without entry carries.
     Simulate(simulate::SimulateArgs),
+    /// The balancer live, full screen: totals, drops and malformed by
+    /// reason, peers, and each VIP and backend (state, live flows, pps,
+    /// bps), refreshed every second; s sorts, q quits. Off a terminal or
+    /// with --once: one plain snapshot.
+    Top(top::TopArgs),
     /// Writes man pages or shell completions into DIR (used to build the
     /// package).
     #[command(name = "__generate", hide = true)]
@@ -122,6 +128,7 @@ fn run(args: Args) -> Result<i32> {
         Command::Decap(cmd) => return decap::run(cmd, json).map(|()| 0),
         Command::Trace(t) => return trace::run(&socket, t, json).map(|()| 0),
         Command::Simulate(s) => return simulate::run(&socket, s, json).map(|()| 0),
+        Command::Top(t) => return top::run(&socket, t).map(|()| 0),
         Command::Generate { what, dir } => return generate(what, &dir).map(|()| 0),
         Command::Api(request) => request,
     };
