@@ -334,6 +334,7 @@ fn every_lbctl_json_output_matches_the_published_schema() {
             vec!["bgp"],
             vec!["history"],
             vec!["overrides", "list"],
+            vec!["top"],
             vec!["--dry-run", "backend", "weight", &vip, &be1, "3"],
             vec!["vip", "add", extra, "--backend", "10.10.31.2"],
             vec!["backend", "add", extra, "10.10.32.2"],

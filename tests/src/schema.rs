@@ -90,8 +90,10 @@ pub fn check_output(args: &[&str], stdout: &str) -> Result<()> {
         return lines()?.iter().try_for_each(|v| validate("lbctl", key, v));
     }
     let value: Value = serde_json::from_str(stdout).context("lbctl -o json printed no JSON")?;
-    if starts("decap stats") {
-        return validate("lbctl", "decap stats", &value);
+    for own in ["decap stats", "decap attach", "decap detach", "top"] {
+        if starts(own) {
+            return validate("lbctl", own, &value);
+        }
     }
     if starts("simulate") && value.is_array() {
         return validate("lbctl", "simulate", &value);
@@ -111,8 +113,9 @@ pub fn check_output(args: &[&str], stdout: &str) -> Result<()> {
 }
 
 /// Checks a refusal `lbctl -o json` printed (`ok`, `code`, `error`)
-/// against the answer line's schema.
+/// against the schema's refusal and the answer line's.
 pub fn check_refusal(value: &Value) -> Result<()> {
+    validate("lbctl", "refusal", value)?;
     validate("response", "", value)
 }
 
@@ -158,5 +161,6 @@ mod tests {
         check_refusal(&serde_json::json!({"ok": false, "code": "not_found", "error": "no VIP"}))
             .unwrap();
         assert!(check_refusal(&serde_json::json!({"ok": false, "code": "nope"})).is_err());
+        assert!(check_refusal(&serde_json::json!({"ok": false, "code": "conflict"})).is_err());
     }
 }

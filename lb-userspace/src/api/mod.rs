@@ -182,8 +182,28 @@ pub fn call_with(
     request: &Request,
     change: &ChangeOptions,
 ) -> Result<serde_json::Value, ClientError> {
+    exchange(socket, request, change, Duration::from_secs(30))
+}
+
+/// [`call`], giving up after `timeout` without an answer (a live view
+/// that must not freeze on a stuck `lbd`).
+pub fn call_within(
+    socket: &Path,
+    request: &Request,
+    timeout: Duration,
+) -> Result<serde_json::Value, ClientError> {
+    exchange(socket, request, &ChangeOptions::default(), timeout)
+}
+
+fn exchange(
+    socket: &Path,
+    request: &Request,
+    change: &ChangeOptions,
+    timeout: Duration,
+) -> Result<serde_json::Value, ClientError> {
     let mut stream = UnixStream::connect(socket).map_err(|e| ClientError::connect(socket, &e))?;
-    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    stream.set_read_timeout(Some(timeout))?;
+    stream.set_write_timeout(Some(timeout))?;
     let mut line = serde_json::to_vec(&Envelope::new(request.clone(), change.clone()))?;
     line.push(b'\n');
     stream.write_all(&line)?;

@@ -79,15 +79,17 @@ pub enum Request {
         #[arg(long)]
         #[serde(default, skip_serializing_if = "Option::is_none")]
         backend: Option<IpAddr>,
-        /// Only flows from this address or prefix (at most 64 IPv4
-        /// addresses to one VIP, every source port), shown with their
-        /// address and port.
+        /// Only flows from this address or prefix (at most 16 addresses
+        /// to one VIP, every source port), shown with their address and
+        /// port.
         #[arg(long)]
         #[serde(default, skip_serializing_if = "Option::is_none")]
         client: Option<String>,
-        /// At most this many rows (the count of all is still given).
+        /// At most this many rows, 1 to 10,000 (the count of all is
+        /// still given).
         #[arg(long, default_value_t = 100)]
         #[serde(default = "hundred")]
+        #[schemars(range(min = 1, max = 10_000))]
         limit: usize,
     },
     /// Re-read the configuration file (an invalid file is rejected and the

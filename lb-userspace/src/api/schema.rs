@@ -80,13 +80,24 @@ fn answer(g: &mut SchemaGenerator, name: &str) -> Option<schemars::Schema> {
 
 /// What `lbctl -o json` prints where it is not lbd's answer as it came:
 /// `simulate` without a client port (one answer per sample port),
-/// `trace` and `backend drain --wait` (JSON Lines), `decap stats` (read
-/// from the backend's own maps).
+/// `trace` and `backend drain --wait` (JSON Lines), `top` (three answers
+/// together), `decap ...` (the backend's own program and maps), and a
+/// refusal.
 fn lbctl_outputs(g: &mut SchemaGenerator) -> Value {
     let simulation = g.subschema_for::<Simulation>().to_value();
     let line = g.subschema_for::<crate::trace::TraceLine>().to_value();
     let committed = g.subschema_for::<Committed>().to_value();
     let backend = g.subschema_for::<super::BackendInfo>().to_value();
+    let stats = g.subschema_for::<Stats>().to_value();
+    let health = g.subschema_for::<Vec<VipHealth>>().to_value();
+    let bgp = g.subschema_for::<AnnounceStatus>().to_value();
+    let iface = |key: &str| {
+        json!({
+            "type": "object",
+            "properties": { key: { "type": "string" } },
+            "required": [key]
+        })
+    };
     json!({
         "simulate": {
             "description": "lbctl simulate VIP CLIENT (no port): the answer for each sample client port",
@@ -110,6 +121,24 @@ fn lbctl_outputs(g: &mut SchemaGenerator) -> Value {
         "backend drain --wait": {
             "description": "lbctl backend drain --wait, one JSON value per line: the drain's answer, then the backend as vip list shows it (null once removed) each time its live flows change, and at the end",
             "anyOf": [committed, backend, { "type": "null" }]
+        },
+        "top": {
+            "description": "lbctl top -o json: what one refresh reads",
+            "type": "object",
+            "properties": { "stats": stats, "health": health, "bgp": bgp },
+            "required": ["stats", "health", "bgp"]
+        },
+        "decap attach": iface("attached"),
+        "decap detach": iface("detached"),
+        "refusal": {
+            "description": "printed on stdout when lbd refuses a request (exit status 1): the answer line without api and data",
+            "type": "object",
+            "properties": {
+                "ok": { "const": false },
+                "code": { "$ref": "#/$defs/ErrorKind" },
+                "error": { "type": "string" }
+            },
+            "required": ["ok", "code", "error"]
         },
         "decap stats": {
             "description": "lbctl decap stats IFACE: each counter of the backend's decapsulation program",

@@ -556,7 +556,8 @@ pub struct Simulation {
 /// IPVS's connections.
 #[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
 pub struct Conns {
-    /// The first `limit` entries that match, in table order.
+    /// The first `limit` entries that match: in table order, or for a
+    /// client query by VIP, client address and port.
     pub rows: Vec<ConnRow>,
     /// Entries that match in all (more than `rows` when cut at the limit).
     pub matched: u64,

@@ -261,8 +261,8 @@ impl schemars::JsonSchema for VipId {
     fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
         schemars::json_schema!({
             "type": "string",
-            "description": "A VIP: ADDRESS:PORT/PROTO, e.g. 10.0.0.1:80/tcp, [2001:db8::1]:443/tcp, 10.0.0.1:*/udp (all ports)",
-            "pattern": "^([0-9.]+|\\[[0-9A-Fa-f:.]+\\]):([0-9]{1,5}|\\*|all)/(tcp|udp)$"
+            "description": "A VIP: ADDRESS:PORT/PROTO, e.g. 10.0.0.1:80/tcp, [2001:db8::1]:443/tcp, 10.0.0.1:*/udp (all ports); lbd writes it so",
+            "pattern": "^.+:([0-9]{1,5}|\\*|all)/([Tt][Cc][Pp]|[Uu][Dd][Pp])$"
         })
     }
 }

@@ -235,6 +235,17 @@ impl<D: Dataplane> Daemon<D> {
             target.handles.insert(*handle);
         }
         let targets: Vec<Target> = targets.into_values().collect();
+        if targets.is_empty() {
+            let why = if skipped.is_empty() {
+                "no VIP of the client's address family to search"
+            } else {
+                "only all-ports VIPs of the client's address family, which cannot be searched"
+            };
+            return Err(refused(
+                ErrorKind::BadRequest,
+                format!("--client {prefix}: {why}"),
+            ));
+        }
         let cfg = self.reconciler.dataplane().config()?;
         let mut result = Ok(Found::default());
         self.read_flows(|read| {

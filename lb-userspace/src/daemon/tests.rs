@@ -577,7 +577,16 @@ async fn conns_lists_entries_by_vip_backend_and_client() {
             conns(None, None, Some("192.0.2.0/24"), 9),
         )
         .await;
-    assert!(e.contains("/26 or longer"), "{e}");
+    assert!(e.contains("/28 or longer"), "{e}");
+    // A client of another family than every VIP: refused, not an empty
+    // answer.
+    let e = r
+        .refused(
+            ErrorKind::BadRequest,
+            conns(None, None, Some("2001:db8::7"), 9),
+        )
+        .await;
+    assert!(e.contains("no VIP"), "{e}");
     r.refused(
         ErrorKind::BadRequest,
         conns(None, None, Some("192.0.2.x"), 9),

@@ -74,12 +74,20 @@ pub fn run(cmd: DecapCommand, json: bool) -> Result<()> {
             };
             lb::decap::attach(&iface, mode, &local, gue_port, &decap_dir(&iface))
                 .with_context(|| format!("attaching the decap program to {iface}"))?;
-            println!("decap attached to {iface}");
+            if json {
+                println!("{}", serde_json::json!({ "attached": iface }));
+            } else {
+                println!("decap attached to {iface}");
+            }
         }
         DecapCommand::Detach { iface } => {
             lb::decap::detach(&decap_dir(&iface))
                 .with_context(|| format!("detaching from {iface}"))?;
-            println!("decap detached from {iface}");
+            if json {
+                println!("{}", serde_json::json!({ "detached": iface }));
+            } else {
+                println!("decap detached from {iface}");
+            }
         }
         DecapCommand::Stats { iface } => {
             let counters = lb::decap::counters_pinned(&decap_dir(&iface))

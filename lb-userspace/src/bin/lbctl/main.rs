@@ -128,7 +128,7 @@ fn run(args: Args) -> Result<i32> {
         Command::Decap(cmd) => return decap::run(cmd, json).map(|()| 0),
         Command::Trace(t) => return trace::run(&socket, t, json).map(|()| 0),
         Command::Simulate(s) => return simulate::run(&socket, s, json).map(|()| 0),
-        Command::Top(t) => return top::run(&socket, t).map(|()| 0),
+        Command::Top(t) => return top::run(&socket, t, json).map(|()| 0),
         Command::Generate { what, dir } => return generate(what, &dir).map(|()| 0),
         Command::Api(request) => request,
     };

@@ -66,7 +66,7 @@ pub fn print_rows(header: &[&str], rows: Vec<Vec<String>>) {
     }
 }
 
-fn si(x: f64) -> String {
+pub fn si(x: f64) -> String {
     match x {
         x if x >= 1e9 => format!("{:.1}G", x / 1e9),
         x if x >= 1e6 => format!("{:.1}M", x / 1e6),
@@ -578,6 +578,11 @@ pub fn print_conns(c: &lb::api::Conns) {
         c.searched,
         c.elapsed_ms
     );
+    if !c.rows.is_empty() {
+        println!(
+            "(entries stay until their way is reused; idle times wrap every 16,384 ticks of 64 jiffies: 70 min at HZ=250)"
+        );
+    }
     for s in &c.skipped {
         println!("not searched: {s}");
     }

@@ -4,12 +4,19 @@
 //! per second), BGP peers and BFD when configured, and one line per VIP
 //! and per backend (state, live flows, pps, bps), sorted by a column
 //! (`s` cycles it, `r` reverses), `q` quits. Off a terminal, or with
-//! `--once`, it prints one plain snapshot of the same lines.
+//! `--once`, it prints one plain snapshot of the same lines; with `-o
+//! json`, the three answers it reads (`stats`, `health`, `bgp`).
 //!
-//! Each refresh asks `lbd` for `stats`, `health` and `bgp`; the rates
-//! are `lbd`'s own (over its sampling interval).
+//! Each refresh asks `lbd` for `stats`, `health` and `bgp` (each given
+//! up after 2 s, so a stuck `lbd` cannot freeze the screen: the last view
+//! stays, marked stale); the rates are `lbd`'s own (over its sampling
+//! interval).
 
-use std::{io::IsTerminal as _, path::Path, time::Duration};
+use std::{
+    io::IsTerminal as _,
+    path::Path,
+    time::{Duration, Instant},
+};
 
 use anyhow::Result;
 use clap::ValueEnum;
@@ -17,7 +24,7 @@ use lb::api::{self, AnnounceStatus, Request, Stats, VipHealth};
 use ratatui::{
     crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers},
     layout::{Constraint, Layout},
-    style::{Modifier, Style},
+    style::{Color, Modifier, Style},
     widgets::{Paragraph, Row, Table},
 };
 
@@ -70,7 +77,11 @@ impl Sort {
     }
 }
 
+/// How long one answer may take before the view calls `lbd` stuck.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// What one refresh read from `lbd`.
+#[derive(serde::Serialize)]
 pub struct Snapshot {
     stats: Stats,
     health: Vec<VipHealth>,
@@ -80,11 +91,15 @@ pub struct Snapshot {
 impl Snapshot {
     fn read(socket: &Path) -> Result<Self> {
         Ok(Self {
-            stats: serde_json::from_value(api::call(socket, &Request::Stats)?)?,
-            health: serde_json::from_value(api::call(socket, &Request::Health)?)?,
-            bgp: serde_json::from_value(api::call(socket, &Request::Bgp)?)?,
+            stats: serde_json::from_value(ask(socket, Request::Stats)?)?,
+            health: serde_json::from_value(ask(socket, Request::Health)?)?,
+            bgp: serde_json::from_value(ask(socket, Request::Bgp)?)?,
         })
     }
+}
+
+fn ask(socket: &Path, request: Request) -> Result<serde_json::Value> {
+    Ok(api::call_within(socket, &request, ANSWER_TIMEOUT)?)
 }
 
 /// One line of the VIP table: a VIP, then its backends indented.
@@ -104,18 +119,9 @@ impl Line {
             self.state.clone(),
             self.flows.map_or("-".into(), |n| n.to_string()),
             format!("{:.0}", self.pps),
-            human_bits(self.bps),
+            // lbd's `bps` is bits per second already.
+            crate::print::si(self.bps),
         ]
-    }
-}
-
-fn human_bits(bytes_per_sec: f64) -> String {
-    let bits = bytes_per_sec * 8.0;
-    match bits {
-        b if b >= 1e9 => format!("{:.1}G", b / 1e9),
-        b if b >= 1e6 => format!("{:.1}M", b / 1e6),
-        b if b >= 1e3 => format!("{:.1}k", b / 1e3),
-        b => format!("{b:.0}"),
     }
 }
 
@@ -194,7 +200,7 @@ fn header(s: &Snapshot) -> Vec<String> {
         .stats
         .counters
         .iter()
-        .filter(|c| c.name == "fwd_maglev")
+        .filter(|c| c.name == lb_common::Counter::FwdMaglev.name())
         .map(|c| c.value.pps)
         .sum();
     let reasons = |kind: &str| -> String {
@@ -284,7 +290,14 @@ fn plain(s: &Snapshot, sort: Sort) -> String {
     out
 }
 
-pub fn run(socket: &Path, args: TopArgs) -> Result<()> {
+pub fn run(socket: &Path, args: TopArgs, json: bool) -> Result<()> {
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&Snapshot::read(socket)?)?
+        );
+        return Ok(());
+    }
     if args.once || !std::io::stdout().is_terminal() {
         println!("{}", plain(&Snapshot::read(socket)?, args.sort));
         return Ok(());
@@ -298,7 +311,8 @@ pub fn run(socket: &Path, args: TopArgs) -> Result<()> {
     result
 }
 
-/// The full-screen loop: draw, wait for a key or the next refresh.
+/// The full-screen loop: draw, take keys until the next refresh is due,
+/// refresh.
 fn screen(
     terminal: &mut ratatui::DefaultTerminal,
     socket: &Path,
@@ -308,9 +322,12 @@ fn screen(
     let (mut sort, mut reverse) = (args.sort, false);
     let mut snapshot = first;
     let mut error = None;
+    let every = Duration::from_secs_f64(args.interval);
+    let mut due = Instant::now() + every;
     loop {
         terminal.draw(|f| draw(f, &snapshot, sort, reverse, error.as_deref()))?;
-        if event::poll(Duration::from_secs_f64(args.interval))? {
+        // Keys do not postpone the refresh: wait only until it is due.
+        if event::poll(due.saturating_duration_since(Instant::now()))? {
             if let Event::Key(k) = event::read()?
                 && k.kind == KeyEventKind::Press
             {
@@ -324,8 +341,11 @@ fn screen(
                     _ => {}
                 }
             }
-            continue;
+            if Instant::now() < due {
+                continue;
+            }
         }
+        due = Instant::now() + every;
         // lbd restarting: keep the last view and say why it is old.
         match Snapshot::read(socket) {
             Ok(s) => (snapshot, error) = (s, None),
@@ -337,18 +357,24 @@ fn screen(
 fn draw(f: &mut ratatui::Frame, s: &Snapshot, sort: Sort, reverse: bool, error: Option<&str>) {
     let mut head = header(s);
     head.push(format!(
-        "sorted by {}{}  —  s: sort  r: reverse  q: quit{}",
+        "sorted by {}{}  —  s: sort  r: reverse  q: quit",
         sort.name(),
         if reverse { " (reversed)" } else { "" },
-        error
-            .map(|e| format!("  —  NOT REFRESHED: {e}"))
-            .unwrap_or_default()
     ));
-    let [top, table] = Layout::vertical([
+    let [warning, top, table] = Layout::vertical([
+        Constraint::Length(u16::from(error.is_some())),
         Constraint::Length(head.len() as u16 + 1),
         Constraint::Min(0),
     ])
     .areas(f.area());
+    if let Some(e) = error {
+        // First and in reverse video: the figures below are old.
+        let stale = Style::new().fg(Color::Red).add_modifier(Modifier::REVERSED);
+        f.render_widget(
+            Paragraph::new(format!("STALE, not refreshed: {e}")).style(stale),
+            warning,
+        );
+    }
     f.render_widget(Paragraph::new(head.join("\n")), top);
     let rows = lines(s, sort, reverse)
         .into_iter()
@@ -373,7 +399,7 @@ mod tests {
             "interval_secs": 1.0,
             "malformed_policy": "pass",
             "counters": [
-                {"name": "fwd_maglev", "kind": "forward", "packets": 50, "bytes": 0, "pps": 5.0, "bps": 0.0},
+                {"name": "fwd_maglev_new_flow", "kind": "forward", "packets": 50, "bytes": 0, "pps": 5.0, "bps": 0.0},
                 {"name": "fwd_conntrack", "kind": "forward", "packets": 900, "bytes": 0, "pps": 95.0, "bps": 0.0},
                 {"name": "drop_no_backend", "kind": "drop", "packets": 3, "bytes": 0, "pps": 0.0, "bps": 0.0},
                 {"name": "malformed_ipv4", "kind": "malformed", "packets": 0, "bytes": 0, "pps": 0.0, "bps": 0.0}
@@ -450,6 +476,9 @@ mod tests {
         assert!(text.contains("drops: drop_no_backend 0/s (3)"), "{text}");
         assert!(text.contains("malformed (pass): none"), "{text}");
         let line = text.lines().find(|l| l.contains("10.1.0.2")).unwrap();
-        assert!(line.contains("draining") && line.contains("5.6k"), "{line}");
+        assert!(
+            line.contains("draining") && line.ends_with(" 700"),
+            "{line}"
+        );
     }
 }
