@@ -402,6 +402,33 @@ fn conns_shows_each_connection_with_its_client_port_and_backend() {
                 bail!("conns --backend {addr}: {one}; {want} connections held");
             }
         }
+        // A preview of removing be1 counts its live flows apart from its
+        // entries: once some of its connections close (and 10 s pass),
+        // their entries stay but only the open ones are live.
+        let be1 = rig.backend("be1").addr.to_string();
+        let (mut on_be1, others): (Vec<_>, Vec<_>) =
+            streams.into_iter().partition(|s| s.backend == "be1");
+        let closing: Vec<_> = on_be1.drain(..on_be1.len() / 2).collect();
+        let entries = (on_be1.len() + closing.len()) as u64;
+        finish(closing)?;
+        let del = ["--dry-run", "backend", "del", VIP, &be1, "--force"];
+        let breaking = || -> Result<(Option<u64>, Option<u64>)> {
+            let preview = lbd.lbctl_json(&del)?;
+            let change = &preview["preview"]["vips_changed"][0];
+            Ok((
+                change["flows_breaking"].as_u64(),
+                change["live_flows_breaking"].as_u64(),
+            ))
+        };
+        let want = (Some(entries), Some(on_be1.len() as u64));
+        wait_for(Duration::from_secs(60), || Ok(breaking()? == want)).with_context(|| {
+            format!(
+                "--dry-run backend del {be1}: {:?}, want {want:?}",
+                breaking()
+            )
+        })?;
+        eprintln!("$ lbctl {}\n{}", del.join(" "), lbd.lbctl(&del)?);
+        let streams: Vec<_> = on_be1.into_iter().chain(others).collect();
         eprintln!(
             "$ lbctl conns {VIP} --client {CLIENT} --limit 4\n{}",
             lbd.lbctl(&[

@@ -665,17 +665,25 @@ pub struct VipChange {
     /// elsewhere (and of established ones that would, without the
     /// connection table).
     pub share_moved: f64,
-    /// Connection-table entries that point at backends that leave: those
-    /// connections break (entries of idle or closed flows included).
+    /// Connection-table entries that point at backends that leave
+    /// (entries of idle or closed flows included).
     pub flows_breaking: u64,
+    /// Of those, the live flows (seen within 10 s): the connections that
+    /// break. Absent where the kernel's clock cannot be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live_flows_breaking: Option<u64>,
 }
 
 /// A VIP a change removes.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct VipRemoved {
     pub vip: VipId,
-    /// Its connection-table entries: those connections break.
+    /// Its connection-table entries (idle and closed flows included).
     pub flows_breaking: u64,
+    /// Of those, the live flows: the connections that break. Absent
+    /// where the kernel's clock cannot be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live_flows_breaking: Option<u64>,
 }
 
 /// A runtime change in force over the file (`lbctl overrides`, and in

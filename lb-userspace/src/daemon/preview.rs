@@ -2,7 +2,8 @@
 //! VIPs added and removed; per VIP, backends added, removed and
 //! re-weighted and settings changed; the share of each table's slots
 //! that would get another backend; and the connection-table entries
-//! that point at backends that would leave.
+//! that point at backends that would leave, and how many of them are
+//! live flows (seen within 10 s: the connections that really break).
 //!
 //! The tables compared are the one published now (as the reconciler
 //! holds it) and the one the change would publish, built by the same
@@ -46,13 +47,14 @@ impl<D: Dataplane> Daemon<D> {
         let new: BTreeMap<VipId, &VipConfig> = after.iter().map(|v| (v.id, v)).collect();
         let leaving = self.leaving_handles(&old, &new);
         let flows = self.count_flows(&leaving.values().flatten().copied().collect())?;
-        let breaking = |id: &VipId| -> u64 {
-            leaving
-                .get(id)
-                .into_iter()
-                .flatten()
-                .map(|h| flows.get(h).copied().unwrap_or(0))
-                .sum()
+        let breaking = |id: &VipId| -> Breaking {
+            let handles = leaving.get(id).into_iter().flatten();
+            handles.fold(Breaking::default(), |mut sum, h| {
+                let (entries, live) = flows.get(h).copied().unwrap_or((0, Some(0)));
+                sum.entries += entries;
+                sum.live = sum.live.zip(live).map(|(a, b)| a + b);
+                sum
+            })
         };
         // A key that cannot be read refuses the change itself (check).
         let keys = (
@@ -83,7 +85,8 @@ impl<D: Dataplane> Daemon<D> {
                 .filter(|id| !new.contains_key(id))
                 .map(|id| VipRemoved {
                     vip: *id,
-                    flows_breaking: breaking(id),
+                    flows_breaking: breaking(id).entries,
+                    live_flows_breaking: breaking(id).live,
                 })
                 .collect(),
             vips_changed,
@@ -141,18 +144,17 @@ impl<D: Dataplane> Daemon<D> {
             .collect()
     }
 
-    /// Connection-table entries per backend handle, for `handles`.
-    fn count_flows(&self, handles: &BTreeSet<u32>) -> Result<BTreeMap<u32, u64>> {
+    /// Connection-table entries per backend handle, for `handles`, and
+    /// how many of them are live (`None` without the kernel's clock).
+    fn count_flows(&self, handles: &BTreeSet<u32>) -> Result<BTreeMap<u32, (u64, Option<u64>)>> {
         let mut counts = BTreeMap::new();
         if handles.is_empty() {
             return Ok(counts);
         }
+        let now = crate::liveflows::jiffies().map(crate::liveflows::tick_of);
+        let window = self.live_clock.window_ticks();
         self.reconciler.dataplane().scan_flows(&mut |bucket| {
-            for e in &bucket.entries {
-                if *e != FlowEntry::EMPTY && handles.contains(&e.handle()) {
-                    *counts.entry(e.handle()).or_insert(0) += 1;
-                }
-            }
+            count_bucket(bucket, handles, now.map(|n| (n, window)), &mut counts);
         })?;
         Ok(counts)
     }
@@ -163,7 +165,7 @@ impl<D: Dataplane> Daemon<D> {
         was: &VipConfig,
         will: &VipConfig,
         plan: &Plan,
-        flows_breaking: u64,
+        breaking: Breaking,
         keys: ([u64; 2], [u64; 2]),
     ) -> Result<Option<VipChange>> {
         let layout = &self.config.layout;
@@ -206,8 +208,48 @@ impl<D: Dataplane> Daemon<D> {
             slots_moved,
             table_size: m,
             share_moved: f64::from(slots_moved) / f64::from(m),
-            flows_breaking,
+            flows_breaking: breaking.entries,
+            live_flows_breaking: breaking.live,
         }))
+    }
+}
+
+/// The connection-table entries of backends that leave, and the live
+/// flows among them (`None` without the kernel's clock).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Breaking {
+    entries: u64,
+    live: Option<u64>,
+}
+
+impl Default for Breaking {
+    fn default() -> Self {
+        Self {
+            entries: 0,
+            live: Some(0),
+        }
+    }
+}
+
+/// Adds a bucket's entries of `handles` to `counts`: (entries, live),
+/// live judged at `clock` (the tick now, the idle window in ticks).
+fn count_bucket(
+    bucket: &lb_common::FlowBucket,
+    handles: &BTreeSet<u32>,
+    clock: Option<(u16, u16)>,
+    counts: &mut BTreeMap<u32, (u64, Option<u64>)>,
+) {
+    for (e, stamp) in bucket.entries.iter().zip(bucket.stamps) {
+        if *e == FlowEntry::EMPTY || !handles.contains(&e.handle()) {
+            continue;
+        }
+        let count = counts.entry(e.handle()).or_insert((0, clock.map(|_| 0)));
+        count.0 += 1;
+        if let (Some(live), Some((now, window))) = (count.1.as_mut(), clock)
+            && crate::liveflows::age_ticks(now, stamp) < window
+        {
+            *live += 1;
+        }
     }
 }
 
@@ -450,4 +492,35 @@ fn global_changes(old: &Config, new: &Config) -> Vec<SettingChange> {
         }
     }
     changes
+}
+
+#[cfg(test)]
+mod count_tests {
+    use lb_common::FlowBucket;
+
+    use super::*;
+
+    #[test]
+    fn entries_and_live_flows_of_leaving_backends_are_counted_apart() {
+        let mut b = FlowBucket::default();
+        // Handle 1: seen at tick 995 (live at 1000, window 40) and 900
+        // (idle); handle 2 not asked for.
+        b.entries[0] = FlowEntry::new(1, 1);
+        b.stamps[0] = 995;
+        b.entries[1] = FlowEntry::new(2, 1);
+        b.stamps[1] = 900;
+        b.entries[2] = FlowEntry::new(3, 2);
+        b.stamps[2] = 1000;
+        let handles = BTreeSet::from([1]);
+        let mut counts = BTreeMap::new();
+        count_bucket(&b, &handles, Some((1000, 40)), &mut counts);
+        assert_eq!(counts, BTreeMap::from([(1, (2, Some(1)))]));
+        let mut counts = BTreeMap::new();
+        count_bucket(&b, &handles, None, &mut counts);
+        assert_eq!(
+            counts,
+            BTreeMap::from([(1, (2, None))]),
+            "no clock: no live count"
+        );
+    }
 }

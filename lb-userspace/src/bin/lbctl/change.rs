@@ -60,8 +60,9 @@ pub fn print_preview(p: &ChangePreview) {
     }
     for r in &p.vips_removed {
         println!(
-            "- VIP {} ({} connection-table entries: those connections break)",
-            r.vip, r.flows_breaking
+            "- VIP {} ({}: those connections break)",
+            r.vip,
+            breaking(r.flows_breaking, r.live_flows_breaking)
         );
     }
     for v in &p.vips_changed {
@@ -142,14 +143,23 @@ pub fn print_overrides(rows: &[OverrideRow]) {
     );
 }
 
+/// "3 live flows (11 connection-table entries)", or the entries alone
+/// without a live count.
+fn breaking(entries: u64, live: Option<u64>) -> String {
+    match live {
+        Some(live) => format!("{live} live flows ({entries} connection-table entries)"),
+        None => format!("{entries} connection-table entries"),
+    }
+}
+
 fn print_vip_change(v: &VipChange) {
     println!(
-        "~ VIP {}: {} of {} slots move ({:.2}%), {} connection-table entries point at backends that leave",
+        "~ VIP {}: {} of {} slots move ({:.2}%), {} on backends that leave",
         v.vip,
         v.slots_moved,
         v.table_size,
         v.share_moved * 100.0,
-        v.flows_breaking
+        breaking(v.flows_breaking, v.live_flows_breaking)
     );
     for b in &v.backends_added {
         println!("    + backend {} weight {}", b.address, b.weight);
