@@ -33,10 +33,8 @@ impl<D: Dataplane> Daemon<D> {
     pub(super) fn scan_table_if_due(&mut self) -> Option<(u64, u64)> {
         self.ticks_since_scan = self.ticks_since_scan.saturating_add(1);
         // The tick rate, learnt in the first seconds (idle times need it).
-        if self.live_clock.hz().is_none()
-            && let Some(j) = liveflows::jiffies()
-        {
-            self.live_clock.observe(Instant::now(), j);
+        if self.live_clock.hz().is_none() {
+            self.read_jiffies();
         }
         let every = if self.draining_handles().is_empty() {
             SCAN_EVERY_TICKS
@@ -73,10 +71,7 @@ impl<D: Dataplane> Daemon<D> {
     /// and the remembered idle entries stay as they were (a count judged
     /// against no clock could call a live flow idle).
     fn scan_table(&mut self) -> Option<(u64, u64)> {
-        let jiffies = liveflows::jiffies();
-        if let Some(j) = jiffies {
-            self.live_clock.observe(Instant::now(), j);
-        }
+        let jiffies = self.read_jiffies();
         let watched = self.draining_handles();
         let window = self.live_clock.window_ticks();
         let mut scan = jiffies.map(|j| {
@@ -139,10 +134,7 @@ impl<D: Dataplane> Daemon<D> {
             ));
         }
         let handles = self.conn_handles(vip, backend)?;
-        let jiffies = liveflows::jiffies();
-        if let Some(j) = jiffies {
-            self.live_clock.observe(Instant::now(), j);
-        }
+        let jiffies = self.read_jiffies();
         let started = Instant::now();
         let (found, searched, skipped) = match client {
             None => {
@@ -247,11 +239,11 @@ impl<D: Dataplane> Daemon<D> {
             ));
         }
         let cfg = self.reconciler.dataplane().config()?;
-        let mut result = Ok(Found::default());
-        self.read_flows(|read| {
-            result = conns::clients(read, (cfg.ct_mask, cfg.ct_seed), &targets, &prefix, limit);
-        })?;
-        let found = result.map_err(|e| refused(ErrorKind::BadRequest, e))?;
+        let found = self
+            .read_flows(|read| {
+                conns::clients(read, (cfg.ct_mask, cfg.ct_seed), &targets, &prefix, limit)
+            })?
+            .map_err(|e| refused(ErrorKind::BadRequest, e))?;
         let searched = format!(
             "{} tuples ({prefix}, every source port, to {} VIP(s))",
             conns::tuples(&prefix, targets.len()),
@@ -261,14 +253,20 @@ impl<D: Dataplane> Daemon<D> {
     }
 
     /// Runs `f` with a reader of the table's buckets.
-    fn read_flows<T: Default>(&self, f: impl FnOnce(BucketReader<'_>) -> T) -> Result<T> {
-        let mut f = Some(f);
-        let mut out = T::default();
+    fn read_flows<T>(&self, f: impl FnOnce(BucketReader<'_>) -> T) -> Result<T> {
+        let (mut f, mut out) = (Some(f), None);
         self.reconciler.dataplane().with_flow_reader(&mut |read| {
-            if let Some(f) = f.take() {
-                out = f(read);
-            }
+            out = f.take().map(|f| f(read));
         })?;
-        Ok(out)
+        out.ok_or_else(|| refused(ErrorKind::Internal, "the connection table was not read"))
+    }
+
+    /// The kernel's `jiffies`, also taught to the clock that learns HZ.
+    fn read_jiffies(&mut self) -> Option<u64> {
+        let jiffies = liveflows::jiffies();
+        if let Some(j) = jiffies {
+            self.live_clock.observe(Instant::now(), j);
+        }
+        jiffies
     }
 }
