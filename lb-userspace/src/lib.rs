@@ -50,6 +50,7 @@ pub mod revisions;
 mod scratch;
 mod second_chance;
 pub mod state;
+pub mod tier;
 pub mod trace;
 
 /// `--version` of `lbd` and `lbctl`: the package version and the commit

@@ -23,7 +23,7 @@ use std::{
 };
 
 use prometheus::{
-    Encoder as _, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts,
+    Encoder as _, Gauge, Histogram, IntGauge, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts,
     Registry, TextEncoder,
     core::{Collector, Desc},
     proto::{self, MetricFamily, MetricType},
@@ -118,6 +118,12 @@ pub struct Metrics {
     /// Reloads by `result` (`ok`, `failed`).
     reloads: IntCounterVec,
     reload_last_success: Gauge,
+    /// The tier in etcd (`source.etcd`; all 0 without one).
+    pub tier_configured: IntGauge,
+    pub tier_connected: IntGauge,
+    pub tier_seen: IntGauge,
+    pub tier_applied: IntGauge,
+    pub tier_refused: IntGauge,
     snapshot: Arc<Mutex<Snapshot>>,
 }
 
@@ -181,14 +187,40 @@ impl Metrics {
             "When the configuration file was last applied (Unix time; 0: not since start).",
         )
         .expect("valid metric");
+        let gauge = |name: &str, help: &str| IntGauge::new(name, help).expect("valid metric");
+        let tier_configured = gauge(
+            "lb_tier_configured",
+            "1 when the VIPs come from a tier's desired state in etcd (source.etcd).",
+        );
+        let tier_connected = gauge(
+            "lb_tier_connected",
+            "1 while this balancer follows etcd; 0 when cut off (it keeps what it applied).",
+        );
+        let tier_seen = gauge(
+            "lb_tier_desired_revision_seen",
+            "The etcd revision of the newest desired state seen.",
+        );
+        let tier_applied = gauge(
+            "lb_tier_desired_revision_applied",
+            "The etcd revision of the desired state this balancer runs.",
+        );
+        let tier_refused = gauge(
+            "lb_tier_desired_refused",
+            "1 when the newest desired state was refused here (lbctl tier status says why).",
+        );
         let snapshot = Arc::new(Mutex::new(Snapshot::default()));
-        let collectors: [Box<dyn Collector>; 7] = [
+        let collectors: [Box<dyn Collector>; 12] = [
             Box::new(probe_duration.clone()),
             Box::new(table_builds.clone()),
             Box::new(table_build_duration.clone()),
             Box::new(reconcile_errors.clone()),
             Box::new(reloads.clone()),
             Box::new(reload_last_success.clone()),
+            Box::new(tier_configured.clone()),
+            Box::new(tier_connected.clone()),
+            Box::new(tier_seen.clone()),
+            Box::new(tier_applied.clone()),
+            Box::new(tier_refused.clone()),
             Box::new(SnapshotCollector::new(snapshot.clone())),
         ];
         for c in collectors {
@@ -202,6 +234,11 @@ impl Metrics {
             reconcile_errors,
             reloads,
             reload_last_success,
+            tier_configured,
+            tier_connected,
+            tier_seen,
+            tier_applied,
+            tier_refused,
             snapshot,
         }
     }

@@ -8,6 +8,7 @@
 //! and `lb-fuzz`.
 
 pub mod ecmp;
+pub mod etcd;
 pub mod flood;
 pub mod fuzz;
 pub mod netns;

@@ -44,6 +44,11 @@ const PACKAGES: &[&str] = &[
     // A real Prometheus (and promtool) scrapes lbd in the metrics test and
     // checks the alert rules.
     "prometheus",
+    // The tier's store (etcd 3.4, and etcdctl to write and read it in the
+    // tier tests); protoc builds the etcd client's gRPC code.
+    "etcd-server",
+    "etcd-client",
+    "protobuf-compiler",
 ];
 
 /// The linker known to work with the machine's nightly (see TOOLCHAIN.md):

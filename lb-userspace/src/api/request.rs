@@ -160,6 +160,19 @@ pub enum Request {
     /// and lbctl backend), and clearing them.
     #[command(subcommand)]
     Overrides(OverridesRequest),
+    /// The tier in etcd (source.etcd): every balancer side by side.
+    #[command(subcommand)]
+    Tier(TierRequest),
+}
+
+/// lbctl tier ...
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, Subcommand, JsonSchema)]
+#[serde(tag = "action", rename_all = "snake_case", deny_unknown_fields)]
+pub enum TierRequest {
+    /// This balancer's link to etcd, the desired revision each balancer
+    /// runs, their table digests side by side, and every disagreement.
+    // Answer: [`super::TierStatus`]
+    Status,
 }
 
 /// lbctl overrides ...

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use super::{
     API_VERSION, AnnounceStatus, Committed, Conns, Envelope, NodeChange, OverrideRow, Response,
-    RevisionRow, Simulation, Stats, Status, TableInfo, TraceLeased, VipHealth, VipInfo,
+    RevisionRow, Simulation, Stats, Status, TableInfo, TierStatus, TraceLeased, VipHealth, VipInfo,
 };
 
 /// Each request, as `lbctl` spells it, and the type of its answer's
@@ -45,6 +45,7 @@ pub const ANSWERS: &[(&str, &str)] = &[
     ("node undrain", "NodeChange"),
     ("overrides list", "OverrideRow[]"),
     ("overrides clear", "Committed"),
+    ("tier status", "TierStatus"),
 ];
 
 /// The schema of answer type `name` (see [`ANSWERS`]), its types added
@@ -69,6 +70,7 @@ fn answer(g: &mut SchemaGenerator, name: &str) -> Option<schemars::Schema> {
         "AnnounceStatus" => g.subschema_for::<AnnounceStatus>(),
         "NodeChange" => g.subschema_for::<NodeChange>(),
         "OverrideRow" => g.subschema_for::<OverrideRow>(),
+        "TierStatus" => g.subschema_for::<TierStatus>(),
         _ => return None,
     };
     Some(if list {

@@ -341,6 +341,10 @@ pub struct Status {
     /// One line on route announcement: announcers, peers up, prefixes.
     #[serde(default)]
     pub announce: String,
+    /// Where the VIPs come from: `file`, or the tier in etcd and this
+    /// balancer's link to it.
+    #[serde(default)]
+    pub source: String,
     /// With `gateway_mac: auto`: what the gateway watcher knows.
     #[serde(default)]
     pub gateway: Option<GatewayInfo>,
@@ -613,6 +617,35 @@ pub struct AnnounceStatus {
     /// One row per BGP peer, ExaBGP pipe or exec command.
     pub peers: Vec<PeerRow>,
     pub vips: Vec<VipAnnouncement>,
+}
+
+/// The answer to `tier status`: this balancer's link to etcd and what it
+/// applied, every member of the tier with its report, and where they
+/// disagree.
+#[derive(Clone, Debug, Serialize, Deserialize, JsonSchema)]
+pub struct TierStatus {
+    /// This balancer's name in the tier.
+    pub name: String,
+    pub prefix: String,
+    pub endpoints: Vec<String>,
+    /// Following etcd now; when not, it keeps what it applied.
+    pub connected: bool,
+    /// Since when connected, or cut off.
+    pub since: String,
+    /// Why it is not connected.
+    pub error: Option<String>,
+    /// The etcd revision of the newest desired state seen, and of the one
+    /// this balancer runs.
+    pub seen: Option<i64>,
+    pub applied: Option<i64>,
+    /// Why the newest desired state was refused here, if it was.
+    pub refused: Option<String>,
+    /// Something to know (no desired state in etcd; etcd behind what was
+    /// applied).
+    pub note: Option<String>,
+    pub members: Vec<crate::tier::Member>,
+    /// Where the members disagree, one line each (none: they agree).
+    pub flags: Vec<String>,
 }
 
 /// The answer to `node_drain` and `node_undrain`.

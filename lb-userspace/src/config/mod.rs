@@ -23,6 +23,7 @@ pub mod hash;
 pub mod health;
 pub mod parse;
 pub mod passive;
+pub mod source;
 pub mod vip;
 pub mod vip_settings;
 
@@ -100,6 +101,7 @@ struct RawConfig {
     state_file: Option<PathBuf>,
     #[serde(default = "default_bpffs")]
     bpffs: PathBuf,
+    source: Option<source::SourceConfig>,
     #[serde(default)]
     vips: Vec<VipConfig>,
     #[serde(default)]
@@ -232,6 +234,9 @@ pub struct Config {
     pub api_socket: PathBuf,
     pub state_file: PathBuf,
     pub bpffs: PathBuf,
+    /// Where the VIPs come from when not from the file: a tier's desired
+    /// state in etcd (`source.etcd`; see [`crate::tier`]).
+    pub source: Option<source::EtcdSource>,
     pub vips: Vec<VipConfig>,
     /// Route announcers (none by default).
     pub announce: AnnounceConfig,
@@ -373,6 +378,9 @@ fn validate_raw(raw: RawConfig, errors: &mut Vec<ConfigError>) -> Option<Config>
     check_datapath(&raw, errors);
     check_sources(&raw, errors);
     errors.extend(prefixed("announce", raw.announce.validate()));
+    if let Some(source) = &raw.source {
+        errors.extend(prefixed("source", source.validate()));
+    }
     let layout = Layout {
         table_size: raw.table_size,
         max_vips: raw.max_vips,
@@ -430,6 +438,7 @@ fn build(raw: RawConfig, layout: Layout, warnings: Vec<String>) -> Config {
         malformed: raw.malformed,
         hash_key_file: raw.hash_key_file,
         bpffs: raw.bpffs,
+        source: raw.source.and_then(|s| s.etcd),
         vips: raw.vips,
         announce: raw.announce,
         shutdown_grace: raw.shutdown_grace,

@@ -22,7 +22,8 @@
 //! [`reload`] (file reloads, datapath settings, the blackhole guard),
 //! [`announce`] (announcers, node drain and stop), [`probes`] (one prober
 //! per probed backend), [`views`] (the answers to read-only requests),
-//! [`second_chance`] (what second-chance alternates are computed from).
+//! [`second_chance`] (what second-chance alternates are computed from),
+//! [`tier`] (the tier in etcd: what this balancer applied and reports).
 
 pub mod announce;
 pub mod commit;
@@ -35,6 +36,7 @@ pub mod reload;
 pub mod requests;
 pub mod second_chance;
 pub mod settings;
+pub mod tier;
 pub mod trace;
 pub mod views;
 
@@ -218,6 +220,8 @@ pub struct Daemon<D: Dataplane> {
     /// Backends the last `lbd` found down: they start down (see
     /// [`Daemon::seed_verdicts`]).
     seeded_down: BTreeSet<BackendKey>,
+    /// With `source.etcd`: the tier as the daemon knows it.
+    tier: tier::TierState,
 }
 
 /// What `lbd`'s start-up and event loop read and set on the daemon; every
@@ -323,6 +327,7 @@ impl<D: Dataplane> Daemon<D> {
             samples: views::Samples::default(),
             alt_history: second_chance::History::default(),
             seeded_down: BTreeSet::new(),
+            tier: tier::TierState::default(),
         }
     }
 

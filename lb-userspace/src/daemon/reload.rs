@@ -25,12 +25,15 @@ use crate::{
 };
 
 /// A configuration file as read: its text, the text's digest, and the
-/// configuration it parses to.
+/// configuration it parses to; with `source.etcd`, composed with the
+/// tier's desired state ([`crate::tier::compose`]) of etcd revision
+/// `desired`.
 #[derive(Clone, Debug)]
 pub struct FileRead {
     pub text: std::sync::Arc<str>,
     pub digest: String,
     pub config: Config,
+    pub desired: Option<i64>,
 }
 
 impl FileRead {
@@ -42,6 +45,7 @@ impl FileRead {
             digest: digest::text(&text),
             text: text.into(),
             config,
+            desired: None,
         })
     }
 }
@@ -108,6 +112,10 @@ impl<D: Dataplane> Daemon<D> {
         // since are dropped (the preview and the answer say which).
         let mut overlay = self.overlay.clone();
         overlay.rebase(&read.config.vips);
+        let source = match (&read.config.source, read.desired) {
+            (Some(etcd), Some(revision)) => crate::tier::origin(etcd, revision),
+            _ => "reload".to_string(),
+        };
         let target = Target {
             config: read.config,
             text: read.text,
@@ -118,7 +126,7 @@ impl<D: Dataplane> Daemon<D> {
             how: "lbctl reload --force",
         };
         let result = self
-            .commit(target, "reload".into(), options, force, Kind::Change)
+            .commit(target, source, options, force, Kind::Change)
             .await;
         if result.is_err() {
             self.file_digest = seen;

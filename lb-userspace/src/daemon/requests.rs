@@ -11,7 +11,7 @@ use super::{
 use crate::api::ErrorKind;
 use crate::{
     api::{
-        BackendRequest, ChangeOptions, Committed, NodeRequest, OverridesRequest, Request, Response,
+        BackendRequest, ChangeOptions, Committed, NodeRequest, OverridesRequest, Request, Response, TierRequest,
         RevisionRow, VipRequest,
     },
     config::VipConfig,
@@ -79,6 +79,7 @@ impl<D: Dataplane> Daemon<D> {
                 .conns(vip, backend, client.as_deref(), limit)
                 .and_then(json),
             Request::Bgp => json(self.announce_status()),
+            Request::Tier(TierRequest::Status) => self.tier_status().and_then(json),
             Request::Overrides(OverridesRequest::List) => json(self.override_rows()),
             Request::Overrides(OverridesRequest::Clear {
                 vip,

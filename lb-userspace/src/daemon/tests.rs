@@ -717,6 +717,7 @@ fn reparse(r: &Rig, text: &str) -> std::result::Result<FileRead, ConfigErrors> {
         digest: crate::digest::text(&text),
         text: text.into(),
         config,
+        desired: None,
     })
 }
 
@@ -1091,6 +1092,7 @@ async fn a_new_gateway_mac_is_written_to_the_dataplane() {
 mod change;
 mod refused;
 mod second_chance;
+mod tier;
 
 #[tokio::test]
 async fn metrics_report_counters_states_and_digests_after_a_tick() {

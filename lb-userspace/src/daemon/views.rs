@@ -128,6 +128,7 @@ impl<D: Dataplane> Daemon<D> {
             last_reload: self.last_reload.clone(),
             warnings: self.config.warnings.clone(),
             announce: self.announce_summary(),
+            source: self.tier_line(),
             gateway: self.gateway.as_ref().map(|state| api::GatewayInfo {
                 address: state.gateway,
                 looking_up: state.looking_up,

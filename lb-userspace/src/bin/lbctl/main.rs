@@ -11,6 +11,7 @@ mod decap;
 mod drain;
 mod print;
 mod simulate;
+mod tier;
 mod top;
 mod trace;
 
@@ -219,6 +220,10 @@ fn show(request: &Request, data: serde_json::Value) -> Result<()> {
         }
         Request::Overrides(api::OverridesRequest::Clear { .. }) => {
             committed(data, "cleared runtime changes: the file decides")
+        }
+        Request::Tier(api::TierRequest::Status) => {
+            tier::print_tier_status(&decode(data)?);
+            Ok(())
         }
     }
 }

@@ -142,6 +142,9 @@ pub fn print_status(s: Status) -> Result<()> {
         s.last_reload.as_deref().unwrap_or("none since start")
     );
     println!("announce      {}", s.announce);
+    if !s.source.is_empty() && s.source != "file" {
+        println!("vips from     {}", s.source);
+    }
     print_revision(&s);
     for w in &s.warnings {
         println!("warning       {w}");

@@ -24,7 +24,16 @@ use lb::config::Config;
 /// Runs `lbd check` on `path`.
 pub fn check(path: &Path, offline: bool) -> Result<()> {
     let config = Config::load(path)?;
-    let files = config.announce.check_files();
+    let mut files = config.announce.check_files();
+    if let Some(etcd) = &config.source {
+        files.extend(etcd.check_files());
+        if !config.vips.is_empty() {
+            files.push(lb::config::ConfigError {
+                field: "vips".into(),
+                message: "the VIPs come from etcd (source.etcd): the file lists none".into(),
+            });
+        }
+    }
     if !files.is_empty() {
         return Err(lb::config::ConfigErrors {
             source_name: Some(path.display().to_string()),

@@ -11,6 +11,7 @@ mod check;
 mod notify;
 mod run;
 mod server;
+mod tier;
 
 use std::path::PathBuf;
 

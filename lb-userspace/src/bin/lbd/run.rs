@@ -36,7 +36,10 @@ use tokio::{
 };
 use tracing::{error, info, warn};
 
-use crate::server::{self, Call};
+use crate::{
+    server::{self, Call},
+    tier::TierLink,
+};
 
 fn xdp_mode(m: XdpModeSetting) -> XdpMode {
     match m {
@@ -122,6 +125,11 @@ impl Drop for GatewayWatch {
 /// `--dry-run`.
 struct ParsedReload {
     file: Result<FileRead, ConfigErrors>,
+    /// With `source.etcd`: the desired state the file was composed with,
+    /// and whether applying it is the point (a change in etcd) or it only
+    /// keeps the VIPs while the file is read again.
+    desired: Option<lb::tier::Desired>,
+    from_etcd: bool,
     force: bool,
     options: ChangeOptions,
     /// `lbctl reload` waits for the answer; SIGHUP does not.
@@ -129,8 +137,11 @@ struct ParsedReload {
 }
 
 impl ParsedReload {
+    /// Reads `path` off the loop (composed with `desired` when the VIPs
+    /// come from etcd) and hands it to the loop.
     fn start(
         path: &Path,
+        (desired, from_etcd): (Option<lb::tier::Desired>, bool),
         force: bool,
         options: ChangeOptions,
         reply: Option<oneshot::Sender<Response>>,
@@ -138,9 +149,12 @@ impl ParsedReload {
     ) {
         let (path, to) = (path.to_path_buf(), to.clone());
         tokio::task::spawn_blocking(move || {
-            let file = FileRead::load(&path);
+            let file =
+                FileRead::load(&path).and_then(|f| crate::tier::compose(f, desired.as_ref()));
             let _ = to.blocking_send(ParsedReload {
                 file,
+                desired,
+                from_etcd,
                 force,
                 options,
                 reply,
@@ -164,12 +178,15 @@ async fn until(at: Option<tokio::time::Instant>) {
 /// or, when the file is unchanged since the newest revision was made and
 /// that revision is a revert, the revision's (a restart does not undo a
 /// revert); the API's changes on top, checked together.
-fn load(config_path: &Path) -> Result<(Target, FileRead, RevisionStore)> {
+fn load(config_path: &Path) -> Result<(Target, FileRead, RevisionStore, lb::tier::Desired)> {
     let file = FileRead::load(config_path)?;
     for w in &file.config.warnings {
         warn!("{w}");
     }
     let store = RevisionStore::open(&file.config.revisions_dir(), file.config.history)?;
+    // With the VIPs in etcd: those the last revision ran, until etcd says.
+    let desired = crate::tier::start_from(&store);
+    let file = crate::tier::compose(file, Some(&desired))?;
     let (config, text) = match reverted_revision(&store, &file) {
         Some((number, config, text)) => {
             warn!(
@@ -196,7 +213,7 @@ fn load(config_path: &Path) -> Result<(Target, FileRead, RevisionStore)> {
         text,
         overlay,
     };
-    Ok((target, file, store))
+    Ok((target, file, store, desired))
 }
 
 /// The runtime changes of the state file, settled against the file as the
@@ -289,6 +306,8 @@ struct Started {
     daemon: Daemon<KernelDataplane>,
     gateway: Option<GatewayWatch>,
     probes: mpsc::Receiver<(lb::daemon::probes::ProbeId, lb::health::ProbeResult)>,
+    /// With `source.etcd`: the link to the tier.
+    tier: Option<TierLink>,
     /// Held until `lbd` exits: one `lbd` per instance.
     _lock: lb::lock::DirLock,
 }
@@ -298,6 +317,7 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
         mut daemon,
         mut gateway,
         probes,
+        mut tier,
         _lock,
     } = start(config_path).await?;
     let listener = server::bind(&daemon.config().api_socket)?;
@@ -314,7 +334,11 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
     info!(socket = %socket.display(), instance = %daemon.config().instance, "lbd ready");
     crate::notify::ready(&format!("serving instance {}", daemon.config().instance));
     daemon.sample();
-    let result = serve(&mut daemon, &mut gateway, probes, calls).await;
+    let feeds = Feeds {
+        gateway: &mut gateway,
+        tier: &mut tier,
+    };
+    let result = serve(&mut daemon, feeds, probes, calls).await;
     let _ = std::fs::remove_file(&socket);
     result?;
     finish(daemon).await
@@ -324,14 +348,14 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
 /// A first start (no pins yet) that fails removes every pin it created;
 /// a start that adopted pins leaves them, and the program forwarding.
 async fn start(config_path: PathBuf) -> Result<Started> {
-    let (target, file, revisions) = load(&config_path)?;
+    let (target, file, revisions, desired) = load(&config_path)?;
     let config = target.config.clone();
     ensure_bpffs(&config.bpffs)?;
     // Before any pin or the socket is touched: one lbd per instance.
     let lock = crate::lock_instance(&config)?;
     let first = !KernelDataplane::has_pins(&config.pin_dir());
     interfaces_free(&config, first).await?;
-    match start_locked(config_path, target, file, revisions, lock).await {
+    match start_locked(config_path, (target, file, revisions, desired), lock).await {
         Ok(started) => Ok(started),
         Err(e) => {
             if first {
@@ -400,12 +424,11 @@ fn keep_verifier_log(mut e: anyhow::Error, config: &Config) -> anyhow::Error {
 
 async fn start_locked(
     config_path: PathBuf,
-    target: Target,
-    file: FileRead,
-    revisions: RevisionStore,
+    (target, file, revisions, desired): (Target, FileRead, RevisionStore, lb::tier::Desired),
     lock: lb::lock::DirLock,
 ) -> Result<Started> {
     let config = &target.config;
+    let tier_name = crate::tier::name(config)?;
     let pin_dir = config.pin_dir();
     let (mut dp, maps_adopted) = KernelDataplane::open_pinned(config.layout, &pin_dir)
         .with_context(|| format!("loading the XDP program (pins in {})", pin_dir.display()))?;
@@ -448,19 +471,27 @@ async fn start_locked(
     daemon.announce();
     daemon.start_revision();
     daemon.resume_probation();
+    let tier = TierLink::start(&mut daemon, tier_name, desired);
     Ok(Started {
         daemon,
         gateway,
         probes,
+        tier,
         _lock: lock,
     })
 }
 
 /// The loop: one event at a time until a second stop signal or the end
 /// of the grace period after the first.
+/// What feeds the loop besides requests, probes and signals.
+struct Feeds<'f> {
+    gateway: &'f mut Option<GatewayWatch>,
+    tier: &'f mut Option<TierLink>,
+}
+
 async fn serve(
     daemon: &mut Daemon<KernelDataplane>,
-    gateway: &mut Option<GatewayWatch>,
+    Feeds { gateway, tier }: Feeds<'_>,
     mut probes: mpsc::Receiver<(lb::daemon::probes::ProbeId, lb::health::ProbeResult)>,
     mut calls: mpsc::Receiver<Call>,
 ) -> Result<()> {
@@ -474,13 +505,22 @@ async fn serve(
     let mut stop_at: Option<tokio::time::Instant> = None;
     loop {
         tokio::select! {
-            Some((envelope, reply)) = calls.recv() => on_call(daemon, envelope, reply, &parsed_tx).await,
+            Some((envelope, reply)) = calls.recv() => {
+                on_call(daemon, envelope, reply, applied(tier), &parsed_tx).await
+            }
             _ = hup.recv() => {
                 info!("SIGHUP: reloading");
                 let options = ChangeOptions::default();
-                ParsedReload::start(daemon.config_path(), false, options, None, &parsed_tx);
+                let keep = (applied(tier), false);
+                ParsedReload::start(daemon.config_path(), keep, false, options, None, &parsed_tx);
             }
-            Some(parsed) = parsed_rx.recv() => apply_reload(daemon, parsed).await,
+            Some(parsed) = parsed_rx.recv() => apply_reload(daemon, tier, parsed).await,
+            event = TierLink::next(tier) => {
+                on_tier(daemon, event, &parsed_tx);
+                if let Some(link) = tier.as_mut() {
+                    link.urgent = true;
+                }
+            }
             Some(first) = probes.recv() => {
                 // Every result queued behind it too: one re-plan for all.
                 let mut batch = vec![first];
@@ -519,6 +559,9 @@ async fn serve(
         }
         // A change on probation that came due is reverted now.
         daemon.settle().await;
+        if let Some(link) = tier.as_mut() {
+            link.publish(daemon);
+        }
         if let Some(resolved) = daemon.take_regateway() {
             *gateway = GatewayWatch::start(daemon.config(), resolved);
         }
@@ -531,12 +574,14 @@ async fn on_call(
     daemon: &mut Daemon<KernelDataplane>,
     envelope: lb::api::Envelope,
     reply: oneshot::Sender<Response>,
+    desired: Option<lb::tier::Desired>,
     parsed: &mpsc::Sender<ParsedReload>,
 ) {
     let options = envelope.change;
     match envelope.request {
         Request::Reload { force } if !daemon.stopping() => {
-            ParsedReload::start(daemon.config_path(), force, options, Some(reply), parsed);
+            let path = daemon.config_path();
+            ParsedReload::start(path, (desired, false), force, options, Some(reply), parsed);
         }
         Request::Diff { file, strict } => {
             let path = file.unwrap_or_else(|| daemon.config_path().to_path_buf());
@@ -544,7 +589,7 @@ async fn on_call(
                 dry_run: true,
                 ..options
             };
-            ParsedReload::start(&path, !strict, options, Some(reply), parsed);
+            ParsedReload::start(&path, (desired, false), !strict, options, Some(reply), parsed);
         }
         request => {
             let _ = reply.send(daemon.handle(request, options).await);
@@ -552,12 +597,57 @@ async fn on_call(
     }
 }
 
+/// The desired state the running configuration was composed with.
+fn applied(tier: &Option<TierLink>) -> Option<lb::tier::Desired> {
+    tier.as_ref().map(|t| t.applied.clone())
+}
+
+/// What the etcd task said: a new desired state is read with the file
+/// off the loop and applied as a reload; the rest is the daemon's to
+/// know.
+fn on_tier(
+    daemon: &mut Daemon<KernelDataplane>,
+    event: lb::tier::client::Event,
+    parsed: &mpsc::Sender<ParsedReload>,
+) {
+    use lb::tier::client::Event;
+    match event {
+        Event::Link(link) => daemon.on_tier_link(link),
+        Event::Members(members) => daemon.on_tier_members(members),
+        Event::DesiredDeleted(revision) => daemon.tier_desired_absent(revision),
+        Event::Desired(Err((revision, why))) => daemon.tier_unreadable(revision, why),
+        Event::Desired(Ok(desired)) => {
+            if daemon.tier_should_apply(desired.revision) {
+                info!(revision = desired.revision, "etcd: a new desired state; applying it");
+                let path = daemon.config_path().to_path_buf();
+                let options = ChangeOptions::default();
+                ParsedReload::start(&path, (Some(desired), true), false, options, None, parsed);
+            }
+        }
+    }
+}
+
 /// Applies a reload (or a diff) read off the loop and answers `lbctl`
 /// (SIGHUP's outcome is logged).
-async fn apply_reload(daemon: &mut Daemon<KernelDataplane>, parsed: ParsedReload) {
+async fn apply_reload(
+    daemon: &mut Daemon<KernelDataplane>,
+    tier: &mut Option<TierLink>,
+    parsed: ParsedReload,
+) {
     let result = daemon
         .reload(parsed.file, parsed.force, &parsed.options)
         .await;
+    if let (Some(link), Some(desired)) = (tier.as_mut(), parsed.desired) {
+        link.urgent = true;
+        let revision = desired.revision;
+        if result.is_ok() && !parsed.options.dry_run {
+            link.applied = desired;
+        }
+        if parsed.from_etcd {
+            let outcome = result.as_ref().map(|_| ()).map_err(|e| e.to_string());
+            daemon.tier_outcome(revision, outcome);
+        }
+    }
     match (parsed.reply, result) {
         (Some(reply), Ok(committed)) => {
             let _ = reply.send(Response::ok(committed));

@@ -1,0 +1,103 @@
+//! A desired state from etcd, as the daemon takes it: applied through
+//! the reload path as a revision named after the etcd revision, reported;
+//! one older than the one running (etcd restored) or the same again is
+//! not applied; a refused one leaves what runs and is said.
+
+use super::*;
+use crate::tier::{Desired, compose};
+
+/// A balancer of a tier: its file lists no VIPs.
+const TIER_FILE: &str = r#"
+instance: unit
+interfaces: [eth0]
+gateway_mac: "02:00:00:00:00:01"
+outer_source_v4: 10.0.0.2
+table_size: 101
+conntrack_buckets: 1024
+source:
+  etcd:
+    endpoints: [http://127.0.0.1:2379]
+    prefix: /lb/t1
+"#;
+
+const VIPS: &str = "vips:\n  - address: 10.99.0.1\n    port: 80\n    protocol: tcp\n    backends:\n      - address: 10.1.0.1\n      - address: 10.1.0.2\n";
+
+fn desired(revision: i64, text: &str) -> Desired {
+    Desired {
+        revision,
+        text: text.into(),
+    }
+}
+
+/// What the loop does with a new desired state: the file composed with
+/// it, reloaded, the outcome told.
+async fn apply(r: &mut Rig, d: &Desired) -> bool {
+    if !r.daemon.tier_should_apply(d.revision) {
+        return false;
+    }
+    let read = reparse(r, TIER_FILE).and_then(|f| compose(&f, d));
+    let result = r.daemon.reload(read, false, &plain()).await;
+    r.daemon
+        .tier_outcome(d.revision, result.as_ref().map(|_| ()).map_err(|e| e.to_string()));
+    true
+}
+
+#[tokio::test]
+async fn a_desired_state_applies_as_a_revision_named_after_etcds() {
+    let mut r = rig(TIER_FILE);
+    r.daemon.tier_started("lb1".into(), None);
+    assert!(apply(&mut r, &desired(5, VIPS)).await);
+    assert_eq!(r.in_table(WEB).len(), 2);
+    let history: Vec<api::RevisionRow> = parse(r.ok(Request::History { last: 100 }).await);
+    let running = history.iter().find(|h| h.running).expect("a running revision");
+    assert_eq!(running.source, "etcd /lb/t1/desired@5");
+    let report = r.daemon.tier_report().unwrap();
+    assert_eq!((report.name.as_str(), report.applied), ("lb1", Some(5)));
+    assert!(report.tables.contains_key(WEB), "{report:?}");
+    let status: api::Status = parse(r.ok(Request::Status).await);
+    assert!(status.source.contains("desired revision 5 applied"), "{}", status.source);
+
+    // The same revision again (a reconnection), or an older one (etcd
+    // restored from a backup): nothing is applied; the older is said.
+    assert!(!apply(&mut r, &desired(5, VIPS)).await);
+    assert!(!apply(&mut r, &desired(3, "vips: []\n")).await);
+    assert_eq!(r.in_table(WEB).len(), 2);
+    let tier: api::TierStatus = parse(r.ok(Request::Tier(api::TierRequest::Status)).await);
+    assert!(tier.note.unwrap().contains("behind the 5"));
+    assert_eq!(tier.applied, Some(5));
+}
+
+#[tokio::test]
+async fn a_refused_desired_state_leaves_what_runs_and_is_reported() {
+    let mut r = rig(TIER_FILE);
+    r.daemon.tier_started("lb1".into(), None);
+    assert!(apply(&mut r, &desired(5, VIPS)).await);
+    // Every backend gone from an announced VIP: the blackhole guard.
+    let empty = VIPS.replace("      - address: 10.1.0.1\n      - address: 10.1.0.2\n", "");
+    let empty = empty.replace("    backends:\n", "    backends: []\n");
+    assert!(apply(&mut r, &desired(6, &empty)).await);
+    assert_eq!(r.in_table(WEB).len(), 2, "the running state stays");
+    let report = r.daemon.tier_report().unwrap();
+    assert_eq!((report.applied, report.seen), (Some(5), Some(6)));
+    assert!(report.refused.is_some(), "{report:?}");
+    // Refused changes in the report show in everyone's tier status.
+    let flags = crate::tier::compare(&[crate::tier::Member {
+        name: "lb1".into(),
+        report: Some(report),
+        unreadable: None,
+    }]);
+    assert!(flags[0].starts_with("lb1: refused desired revision 6"), "{flags:?}");
+    // A later good one applies.
+    assert!(apply(&mut r, &desired(7, VIPS)).await);
+    assert_eq!(r.daemon.tier_report().unwrap().refused, None);
+}
+
+#[tokio::test]
+async fn without_a_tier_there_is_no_tier_status() {
+    let mut r = rig(FILE);
+    let why = r
+        .refused(ErrorKind::NotFound, Request::Tier(api::TierRequest::Status))
+        .await;
+    assert!(why.contains("from its file"), "{why}");
+    assert!(r.daemon.tier_report().is_none());
+}

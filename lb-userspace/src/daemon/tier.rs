@@ -1,0 +1,219 @@
+//! The daemon's side of a tier ([`crate::tier`]): what the etcd task last
+//! said (connected or not, the newest desired state seen, the members and
+//! their reports), what this balancer applied or refused, the report it
+//! publishes, and `lbctl tier status`. Applying a desired state is a
+//! reload ([`Daemon::reload`] with a composed file), so nothing here
+//! touches the maps.
+
+use std::time::SystemTime;
+
+use tracing::{info, warn};
+
+use super::{Daemon, Result, refused};
+use crate::{
+    api::{BackendState, ErrorKind, TierStatus},
+    dataplane::Dataplane,
+    tier::{Member, Report, compare},
+};
+
+/// What the daemon knows of its tier.
+#[derive(Clone, Debug, Default)]
+pub struct TierState {
+    /// Connected (with the cluster's revision then) or why not, and since
+    /// when; `None` before the first word from the task.
+    link: Option<(Result<i64, String>, SystemTime)>,
+    /// The newest desired revision seen, and why it was refused if it was.
+    seen: Option<i64>,
+    refused: Option<String>,
+    /// The desired revision this balancer runs.
+    applied: Option<i64>,
+    /// Something the operator should know (the desired key deleted, etcd
+    /// behind what was applied).
+    note: Option<String>,
+    members: Vec<Member>,
+    /// This balancer's name in the tier (`source.etcd.name`, or the host
+    /// name).
+    name: String,
+}
+
+impl<D: Dataplane> Daemon<D> {
+    /// At start: this balancer's name in the tier, and the desired
+    /// revision the running configuration came from.
+    pub fn tier_started(&mut self, name: String, applied: Option<i64>) {
+        self.tier.name = name;
+        self.tier.applied = applied;
+        self.tier.seen = applied;
+    }
+
+    /// The desired revision this balancer runs.
+    pub fn tier_applied(&self) -> Option<i64> {
+        self.tier.applied
+    }
+
+    /// The etcd task connected (with the cluster's revision) or lost etcd.
+    pub fn on_tier_link(&mut self, link: std::result::Result<i64, String>) {
+        let was_up = matches!(self.tier.link, Some((Ok(_), _)));
+        if let (Ok(revision), false) = (&link, was_up) {
+            info!(revision, "etcd: connected; following the tier's desired state");
+        }
+        self.tier.link = Some((link, SystemTime::now()));
+        self.metrics
+            .tier_connected
+            .set(i64::from(matches!(self.tier.link, Some((Ok(_), _)))));
+    }
+
+    /// A desired state seen: `true` if it should be applied (newer than
+    /// the one running). One older than what runs (etcd restored from a
+    /// backup, or rolled back) is not applied: the balancer keeps what it
+    /// runs and says so.
+    pub fn tier_should_apply(&mut self, revision: i64) -> bool {
+        self.tier.seen = Some(self.tier.seen.map_or(revision, |s| s.max(revision)));
+        self.metrics.tier_seen.set(revision);
+        match self.tier.applied {
+            Some(applied) if revision == applied => false,
+            Some(applied) if revision < applied => {
+                let note = format!(
+                    "etcd's desired state is at revision {revision}, behind the {applied} this balancer applied (etcd restored or rolled back?): keeping revision {applied} until a newer write"
+                );
+                warn!("{note}");
+                self.tier.note = Some(note);
+                false
+            }
+            _ => true,
+        }
+    }
+
+    /// The outcome of applying desired revision `revision`.
+    pub fn tier_outcome(&mut self, revision: i64, result: std::result::Result<(), String>) {
+        match result {
+            Ok(()) => {
+                self.tier.applied = Some(revision);
+                self.tier.refused = None;
+                self.tier.note = None;
+                self.metrics.tier_applied.set(revision);
+                self.metrics.tier_refused.set(0);
+            }
+            Err(why) => {
+                warn!(revision, "etcd: desired state refused, keeping the running one: {why}");
+                self.tier.refused = Some(why);
+                self.metrics.tier_refused.set(1);
+            }
+        }
+    }
+
+    /// A desired state that is not one (too large, not text).
+    pub fn tier_unreadable(&mut self, revision: i64, why: String) {
+        self.tier.seen = Some(self.tier.seen.map_or(revision, |s| s.max(revision)));
+        self.tier_outcome(revision, Err(why));
+    }
+
+    /// The desired key is absent (deleted, or never written).
+    pub fn tier_desired_absent(&mut self, revision: i64) {
+        let note = format!(
+            "etcd has no desired state (key absent at revision {revision}): keeping what runs; an empty tier is written as `vips: []`"
+        );
+        if self.tier.applied.is_some() {
+            warn!("{note}");
+        }
+        self.tier.note = Some(note);
+    }
+
+    /// The tier's members and their reports, as last read.
+    pub fn on_tier_members(&mut self, members: Vec<Member>) {
+        self.tier.members = members;
+    }
+
+    /// What this balancer publishes (`None` without a tier).
+    pub fn tier_report(&mut self) -> Option<Report> {
+        self.config.source.as_ref()?;
+        let name = self.tier.name.clone();
+        let down = self
+            .health()
+            .into_iter()
+            .flat_map(|v| {
+                v.backends
+                    .into_iter()
+                    .filter(|b| matches!(b.state, BackendState::Down | BackendState::Ejected))
+                    .map(move |b| format!("{} {} {}", v.vip, b.address, b.state.name()))
+            })
+            .collect();
+        let announced = self
+            .announcers
+            .peer_rows()
+            .into_iter()
+            .map(|p| (p.peer.clone(), p.prefixes_announced))
+            .collect();
+        Some(Report {
+            name,
+            version: crate::VERSION.to_string(),
+            applied: self.tier.applied,
+            seen: self.tier.seen,
+            refused: self.tier.refused.clone(),
+            revision: self.revision,
+            config_digest: self.running_digest(),
+            tables: self
+                .table_digests
+                .iter()
+                .map(|(id, (_, d))| (id.to_string(), d.clone()))
+                .collect(),
+            announced,
+            down,
+            overrides: self.override_rows().len(),
+            last_error: self.last_reload.clone().filter(|r| r.starts_with("failed")),
+        })
+    }
+
+    /// `lbctl tier status`.
+    pub fn tier_status(&self) -> Result<TierStatus> {
+        let Some(source) = &self.config.source else {
+            return Err(refused(
+                ErrorKind::NotFound,
+                "this balancer takes its VIPs from its file: no tier (see `source.etcd`)",
+            ));
+        };
+        let (connected, since, error) = match &self.tier.link {
+            Some((Ok(_), t)) => (true, *t, None),
+            Some((Err(e), t)) => (false, *t, Some(e.clone())),
+            None => (false, SystemTime::now(), Some("not connected yet".into())),
+        };
+        Ok(TierStatus {
+            name: self.tier.name.clone(),
+            prefix: source.prefix.clone(),
+            endpoints: source.endpoints.clone(),
+            connected,
+            since: super::views::humantime(since),
+            error,
+            seen: self.tier.seen,
+            applied: self.tier.applied,
+            refused: self.tier.refused.clone(),
+            note: self.tier.note.clone(),
+            flags: compare(&self.tier.members),
+            members: self.tier.members.clone(),
+        })
+    }
+
+    /// One line for `lbctl status`: where the VIPs come from.
+    pub fn tier_line(&self) -> String {
+        let Some(source) = &self.config.source else {
+            return "file".into();
+        };
+        let link = match &self.tier.link {
+            Some((Ok(_), _)) => "connected".to_string(),
+            Some((Err(e), t)) => format!("NOT CONNECTED since {}: {e}", super::views::humantime(*t)),
+            None => "connecting".to_string(),
+        };
+        let applied = self
+            .tier
+            .applied
+            .map_or("none yet".into(), |a| a.to_string());
+        format!(
+            "etcd {} ({link}; desired revision {applied} applied{})",
+            source.prefix,
+            if self.tier.refused.is_some() {
+                "; the newest was REFUSED"
+            } else {
+                ""
+            }
+        )
+    }
+}

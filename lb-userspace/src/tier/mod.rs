@@ -1,0 +1,319 @@
+//! A tier of balancers as one system: the VIPs in etcd, each balancer's
+//! report beside them. With `source.etcd` (see
+//! [`crate::config::source`]), `lbd` takes its VIPs from the desired
+//! state at `<prefix>/desired` and keeps everything else from its file;
+//! a change in etcd goes through [`crate::daemon::Daemon::commit`] like a
+//! reload of the file, and is recorded as a revision that names the etcd
+//! revision. Each `lbd` publishes a [`Report`] at
+//! `<prefix>/balancers/<name>` under a lease, and records itself once at
+//! `<prefix>/members/<name>` (no lease): a member without a report is a
+//! balancer whose lease expired.
+//!
+//! Fail static: when etcd is unreachable, slow or answers nonsense, `lbd`
+//! keeps what it applied last (forwarding, announcing), says so, and
+//! retries. An absent or deleted desired state changes nothing: an empty
+//! tier is written as `vips: []`, never as a missing key.
+//!
+//! [`compose`] builds the configuration a balancer runs (its file, with
+//! the desired VIPs); [`compare`] finds where the balancers disagree;
+//! [`client`] is the task that talks to etcd.
+
+pub mod client;
+
+use std::{collections::BTreeMap, sync::Arc};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    config::{
+        Config, ConfigError, ConfigErrors,
+        source::{EtcdSource, MAX_DESIRED_BYTES},
+    },
+    daemon::FileRead,
+    digest,
+};
+
+/// The keys of a tier under its prefix.
+#[derive(Clone, Debug)]
+pub struct Keys {
+    prefix: String,
+}
+
+impl Keys {
+    pub fn new(source: &EtcdSource) -> Keys {
+        Keys {
+            prefix: source.prefix.clone(),
+        }
+    }
+
+    /// Every key of the tier (a watch's range).
+    pub fn all(&self) -> String {
+        format!("{}/", self.prefix)
+    }
+
+    /// The tier's desired state: a YAML document with `vips:`.
+    pub fn desired(&self) -> String {
+        format!("{}/desired", self.prefix)
+    }
+
+    /// Where balancer `name` reports (under its lease).
+    pub fn balancer(&self, name: &str) -> String {
+        format!("{}/balancers/{name}", self.prefix)
+    }
+
+    /// Where balancer `name` recorded that it is part of the tier.
+    pub fn member(&self, name: &str) -> String {
+        format!("{}/members/{name}", self.prefix)
+    }
+
+    /// What a key of the tier is.
+    pub fn classify<'k>(&self, key: &'k str) -> Option<TierKey<'k>> {
+        let rest = key.strip_prefix(&self.prefix)?.strip_prefix('/')?;
+        if rest == "desired" {
+            return Some(TierKey::Desired);
+        }
+        if let Some(name) = rest.strip_prefix("balancers/") {
+            return Some(TierKey::Balancer(name));
+        }
+        rest.strip_prefix("members/").map(TierKey::Member)
+    }
+}
+
+/// A key of the tier, by what it holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TierKey<'k> {
+    Desired,
+    Balancer(&'k str),
+    Member(&'k str),
+}
+
+/// A desired state as read from etcd: the key's modification revision
+/// and its text (at most [`MAX_DESIRED_BYTES`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Desired {
+    pub revision: i64,
+    pub text: Arc<str>,
+}
+
+/// The document at `<prefix>/desired`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DesiredDoc {
+    vips: serde_yaml::Value,
+}
+
+impl Desired {
+    /// The desired state a revision ran: its `vips:` (a balancer that
+    /// restarts while etcd is away keeps serving them).
+    pub fn from_config_text(revision: i64, text: &str) -> Option<Desired> {
+        let value: serde_yaml::Value = serde_yaml::from_str(text).ok()?;
+        let vips = value.get("vips")?.clone();
+        let mut doc = serde_yaml::Mapping::new();
+        doc.insert("vips".into(), vips);
+        let text = serde_yaml::to_string(&doc).ok()?;
+        Some(Desired {
+            revision,
+            text: text.into(),
+        })
+    }
+
+    /// Its `vips:` value, or why it is not a desired state.
+    fn vips(&self) -> Result<serde_yaml::Value, String> {
+        if self.text.len() > MAX_DESIRED_BYTES {
+            return Err(format!(
+                "the desired state is {} bytes, more than the {MAX_DESIRED_BYTES} a balancer takes",
+                self.text.len()
+            ));
+        }
+        crate::config::parse::precheck(&self.text)?;
+        let doc: DesiredDoc = serde_yaml::from_str(&self.text).map_err(|e| {
+            format!("not a desired state (a YAML document with `vips:` and nothing else): {e}")
+        })?;
+        Ok(doc.vips)
+    }
+}
+
+/// The name a revision made from desired state `revision` carries.
+pub fn origin(source: &EtcdSource, revision: i64) -> String {
+    format!("etcd {}/desired@{revision}", source.prefix)
+}
+
+/// The etcd revision in a revision's origin (see [`origin`]).
+pub fn revision_of_origin(origin: &str) -> Option<i64> {
+    origin
+        .strip_prefix("etcd ")?
+        .rsplit_once("/desired@")?
+        .1
+        .parse()
+        .ok()
+}
+
+/// The configuration a balancer of the tier runs: `file` (which must list
+/// no VIPs of its own) with the VIPs of `desired`. Every problem is named,
+/// as the file's would be, and nothing runs of a refused one.
+pub fn compose(file: &FileRead, desired: &Desired) -> Result<FileRead, ConfigErrors> {
+    let Some(source) = &file.config.source else {
+        return Ok(file.clone());
+    };
+    let name = origin(source, desired.revision);
+    let one = |field: &str, message: String| ConfigErrors {
+        source_name: Some(name.clone()),
+        errors: vec![ConfigError {
+            field: field.into(),
+            message,
+        }],
+    };
+    if !file.config.vips.is_empty() {
+        return Err(ConfigErrors {
+            source_name: None,
+            errors: vec![ConfigError {
+                field: "vips".into(),
+                message: "the VIPs come from etcd (source.etcd): the file lists none".into(),
+            }],
+        });
+    }
+    let vips = desired.vips().map_err(|e| one("", e))?;
+    let mut whole: serde_yaml::Mapping = serde_yaml::from_str(&file.text)
+        .map_err(|e| one("", format!("the file is not a mapping: {e}")))?;
+    whole.insert("vips".into(), vips);
+    let text = serde_yaml::to_string(&whole).map_err(|e| one("", e.to_string()))?;
+    let mut config = Config::parse(&text).map_err(|mut e| {
+        e.source_name = Some(name.clone());
+        e
+    })?;
+    config.warnings.retain(|w| !file.config.warnings.contains(w));
+    Ok(FileRead {
+        digest: digest::text(&text),
+        text: text.into(),
+        config,
+        desired: Some(desired.revision),
+    })
+}
+
+/// What one balancer publishes about itself (JSON, at
+/// `<prefix>/balancers/<name>`). Only state, no counters: a report is
+/// written when it changes, and every balancer reads every other's.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct Report {
+    pub name: String,
+    /// `lbd`'s version.
+    pub version: String,
+    /// The etcd revision of the desired state it runs.
+    pub applied: Option<i64>,
+    /// The newest desired state it saw, and why it refused it if it did.
+    pub seen: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
+    /// Its revision (`lbctl history`) and the configuration's digest.
+    pub revision: u64,
+    pub config_digest: String,
+    /// Each VIP's table digest (`lbctl table`), by VIP.
+    pub tables: BTreeMap<String, String>,
+    /// The VIPs each announcer's peer has from it, by peer.
+    pub announced: BTreeMap<String, usize>,
+    /// Backends that are not serving: `VIP backend state`.
+    pub down: Vec<String>,
+    /// Runtime changes (`lbctl vip`, `lbctl backend`) in force on top of
+    /// the tier's desired state on this balancer.
+    #[serde(default)]
+    pub overrides: usize,
+    /// The last change that failed here, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
+/// The largest report taken from another balancer.
+pub const MAX_REPORT_BYTES: usize = 1 << 20;
+/// Balancers a tier may have (members beyond it are ignored, and said so).
+pub const MAX_BALANCERS: usize = 256;
+
+/// One balancer as `lbctl tier status` shows it: its report, or none
+/// when it is a member whose lease expired.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub struct Member {
+    pub name: String,
+    pub report: Option<Report>,
+    /// A report that could not be read, and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unreadable: Option<String>,
+}
+
+/// Where the balancers of a tier disagree, each in words: a balancer that
+/// stopped reporting, one on another desired revision than the newest
+/// any of them saw, one that refused it, and a VIP whose table digest
+/// differs between balancers that run the same revision.
+pub fn compare(members: &[Member]) -> Vec<String> {
+    let mut flags = Vec::new();
+    let reports: Vec<&Report> = members.iter().filter_map(|m| m.report.as_ref()).collect();
+    for m in members {
+        match (&m.report, &m.unreadable) {
+            (_, Some(why)) => flags.push(format!("{}: its report is unreadable: {why}", m.name)),
+            (None, None) => flags.push(format!(
+                "{}: not reporting (its lease expired: stopped, or cut off from etcd)",
+                m.name
+            )),
+            _ => {}
+        }
+    }
+    let newest = reports.iter().filter_map(|r| r.seen.max(r.applied)).max();
+    for r in &reports {
+        if let Some(why) = &r.refused {
+            flags.push(format!("{}: refused desired revision {}: {why}", r.name, r.seen.unwrap_or(0)));
+        }
+        if r.overrides > 0 {
+            flags.push(format!(
+                "{}: {} runtime change(s) on top of the desired state (`lbctl overrides list` there)",
+                r.name, r.overrides
+            ));
+        }
+        if newest.is_some() && r.applied != newest {
+            flags.push(format!(
+                "{}: runs desired revision {}, the newest is {}",
+                r.name,
+                r.applied.map_or("none".into(), |a| a.to_string()),
+                newest.unwrap_or(0)
+            ));
+        }
+    }
+    flags.extend(table_disagreements(&reports));
+    flags
+}
+
+/// VIPs whose table digest differs between balancers that run one
+/// revision and see the same of its backends down (a backend one
+/// balancer's probes find down is out of that balancer's table only:
+/// that difference is the health checks', and `down` says so).
+fn table_disagreements(reports: &[&Report]) -> Vec<String> {
+    type Side<'r> = (Option<i64>, &'r str, Vec<&'r str>);
+    let mut by_vip: BTreeMap<Side<'_>, BTreeMap<&str, Vec<&str>>> = BTreeMap::new();
+    for r in reports {
+        for (vip, digest) in &r.tables {
+            let down: Vec<&str> = r
+                .down
+                .iter()
+                .filter(|d| d.split(' ').next() == Some(vip.as_str()))
+                .map(String::as_str)
+                .collect();
+            by_vip
+                .entry((r.applied, vip, down))
+                .or_default()
+                .entry(digest)
+                .or_default()
+                .push(&r.name);
+        }
+    }
+    by_vip
+        .into_iter()
+        .filter(|(_, digests)| digests.len() > 1)
+        .map(|((_, vip, _), digests)| {
+            let sides: Vec<String> = digests
+                .iter()
+                .map(|(d, names)| format!("{} on {}", &d[..d.len().min(12)], names.join(", ")))
+                .collect();
+            format!("VIP {vip}: tables differ ({})", sides.join("; "))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

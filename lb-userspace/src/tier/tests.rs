@@ -1,0 +1,130 @@
+//! The tier's pure parts: keys, composing a balancer's configuration from
+//! its file and the desired state, and finding disagreement.
+
+use super::*;
+
+const FILE: &str = "interfaces: [eth0]\nouter_source_v4: 10.0.0.1\ngateway_mac: 02:00:00:00:00:01\nsource:\n  etcd:\n    endpoints: [http://127.0.0.1:2379]\n    prefix: /lb/t1\n";
+
+fn file(text: &str) -> FileRead {
+    let config = Config::parse(text).unwrap();
+    FileRead {
+        digest: digest::text(text),
+        text: text.into(),
+        config,
+        desired: None,
+    }
+}
+
+fn desired(revision: i64, text: &str) -> Desired {
+    Desired {
+        revision,
+        text: text.into(),
+    }
+}
+
+const ONE_VIP: &str = "vips:\n  - address: 10.99.0.1\n    port: 80\n    protocol: tcp\n    backends:\n      - { address: 10.10.0.2 }\n";
+
+#[test]
+fn keys_sit_under_the_prefix_and_are_told_apart() {
+    let keys = Keys {
+        prefix: "/lb/t1".into(),
+    };
+    assert_eq!(keys.desired(), "/lb/t1/desired");
+    assert_eq!(keys.classify("/lb/t1/desired"), Some(TierKey::Desired));
+    assert_eq!(keys.classify("/lb/t1/balancers/lb2"), Some(TierKey::Balancer("lb2")));
+    assert_eq!(keys.classify("/lb/t1/members/lb2"), Some(TierKey::Member("lb2")));
+    assert_eq!(keys.classify("/lb/t10/desired"), None);
+    assert_eq!(keys.classify("/lb/t1/other"), None);
+}
+
+#[test]
+fn a_composed_configuration_is_the_file_with_the_desired_vips() {
+    let composed = compose(&file(FILE), &desired(42, ONE_VIP)).unwrap();
+    assert_eq!(composed.config.vips.len(), 1);
+    assert_eq!(composed.config.interfaces, ["eth0"]);
+    assert_eq!(composed.desired, Some(42));
+    assert!(composed.config.source.is_some());
+    // The text a revision records parses to the same configuration.
+    let again = Config::parse(&composed.text).unwrap();
+    assert_eq!(again.vips, composed.config.vips);
+    // And a restart takes its VIPs back out of it.
+    let back = Desired::from_config_text(42, &composed.text).unwrap();
+    assert_eq!(compose(&file(FILE), &back).unwrap().config.vips, composed.config.vips);
+    assert_eq!(revision_of_origin(&origin(composed.config.source.as_ref().unwrap(), 42)), Some(42));
+}
+
+#[test]
+fn bad_desired_states_are_refused_with_a_name() {
+    let f = file(FILE);
+    let cases = [
+        ("not: [yaml", "not a desired state"),
+        ("vips: []\ninterfaces: [eth9]\n", "unknown field `interfaces`"),
+        ("- a list\n", "not a desired state"),
+        ("vips:\n  - address: 10.99.0.1\n    port: 99999\n", "vips[0].port"),
+    ];
+    for (text, says) in cases {
+        let err = compose(&f, &desired(7, text)).unwrap_err();
+        let shown = err.to_string();
+        assert!(shown.contains(says), "{text:?}: {shown}");
+        assert!(shown.contains("etcd /lb/t1/desired@7"), "{shown}");
+    }
+    let huge = format!("vips: []\n#{}\n", "x".repeat(MAX_DESIRED_BYTES));
+    let err = compose(&f, &desired(8, &huge)).unwrap_err().to_string();
+    assert!(err.contains("bytes, more than"), "{err}");
+}
+
+#[test]
+fn a_file_with_its_own_vips_is_refused_when_they_come_from_etcd() {
+    let text = format!("{FILE}{ONE_VIP}");
+    let err = compose(&file(&text), &desired(1, "vips: []\n")).unwrap_err();
+    assert_eq!(err.errors[0].field, "vips");
+    assert!(err.to_string().contains("come from etcd"));
+}
+
+fn report(name: &str, applied: i64, digest: &str, down: &[&str]) -> Member {
+    Member {
+        name: name.into(),
+        report: Some(Report {
+            name: name.into(),
+            applied: Some(applied),
+            seen: Some(applied),
+            tables: [("10.99.0.1:80/tcp".to_string(), digest.to_string())].into(),
+            down: down.iter().map(|d| d.to_string()).collect(),
+            ..Report::default()
+        }),
+        unreadable: None,
+    }
+}
+
+#[test]
+fn agreeing_balancers_raise_no_flag() {
+    let tier = [report("a", 5, "d1", &[]), report("b", 5, "d1", &[])];
+    assert_eq!(compare(&tier), Vec::<String>::new());
+}
+
+#[test]
+fn disagreement_is_named_balancer_by_balancer() {
+    let mut tier = vec![
+        report("a", 5, "d1", &[]),
+        report("b", 5, "d2", &[]),
+        report("c", 4, "d1", &[]),
+        Member {
+            name: "d".into(),
+            report: None,
+            unreadable: None,
+        },
+    ];
+    let flags = compare(&tier);
+    assert!(flags.iter().any(|f| f.starts_with("d: not reporting")), "{flags:?}");
+    assert!(flags.iter().any(|f| f.starts_with("c: runs desired revision 4, the newest is 5")), "{flags:?}");
+    assert!(
+        flags.iter().any(|f| f.contains("VIP 10.99.0.1:80/tcp: tables differ (d1 on a; d2 on b)")),
+        "{flags:?}"
+    );
+    assert_eq!(flags.len(), 3, "{flags:?}");
+    // A table that differs because that balancer sees a backend down is
+    // the health checks' doing, not a disagreement.
+    tier[1] = report("b", 5, "d2", &["10.99.0.1:80/tcp 10.10.0.2 down"]);
+    let flags = compare(&tier);
+    assert!(!flags.iter().any(|f| f.contains("tables differ")), "{flags:?}");
+}
