@@ -23,8 +23,8 @@ use std::{
 };
 
 use prometheus::{
-    Encoder as _, Gauge, Histogram, IntGauge, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, Opts,
-    Registry, TextEncoder,
+    Encoder as _, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGauge, Opts, Registry, TextEncoder,
     core::{Collector, Desc},
     proto::{self, MetricFamily, MetricType},
 };

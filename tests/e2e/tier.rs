@@ -38,13 +38,20 @@ const PATIENCE: Duration = Duration::from_secs(10);
 /// router's address on its link), and the tier's desired state: the
 /// rig's VIPs with backends `backends`.
 fn split_config(rig: &EcmpRig, i: usize, backends: &[usize]) -> Result<(String, String)> {
+    let weights: Vec<(usize, u32)> = backends.iter().map(|b| (*b, 1)).collect();
+    split_weighted(rig, i, &weights)
+}
+
+/// As [`split_config`], with each backend's weight.
+fn split_weighted(rig: &EcmpRig, i: usize, weights: &[(usize, u32)]) -> Result<(String, String)> {
     let source = format!(
         "source:\n  etcd:\n    endpoints: [http://{}:2379]\n    prefix: {PREFIX}\n    name: lb{i}\n    timeout: 2s\n    lease: 3s\nshutdown_grace: 1s\n",
         router_addr(i)
     );
-    let weights: Vec<(usize, u32)> = backends.iter().map(|b| (*b, 1)).collect();
-    let whole = rig.lbd_config_weighted(i, &weights, "", &source);
-    let at = whole.find("vips:\n").context("the rig's configuration has VIPs")?;
+    let whole = rig.lbd_config_weighted(i, weights, "", &source);
+    let at = whole
+        .find("vips:\n")
+        .context("the rig's configuration has VIPs")?;
     Ok((whole[..at].to_string(), whole[at..].to_string()))
 }
 
@@ -83,7 +90,10 @@ fn table_digest(lbd: &Lbd) -> Result<String> {
 }
 
 fn none_broken(streams: Vec<Stream>) -> Result<usize> {
-    let reports: Vec<_> = streams.into_iter().map(Stream::finish).collect::<Result<_>>()?;
+    let reports: Vec<_> = streams
+        .into_iter()
+        .map(Stream::finish)
+        .collect::<Result<_>>()?;
     let broken: Vec<_> = reports.iter().filter(|r| r.error.is_some()).collect();
     if !broken.is_empty() {
         bail!("{} streams broke: {broken:?}", broken.len());
@@ -100,21 +110,35 @@ fn follow_change_and_refuse(rig: &EcmpRig, etcd: &Etcd, lbd: &[Lbd; 2]) -> Resul
     for l in lbd {
         wait_applied(l, r1, Duration::from_secs(60))?;
     }
-    eprintln!("desired revision {r1}: both balancers applied it {:?} after the write", written.elapsed());
-    rig.wait_hops("one ECMP route via both balancers", &[1, 2], Duration::from_secs(30))?;
+    eprintln!(
+        "desired revision {r1}: both balancers applied it {:?} after the write",
+        written.elapsed()
+    );
+    rig.wait_hops(
+        "one ECMP route via both balancers",
+        &[1, 2],
+        Duration::from_secs(30),
+    )?;
     let digests = (table_digest(&lbd[0])?, table_digest(&lbd[1])?);
     if digests.0 != digests.1 {
         bail!("the balancers' tables differ: {digests:?}");
     }
     // What each publishes, read with etcdctl.
-    wait_for("both reports", Duration::from_secs(30), Duration::from_millis(100), || {
-        Ok((1..=2).all(|i| {
-            report(etcd, &format!("lb{i}"))
-                .ok()
-                .flatten()
-                .is_some_and(|r| r["applied"] == r1 && r["tables"]["10.99.0.1:80/tcp"] == digests.0)
-        }))
-    })?;
+    wait_for(
+        "both reports",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || {
+            Ok((1..=2).all(|i| {
+                report(etcd, &format!("lb{i}"))
+                    .ok()
+                    .flatten()
+                    .is_some_and(|r| {
+                        r["applied"] == r1 && r["tables"]["10.99.0.1:80/tcp"] == digests.0
+                    })
+            }))
+        },
+    )?;
     let streams = rig.streams(47_000..47_040, EVERY, PATIENCE)?;
     std::thread::sleep(Duration::from_secs(1));
 
@@ -125,7 +149,10 @@ fn follow_change_and_refuse(rig: &EcmpRig, etcd: &Etcd, lbd: &[Lbd; 2]) -> Resul
     for l in lbd {
         wait_applied(l, r2, Duration::from_secs(60))?;
     }
-    eprintln!("desired revision {r2} (a backend added): both applied {:?} after the write", written.elapsed());
+    eprintln!(
+        "desired revision {r2} (a backend added): both applied {:?} after the write",
+        written.elapsed()
+    );
     let history = lbd[0].lbctl(&["history"])?;
     if !history.contains(&format!("etcd {PREFIX}/desired@{r2}")) {
         bail!("the revision does not name etcd's:\n{history}");
@@ -135,23 +162,38 @@ fn follow_change_and_refuse(rig: &EcmpRig, etcd: &Etcd, lbd: &[Lbd; 2]) -> Resul
         bail!("after the change the balancers' tables differ: {digests:?}");
     }
     let status = tier_status(&lbd[0])?;
-    if status["flags"] != serde_json::json!([]) || status["members"].as_array().map(Vec::len) != Some(2) {
+    if status["flags"] != serde_json::json!([])
+        || status["members"].as_array().map(Vec::len) != Some(2)
+    {
         bail!("two agreeing balancers expected: {status}");
     }
 
     // Not desired states: each refused by both with its name.
     let bad: [(&str, Vec<u8>, &str); 3] = [
         ("not YAML", b"vips: [".to_vec(), "not a desired state"),
-        ("1.1 MiB", format!("vips: []\n#{}\n", "x".repeat(1_150_000)).into_bytes(), "more than"),
-        ("a wrong field", b"vips: []\ninterfaces: [eth7]\n".to_vec(), "unknown field `interfaces`"),
+        (
+            "1.1 MiB",
+            format!("vips: []\n#{}\n", "x".repeat(1_150_000)).into_bytes(),
+            "more than",
+        ),
+        (
+            "a wrong field",
+            b"vips: []\ninterfaces: [eth7]\n".to_vec(),
+            "unknown field `interfaces`",
+        ),
     ];
     for (what, value, says) in bad {
         let r = etcd.put(&format!("{PREFIX}/desired"), &value)?;
         for l in lbd {
-            wait_for(&format!("{what} refused"), Duration::from_secs(30), Duration::from_millis(50), || {
-                let s = tier_status(l)?;
-                Ok(s["seen"] == r && s["refused"].as_str().is_some_and(|w| w.contains(says)))
-            })?;
+            wait_for(
+                &format!("{what} refused"),
+                Duration::from_secs(30),
+                Duration::from_millis(50),
+                || {
+                    let s = tier_status(l)?;
+                    Ok(s["seen"] == r && s["refused"].as_str().is_some_and(|w| w.contains(says)))
+                },
+            )?;
             if tier_status(l)?["applied"] != r2 {
                 bail!("{what}: the balancer no longer runs revision {r2}");
             }
@@ -183,16 +225,25 @@ fn partition(rig: &EcmpRig, etcd: &Etcd, lbd: &[Lbd; 2]) -> Result<()> {
             balancer_addr(2)
         ),
     )?;
-    wait_for("lb2 cut off", Duration::from_secs(60), Duration::from_millis(100), || {
-        Ok(tier_status(&lbd[1])?["connected"] == false)
-    })?;
-    let (_, desired) = split_config(rig, 1, &[0, 1])?;
+    wait_for(
+        "lb2 cut off",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || Ok(tier_status(&lbd[1])?["connected"] == false),
+    )?;
+    // A weight changed (no backend leaves: every stream must live).
+    let (_, desired) = split_weighted(rig, 1, &[(0, 2), (1, 1), (2, 1)])?;
     let r = etcd.put(&format!("{PREFIX}/desired"), desired.as_bytes())?;
     wait_applied(&lbd[0], r, Duration::from_secs(60))?;
-    wait_for("lb1 flags lb2", Duration::from_secs(60), Duration::from_millis(100), || {
-        let flags = tier_status(&lbd[0])?["flags"].to_string();
-        Ok(flags.contains("lb2: not reporting"))
-    })?;
+    wait_for(
+        "lb1 flags lb2",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || {
+            let flags = tier_status(&lbd[0])?["flags"].to_string();
+            Ok(flags.contains("lb2: not reporting"))
+        },
+    )?;
     let cut = tier_status(&lbd[1])?;
     if cut["applied"] == r {
         bail!("lb2 applied a revision it cannot have seen: {cut}");
@@ -201,14 +252,21 @@ fn partition(rig: &EcmpRig, etcd: &Etcd, lbd: &[Lbd; 2]) -> Result<()> {
     if !human.contains("NOT CONNECTED") {
         bail!("lbctl status of the cut-off balancer does not say so:\n{human}");
     }
-    crate_hops_still_both(rig)?;
-    rig.router.run("nft", &["delete", "table", "inet", "lbtier"])?;
+    hops_still_both(rig)?;
+    rig.router
+        .run("nft", &["delete", "table", "inet", "lbtier"])?;
     let healed = Instant::now();
     wait_applied(&lbd[1], r, Duration::from_secs(60))?;
-    eprintln!("partition healed: lb2 caught up {:?} later", healed.elapsed());
-    wait_for("the tier agrees again", Duration::from_secs(30), Duration::from_millis(100), || {
-        Ok(tier_status(&lbd[0])?["flags"] == serde_json::json!([]))
-    })?;
+    eprintln!(
+        "partition healed: lb2 caught up {:?} later",
+        healed.elapsed()
+    );
+    wait_for(
+        "the tier agrees again",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || Ok(tier_status(&lbd[0])?["flags"] == serde_json::json!([])),
+    )?;
     let n = none_broken(streams)?;
     eprintln!("{n} streams unbroken through the partition");
     Ok(())
@@ -216,9 +274,13 @@ fn partition(rig: &EcmpRig, etcd: &Etcd, lbd: &[Lbd; 2]) -> Result<()> {
 
 /// Both balancers still announce the VIP (the router's ECMP route has
 /// both next hops).
-fn crate_hops_still_both(rig: &EcmpRig) -> Result<()> {
-    rig.wait_hops("both balancers still in the route", &[1, 2], Duration::from_secs(5))
-        .map(|_| ())
+fn hops_still_both(rig: &EcmpRig) -> Result<()> {
+    rig.wait_hops(
+        "both balancers still in the route",
+        &[1, 2],
+        Duration::from_secs(5),
+    )
+    .map(|_| ())
 }
 
 /// etcd gone: both keep serving; a balancer restarted then serves what
@@ -228,9 +290,12 @@ fn etcd_gone(rig: &EcmpRig, etcd: &mut Etcd, lbd: [Lbd; 2]) -> Result<()> {
     let streams = rig.streams(47_200..47_240, EVERY, PATIENCE)?;
     etcd.kill();
     for l in &lbd {
-        wait_for("etcd noticed gone", Duration::from_secs(60), Duration::from_millis(100), || {
-            Ok(tier_status(l)?["connected"] == false)
-        })?;
+        wait_for(
+            "etcd noticed gone",
+            Duration::from_secs(60),
+            Duration::from_millis(100),
+            || Ok(tier_status(l)?["connected"] == false),
+        )?;
     }
     let [lbd1, lbd2] = lbd;
     let config = lbd2.config.clone();
@@ -244,7 +309,11 @@ fn etcd_gone(rig: &EcmpRig, etcd: &mut Etcd, lbd: [Lbd; 2]) -> Result<()> {
     if vips.as_array().map(Vec::len) != Some(2) {
         bail!("restarted without etcd, lb2 serves no VIPs: {vips}");
     }
-    rig.wait_hops("both balancers announce without etcd", &[1, 2], Duration::from_secs(30))?;
+    rig.wait_hops(
+        "both balancers announce without etcd",
+        &[1, 2],
+        Duration::from_secs(30),
+    )?;
     let metrics_connected = lbd1.lbctl(&["status"])?;
     if !metrics_connected.contains("NOT CONNECTED") {
         bail!("lb1 does not say etcd is gone:\n{metrics_connected}");
@@ -261,8 +330,8 @@ fn a_tier_follows_etcd_refuses_bad_states_and_fails_static() {
         let rig = EcmpRig::new(2, 3, RouterKind::Bird)?;
         let mut etcd = Etcd::start(&rig.router, &rig.dir)?;
         let lbd = [start(&rig, 1)?, start(&rig, 2)?];
-        let result = follow_change_and_refuse(&rig, &etcd, &lbd)
-            .and_then(|_| partition(&rig, &etcd, &lbd));
+        let result =
+            follow_change_and_refuse(&rig, &etcd, &lbd).and_then(|_| partition(&rig, &etcd, &lbd));
         if let Err(e) = result {
             bail!("{e:#}\n{}\netcd:\n{}", rig.logs(), etcd.log_text());
         }

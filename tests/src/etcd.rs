@@ -108,7 +108,11 @@ impl Etcd {
 
     /// Runs `etcdctl ARGS`; its standard output.
     pub fn ctl(&self, args: &[&str]) -> Result<String> {
-        let out = self.command().args(args).output().context("running etcdctl")?;
+        let out = self
+            .command()
+            .args(args)
+            .output()
+            .context("running etcdctl")?;
         if !out.status.success() {
             bail!(
                 "etcdctl {}: {}",
@@ -134,7 +138,10 @@ impl Etcd {
         child.stdin.take().context("stdin")?.write_all(value)?;
         let out = child.wait_with_output()?;
         if !out.status.success() {
-            bail!("etcdctl put {key}: {}", String::from_utf8_lossy(&out.stderr).trim());
+            bail!(
+                "etcdctl put {key}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
         }
         self.revision_of(key)
     }

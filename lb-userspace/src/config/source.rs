@@ -89,7 +89,10 @@ impl SourceConfig {
     pub fn validate(&self) -> Vec<ConfigError> {
         match &self.etcd {
             Some(etcd) => prefixed("etcd", etcd.validate()),
-            None => vec![problem("", "name a source of VIPs (`etcd`), or leave `source` out")],
+            None => vec![problem(
+                "",
+                "name a source of VIPs (`etcd`), or leave `source` out",
+            )],
         }
     }
 }
@@ -171,7 +174,10 @@ impl EtcdSource {
             if let Some(path) = path
                 && let Err(e) = std::fs::File::open(path)
             {
-                errors.push(problem(format!("tls.{field}"), format!("{}: {e}", path.display())));
+                errors.push(problem(
+                    format!("tls.{field}"),
+                    format!("{}: {e}", path.display()),
+                ));
             }
         }
         if let Some(key) = &tls.key
@@ -191,9 +197,12 @@ impl EtcdSource {
 /// A URL of the form `scheme://host:port`, with `https` exactly when TLS
 /// is configured.
 fn check_endpoint(url: &str, tls: bool) -> Result<(), String> {
-    let (scheme, rest) = url
-        .split_once("://")
-        .ok_or_else(|| format!("{} is not a URL such as https://10.0.0.1:2379", excerpt(url)))?;
+    let (scheme, rest) = url.split_once("://").ok_or_else(|| {
+        format!(
+            "{} is not a URL such as https://10.0.0.1:2379",
+            excerpt(url)
+        )
+    })?;
     match (scheme, tls) {
         ("https", true) | ("http", false) => {}
         ("https", false) => return Err(format!("{} needs `tls` (the cluster's CA)", excerpt(url))),
@@ -242,7 +251,10 @@ mod tests {
     fn a_plain_source_is_valid_and_defaults_its_timers() {
         let s = source("endpoints: [http://127.0.0.1:2379]\nprefix: /lb/tier1\n");
         assert!(s.validate().is_empty(), "{:?}", s.validate());
-        assert_eq!((s.timeout, s.lease), (Duration::from_secs(5), Duration::from_secs(10)));
+        assert_eq!(
+            (s.timeout, s.lease),
+            (Duration::from_secs(5), Duration::from_secs(10))
+        );
     }
 
     #[test]

@@ -11,8 +11,8 @@ use super::{
 use crate::api::ErrorKind;
 use crate::{
     api::{
-        BackendRequest, ChangeOptions, Committed, NodeRequest, OverridesRequest, Request, Response, TierRequest,
-        RevisionRow, VipRequest,
+        BackendRequest, ChangeOptions, Committed, NodeRequest, OverridesRequest, Request, Response,
+        RevisionRow, TierRequest, VipRequest,
     },
     config::VipConfig,
     dataplane::Dataplane,

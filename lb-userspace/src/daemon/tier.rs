@@ -54,7 +54,10 @@ impl<D: Dataplane> Daemon<D> {
     pub fn on_tier_link(&mut self, link: std::result::Result<i64, String>) {
         let was_up = matches!(self.tier.link, Some((Ok(_), _)));
         if let (Ok(revision), false) = (&link, was_up) {
-            info!(revision, "etcd: connected; following the tier's desired state");
+            info!(
+                revision,
+                "etcd: connected; following the tier's desired state"
+            );
         }
         self.tier.link = Some((link, SystemTime::now()));
         self.metrics
@@ -94,7 +97,10 @@ impl<D: Dataplane> Daemon<D> {
                 self.metrics.tier_refused.set(0);
             }
             Err(why) => {
-                warn!(revision, "etcd: desired state refused, keeping the running one: {why}");
+                warn!(
+                    revision,
+                    "etcd: desired state refused, keeping the running one: {why}"
+                );
                 self.tier.refused = Some(why);
                 self.metrics.tier_refused.set(1);
             }
@@ -199,7 +205,9 @@ impl<D: Dataplane> Daemon<D> {
         };
         let link = match &self.tier.link {
             Some((Ok(_), _)) => "connected".to_string(),
-            Some((Err(e), t)) => format!("NOT CONNECTED since {}: {e}", super::views::humantime(*t)),
+            Some((Err(e), t)) => {
+                format!("NOT CONNECTED since {}: {e}", super::views::humantime(*t))
+            }
             None => "connecting".to_string(),
         };
         let applied = self

@@ -103,11 +103,19 @@ impl Session<'_> {
         }
     }
 
-    async fn try_run(&mut self, reports: &mut watch::Receiver<Option<Report>>) -> Result<(), String> {
+    async fn try_run(
+        &mut self,
+        reports: &mut watch::Receiver<Option<Report>>,
+    ) -> Result<(), String> {
         let wait = self.source.timeout;
         let mut client = bounded(wait, "connecting", connect(self.source)).await?;
         let member = self.keys.member(self.name);
-        bounded(wait, "recording the member", client.put(member, self.name, None)).await?;
+        bounded(
+            wait,
+            "recording the member",
+            client.put(member, self.name, None),
+        )
+        .await?;
         let ttl = self.source.lease.as_secs() as i64;
         let lease = bounded(wait, "taking a lease", client.lease_grant(ttl, None))
             .await?
@@ -122,7 +130,10 @@ impl Session<'_> {
         )
         .await?;
         let revision = got.header().map_or(0, |h| h.revision());
-        info!(revision, lease, "etcd: connected to the tier at {}", self.source.prefix);
+        info!(
+            revision,
+            lease, "etcd: connected to the tier at {}", self.source.prefix
+        );
         self.send(Event::Link(Ok(revision))).await?;
         let mut desired = None;
         for kv in got.kvs() {
@@ -130,12 +141,14 @@ impl Session<'_> {
                 desired = Some(event);
             }
         }
-        self.send(desired.unwrap_or(Event::DesiredDeleted(revision))).await?;
+        self.send(desired.unwrap_or(Event::DesiredDeleted(revision)))
+            .await?;
         self.send_members().await?;
         let options = WatchOptions::new()
             .with_prefix()
             .with_start_revision(revision + 1);
-        let mut watch = bounded(wait, "watching the tier", client.watch(all, Some(options))).await?;
+        let mut watch =
+            bounded(wait, "watching the tier", client.watch(all, Some(options))).await?;
         let mut published: Option<Report> = None;
         reports.mark_changed();
         let mut renew = tokio::time::interval(self.source.lease / 3);
@@ -283,7 +296,10 @@ fn desired(kv: &KeyValue) -> Result<Desired, (i64, String)> {
 /// Another balancer's report, or why it cannot be read.
 fn report(value: &[u8]) -> Result<Report, String> {
     if value.len() > MAX_REPORT_BYTES {
-        return Err(format!("{} bytes, more than {MAX_REPORT_BYTES}", value.len()));
+        return Err(format!(
+            "{} bytes, more than {MAX_REPORT_BYTES}",
+            value.len()
+        ));
     }
     serde_json::from_slice(value).map_err(|e| format!("not a report: {e}"))
 }
@@ -311,9 +327,8 @@ async fn connect(source: &EtcdSource) -> Result<Client, etcd_client::Error> {
         .with_keep_alive(source.timeout / 2, source.timeout);
     if let Some(tls) = &source.tls {
         let read = |path: &std::path::Path| {
-            std::fs::read(path).map_err(|e| {
-                etcd_client::Error::InvalidArgs(format!("{}: {e}", path.display()))
-            })
+            std::fs::read(path)
+                .map_err(|e| etcd_client::Error::InvalidArgs(format!("{}: {e}", path.display())))
         };
         let mut config = TlsOptions::new().ca_certificate(Certificate::from_pem(read(&tls.ca)?));
         if let (Some(cert), Some(key)) = (&tls.cert, &tls.key) {

@@ -181,7 +181,9 @@ pub fn compose(file: &FileRead, desired: &Desired) -> Result<FileRead, ConfigErr
         e.source_name = Some(name.clone());
         e
     })?;
-    config.warnings.retain(|w| !file.config.warnings.contains(w));
+    config
+        .warnings
+        .retain(|w| !file.config.warnings.contains(w));
     Ok(FileRead {
         digest: digest::text(&text),
         text: text.into(),
@@ -258,7 +260,11 @@ pub fn compare(members: &[Member]) -> Vec<String> {
     let newest = reports.iter().filter_map(|r| r.seen.max(r.applied)).max();
     for r in &reports {
         if let Some(why) = &r.refused {
-            flags.push(format!("{}: refused desired revision {}: {why}", r.name, r.seen.unwrap_or(0)));
+            flags.push(format!(
+                "{}: refused desired revision {}: {why}",
+                r.name,
+                r.seen.unwrap_or(0)
+            ));
         }
         if r.overrides > 0 {
             flags.push(format!(

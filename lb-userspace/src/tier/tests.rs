@@ -31,8 +31,14 @@ fn keys_sit_under_the_prefix_and_are_told_apart() {
     };
     assert_eq!(keys.desired(), "/lb/t1/desired");
     assert_eq!(keys.classify("/lb/t1/desired"), Some(TierKey::Desired));
-    assert_eq!(keys.classify("/lb/t1/balancers/lb2"), Some(TierKey::Balancer("lb2")));
-    assert_eq!(keys.classify("/lb/t1/members/lb2"), Some(TierKey::Member("lb2")));
+    assert_eq!(
+        keys.classify("/lb/t1/balancers/lb2"),
+        Some(TierKey::Balancer("lb2"))
+    );
+    assert_eq!(
+        keys.classify("/lb/t1/members/lb2"),
+        Some(TierKey::Member("lb2"))
+    );
     assert_eq!(keys.classify("/lb/t10/desired"), None);
     assert_eq!(keys.classify("/lb/t1/other"), None);
 }
@@ -49,8 +55,14 @@ fn a_composed_configuration_is_the_file_with_the_desired_vips() {
     assert_eq!(again.vips, composed.config.vips);
     // And a restart takes its VIPs back out of it.
     let back = Desired::from_config_text(42, &composed.text).unwrap();
-    assert_eq!(compose(&file(FILE), &back).unwrap().config.vips, composed.config.vips);
-    assert_eq!(revision_of_origin(&origin(composed.config.source.as_ref().unwrap(), 42)), Some(42));
+    assert_eq!(
+        compose(&file(FILE), &back).unwrap().config.vips,
+        composed.config.vips
+    );
+    assert_eq!(
+        revision_of_origin(&origin(composed.config.source.as_ref().unwrap(), 42)),
+        Some(42)
+    );
 }
 
 #[test]
@@ -58,9 +70,15 @@ fn bad_desired_states_are_refused_with_a_name() {
     let f = file(FILE);
     let cases = [
         ("not: [yaml", "not a desired state"),
-        ("vips: []\ninterfaces: [eth9]\n", "unknown field `interfaces`"),
+        (
+            "vips: []\ninterfaces: [eth9]\n",
+            "unknown field `interfaces`",
+        ),
         ("- a list\n", "not a desired state"),
-        ("vips:\n  - address: 10.99.0.1\n    port: 99999\n", "vips[0].port"),
+        (
+            "vips:\n  - address: 10.99.0.1\n    port: 99999\n",
+            "vips[0].port",
+        ),
     ];
     for (text, says) in cases {
         let err = compose(&f, &desired(7, text)).unwrap_err();
@@ -115,10 +133,20 @@ fn disagreement_is_named_balancer_by_balancer() {
         },
     ];
     let flags = compare(&tier);
-    assert!(flags.iter().any(|f| f.starts_with("d: not reporting")), "{flags:?}");
-    assert!(flags.iter().any(|f| f.starts_with("c: runs desired revision 4, the newest is 5")), "{flags:?}");
     assert!(
-        flags.iter().any(|f| f.contains("VIP 10.99.0.1:80/tcp: tables differ (d1 on a; d2 on b)")),
+        flags.iter().any(|f| f.starts_with("d: not reporting")),
+        "{flags:?}"
+    );
+    assert!(
+        flags
+            .iter()
+            .any(|f| f.starts_with("c: runs desired revision 4, the newest is 5")),
+        "{flags:?}"
+    );
+    assert!(
+        flags
+            .iter()
+            .any(|f| f.contains("VIP 10.99.0.1:80/tcp: tables differ (d1 on a; d2 on b)")),
         "{flags:?}"
     );
     assert_eq!(flags.len(), 3, "{flags:?}");
@@ -126,5 +154,8 @@ fn disagreement_is_named_balancer_by_balancer() {
     // the health checks' doing, not a disagreement.
     tier[1] = report("b", 5, "d2", &["10.99.0.1:80/tcp 10.10.0.2 down"]);
     let flags = compare(&tier);
-    assert!(!flags.iter().any(|f| f.contains("tables differ")), "{flags:?}");
+    assert!(
+        !flags.iter().any(|f| f.contains("tables differ")),
+        "{flags:?}"
+    );
 }

@@ -55,7 +55,11 @@ pub fn print_tier_status(s: &TierStatus) {
                     + "/"
                     + &r.announced.len().to_string(),
                 r.down.len(),
-                if r.refused.is_some() { "refused newest" } else { "reporting" }
+                if r.refused.is_some() {
+                    "refused newest"
+                } else {
+                    "reporting"
+                }
             ),
             None => println!(
                 "{:<20} {:>8} {:>8} {:<12} {:>6} {:>5}  NOT REPORTING{}",

@@ -589,7 +589,14 @@ async fn on_call(
                 dry_run: true,
                 ..options
             };
-            ParsedReload::start(&path, (desired, false), !strict, options, Some(reply), parsed);
+            ParsedReload::start(
+                &path,
+                (desired, false),
+                !strict,
+                options,
+                Some(reply),
+                parsed,
+            );
         }
         request => {
             let _ = reply.send(daemon.handle(request, options).await);
@@ -618,7 +625,10 @@ fn on_tier(
         Event::Desired(Err((revision, why))) => daemon.tier_unreadable(revision, why),
         Event::Desired(Ok(desired)) => {
             if daemon.tier_should_apply(desired.revision) {
-                info!(revision = desired.revision, "etcd: a new desired state; applying it");
+                info!(
+                    revision = desired.revision,
+                    "etcd: a new desired state; applying it"
+                );
                 let path = daemon.config_path().to_path_buf();
                 let options = ChangeOptions::default();
                 ParsedReload::start(&path, (Some(desired), true), false, options, None, parsed);

@@ -115,10 +115,17 @@ pub fn compose(
 
 impl TierLink {
     /// Starts the etcd task when the configuration has `source.etcd`.
-    pub fn start(daemon: &mut Daemon<KernelDataplane>, name: String, applied: Desired) -> Option<TierLink> {
+    pub fn start(
+        daemon: &mut Daemon<KernelDataplane>,
+        name: String,
+        applied: Desired,
+    ) -> Option<TierLink> {
         let source = daemon.config().source.clone()?;
         daemon.metrics().tier_configured.set(1);
-        daemon.tier_started(name.clone(), (applied.revision > 0).then_some(applied.revision));
+        daemon.tier_started(
+            name.clone(),
+            (applied.revision > 0).then_some(applied.revision),
+        );
         let (tx, events) = mpsc::channel(16);
         let (reports, rx) = watch::channel(daemon.tier_report());
         let task = client::spawn(source, name, tx, rx);

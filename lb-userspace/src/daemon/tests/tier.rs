@@ -37,8 +37,10 @@ async fn apply(r: &mut Rig, d: &Desired) -> bool {
     }
     let read = reparse(r, TIER_FILE).and_then(|f| compose(&f, d));
     let result = r.daemon.reload(read, false, &plain()).await;
-    r.daemon
-        .tier_outcome(d.revision, result.as_ref().map(|_| ()).map_err(|e| e.to_string()));
+    r.daemon.tier_outcome(
+        d.revision,
+        result.as_ref().map(|_| ()).map_err(|e| e.to_string()),
+    );
     true
 }
 
@@ -49,13 +51,20 @@ async fn a_desired_state_applies_as_a_revision_named_after_etcds() {
     assert!(apply(&mut r, &desired(5, VIPS)).await);
     assert_eq!(r.in_table(WEB).len(), 2);
     let history: Vec<api::RevisionRow> = parse(r.ok(Request::History { last: 100 }).await);
-    let running = history.iter().find(|h| h.running).expect("a running revision");
+    let running = history
+        .iter()
+        .find(|h| h.running)
+        .expect("a running revision");
     assert_eq!(running.source, "etcd /lb/t1/desired@5");
     let report = r.daemon.tier_report().unwrap();
     assert_eq!((report.name.as_str(), report.applied), ("lb1", Some(5)));
     assert!(report.tables.contains_key(WEB), "{report:?}");
     let status: api::Status = parse(r.ok(Request::Status).await);
-    assert!(status.source.contains("desired revision 5 applied"), "{}", status.source);
+    assert!(
+        status.source.contains("desired revision 5 applied"),
+        "{}",
+        status.source
+    );
 
     // The same revision again (a reconnection), or an older one (etcd
     // restored from a backup): nothing is applied; the older is said.
@@ -86,7 +95,10 @@ async fn a_refused_desired_state_leaves_what_runs_and_is_reported() {
         report: Some(report),
         unreadable: None,
     }]);
-    assert!(flags[0].starts_with("lb1: refused desired revision 6"), "{flags:?}");
+    assert!(
+        flags[0].starts_with("lb1: refused desired revision 6"),
+        "{flags:?}"
+    );
     // A later good one applies.
     assert!(apply(&mut r, &desired(7, VIPS)).await);
     assert_eq!(r.daemon.tier_report().unwrap().refused, None);
