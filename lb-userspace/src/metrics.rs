@@ -139,6 +139,34 @@ impl Default for Metrics {
     }
 }
 
+/// The tier's gauges: configured, connected, desired revision seen and
+/// applied, newest refused.
+fn tier_gauges() -> [IntGauge; 5] {
+    let gauge = |name: &str, help: &str| IntGauge::new(name, help).expect("valid metric");
+    [
+        gauge(
+            "lb_tier_configured",
+            "1 when the VIPs come from a tier's desired state in etcd (source.etcd).",
+        ),
+        gauge(
+            "lb_tier_connected",
+            "1 while this balancer follows etcd; 0 when cut off (it keeps what it applied).",
+        ),
+        gauge(
+            "lb_tier_desired_revision_seen",
+            "The etcd revision of the newest desired state seen.",
+        ),
+        gauge(
+            "lb_tier_desired_revision_applied",
+            "The etcd revision of the desired state this balancer runs.",
+        ),
+        gauge(
+            "lb_tier_desired_refused",
+            "1 when the newest desired state was refused here (lbctl tier status says why).",
+        ),
+    ]
+}
+
 /// `factor^i × start` for `count` buckets.
 fn buckets(start: f64, factor: f64, count: usize) -> Vec<f64> {
     prometheus::exponential_buckets(start, factor, count).unwrap_or_default()
@@ -187,43 +215,21 @@ impl Metrics {
             "When the configuration file was last applied (Unix time; 0: not since start).",
         )
         .expect("valid metric");
-        let gauge = |name: &str, help: &str| IntGauge::new(name, help).expect("valid metric");
-        let tier_configured = gauge(
-            "lb_tier_configured",
-            "1 when the VIPs come from a tier's desired state in etcd (source.etcd).",
-        );
-        let tier_connected = gauge(
-            "lb_tier_connected",
-            "1 while this balancer follows etcd; 0 when cut off (it keeps what it applied).",
-        );
-        let tier_seen = gauge(
-            "lb_tier_desired_revision_seen",
-            "The etcd revision of the newest desired state seen.",
-        );
-        let tier_applied = gauge(
-            "lb_tier_desired_revision_applied",
-            "The etcd revision of the desired state this balancer runs.",
-        );
-        let tier_refused = gauge(
-            "lb_tier_desired_refused",
-            "1 when the newest desired state was refused here (lbctl tier status says why).",
-        );
+        let tier = tier_gauges();
         let snapshot = Arc::new(Mutex::new(Snapshot::default()));
-        let collectors: [Box<dyn Collector>; 12] = [
+        let collectors: [Box<dyn Collector>; 7] = [
             Box::new(probe_duration.clone()),
             Box::new(table_builds.clone()),
             Box::new(table_build_duration.clone()),
             Box::new(reconcile_errors.clone()),
             Box::new(reloads.clone()),
             Box::new(reload_last_success.clone()),
-            Box::new(tier_configured.clone()),
-            Box::new(tier_connected.clone()),
-            Box::new(tier_seen.clone()),
-            Box::new(tier_applied.clone()),
-            Box::new(tier_refused.clone()),
             Box::new(SnapshotCollector::new(snapshot.clone())),
         ];
-        for c in collectors {
+        let tiered = tier
+            .iter()
+            .map(|g| Box::new(g.clone()) as Box<dyn Collector>);
+        for c in collectors.into_iter().chain(tiered) {
             registry.register(c).expect("metric names are unique");
         }
         Self {
@@ -234,11 +240,11 @@ impl Metrics {
             reconcile_errors,
             reloads,
             reload_last_success,
-            tier_configured,
-            tier_connected,
-            tier_seen,
-            tier_applied,
-            tier_refused,
+            tier_configured: tier[0].clone(),
+            tier_connected: tier[1].clone(),
+            tier_seen: tier[2].clone(),
+            tier_applied: tier[3].clone(),
+            tier_refused: tier[4].clone(),
             snapshot,
         }
     }

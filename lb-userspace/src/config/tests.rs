@@ -795,6 +795,9 @@ fn the_annotated_example_names_every_setting() {
     all.extend(fields_of::<super::announce::bgp::ShutdownAttributes>());
     all.extend(fields_of::<super::announce::ExabgpConfig>());
     all.extend(fields_of::<super::announce::ExecConfig>());
+    all.extend(fields_of::<super::source::SourceConfig>());
+    all.extend(fields_of::<super::source::EtcdSource>());
+    all.extend(fields_of::<super::source::EtcdTls>());
     assert!(all.len() > 60, "{all:?}");
     let missing: Vec<&String> = all
         .iter()

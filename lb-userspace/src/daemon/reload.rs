@@ -37,6 +37,24 @@ pub struct FileRead {
 }
 
 impl FileRead {
+    /// With `source.etcd`: this file composed with the tier's desired
+    /// state ([`crate::tier::compose`]); the file as it is otherwise.
+    pub fn with_desired(
+        &self,
+        desired: &crate::tier::Desired,
+    ) -> std::result::Result<Self, ConfigErrors> {
+        if self.config.source.is_none() {
+            return Ok(self.clone());
+        }
+        let (text, config) = crate::tier::compose(&self.text, &self.config, desired)?;
+        Ok(Self {
+            digest: digest::text(&text),
+            text: text.into(),
+            config,
+            desired: Some(desired.revision),
+        })
+    }
+
     /// Reads (bounded) and parses `path`; errors name the file.
     pub fn load(path: &std::path::Path) -> std::result::Result<Self, ConfigErrors> {
         let text = Config::read_text(path)?;

@@ -86,6 +86,15 @@ async fn run(
 /// A member as last read: its report's bytes, or none.
 type Seen = BTreeMap<String, Option<Result<Report, String>>>;
 
+/// A session's connection: the client, its lease and the watch.
+struct Open {
+    client: Client,
+    lease: i64,
+    keeper: etcd_client::LeaseKeeper,
+    alive: etcd_client::LeaseKeepAliveStream,
+    watch: etcd_client::WatchStream,
+}
+
 struct Session<'s> {
     source: &'s EtcdSource,
     keys: Keys,
@@ -103,10 +112,10 @@ impl Session<'_> {
         }
     }
 
-    async fn try_run(
-        &mut self,
-        reports: &mut watch::Receiver<Option<Report>>,
-    ) -> Result<(), String> {
+    /// Connects, records the member, takes the lease, reads the prefix
+    /// (handing the desired state and the members on) and starts the
+    /// watch from the revision read.
+    async fn open(&mut self) -> Result<Open, String> {
         let wait = self.source.timeout;
         let mut client = bounded(wait, "connecting", connect(self.source)).await?;
         let member = self.keys.member(self.name);
@@ -120,7 +129,7 @@ impl Session<'_> {
         let lease = bounded(wait, "taking a lease", client.lease_grant(ttl, None))
             .await?
             .id();
-        let (mut keeper, mut alive) =
+        let (keeper, alive) =
             bounded(wait, "keeping the lease", client.lease_keep_alive(lease)).await?;
         let all = self.keys.all();
         let got = bounded(
@@ -147,8 +156,28 @@ impl Session<'_> {
         let options = WatchOptions::new()
             .with_prefix()
             .with_start_revision(revision + 1);
-        let mut watch =
-            bounded(wait, "watching the tier", client.watch(all, Some(options))).await?;
+        let watch = bounded(wait, "watching the tier", client.watch(all, Some(options))).await?;
+        Ok(Open {
+            client,
+            lease,
+            keeper,
+            alive,
+            watch,
+        })
+    }
+
+    async fn try_run(
+        &mut self,
+        reports: &mut watch::Receiver<Option<Report>>,
+    ) -> Result<(), String> {
+        let wait = self.source.timeout;
+        let Open {
+            mut client,
+            lease,
+            mut keeper,
+            mut alive,
+            mut watch,
+        } = self.open().await?;
         let mut published: Option<Report> = None;
         reports.mark_changed();
         let mut renew = tokio::time::interval(self.source.lease / 3);

@@ -24,13 +24,9 @@ use std::{collections::BTreeMap, sync::Arc};
 
 use serde::{Deserialize, Serialize};
 
-use crate::{
-    config::{
-        Config, ConfigError, ConfigErrors,
-        source::{EtcdSource, MAX_DESIRED_BYTES},
-    },
-    daemon::FileRead,
-    digest,
+use crate::config::{
+    Config, ConfigError, ConfigErrors,
+    source::{EtcdSource, MAX_DESIRED_BYTES},
 };
 
 /// The keys of a tier under its prefix.
@@ -148,12 +144,17 @@ pub fn revision_of_origin(origin: &str) -> Option<i64> {
         .ok()
 }
 
-/// The configuration a balancer of the tier runs: `file` (which must list
-/// no VIPs of its own) with the VIPs of `desired`. Every problem is named,
-/// as the file's would be, and nothing runs of a refused one.
-pub fn compose(file: &FileRead, desired: &Desired) -> Result<FileRead, ConfigErrors> {
-    let Some(source) = &file.config.source else {
-        return Ok(file.clone());
+/// The configuration a balancer of the tier runs: its file (`text`,
+/// parsed as `file`, which must list no VIPs of its own) with the VIPs of
+/// `desired`: the composed text and what it parses to. Every problem is
+/// named, as the file's would be, and nothing runs of a refused one.
+pub fn compose(
+    text: &str,
+    file: &Config,
+    desired: &Desired,
+) -> Result<(String, Config), ConfigErrors> {
+    let Some(source) = &file.source else {
+        return Ok((text.to_string(), file.clone()));
     };
     let name = origin(source, desired.revision);
     let one = |field: &str, message: String| ConfigErrors {
@@ -163,7 +164,7 @@ pub fn compose(file: &FileRead, desired: &Desired) -> Result<FileRead, ConfigErr
             message,
         }],
     };
-    if !file.config.vips.is_empty() {
+    if !file.vips.is_empty() {
         return Err(ConfigErrors {
             source_name: None,
             errors: vec![ConfigError {
@@ -173,7 +174,7 @@ pub fn compose(file: &FileRead, desired: &Desired) -> Result<FileRead, ConfigErr
         });
     }
     let vips = desired.vips().map_err(|e| one("", e))?;
-    let mut whole: serde_yaml::Mapping = serde_yaml::from_str(&file.text)
+    let mut whole: serde_yaml::Mapping = serde_yaml::from_str(text)
         .map_err(|e| one("", format!("the file is not a mapping: {e}")))?;
     whole.insert("vips".into(), vips);
     let text = serde_yaml::to_string(&whole).map_err(|e| one("", e.to_string()))?;
@@ -181,15 +182,8 @@ pub fn compose(file: &FileRead, desired: &Desired) -> Result<FileRead, ConfigErr
         e.source_name = Some(name.clone());
         e
     })?;
-    config
-        .warnings
-        .retain(|w| !file.config.warnings.contains(w));
-    Ok(FileRead {
-        digest: digest::text(&text),
-        text: text.into(),
-        config,
-        desired: Some(desired.revision),
-    })
+    config.warnings.retain(|w| !file.warnings.contains(w));
+    Ok((text, config))
 }
 
 /// What one balancer publishes about itself (JSON, at

@@ -2,6 +2,12 @@
 //! its file and the desired state, and finding disagreement.
 
 use super::*;
+use crate::{daemon::FileRead, digest};
+
+/// `file` composed with `desired`, as `lbd` reads it.
+fn compose(file: &FileRead, desired: &Desired) -> Result<FileRead, ConfigErrors> {
+    file.with_desired(desired)
+}
 
 const FILE: &str = "interfaces: [eth0]\nouter_source_v4: 10.0.0.1\ngateway_mac: 02:00:00:00:00:01\nsource:\n  etcd:\n    endpoints: [http://127.0.0.1:2379]\n    prefix: /lb/t1\n";
 

@@ -107,8 +107,8 @@ pub fn compose(
     desired: Option<&Desired>,
 ) -> Result<FileRead, lb::config::ConfigErrors> {
     match (&file.config.source, desired) {
-        (Some(_), Some(d)) => lb::tier::compose(&file, d),
-        (Some(_), None) => lb::tier::compose(&file, &nothing()),
+        (Some(_), Some(d)) => file.with_desired(d),
+        (Some(_), None) => file.with_desired(&nothing()),
         (None, _) => Ok(file),
     }
 }

@@ -4,7 +4,7 @@
 //! not applied; a refused one leaves what runs and is said.
 
 use super::*;
-use crate::tier::{Desired, compose};
+use crate::tier::Desired;
 
 /// A balancer of a tier: its file lists no VIPs.
 const TIER_FILE: &str = r#"
@@ -35,7 +35,7 @@ async fn apply(r: &mut Rig, d: &Desired) -> bool {
     if !r.daemon.tier_should_apply(d.revision) {
         return false;
     }
-    let read = reparse(r, TIER_FILE).and_then(|f| compose(&f, d));
+    let read = reparse(r, TIER_FILE).and_then(|f| f.with_desired(d));
     let result = r.daemon.reload(read, false, &plain()).await;
     r.daemon.tier_outcome(
         d.revision,
