@@ -76,6 +76,17 @@ fn wait_applied(lbd: &Lbd, revision: i64, limit: Duration) -> Result<Duration> {
     )
 }
 
+/// Writes `desired` and waits until both balancers run it: its etcd
+/// revision, and the time from the write.
+fn roll_out(etcd: &Etcd, lbd: &[Lbd; 2], desired: &str) -> Result<(i64, Duration)> {
+    let written = Instant::now();
+    let revision = etcd.put(&format!("{PREFIX}/desired"), desired.as_bytes())?;
+    for l in lbd {
+        wait_applied(l, revision, Duration::from_secs(60))?;
+    }
+    Ok((revision, written.elapsed()))
+}
+
 /// Balancer `name`'s report as published in etcd, read with etcdctl.
 fn report(etcd: &Etcd, name: &str) -> Result<Option<serde_json::Value>> {
     etcd.get(&format!("{PREFIX}/balancers/{name}"))?
@@ -105,15 +116,8 @@ fn none_broken(streams: Vec<Stream>) -> Result<usize> {
 /// is not one.
 fn follow_change_and_refuse(rig: &EcmpRig, etcd: &Etcd, lbd: &[Lbd; 2]) -> Result<()> {
     let (_, desired) = split_config(rig, 1, &[0, 1])?;
-    let written = Instant::now();
-    let r1 = etcd.put(&format!("{PREFIX}/desired"), desired.as_bytes())?;
-    for l in lbd {
-        wait_applied(l, r1, Duration::from_secs(60))?;
-    }
-    eprintln!(
-        "desired revision {r1}: both balancers applied it {:?} after the write",
-        written.elapsed()
-    );
+    let (r1, took) = roll_out(etcd, lbd, &desired)?;
+    eprintln!("desired revision {r1}: both balancers applied it {took:?} after the write");
     rig.wait_hops(
         "one ECMP route via both balancers",
         &[1, 2],
@@ -144,15 +148,8 @@ fn follow_change_and_refuse(rig: &EcmpRig, etcd: &Etcd, lbd: &[Lbd; 2]) -> Resul
 
     // A backend added: both apply it, the revision names etcd's.
     let (_, desired) = split_config(rig, 1, &[0, 1, 2])?;
-    let written = Instant::now();
-    let r2 = etcd.put(&format!("{PREFIX}/desired"), desired.as_bytes())?;
-    for l in lbd {
-        wait_applied(l, r2, Duration::from_secs(60))?;
-    }
-    eprintln!(
-        "desired revision {r2} (a backend added): both applied {:?} after the write",
-        written.elapsed()
-    );
+    let (r2, took) = roll_out(etcd, lbd, &desired)?;
+    eprintln!("desired revision {r2} (a backend added): both applied {took:?} after the write");
     let history = lbd[0].lbctl(&["history"])?;
     if !history.contains(&format!("etcd {PREFIX}/desired@{r2}")) {
         bail!("the revision does not name etcd's:\n{history}");
@@ -205,10 +202,7 @@ fn follow_change_and_refuse(rig: &EcmpRig, etcd: &Etcd, lbd: &[Lbd; 2]) -> Resul
         bail!("tier status does not flag the refusal: {flags}");
     }
     // Back to a good state, then every stream must have lived through it.
-    let r3 = etcd.put(&format!("{PREFIX}/desired"), desired.as_bytes())?;
-    for l in lbd {
-        wait_applied(l, r3, Duration::from_secs(60))?;
-    }
+    roll_out(etcd, lbd, &desired)?;
     let n = none_broken(streams)?;
     eprintln!("{n} streams unbroken through the changes and refusals");
     Ok(())

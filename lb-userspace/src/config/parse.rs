@@ -13,7 +13,8 @@
 //! reported (with its path, and the first with its line), and the rest is
 //! kept for the cross-field rules (`config::validate`).
 //!
-//! No I/O beyond reading the file it is given.
+//! No I/O beyond reading the file it is given, and [`private_file`]'s look
+//! at a key file it names.
 
 use std::{io::Read as _, path::Path};
 
@@ -25,6 +26,22 @@ use super::{
     health::HealthCheck,
     vip::{BackendConfig, VipConfig},
 };
+
+/// The metadata of a key file (a BGP `password_file`, etcd's client key),
+/// or why it is not one: unreadable, or readable by others than its owner.
+pub fn private_file(path: &Path) -> Result<std::fs::Metadata, String> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let shown = path.display();
+    let meta = std::fs::metadata(path).map_err(|e| format!("{shown}: {e}"))?;
+    let mode = meta.permissions().mode();
+    if mode & 0o077 != 0 {
+        return Err(format!(
+            "{shown} is readable by others (mode {:o}): `chmod 600` it",
+            mode & 0o777
+        ));
+    }
+    Ok(meta)
+}
 
 /// Largest configuration file `lbd` reads: room for thousands of VIPs
 /// with hundreds of backends each.

@@ -223,19 +223,10 @@ fn check_endpoint(url: &str, tls: bool) -> Result<(), String> {
     Ok(())
 }
 
-/// A key file that only its owner may read.
+/// A key file that only its owner may read, and that `lbd` can.
 fn private_file(path: &std::path::Path) -> Result<(), String> {
-    use std::os::unix::fs::PermissionsExt as _;
-    let shown = path.display();
-    let meta = std::fs::metadata(path).map_err(|e| format!("{shown}: {e}"))?;
-    let mode = meta.permissions().mode();
-    if mode & 0o077 != 0 {
-        return Err(format!(
-            "{shown} is readable by others (mode {:o}): `chmod 600` it",
-            mode & 0o777
-        ));
-    }
-    std::fs::File::open(path).map_err(|e| format!("{shown}: {e}"))?;
+    super::parse::private_file(path)?;
+    std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
     Ok(())
 }
 

@@ -70,8 +70,7 @@ impl<D: Dataplane> Daemon<D> {
     /// backup, or rolled back) is not applied: the balancer keeps what it
     /// runs and says so.
     pub fn tier_should_apply(&mut self, revision: i64) -> bool {
-        self.tier.seen = Some(self.tier.seen.map_or(revision, |s| s.max(revision)));
-        self.metrics.tier_seen.set(revision);
+        self.tier_saw(revision);
         match self.tier.applied {
             Some(applied) if revision == applied => false,
             Some(applied) if revision < applied => {
@@ -84,6 +83,13 @@ impl<D: Dataplane> Daemon<D> {
             }
             _ => true,
         }
+    }
+
+    /// The newest desired revision seen is at least `revision`.
+    fn tier_saw(&mut self, revision: i64) {
+        let seen = self.tier.seen.map_or(revision, |s| s.max(revision));
+        self.tier.seen = Some(seen);
+        self.metrics.tier_seen.set(seen);
     }
 
     /// The outcome of applying desired revision `revision`.
@@ -109,7 +115,7 @@ impl<D: Dataplane> Daemon<D> {
 
     /// A desired state that is not one (too large, not text).
     pub fn tier_unreadable(&mut self, revision: i64, why: String) {
-        self.tier.seen = Some(self.tier.seen.map_or(revision, |s| s.max(revision)));
+        self.tier_saw(revision);
         self.tier_outcome(revision, Err(why));
     }
 

@@ -8,7 +8,7 @@
 //! after a pause (1 s, doubling to 10 s).
 //!
 //! Everything read is bounded: a desired state of more than
-//! [`MAX_DESIRED_BYTES`] is handed on as an error to refuse, reports of
+//! [`MAX_DESIRED_BYTES`](crate::config::source::MAX_DESIRED_BYTES) is handed on as an error to refuse, reports of
 //! more than [`MAX_REPORT_BYTES`] are unreadable, members beyond
 //! [`MAX_BALANCERS`] are ignored.
 
@@ -25,7 +25,7 @@ use tokio::{
 use tracing::{info, warn};
 
 use super::{Desired, Keys, MAX_BALANCERS, MAX_REPORT_BYTES, Member, Report, TierKey};
-use crate::config::source::{EtcdSource, MAX_DESIRED_BYTES};
+use crate::config::source::EtcdSource;
 
 /// What the task tells the daemon.
 #[derive(Debug)]
@@ -305,15 +305,7 @@ impl Session<'_> {
 fn desired(kv: &KeyValue) -> Result<Desired, (i64, String)> {
     let revision = kv.mod_revision();
     let value = kv.value();
-    if value.len() > MAX_DESIRED_BYTES {
-        return Err((
-            revision,
-            format!(
-                "the desired state is {} bytes, more than the {MAX_DESIRED_BYTES} a balancer takes",
-                value.len()
-            ),
-        ));
-    }
+    super::check_size(value.len()).map_err(|e| (revision, e))?;
     let text = std::str::from_utf8(value)
         .map_err(|e| (revision, format!("the desired state is not UTF-8: {e}")))?;
     Ok(Desired {

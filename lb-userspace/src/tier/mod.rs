@@ -115,18 +115,30 @@ impl Desired {
 
     /// Its `vips:` value, or why it is not a desired state.
     fn vips(&self) -> Result<serde_yaml::Value, String> {
-        if self.text.len() > MAX_DESIRED_BYTES {
-            return Err(format!(
-                "the desired state is {} bytes, more than the {MAX_DESIRED_BYTES} a balancer takes",
-                self.text.len()
-            ));
-        }
+        check_size(self.text.len())?;
         crate::config::parse::precheck(&self.text)?;
         let doc: DesiredDoc = serde_yaml::from_str(&self.text).map_err(|e| {
             format!("not a desired state (a YAML document with `vips:` and nothing else): {e}")
         })?;
         Ok(doc.vips)
     }
+}
+
+/// A desired state of `bytes` is taken, or why not (more than
+/// [`MAX_DESIRED_BYTES`]).
+pub fn check_size(bytes: usize) -> Result<(), String> {
+    if bytes > MAX_DESIRED_BYTES {
+        return Err(format!(
+            "the desired state is {bytes} bytes, more than the {MAX_DESIRED_BYTES} a balancer takes"
+        ));
+    }
+    Ok(())
+}
+
+/// A digest as shown beside others: its first 12 hex digits, enough to
+/// tell two apart.
+pub fn short_digest(digest: &str) -> &str {
+    &digest[..digest.len().min(12)]
 }
 
 /// The name a revision made from desired state `revision` carries.
@@ -308,7 +320,7 @@ fn table_disagreements(reports: &[&Report]) -> Vec<String> {
         .map(|((_, vip, _), digests)| {
             let sides: Vec<String> = digests
                 .iter()
-                .map(|(d, names)| format!("{} on {}", &d[..d.len().min(12)], names.join(", ")))
+                .map(|(d, names)| format!("{} on {}", short_digest(d), names.join(", ")))
                 .collect();
             format!("VIP {vip}: tables differ ({})", sides.join("; "))
         })

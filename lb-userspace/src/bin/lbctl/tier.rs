@@ -5,12 +5,7 @@
 
 use std::collections::BTreeSet;
 
-use lb::api::TierStatus;
-
-/// A digest as shown: its first 12 hex digits (enough to tell apart).
-fn short(digest: &str) -> &str {
-    &digest[..digest.len().min(12)]
-}
+use lb::{api::TierStatus, tier::short_digest as short};
 
 fn or_dash(v: Option<i64>) -> String {
     v.map_or("-".into(), |v| v.to_string())

@@ -184,8 +184,12 @@ fn load(config_path: &Path) -> Result<(Target, FileRead, RevisionStore, lb::tier
         warn!("{w}");
     }
     let store = RevisionStore::open(&file.config.revisions_dir(), file.config.history)?;
-    // With the VIPs in etcd: those the last revision ran, until etcd says.
-    let desired = crate::tier::start_from(&store);
+    // With the VIPs in etcd: those the last revision ran, until etcd says
+    // (the revisions are read only then).
+    let desired = match file.config.source {
+        Some(_) => crate::tier::start_from(&store),
+        None => crate::tier::nothing(),
+    };
     let file = crate::tier::compose(file, Some(&desired))?;
     let (config, text) = match reverted_revision(&store, &file) {
         Some((number, config, text)) => {

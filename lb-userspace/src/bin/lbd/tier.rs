@@ -75,24 +75,18 @@ pub fn name(config: &Config) -> Result<String> {
 /// that ran, with the etcd revision of the newest one that came from
 /// etcd (so a restart while etcd is away serves what it served).
 pub fn start_from(store: &RevisionStore) -> Desired {
-    let numbers = store.numbers().unwrap_or_default();
-    let applied = numbers
+    let Ok(Some(newest)) = store.latest_applied(None) else {
+        return nothing();
+    };
+    let revision = store
+        .numbers()
+        .unwrap_or_default()
         .iter()
         .rev()
         .filter_map(|n| store.get(*n).ok())
-        .filter(|r| r.applied());
-    let mut newest_text = None;
-    let mut revision = None;
-    for r in applied {
-        if newest_text.is_none() {
-            newest_text = r.config.clone();
-        }
-        revision = lb::tier::revision_of_origin(&r.source);
-        if revision.is_some() {
-            break;
-        }
-    }
-    match (newest_text, revision) {
+        .filter(|r| r.applied())
+        .find_map(|r| lb::tier::revision_of_origin(&r.source));
+    match (newest.config, revision) {
         (Some(text), Some(revision)) => {
             Desired::from_config_text(revision, &text).unwrap_or_else(nothing)
         }
@@ -106,11 +100,10 @@ pub fn compose(
     file: FileRead,
     desired: Option<&Desired>,
 ) -> Result<FileRead, lb::config::ConfigErrors> {
-    match (&file.config.source, desired) {
-        (Some(_), Some(d)) => file.with_desired(d),
-        (Some(_), None) => file.with_desired(&nothing()),
-        (None, _) => Ok(file),
+    if file.config.source.is_none() {
+        return Ok(file);
     }
+    file.with_desired(desired.unwrap_or(&nothing()))
 }
 
 impl TierLink {

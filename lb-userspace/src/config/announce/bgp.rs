@@ -355,15 +355,8 @@ impl PeerConfig {
 
 /// Reads a TCP MD5 key file (see [`PeerConfig::password_file`]).
 fn read_key(path: &Path) -> Result<Vec<u8>, String> {
-    use std::os::unix::fs::PermissionsExt as _;
     let shown = path.display();
-    let meta = std::fs::metadata(path).map_err(|e| format!("{shown}: {e}"))?;
-    if meta.permissions().mode() & 0o077 != 0 {
-        return Err(format!(
-            "{shown} is readable by others (mode {:o}): `chmod 600` it",
-            meta.permissions().mode() & 0o777
-        ));
-    }
+    let meta = crate::config::parse::private_file(path)?;
     if meta.len() > 4096 {
         return Err(format!("{shown} is {} bytes: not a key file", meta.len()));
     }
