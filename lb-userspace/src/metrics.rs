@@ -124,6 +124,9 @@ pub struct Metrics {
     pub tier_seen: IntGauge,
     pub tier_applied: IntGauge,
     pub tier_refused: IntGauge,
+    /// A staged rollout's steps on this balancer, by `step` (`apply`,
+    /// `pass`, `fail`, `revert`, `promote`).
+    pub tier_rollout_steps: IntCounterVec,
     snapshot: Arc<Mutex<Snapshot>>,
 }
 
@@ -165,6 +168,18 @@ fn tier_gauges() -> [IntGauge; 5] {
             "1 when the newest desired state was refused here (lbctl tier status says why).",
         ),
     ]
+}
+
+/// A staged rollout's steps, by step.
+fn rollout_steps() -> IntCounterVec {
+    IntCounterVec::new(
+        Opts::new(
+            "lb_tier_rollout_steps_total",
+            "Steps of staged rollouts taken by this balancer, by step (apply, pass, fail, revert, promote).",
+        ),
+        &["step"],
+    )
+    .expect("valid metric")
 }
 
 /// `factor^i × start` for `count` buckets.
@@ -216,14 +231,16 @@ impl Metrics {
         )
         .expect("valid metric");
         let tier = tier_gauges();
+        let tier_rollout_steps = rollout_steps();
         let snapshot = Arc::new(Mutex::new(Snapshot::default()));
-        let collectors: [Box<dyn Collector>; 7] = [
+        let collectors: [Box<dyn Collector>; 8] = [
             Box::new(probe_duration.clone()),
             Box::new(table_builds.clone()),
             Box::new(table_build_duration.clone()),
             Box::new(reconcile_errors.clone()),
             Box::new(reloads.clone()),
             Box::new(reload_last_success.clone()),
+            Box::new(tier_rollout_steps.clone()),
             Box::new(SnapshotCollector::new(snapshot.clone())),
         ];
         let tiered = tier
@@ -245,6 +262,7 @@ impl Metrics {
             tier_seen: tier[2].clone(),
             tier_applied: tier[3].clone(),
             tier_refused: tier[4].clone(),
+            tier_rollout_steps,
             snapshot,
         }
     }

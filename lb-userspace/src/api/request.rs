@@ -173,6 +173,45 @@ pub enum TierRequest {
     /// runs, their table digests side by side, and every disagreement.
     // Answer: [`super::TierStatus`]
     Status,
+    /// Roll a new desired state (FILE: a YAML document with vips: and
+    /// nothing else) out across the tier: to a canary first, then wave by
+    /// wave, each wave's gates held for --hold; any gate failing reverts
+    /// every balancer that took it. With --dry-run: the plan and this
+    /// balancer's slot moves, nothing written.
+    // Answer: [`super::RolloutPlan`]
+    Rollout {
+        /// The new desired state (read by lbctl).
+        #[arg(required_unless_present = "abort")]
+        file: Option<PathBuf>,
+        /// The canary (default: the first balancer by name).
+        #[arg(long)]
+        canary: Option<String>,
+        /// Waves after the canary.
+        #[arg(long, default_value_t = 1)]
+        #[serde(default = "one_wave")]
+        waves: usize,
+        /// How long each wave's gates must hold, in seconds.
+        #[arg(long, default_value_t = 30)]
+        #[serde(default = "thirty")]
+        hold: u64,
+        /// Stop the rollout in progress: every balancer that took it
+        /// goes back.
+        #[arg(long, conflicts_with = "file")]
+        #[serde(default)]
+        abort: bool,
+        /// The file's text (lbctl fills it in).
+        #[arg(skip)]
+        #[serde(default)]
+        text: Option<String>,
+    },
+}
+
+fn one_wave() -> usize {
+    1
+}
+
+fn thirty() -> u64 {
+    30
 }
 
 /// lbctl overrides ...

@@ -12,7 +12,8 @@ use serde_json::{Value, json};
 
 use super::{
     API_VERSION, AnnounceStatus, Committed, Conns, Envelope, NodeChange, OverrideRow, Response,
-    RevisionRow, Simulation, Stats, Status, TableInfo, TierStatus, TraceLeased, VipHealth, VipInfo,
+    RevisionRow, RolloutPlan, Simulation, Stats, Status, TableInfo, TierStatus, TraceLeased,
+    VipHealth, VipInfo,
 };
 
 /// Each request, as `lbctl` spells it, and the type of its answer's
@@ -46,6 +47,7 @@ pub const ANSWERS: &[(&str, &str)] = &[
     ("overrides list", "OverrideRow[]"),
     ("overrides clear", "Committed"),
     ("tier status", "TierStatus"),
+    ("tier rollout", "RolloutPlan"),
 ];
 
 /// The schema of answer type `name` (see [`ANSWERS`]), its types added
@@ -71,6 +73,7 @@ fn answer(g: &mut SchemaGenerator, name: &str) -> Option<schemars::Schema> {
         "NodeChange" => g.subschema_for::<NodeChange>(),
         "OverrideRow" => g.subschema_for::<OverrideRow>(),
         "TierStatus" => g.subschema_for::<TierStatus>(),
+        "RolloutPlan" => g.subschema_for::<RolloutPlan>(),
         _ => return None,
     };
     Some(if list {

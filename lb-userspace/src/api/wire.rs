@@ -646,6 +646,50 @@ pub struct TierStatus {
     pub members: Vec<crate::tier::Member>,
     /// Where the members disagree, one line each (none: they agree).
     pub flags: Vec<String>,
+    /// The rollout whose candidate this balancer runs, if it does.
+    #[serde(default)]
+    pub candidate: Option<i64>,
+    /// The staged rollout in progress or last.
+    #[serde(default)]
+    pub rollout: Option<RolloutView>,
+}
+
+/// A staged rollout as `lbctl tier status` shows it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct RolloutView {
+    /// Its etcd revision (the candidate's revision on the balancers).
+    pub revision: i64,
+    pub by: String,
+    pub hold_secs: u64,
+    /// Each wave's balancers and their phase (`passed`, `FAILED: ...`,
+    /// `reverted`, or `-`).
+    pub waves: Vec<Vec<(String, String)>>,
+    /// How it ended, if it did.
+    pub outcome: Option<crate::tier::rollout::Outcome>,
+    /// A desired state written after it started decides instead.
+    pub superseded: bool,
+    /// What this balancer does in it now, in words.
+    pub step: String,
+    /// Why the record cannot be read, if it cannot.
+    pub error: Option<String>,
+}
+
+/// The answer to `lbctl tier rollout`: the plan, and what the change
+/// does to this balancer's tables.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct RolloutPlan {
+    pub prefix: String,
+    /// Balancer names, wave by wave; the first is the canary.
+    pub waves: Vec<Vec<String>>,
+    pub hold_secs: u64,
+    /// The change on this balancer (slot moves per VIP, flows that
+    /// break); none for `--abort`.
+    pub preview: Option<ChangePreview>,
+    /// The record's revision once written (`None`: a dry run).
+    pub revision: Option<i64>,
+    /// `--abort`: the rollout was marked aborted.
+    #[serde(default)]
+    pub aborted: bool,
 }
 
 /// The answer to `node_drain` and `node_undrain`.

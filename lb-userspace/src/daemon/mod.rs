@@ -23,7 +23,8 @@
 //! [`announce`] (announcers, node drain and stop), [`probes`] (one prober
 //! per probed backend), [`views`] (the answers to read-only requests),
 //! [`second_chance`] (what second-chance alternates are computed from),
-//! [`tier`] (the tier in etcd: what this balancer applied and reports).
+//! [`tier`] (the tier in etcd: what this balancer applied and reports),
+//! [`rollout`] (its part in a staged rollout across the tier).
 
 pub mod announce;
 pub mod commit;
@@ -34,6 +35,7 @@ pub mod preview;
 pub mod probes;
 pub mod reload;
 pub mod requests;
+pub mod rollout;
 pub mod second_chance;
 pub mod settings;
 pub mod tier;
@@ -222,6 +224,8 @@ pub struct Daemon<D: Dataplane> {
     seeded_down: BTreeSet<BackendKey>,
     /// With `source.etcd`: the tier as the daemon knows it.
     tier: tier::TierState,
+    /// With `source.etcd`: the staged rollout as the daemon knows it.
+    rollout: rollout::RolloutState,
 }
 
 /// What `lbd`'s start-up and event loop read and set on the daemon; every
@@ -328,6 +332,7 @@ impl<D: Dataplane> Daemon<D> {
             alt_history: second_chance::History::default(),
             seeded_down: BTreeSet::new(),
             tier: tier::TierState::default(),
+            rollout: rollout::RolloutState::default(),
         }
     }
 

@@ -26,14 +26,14 @@ use crate::{
 
 /// A configuration file as read: its text, the text's digest, and the
 /// configuration it parses to; with `source.etcd`, composed with the
-/// tier's desired state ([`crate::tier::compose`]) of etcd revision
-/// `desired`.
+/// tier's desired state (or a rollout's candidate) `desired`
+/// ([`crate::tier::compose`]).
 #[derive(Clone, Debug)]
 pub struct FileRead {
     pub text: std::sync::Arc<str>,
     pub digest: String,
     pub config: Config,
-    pub desired: Option<i64>,
+    pub desired: Option<crate::tier::Desired>,
 }
 
 impl FileRead {
@@ -51,7 +51,7 @@ impl FileRead {
             digest: digest::text(&text),
             text: text.into(),
             config,
-            desired: Some(desired.revision),
+            desired: Some(desired.clone()),
         })
     }
 
@@ -130,8 +130,8 @@ impl<D: Dataplane> Daemon<D> {
         // since are dropped (the preview and the answer say which).
         let mut overlay = self.overlay.clone();
         overlay.rebase(&read.config.vips);
-        let source = match (&read.config.source, read.desired) {
-            (Some(etcd), Some(revision)) => crate::tier::origin(etcd, revision),
+        let source = match (&read.config.source, &read.desired) {
+            (Some(etcd), Some(desired)) => crate::tier::origin(etcd, desired),
             _ => "reload".to_string(),
         };
         let target = Target {

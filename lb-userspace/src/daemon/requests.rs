@@ -80,6 +80,10 @@ impl<D: Dataplane> Daemon<D> {
                 .and_then(json),
             Request::Bgp => json(self.announce_status()),
             Request::Tier(TierRequest::Status) => self.tier_status().and_then(json),
+            Request::Tier(TierRequest::Rollout { .. }) => Err(refused(
+                ErrorKind::BadRequest,
+                "a rollout is written to etcd by lbd's loop: send it through lbd's socket",
+            )),
             Request::Overrides(OverridesRequest::List) => json(self.override_rows()),
             Request::Overrides(OverridesRequest::Clear {
                 vip,

@@ -23,26 +23,42 @@ pub struct TierState {
     /// when; `None` before the first word from the task.
     link: Option<(Result<i64, String>, SystemTime)>,
     /// The newest desired revision seen, and why it was refused if it was.
-    seen: Option<i64>,
+    pub(super) seen: Option<i64>,
     refused: Option<String>,
-    /// The desired revision this balancer runs.
-    applied: Option<i64>,
+    /// The desired revision this balancer runs (or ran before the
+    /// candidate).
+    pub(super) applied: Option<i64>,
+    /// The rollout whose candidate this balancer runs, if it does.
+    pub(super) candidate: Option<i64>,
     /// Something the operator should know (the desired key deleted, etcd
     /// behind what was applied).
     note: Option<String>,
-    members: Vec<Member>,
+    pub(super) members: Vec<Member>,
     /// This balancer's name in the tier (`source.etcd.name`, or the host
     /// name).
-    name: String,
+    pub(super) name: String,
 }
 
 impl<D: Dataplane> Daemon<D> {
     /// At start: this balancer's name in the tier, and the desired
-    /// revision the running configuration came from.
-    pub fn tier_started(&mut self, name: String, applied: Option<i64>) {
+    /// revision (or the rollout's candidate) the running configuration
+    /// came from.
+    pub fn tier_started(&mut self, name: String, applied: Option<(i64, bool)>) {
         self.tier.name = name;
-        self.tier.applied = applied;
-        self.tier.seen = applied;
+        match applied {
+            Some((revision, true)) => self.tier.candidate = Some(revision),
+            Some((revision, false)) => {
+                self.tier.applied = Some(revision);
+                self.tier.seen = Some(revision);
+            }
+            None => {}
+        }
+    }
+
+    /// Connected to etcd (`None` without a tier, or before the first
+    /// word from the task).
+    pub fn tier_link_up(&self) -> Option<bool> {
+        self.tier.link.as_ref().map(|(l, _)| l.is_ok())
     }
 
     /// The desired revision this balancer runs.
@@ -71,6 +87,14 @@ impl<D: Dataplane> Daemon<D> {
     /// runs and says so.
     pub fn tier_should_apply(&mut self, revision: i64) -> bool {
         self.tier_saw(revision);
+        if let Some(candidate) = self.tier.candidate
+            && revision < candidate
+        {
+            // The rollout decides whether this balancer keeps its
+            // candidate or goes back to this desired state.
+            self.tier.applied.get_or_insert(revision);
+            return false;
+        }
         match self.tier.applied {
             Some(applied) if revision == applied => false,
             Some(applied) if revision < applied => {
@@ -97,6 +121,7 @@ impl<D: Dataplane> Daemon<D> {
         match result {
             Ok(()) => {
                 self.tier.applied = Some(revision);
+                self.tier.candidate = None;
                 self.tier.refused = None;
                 self.tier.note = None;
                 self.metrics.tier_applied.set(revision);
@@ -159,6 +184,7 @@ impl<D: Dataplane> Daemon<D> {
             name,
             version: crate::VERSION.to_string(),
             applied: self.tier.applied,
+            candidate: self.tier.candidate,
             seen: self.tier.seen,
             refused: self.tier.refused.clone(),
             revision: self.revision,
@@ -201,6 +227,8 @@ impl<D: Dataplane> Daemon<D> {
             note: self.tier.note.clone(),
             flags: compare(&self.tier.members),
             members: self.tier.members.clone(),
+            candidate: self.tier.candidate,
+            rollout: self.rollout_view(),
         })
     }
 

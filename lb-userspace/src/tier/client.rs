@@ -15,8 +15,8 @@
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
 
 use etcd_client::{
-    Certificate, Client, ConnectOptions, EventType, GetOptions, Identity, KeyValue, PutOptions,
-    TlsOptions, WatchOptions,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, Identity,
+    KeyValue, PutOptions, TlsOptions, Txn, TxnOp, WatchOptions,
 };
 use tokio::{
     sync::{mpsc, watch},
@@ -24,7 +24,10 @@ use tokio::{
 };
 use tracing::{info, warn};
 
-use super::{Desired, Keys, MAX_BALANCERS, MAX_REPORT_BYTES, Member, Report, TierKey};
+use super::{
+    Desired, Keys, MAX_BALANCERS, MAX_REPORT_BYTES, Member, Report, TierKey,
+    rollout::{Progress, Rollout},
+};
 use crate::config::source::EtcdSource;
 
 /// What the task tells the daemon.
@@ -39,6 +42,37 @@ pub enum Event {
     DesiredDeleted(i64),
     /// Every member and its report, after any of them changed.
     Members(Vec<Member>),
+    /// The rollout record (with its modification revision), absent, or
+    /// why it cannot be read (with its modification revision).
+    Rollout(Option<Result<(Rollout, i64), (i64, String)>>),
+    /// Every balancer's progress in a rollout, after any changed.
+    Progress(BTreeMap<String, Progress>),
+}
+
+/// A write the daemon asks of the task (a rollout's steps). Each answers
+/// the revision it was made at, or `None` when a compare-and-swap found
+/// the key changed (not an error).
+#[derive(Debug)]
+pub struct Command {
+    pub write: Write,
+    pub reply: Option<tokio::sync::oneshot::Sender<Result<Option<i64>, String>>>,
+}
+
+#[derive(Debug)]
+pub enum Write {
+    /// This balancer's progress.
+    Progress(Progress),
+    /// The rollout record, if it is still at modification revision `at`
+    /// (0: absent) and, with `desired_at`, the desired state still at
+    /// that revision (0: absent).
+    Rollout {
+        at: i64,
+        desired_at: Option<i64>,
+        record: Rollout,
+    },
+    /// The rollout record marked done and its candidate as the desired
+    /// state, in one transaction, if the record is still at `at`.
+    Promote { at: i64, record: Rollout },
 }
 
 /// Starts the task; it runs until `events` is closed.
@@ -47,15 +81,16 @@ pub fn spawn(
     name: String,
     events: mpsc::Sender<Event>,
     reports: watch::Receiver<Option<Report>>,
+    commands: mpsc::Receiver<Command>,
 ) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(run(source, name, events, reports))
+    tokio::spawn(run(source, name, events, (reports, commands)))
 }
 
 async fn run(
     source: EtcdSource,
     name: String,
     events: mpsc::Sender<Event>,
-    mut reports: watch::Receiver<Option<Report>>,
+    (mut reports, mut commands): (watch::Receiver<Option<Report>>, mpsc::Receiver<Command>),
 ) {
     let mut pause = Duration::from_secs(1);
     loop {
@@ -66,8 +101,9 @@ async fn run(
             name: &name,
             events: &events,
             members: BTreeMap::new(),
+            progress: BTreeMap::new(),
         };
-        let error = session.run(&mut reports).await;
+        let error = session.run(&mut reports, &mut commands).await;
         if events.is_closed() {
             return;
         }
@@ -101,12 +137,17 @@ struct Session<'s> {
     name: &'s str,
     events: &'s mpsc::Sender<Event>,
     members: Seen,
+    progress: BTreeMap<String, Progress>,
 }
 
 impl Session<'_> {
     /// One session, until something fails: what failed.
-    async fn run(&mut self, reports: &mut watch::Receiver<Option<Report>>) -> String {
-        match self.try_run(reports).await {
+    async fn run(
+        &mut self,
+        reports: &mut watch::Receiver<Option<Report>>,
+        commands: &mut mpsc::Receiver<Command>,
+    ) -> String {
+        match self.try_run(reports, commands).await {
             Ok(()) => "the daemon stopped".into(),
             Err(e) => e,
         }
@@ -144,14 +185,18 @@ impl Session<'_> {
             lease, "etcd: connected to the tier at {}", self.source.prefix
         );
         self.send(Event::Link(Ok(revision))).await?;
-        let mut desired = None;
+        let (mut desired, mut rollout) = (None, Event::Rollout(None));
         for kv in got.kvs() {
-            if let Some(event) = self.on_put(kv) {
-                desired = Some(event);
+            match self.on_put(kv) {
+                Some(e @ Event::Desired(_)) => desired = Some(e),
+                Some(e @ Event::Rollout(_)) => rollout = e,
+                _ => {}
             }
         }
         self.send(desired.unwrap_or(Event::DesiredDeleted(revision)))
             .await?;
+        self.send(rollout).await?;
+        self.send(Event::Progress(self.progress.clone())).await?;
         self.send_members().await?;
         let options = WatchOptions::new()
             .with_prefix()
@@ -169,6 +214,7 @@ impl Session<'_> {
     async fn try_run(
         &mut self,
         reports: &mut watch::Receiver<Option<Report>>,
+        commands: &mut mpsc::Receiver<Command>,
     ) -> Result<(), String> {
         let wait = self.source.timeout;
         let Open {
@@ -205,6 +251,16 @@ impl Session<'_> {
                         _ => return Err("the lease expired".into()),
                     }
                 }
+                Some(command) = commands.recv() => {
+                    let result = self.write(&mut client, command.write).await;
+                    let failed = result.as_ref().err().cloned();
+                    if let Some(reply) = command.reply {
+                        let _ = reply.send(result);
+                    }
+                    if let Some(e) = failed {
+                        return Err(e);
+                    }
+                }
                 changed = reports.changed() => {
                     changed.map_err(|_| "the daemon stopped")?;
                     let report = reports.borrow_and_update().clone();
@@ -218,6 +274,51 @@ impl Session<'_> {
                 }
             }
         }
+    }
+
+    /// Makes a write the daemon asked for: the revision it was made at
+    /// (`None`: a compare failed), or the error that ends the session.
+    async fn write(&mut self, client: &mut Client, write: Write) -> Result<Option<i64>, String> {
+        let wait = self.source.timeout;
+        let (rollout_key, desired_key) = (self.keys.rollout(), self.keys.desired());
+        let txn = match write {
+            Write::Progress(p) => {
+                let put = client.put(self.keys.progress(self.name), json(&p)?, None);
+                let done = bounded(wait, "writing the rollout progress", put).await?;
+                return Ok(done.header().map(|h| h.revision()));
+            }
+            Write::Rollout {
+                at,
+                desired_at,
+                record,
+            } => {
+                let mut when = vec![Compare::mod_revision(
+                    rollout_key.clone(),
+                    CompareOp::Equal,
+                    at,
+                )];
+                if let Some(d) = desired_at {
+                    when.push(Compare::mod_revision(desired_key, CompareOp::Equal, d));
+                }
+                Txn::new()
+                    .when(when)
+                    .and_then(vec![TxnOp::put(rollout_key, json(&record)?, None)])
+            }
+            Write::Promote { at, record } => Txn::new()
+                .when(vec![Compare::mod_revision(
+                    rollout_key.clone(),
+                    CompareOp::Equal,
+                    at,
+                )])
+                .and_then(vec![
+                    TxnOp::put(desired_key, record.desired.clone(), None),
+                    TxnOp::put(rollout_key, json(&record)?, None),
+                ]),
+        };
+        let done = bounded(wait, "writing the rollout", client.txn(txn)).await?;
+        Ok(done
+            .succeeded()
+            .then(|| done.header().map_or(0, |h| h.revision())))
     }
 
     async fn send(&self, event: Event) -> Result<(), String> {
@@ -241,7 +342,7 @@ impl Session<'_> {
     }
 
     async fn on_watch(&mut self, events: &[etcd_client::Event]) -> Result<(), String> {
-        let mut members_changed = false;
+        let (mut members_changed, mut progress_changed) = (false, false);
         for event in events {
             let Some(kv) = event.kv() else { continue };
             let Ok(key) = kv.key_str() else { continue };
@@ -253,6 +354,21 @@ impl Session<'_> {
                 }
                 (EventType::Delete, Some(TierKey::Desired)) => {
                     self.send(Event::DesiredDeleted(kv.mod_revision())).await?
+                }
+                (EventType::Put, Some(TierKey::Rollout)) => {
+                    if let Some(e) = self.on_put(kv) {
+                        self.send(e).await?;
+                    }
+                }
+                (EventType::Delete, Some(TierKey::Rollout)) => {
+                    self.send(Event::Rollout(None)).await?
+                }
+                (EventType::Put, Some(TierKey::Progress(_))) => {
+                    self.on_put(kv);
+                    progress_changed = true;
+                }
+                (EventType::Delete, Some(TierKey::Progress(name))) => {
+                    progress_changed |= self.progress.remove(name).is_some();
                 }
                 (EventType::Put, Some(_)) => {
                     self.on_put(kv);
@@ -274,6 +390,9 @@ impl Session<'_> {
         if members_changed {
             self.send_members().await?;
         }
+        if progress_changed {
+            self.send(Event::Progress(self.progress.clone())).await?;
+        }
         Ok(())
     }
 
@@ -283,6 +402,24 @@ impl Session<'_> {
         let key = kv.key_str().ok()?;
         match self.keys.classify(key)? {
             TierKey::Desired => Some(Event::Desired(desired(kv))),
+            TierKey::Rollout => {
+                let at = kv.mod_revision();
+                let record = Rollout::parse(kv.value()).map(|r| (r, at));
+                Some(Event::Rollout(Some(record.map_err(|e| (at, e)))))
+            }
+            TierKey::Progress(name) => {
+                let known = self.progress.len() < MAX_BALANCERS || self.progress.contains_key(name);
+                match progress(kv.value()) {
+                    Ok(p) if known => {
+                        self.progress.insert(name.to_string(), p);
+                    }
+                    Ok(_) => warn!(
+                        "etcd: progress of more than {MAX_BALANCERS} balancers; {name}'s is ignored"
+                    ),
+                    Err(e) => warn!("etcd: {name}'s rollout progress is unreadable: {e}"),
+                }
+                None
+            }
             TierKey::Member(name) => {
                 if self.members.len() < MAX_BALANCERS || self.members.contains_key(name) {
                     self.members.entry(name.to_string()).or_insert(None);
@@ -311,8 +448,27 @@ fn desired(kv: &KeyValue) -> Result<Desired, (i64, String)> {
     Ok(Desired {
         revision,
         text: Arc::from(text),
+        rollout: false,
     })
 }
+
+fn json<T: serde::Serialize>(value: &T) -> Result<Vec<u8>, String> {
+    serde_json::to_vec(value).map_err(|e| e.to_string())
+}
+
+/// A balancer's progress in a rollout, or why it cannot be read.
+fn progress(value: &[u8]) -> Result<Progress, String> {
+    if value.len() > MAX_PROGRESS_BYTES {
+        return Err(format!(
+            "{} bytes, more than {MAX_PROGRESS_BYTES}",
+            value.len()
+        ));
+    }
+    serde_json::from_slice(value).map_err(|e| format!("not a rollout progress: {e}"))
+}
+
+/// The largest progress record taken (a failure's reason is in it).
+const MAX_PROGRESS_BYTES: usize = 16 << 10;
 
 /// Another balancer's report, or why it cannot be read.
 fn report(value: &[u8]) -> Result<Report, String> {

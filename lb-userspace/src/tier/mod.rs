@@ -19,6 +19,7 @@
 //! [`client`] is the task that talks to etcd.
 
 pub mod client;
+pub mod rollout;
 
 use std::{collections::BTreeMap, sync::Arc};
 
@@ -62,14 +63,30 @@ impl Keys {
         format!("{}/members/{name}", self.prefix)
     }
 
+    /// The staged rollout in progress or last ([`rollout::Rollout`]).
+    pub fn rollout(&self) -> String {
+        format!("{}/rollout", self.prefix)
+    }
+
+    /// Balancer `name`'s progress in a rollout ([`rollout::Progress`]).
+    pub fn progress(&self, name: &str) -> String {
+        format!("{}/progress/{name}", self.prefix)
+    }
+
     /// What a key of the tier is.
     pub fn classify<'k>(&self, key: &'k str) -> Option<TierKey<'k>> {
         let rest = key.strip_prefix(&self.prefix)?.strip_prefix('/')?;
         if rest == "desired" {
             return Some(TierKey::Desired);
         }
+        if rest == "rollout" {
+            return Some(TierKey::Rollout);
+        }
         if let Some(name) = rest.strip_prefix("balancers/") {
             return Some(TierKey::Balancer(name));
+        }
+        if let Some(name) = rest.strip_prefix("progress/") {
+            return Some(TierKey::Progress(name));
         }
         rest.strip_prefix("members/").map(TierKey::Member)
     }
@@ -79,16 +96,20 @@ impl Keys {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TierKey<'k> {
     Desired,
+    Rollout,
     Balancer(&'k str),
     Member(&'k str),
+    Progress(&'k str),
 }
 
 /// A desired state as read from etcd: the key's modification revision
-/// and its text (at most [`MAX_DESIRED_BYTES`]).
+/// and its text (at most [`MAX_DESIRED_BYTES`]); or a rollout's candidate
+/// (`rollout`, with the rollout's revision).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Desired {
     pub revision: i64,
     pub text: Arc<str>,
+    pub rollout: bool,
 }
 
 /// The document at `<prefix>/desired`.
@@ -101,7 +122,7 @@ struct DesiredDoc {
 impl Desired {
     /// The desired state a revision ran: its `vips:` (a balancer that
     /// restarts while etcd is away keeps serving them).
-    pub fn from_config_text(revision: i64, text: &str) -> Option<Desired> {
+    pub fn from_config_text((revision, rollout): (i64, bool), text: &str) -> Option<Desired> {
         let value: serde_yaml::Value = serde_yaml::from_str(text).ok()?;
         let vips = value.get("vips")?.clone();
         let mut doc = serde_yaml::Mapping::new();
@@ -110,6 +131,7 @@ impl Desired {
         Some(Desired {
             revision,
             text: text.into(),
+            rollout,
         })
     }
 
@@ -141,19 +163,26 @@ pub fn short_digest(digest: &str) -> &str {
     &digest[..digest.len().min(12)]
 }
 
-/// The name a revision made from desired state `revision` carries.
-pub fn origin(source: &EtcdSource, revision: i64) -> String {
-    format!("etcd {}/desired@{revision}", source.prefix)
+/// The name a revision made from `desired` carries:
+/// `etcd <prefix>/desired@N`, or `etcd <prefix>/rollout@N` for a
+/// rollout's candidate.
+pub fn origin(source: &EtcdSource, desired: &Desired) -> String {
+    let key = if desired.rollout {
+        "rollout"
+    } else {
+        "desired"
+    };
+    format!("etcd {}/{key}@{}", source.prefix, desired.revision)
 }
 
-/// The etcd revision in a revision's origin (see [`origin`]).
-pub fn revision_of_origin(origin: &str) -> Option<i64> {
-    origin
-        .strip_prefix("etcd ")?
-        .rsplit_once("/desired@")?
-        .1
-        .parse()
-        .ok()
+/// The etcd revision in a revision's origin (see [`origin`]), and
+/// whether it was a rollout's candidate.
+pub fn revision_of_origin(origin: &str) -> Option<(i64, bool)> {
+    let rest = origin.strip_prefix("etcd ")?;
+    if let Some((_, n)) = rest.rsplit_once("/desired@") {
+        return Some((n.parse().ok()?, false));
+    }
+    Some((rest.rsplit_once("/rollout@")?.1.parse().ok()?, true))
 }
 
 /// The configuration a balancer of the tier runs: its file (`text`,
@@ -168,14 +197,6 @@ pub fn compose(
     let Some(source) = &file.source else {
         return Ok((text.to_string(), file.clone()));
     };
-    let name = origin(source, desired.revision);
-    let one = |field: &str, message: String| ConfigErrors {
-        source_name: Some(name.clone()),
-        errors: vec![ConfigError {
-            field: field.into(),
-            message,
-        }],
-    };
     if !file.vips.is_empty() {
         return Err(ConfigErrors {
             source_name: None,
@@ -185,16 +206,34 @@ pub fn compose(
             }],
         });
     }
+    let mut config = with_vips(text, desired, origin(source, desired))?;
+    config.1.warnings.retain(|w| !file.warnings.contains(w));
+    Ok(config)
+}
+
+/// `text` (a configuration) with the VIPs of `desired` in place of its
+/// own, named `name` in every problem.
+pub fn with_vips(
+    text: &str,
+    desired: &Desired,
+    name: String,
+) -> Result<(String, Config), ConfigErrors> {
+    let one = |field: &str, message: String| ConfigErrors {
+        source_name: Some(name.clone()),
+        errors: vec![ConfigError {
+            field: field.into(),
+            message,
+        }],
+    };
     let vips = desired.vips().map_err(|e| one("", e))?;
     let mut whole: serde_yaml::Mapping = serde_yaml::from_str(text)
         .map_err(|e| one("", format!("the file is not a mapping: {e}")))?;
     whole.insert("vips".into(), vips);
     let text = serde_yaml::to_string(&whole).map_err(|e| one("", e.to_string()))?;
-    let mut config = Config::parse(&text).map_err(|mut e| {
+    let config = Config::parse(&text).map_err(|mut e| {
         e.source_name = Some(name.clone());
         e
     })?;
-    config.warnings.retain(|w| !file.warnings.contains(w));
     Ok((text, config))
 }
 
@@ -206,8 +245,12 @@ pub struct Report {
     pub name: String,
     /// `lbd`'s version.
     pub version: String,
-    /// The etcd revision of the desired state it runs.
+    /// The etcd revision of the desired state it runs (or ran before a
+    /// rollout's candidate).
     pub applied: Option<i64>,
+    /// The rollout whose candidate it runs, if it does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub candidate: Option<i64>,
     /// The newest desired state it saw, and why it refused it if it did.
     pub seen: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -278,6 +321,9 @@ pub fn compare(members: &[Member]) -> Vec<String> {
                 r.name, r.overrides
             ));
         }
+        if let Some(c) = r.candidate {
+            flags.push(format!("{}: runs the candidate of rollout {c}", r.name));
+        }
         if newest.is_some() && r.applied != newest {
             flags.push(format!(
                 "{}: runs desired revision {}, the newest is {}",
@@ -296,7 +342,7 @@ pub fn compare(members: &[Member]) -> Vec<String> {
 /// balancer's probes find down is out of that balancer's table only:
 /// that difference is the health checks', and `down` says so).
 fn table_disagreements(reports: &[&Report]) -> Vec<String> {
-    type Side<'r> = (Option<i64>, &'r str, Vec<&'r str>);
+    type Side<'r> = ((Option<i64>, Option<i64>), &'r str, Vec<&'r str>);
     let mut by_vip: BTreeMap<Side<'_>, BTreeMap<&str, Vec<&str>>> = BTreeMap::new();
     for r in reports {
         for (vip, digest) in &r.tables {
@@ -307,7 +353,7 @@ fn table_disagreements(reports: &[&Report]) -> Vec<String> {
                 .map(String::as_str)
                 .collect();
             by_vip
-                .entry((r.applied, vip, down))
+                .entry(((r.applied, r.candidate), vip, down))
                 .or_default()
                 .entry(digest)
                 .or_default()

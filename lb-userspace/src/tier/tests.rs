@@ -25,6 +25,7 @@ fn desired(revision: i64, text: &str) -> Desired {
     Desired {
         revision,
         text: text.into(),
+        rollout: false,
     }
 }
 
@@ -45,6 +46,11 @@ fn keys_sit_under_the_prefix_and_are_told_apart() {
         keys.classify("/lb/t1/members/lb2"),
         Some(TierKey::Member("lb2"))
     );
+    assert_eq!(keys.classify("/lb/t1/rollout"), Some(TierKey::Rollout));
+    assert_eq!(
+        keys.classify("/lb/t1/progress/lb2"),
+        Some(TierKey::Progress("lb2"))
+    );
     assert_eq!(keys.classify("/lb/t10/desired"), None);
     assert_eq!(keys.classify("/lb/t1/other"), None);
 }
@@ -54,21 +60,33 @@ fn a_composed_configuration_is_the_file_with_the_desired_vips() {
     let composed = compose(&file(FILE), &desired(42, ONE_VIP)).unwrap();
     assert_eq!(composed.config.vips.len(), 1);
     assert_eq!(composed.config.interfaces, ["eth0"]);
-    assert_eq!(composed.desired, Some(42));
+    assert_eq!(composed.desired.map(|d| d.revision), Some(42));
     assert!(composed.config.source.is_some());
     // The text a revision records parses to the same configuration.
     let again = Config::parse(&composed.text).unwrap();
     assert_eq!(again.vips, composed.config.vips);
     // And a restart takes its VIPs back out of it.
-    let back = Desired::from_config_text(42, &composed.text).unwrap();
+    let back = Desired::from_config_text((42, false), &composed.text).unwrap();
     assert_eq!(
         compose(&file(FILE), &back).unwrap().config.vips,
         composed.config.vips
     );
+    let source = composed.config.source.as_ref().unwrap();
     assert_eq!(
-        revision_of_origin(&origin(composed.config.source.as_ref().unwrap(), 42)),
-        Some(42)
+        revision_of_origin(&origin(source, &back)),
+        Some((42, false))
     );
+    let candidate = Desired {
+        rollout: true,
+        ..back
+    };
+    assert_eq!(origin(source, &candidate), "etcd /lb/t1/rollout@42");
+    assert_eq!(
+        revision_of_origin(&origin(source, &candidate)),
+        Some((42, true))
+    );
+    assert_eq!(revision_of_origin("etcd /lb/t1/rollout@x"), None);
+    assert_eq!(revision_of_origin("reload"), None);
 }
 
 #[test]

@@ -98,7 +98,12 @@ pub fn vmtest(kernels: KernelChoice, depth: Depth, only: &[String]) -> Result<()
         let out = work.join(name);
         // Once more if the guest died before its first step (said, with
         // its console); a step's failure is never retried.
-        let attempt = || boot(&image, kernel, &out, &steps, &deb, depth);
+        let here = job::on_kernel(&steps, name, depth);
+        if here.is_empty() {
+            eprintln!("vmtest: nothing for {name} in this slice (`--full` runs every step there)");
+            continue;
+        }
+        let attempt = || boot(&image, kernel, &out, &here, &deb, depth);
         let run = match attempt() {
             Err(e) if e.downcast_ref::<NoStep>().is_some() => {
                 eprintln!("vmtest: {e:#}\nvmtest: booting the {name} machine again");
@@ -106,8 +111,15 @@ pub fn vmtest(kernels: KernelChoice, depth: Depth, only: &[String]) -> Result<()
             }
             other => other,
         };
-        runs.push(run?);
+        runs.push((run?, here));
     }
+    let runs: Vec<Run> = runs
+        .into_iter()
+        .map(|(mut run, here)| {
+            run.planned = here.iter().map(|s| s.name.clone()).collect();
+            run
+        })
+        .collect();
     print_matrix(&runs);
     eprintln!(
         "vmtest: {} kernel(s) in {:.0} s",
@@ -117,10 +129,11 @@ pub fn vmtest(kernels: KernelChoice, depth: Depth, only: &[String]) -> Result<()
     let failed: Vec<String> = runs
         .iter()
         .flat_map(|r| {
-            let missing = steps
+            let missing = r
+                .planned
                 .iter()
-                .filter(|s| !r.steps.iter().any(|o| o.name == s.name))
-                .map(move |s| format!("{}: {} never ran", r.kernel, s.name));
+                .filter(|s| !r.steps.iter().any(|o| o.name == **s))
+                .map(move |s| format!("{}: {s} never ran", r.kernel));
             r.steps
                 .iter()
                 .filter(|o| o.rc != 0)
@@ -202,6 +215,8 @@ struct Run {
     kernel: String,
     release: String,
     steps: Vec<job::Outcome>,
+    /// The steps it was to run.
+    planned: Vec<String>,
     total: Duration,
 }
 
@@ -274,6 +289,7 @@ fn boot(
         kernel: kernel.name.clone(),
         release,
         steps: outcomes,
+        planned: Vec::new(),
         total,
     })
 }

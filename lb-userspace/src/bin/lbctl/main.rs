@@ -141,6 +141,14 @@ fn run(args: Args) -> Result<i32> {
     {
         *path = std::env::current_dir()?.join(&*path);
     }
+    if let Request::Tier(api::TierRequest::Rollout {
+        file: Some(path),
+        text,
+        ..
+    }) = &mut request
+    {
+        *text = Some(tier::read_desired(path)?);
+    }
     let data = api::call_with(&socket, &request, &args.change)?;
     let lines = matches!(
         request,
@@ -223,6 +231,10 @@ fn show(request: &Request, data: serde_json::Value) -> Result<()> {
         }
         Request::Tier(api::TierRequest::Status) => {
             tier::print_tier_status(&decode(data)?);
+            Ok(())
+        }
+        Request::Tier(api::TierRequest::Rollout { .. }) => {
+            tier::print_rollout_plan(&decode(data)?);
             Ok(())
         }
     }

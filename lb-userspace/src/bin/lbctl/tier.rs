@@ -1,11 +1,17 @@
 //! `lbctl tier status`: this balancer's link to etcd, then every member of
 //! the tier side by side (the desired revision each runs, its digest,
 //! its peers, backends down), each VIP's table digest per balancer, and
-//! every disagreement `lbd` found, or that they agree.
+//! every disagreement `lbd` found, or that they agree, and the staged
+//! rollout in progress or last; `lbctl tier rollout`: its plan.
 
 use std::collections::BTreeSet;
 
-use lb::{api::TierStatus, tier::short_digest as short};
+use anyhow::{Context as _, Result, bail};
+use lb::{
+    api::{RolloutPlan, RolloutView, TierStatus},
+    config::source::MAX_DESIRED_BYTES,
+    tier::{rollout::Outcome, short_digest as short},
+};
 
 fn or_dash(v: Option<i64>) -> String {
     v.map_or("-".into(), |v| v.to_string())
@@ -72,6 +78,9 @@ pub fn print_tier_status(s: &TierStatus) {
         }
     }
     print_tables(s);
+    if let Some(r) = &s.rollout {
+        print_rollout(r);
+    }
     println!();
     if s.flags.is_empty() {
         println!("the balancers agree");
@@ -103,4 +112,84 @@ fn print_tables(s: &TierStatus) {
         }
         println!();
     }
+}
+
+/// The staged rollout, wave by wave.
+fn print_rollout(r: &RolloutView) {
+    println!();
+    if let Some(why) = &r.error {
+        println!(
+            "rollout record at revision {}: UNREADABLE: {why}",
+            r.revision
+        );
+        return;
+    }
+    let state = match (&r.outcome, r.superseded) {
+        (Some(Outcome::Done), _) => "done: promoted to the desired state".to_string(),
+        (Some(Outcome::Failed { by, why }), _) => format!("FAILED on {by}, reverted: {why}"),
+        (Some(Outcome::Aborted { why }), _) => format!("ABORTED, reverted: {why}"),
+        (None, true) => "superseded by a newer desired state".to_string(),
+        (None, false) => "in progress".to_string(),
+    };
+    println!(
+        "rollout {} ({}; hold {} s): {state}",
+        r.revision, r.by, r.hold_secs
+    );
+    for (i, wave) in r.waves.iter().enumerate() {
+        let names: Vec<String> = wave.iter().map(|(n, p)| format!("{n} {p}")).collect();
+        let label = if i == 0 {
+            "canary".to_string()
+        } else {
+            format!("wave {i}")
+        };
+        println!("  {label:<8} {}", names.join(", "));
+    }
+    if !r.step.is_empty() {
+        println!("  here: {}", r.step);
+    }
+}
+
+/// `lbctl tier rollout FILE`: the plan, and what the change does here.
+pub fn print_rollout_plan(p: &RolloutPlan) {
+    if p.aborted {
+        println!(
+            "rollout aborted (revision {}): every balancer that took it goes back",
+            p.revision.unwrap_or(0)
+        );
+        return;
+    }
+    match p.revision {
+        Some(r) => println!("rollout {r} written to {}/rollout", p.prefix),
+        None => println!("dry run: nothing written to {}/rollout", p.prefix),
+    }
+    for (i, wave) in p.waves.iter().enumerate() {
+        let label = if i == 0 {
+            "canary".to_string()
+        } else {
+            format!("wave {i}")
+        };
+        println!(
+            "  {label:<8} {} (gates held {} s)",
+            wave.join(", "),
+            p.hold_secs
+        );
+    }
+    if let Some(preview) = &p.preview {
+        println!("\non this balancer:");
+        crate::change::print_preview(preview);
+    }
+}
+
+/// A desired state to roll out, read here (at most the size a balancer
+/// takes).
+pub fn read_desired(path: &std::path::Path) -> Result<String> {
+    let meta = std::fs::metadata(path).with_context(|| path.display().to_string())?;
+    if meta.len() > MAX_DESIRED_BYTES as u64 {
+        bail!(
+            "{}: {} bytes, more than the {MAX_DESIRED_BYTES} a balancer takes",
+            path.display(),
+            meta.len()
+        );
+    }
+    std::fs::read_to_string(path).with_context(|| path.display().to_string())
 }

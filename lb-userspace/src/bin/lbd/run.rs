@@ -38,7 +38,7 @@ use tracing::{error, info, warn};
 
 use crate::{
     server::{self, Call},
-    tier::TierLink,
+    tier::{Feed, TierLink, Via},
 };
 
 fn xdp_mode(m: XdpModeSetting) -> XdpMode {
@@ -126,10 +126,10 @@ impl Drop for GatewayWatch {
 struct ParsedReload {
     file: Result<FileRead, ConfigErrors>,
     /// With `source.etcd`: the desired state the file was composed with,
-    /// and whether applying it is the point (a change in etcd) or it only
-    /// keeps the VIPs while the file is read again.
+    /// and why: a change in etcd, a rollout's step, or only to keep the
+    /// VIPs while the file is read again.
     desired: Option<lb::tier::Desired>,
-    from_etcd: bool,
+    via: Via,
     force: bool,
     options: ChangeOptions,
     /// `lbctl reload` waits for the answer; SIGHUP does not.
@@ -141,7 +141,7 @@ impl ParsedReload {
     /// come from etcd) and hands it to the loop.
     fn start(
         path: &Path,
-        (desired, from_etcd): (Option<lb::tier::Desired>, bool),
+        (desired, via): (Option<lb::tier::Desired>, Via),
         force: bool,
         options: ChangeOptions,
         reply: Option<oneshot::Sender<Response>>,
@@ -154,7 +154,7 @@ impl ParsedReload {
             let _ = to.blocking_send(ParsedReload {
                 file,
                 desired,
-                from_etcd,
+                via,
                 force,
                 options,
                 reply,
@@ -510,21 +510,16 @@ async fn serve(
     loop {
         tokio::select! {
             Some((envelope, reply)) = calls.recv() => {
-                on_call(daemon, envelope, reply, applied(tier), &parsed_tx).await
+                on_call(daemon, envelope, reply, tier, &parsed_tx).await
             }
             _ = hup.recv() => {
                 info!("SIGHUP: reloading");
                 let options = ChangeOptions::default();
-                let keep = (applied(tier), false);
+                let keep = (applied(tier), Via::Operator);
                 ParsedReload::start(daemon.config_path(), keep, false, options, None, &parsed_tx);
             }
-            Some(parsed) = parsed_rx.recv() => apply_reload(daemon, tier, parsed).await,
-            event = TierLink::next(tier) => {
-                on_tier(daemon, event, &parsed_tx);
-                if let Some(link) = tier.as_mut() {
-                    link.urgent = true;
-                }
-            }
+            Some(parsed) = parsed_rx.recv() => apply_reload(daemon, tier, parsed, &parsed_tx).await,
+            feed = TierLink::next(tier) => on_feed(daemon, tier, feed, &parsed_tx),
             Some(first) = probes.recv() => {
                 // Every result queued behind it too: one re-plan for all.
                 let mut batch = vec![first];
@@ -578,14 +573,40 @@ async fn on_call(
     daemon: &mut Daemon<KernelDataplane>,
     envelope: lb::api::Envelope,
     reply: oneshot::Sender<Response>,
-    desired: Option<lb::tier::Desired>,
+    tier: &mut Option<TierLink>,
     parsed: &mpsc::Sender<ParsedReload>,
 ) {
     let options = envelope.change;
+    let desired = applied(tier);
     match envelope.request {
         Request::Reload { force } if !daemon.stopping() => {
             let path = daemon.config_path();
-            ParsedReload::start(path, (desired, false), force, options, Some(reply), parsed);
+            ParsedReload::start(
+                path,
+                (desired, Via::Operator),
+                force,
+                options,
+                Some(reply),
+                parsed,
+            );
+        }
+        Request::Tier(lb::api::TierRequest::Rollout {
+            abort,
+            text,
+            canary,
+            waves,
+            hold,
+            ..
+        }) => {
+            let ask = crate::tier::RolloutAsk {
+                abort,
+                text,
+                canary,
+                waves,
+                hold,
+                dry_run: options.dry_run,
+            };
+            crate::tier::rollout_request(daemon, tier.as_ref(), ask, reply);
         }
         Request::Diff { file, strict } => {
             let path = file.unwrap_or_else(|| daemon.config_path().to_path_buf());
@@ -595,7 +616,7 @@ async fn on_call(
             };
             ParsedReload::start(
                 &path,
-                (desired, false),
+                (desired, Via::Operator),
                 !strict,
                 options,
                 Some(reply),
@@ -613,21 +634,59 @@ fn applied(tier: &Option<TierLink>) -> Option<lb::tier::Desired> {
     tier.as_ref().map(|t| t.applied.clone())
 }
 
+/// The tier's feed: an event of the etcd task, or the rollout's tick.
+fn on_feed(
+    daemon: &mut Daemon<KernelDataplane>,
+    tier: &mut Option<TierLink>,
+    feed: Feed,
+    parsed: &mpsc::Sender<ParsedReload>,
+) {
+    let Some(link) = tier.as_mut() else { return };
+    match feed {
+        Feed::Event(event) => {
+            on_tier(daemon, link, event, parsed);
+            link.urgent = true;
+        }
+        Feed::Tick => {
+            let steps = daemon.rollout_tick(crate::tier::unix_now());
+            let reloads = crate::tier::run_steps(link, steps);
+            start_reloads(daemon, reloads, parsed);
+        }
+    }
+}
+
+/// Starts the reloads a rollout asked for (an apply, a revert).
+fn start_reloads(
+    daemon: &Daemon<KernelDataplane>,
+    reloads: Vec<crate::tier::Reload>,
+    parsed: &mpsc::Sender<ParsedReload>,
+) {
+    for (desired, via) in reloads {
+        let path = daemon.config_path().to_path_buf();
+        let options = ChangeOptions::default();
+        ParsedReload::start(&path, (Some(desired), via), false, options, None, parsed);
+    }
+}
+
 /// What the etcd task said: a new desired state is read with the file
 /// off the loop and applied as a reload; the rest is the daemon's to
 /// know.
 fn on_tier(
     daemon: &mut Daemon<KernelDataplane>,
+    link: &mut TierLink,
     event: lb::tier::client::Event,
     parsed: &mpsc::Sender<ParsedReload>,
 ) {
     use lb::tier::client::Event;
     match event {
-        Event::Link(link) => daemon.on_tier_link(link),
+        Event::Link(up) => daemon.on_tier_link(up),
         Event::Members(members) => daemon.on_tier_members(members),
+        Event::Rollout(record) => daemon.on_rollout(record),
+        Event::Progress(progress) => daemon.on_rollout_progress(progress),
         Event::DesiredDeleted(revision) => daemon.tier_desired_absent(revision),
         Event::Desired(Err((revision, why))) => daemon.tier_unreadable(revision, why),
         Event::Desired(Ok(desired)) => {
+            link.latest = Some(desired.clone());
             if daemon.tier_should_apply(desired.revision) {
                 info!(
                     revision = desired.revision,
@@ -635,7 +694,14 @@ fn on_tier(
                 );
                 let path = daemon.config_path().to_path_buf();
                 let options = ChangeOptions::default();
-                ParsedReload::start(&path, (Some(desired), true), false, options, None, parsed);
+                ParsedReload::start(
+                    &path,
+                    (Some(desired), Via::Desired),
+                    false,
+                    options,
+                    None,
+                    parsed,
+                );
             }
         }
     }
@@ -647,20 +713,27 @@ async fn apply_reload(
     daemon: &mut Daemon<KernelDataplane>,
     tier: &mut Option<TierLink>,
     parsed: ParsedReload,
+    again: &mpsc::Sender<ParsedReload>,
 ) {
+    let change = match (&parsed.via, &parsed.file) {
+        (Via::Candidate(_), Ok(file)) => {
+            Some(lb::daemon::rollout::change(daemon.config(), &file.config))
+        }
+        _ => None,
+    };
     let result = daemon
         .reload(parsed.file, parsed.force, &parsed.options)
         .await;
     if let (Some(link), Some(desired)) = (tier.as_mut(), parsed.desired) {
-        link.urgent = true;
-        let revision = desired.revision;
-        if result.is_ok() && !parsed.options.dry_run {
-            link.applied = desired;
-        }
-        if parsed.from_etcd {
-            let outcome = result.as_ref().map(|_| ()).map_err(|e| e.to_string());
-            daemon.tier_outcome(revision, outcome);
-        }
+        let outcome = result.as_ref().map(|_| ()).map_err(|e| e.to_string());
+        let dry_run = parsed.options.dry_run;
+        let reloads = crate::tier::after_reload(
+            daemon,
+            link,
+            (desired, parsed.via, dry_run),
+            (outcome, change),
+        );
+        start_reloads(daemon, reloads, again);
     }
     match (parsed.reply, result) {
         (Some(reply), Ok(committed)) => {

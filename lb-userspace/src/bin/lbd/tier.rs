@@ -7,11 +7,16 @@
 
 use anyhow::{Context as _, Result, bail};
 use lb::{
+    api::{ErrorKind, Response},
     config::{Config, source::valid_name},
-    daemon::{Daemon, FileRead},
+    daemon::{Daemon, FileRead, rollout::Step},
     dataplane::kernel::KernelDataplane,
     revisions::RevisionStore,
-    tier::{Desired, Report, client},
+    tier::{
+        Desired, Report,
+        client::{self, Write},
+        rollout::Change,
+    },
 };
 use tokio::sync::{mpsc, watch};
 
@@ -23,6 +28,13 @@ pub struct TierLink {
     /// The desired state the running configuration was composed with (a
     /// reload of the file composes with it again).
     pub applied: Desired,
+    /// The tier's desired state as last read (a rollout that fails goes
+    /// back to it).
+    pub latest: Option<Desired>,
+    /// Writes for the etcd task (a rollout's steps).
+    commands: mpsc::Sender<client::Command>,
+    /// A rollout's clock: its steps are decided once a second.
+    tick: tokio::time::Interval,
     /// When the report was last computed, and whether something the
     /// tier must hear of at once happened since.
     computed: std::time::Instant,
@@ -40,6 +52,7 @@ pub fn nothing() -> Desired {
     Desired {
         revision: 0,
         text: "vips: []\n".into(),
+        rollout: false,
     }
 }
 
@@ -73,7 +86,8 @@ pub fn name(config: &Config) -> Result<String> {
 
 /// The desired state to start from: the `vips:` of the newest revision
 /// that ran, with the etcd revision of the newest one that came from
-/// etcd (so a restart while etcd is away serves what it served).
+/// etcd (so a restart while etcd is away serves what it served), or of
+/// the rollout whose candidate it was.
 pub fn start_from(store: &RevisionStore) -> Desired {
     let Ok(Some(newest)) = store.latest_applied(None) else {
         return nothing();
@@ -87,8 +101,8 @@ pub fn start_from(store: &RevisionStore) -> Desired {
         .filter(|r| r.applied())
         .find_map(|r| lb::tier::revision_of_origin(&r.source));
     match (newest.config, revision) {
-        (Some(text), Some(revision)) => {
-            Desired::from_config_text(revision, &text).unwrap_or_else(nothing)
+        (Some(text), Some(origin)) => {
+            Desired::from_config_text(origin, &text).unwrap_or_else(nothing)
         }
         _ => nothing(),
     }
@@ -106,6 +120,15 @@ pub fn compose(
     file.with_desired(desired.unwrap_or(&nothing()))
 }
 
+/// What the tier feeds the loop.
+pub enum Feed {
+    Event(client::Event),
+    Tick,
+}
+
+/// Writes queued for the etcd task at most.
+const COMMANDS: usize = 64;
+
 impl TierLink {
     /// Starts the etcd task when the configuration has `source.etcd`.
     pub fn start(
@@ -117,29 +140,51 @@ impl TierLink {
         daemon.metrics().tier_configured.set(1);
         daemon.tier_started(
             name.clone(),
-            (applied.revision > 0).then_some(applied.revision),
+            (applied.revision > 0).then_some((applied.revision, applied.rollout)),
         );
         let (tx, events) = mpsc::channel(16);
         let (reports, rx) = watch::channel(daemon.tier_report());
-        let task = client::spawn(source, name, tx, rx);
+        let (commands, from_daemon) = mpsc::channel(COMMANDS);
+        let task = client::spawn(source, name, tx, rx, from_daemon);
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         Some(TierLink {
             events,
             reports,
             task,
             applied,
+            latest: None,
+            commands,
+            tick,
             computed: std::time::Instant::now(),
             urgent: false,
         })
     }
 
-    /// The task's next event (never, without a tier).
-    pub async fn next(link: &mut Option<TierLink>) -> client::Event {
-        if let Some(l) = link
-            && let Some(event) = l.events.recv().await
-        {
-            return event;
+    /// The task's next event, or the rollout clock's tick (once a
+    /// second); never, without a tier.
+    pub async fn next(link: &mut Option<TierLink>) -> Feed {
+        let Some(l) = link else {
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            Some(event) = l.events.recv() => Feed::Event(event),
+            _ = l.tick.tick() => Feed::Tick,
         }
-        std::future::pending().await
+    }
+
+    /// Hands a write to the etcd task; `reply` hears whether it was made.
+    pub fn send(
+        &self,
+        write: client::Write,
+        reply: Option<tokio::sync::oneshot::Sender<Result<Option<i64>, String>>>,
+    ) {
+        let command = client::Command { write, reply };
+        if let Err(e) = self.commands.try_send(command) {
+            tracing::warn!(
+                "etcd: a rollout write was not queued ({e}); it is decided again in a second"
+            );
+        }
     }
 
     /// Hands the task this balancer's report when it changed: computed
@@ -160,4 +205,190 @@ impl TierLink {
             changed
         });
     }
+}
+
+/// Why a reload composed with a desired state is made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Via {
+    /// `lbctl reload`, `lbctl diff`, SIGHUP: the file read again, with the
+    /// VIPs that run.
+    Operator,
+    /// A new desired state in etcd.
+    Desired,
+    /// A rollout's candidate (the rollout's revision).
+    Candidate(i64),
+    /// Back to the tier's desired state after rollout `id` failed; `say`:
+    /// write "reverted".
+    Revert { id: i64, say: bool },
+}
+
+/// Seconds since the Unix epoch (a rollout's clock).
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// A reload composed with a desired state, for a reason.
+pub type Reload = (Desired, Via);
+
+/// Carries out a rollout's steps: writes go to the etcd task; an apply or
+/// a revert is a reload composed with the candidate or the tier's desired
+/// state, returned for the loop to start.
+pub fn run_steps(link: &mut TierLink, steps: Vec<Step>) -> Vec<Reload> {
+    let mut reloads = Vec::new();
+    for step in steps {
+        let (desired, via) = match step {
+            Step::Write(write) => {
+                link.send(write, None);
+                continue;
+            }
+            Step::Apply(candidate) => {
+                let id = candidate.revision;
+                (candidate, Via::Candidate(id))
+            }
+            Step::Revert { id, say } => {
+                let back = link.latest.clone().unwrap_or_else(nothing);
+                (back, Via::Revert { id, say })
+            }
+        };
+        link.urgent = true;
+        reloads.push((desired, via));
+    }
+    reloads
+}
+
+/// After a reload composed with `desired` (made `via`): what the tier and
+/// a rollout make of its outcome.
+pub fn after_reload(
+    daemon: &mut Daemon<KernelDataplane>,
+    link: &mut TierLink,
+    (desired, via, dry_run): (Desired, Via, bool),
+    (outcome, change): (Result<(), String>, Option<Change>),
+) -> Vec<Reload> {
+    link.urgent = true;
+    let revision = desired.revision;
+    if outcome.is_ok() && !dry_run {
+        link.applied = desired;
+    }
+    let now = unix_now();
+    let steps = match via {
+        Via::Operator => Vec::new(),
+        Via::Desired => {
+            daemon.tier_outcome(revision, outcome);
+            Vec::new()
+        }
+        Via::Candidate(id) => {
+            daemon.rollout_applied(id, outcome.map(|_| change.unwrap_or_default()), now)
+        }
+        Via::Revert { id, say } => {
+            let ok = outcome.is_ok();
+            if ok {
+                daemon.tier_outcome(revision, Ok(()));
+            } else if let Err(why) = outcome {
+                tracing::error!(rollout = id, "rollout: going back was refused: {why}");
+            }
+            daemon.rollout_reverted(id, say, ok)
+        }
+    };
+    run_steps(link, steps)
+}
+
+/// The answer to `--abort`.
+fn aborted(daemon: &Daemon<KernelDataplane>) -> lb::api::RolloutPlan {
+    lb::api::RolloutPlan {
+        prefix: daemon
+            .config()
+            .source
+            .as_ref()
+            .map_or(String::new(), |s| s.prefix.clone()),
+        waves: Vec::new(),
+        hold_secs: 0,
+        preview: None,
+        revision: None,
+        aborted: true,
+    }
+}
+
+/// `lbctl tier rollout` as asked.
+pub struct RolloutAsk {
+    pub abort: bool,
+    pub text: Option<String>,
+    pub canary: Option<String>,
+    pub waves: usize,
+    pub hold: u64,
+    pub dry_run: bool,
+}
+
+/// `lbctl tier rollout`: the plan (with `--dry-run`, only that), else the
+/// record written to etcd if nothing changed since the plan; `--abort`:
+/// the record marked aborted. The answer waits for etcd, off the loop.
+pub fn rollout_request(
+    daemon: &mut Daemon<KernelDataplane>,
+    link: Option<&TierLink>,
+    ask: RolloutAsk,
+    reply: tokio::sync::oneshot::Sender<Response>,
+) {
+    let refuse = |kind, message: &str| Response::err(kind, message.to_string());
+    let Some(link) = link else {
+        let _ = reply.send(refuse(
+            ErrorKind::NotFound,
+            "this balancer takes its VIPs from its file: no tier",
+        ));
+        return;
+    };
+    if daemon.tier_link_up() != Some(true) && !ask.dry_run {
+        let _ = reply.send(refuse(
+            ErrorKind::Unavailable,
+            "not connected to etcd (lbctl tier status): nothing written",
+        ));
+        return;
+    }
+    let (write, plan) = if ask.abort {
+        match daemon.rollout_abort("aborted with lbctl tier rollout --abort") {
+            Ok(write) => (write, aborted(daemon)),
+            Err(e) => {
+                let _ = reply.send(e.response());
+                return;
+            }
+        }
+    } else {
+        let text = ask.text.unwrap_or_default();
+        match daemon.rollout_plan(&text, ask.canary.as_deref(), ask.waves, ask.hold) {
+            Ok((plan, _, _, _)) if ask.dry_run => {
+                let _ = reply.send(Response::ok(plan));
+                return;
+            }
+            Ok((plan, record, desired_at, at)) => (
+                Write::Rollout {
+                    at,
+                    desired_at: Some(desired_at.unwrap_or(0)),
+                    record,
+                },
+                plan,
+            ),
+            Err(e) => {
+                let _ = reply.send(e.response());
+                return;
+            }
+        }
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    link.send(write, Some(tx));
+    tokio::spawn(async move {
+        let answer = match rx.await {
+            Ok(Ok(Some(revision))) => {
+                let mut plan = plan;
+                plan.revision = Some(revision);
+                Response::ok(plan)
+            }
+            Ok(Ok(None)) => refuse(
+                ErrorKind::Conflict,
+                "the rollout record or the desired state changed in etcd since the plan: nothing written; try again",
+            ),
+            Ok(Err(e)) => refuse(ErrorKind::Unavailable, &format!("etcd: {e}")),
+            Err(_) => refuse(ErrorKind::Unavailable, "the etcd task stopped"),
+        };
+        let _ = reply.send(answer);
+    });
 }

@@ -26,6 +26,7 @@ fn desired(revision: i64, text: &str) -> Desired {
     Desired {
         revision,
         text: text.into(),
+        rollout: false,
     }
 }
 

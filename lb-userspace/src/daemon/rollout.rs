@@ -1,0 +1,532 @@
+//! The daemon's side of a staged rollout ([`crate::tier::rollout`]): the
+//! record and every balancer's progress as the etcd task last read them,
+//! this balancer's hold, the gates' snapshots, and the steps it asks of
+//! `lbd` (apply the candidate, go back, write to etcd). Applying and going
+//! back are reloads, so a candidate is checked and guarded like any other
+//! change.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, VecDeque},
+    time::{Duration, Instant},
+};
+
+use tracing::{info, warn};
+
+use super::{Daemon, Result, refused};
+use crate::{
+    api::{BackendState, ErrorKind, RolloutPlan, RolloutView},
+    config::Config,
+    dataplane::Dataplane,
+    tier::{
+        Desired,
+        client::Write,
+        rollout::{
+            Action, Change, Expected, Local, Outcome, Phase, Progress, Rollout, Snapshot, View,
+            decide, gates,
+        },
+    },
+};
+
+/// What the daemon knows of a rollout.
+#[derive(Clone, Debug, Default)]
+pub struct RolloutState {
+    /// The record and its modification revision, or why it is unreadable.
+    record: Option<std::result::Result<(Rollout, i64), (i64, String)>>,
+    progress: BTreeMap<String, Progress>,
+    hold: Option<Hold>,
+    /// Taken just before the candidate of rollout `.0` was applied.
+    before: Option<(i64, Snapshot)>,
+    /// An apply or a revert is being read off the loop.
+    busy: bool,
+    /// The last write asked, and when (not asked again for 3 s).
+    sent: Option<(Action, Instant)>,
+    /// What this balancer does in the rollout, in words.
+    step: String,
+    /// Packets forwarded, sampled once a second for the last 10 s.
+    forwarded: VecDeque<u64>,
+}
+
+/// This balancer holds the candidate of rollout `id` since `since`.
+#[derive(Clone, Debug)]
+struct Hold {
+    id: i64,
+    since: u64,
+    before: Snapshot,
+    change: Change,
+}
+
+/// What `lbd` must do for a rollout step.
+#[derive(Debug)]
+pub enum Step {
+    /// A write to etcd.
+    Write(Write),
+    /// Apply this candidate (a reload composed with it).
+    Apply(Desired),
+    /// Apply the tier's desired state again; `say`: write "reverted".
+    Revert { id: i64, say: bool },
+}
+
+/// Samples of forwarded packets kept (one a second).
+const FORWARD_WINDOW: usize = 10;
+
+impl<D: Dataplane> Daemon<D> {
+    /// The rollout record changed (or was read at connection).
+    pub fn on_rollout(
+        &mut self,
+        record: Option<std::result::Result<(Rollout, i64), (i64, String)>>,
+    ) {
+        if let Some(Err((at, why))) = &record {
+            warn!("etcd: the rollout record at revision {at} is refused: {why}");
+        }
+        self.rollout.record = record;
+    }
+
+    /// Every balancer's progress, as last read.
+    pub fn on_rollout_progress(&mut self, progress: BTreeMap<String, Progress>) {
+        self.rollout.progress = progress;
+    }
+
+    /// Once a second: the steps this balancer takes in the rollout now.
+    pub fn rollout_tick(&mut self, now: u64) -> Vec<Step> {
+        let forwarded = self.forwarded_total();
+        let samples = &mut self.rollout.forwarded;
+        samples.push_back(forwarded);
+        while samples.len() > FORWARD_WINDOW {
+            samples.pop_front();
+        }
+        let connected = matches!(self.tier_link_up(), Some(true));
+        let Some(Ok((record, at))) = self.rollout.record.clone() else {
+            return Vec::new();
+        };
+        if self.rollout.busy || !connected {
+            return Vec::new();
+        }
+        let action = self.rollout_decide(&record, at, now);
+        self.rollout.step = match &action {
+            Action::Wait(why) => why.clone(),
+            Action::Idle => String::new(),
+            other => format!("{other:?}"),
+        };
+        self.rollout_act(action, &record, at, now)
+    }
+
+    fn rollout_decide(&mut self, record: &Rollout, at: i64, now: u64) -> Action {
+        let local = Local {
+            applied: self.tier.candidate.or(self.tier.applied),
+            holding: self.rollout.hold.as_ref().map(|h| (h.id, h.since)),
+        };
+        let view = View {
+            rollout: Some((record, at)),
+            desired: self.tier.seen,
+            progress: &self.rollout.progress,
+        };
+        let hold = self.rollout.hold.clone();
+        let snapshot = self.rollout_snapshot();
+        decide(&view, &self.tier.name, &local, now, |ending| match &hold {
+            Some(h) => gates(&h.before, &snapshot, &record.expected, &h.change, ending),
+            None => Ok(()),
+        })
+    }
+
+    /// The steps of `action`, and what the daemon itself notes of it.
+    fn rollout_act(&mut self, action: Action, record: &Rollout, at: i64, now: u64) -> Vec<Step> {
+        match action {
+            Action::Wait(_) | Action::Idle => return Vec::new(),
+            Action::StartHold(id) => {
+                info!(
+                    rollout = id,
+                    "rollout: holding the candidate (again, after a restart)"
+                );
+                let before = self.rollout_snapshot();
+                self.rollout.hold = Some(Hold {
+                    id,
+                    since: now,
+                    before,
+                    change: Change::default(),
+                });
+                return Vec::new();
+            }
+            _ => {}
+        }
+        let repeated = self
+            .rollout
+            .sent
+            .as_ref()
+            .is_some_and(|(a, t)| *a == action && t.elapsed() < Duration::from_secs(3));
+        if repeated {
+            return Vec::new();
+        }
+        self.rollout.sent = Some((action.clone(), Instant::now()));
+        self.rollout_steps(action, record, at)
+    }
+
+    /// The steps of an action that does something.
+    fn rollout_steps(&mut self, action: Action, record: &Rollout, at: i64) -> Vec<Step> {
+        let step = |name: &str| {
+            self.metrics
+                .tier_rollout_steps
+                .with_label_values(&[name])
+                .inc()
+        };
+        let mark = |id: i64, outcome: Outcome| {
+            Step::Write(Write::Rollout {
+                at,
+                desired_at: None,
+                record: marked(record, id, outcome),
+            })
+        };
+        match action {
+            Action::Apply(id) => {
+                step("apply");
+                info!(
+                    rollout = id,
+                    "rollout: this balancer's wave started; applying the candidate"
+                );
+                self.rollout.before = Some((id, self.rollout_snapshot()));
+                self.rollout.busy = true;
+                vec![Step::Apply(Desired {
+                    revision: id,
+                    text: record.desired.as_str().into(),
+                    rollout: true,
+                })]
+            }
+            Action::Pass(id) => {
+                step("pass");
+                info!(
+                    rollout = id,
+                    "rollout: the gates held for {} s here: passed", record.hold_secs
+                );
+                vec![progress(id, Phase::Passed)]
+            }
+            Action::Fail(id, why) => {
+                step("fail");
+                warn!(
+                    rollout = id,
+                    "rollout: a gate failed here, reverting the tier: {why}"
+                );
+                self.rollout.busy = true;
+                let by = self.tier.name.clone();
+                vec![
+                    progress(id, Phase::Failed { why: why.clone() }),
+                    mark(id, Outcome::Failed { by, why }),
+                    Step::Revert { id, say: false },
+                ]
+            }
+            Action::MarkFailed(id, by, why) => vec![mark(id, Outcome::Failed { by, why })],
+            Action::Revert(id) => {
+                step("revert");
+                warn!(
+                    rollout = id,
+                    "rollout: it failed; going back to the tier's desired state"
+                );
+                self.rollout.busy = true;
+                vec![Step::Revert { id, say: true }]
+            }
+            Action::Promote(id, _) => {
+                step("promote");
+                info!(
+                    rollout = id,
+                    "rollout: every wave passed; promoting the candidate"
+                );
+                let record = marked(record, id, Outcome::Done);
+                vec![Step::Write(Write::Promote { at, record })]
+            }
+            Action::Wait(_) | Action::Idle | Action::StartHold(_) => Vec::new(),
+        }
+    }
+
+    /// The candidate of rollout `id` was applied (with what the change
+    /// explains), or refused: the steps that follow.
+    pub fn rollout_applied(
+        &mut self,
+        id: i64,
+        result: std::result::Result<Change, String>,
+        now: u64,
+    ) -> Vec<Step> {
+        self.rollout.busy = false;
+        let before = match self.rollout.before.take() {
+            Some((at, snapshot)) if at == id => snapshot,
+            _ => self.rollout_snapshot(),
+        };
+        match result {
+            Ok(change) => {
+                self.tier.candidate = Some(id);
+                self.rollout.hold = Some(Hold {
+                    id,
+                    since: now,
+                    before,
+                    change,
+                });
+                Vec::new()
+            }
+            Err(why) => {
+                let Some(Ok((record, at))) = self.rollout.record.clone() else {
+                    return Vec::new();
+                };
+                let why = format!("refused here: {why}");
+                self.rollout_act(Action::Fail(id, why), &record, at, now)
+            }
+        }
+    }
+
+    /// A revert (to the tier's desired state) ended: the steps that
+    /// follow.
+    pub fn rollout_reverted(&mut self, id: i64, say: bool, ok: bool) -> Vec<Step> {
+        self.rollout.busy = false;
+        if !ok {
+            warn!(
+                rollout = id,
+                "rollout: going back failed; the candidate still runs here"
+            );
+            return Vec::new();
+        }
+        self.rollout.hold = None;
+        self.tier.candidate = None;
+        if say {
+            vec![progress(id, Phase::Reverted)]
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// A rollout's apply or revert could not even be read (the file).
+    pub fn rollout_not_started(&mut self) {
+        self.rollout.busy = false;
+    }
+
+    /// Packets forwarded so far (every CPU, every forwarding outcome).
+    fn forwarded_total(&self) -> u64 {
+        lb_common::counters::Counter::ALL
+            .iter()
+            .filter(|c| c.kind() == lb_common::counters::Kind::Forward)
+            .filter_map(|c| self.samples_latest_counters().get(*c as usize))
+            .map(|v| v.packets)
+            .sum()
+    }
+
+    /// What the gates compare, now.
+    fn rollout_snapshot(&self) -> Snapshot {
+        let health = self.health();
+        let layout = &self.config.layout;
+        let sizes: BTreeMap<String, u32> = self
+            .config
+            .vips
+            .iter()
+            .map(|v| (v.id.to_string(), v.maglev_size(layout)))
+            .collect();
+        let mut snapshot = Snapshot::default();
+        for v in &health {
+            let vip = v.vip.to_string();
+            let serving = |b: &crate::api::BackendHealth| {
+                b.state == BackendState::Active
+                    && (b.effective_weight - f64::from(b.weight)).abs() < 1e-9
+            };
+            if !v.panic && v.backends.iter().all(serving) {
+                snapshot.nominal.insert(vip.clone());
+            }
+            for b in &v.backends {
+                if matches!(b.state, BackendState::Down | BackendState::Ejected) {
+                    snapshot.down.insert(format!("{vip} {}", b.address));
+                }
+            }
+        }
+        for (id, (_, digest)) in &self.table_digests {
+            let vip = id.to_string();
+            let size = sizes.get(&vip).copied().unwrap_or(layout.table_size);
+            snapshot.tables.insert(vip, (size, digest.clone()));
+        }
+        snapshot.announced = self
+            .announcers
+            .peer_rows()
+            .into_iter()
+            .map(|p| (p.peer.clone(), p.prefixes_announced))
+            .collect();
+        let samples = &self.rollout.forwarded;
+        snapshot.forwarded = samples.back().copied().unwrap_or(0);
+        snapshot.forwarding = samples.front() < samples.back();
+        snapshot
+    }
+
+    /// `lbctl tier rollout`: the plan of a rollout of `text` (a desired
+    /// state), checked against this balancer's file, with the slot moves
+    /// of each VIP here and the digests every balancer should compute.
+    pub fn rollout_plan(
+        &self,
+        text: &str,
+        canary: Option<&str>,
+        waves: usize,
+        hold_secs: u64,
+    ) -> Result<(RolloutPlan, Rollout, Option<i64>, i64)> {
+        let Some(source) = self.config.source.clone() else {
+            return Err(refused(
+                ErrorKind::NotFound,
+                "this balancer takes its VIPs from its file: no tier to roll out to",
+            ));
+        };
+        if let Some(view) = self.rollout_view()
+            && view.outcome.is_none()
+            && !view.superseded
+        {
+            return Err(refused(
+                ErrorKind::Conflict,
+                format!(
+                    "rollout {} is in progress (lbctl tier status); abort it first (lbctl tier rollout --abort)",
+                    view.revision
+                ),
+            ));
+        }
+        let candidate = Desired {
+            revision: 0,
+            text: text.into(),
+            rollout: true,
+        };
+        let running = self.text.clone();
+        let (composed, config) =
+            crate::tier::with_vips(&running, &candidate, "the rollout's desired state".into())
+                .map_err(|e| refused(ErrorKind::InvalidConfig, e.to_string()))?;
+        let target = super::commit::Target {
+            config: config.clone(),
+            text: composed.into(),
+            overlay: self.overlay.clone(),
+        };
+        let preview = self.preview(&target)?;
+        let members: Vec<String> = self.tier.members.iter().map(|m| m.name.clone()).collect();
+        let waves = crate::tier::rollout::plan(&members, canary, waves)
+            .map_err(|e| refused(ErrorKind::BadRequest, e))?;
+        let record = Rollout {
+            desired: text.to_string(),
+            waves,
+            hold_secs,
+            expected: nominal_tables(&config),
+            by: format!("lbctl tier rollout on {}", self.tier.name),
+            revision: None,
+            outcome: None,
+        };
+        record
+            .check()
+            .map_err(|e| refused(ErrorKind::BadRequest, e))?;
+        let at = match &self.rollout.record {
+            Some(Ok((_, at))) | Some(Err((at, _))) => *at,
+            None => 0,
+        };
+        let plan = RolloutPlan {
+            prefix: source.prefix,
+            waves: record.waves.clone(),
+            hold_secs,
+            preview: Some(preview),
+            revision: None,
+            aborted: false,
+        };
+        Ok((plan, record, self.tier.seen, at))
+    }
+
+    /// `lbctl tier rollout --abort`: the record marked aborted.
+    pub fn rollout_abort(&self, why: &str) -> Result<Write> {
+        let Some(Ok((record, at))) = self.rollout.record.clone() else {
+            return Err(refused(ErrorKind::NotFound, "no rollout to abort"));
+        };
+        if record.outcome.is_some() {
+            return Err(refused(ErrorKind::Conflict, "the rollout already ended"));
+        }
+        let aborted = Outcome::Aborted { why: why.into() };
+        Ok(Write::Rollout {
+            at,
+            desired_at: None,
+            record: marked(&record, record.id(at), aborted),
+        })
+    }
+
+    /// The rollout as `lbctl tier status` shows it.
+    pub fn rollout_view(&self) -> Option<RolloutView> {
+        let (record, at) = match self.rollout.record.as_ref()? {
+            Ok((r, at)) => (r, *at),
+            Err((at, why)) => {
+                return Some(RolloutView {
+                    revision: *at,
+                    error: Some(why.clone()),
+                    ..RolloutView::default()
+                });
+            }
+        };
+        let id = record.id(at);
+        let phase = |name: &String| -> String {
+            match self.rollout.progress.get(name).filter(|p| p.rollout == id) {
+                Some(p) => match &p.phase {
+                    Phase::Passed => "passed".into(),
+                    Phase::Failed { why } => format!("FAILED: {why}"),
+                    Phase::Reverted => "reverted".into(),
+                },
+                None => "-".into(),
+            }
+        };
+        Some(RolloutView {
+            revision: id,
+            by: record.by.clone(),
+            hold_secs: record.hold_secs,
+            waves: record
+                .waves
+                .iter()
+                .map(|w| w.iter().map(|n| (n.clone(), phase(n))).collect())
+                .collect(),
+            outcome: record.outcome.clone(),
+            superseded: self.tier.seen.is_some_and(|d| d > id) && record.outcome.is_none(),
+            step: self.rollout.step.clone(),
+            error: None,
+        })
+    }
+}
+
+/// `record` (of rollout `id`) with its outcome.
+fn marked(record: &Rollout, id: i64, outcome: Outcome) -> Rollout {
+    let mut marked = record.clone();
+    marked.revision = Some(id);
+    marked.outcome = Some(outcome);
+    marked
+}
+
+fn progress(id: i64, phase: Phase) -> Step {
+    Step::Write(Write::Progress(Progress { rollout: id, phase }))
+}
+
+/// Each VIP's nominal table (every backend at its configured weight) as
+/// every balancer with the same table size computes it.
+pub fn nominal_tables(config: &Config) -> BTreeMap<String, Expected> {
+    let mut out = BTreeMap::new();
+    for v in &config.vips {
+        let m = v.maglev_size(&config.layout);
+        let members: BTreeMap<std::net::IpAddr, u32> =
+            v.backends.iter().map(|b| (b.address, b.weight)).collect();
+        if let Ok(Some(slots)) = crate::reconcile::maglev_table(&members, m) {
+            let slots: Vec<_> = slots.into_iter().map(Some).collect();
+            out.insert(
+                v.id.to_string(),
+                Expected {
+                    table_size: m,
+                    digest: crate::digest::table(&slots),
+                },
+            );
+        }
+    }
+    out
+}
+
+/// What a change from `old` to `new` explains: the backends it adds, and
+/// the routes of the VIP addresses it removes.
+pub fn change(old: &Config, new: &Config) -> Change {
+    let backends = |c: &Config| -> BTreeSet<String> {
+        c.vips
+            .iter()
+            .flat_map(|v| {
+                v.backends
+                    .iter()
+                    .map(move |b| format!("{} {}", v.id, b.address))
+            })
+            .collect()
+    };
+    let addresses =
+        |c: &Config| -> BTreeSet<std::net::IpAddr> { c.vips.iter().map(|v| v.id.addr).collect() };
+    Change {
+        added: backends(new).difference(&backends(old)).cloned().collect(),
+        removed_routes: addresses(old).difference(&addresses(new)).count(),
+    }
+}
