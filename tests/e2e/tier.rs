@@ -11,9 +11,15 @@
 //! (not YAML, 1.1 MiB, a wrong field) is refused by both with its name,
 //! and nothing changes; a balancer cut off from etcd keeps serving and
 //! announcing, is flagged by the other, and catches up when the
-//! partition heals; with etcd gone, both keep serving, and a balancer
-//! restarted then serves what it served before. Printed: the time from
-//! a write to both balancers applied.
+//! partition heals; a staged rollout (`lbctl tier rollout`) whose canary
+//! cannot reach the backend it adds fails there, is reverted on the
+//! canary by itself and never reaches the other balancer, while the same
+//! rollout with the backend reachable passes wave by wave and is promoted
+//! to the desired state, with the same tables on both; with etcd gone,
+//! both keep serving, and a balancer restarted then serves what it served
+//! before. No stream breaks in any phase. Printed: the time from a write
+//! to both balancers applied, from a rollout's write to its promotion,
+//! and from it to the revert of a failed one.
 //!
 //! Needs root, bird2 and etcd. Tests run one at a time.
 
@@ -53,6 +59,17 @@ fn split_weighted(rig: &EcmpRig, i: usize, weights: &[(usize, u32)]) -> Result<(
         .find("vips:\n")
         .context("the rig's configuration has VIPs")?;
     Ok((whole[..at].to_string(), whole[at..].to_string()))
+}
+
+/// A TCP health check for the rollout's desired states (a backend the
+/// canary cannot reach goes down there within a second).
+const CHECK: &str = "    health_check:\n      port: 80\n      interval: 200ms\n      timeout: 150ms\n      rise: 2\n      fall: 2\n";
+
+/// The tier's desired state with `weights` and the health check.
+fn checked_desired(rig: &EcmpRig, weights: &[(usize, u32)]) -> Result<String> {
+    let whole = rig.lbd_config_weighted(1, weights, CHECK, "");
+    let at = whole.find("vips:\n").context("VIPs")?;
+    Ok(whole[at..].to_string())
 }
 
 /// Starts balancer `i`'s `lbd` with its file.
@@ -281,6 +298,7 @@ fn hops_still_both(rig: &EcmpRig) -> Result<()> {
 /// it served.
 fn etcd_gone(rig: &EcmpRig, etcd: &mut Etcd, lbd: [Lbd; 2]) -> Result<()> {
     let applied = tier_status(&lbd[0])?["applied"].clone();
+    let digest = lbd[1].lbctl_json(&["status"])?["config_digest"].clone();
     let streams = rig.streams(47_200..47_240, EVERY, PATIENCE)?;
     etcd.kill();
     for l in &lbd {
@@ -295,9 +313,15 @@ fn etcd_gone(rig: &EcmpRig, etcd: &mut Etcd, lbd: [Lbd; 2]) -> Result<()> {
     let config = lbd2.config.clone();
     drop(lbd2);
     let lbd2 = Lbd::start_in(&rig.balancer(2).ns, &rig.balancer(2).dir, &config)?;
+    // It runs what it ran: the promoted desired state, whose reload
+    // changed nothing, so that the newest revision is the rollout's
+    // candidate (it says so until etcd answers again).
     let status = tier_status(&lbd2)?;
-    if status["applied"] != applied || status["connected"] != false {
-        bail!("restarted without etcd, lb2 should run revision {applied}: {status}");
+    let now = lbd2.lbctl_json(&["status"])?["config_digest"].clone();
+    if now != digest || status["connected"] != false {
+        bail!(
+            "restarted without etcd, lb2 should run what it ran ({digest}, desired revision {applied}): {now} {status}"
+        );
     }
     let vips = lbd2.lbctl_json(&["vip", "list"])?;
     if vips.as_array().map(Vec::len) != Some(2) {
@@ -317,15 +341,157 @@ fn etcd_gone(rig: &EcmpRig, etcd: &mut Etcd, lbd: [Lbd; 2]) -> Result<()> {
     Ok(())
 }
 
+/// Writes `desired` to a file and starts a rollout of it from lb1 (the
+/// canary, 3 s holds): the rollout's revision.
+fn start_rollout(rig: &EcmpRig, lbd: &[Lbd; 2], desired: &str, name: &str) -> Result<i64> {
+    let path = rig.dir.join(name);
+    std::fs::write(&path, desired)?;
+    let path = path.to_string_lossy().to_string();
+    let plan = lbd[0].lbctl_json(&["tier", "rollout", "--dry-run", &path])?;
+    if plan["waves"] != serde_json::json!([["lb1"], ["lb2"]]) || !plan["revision"].is_null() {
+        bail!("the dry run's plan: {plan}");
+    }
+    if plan["preview"]["vips_changed"].as_array().map(Vec::len) != Some(2) {
+        bail!("the dry run should show both VIPs changed: {plan}");
+    }
+    let written = lbd[0].lbctl_json(&["tier", "rollout", "--hold", "3", &path])?;
+    written["revision"]
+        .as_i64()
+        .context("the rollout's revision")
+}
+
+/// The rollout record, read with etcdctl.
+fn rollout_record(etcd: &Etcd) -> Result<serde_json::Value> {
+    let text = etcd
+        .get(&format!("{PREFIX}/rollout"))?
+        .context("a rollout record")?;
+    Ok(serde_json::from_str(&text)?)
+}
+
+/// A rollout that adds a backend the canary cannot reach: it fails on
+/// the canary, which goes back by itself; lb2 never takes it.
+fn rollout_fails(rig: &EcmpRig, etcd: &Etcd, lbd: &[Lbd; 2], base: &str) -> Result<()> {
+    let streams = rig.streams(47_300..47_340, EVERY, PATIENCE)?;
+    let before = tier_status(&lbd[0])?["applied"].clone();
+    let hidden = rig.backends[3].addr;
+    let rules = rig.dir.join("hide.nft");
+    std::fs::write(
+        &rules,
+        format!(
+            "table inet lbhide {{\n  chain output {{ type filter hook output priority 0; ip daddr {hidden} drop; }}\n}}\n"
+        ),
+    )?;
+    rig.balancer(1)
+        .ns
+        .run("nft", &["-f", &rules.to_string_lossy()])?;
+    let candidate = checked_desired(rig, &[(0, 2), (1, 1), (2, 1), (3, 1)])?;
+    let started = Instant::now();
+    let id = start_rollout(rig, lbd, &candidate, "fails.yaml")?;
+    let took = wait_for(
+        "the rollout failed and lb1 went back",
+        Duration::from_secs(90),
+        Duration::from_millis(100),
+        || {
+            let record = rollout_record(etcd)?;
+            let s = tier_status(&lbd[0])?;
+            Ok(record["outcome"]["failed"]["by"] == "lb1" && s["candidate"].is_null())
+        },
+    )?;
+    rig.balancer(1)
+        .ns
+        .run("nft", &["delete", "table", "inet", "lbhide"])?;
+    let record = rollout_record(etcd)?;
+    eprintln!(
+        "rollout {id}: failed on the canary and reverted {took:?} after the write ({:?} in all): {}",
+        started.elapsed(),
+        record["outcome"]["failed"]["why"]
+    );
+    if !record["outcome"]["failed"]["why"]
+        .to_string()
+        .contains(&hidden.to_string())
+    {
+        bail!("the failure should name the unreachable backend: {record}");
+    }
+    let s = tier_status(&lbd[0])?;
+    if s["applied"] != before || s["rollout"]["outcome"]["failed"]["by"] != "lb1" {
+        bail!("lb1 should run revision {before} again and show the failure: {s}");
+    }
+    let lb1 = lbd[0].lbctl(&["history"])?;
+    let lb2 = lbd[1].lbctl(&["history"])?;
+    let candidate_name = format!("etcd {PREFIX}/rollout@{id}");
+    if !lb1.contains(&candidate_name) || lb2.contains(&candidate_name) {
+        bail!("only the canary took the candidate:\nlb1:\n{lb1}\nlb2:\n{lb2}");
+    }
+    if etcd.get(&format!("{PREFIX}/desired"))?.as_deref() != Some(base) {
+        bail!("a failed rollout changed the desired state");
+    }
+    let n = none_broken(streams)?;
+    eprintln!("{n} streams unbroken through the failed rollout");
+    Ok(())
+}
+
+/// The same rollout with the backend reachable: both waves pass, the
+/// candidate is promoted, both run it with the same tables.
+fn rollout_passes(rig: &EcmpRig, etcd: &Etcd, lbd: &[Lbd; 2]) -> Result<()> {
+    let streams = rig.streams(47_400..47_440, EVERY, PATIENCE)?;
+    let candidate = checked_desired(rig, &[(0, 2), (1, 1), (2, 1), (3, 1)])?;
+    let started = Instant::now();
+    let id = start_rollout(rig, lbd, &candidate, "passes.yaml")?;
+    let took = wait_for(
+        "the rollout promoted and applied by both",
+        Duration::from_secs(90),
+        Duration::from_millis(100),
+        || {
+            let record = rollout_record(etcd)?;
+            let done = record["outcome"] == "done";
+            let both = lbd.iter().all(|l| {
+                tier_status(l)
+                    .is_ok_and(|s| s["candidate"].is_null() && s["applied"].as_i64() > Some(id))
+            });
+            Ok(done && both)
+        },
+    )?;
+    eprintln!(
+        "rollout {id}: both waves passed and it was promoted {took:?} after the write ({:?} in all)",
+        started.elapsed()
+    );
+    if etcd.get(&format!("{PREFIX}/desired"))?.as_deref() != Some(candidate.as_str()) {
+        bail!("the promoted desired state is not the candidate");
+    }
+    let candidate_name = format!("etcd {PREFIX}/rollout@{id}");
+    for l in lbd {
+        let h = l.lbctl(&["history"])?;
+        if !h.contains(&candidate_name) {
+            bail!("a balancer did not take the candidate in its wave:\n{h}");
+        }
+    }
+    let digests = (table_digest(&lbd[0])?, table_digest(&lbd[1])?);
+    if digests.0 != digests.1 {
+        bail!("after the rollout the balancers' tables differ: {digests:?}");
+    }
+    let n = none_broken(streams)?;
+    eprintln!("{n} streams unbroken through the rollout");
+    Ok(())
+}
+
+/// The rollouts, from the desired state the partition left.
+fn rollouts(rig: &EcmpRig, etcd: &Etcd, lbd: &[Lbd; 2]) -> Result<()> {
+    let base = checked_desired(rig, &[(0, 2), (1, 1), (2, 1)])?;
+    roll_out(etcd, lbd, &base)?;
+    rollout_fails(rig, etcd, lbd, &base)?;
+    rollout_passes(rig, etcd, lbd)
+}
+
 #[test]
 fn a_tier_follows_etcd_refuses_bad_states_and_fails_static() {
     let _serial = serial();
     check((|| {
-        let rig = EcmpRig::new(2, 3, RouterKind::Bird)?;
+        let rig = EcmpRig::new(2, 4, RouterKind::Bird)?;
         let mut etcd = Etcd::start(&rig.router, &rig.dir)?;
         let lbd = [start(&rig, 1)?, start(&rig, 2)?];
-        let result =
-            follow_change_and_refuse(&rig, &etcd, &lbd).and_then(|_| partition(&rig, &etcd, &lbd));
+        let result = follow_change_and_refuse(&rig, &etcd, &lbd)
+            .and_then(|_| partition(&rig, &etcd, &lbd))
+            .and_then(|_| rollouts(&rig, &etcd, &lbd));
         if let Err(e) = result {
             bail!("{e:#}\n{}\netcd:\n{}", rig.logs(), etcd.log_text());
         }
