@@ -289,11 +289,6 @@ impl<D: Dataplane> Daemon<D> {
         }
     }
 
-    /// A rollout's apply or revert could not even be read (the file).
-    pub fn rollout_not_started(&mut self) {
-        self.rollout.busy = false;
-    }
-
     /// Packets forwarded so far (every CPU, every forwarding outcome).
     fn forwarded_total(&self) -> u64 {
         lb_common::counters::Counter::ALL
