@@ -358,9 +358,11 @@ impl<D: Dataplane> Daemon<D> {
                 "this balancer takes its VIPs from its file: no tier to roll out to",
             ));
         };
+        // An unreadable record may be replaced; one in progress may not.
         if let Some(view) = self.rollout_view()
             && view.outcome.is_none()
             && !view.superseded
+            && view.error.is_none()
         {
             return Err(refused(
                 ErrorKind::Conflict,
