@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail};
 use lb_tests::{
     ecmp::{EcmpRig, balancer_addr, router_addr},
-    etcd::Etcd,
+    etcd::{Etcd, client_port},
     rig::Lbd,
     routers::{RouterKind, wait_for},
     scenario::{check, serial},
@@ -50,9 +50,22 @@ fn split_config(rig: &EcmpRig, i: usize, backends: &[usize]) -> Result<(String, 
 
 /// As [`split_config`], with each backend's weight.
 fn split_weighted(rig: &EcmpRig, i: usize, weights: &[(usize, u32)]) -> Result<(String, String)> {
+    split_members(rig, i, weights, 1)
+}
+
+/// As [`split_weighted`], for an etcd cluster of `members` members.
+fn split_members(
+    rig: &EcmpRig,
+    i: usize,
+    weights: &[(usize, u32)],
+    members: usize,
+) -> Result<(String, String)> {
+    let endpoints: Vec<String> = (0..members)
+        .map(|m| format!("http://{}:{}", router_addr(i), client_port(m)))
+        .collect();
     let source = format!(
-        "source:\n  etcd:\n    endpoints: [http://{}:2379]\n    prefix: {PREFIX}\n    name: lb{i}\n    timeout: 2s\n    lease: 3s\nshutdown_grace: 1s\n",
-        router_addr(i)
+        "source:\n  etcd:\n    endpoints: [{}]\n    prefix: {PREFIX}\n    name: lb{i}\n    timeout: 2s\n    lease: 3s\nshutdown_grace: 1s\n",
+        endpoints.join(", ")
     );
     let whole = rig.lbd_config_weighted(i, weights, "", &source);
     let at = whole
@@ -93,9 +106,9 @@ fn wait_applied(lbd: &Lbd, revision: i64, limit: Duration) -> Result<Duration> {
     )
 }
 
-/// Writes `desired` and waits until both balancers run it: its etcd
+/// Writes `desired` and waits until every balancer runs it: its etcd
 /// revision, and the time from the write.
-fn roll_out(etcd: &Etcd, lbd: &[Lbd; 2], desired: &str) -> Result<(i64, Duration)> {
+fn roll_out(etcd: &Etcd, lbd: &[Lbd], desired: &str) -> Result<(i64, Duration)> {
     let written = Instant::now();
     let revision = etcd.put(&format!("{PREFIX}/desired"), desired.as_bytes())?;
     for l in lbd {
@@ -343,12 +356,13 @@ fn etcd_gone(rig: &EcmpRig, etcd: &mut Etcd, lbd: [Lbd; 2]) -> Result<()> {
 
 /// Writes `desired` to a file and starts a rollout of it from lb1 (the
 /// canary, 3 s holds): the rollout's revision.
-fn start_rollout(rig: &EcmpRig, lbd: &[Lbd; 2], desired: &str, name: &str) -> Result<i64> {
+fn start_rollout(rig: &EcmpRig, lbd: &[Lbd], desired: &str, name: &str) -> Result<i64> {
     let path = rig.dir.join(name);
     std::fs::write(&path, desired)?;
     let path = path.to_string_lossy().to_string();
     let plan = lbd[0].lbctl_json(&["tier", "rollout", "--dry-run", &path])?;
-    if plan["waves"] != serde_json::json!([["lb1"], ["lb2"]]) || !plan["revision"].is_null() {
+    let names: Vec<String> = (2..=lbd.len()).map(|i| format!("lb{i}")).collect();
+    if plan["waves"] != serde_json::json!([["lb1"], names]) || !plan["revision"].is_null() {
         bail!("the dry run's plan: {plan}");
     }
     if plan["preview"]["vips_changed"].as_array().map(Vec::len) != Some(2) {
@@ -496,5 +510,98 @@ fn a_tier_follows_etcd_refuses_bad_states_and_fails_static() {
             bail!("{e:#}\n{}\netcd:\n{}", rig.logs(), etcd.log_text());
         }
         etcd_gone(&rig, &mut etcd, lbd).map_err(|e| anyhow::anyhow!("{e:#}\n{}", rig.logs()))
+    })());
+}
+
+/// Balancer `i` of a rig whose tier has an etcd cluster of `members`.
+fn start_in_cluster(rig: &EcmpRig, i: usize, members: usize) -> Result<Lbd> {
+    let (file, _) = split_members(rig, i, &[(0, 1)], members)?;
+    rig.start_lbd(i, &file)
+}
+
+/// Waits until `lbd` runs the candidate of rollout `id`.
+fn wait_candidate(lbd: &Lbd, id: i64) -> Result<Duration> {
+    wait_for(
+        &format!("the candidate of rollout {id}"),
+        Duration::from_secs(60),
+        Duration::from_millis(50),
+        || Ok(tier_status(lbd)?["candidate"] == id),
+    )
+}
+
+/// Three balancers, a three-member etcd cluster, 200 streams: a rollout
+/// that adds a backend, with the etcd leader killed while the canary
+/// holds and a balancer of the second wave restarted (`kill -9`) while it
+/// holds, reaches all three with the same tables; no stream breaks.
+fn three_balancers(rig: &EcmpRig, etcd: &mut Etcd, lbd: &mut Vec<Lbd>) -> Result<()> {
+    let base = checked_desired(rig, &[(0, 1), (1, 1), (2, 1)])?;
+    let (r, took) = roll_out(etcd, &lbd[..], &base)?;
+    eprintln!("desired revision {r}: all three balancers applied it {took:?} after the write");
+    rig.wait_hops(
+        "one route via all three",
+        &[1, 2, 3],
+        Duration::from_secs(30),
+    )?;
+    let streams = rig.streams(48_000..48_200, Duration::from_millis(100), PATIENCE)?;
+    std::thread::sleep(Duration::from_secs(1));
+    let candidate = checked_desired(rig, &[(0, 1), (1, 1), (2, 1), (3, 1)])?;
+    let started = Instant::now();
+    let id = start_rollout(rig, &lbd[..], &candidate, "three.yaml")?;
+    wait_candidate(&lbd[0], id)?;
+    let leader = etcd.leader()?;
+    etcd.kill_member(leader);
+    eprintln!("rollout {id}: the canary took it; etcd member m{leader} (the leader) killed");
+    wait_candidate(&lbd[1], id)?;
+    let config = lbd[1].config.clone();
+    // Killed (SIGKILL: its pins stay), then started again.
+    drop(lbd.remove(1));
+    lbd.insert(
+        1,
+        Lbd::start_in(&rig.balancer(2).ns, &rig.balancer(2).dir, &config)?,
+    );
+    eprintln!("rollout {id}: lb2 took it and was restarted while it held");
+    wait_for(
+        "the rollout promoted and applied by all three",
+        Duration::from_secs(120),
+        Duration::from_millis(100),
+        || {
+            let done = rollout_record(etcd)?["outcome"] == "done";
+            let all = lbd.iter().all(|l| {
+                tier_status(l)
+                    .is_ok_and(|s| s["candidate"].is_null() && s["applied"].as_i64() > Some(id))
+            });
+            Ok(done && all)
+        },
+    )?;
+    eprintln!(
+        "rollout {id}: promoted and applied on all three {:?} after the write (two holds of 3 s, a leader's death and a restart)",
+        started.elapsed()
+    );
+    let digests: Vec<String> = lbd.iter().map(table_digest).collect::<Result<_>>()?;
+    if digests.iter().any(|d| *d != digests[0]) {
+        bail!("after the rollout the tables differ: {digests:?}");
+    }
+    let n = none_broken(streams)?;
+    eprintln!("{n} streams unbroken through the rollout, the leader's death and the restart");
+    Ok(())
+}
+
+#[test]
+fn a_rollout_reaches_three_balancers_through_a_leader_kill_and_a_restart() {
+    let _serial = serial();
+    check((|| {
+        let mut rig = EcmpRig::new(3, 4, RouterKind::Bird)?;
+        // A balancer restarted in a tier keeps its routes on the router
+        // (graceful restart), or ECMP moves its flows to balancers whose
+        // tables the rollout changed.
+        rig.speaker_extra = "    graceful_restart: { mode: on }\n".into();
+        let mut etcd = Etcd::cluster(&rig.router, &rig.dir, 3)?;
+        let mut lbd = vec![
+            start_in_cluster(&rig, 1, 3)?,
+            start_in_cluster(&rig, 2, 3)?,
+            start_in_cluster(&rig, 3, 3)?,
+        ];
+        three_balancers(&rig, &mut etcd, &mut lbd)
+            .map_err(|e| anyhow::anyhow!("{e:#}\n{}\netcd:\n{}", rig.logs(), etcd.log_text()))
     })());
 }

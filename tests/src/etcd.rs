@@ -1,7 +1,8 @@
 //! A real etcd (Debian's `etcd-server`) in a test's namespace, and
 //! `etcdctl` to write and read it: the tier tests' store, and the
-//! independent reader of what each `lbd` publishes there. One member,
-//! its data under the rig's directory; killed when dropped.
+//! independent reader of what each `lbd` publishes there. One member or
+//! a cluster of several in one namespace (each on its own ports), data
+//! under the rig's directory; killed when dropped.
 
 use std::{
     path::{Path, PathBuf},
@@ -16,78 +17,150 @@ use crate::{netns::Netns, routers::wait_for};
 pub const ETCD: &str = "/usr/bin/etcd";
 pub const ETCDCTL: &str = "/usr/bin/etcdctl";
 
-/// A running etcd member; stopped (SIGKILL) when dropped.
-pub struct Etcd {
+/// One member of the cluster.
+struct Member {
+    name: String,
     child: Option<Child>,
-    ns_path: String,
     data: PathBuf,
+    /// Its client and peer ports (every address of the namespace).
+    client: u16,
+    peer: u16,
+}
+
+/// A running etcd cluster of one or more members in one namespace;
+/// stopped (SIGKILL) when dropped.
+pub struct Etcd {
+    members: Vec<Member>,
+    ns_path: String,
     log: PathBuf,
-    /// The client URL tests and `lbctl`-less checks use (from inside the
-    /// member's namespace).
+    /// The client URLs tests use (from inside the namespace).
     pub local: String,
+}
+
+/// Member `i`'s client port (2379, 12379, 22379, ...) and peer port.
+pub fn client_port(i: usize) -> u16 {
+    2379 + 10_000 * i as u16
 }
 
 impl Etcd {
     /// Starts a one-member cluster in `ns`, serving clients on every
     /// address of the namespace, port 2379; waits until it answers.
     pub fn start(ns: &Netns, dir: &Path) -> Result<Etcd> {
+        Etcd::cluster(ns, dir, 1)
+    }
+
+    /// Starts a cluster of `n` members (at most 5) in `ns`: member `i`
+    /// serves clients on port [`client_port`]`(i)`; waits until the
+    /// cluster answers.
+    pub fn cluster(ns: &Netns, dir: &Path, n: usize) -> Result<Etcd> {
         if !Path::new(ETCD).is_file() || !Path::new(ETCDCTL).is_file() {
             bail!(
                 "{ETCD} is missing: the tier tests need etcd (`apt-get install etcd-server etcd-client`, or `cargo xtask setup`)"
             );
         }
+        let members: Vec<Member> = (0..n.clamp(1, 5))
+            .map(|i| Member {
+                name: format!("m{i}"),
+                child: None,
+                data: dir.join(format!("etcd{i}.data")),
+                client: client_port(i),
+                peer: client_port(i) + 1,
+            })
+            .collect();
+        let local = members
+            .iter()
+            .map(|m| format!("http://127.0.0.1:{}", m.client))
+            .collect::<Vec<_>>()
+            .join(",");
         let mut etcd = Etcd {
-            child: None,
+            members,
             ns_path: ns.path(),
-            data: dir.join("etcd.data"),
             log: dir.join("etcd.log"),
-            local: "http://127.0.0.1:2379".into(),
+            local,
         };
         etcd.resume(ns)?;
         Ok(etcd)
     }
 
-    /// Starts the member again on its data (after [`kill`](Self::kill)).
+    /// Starts every stopped member again on its data (after
+    /// [`kill`](Self::kill)); waits until the cluster answers.
     pub fn resume(&mut self, ns: &Netns) -> Result<()> {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)?;
-        let child = ns
-            .command(ETCD)
-            .args(["--name", "t", "--data-dir"])
-            .arg(&self.data)
-            .args([
-                "--listen-client-urls",
-                "http://0.0.0.0:2379",
-                "--advertise-client-urls",
-                "http://127.0.0.1:2379",
-                "--listen-peer-urls",
-                "http://127.0.0.1:2380",
-                "--initial-advertise-peer-urls",
-                "http://127.0.0.1:2380",
-                "--initial-cluster",
-                "t=http://127.0.0.1:2380",
-            ])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .context("starting etcd")?;
-        self.child = Some(child);
+        let cluster = self
+            .members
+            .iter()
+            .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer))
+            .collect::<Vec<_>>()
+            .join(",");
+        for m in self.members.iter_mut().filter(|m| m.child.is_none()) {
+            let log = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&self.log)?;
+            let client = format!("http://0.0.0.0:{}", m.client);
+            let advertise = format!("http://127.0.0.1:{}", m.client);
+            let peer = format!("http://127.0.0.1:{}", m.peer);
+            let child = ns
+                .command(ETCD)
+                .args(["--name", &m.name, "--data-dir"])
+                .arg(&m.data)
+                .args(["--listen-client-urls", &client])
+                .args(["--advertise-client-urls", &advertise])
+                .args(["--listen-peer-urls", &peer])
+                .args(["--initial-advertise-peer-urls", &peer])
+                .args(["--initial-cluster", &cluster])
+                .args(["--initial-cluster-token", "lb-tests"])
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log)
+                .spawn()
+                .context("starting etcd")?;
+            m.child = Some(child);
+        }
         wait_for(
             "etcd answering",
             Duration::from_secs(60),
             Duration::from_millis(200),
-            || Ok(self.ctl(&["endpoint", "health"]).is_ok()),
+            || Ok(self.ctl(&["put", "/lb-tests/ready", "1"]).is_ok()),
         )
         .map_err(|e| anyhow::anyhow!("{e}:\n{}", self.log_text()))?;
         Ok(())
     }
 
-    /// Stops the member at once (its data stays).
+    /// Stops every member at once (their data stays).
     pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
+        for m in &mut self.members {
+            if let Some(mut c) = m.child.take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+    }
+
+    /// The member that leads now (its index), from `etcdctl endpoint
+    /// status`.
+    pub fn leader(&self) -> Result<usize> {
+        let out = self.ctl(&["endpoint", "status", "-w", "json"])?;
+        let v: serde_json::Value = serde_json::from_str(&out)?;
+        let rows = v.as_array().context("a list of endpoints")?;
+        for row in rows {
+            let status = &row["Status"];
+            if status["leader"].as_u64().is_some()
+                && status["leader"] == status["header"]["member_id"]
+            {
+                let endpoint = row["Endpoint"].as_str().unwrap_or_default();
+                return self
+                    .members
+                    .iter()
+                    .position(|m| endpoint.ends_with(&format!(":{}", m.client)))
+                    .context("the leader's endpoint");
+            }
+        }
+        bail!("no member leads: {out}")
+    }
+
+    /// Stops member `i` at once (SIGKILL; its data stays).
+    pub fn kill_member(&mut self, i: usize) {
+        if let Some(mut c) = self.members.get_mut(i).and_then(|m| m.child.take()) {
             let _ = c.kill();
             let _ = c.wait();
         }

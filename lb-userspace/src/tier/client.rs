@@ -1,11 +1,13 @@
 //! The task that talks to etcd for `lbd`, off the daemon's loop. One
-//! session at a time: connect (TLS when configured), record this
+//! session at a time, with one member of the cluster: connect (TLS when
+//! configured), record this
 //! balancer as a member, take a lease, read the whole prefix, then watch
 //! it from the revision read, keep the lease alive, and publish this
 //! balancer's report whenever it changes. Whatever fails (a timeout, a
 //! lost lease, a cancelled watch) ends the session: the daemon hears that
 //! the link is down and keeps what it runs, and the task starts again
-//! after a pause (1 s, doubling to 10 s).
+//! with the next member ([`Backoff`]: at once, and after a whole round
+//! of failures a pause of 1 s, doubling to 10 s).
 //!
 //! Everything read is bounded: a desired state of more than
 //! [`MAX_DESIRED_BYTES`](crate::config::source::MAX_DESIRED_BYTES) is handed on as an error to refuse, reports of
@@ -92,11 +94,13 @@ async fn run(
     events: mpsc::Sender<Event>,
     (mut reports, mut commands): (watch::Receiver<Option<Report>>, mpsc::Receiver<Command>),
 ) {
-    let mut pause = Duration::from_secs(1);
+    let mut backoff = Backoff::new(&source, &name);
     loop {
         let started = Instant::now();
+        let endpoint = backoff.endpoint().to_string();
         let mut session = Session {
             source: &source,
+            endpoint: &endpoint,
             keys: Keys::new(&source),
             name: &name,
             events: &events,
@@ -107,15 +111,64 @@ async fn run(
         if events.is_closed() {
             return;
         }
-        warn!("etcd: {error}; keeping the applied state, trying again in {pause:?}");
+        let (next, pause) = backoff.failed(started.elapsed());
+        warn!("etcd {endpoint}: {error}; keeping the applied state, trying {next} in {pause:?}");
         if events.send(Event::Link(Err(error))).await.is_err() {
             return;
         }
-        if started.elapsed() > Duration::from_secs(30) {
-            pause = Duration::from_secs(1);
-        }
         tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_secs(10));
+    }
+}
+
+/// Which member to talk to next, and after how long. One member per
+/// session: a client over several endpoints keeps sending requests to a
+/// dead one (a three-member cluster with one member down failed every
+/// session), so a session that fails moves to the next member at once,
+/// and only a whole round of failures waits (1 s, doubling to 10 s). A
+/// balancer starts at a member of its own (by its name), so that a tier
+/// spreads over the cluster.
+#[derive(Debug)]
+struct Backoff {
+    endpoints: Vec<String>,
+    at: usize,
+    failed: usize,
+    pause: Duration,
+}
+
+impl Backoff {
+    fn new(source: &EtcdSource, name: &str) -> Backoff {
+        let n = source.endpoints.len().max(1);
+        let spread = name.bytes().map(usize::from).sum::<usize>();
+        Backoff {
+            endpoints: source.endpoints.clone(),
+            at: spread % n,
+            failed: 0,
+            pause: Duration::from_secs(1),
+        }
+    }
+
+    fn endpoint(&self) -> &str {
+        &self.endpoints[self.at % self.endpoints.len()]
+    }
+
+    /// A session of `lasted` failed: the member to try next, and the
+    /// pause before.
+    fn failed(&mut self, lasted: Duration) -> (&str, Duration) {
+        if lasted > Duration::from_secs(30) {
+            self.failed = 0;
+            self.pause = Duration::from_secs(1);
+        }
+        self.failed += 1;
+        self.at = (self.at + 1) % self.endpoints.len();
+        let pause = if self.failed < self.endpoints.len() {
+            Duration::from_millis(200)
+        } else {
+            self.failed = 0;
+            let pause = self.pause;
+            self.pause = (self.pause * 2).min(Duration::from_secs(10));
+            pause
+        };
+        (self.endpoint(), pause)
     }
 }
 
@@ -133,6 +186,8 @@ struct Open {
 
 struct Session<'s> {
     source: &'s EtcdSource,
+    /// The member this session talks to.
+    endpoint: &'s str,
     keys: Keys,
     name: &'s str,
     events: &'s mpsc::Sender<Event>,
@@ -158,7 +213,7 @@ impl Session<'_> {
     /// watch from the revision read.
     async fn open(&mut self) -> Result<Open, String> {
         let wait = self.source.timeout;
-        let mut client = bounded(wait, "connecting", connect(self.source)).await?;
+        let mut client = bounded(wait, "connecting", connect(self.source, self.endpoint)).await?;
         let member = self.keys.member(self.name);
         bounded(
             wait,
@@ -495,9 +550,9 @@ async fn bounded<T>(
     }
 }
 
-/// A client of the source's endpoints, over TLS when configured, with
+/// A client of one member (`endpoint`), over TLS when configured, with
 /// HTTP/2 pings so that a dead connection is noticed within the timeout.
-async fn connect(source: &EtcdSource) -> Result<Client, etcd_client::Error> {
+async fn connect(source: &EtcdSource, endpoint: &str) -> Result<Client, etcd_client::Error> {
     let mut options = ConnectOptions::new()
         .with_connect_timeout(source.timeout)
         .with_timeout(source.timeout)
@@ -516,5 +571,55 @@ async fn connect(source: &EtcdSource) -> Result<Client, etcd_client::Error> {
         }
         options = options.with_tls(config);
     }
-    Client::connect(&source.endpoints, Some(options)).await
+    Client::connect([endpoint], Some(options)).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn source(endpoints: &[&str]) -> EtcdSource {
+        let text = format!(
+            "interfaces: [eth0]\nouter_source_v4: 10.0.0.1\ngateway_mac: 02:00:00:00:00:01\nsource:\n  etcd:\n    endpoints: [{}]\n    prefix: /lb/t\n",
+            endpoints.join(", ")
+        );
+        crate::config::Config::parse(&text).unwrap().source.unwrap()
+    }
+
+    #[test]
+    fn a_failed_session_moves_to_the_next_member_and_only_a_round_waits() {
+        let s = source(&["http://a:2379", "http://b:2379", "http://c:2379"]);
+        let mut b = Backoff::new(&s, "lb1");
+        let first = b.endpoint().to_string();
+        let short = Duration::from_secs(1);
+        let mut seen = vec![first.clone()];
+        let mut pauses = Vec::new();
+        for _ in 0..6 {
+            let (next, pause) = b.failed(short);
+            seen.push(next.to_string());
+            pauses.push(pause.as_millis());
+        }
+        assert_ne!(seen[0], seen[1], "the next member at once");
+        assert_eq!(seen[0], seen[3], "round and round");
+        assert_eq!(pauses, [200, 200, 1000, 200, 200, 2000]);
+        // A session that lasted starts the pauses over.
+        b.failed(Duration::from_secs(60));
+        b.failed(short);
+        assert_eq!(b.failed(short).1, Duration::from_secs(1));
+        // Balancers start on members of their own.
+        let starts: std::collections::BTreeSet<String> = ["lb1", "lb2", "lb3"]
+            .iter()
+            .map(|n| Backoff::new(&s, n).endpoint().to_string())
+            .collect();
+        assert_eq!(starts.len(), 3);
+    }
+
+    #[test]
+    fn one_member_is_retried_with_pauses() {
+        let mut b = Backoff::new(&source(&["http://a:2379"]), "lb1");
+        let pauses: Vec<u128> = (0..5)
+            .map(|_| b.failed(Duration::from_secs(1)).1.as_millis())
+            .collect();
+        assert_eq!(pauses, [1000, 2000, 4000, 8000, 10000]);
+    }
 }
