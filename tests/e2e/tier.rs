@@ -605,3 +605,86 @@ fn a_rollout_reaches_three_balancers_through_a_leader_kill_and_a_restart() {
             .map_err(|e| anyhow::anyhow!("{e:#}\n{}\netcd:\n{}", rig.logs(), etcd.log_text()))
     })());
 }
+
+/// `lbd`'s resident memory (KiB) and CPU time used so far (clock ticks:
+/// utime + stime), from /proc.
+fn usage(lbd: &Lbd) -> Result<(u64, u64)> {
+    let pid = lbd.pid();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let rss = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .context("VmRSS")?;
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command's closing parenthesis: utime is the 12th.
+    let after = stat.rsplit_once(") ").context("stat")?.1;
+    let f: Vec<&str> = after.split(' ').collect();
+    let ticks = f[11].parse::<u64>()? + f[12].parse::<u64>()?;
+    Ok((rss, ticks))
+}
+
+/// A desired state of `n` TCP VIPs (table size 6521), each with backends
+/// be1 and be2 of the rig.
+fn many_vips(rig: &EcmpRig, n: usize) -> String {
+    let (a, b) = (rig.backends[0].addr, rig.backends[1].addr);
+    let mut s = String::from("vips:\n");
+    for i in 0..n {
+        let _ = std::fmt::Write::write_fmt(
+            &mut s,
+            format_args!(
+                "  - address: 10.97.{}.{}\n    port: 80\n    protocol: tcp\n    table_size: 6521\n    backends:\n      - address: {a}\n      - address: {b}\n",
+                i / 250,
+                i % 250 + 1
+            ),
+        );
+    }
+    s
+}
+
+#[test]
+#[ignore = "a measurement, about a minute: cargo test -p lb-tests --test tier -- --ignored --nocapture"]
+fn a_thousand_vips_in_etcd() {
+    let _serial = serial();
+    check((|| {
+        let rig = EcmpRig::new(1, 2, RouterKind::Bird)?;
+        let etcd = Etcd::start(&rig.router, &rig.dir)?;
+        let (file, _) = split_config(&rig, 1, &[0])?;
+        let lbd = rig.start_lbd(1, &format!("max_vips: 1024\n{file}"))?;
+        wait_for(
+            "connected",
+            Duration::from_secs(30),
+            Duration::from_millis(100),
+            || Ok(tier_status(&lbd)?["connected"] == true),
+        )?;
+        let (rss0, cpu0) = usage(&lbd)?;
+        let desired = many_vips(&rig, 1000);
+        let (r, took) = roll_out(&etcd, std::slice::from_ref(&lbd), &desired)?;
+        let (rss1, cpu1) = usage(&lbd)?;
+        let vips = lbd.lbctl_json(&["vip", "list"])?;
+        if vips.as_array().map(Vec::len) != Some(1000) {
+            bail!(
+                "1,000 VIPs expected, lbd runs {}",
+                vips.as_array().map_or(0, Vec::len)
+            );
+        }
+        std::thread::sleep(Duration::from_secs(30));
+        let (rss2, cpu2) = usage(&lbd)?;
+        let report = report(&etcd, "lb1")?.context("a report")?;
+        eprintln!(
+            "1,000 VIPs in etcd: the desired state is {} bytes ({:.0} a VIP); revision {r} applied {took:?} after the write",
+            desired.len(),
+            desired.len() as f64 / 1000.0
+        );
+        eprintln!(
+            "lbd: RSS {} MiB before, {} MiB after, {} MiB 30 s later; CPU {:.2} s to apply, {:.1} % idle over 30 s; its report {} bytes",
+            rss0 / 1024,
+            rss1 / 1024,
+            rss2 / 1024,
+            (cpu1 - cpu0) as f64 / 100.0,
+            (cpu2 - cpu1) as f64 / 30.0,
+            report.to_string().len()
+        );
+        Ok(())
+    })());
+}
