@@ -688,3 +688,57 @@ fn a_thousand_vips_in_etcd() {
         Ok(())
     })());
 }
+
+/// etcd's own users: a balancer with its user and password follows the
+/// tier; one with a wrong password is refused by etcd, says so, and
+/// serves on without VIPs (nothing to serve yet).
+#[test]
+fn etcd_users_are_checked_and_a_wrong_password_is_named() {
+    let _serial = serial();
+    check((|| {
+        let rig = EcmpRig::new(2, 1, RouterKind::Bird)?;
+        let mut etcd = Etcd::start(&rig.router, &rig.dir)?;
+        etcd.enable_auth(PREFIX, "lb1", "right-password")?;
+        let auth = |i: usize, password: &str| -> Result<String> {
+            let file = rig.dir.join(format!("password{i}"));
+            std::fs::write(&file, format!("{password}\n"))?;
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600))?;
+            let (text, _) = split_config(&rig, i, &[0])?;
+            Ok(text.replace(
+                "    timeout: 2s\n",
+                &format!(
+                    "    auth: {{ user: lb1, password_file: {} }}\n    timeout: 2s\n",
+                    file.display()
+                ),
+            ))
+        };
+        let good = rig.start_lbd(1, &auth(1, "right-password")?)?;
+        let bad = rig.start_lbd(2, &auth(2, "wrong-password")?)?;
+        let (_, desired) = split_config(&rig, 1, &[0])?;
+        let r = etcd.put(&format!("{PREFIX}/desired"), desired.as_bytes())?;
+        wait_applied(&good, r, Duration::from_secs(30))?;
+        let refused = wait_for(
+            "the wrong password named",
+            Duration::from_secs(30),
+            Duration::from_millis(100),
+            || {
+                let s = tier_status(&bad)?;
+                Ok(s["connected"] == false
+                    && s["error"]
+                        .as_str()
+                        .is_some_and(|e| e.contains("authentication failed")))
+            },
+        );
+        if let Err(e) = refused {
+            bail!("{e}: {}", tier_status(&bad)?);
+        }
+        if !tier_status(&bad)?["applied"].is_null() {
+            bail!("a balancer refused by etcd applied a desired state");
+        }
+        eprintln!(
+            "etcd users: lb1 with its password follows revision {r}; a wrong password is refused and named"
+        );
+        Ok(())
+    })());
+}

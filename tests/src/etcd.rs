@@ -35,6 +35,8 @@ pub struct Etcd {
     log: PathBuf,
     /// The client URLs tests use (from inside the namespace).
     pub local: String,
+    /// `user:password` for etcdctl, once authentication is on.
+    user: Option<String>,
 }
 
 /// Member `i`'s client port (2379, 12379, 22379, ...) and peer port.
@@ -77,6 +79,7 @@ impl Etcd {
             ns_path: ns.path(),
             log: dir.join("etcd.log"),
             local,
+            user: None,
         };
         etcd.resume(ns)?;
         Ok(etcd)
@@ -158,6 +161,38 @@ impl Etcd {
         bail!("no member leads: {out}")
     }
 
+    /// Turns etcd's authentication on: a `root` user (whom etcdctl is
+    /// from now on), and `user` with `password`, allowed to read and write
+    /// under `prefix/` only.
+    pub fn enable_auth(&mut self, prefix: &str, user: &str, password: &str) -> Result<()> {
+        let root = "root-password-of-the-test";
+        self.ctl(&[
+            "user",
+            "add",
+            "root",
+            &format!("--new-user-password={root}"),
+        ])?;
+        self.ctl(&[
+            "user",
+            "add",
+            user,
+            &format!("--new-user-password={password}"),
+        ])?;
+        self.ctl(&["role", "add", "tier"])?;
+        self.ctl(&[
+            "role",
+            "grant-permission",
+            "tier",
+            "--prefix=true",
+            "readwrite",
+            &format!("{prefix}/"),
+        ])?;
+        self.ctl(&["user", "grant-role", user, "tier"])?;
+        self.ctl(&["auth", "enable"])?;
+        self.user = Some(format!("root:{root}"));
+        Ok(())
+    }
+
     /// Stops member `i` at once (SIGKILL; its data stays).
     pub fn kill_member(&mut self, i: usize) {
         if let Some(mut c) = self.members.get_mut(i).and_then(|m| m.child.take()) {
@@ -176,6 +211,9 @@ impl Etcd {
             .arg(ETCDCTL)
             .env("ETCDCTL_API", "3")
             .args(["--endpoints", &self.local, "--command-timeout=5s"]);
+        if let Some(user) = &self.user {
+            c.args(["--user", user]);
+        }
         c
     }
 

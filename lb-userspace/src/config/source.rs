@@ -44,6 +44,11 @@ pub struct EtcdSource {
     pub name: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<EtcdTls>,
+    /// etcd's own authentication: a user and its password, read from a
+    /// private file (with `tls`, or the password crosses the network in
+    /// clear).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<EtcdAuth>,
     /// How long a connection or a request may take.
     #[serde(default = "default_timeout", with = "duration")]
     pub timeout: Duration,
@@ -68,6 +73,33 @@ pub struct EtcdTls {
     /// addresses that do not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub domain: Option<String>,
+}
+
+/// A user of etcd's own authentication.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EtcdAuth {
+    pub user: String,
+    /// The password, alone in a file only its owner may read (mode 0600;
+    /// a trailing newline is not part of it).
+    pub password_file: PathBuf,
+}
+
+impl EtcdAuth {
+    /// The password, read from its file.
+    pub fn password(&self) -> Result<String, String> {
+        private_file(&self.password_file)?;
+        let text = std::fs::read_to_string(&self.password_file)
+            .map_err(|e| format!("{}: {e}", self.password_file.display()))?;
+        let password = text.strip_suffix('\n').unwrap_or(&text);
+        if password.is_empty() || password.len() > 1024 || password.contains('\n') {
+            return Err(format!(
+                "{}: one line of 1-1024 bytes",
+                self.password_file.display()
+            ));
+        }
+        Ok(password.to_string())
+    }
 }
 
 /// The largest desired state a balancer takes (etcd's own default limit
@@ -153,6 +185,13 @@ impl EtcdSource {
         {
             errors.push(problem("tls", "`cert` and `key` go together"));
         }
+        if let Some(auth) = &self.auth
+            && (auth.user.is_empty()
+                || auth.user.len() > 128
+                || !auth.user.chars().all(|c| c.is_ascii_graphic()))
+        {
+            errors.push(problem("auth.user", "1-128 printable characters, no space"));
+        }
         if !(Duration::from_millis(100)..=Duration::from_secs(60)).contains(&self.timeout) {
             errors.push(problem("timeout", "must be between 100ms and 60s"));
         }
@@ -166,10 +205,15 @@ impl EtcdSource {
     /// certificate readable, the key readable and private. `lbd check`
     /// and the start call it.
     pub fn check_files(&self) -> Vec<ConfigError> {
-        let Some(tls) = &self.tls else {
-            return Vec::new();
-        };
         let mut errors = Vec::new();
+        if let Some(auth) = &self.auth
+            && let Err(e) = auth.password()
+        {
+            errors.push(problem("auth.password_file", e));
+        }
+        let Some(tls) = &self.tls else {
+            return prefixed("source.etcd", errors);
+        };
         for (field, path) in [("ca", Some(&tls.ca)), ("cert", tls.cert.as_ref())] {
             if let Some(path) = path
                 && let Err(e) = std::fs::File::open(path)
@@ -292,5 +336,38 @@ mod tests {
         std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert!(s.check_files().is_empty());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn etcd_auth_wants_a_user_and_a_private_one_line_password() {
+        let dir = crate::scratch::ScratchDir::new("lb-source-auth");
+        let file = dir.join("pw");
+        std::fs::write(&file, "s3cret\n").unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let s = source(&format!(
+            "endpoints: [http://a:2379]\nprefix: /t\nauth: {{ user: lb1, password_file: {} }}\n",
+            file.display()
+        ));
+        assert!(s.validate().is_empty(), "{:?}", s.validate());
+        let files = s.check_files();
+        assert_eq!(files.len(), 1, "{files:?}");
+        assert_eq!(files[0].field, "source.etcd.auth.password_file");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(s.check_files().is_empty());
+        assert_eq!(s.auth.as_ref().unwrap().password().unwrap(), "s3cret");
+        std::fs::write(&file, "two\nlines\n").unwrap();
+        assert!(
+            s.auth
+                .as_ref()
+                .unwrap()
+                .password()
+                .unwrap_err()
+                .contains("one line")
+        );
+        let bad = source(
+            "endpoints: [http://a:2379]\nprefix: /t\nauth: { user: \"a b\", password_file: /x }\n",
+        );
+        assert_eq!(bad.validate()[0].field, "auth.user");
     }
 }

@@ -571,6 +571,10 @@ async fn connect(source: &EtcdSource, endpoint: &str) -> Result<Client, etcd_cli
         }
         options = options.with_tls(config);
     }
+    if let Some(auth) = &source.auth {
+        let password = auth.password().map_err(etcd_client::Error::InvalidArgs)?;
+        options = options.with_user(auth.user.clone(), password);
+    }
     Client::connect([endpoint], Some(options)).await
 }
 
