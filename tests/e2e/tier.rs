@@ -11,15 +11,18 @@
 //! (not YAML, 1.1 MiB, a wrong field) is refused by both with its name,
 //! and nothing changes; a balancer cut off from etcd keeps serving and
 //! announcing, is flagged by the other, and catches up when the
-//! partition heals; a staged rollout (`lbctl tier rollout`) whose canary
-//! cannot reach the backend it adds fails there, is reverted on the
-//! canary by itself and never reaches the other balancer, while the same
-//! rollout with the backend reachable passes wave by wave and is promoted
-//! to the desired state, with the same tables on both; with etcd gone,
-//! both keep serving, and a balancer restarted then serves what it served
-//! before. No stream breaks in any phase. Printed: the time from a write
-//! to both balancers applied, from a rollout's write to its promotion,
-//! and from it to the revert of a failed one.
+//! partition heals; with etcd gone, both keep serving, and a balancer
+//! restarted then serves what it served before.
+//!
+//! Staged rollouts (`lbctl tier rollout`), with three balancers, a
+//! three-member etcd cluster and 200 streams: one whose canary cannot
+//! reach the backend it adds fails there, is reverted on the canary by
+//! itself and never reaches the others; the same rollout, reachable,
+//! passes wave by wave through the etcd leader's death and a balancer's
+//! restart and is promoted, with the same tables on all three. etcd's own
+//! users: a wrong password is refused and named. No stream breaks in any
+//! phase. Printed: the time from a write to the balancers applied, from
+//! a rollout's write to its promotion, and to the revert of a failed one.
 //!
 //! Needs root, bird2 and etcd. Tests run one at a time.
 
@@ -384,7 +387,7 @@ fn rollout_record(etcd: &Etcd) -> Result<serde_json::Value> {
 
 /// A rollout that adds a backend the canary cannot reach: it fails on
 /// the canary, which goes back by itself; lb2 never takes it.
-fn rollout_fails(rig: &EcmpRig, etcd: &Etcd, lbd: &[Lbd; 2], base: &str) -> Result<()> {
+fn rollout_fails(rig: &EcmpRig, etcd: &Etcd, lbd: &[Lbd], base: &str) -> Result<()> {
     let streams = rig.streams(47_300..47_340, EVERY, PATIENCE)?;
     let before = tier_status(&lbd[0])?["applied"].clone();
     let hidden = rig.backends[3].addr;
@@ -430,11 +433,15 @@ fn rollout_fails(rig: &EcmpRig, etcd: &Etcd, lbd: &[Lbd; 2], base: &str) -> Resu
     if s["applied"] != before || s["rollout"]["outcome"]["failed"]["by"] != "lb1" {
         bail!("lb1 should run revision {before} again and show the failure: {s}");
     }
-    let lb1 = lbd[0].lbctl(&["history"])?;
-    let lb2 = lbd[1].lbctl(&["history"])?;
     let candidate_name = format!("etcd {PREFIX}/rollout@{id}");
-    if !lb1.contains(&candidate_name) || lb2.contains(&candidate_name) {
-        bail!("only the canary took the candidate:\nlb1:\n{lb1}\nlb2:\n{lb2}");
+    for (i, l) in lbd.iter().enumerate() {
+        let history = l.lbctl(&["history"])?;
+        if history.contains(&candidate_name) != (i == 0) {
+            bail!(
+                "only the canary takes the candidate; lb{}:\n{history}",
+                i + 1
+            );
+        }
     }
     if etcd.get(&format!("{PREFIX}/desired"))?.as_deref() != Some(base) {
         bail!("a failed rollout changed the desired state");
@@ -444,68 +451,15 @@ fn rollout_fails(rig: &EcmpRig, etcd: &Etcd, lbd: &[Lbd; 2], base: &str) -> Resu
     Ok(())
 }
 
-/// The same rollout with the backend reachable: both waves pass, the
-/// candidate is promoted, both run it with the same tables.
-fn rollout_passes(rig: &EcmpRig, etcd: &Etcd, lbd: &[Lbd; 2]) -> Result<()> {
-    let streams = rig.streams(47_400..47_440, EVERY, PATIENCE)?;
-    let candidate = checked_desired(rig, &[(0, 2), (1, 1), (2, 1), (3, 1)])?;
-    let started = Instant::now();
-    let id = start_rollout(rig, lbd, &candidate, "passes.yaml")?;
-    let took = wait_for(
-        "the rollout promoted and applied by both",
-        Duration::from_secs(90),
-        Duration::from_millis(100),
-        || {
-            let record = rollout_record(etcd)?;
-            let done = record["outcome"] == "done";
-            let both = lbd.iter().all(|l| {
-                tier_status(l)
-                    .is_ok_and(|s| s["candidate"].is_null() && s["applied"].as_i64() > Some(id))
-            });
-            Ok(done && both)
-        },
-    )?;
-    eprintln!(
-        "rollout {id}: both waves passed and it was promoted {took:?} after the write ({:?} in all)",
-        started.elapsed()
-    );
-    if etcd.get(&format!("{PREFIX}/desired"))?.as_deref() != Some(candidate.as_str()) {
-        bail!("the promoted desired state is not the candidate");
-    }
-    let candidate_name = format!("etcd {PREFIX}/rollout@{id}");
-    for l in lbd {
-        let h = l.lbctl(&["history"])?;
-        if !h.contains(&candidate_name) {
-            bail!("a balancer did not take the candidate in its wave:\n{h}");
-        }
-    }
-    let digests = (table_digest(&lbd[0])?, table_digest(&lbd[1])?);
-    if digests.0 != digests.1 {
-        bail!("after the rollout the balancers' tables differ: {digests:?}");
-    }
-    let n = none_broken(streams)?;
-    eprintln!("{n} streams unbroken through the rollout");
-    Ok(())
-}
-
-/// The rollouts, from the desired state the partition left.
-fn rollouts(rig: &EcmpRig, etcd: &Etcd, lbd: &[Lbd; 2]) -> Result<()> {
-    let base = checked_desired(rig, &[(0, 2), (1, 1), (2, 1)])?;
-    roll_out(etcd, lbd, &base)?;
-    rollout_fails(rig, etcd, lbd, &base)?;
-    rollout_passes(rig, etcd, lbd)
-}
-
 #[test]
 fn a_tier_follows_etcd_refuses_bad_states_and_fails_static() {
     let _serial = serial();
     check((|| {
-        let rig = EcmpRig::new(2, 4, RouterKind::Bird)?;
+        let rig = EcmpRig::new(2, 3, RouterKind::Bird)?;
         let mut etcd = Etcd::start(&rig.router, &rig.dir)?;
         let lbd = [start(&rig, 1)?, start(&rig, 2)?];
-        let result = follow_change_and_refuse(&rig, &etcd, &lbd)
-            .and_then(|_| partition(&rig, &etcd, &lbd))
-            .and_then(|_| rollouts(&rig, &etcd, &lbd));
+        let result =
+            follow_change_and_refuse(&rig, &etcd, &lbd).and_then(|_| partition(&rig, &etcd, &lbd));
         if let Err(e) = result {
             bail!("{e:#}\n{}\netcd:\n{}", rig.logs(), etcd.log_text());
         }
@@ -530,9 +484,11 @@ fn wait_candidate(lbd: &Lbd, id: i64) -> Result<Duration> {
 }
 
 /// Three balancers, a three-member etcd cluster, 200 streams: a rollout
-/// that adds a backend, with the etcd leader killed while the canary
-/// holds and a balancer of the second wave restarted (`kill -9`) while it
-/// holds, reaches all three with the same tables; no stream breaks.
+/// whose canary cannot reach the backend it adds is reverted there and
+/// reaches neither other balancer; then the same rollout, reachable,
+/// with the etcd leader killed while the canary holds and a balancer of
+/// the second wave restarted (`kill -9`) while it holds, reaches all
+/// three with the same tables; no stream breaks.
 fn three_balancers(rig: &EcmpRig, etcd: &mut Etcd, lbd: &mut Vec<Lbd>) -> Result<()> {
     let base = checked_desired(rig, &[(0, 1), (1, 1), (2, 1)])?;
     let (r, took) = roll_out(etcd, &lbd[..], &base)?;
@@ -544,6 +500,7 @@ fn three_balancers(rig: &EcmpRig, etcd: &mut Etcd, lbd: &mut Vec<Lbd>) -> Result
     )?;
     let streams = rig.streams(48_000..48_200, Duration::from_millis(100), PATIENCE)?;
     std::thread::sleep(Duration::from_secs(1));
+    rollout_fails(rig, etcd, &lbd[..], &base)?;
     let candidate = checked_desired(rig, &[(0, 1), (1, 1), (2, 1), (3, 1)])?;
     let started = Instant::now();
     let id = start_rollout(rig, &lbd[..], &candidate, "three.yaml")?;
