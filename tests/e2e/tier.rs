@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail};
 use lb_tests::{
     ecmp::{EcmpRig, balancer_addr, router_addr},
-    etcd::{Etcd, client_port},
+    etcd::{Certs, Etcd, client_port},
     rig::Lbd,
     routers::{RouterKind, wait_for},
     scenario::{check, serial},
@@ -695,6 +695,48 @@ fn etcd_users_are_checked_and_a_wrong_password_is_named() {
         }
         eprintln!(
             "etcd users: lb1 with its password follows revision {r}; a wrong password is refused and named"
+        );
+        Ok(())
+    })());
+}
+
+/// etcd over TLS with client certificates: a balancer with the cluster's
+/// CA and its certificate follows the tier; one without a certificate is
+/// refused by etcd and says so.
+#[test]
+fn etcd_over_tls_wants_a_client_certificate() {
+    let _serial = serial();
+    check((|| {
+        let rig = EcmpRig::new(2, 1, RouterKind::Bird)?;
+        let certs = Certs::make(&rig.dir, &[router_addr(1), router_addr(2)])?;
+        let etcd = Etcd::start_tls(&rig.router, &rig.dir, certs.clone())?;
+        let file = |i: usize, tls: &str| -> Result<String> {
+            let (text, _) = split_config(&rig, i, &[0])?;
+            Ok(text.replace("http://", "https://").replace(
+                "    timeout: 2s\n",
+                &format!("    tls: {tls}\n    timeout: 2s\n"),
+            ))
+        };
+        let with_cert = format!(
+            "{{ ca: {}, cert: {}, key: {} }}",
+            certs.ca.display(),
+            certs.client_cert.display(),
+            certs.client_key.display()
+        );
+        let good = rig.start_lbd(1, &file(1, &with_cert)?)?;
+        let without = format!("{{ ca: {} }}", certs.ca.display());
+        let bad = rig.start_lbd(2, &file(2, &without)?)?;
+        let (_, desired) = split_config(&rig, 1, &[0])?;
+        let r = etcd.put(&format!("{PREFIX}/desired"), desired.as_bytes())?;
+        wait_applied(&good, r, Duration::from_secs(30))?;
+        std::thread::sleep(Duration::from_secs(3));
+        let s = tier_status(&bad)?;
+        if s["connected"] != false || !s["applied"].is_null() || s["error"].is_null() {
+            bail!("a balancer without a client certificate should be refused: {s}");
+        }
+        eprintln!(
+            "etcd over TLS: lb1 with its certificate follows revision {r}; lb2 without one: {}",
+            s["error"]
         );
         Ok(())
     })());

@@ -37,6 +37,108 @@ pub struct Etcd {
     pub local: String,
     /// `user:password` for etcdctl, once authentication is on.
     user: Option<String>,
+    /// With TLS: the certificates (clients must present one).
+    tls: Option<Certs>,
+}
+
+/// A test CA, etcd's server certificate (for 127.0.0.1 and the given
+/// addresses) and a client certificate, made with openssl (P-256).
+#[derive(Clone, Debug)]
+pub struct Certs {
+    pub ca: PathBuf,
+    pub server_cert: PathBuf,
+    pub server_key: PathBuf,
+    pub client_cert: PathBuf,
+    /// Mode 0600, as `lbd` wants it.
+    pub client_key: PathBuf,
+}
+
+fn openssl(dir: &Path, args: &[&str]) -> Result<()> {
+    let out = Command::new("openssl")
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .context("running openssl")?;
+    if !out.status.success() {
+        bail!(
+            "openssl {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+impl Certs {
+    /// Makes them in `dir`.
+    pub fn make(dir: &Path, addresses: &[std::net::Ipv4Addr]) -> Result<Certs> {
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        let mut ca = vec!["req", "-x509", "-days", "2", "-subj", "/CN=lb-tests CA"];
+        ca.extend_from_slice(&ec);
+        ca.extend_from_slice(&["-keyout", "ca.key", "-out", "ca.pem"]);
+        openssl(dir, &ca)?;
+        let sans: Vec<String> = std::iter::once("IP:127.0.0.1".to_string())
+            .chain(addresses.iter().map(|a| format!("IP:{a}")))
+            .collect();
+        std::fs::write(
+            dir.join("server.ext"),
+            format!(
+                "subjectAltName={}\nextendedKeyUsage=serverAuth,clientAuth\n",
+                sans.join(",")
+            ),
+        )?;
+        std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n")?;
+        for who in ["server", "client"] {
+            let (key, csr, pem, ext) = (
+                format!("{who}.key"),
+                format!("{who}.csr"),
+                format!("{who}.pem"),
+                format!("{who}.ext"),
+            );
+            let mut req = vec!["req", "-subj", "/CN=lb-tests"];
+            req.extend_from_slice(&ec);
+            req.extend_from_slice(&["-keyout", &key, "-out", &csr]);
+            openssl(dir, &req)?;
+            openssl(
+                dir,
+                &[
+                    "x509",
+                    "-req",
+                    "-in",
+                    &csr,
+                    "-CA",
+                    "ca.pem",
+                    "-CAkey",
+                    "ca.key",
+                    "-CAcreateserial",
+                    "-days",
+                    "2",
+                    "-extfile",
+                    &ext,
+                    "-out",
+                    &pem,
+                ],
+            )?;
+        }
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(
+            dir.join("client.key"),
+            std::fs::Permissions::from_mode(0o600),
+        )?;
+        Ok(Certs {
+            ca: dir.join("ca.pem"),
+            server_cert: dir.join("server.pem"),
+            server_key: dir.join("server.key"),
+            client_cert: dir.join("client.pem"),
+            client_key: dir.join("client.key"),
+        })
+    }
 }
 
 /// Member `i`'s client port (2379, 12379, 22379, ...) and peer port.
@@ -55,6 +157,16 @@ impl Etcd {
     /// serves clients on port [`client_port`]`(i)`; waits until the
     /// cluster answers.
     pub fn cluster(ns: &Netns, dir: &Path, n: usize) -> Result<Etcd> {
+        Etcd::cluster_with(ns, dir, n, None)
+    }
+
+    /// A one-member cluster on port 2379 that speaks TLS only and wants
+    /// a client certificate signed by `certs.ca`.
+    pub fn start_tls(ns: &Netns, dir: &Path, certs: Certs) -> Result<Etcd> {
+        Etcd::cluster_with(ns, dir, 1, Some(certs))
+    }
+
+    fn cluster_with(ns: &Netns, dir: &Path, n: usize, tls: Option<Certs>) -> Result<Etcd> {
         if !Path::new(ETCD).is_file() || !Path::new(ETCDCTL).is_file() {
             bail!(
                 "{ETCD} is missing: the tier tests need etcd (`apt-get install etcd-server etcd-client`, or `cargo xtask setup`)"
@@ -69,9 +181,10 @@ impl Etcd {
                 peer: client_port(i) + 1,
             })
             .collect();
+        let scheme = if tls.is_some() { "https" } else { "http" };
         let local = members
             .iter()
-            .map(|m| format!("http://127.0.0.1:{}", m.client))
+            .map(|m| format!("{scheme}://127.0.0.1:{}", m.client))
             .collect::<Vec<_>>()
             .join(",");
         let mut etcd = Etcd {
@@ -80,6 +193,7 @@ impl Etcd {
             log: dir.join("etcd.log"),
             local,
             user: None,
+            tls,
         };
         etcd.resume(ns)?;
         Ok(etcd)
@@ -99,11 +213,22 @@ impl Etcd {
                 .create(true)
                 .append(true)
                 .open(&self.log)?;
-            let client = format!("http://0.0.0.0:{}", m.client);
-            let advertise = format!("http://127.0.0.1:{}", m.client);
+            let scheme = if self.tls.is_some() { "https" } else { "http" };
+            let client = format!("{scheme}://0.0.0.0:{}", m.client);
+            let advertise = format!("{scheme}://127.0.0.1:{}", m.client);
             let peer = format!("http://127.0.0.1:{}", m.peer);
-            let child = ns
-                .command(ETCD)
+            let mut command = ns.command(ETCD);
+            if let Some(c) = &self.tls {
+                command
+                    .arg("--cert-file")
+                    .arg(&c.server_cert)
+                    .arg("--key-file")
+                    .arg(&c.server_key)
+                    .arg("--trusted-ca-file")
+                    .arg(&c.ca)
+                    .arg("--client-cert-auth");
+            }
+            let child = command
                 .args(["--name", &m.name, "--data-dir"])
                 .arg(&m.data)
                 .args(["--listen-client-urls", &client])
@@ -213,6 +338,14 @@ impl Etcd {
             .args(["--endpoints", &self.local, "--command-timeout=5s"]);
         if let Some(user) = &self.user {
             c.args(["--user", user]);
+        }
+        if let Some(t) = &self.tls {
+            c.arg("--cacert")
+                .arg(&t.ca)
+                .arg("--cert")
+                .arg(&t.client_cert)
+                .arg("--key")
+                .arg(&t.client_key);
         }
         c
     }

@@ -49,6 +49,8 @@ const PACKAGES: &[&str] = &[
     "etcd-server",
     "etcd-client",
     "protobuf-compiler",
+    // The tier test's CA and certificates (etcd over TLS).
+    "openssl",
 ];
 
 /// The linker known to work with the machine's nightly (see TOOLCHAIN.md):
