@@ -241,51 +241,66 @@ fn follow_change_and_refuse(rig: &EcmpRig, etcd: &Etcd, lbd: &[Lbd; 2]) -> Resul
     Ok(())
 }
 
-/// One balancer cut off from etcd keeps serving, is flagged, and catches
-/// up when the partition heals.
-fn partition(rig: &EcmpRig, etcd: &Etcd, lbd: &[Lbd; 2]) -> Result<()> {
+/// The last balancer cut off from etcd (every member of `members`)
+/// keeps serving, is flagged, and catches up with `desired` when the
+/// partition heals.
+fn partition(
+    rig: &EcmpRig,
+    etcd: &Etcd,
+    lbd: &[Lbd],
+    (members, desired): (usize, &str),
+) -> Result<()> {
+    let n = lbd.len();
+    let (cut, name) = (&lbd[n - 1], format!("lb{n}"));
     let streams = rig.streams(47_100..47_140, EVERY, PATIENCE)?;
+    let ports: Vec<String> = (0..members).map(|m| client_port(m).to_string()).collect();
     rig.router_nft(
-        "cut-lb2",
+        "cut",
         &format!(
-            "table inet lbtier {{\n  chain input {{ type filter hook input priority 0; ip saddr {} tcp dport 2379 drop; }}\n}}\n",
-            balancer_addr(2)
+            "table inet lbtier {{\n  chain input {{ type filter hook input priority 0; ip saddr {} tcp dport {{ {} }} drop; }}\n}}\n",
+            balancer_addr(n),
+            ports.join(", ")
         ),
     )?;
     wait_for(
-        "lb2 cut off",
+        &format!("{name} cut off"),
         Duration::from_secs(60),
         Duration::from_millis(100),
-        || Ok(tier_status(&lbd[1])?["connected"] == false),
+        || Ok(tier_status(cut)?["connected"] == false),
     )?;
-    // A weight changed (no backend leaves: every stream must live).
-    let (_, desired) = split_weighted(rig, 1, &[(0, 2), (1, 1), (2, 1)])?;
     let r = etcd.put(&format!("{PREFIX}/desired"), desired.as_bytes())?;
-    wait_applied(&lbd[0], r, Duration::from_secs(60))?;
+    for l in &lbd[..n - 1] {
+        wait_applied(l, r, Duration::from_secs(60))?;
+    }
     wait_for(
-        "lb1 flags lb2",
+        &format!("lb1 flags {name}"),
         Duration::from_secs(60),
         Duration::from_millis(100),
         || {
             let flags = tier_status(&lbd[0])?["flags"].to_string();
-            Ok(flags.contains("lb2: not reporting"))
+            Ok(flags.contains(&format!("{name}: not reporting")))
         },
     )?;
-    let cut = tier_status(&lbd[1])?;
-    if cut["applied"] == r {
-        bail!("lb2 applied a revision it cannot have seen: {cut}");
+    let status = tier_status(cut)?;
+    if status["applied"] == r {
+        bail!("{name} applied a revision it cannot have seen: {status}");
     }
-    let human = lbd[1].lbctl(&["status"])?;
+    let human = cut.lbctl(&["status"])?;
     if !human.contains("NOT CONNECTED") {
         bail!("lbctl status of the cut-off balancer does not say so:\n{human}");
     }
-    hops_still_both(rig)?;
+    let all: Vec<usize> = (1..=n).collect();
+    rig.wait_hops(
+        "every balancer still in the route",
+        &all,
+        Duration::from_secs(5),
+    )?;
     rig.router
         .run("nft", &["delete", "table", "inet", "lbtier"])?;
     let healed = Instant::now();
-    wait_applied(&lbd[1], r, Duration::from_secs(60))?;
+    wait_applied(cut, r, Duration::from_secs(60))?;
     eprintln!(
-        "partition healed: lb2 caught up {:?} later",
+        "partition healed: {name} caught up {:?} later",
         healed.elapsed()
     );
     wait_for(
@@ -297,17 +312,6 @@ fn partition(rig: &EcmpRig, etcd: &Etcd, lbd: &[Lbd; 2]) -> Result<()> {
     let n = none_broken(streams)?;
     eprintln!("{n} streams unbroken through the partition");
     Ok(())
-}
-
-/// Both balancers still announce the VIP (the router's ECMP route has
-/// both next hops).
-fn hops_still_both(rig: &EcmpRig) -> Result<()> {
-    rig.wait_hops(
-        "both balancers still in the route",
-        &[1, 2],
-        Duration::from_secs(5),
-    )
-    .map(|_| ())
 }
 
 /// etcd gone: both keep serving; a balancer restarted then serves what
@@ -458,8 +462,11 @@ fn a_tier_follows_etcd_refuses_bad_states_and_fails_static() {
         let rig = EcmpRig::new(2, 3, RouterKind::Bird)?;
         let mut etcd = Etcd::start(&rig.router, &rig.dir)?;
         let lbd = [start(&rig, 1)?, start(&rig, 2)?];
-        let result =
-            follow_change_and_refuse(&rig, &etcd, &lbd).and_then(|_| partition(&rig, &etcd, &lbd));
+        // A weight changed while lb2 is cut off (no backend leaves: every
+        // stream must live).
+        let (_, reweighted) = split_weighted(&rig, 1, &[(0, 2), (1, 1), (2, 1)])?;
+        let result = follow_change_and_refuse(&rig, &etcd, &lbd)
+            .and_then(|_| partition(&rig, &etcd, &lbd, (1, &reweighted)));
         if let Err(e) = result {
             bail!("{e:#}\n{}\netcd:\n{}", rig.logs(), etcd.log_text());
         }
@@ -538,6 +545,8 @@ fn three_balancers(rig: &EcmpRig, etcd: &mut Etcd, lbd: &mut Vec<Lbd>) -> Result
     if digests.iter().any(|d| *d != digests[0]) {
         bail!("after the rollout the tables differ: {digests:?}");
     }
+    let reweighted = checked_desired(rig, &[(0, 2), (1, 1), (2, 1), (3, 1)])?;
+    partition(rig, etcd, &lbd[..], (3, &reweighted))?;
     let n = none_broken(streams)?;
     eprintln!("{n} streams unbroken through the rollout, the leader's death and the restart");
     Ok(())
