@@ -234,10 +234,46 @@ fn follow_change_and_refuse(rig: &EcmpRig, etcd: &Etcd, lbd: &[Lbd; 2]) -> Resul
     if !flags.contains("lb2: refused desired revision") {
         bail!("tier status does not flag the refusal: {flags}");
     }
+    guarded_and_diffed(rig, etcd, &lbd[0], r2)?;
     // Back to a good state, then every stream must have lived through it.
     roll_out(etcd, lbd, &desired)?;
     let n = none_broken(streams)?;
     eprintln!("{n} streams unbroken through the changes and refusals");
+    Ok(())
+}
+
+/// A desired state the blackhole guard refuses (every backend at weight
+/// 0) is refused, and `lbctl diff` shows what following the tier would
+/// change here.
+fn guarded_and_diffed(rig: &EcmpRig, etcd: &Etcd, lbd: &Lbd, runs: i64) -> Result<()> {
+    let (_, zero) = split_weighted(rig, 1, &[(0, 0), (1, 0), (2, 0)])?;
+    let r = etcd.put(&format!("{PREFIX}/desired"), zero.as_bytes())?;
+    wait_for(
+        "a blackhole refused",
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        || {
+            let s = tier_status(lbd)?;
+            Ok(s["seen"] == r && s["refused"].is_string() && s["applied"] == runs)
+        },
+    )?;
+    let out = std::process::Command::new(lb_tests::rig::bin_path("lbctl")?)
+        .arg("--socket")
+        .arg(&lbd.socket)
+        .args(["-o", "json", "diff"])
+        .output()?;
+    let diff: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| String::from_utf8_lossy(&out.stderr).to_string())?;
+    let changed = diff["preview"]["vips_changed"]
+        .as_array()
+        .map_or(0, Vec::len);
+    if out.status.code() != Some(1) || changed != 2 {
+        bail!("lbctl diff should show both VIPs re-weighted (exit 1): {diff}");
+    }
+    eprintln!(
+        "a blackhole refused ({}); lbctl diff shows it: {changed} VIPs changed",
+        tier_status(lbd)?["refused"]
+    );
     Ok(())
 }
 

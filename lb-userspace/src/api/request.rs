@@ -106,7 +106,9 @@ pub enum Request {
     /// What a reload of FILE (default: the configured file) would change:
     /// VIPs and backends added, removed and re-weighted, settings, the
     /// share of each table's slots that move, and the connections that
-    /// would break. Changes nothing.
+    /// would break. With source.etcd, the file is composed with the
+    /// tier's newest desired state (what following the tier would change
+    /// here, also when this balancer refused it). Changes nothing.
     // Answer: [`super::ChangePreview`]
     Diff {
         /// The file to compare with what runs (default: lbd's own).

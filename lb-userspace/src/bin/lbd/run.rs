@@ -610,6 +610,7 @@ async fn on_call(
         }
         Request::Diff { file, strict } => {
             let path = file.unwrap_or_else(|| daemon.config_path().to_path_buf());
+            let desired = crate::tier::newest(tier.as_ref()).or(desired);
             let options = ChangeOptions {
                 dry_run: true,
                 ..options

@@ -207,6 +207,15 @@ impl TierLink {
     }
 }
 
+/// What `lbctl diff` compares with: the tier's newest desired state when
+/// it is newer than the one applied (refused, or not yet applied), so that
+/// the diff shows what following the tier would change here.
+pub fn newest(link: Option<&TierLink>) -> Option<Desired> {
+    let link = link?;
+    let latest = link.latest.as_ref()?;
+    (latest.revision > link.applied.revision).then(|| latest.clone())
+}
+
 /// Why a reload composed with a desired state is made.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Via {
