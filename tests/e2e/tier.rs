@@ -417,6 +417,41 @@ fn start_rollout(rig: &EcmpRig, lbd: &[Lbd], desired: &str, name: &str) -> Resul
         .context("the rollout's revision")
 }
 
+/// A rollout whose candidate the canary's blackhole guard refuses (every
+/// backend at weight 0) fails there at once; nobody takes it.
+fn rollout_refused(rig: &EcmpRig, etcd: &Etcd, lbd: &[Lbd]) -> Result<()> {
+    let path = rig.dir.join("refused.yaml");
+    std::fs::write(&path, checked_desired(rig, &[(0, 0), (1, 0), (2, 0)])?)?;
+    let path = path.to_string_lossy().to_string();
+    let written = lbd[0].lbctl_json(&["tier", "rollout", "--hold", "3", &path])?;
+    let id = written["revision"]
+        .as_i64()
+        .context("the rollout's revision")?;
+    wait_for(
+        "the refused rollout failed",
+        Duration::from_secs(60),
+        Duration::from_millis(100),
+        || {
+            let why = rollout_record(etcd)?["outcome"]["failed"]["why"].to_string();
+            Ok(why.contains("refused here") && why.contains("blackhole"))
+        },
+    )?;
+    let candidate_name = format!("etcd {PREFIX}/rollout@{id}");
+    for l in lbd {
+        let h = l.lbctl(&["history"])?;
+        if h.lines()
+            .any(|line| line.contains(&candidate_name) && line.contains(" ok "))
+        {
+            bail!("a refused candidate ran:\n{h}");
+        }
+        if !tier_status(l)?["candidate"].is_null() {
+            bail!("a balancer runs the refused candidate");
+        }
+    }
+    eprintln!("rollout {id}: the canary's guard refused it; it failed there and nobody took it");
+    Ok(())
+}
+
 /// The rollout record, read with etcdctl.
 fn rollout_record(etcd: &Etcd) -> Result<serde_json::Value> {
     let text = etcd
@@ -544,6 +579,7 @@ fn three_balancers(rig: &EcmpRig, etcd: &mut Etcd, lbd: &mut Vec<Lbd>) -> Result
     let streams = rig.streams(48_000..48_200, Duration::from_millis(100), PATIENCE)?;
     std::thread::sleep(Duration::from_secs(1));
     rollout_fails(rig, etcd, &lbd[..], &base)?;
+    rollout_refused(rig, etcd, &lbd[..])?;
     let candidate = checked_desired(rig, &[(0, 1), (1, 1), (2, 1), (3, 1)])?;
     let started = Instant::now();
     let id = start_rollout(rig, &lbd[..], &candidate, "three.yaml")?;
