@@ -387,7 +387,16 @@ impl<D: Dataplane> Daemon<D> {
             overlay: self.overlay.clone(),
         };
         let preview = self.preview(&target)?;
-        let members: Vec<String> = self.tier.members.iter().map(|m| m.name.clone()).collect();
+        // Members that do not report (stopped, cut off) are left out of
+        // the plan: they would hold it up; they take the state when it is
+        // promoted.
+        let members: Vec<String> = self
+            .tier
+            .members
+            .iter()
+            .filter(|m| m.report.is_some())
+            .map(|m| m.name.clone())
+            .collect();
         let waves = crate::tier::rollout::plan(&members, canary, waves)
             .map_err(|e| refused(ErrorKind::BadRequest, e))?;
         let record = Rollout {
