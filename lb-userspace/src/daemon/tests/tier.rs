@@ -114,3 +114,33 @@ async fn without_a_tier_there_is_no_tier_status() {
     assert!(why.contains("from its file"), "{why}");
     assert!(r.daemon.tier_report().is_none());
 }
+
+#[tokio::test]
+async fn a_balancer_restarted_on_a_candidate_keeps_it_until_a_newer_desired_state() {
+    let mut r = rig(TIER_FILE);
+    // The newest revision ran rollout 9's candidate.
+    r.daemon.tier_started("lb1".into(), Some((9, true)));
+    // The tier's desired state is older: the rollout decides, not this.
+    assert!(!r.daemon.tier_should_apply(7));
+    let tier: api::TierStatus = parse(r.ok(Request::Tier(api::TierRequest::Status)).await);
+    assert_eq!((tier.candidate, tier.applied), (Some(9), Some(7)));
+    assert_eq!(tier.note, None, "not etcd behind: a rollout in progress");
+    let report = r.daemon.tier_report().unwrap();
+    assert_eq!(report.candidate, Some(9));
+    let flags = crate::tier::compare(&[crate::tier::Member {
+        name: "lb1".into(),
+        report: Some(report),
+        unreadable: None,
+    }]);
+    assert!(
+        flags
+            .iter()
+            .any(|f| f == "lb1: runs the candidate of rollout 9"),
+        "{flags:?}"
+    );
+    // Promoted (or superseded): a newer desired state applies, and the
+    // candidate is over.
+    assert!(apply(&mut r, &desired(12, VIPS)).await);
+    let tier: api::TierStatus = parse(r.ok(Request::Tier(api::TierRequest::Status)).await);
+    assert_eq!((tier.candidate, tier.applied), (None, Some(12)));
+}
