@@ -77,9 +77,11 @@ fn split_members(
     Ok((whole[..at].to_string(), whole[at..].to_string()))
 }
 
-/// A TCP health check for the rollout's desired states (a backend the
-/// canary cannot reach goes down there within a second).
-const CHECK: &str = "    health_check:\n      port: 80\n      interval: 200ms\n      timeout: 150ms\n      rise: 2\n      fall: 2\n";
+/// A TCP health check for the rollout's desired states: a backend the
+/// canary cannot reach never comes up there; a reachable one is up
+/// within a second; three missed probes of 400 ms in a row (a loaded
+/// machine) before a serving one goes down.
+const CHECK: &str = "    health_check:\n      port: 80\n      interval: 400ms\n      timeout: 400ms\n      rise: 2\n      fall: 3\n";
 
 /// The tier's desired state with `weights` and the health check.
 fn checked_desired(rig: &EcmpRig, weights: &[(usize, u32)]) -> Result<String> {

@@ -320,8 +320,13 @@ impl<D: Dataplane> Daemon<D> {
                 snapshot.nominal.insert(vip.clone());
             }
             for b in &v.backends {
+                let name = format!("{vip} {}", b.address);
                 if matches!(b.state, BackendState::Down | BackendState::Ejected) {
-                    snapshot.down.insert(format!("{vip} {}", b.address));
+                    snapshot.down.insert(name);
+                } else if matches!(b.state, BackendState::Active | BackendState::SlowStart)
+                    && (b.check.is_none() || b.health == "up")
+                {
+                    snapshot.serving.insert(name);
                 }
             }
         }

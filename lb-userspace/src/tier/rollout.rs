@@ -315,8 +315,10 @@ pub fn decide(
 /// candidate, and now.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Snapshot {
-    /// Backends not serving, as `VIP backend`.
+    /// Backends down or ejected, as `VIP backend`.
     pub down: BTreeSet<String>,
+    /// Backends serving (in the table, and up if they are checked).
+    pub serving: BTreeSet<String>,
     /// VIPs whose every backend serves at its configured weight (their
     /// table is the nominal one).
     pub nominal: BTreeSet<String>,
@@ -370,8 +372,8 @@ pub fn gates(
         }
     }
     if ending {
-        for down in now.down.intersection(&change.added) {
-            problems.push(format!("{down}: added by the change, not serving"));
+        for added in change.added.difference(&now.serving) {
+            problems.push(format!("{added}: added by the change, not serving"));
         }
     }
     for (peer, had) in &before.announced {

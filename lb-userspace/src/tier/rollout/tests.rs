@@ -451,6 +451,7 @@ fn records_that_make_no_sense_are_refused_by_name() {
 fn snapshot() -> Snapshot {
     Snapshot {
         down: BTreeSet::new(),
+        serving: ["10.99.0.1:80/tcp 10.10.0.2".to_string()].into(),
         nominal: ["10.99.0.1:80/tcp".to_string()].into(),
         tables: [("10.99.0.1:80/tcp".to_string(), (65537, "aaaa".to_string()))].into(),
         announced: [("r1".to_string(), 2)].into(),
@@ -497,6 +498,7 @@ fn each_gate_fails_alone_and_says_which() {
 
     let mut down = before.clone();
     down.down.insert("10.99.0.1:80/tcp 10.10.0.2".into());
+    down.serving.clear();
     let e = gates(&before, &down, &expected, &change, false).unwrap_err();
     assert!(e.contains("10.10.0.2: stopped serving"), "{e}");
     let added = Change {
@@ -510,6 +512,19 @@ fn each_gate_fails_alone_and_says_which() {
     );
     let e = gates(&before, &down, &expected, &added, true).unwrap_err();
     assert!(e.contains("added by the change, not serving"), "{e}");
+    // Not down yet but not up either (its probes still running): not
+    // serving by the end of the hold is a failure too.
+    let mut pending = before.clone();
+    pending.serving.clear();
+    let e = gates(&before, &pending, &expected, &added, true).unwrap_err();
+    assert!(e.contains("added by the change, not serving"), "{e}");
+    let mut serving = before.clone();
+    serving.forwarded += 1;
+    assert_eq!(
+        gates(&before, &serving, &expected, &added, true),
+        Ok(()),
+        "added and serving"
+    );
 
     let mut routes = before.clone();
     routes.announced.insert("r1".into(), 1);
