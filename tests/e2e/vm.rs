@@ -254,8 +254,11 @@ fn write_drop_in(m: &Machine, extra: &str) -> Result<()> {
     std::fs::write(
         Path::new(DROP_IN_DIR).join("rig.conf"),
         format!(
-            "[Service]\nNetworkNamespacePath=/run/netns/{}\n{extra}",
-            m.rig.balancer(1).ns.name
+            "[Service]\nNetworkNamespacePath=/run/netns/{}\nTimeoutStartSec={}\n{extra}",
+            m.rig.balancer(1).ns.name,
+            // systemd's 90 s default: a restart under emulation took up
+            // to 160 s (10x the host's time and more).
+            START.as_secs()
         ),
     )?;
     systemctl(&["daemon-reload"])?;
