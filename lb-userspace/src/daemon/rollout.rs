@@ -110,7 +110,7 @@ impl<D: Dataplane> Daemon<D> {
         self.rollout_act(action, &record, at, now)
     }
 
-    fn rollout_decide(&mut self, record: &Rollout, at: i64, now: u64) -> Action {
+    fn rollout_decide(&self, record: &Rollout, at: i64, now: u64) -> Action {
         let local = Local {
             applied: self.tier.candidate.or(self.tier.applied),
             holding: self.rollout.hold.as_ref().map(|h| (h.id, h.since)),
@@ -120,11 +120,15 @@ impl<D: Dataplane> Daemon<D> {
             desired: self.tier.seen,
             progress: &self.rollout.progress,
         };
-        let hold = self.rollout.hold.clone();
-        let snapshot = self.rollout_snapshot();
-        decide(&view, &self.tier.name, &local, now, |ending| match &hold {
-            Some(h) => gates(&h.before, &snapshot, &record.expected, &h.change, ending),
-            None => Ok(()),
+        // The snapshot (every VIP's health and table) only while holding.
+        decide(&view, &self.tier.name, &local, now, |ending| {
+            match &self.rollout.hold {
+                Some(h) => {
+                    let now = self.rollout_snapshot();
+                    gates(&h.before, &now, &record.expected, &h.change, ending)
+                }
+                None => Ok(()),
+            }
         })
     }
 

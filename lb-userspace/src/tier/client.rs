@@ -513,13 +513,19 @@ fn json<T: serde::Serialize>(value: &T) -> Result<Vec<u8>, String> {
 
 /// A balancer's progress in a rollout, or why it cannot be read.
 fn progress(value: &[u8]) -> Result<Progress, String> {
-    if value.len() > MAX_PROGRESS_BYTES {
-        return Err(format!(
-            "{} bytes, more than {MAX_PROGRESS_BYTES}",
-            value.len()
-        ));
+    bounded_json(value, MAX_PROGRESS_BYTES, "a rollout progress")
+}
+
+/// `value` as JSON of a `what`, if it is at most `max` bytes.
+fn bounded_json<T: serde::de::DeserializeOwned>(
+    value: &[u8],
+    max: usize,
+    what: &str,
+) -> Result<T, String> {
+    if value.len() > max {
+        return Err(format!("{} bytes, more than {max}", value.len()));
     }
-    serde_json::from_slice(value).map_err(|e| format!("not a rollout progress: {e}"))
+    serde_json::from_slice(value).map_err(|e| format!("not {what}: {e}"))
 }
 
 /// The largest progress record taken (a failure's reason is in it).
@@ -527,13 +533,7 @@ const MAX_PROGRESS_BYTES: usize = 16 << 10;
 
 /// Another balancer's report, or why it cannot be read.
 fn report(value: &[u8]) -> Result<Report, String> {
-    if value.len() > MAX_REPORT_BYTES {
-        return Err(format!(
-            "{} bytes, more than {MAX_REPORT_BYTES}",
-            value.len()
-        ));
-    }
-    serde_json::from_slice(value).map_err(|e| format!("not a report: {e}"))
+    bounded_json(value, MAX_REPORT_BYTES, "a report")
 }
 
 /// Runs an etcd request for at most `wait`; a failure says what was being
