@@ -45,10 +45,14 @@ const PACKAGES: &[&str] = &[
     // checks the alert rules.
     "prometheus",
     // The tier's store (etcd 3.4, and etcdctl to write and read it in the
-    // tier tests); protoc builds the etcd client's gRPC code.
+    // tier tests); protoc builds the etcd client's gRPC code, with the
+    // well-known types (google/protobuf/*.proto) that only libprotobuf-dev
+    // holds: protobuf-compiler merely recommends it, and recommends are
+    // not installed here.
     "etcd-server",
     "etcd-client",
     "protobuf-compiler",
+    "libprotobuf-dev",
     // The tier test's CA and certificates (etcd over TLS).
     "openssl",
 ];
