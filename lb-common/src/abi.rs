@@ -102,8 +102,10 @@ pub struct VipMeta {
     /// [`VipMeta::table_size`]). Was `_pad0` (always written 0) before
     /// per-VIP table sizes.
     pub table_size_hi: u8,
-    /// Auxiliary fragment keys only (see [`crate::consts::KEY_FRAGMENTS`]):
+    /// Auxiliary fragment keys (see [`crate::consts::KEY_FRAGMENTS`]):
     /// the port (network order) of the VIP whose fragment policy is `hash`.
+    /// A VIP's own entry with [`crate::consts::VIP_F_QUIC`]: its
+    /// [`crate::quic::QuicParams`] ([`VipMeta::quic`]); 0 otherwise.
     pub aux_port: u16,
     /// Bits 0-15 of the VIP's Maglev table size. Was `_reserved` (always
     /// written 0) before per-VIP table sizes.
@@ -123,6 +125,15 @@ impl VipMeta {
     #[inline(always)]
     pub const fn table_size(&self) -> u32 {
         ((self.table_size_hi as u32) << 16) | self.table_size_lo as u32
+    }
+
+    /// The VIP's QUIC-LB parameters, if it routes QUIC by connection ID.
+    #[inline(always)]
+    pub const fn quic(&self) -> Option<crate::quic::QuicParams> {
+        if self.flags & crate::consts::VIP_F_QUIC == 0 {
+            return None;
+        }
+        Some(crate::quic::QuicParams::unpack(self.aux_port))
     }
 
     /// Stores M (its low 24 bits; M is below 2²⁴).
@@ -686,6 +697,7 @@ mod pod {
     unsafe impl aya::Pod for BfdKey {}
     unsafe impl aya::Pod for BfdConfig {}
     unsafe impl aya::Pod for BfdState {}
+    unsafe impl aya::Pod for crate::quic::QuicServerKey {}
 }
 
 #[cfg(test)]

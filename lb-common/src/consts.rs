@@ -99,6 +99,13 @@ pub const VIP_F_SECOND_HALF: u16 = 1 << 3;
 /// chance"). [`crate::VipMeta::alt_index`] names the VIP's alternates in
 /// `LB_ALTERNATES`.
 pub const VIP_F_SECOND_CHANCE: u16 = 1 << 4;
+/// [`crate::VipMeta::flags`]: QUIC by connection ID (a UDP VIP with
+/// `quic:`). A short-header packet without connection-table entry whose
+/// connection ID carries one of the VIP's server IDs (`LB_QUIC_SERVERS`)
+/// goes to that server if it is usable, and is not recorded; other
+/// packets are hashed as usual. `aux_port` holds the VIP's
+/// [`crate::quic::QuicParams`].
+pub const VIP_F_QUIC: u16 = 1 << 5;
 /// [`crate::VipMeta::flags`], the VIP's hash fields (`hash:` in the file):
 /// each bit leaves one field of the 5-tuple out of the hash that picks a
 /// new flow's backend (none set: the whole 5-tuple). See
@@ -257,9 +264,11 @@ pub const MAP_BFD_STATE: &str = "LB_BFD_STATE";
 /// The tier's secret hash key (one [`crate::HashKey`]), read only when
 /// [`CFG_F_HASH_KEY`] is set.
 pub const MAP_HASH_KEY: &str = "LB_HASH_KEY";
+/// QUIC-LB server IDs: [`crate::quic::QuicServerKey`] → backend handle.
+pub const MAP_QUIC_SERVERS: &str = "LB_QUIC_SERVERS";
 
 /// Every map of the balancer object, in a stable order.
-pub const ALL_MAPS: [&str; 18] = [
+pub const ALL_MAPS: [&str; 19] = [
     MAP_CONFIG,
     MAP_VIPS,
     MAP_BACKENDS,
@@ -278,6 +287,7 @@ pub const ALL_MAPS: [&str; 18] = [
     MAP_BFD_PEERS,
     MAP_BFD_STATE,
     MAP_HASH_KEY,
+    MAP_QUIC_SERVERS,
 ];
 
 /// Name of the balancer's XDP program in the object file.

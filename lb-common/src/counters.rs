@@ -186,6 +186,20 @@ counters! {
     /// recorded (its next packet tries again). A flood cannot evict such
     /// flows; a table too small for the box's active flows shows here.
     CtInsertRefused = 42, "ct_insert_refused", Event;
+    /// A short-header QUIC packet to a VIP with `quic:`, without
+    /// connection-table entry, whose connection ID carries the server ID
+    /// of a usable backend: sent to it (a client that moved keeps its
+    /// server), and not recorded.
+    FwdQuicCid = 43, "fwd_quic_cid", Forward;
+    /// Event: a long-header packet (Initial, 0-RTT, Handshake) to a QUIC
+    /// VIP without connection-table entry: hashed on the 4-tuple as any
+    /// UDP flow (its `fwd_*` outcome counts it too).
+    QuicLongHeader = 44, "quic_long_header", Event;
+    /// Event: a short-header packet to a QUIC VIP, without
+    /// connection-table entry, whose connection ID names no usable server
+    /// of the VIP (another configuration id, an unknown server ID, a
+    /// server down or removed, a datagram too short): hashed instead.
+    QuicUnroutable = 45, "quic_cid_unroutable", Event;
     }
 }
 

@@ -1,8 +1,9 @@
 //! What will the datapath do with this flow? The userspace model of the XDP
 //! program's decision (VIP filter, connection table, recent SYNs, VIP
 //! lookup, Maglev, second-chance alternates), computed from the maps
-//! through a [`Dataplane`] with the same hash as the kernel. It models TCP
-//! and UDP packets, not fragments or ICMP.
+//! through a [`Dataplane`] with the same hash as the kernel; for a VIP
+//! with `quic:`, the server a datagram's connection ID names. It models
+//! TCP and UDP packets, not fragments or ICMP.
 //!
 //! `lbctl simulate` answers operators with it; the datapath tests use it as
 //! the reference the kernel's output must match.
@@ -11,10 +12,11 @@ use lb_common::{
     BackendDef, FlowEntry, FlowKey, VipKey, VipMeta,
     consts::{
         BACKEND_F_USABLE, BACKEND_INDEX_MASK, CFG_F_ALL_PORTS_VIPS, CFG_F_HASH_KEY, PROTO_TCP,
-        SC_MAX_ALTERNATES, TABLE_CHUNK_SLOTS, VIP_F_FRAG_HASH, VIP_F_NO_BACKENDS,
+        PROTO_UDP, SC_MAX_ALTERNATES, TABLE_CHUNK_SLOTS, VIP_F_FRAG_HASH, VIP_F_NO_BACKENDS,
         VIP_F_NO_CONNTRACK, VIP_F_SECOND_CHANCE,
     },
     flow::{ct_position, maglev_slot, pick_fields, pick_hash},
+    quic::{QUIC_READ_LEN, QuicRoute, route},
 };
 
 use crate::dataplane::{Dataplane, Result};
@@ -29,6 +31,9 @@ pub enum Via {
     /// The backend the flow's SYN went to, from the recent SYNs (a TCP
     /// handshake in progress: its ACK goes where its SYN went).
     Handshake,
+    /// The server ID in a short-header QUIC packet's connection ID (a VIP
+    /// with `quic:`), not recorded.
+    QuicCid,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -167,6 +172,19 @@ pub fn pick_hash_of(dp: &dyn Dataplane, meta: &VipMeta, flow: &FlowKey) -> Resul
 /// is not consulted), then the flow's recent SYN (TCP); then the VIP and
 /// its Maglev table.
 pub fn predict(dp: &dyn Dataplane, flow: &FlowKey, syn: bool) -> Result<Option<Prediction>> {
+    predict_payload(dp, flow, syn, None)
+}
+
+/// [`predict`] for a UDP datagram carrying `payload` (at least its first
+/// [`QUIC_READ_LEN`] bytes), which a VIP with `quic:` reads for a
+/// connection ID after the connection table: a server ID of a usable
+/// backend of the VIP decides.
+pub fn predict_payload(
+    dp: &dyn Dataplane,
+    flow: &FlowKey,
+    syn: bool,
+    payload: Option<&[u8]>,
+) -> Result<Option<Prediction>> {
     if !passes_filter(dp, flow)? {
         return Ok(None);
     }
@@ -216,6 +234,11 @@ pub fn predict(dp: &dyn Dataplane, flow: &FlowKey, syn: bool) -> Result<Option<P
         via: Via::Maglev,
         alternates: [None; SC_MAX_ALTERNATES],
     };
+    if let Some(def) = quic_server(dp, flow, &meta, payload)? {
+        p.backend = Some(def);
+        p.via = Via::QuicCid;
+        return Ok(Some(p));
+    }
     if meta.flags & VIP_F_NO_BACKENDS != 0 {
         return Ok(Some(p));
     }
@@ -232,6 +255,33 @@ pub fn predict(dp: &dyn Dataplane, flow: &FlowKey, syn: bool) -> Result<Option<P
         p.alternates = alternates(dp, &meta, slot, primary)?;
     }
     Ok(Some(p))
+}
+
+/// The server a datagram's connection ID names, as the datapath's
+/// `quic::route_of` finds it: a short header to a VIP with `quic:`, the
+/// configuration id and a server ID of a usable backend of the VIP.
+fn quic_server(
+    dp: &dyn Dataplane,
+    flow: &FlowKey,
+    meta: &VipMeta,
+    payload: Option<&[u8]>,
+) -> Result<Option<BackendDef>> {
+    let (Some(params), Some(payload)) = (meta.quic(), payload) else {
+        return Ok(None);
+    };
+    if flow.proto != PROTO_UDP {
+        return Ok(None);
+    }
+    let bytes: Option<&[u8; QUIC_READ_LEN]> =
+        payload.get(..QUIC_READ_LEN).and_then(|b| b.try_into().ok());
+    let QuicRoute::Server(key) = route(meta.id(), params, bytes) else {
+        return Ok(None);
+    };
+    let Some((_, handle)) = dp.quic_servers()?.into_iter().find(|(k, _)| *k == key) else {
+        return Ok(None);
+    };
+    Ok(live_backend(dp, handle)?
+        .filter(|def| def.flags & BACKEND_F_USABLE != 0 && def.vip_id == meta.vip_id))
 }
 
 /// The alternates the datapath lists for slot `slot` of a second-chance

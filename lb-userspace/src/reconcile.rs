@@ -34,6 +34,7 @@
 //! same configuration writes nothing and disturbs no flow.
 
 mod alternates;
+mod quic;
 mod regions;
 
 use alternates::AltState;
@@ -50,7 +51,7 @@ use lb_common::{
         BACKEND_F_SECOND_CHANCE, BACKEND_F_USABLE, BACKEND_INDEX_MASK, CFG_F_ALL_PORTS_VIPS,
         CFG_F_DROP_MALFORMED, CFG_F_HASH_KEY, CFG_F_ICMP_ECHO, CFG_F_PASS_TOO_BIG, CFG_F_TRACE,
         FAMILY_V4, GUE_PORT, KEY_FRAGMENTS, PROTO_ICMP, PROTO_ICMPV6, TABLE_CHUNK_SLOTS,
-        VIP_F_FRAG_HASH, VIP_F_HASH_FIELDS, VIP_F_NO_BACKENDS, VIP_F_NO_CONNTRACK,
+        VIP_F_FRAG_HASH, VIP_F_HASH_FIELDS, VIP_F_NO_BACKENDS, VIP_F_NO_CONNTRACK, VIP_F_QUIC,
         VIP_F_SECOND_CHANCE,
     },
 };
@@ -300,6 +301,34 @@ impl ApplyReport {
     }
 }
 
+/// Brings entries of a map whose contents are kept in `written` to
+/// `want`: new and changed ones written first (`set`), then the stale ones
+/// removed (`remove`), `written` following each write that succeeded.
+fn sync_entries<D, K: Copy + Eq + std::hash::Hash, V: Copy + PartialEq>(
+    dp: &mut D,
+    written: &mut HashMap<K, V>,
+    want: &HashMap<K, V>,
+    mut set: impl FnMut(&mut D, &K, &V) -> Result<()>,
+    mut remove: impl FnMut(&mut D, &K) -> Result<()>,
+) -> Result<()> {
+    for (key, value) in want {
+        if written.get(key) != Some(value) {
+            set(dp, key, value)?;
+            written.insert(*key, *value);
+        }
+    }
+    let stale: Vec<K> = written
+        .keys()
+        .filter(|k| !want.contains_key(k))
+        .copied()
+        .collect();
+    for key in stale {
+        remove(dp, &key)?;
+        written.remove(&key);
+    }
+    Ok(())
+}
+
 /// A VIP's counter and each of its backends' counters.
 pub type VipCounters = (CounterValue, Vec<(IpAddr, CounterValue)>);
 
@@ -336,6 +365,8 @@ pub struct Reconciler<D: Dataplane> {
     aux: HashMap<VipKey, VipMeta>,
     /// The VIP filter as written (read once at adoption).
     filter: VipFilter,
+    /// `LB_QUIC_SERVERS` as written (read once at adoption).
+    quic: HashMap<lb_common::quic::QuicServerKey, u32>,
 }
 
 /// What a backend's entry says of its VIP besides the tunnel.
@@ -442,6 +473,7 @@ impl<D: Dataplane> Reconciler<D> {
             clean: true,
             filter: dp.vip_filter()?,
             aux,
+            quic: dp.quic_servers()?.into_iter().collect(),
             dp,
         };
         for defs in by_vip.into_values() {
@@ -700,6 +732,7 @@ impl<D: Dataplane> Reconciler<D> {
             self.apply_vip(vip, usable, report)?;
         }
         self.sync_aux_keys(desired)?;
+        self.sync_quic(desired)?;
         // The filter follows the VIP set: new VIPs become reachable, removed
         // ones stop costing a lookup.
         self.sync_vip_filter()?;
@@ -745,23 +778,13 @@ impl<D: Dataplane> Reconciler<D> {
                 frag.aux_port = key.port;
             }
         }
-        for (key, meta) in &want {
-            if self.aux.get(key) != Some(meta) {
-                self.dp.upsert_vip(key, meta)?;
-                self.aux.insert(*key, *meta);
-            }
-        }
-        let stale: Vec<VipKey> = self
-            .aux
-            .keys()
-            .filter(|k| !want.contains_key(k))
-            .copied()
-            .collect();
-        for key in stale {
-            self.dp.remove_vip(&key)?;
-            self.aux.remove(&key);
-        }
-        Ok(())
+        sync_entries(
+            &mut self.dp,
+            &mut self.aux,
+            &want,
+            |dp, key, meta| Ok(dp.upsert_vip(key, meta)?),
+            |dp, key| Ok(dp.remove_vip(key)?),
+        )
     }
 
     /// Writes the VIP filter of the keys now in `LB_VIPS` (the VIPs and
@@ -1075,9 +1098,17 @@ impl<D: Dataplane> Reconciler<D> {
         state.conntrack = vip.conntrack;
         let mut meta = state.meta;
         meta.encap = vip.encap.code();
-        meta.flags &=
-            !(VIP_F_NO_CONNTRACK | VIP_F_FRAG_HASH | VIP_F_SECOND_CHANCE | VIP_F_HASH_FIELDS);
+        meta.flags &= !(VIP_F_NO_CONNTRACK
+            | VIP_F_FRAG_HASH
+            | VIP_F_SECOND_CHANCE
+            | VIP_F_HASH_FIELDS
+            | VIP_F_QUIC);
         meta.flags |= vip.hash.flags();
+        meta.aux_port = 0;
+        if let Some(quic) = vip.quic {
+            meta.flags |= VIP_F_QUIC;
+            meta.aux_port = quic.params().pack();
+        }
         if !vip.conntrack {
             meta.flags |= VIP_F_NO_CONNTRACK;
         }
@@ -1165,6 +1196,17 @@ impl<D: Dataplane> Reconciler<D> {
     /// What the datapath would do with a packet of `flow`.
     pub fn simulate(&self, flow: &FlowKey, syn: bool) -> Result<Option<Prediction>> {
         Ok(predict::predict(&self.dp, flow, syn)?)
+    }
+
+    /// [`simulate`](Self::simulate) for a UDP datagram carrying `payload`
+    /// (a QUIC VIP reads its connection ID).
+    pub fn simulate_payload(
+        &self,
+        flow: &FlowKey,
+        syn: bool,
+        payload: Option<&[u8]>,
+    ) -> Result<Option<Prediction>> {
+        Ok(predict::predict_payload(&self.dp, flow, syn, payload)?)
     }
 
     /// The VIP and address of the backend with `handle`, if any.
@@ -1842,5 +1884,77 @@ mod tests {
         let mut again = Reconciler::adopt(dp).unwrap();
         again.apply_settings(&s).unwrap();
         assert_eq!(again.dataplane().config().unwrap().ct_seed, cfg.ct_seed);
+    }
+
+    /// A UDP VIP with `quic:` whose backends have server IDs `00 01`...
+    fn quic_vip(addr: &str, backends: &[&str]) -> VipConfig {
+        let mut v = vip(
+            addr,
+            443,
+            &backends.iter().map(|b| (*b, 1)).collect::<Vec<_>>(),
+        );
+        v.id.proto = Protocol::Udp;
+        v.quic = Some(crate::config::quic::QuicConfig {
+            server_id_len: 2,
+            config_id: 0,
+        });
+        for (i, b) in v.backends.iter_mut().enumerate() {
+            b.server_id = Some(crate::config::quic::ServerId(vec![0, i as u8 + 1]));
+        }
+        v
+    }
+
+    /// `LB_QUIC_SERVERS` as (VIP id, server ID's first word, backend).
+    fn quic_map(r: &Reconciler<FakeDataplane>) -> BTreeSet<(u32, u64, IpAddr)> {
+        r.dataplane()
+            .quic_servers()
+            .unwrap()
+            .into_iter()
+            .map(|(k, h)| {
+                let (_, addr) = r.backend_by_handle(h).expect("a live handle");
+                (k.vip_id, k.sid[0], addr)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn quic_server_ids_follow_backends_and_vips() {
+        let mut r = Reconciler::adopt(FakeDataplane::new(layout())).unwrap();
+        let a = quic_vip("10.0.0.1", &["10.1.0.1", "10.1.0.2"]);
+        r.apply(std::slice::from_ref(&a), &all).unwrap();
+        let id = r.vips()[&a.id].meta.id();
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        // Octets 00 01 read as a little-endian word: 0x0100.
+        let want: BTreeSet<_> = [(id, 0x0100, ip("10.1.0.1")), (id, 0x0200, ip("10.1.0.2"))].into();
+        assert_eq!(quic_map(&r), want);
+        let meta = r.dataplane().vip(&a.id.key()).unwrap().unwrap();
+        let q = meta.quic().expect("VIP_F_QUIC set");
+        assert_eq!((q.config_id, q.server_id_len), (0, 2));
+        // Health writes nothing here; a removed backend's ID goes.
+        let writes = r.dataplane().writes;
+        r.apply(std::slice::from_ref(&a), &|_, b| *b != ip("10.1.0.2"))
+            .unwrap();
+        assert_eq!(quic_map(&r).len(), 2, "a down backend keeps its entry");
+        assert!(r.dataplane().writes > writes, "its usable flag was written");
+        let mut fewer = a.clone();
+        fewer.backends.truncate(1);
+        r.apply(std::slice::from_ref(&fewer), &all).unwrap();
+        assert_eq!(quic_map(&r), [(id, 0x0100, ip("10.1.0.1"))].into());
+        // Adoption reads the map back; then quic off clears it.
+        let dp = std::mem::replace(r.dataplane_mut(), FakeDataplane::new(layout()));
+        let mut r = Reconciler::adopt(dp).unwrap();
+        assert_eq!(quic_map(&r).len(), 1);
+        let mut off = fewer.clone();
+        off.quic = None;
+        off.backends[0].server_id = None;
+        r.apply(std::slice::from_ref(&off), &all).unwrap();
+        assert!(quic_map(&r).is_empty());
+        let meta = r.dataplane().vip(&off.id.key()).unwrap().unwrap();
+        assert_eq!((meta.quic(), meta.aux_port), (None, 0));
+        // A removed VIP takes its IDs along.
+        r.apply(std::slice::from_ref(&a), &all).unwrap();
+        assert_eq!(quic_map(&r).len(), 2);
+        r.apply(&[], &all).unwrap();
+        assert!(r.dataplane().quic_servers().unwrap().is_empty());
     }
 }

@@ -115,12 +115,28 @@ pub fn table_size_of(e: &TraceEvent, global: u32, own: &[(VipId, u32)]) -> u32 {
     size(port).or_else(|| size(0)).unwrap_or(global)
 }
 
+/// The server ID a `fwd_quic_cid` event carries in its hash field: the
+/// length in the top octet, the first seven octets below (more: `…`).
+fn quic_id(field: u64) -> String {
+    let len = (field >> 56) as usize;
+    let shown: String = field.to_le_bytes()[..len.min(7)]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    if len > 7 {
+        format!("{shown}…")
+    } else {
+        shown
+    }
+}
+
 /// An event in words; `table_size` gives the Maglev slot.
 pub fn describe(e: &TraceEvent, table_size: u32) -> Option<TraceLine> {
     let counter = Counter::ALL.iter().find(|c| **c as u16 == e.counter)?;
     let via = match counter {
         Counter::FwdConntrack => "connection table".to_string(),
         Counter::FwdHandshake => "its SYN's backend (handshake)".to_string(),
+        Counter::FwdQuicCid => format!("QUIC connection ID, server ID {}", quic_id(e.hash)),
         Counter::FwdSecondChance if table_size > 0 => format!(
             "maglev slot {}, with its alternates (second chance)",
             (e.hash as u32) % table_size
@@ -278,5 +294,15 @@ mod tests {
         let line = describe(&sc, 101).unwrap();
         assert_eq!(line.encap.as_deref(), Some("gue+alternates"));
         assert!(line.via.ends_with("(second chance)"), "{}", line.via);
+        // A QUIC packet routed by its ID: the server ID, not a slot.
+        let by_id = |hash| TraceEvent {
+            counter: Counter::FwdQuicCid as u16,
+            hash,
+            ..e
+        };
+        let line = describe(&by_id((2 << 56) | 0x0100), 101).unwrap();
+        assert_eq!(line.via, "QUIC connection ID, server ID 0001");
+        let line = describe(&by_id((9 << 56) | 0x0007_0605_0403_0201), 101).unwrap();
+        assert_eq!(line.via, "QUIC connection ID, server ID 01020304050607…");
     }
 }

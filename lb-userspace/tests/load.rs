@@ -1,6 +1,6 @@
 //! Every program lb ships passes this kernel's verifier: `lb_xdp`,
-//! `lb_xdp_trace` (loaded by `lbd` at start, swapped in while `lbctl
-//! trace` runs), `lb_probe_encap` (TC egress, health probes through the
+//! `lb_xdp_trace` (verified by `lbd` on a thread of its own once it
+//! serves, swapped in while `lbctl trace` runs), `lb_probe_encap` (TC egress, health probes through the
 //! tunnel) and `lb_decap` (the backends'). `cargo xtask vmtest` runs this
 //! first on each kernel of its matrix (Debian 12's 6.1, Debian 13's
 //! 6.12); a refusal fails with the verifier's verdict, the failing
@@ -9,7 +9,7 @@
 mod common;
 
 use lb::{
-    dataplane::{DataplaneError, Layout, kernel::KernelDataplane, verifier},
+    dataplane::{Dataplane as _, DataplaneError, Layout, kernel::KernelDataplane, verifier},
     decap::{Decap, DecapError},
 };
 
@@ -59,16 +59,38 @@ fn lb_xdp_and_lb_probe_encap_load() {
     let _ = dp.probe_encap();
 }
 
+/// Pins of a test under `/sys/fs/bpf`, removed when dropped (also when
+/// the test fails).
+struct Pins(std::path::PathBuf);
+
+impl Drop for Pins {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `lb_xdp_trace` as `lbd` loads it: verified apart, on the maps a
+/// dataplane pinned, then swapped in and out.
 #[test]
 fn lb_xdp_trace_loads() {
-    let mut dp = balancer();
-    if let Err(e) = dp.load_traced() {
-        let rejection = match &e {
-            DataplaneError::Verifier(r) => Some(&**r),
-            _ => None,
-        };
-        panic!("{}", explain(rejection, &e));
+    common::require_root("datapath");
+    let pins = Pins(std::path::PathBuf::from(format!(
+        "/sys/fs/bpf/lb-load-test-{}",
+        std::process::id()
+    )));
+    let (mut dp, _) = KernelDataplane::open_pinned(layout(), &pins.0).expect("lb_xdp loads");
+    match KernelDataplane::verify_traced(layout(), &pins.0) {
+        Ok(traced) => dp.adopt_traced(traced),
+        Err(e) => {
+            let rejection = match &e {
+                DataplaneError::Verifier(r) => Some(&**r),
+                _ => None,
+            };
+            panic!("{}", explain(rejection, &e));
+        }
     }
+    dp.select_program(true).expect("the traced build swaps in");
+    dp.select_program(false).expect("and out");
 }
 
 #[test]

@@ -37,8 +37,21 @@ fn a_trace_shows_a_known_flow_at_the_backend_simulate_names() {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()?;
-        // lbctl takes the lease before it reads the ring.
-        std::thread::sleep(Duration::from_millis(500));
+        // lbctl takes the lease before it reads the ring; a lbd that has
+        // just started may still be verifying the traced program, and
+        // lbctl waits for it (a second here, a minute in an emulated
+        // guest): poll, with a generous safety net.
+        let asked = std::time::Instant::now();
+        while lbd.lbctl_json(&["status"])?["trace_active"] != true
+            && asked.elapsed() < Duration::from_secs(120)
+            && child.try_wait()?.is_none()
+        {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        println!(
+            "the trace was active {:?} after lbctl trace started",
+            asked.elapsed()
+        );
         if lbd.lbctl_json(&["status"])?["trace_active"] != true {
             let _ = child.kill();
             let mut err = String::new();

@@ -12,6 +12,7 @@ pub mod etcd;
 pub mod flood;
 pub mod fuzz;
 pub mod netns;
+pub mod quic;
 pub mod rig;
 pub mod routers;
 pub mod scenario;

@@ -66,6 +66,11 @@ pub enum Request {
         #[arg(long)]
         #[serde(default)]
         syn: bool,
+        /// As a short-header QUIC packet with this destination connection
+        /// ID, in hex (a UDP VIP with quic: routes by its server ID).
+        #[arg(long, value_parser = crate::config::quic::parse_cid_arg)]
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        quic_cid: Option<String>,
     },
     /// Connection-table entries: VIP, backend, idle time, confirmed; the
     /// client's address and port only with --client (the table keeps a

@@ -23,6 +23,7 @@ pub mod hash;
 pub mod health;
 pub mod parse;
 pub mod passive;
+pub mod quic;
 pub mod source;
 pub mod vip;
 pub mod vip_settings;

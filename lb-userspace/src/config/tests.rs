@@ -785,6 +785,7 @@ fn the_annotated_example_names_every_setting() {
     all.extend(fields_of::<HealthCheck>());
     all.extend(fields_of::<HttpCheck>());
     all.extend(fields_of::<super::passive::PassiveHealth>());
+    all.extend(fields_of::<super::quic::QuicConfig>());
     all.extend(fields_of::<super::announce::AnnounceConfig>());
     all.extend(fields_of::<super::announce::bgp::BgpConfig>());
     all.extend(fields_of::<super::announce::bgp::PeerConfig>());
@@ -991,6 +992,7 @@ fn every_vip_setting_of_the_file_has_an_lbctl_flag() {
         "passive_health",
         fields_of::<super::passive::PassiveHealth>(),
     ));
+    file.extend(nested("quic", fields_of::<super::quic::QuicConfig>()));
     let flags: BTreeSet<String> = vip_settings::VIP_SETTINGS
         .iter()
         .map(|s| s.path.to_string())
@@ -1173,4 +1175,104 @@ fn a_vip_setting_without_a_value_is_refused() {
     );
     let c = Config::parse(&text).expect("valid");
     assert_eq!(c.vips[0].passive_health, Default::default());
+}
+
+#[test]
+fn quic_routes_by_server_id_and_its_rules_name_every_mistake() {
+    let quic = |section: &str, backends: &str| {
+        with(
+            "    conntrack: false\n    backends:\n      - address: fd00:1::1\n",
+            &format!("    conntrack: false\n{section}    backends:\n{backends}"),
+        )
+    };
+    let two = "      - address: fd00:1::1\n        server_id: \"0a01\"\n      - address: fd00:1::2\n        server_id: \"0A02\"\n";
+    let c =
+        Config::parse(&quic("    quic: {server_id_len: 2, config_id: 3}\n", two)).expect("valid");
+    let q = c.vips[1].quic.expect("quic on");
+    assert_eq!((q.server_id_len, q.config_id), (2, 3));
+    let sids: Vec<String> = c.vips[1]
+        .backends
+        .iter()
+        .map(|b| b.server_id.as_ref().expect("sid").to_string())
+        .collect();
+    assert_eq!(sids, ["0a01", "0a02"], "hex, case-folded");
+    assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+    // Written back as read (the digest's form).
+    let written = serde_yaml::to_string(&c.vips[1]).expect("write");
+    assert!(
+        written.contains("server_id: 0a01") && written.contains("server_id_len: 2"),
+        "{written}"
+    );
+
+    // A backend without an ID is warned about; config_id defaults to 0.
+    let c = Config::parse(&quic(
+        "    quic: {server_id_len: 2}\n",
+        "      - address: fd00:1::1\n",
+    ))
+    .expect("valid");
+    assert_eq!(c.vips[1].quic.expect("on").config_id, 0);
+    assert!(
+        c.warnings
+            .iter()
+            .any(|w| w.contains("fd00:1::1") && w.contains("no server_id")),
+        "{:?}",
+        c.warnings
+    );
+
+    let cases = [
+        (
+            "    quic: {server_id_len: 0}\n",
+            two,
+            "vips[1].quic.server_id_len: 0 is out of range 1-15",
+        ),
+        (
+            "    quic: {server_id_len: 16}\n",
+            two,
+            "vips[1].quic.server_id_len: 16 is out of range",
+        ),
+        (
+            "    quic: {server_id_len: 2, config_id: 7}\n",
+            two,
+            "vips[1].quic.config_id: 7 is out of range 0-6",
+        ),
+        (
+            "    quic: {server_id_len: 3}\n",
+            two,
+            "vips[1].backends[0].server_id: server ID 0a01 has 2 octets; the VIP's quic.server_id_len is 3",
+        ),
+        (
+            "    quic: {server_id_len: 2}\n",
+            "      - address: fd00:1::1\n        server_id: \"0a01\"\n      - address: fd00:1::2\n        server_id: \"0a01\"\n",
+            "vips[1].backends[1].server_id: server ID 0a01 is also backend fd00:1::1's",
+        ),
+        (
+            "",
+            "      - address: fd00:1::1\n        server_id: \"0a01\"\n",
+            "vips[1].backends[0].server_id: backend fd00:1::1 has a server_id but VIP [2001:db8::1]:*/udp has no quic: section",
+        ),
+        (
+            "    quic: {server_id_len: 2}\n",
+            "      - address: fd00:1::1\n        server_id: \"0a0\"\n",
+            "is not a server ID: write its octets in hex",
+        ),
+        (
+            "    quic: {server_id_len: 2}\n",
+            "      - address: fd00:1::1\n        server_id: 1234\n",
+            "server ID 1234 is a number",
+        ),
+    ];
+    for (section, backends, want) in cases {
+        let e = errors(&quic(section, backends));
+        assert!(e.iter().any(|e| e.contains(want)), "want {want:?} in {e:?}");
+    }
+    let tcp = with(
+        "    protocol: tcp\n",
+        "    protocol: tcp\n    quic: {server_id_len: 1}\n",
+    );
+    let e = errors(&tcp);
+    assert!(
+        e.iter()
+            .any(|e| e.starts_with("vips[0].quic: ") && e.contains("UDP")),
+        "{e:?}"
+    );
 }

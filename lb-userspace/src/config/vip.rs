@@ -23,6 +23,7 @@ use super::{
     duration,
     error::{ConfigError, excerpt, from_str_field},
     health::{HealthCheck, ProbedVip, check_health},
+    quic::{QuicConfig, ServerId},
 };
 use crate::{
     dataplane::{
@@ -340,6 +341,10 @@ pub struct BackendConfig {
     /// Replaces the VIP's health check for this backend.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health_check: Option<HealthCheck>,
+    /// Its QUIC-LB server ID (a VIP with `quic:`): short-header packets
+    /// whose connection ID carries it come here from any client address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_id: Option<ServerId>,
 }
 
 impl BackendConfig {
@@ -348,6 +353,7 @@ impl BackendConfig {
             address,
             weight,
             health_check: None,
+            server_id: None,
         }
     }
 }
@@ -508,6 +514,11 @@ vip_settings! {
     /// written for the 5-tuple, likewise.
     hash: super::hash::HashFields = super::hash::HashFields::FIVE_TUPLE, read "present",
         write(skip_serializing_if = "super::hash::HashFields::is_default");
+    /// QUIC by connection ID (UDP): the QUIC-LB configuration of the
+    /// connection IDs the backends issue, each with its `server_id`; `None`:
+    /// QUIC is hashed on the 4-tuple like any UDP.
+    quic: Option<QuicConfig> = None, read "present",
+        write(skip_serializing_if = "Option::is_none");
 }
 
 /// A port as written back: a number, or `all` (0 is refused in a file).
@@ -655,6 +666,7 @@ pub(crate) fn check_vips(
         rules.table_size(vip, &at);
         rules.shares(vip, &at);
         rules.second_chance(vip, &at);
+        rules.quic(vip, &at);
     }
     let second_chance = vips.iter().filter(|v| v.second_chance).count();
     if second_chance > layout.second_chance_vips as usize {
@@ -940,6 +952,26 @@ impl VipRules<'_> {
             "{at}: VIP {} has second_chance: every backend must run lb's decap program (`lbctl decap attach`) accepting GUE on gue_port; kernel tunnel devices (ipip, gre, fou) cannot hand a packet on and drop or misread its alternates",
             vip.id
         ));
+    }
+
+    /// QUIC by connection ID (`super::quic::problems`).
+    fn quic(&mut self, vip: &VipConfig, at: &str) {
+        let backends: Vec<_> = vip
+            .backends
+            .iter()
+            .map(|b| (b.address, b.server_id.as_ref()))
+            .collect();
+        let (errors, warnings) = super::quic::problems(
+            &vip.id.to_string(),
+            vip.id.proto == Protocol::Udp,
+            vip.quic,
+            &backends,
+        );
+        for (field, message) in errors {
+            self.err(format!("{at}.{field}"), message);
+        }
+        self.warnings
+            .extend(warnings.into_iter().map(|w| format!("{at}.{w}")));
     }
 
     /// Warnings: no weight at all, or a table too small for fair shares.

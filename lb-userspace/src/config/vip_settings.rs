@@ -98,6 +98,21 @@ pub const VIP_SETTINGS: &[VipSetting] = &[
         "The fields that pick a new flow's backend, comma-separated: the 5-tuple by default, src_ip for client affinity, src_ip/64 to hash IPv6 clients on their /64",
     ),
     s(
+        "quic",
+        Section,
+        "QUIC by connection ID (UDP): route short-header packets by the server ID in their QUIC-LB connection ID; needs --quic-server-id-len",
+    ),
+    s(
+        "quic.server_id_len",
+        Scalar,
+        "QUIC: octets of server ID in the connection IDs the backends issue, 1-15 (give each backend its --server-id with backend add)",
+    ),
+    s(
+        "quic.config_id",
+        Scalar,
+        "QUIC: the configuration id in the connection IDs' first three bits, 0-6 (default 0)",
+    ),
+    s(
         "health_check",
         Section,
         "Probe the backends: a TCP connect to the VIP's port, 2s interval, unless other --health-check-* flags say otherwise",

@@ -67,8 +67,18 @@ impl<D: Dataplane> Daemon<D> {
                 sport,
                 dport,
                 syn,
+                quic_cid,
             } => self
-                .simulate(src, dst, protocol.number(), sport, dport, syn)
+                .simulate(
+                    src,
+                    dst,
+                    protocol.number(),
+                    (sport, dport),
+                    views::Shape {
+                        syn,
+                        quic_cid: quic_cid.as_deref(),
+                    },
+                )
                 .and_then(json),
             Request::Conns {
                 vip,

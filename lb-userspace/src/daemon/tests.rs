@@ -471,6 +471,44 @@ async fn the_table_shares_slots_by_weight() {
 }
 
 #[tokio::test]
+async fn simulate_names_the_server_a_quic_connection_id_carries() {
+    let file = format!(
+        "{FILE}  - address: 10.99.0.1\n    port: 443\n    protocol: udp\n    quic: {{server_id_len: 2, config_id: 1}}\n    backends:\n      - address: 10.1.0.1\n        server_id: \"0001\"\n      - address: 10.1.0.2\n        server_id: \"0002\"\n"
+    );
+    let mut r = rig(&file);
+    let simulate = |sport, cid: Option<&str>| Request::Simulate {
+        src: ip("192.0.2.7"),
+        dst: ip("10.99.0.1"),
+        protocol: Protocol::Udp,
+        sport,
+        dport: 443,
+        syn: false,
+        quic_cid: cid.map(String::from),
+    };
+    let mut hashed = BTreeSet::new();
+    for sport in 1000..1032 {
+        // Config 1 (0x2_), server ID 0002, a nonce.
+        let s: Simulation = parse(r.ok(simulate(sport, Some("27000211223344"))).await);
+        assert_eq!(s.backend, Some(ip("10.1.0.2")), "port {sport}");
+        assert!(
+            s.via
+                .starts_with("QUIC connection ID: server ID 0002 (backend index "),
+            "{}",
+            s.via
+        );
+        // Config 0 is not the VIP's: hashed, as without an ID.
+        let other: Simulation = parse(r.ok(simulate(sport, Some("07000211223344"))).await);
+        let plain: Simulation = parse(r.ok(simulate(sport, None)).await);
+        assert_eq!(other.backend, plain.backend);
+        assert!(plain.via.starts_with("maglev"), "{}", plain.via);
+        hashed.insert(plain.backend.expect("a backend"));
+    }
+    assert_eq!(hashed.len(), 2, "by hash, ports spread over both");
+    r.refused(ErrorKind::BadRequest, simulate(1, Some("27zz")))
+        .await;
+}
+
+#[tokio::test]
 async fn simulate_names_a_backend_in_the_table_or_none() {
     let mut r = rig(FILE);
     let simulate = |sport, dst: &str| Request::Simulate {
@@ -480,6 +518,7 @@ async fn simulate_names_a_backend_in_the_table_or_none() {
         sport,
         dport: 80,
         syn: true,
+        quic_cid: None,
     };
     let mut seen = BTreeSet::new();
     for sport in 1000..1064 {
@@ -500,6 +539,7 @@ async fn simulate_names_a_backend_in_the_table_or_none() {
             sport: 1,
             dport: 80,
             syn: true,
+            quic_cid: None,
         },
     )
     .await;

@@ -47,6 +47,12 @@ impl<D: Dataplane> Daemon<D> {
                     return Err(refused(ErrorKind::NotFound, format!("no VIP {v}")));
                 }
                 let renewal = self.tracing.as_ref().is_some_and(|l| l.session == session);
+                if !renewal && self.reconciler.dataplane().tracing_pending() {
+                    return Err(refused(
+                        ErrorKind::Unavailable,
+                        "the traced program (lb_xdp_trace) is still being verified since lbd started; try again in a moment (lbctl trace waits for it)",
+                    ));
+                }
                 if !renewal {
                     let filter = crate::trace::filter(session, vip.as_ref(), client.as_ref());
                     self.reconciler.set_trace(Some(&filter))?;

@@ -8,7 +8,9 @@ use std::{
     time::{Instant, SystemTime},
 };
 
-use lb_common::{Counter, CounterValue, FlowKey, consts::BACKEND_INDEX_MASK, counters::Kind};
+use lb_common::{
+    Counter, CounterValue, FlowKey, consts::BACKEND_INDEX_MASK, counters::Kind, quic::QUIC_READ_LEN,
+};
 use tracing::warn;
 
 use super::{Daemon, Result, refused};
@@ -18,7 +20,10 @@ use crate::{
         self, BackendHealth, BackendInfo, BackendStats, CounterInfo, ProbeInfo, Rate, Simulation,
         Stats, Status, TableInfo, TableShare, VipAdd, VipHealth, VipInfo, VipStats,
     },
-    config::{BackendConfig, HealthCheck, Mac, MalformedPolicy, VipConfig, VipId, duration},
+    config::{
+        BackendConfig, HealthCheck, Mac, MalformedPolicy, VipConfig, VipId, duration,
+        quic::parse_cid,
+    },
     dataplane::Dataplane,
     lifecycle::{BackendLife, BackendState, WEIGHT_SCALE},
     predict::Via,
@@ -358,9 +363,8 @@ impl<D: Dataplane> Daemon<D> {
         src: IpAddr,
         dst: IpAddr,
         proto: u8,
-        sport: u16,
-        dport: u16,
-        syn: bool,
+        (sport, dport): (u16, u16),
+        shape: Shape<'_>,
     ) -> Result<Simulation> {
         if src.is_ipv4() != dst.is_ipv4() {
             return Err(refused(
@@ -368,8 +372,15 @@ impl<D: Dataplane> Daemon<D> {
                 "source and destination must be of the same family",
             ));
         }
+        let payload = match shape.quic_cid {
+            Some(cid) => Some(quic_short_header(cid)?),
+            None => None,
+        };
         let flow = FlowKey::new(src, dst, proto, sport, dport);
-        let Some(p) = self.reconciler.simulate(&flow, syn)? else {
+        let simulated = self
+            .reconciler
+            .simulate_payload(&flow, shape.syn, payload.as_deref());
+        let Some(p) = simulated? else {
             return Ok(Simulation {
                 vip: None,
                 hash: format!("{:#018x}", flow.hash()),
@@ -409,9 +420,47 @@ impl<D: Dataplane> Daemon<D> {
                     p.slot,
                     b.handle & BACKEND_INDEX_MASK
                 ),
+                (Some(b), Via::QuicCid) => format!(
+                    "QUIC connection ID: server ID {} (backend index {})",
+                    p.meta.quic().map_or(String::new(), |q| shape
+                        .quic_cid
+                        .and_then(|c| parse_cid(c).ok())
+                        .map(|c| server_id_hex(&c, q.server_id_len))
+                        .unwrap_or_default()),
+                    b.handle & BACKEND_INDEX_MASK
+                ),
             },
         })
     }
+}
+
+/// What `lbctl simulate` says of its packet besides the tuple.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Shape<'a> {
+    /// A TCP SYN without ACK.
+    pub syn: bool,
+    /// A short-header QUIC packet with this destination connection ID
+    /// (hex).
+    pub quic_cid: Option<&'a str>,
+}
+
+/// The payload of a short-header QUIC packet to connection ID `cid`
+/// (hex): its first byte, the ID, padding the datapath would read past.
+fn quic_short_header(cid: &str) -> Result<Vec<u8>> {
+    let cid = parse_cid(cid).map_err(|e| refused(ErrorKind::BadRequest, e))?;
+    let mut payload = vec![0x40];
+    payload.extend_from_slice(&cid);
+    payload.resize(payload.len().max(QUIC_READ_LEN), 0);
+    Ok(payload)
+}
+
+/// The server ID `cid` carries for a VIP with IDs of `len` octets, in hex.
+fn server_id_hex(cid: &[u8], len: u8) -> String {
+    cid.iter()
+        .skip(1)
+        .take(len as usize)
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// Why a backend that looks bad to passive health is not ejected.

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use lb_common::{
     BackendDef, CounterValue, DatapathConfig, FlowBucket, TraceFilter, VipFilter, VipKey, VipMeta,
-    consts::TABLE_CHUNK_SLOTS, counters::COUNTER_SLOTS,
+    consts::TABLE_CHUNK_SLOTS, counters::COUNTER_SLOTS, quic::QuicServerKey,
 };
 
 use super::{AltSlot, Counters, Dataplane, DataplaneError, Layout, Result};
@@ -18,6 +18,7 @@ pub struct FakeDataplane {
     hash_key: [u64; 2],
     vips: HashMap<VipKey, VipMeta>,
     backends: Vec<BackendDef>,
+    quic: HashMap<QuicServerKey, u32>,
     tables: Vec<u32>,
     alternates: Vec<AltSlot>,
     flows: Vec<FlowBucket>,
@@ -50,6 +51,7 @@ impl FakeDataplane {
             hash_key: [0; 2],
             vips: HashMap::new(),
             backends: vec![BackendDef::default(); layout.max_backends as usize],
+            quic: HashMap::new(),
             tables: vec![0; (layout.table_map_entries() * TABLE_CHUNK_SLOTS) as usize],
             alternates: vec![
                 AltSlot::default();
@@ -155,6 +157,29 @@ impl Dataplane for FakeDataplane {
         let i = range("backend", index, self.backends.len())?;
         self.write(1)?;
         self.backends[i] = *def;
+        Ok(())
+    }
+
+    fn quic_servers(&self) -> Result<Vec<(QuicServerKey, u32)>> {
+        Ok(self.quic.iter().map(|(k, h)| (*k, *h)).collect())
+    }
+
+    fn set_quic_server(&mut self, key: &QuicServerKey, handle: u32) -> Result<()> {
+        if !self.quic.contains_key(key) {
+            range(
+                "QUIC server",
+                self.quic.len() as u32,
+                self.layout.max_backends as usize,
+            )?;
+        }
+        self.write(1)?;
+        self.quic.insert(*key, handle);
+        Ok(())
+    }
+
+    fn remove_quic_server(&mut self, key: &QuicServerKey) -> Result<()> {
+        self.write(1)?;
+        self.quic.remove(key);
         Ok(())
     }
 

@@ -26,11 +26,13 @@ use lb_common::{
     bfd::BFD_MAX_SESSIONS,
     consts::{
         ALL_MAPS, MAP_ALTERNATES, MAP_BACKEND_STATS, MAP_BACKEND_SYNS, MAP_BACKENDS, MAP_BFD_PEERS,
-        MAP_BFD_STATE, MAP_CONFIG, MAP_COUNTERS, MAP_FLOWS, MAP_HASH_KEY, MAP_SYNS, MAP_TABLES,
-        MAP_TRACE, MAP_TRACE_EVENTS, MAP_VIP_FILTER, MAP_VIP_RETIRED, MAP_VIP_STATS, MAP_VIPS,
-        PROG_LB, PROG_LB_TRACE, PROG_PROBE_ENCAP, SYN_SLOTS, TABLE_CHUNK_SLOTS, TRACE_RING_BYTES,
+        MAP_BFD_STATE, MAP_CONFIG, MAP_COUNTERS, MAP_FLOWS, MAP_HASH_KEY, MAP_QUIC_SERVERS,
+        MAP_SYNS, MAP_TABLES, MAP_TRACE, MAP_TRACE_EVENTS, MAP_VIP_FILTER, MAP_VIP_RETIRED,
+        MAP_VIP_STATS, MAP_VIPS, PROG_LB, PROG_LB_TRACE, PROG_PROBE_ENCAP, SYN_SLOTS,
+        TABLE_CHUNK_SLOTS, TRACE_RING_BYTES,
     },
     counters::COUNTER_SLOTS,
+    quic::QuicServerKey,
 };
 
 use super::{AltSlot, Counters, Dataplane, DataplaneError, Layout, Result};
@@ -43,6 +45,10 @@ pub struct KernelDataplane {
     /// The pinned links of the interfaces `attach` attached, for swapping
     /// the traced program in and out.
     links: Vec<std::path::PathBuf>,
+    /// `lb_xdp_trace` verified apart ([`KernelDataplane::verify_traced`]).
+    traced: Option<Ebpf>,
+    /// That verification runs ([`KernelDataplane::verifying_traced`]).
+    traced_pending: bool,
 }
 
 /// Per-CPU counters, one [`CounterValue`] per CPU and index.
@@ -71,6 +77,8 @@ struct Maps {
     alternates: Option<Array<MapData, AltChunk>>,
     /// Absent in builds before hash keys (likewise).
     hash_key: Option<Array<MapData, lb_common::HashKey>>,
+    /// Absent in builds before QUIC routing (likewise).
+    quic: Option<HashMap<MapData, QuicServerKey, u32>>,
 }
 
 impl Maps {
@@ -119,6 +127,10 @@ impl Maps {
                 Some(_) => Some(typed(ebpf, MAP_HASH_KEY)?),
                 None => None,
             },
+            quic: match ebpf.map(MAP_QUIC_SERVERS) {
+                Some(_) => Some(typed(ebpf, MAP_QUIC_SERVERS)?),
+                None => None,
+            },
         })
     }
 }
@@ -161,31 +173,10 @@ impl KernelDataplane {
         if object.is_empty() {
             return Err(DataplaneError::NoObjects);
         }
-        let mut loader = EbpfLoader::new();
-        loader
-            .map_max_entries(MAP_VIPS, layout.vip_keys())
-            .map_max_entries(MAP_BACKENDS, layout.max_backends)
-            .map_max_entries(MAP_TABLES, layout.table_map_entries())
-            .map_max_entries(MAP_ALTERNATES, layout.alt_map_entries())
-            .map_max_entries(MAP_FLOWS, layout.ct_buckets)
-            .map_max_entries(MAP_VIP_STATS, layout.max_vips)
-            .map_max_entries(MAP_VIP_RETIRED, layout.max_vips)
-            .map_max_entries(MAP_BACKEND_STATS, layout.max_backends)
-            .map_max_entries(MAP_BACKEND_SYNS, layout.max_backends);
-        if let Some(dir) = pin_dir {
-            for name in ALL_MAPS {
-                loader.map_pin_path(name, dir.join(name));
-            }
-        }
-        let mut ebpf = loader
+        let mut ebpf = loader(layout, pin_dir)
             .load(object)
             .map_err(|e| DataplaneError::Load(Box::new(e)))?;
-        let prog: &mut Xdp = ebpf
-            .program_mut(PROG_LB)
-            .ok_or_else(|| prog_err(PROG_LB)(aya::programs::ProgramError::NotLoaded))?
-            .try_into()
-            .map_err(prog_err(PROG_LB))?;
-        prog.load().map_err(prog_err(PROG_LB))?;
+        loaded_xdp(&mut ebpf, PROG_LB)?;
         let tc: &mut SchedClassifier = ebpf
             .program_mut(PROG_PROBE_ENCAP)
             .ok_or_else(|| prog_err(PROG_PROBE_ENCAP)(aya::programs::ProgramError::NotLoaded))?
@@ -198,9 +189,86 @@ impl KernelDataplane {
             maps,
             layout,
             links: Vec::new(),
+            traced: None,
+            traced_pending: false,
         })
     }
 
+    /// `lb_xdp_trace`, verified apart from this dataplane: the object
+    /// loaded again with every map taken from the pins under `pin_dir`
+    /// (a dataplane opened there made them), and only the traced program
+    /// verified. That takes a minute in an emulated guest (the traced
+    /// build is the largest program), so `lbd` runs it on a thread of its
+    /// own once it serves, and hands the result to [`adopt_traced`](Self::adopt_traced).
+    pub fn verify_traced(layout: Layout, pin_dir: &Path) -> Result<TracedProgram> {
+        let mut ebpf = loader(layout, Some(pin_dir))
+            .load(objects::LB_XDP)
+            .map_err(|e| DataplaneError::Load(Box::new(e)))?;
+        loaded_xdp(&mut ebpf, PROG_LB_TRACE)?;
+        Ok(TracedProgram { ebpf })
+    }
+
+    /// Takes a traced program [`verify_traced`](Self::verify_traced) made
+    /// for this dataplane's pins: `lbctl trace` then swaps it in without
+    /// running the verifier.
+    pub fn adopt_traced(&mut self, traced: TracedProgram) {
+        self.traced = Some(traced.ebpf);
+        self.traced_pending = false;
+    }
+
+    /// Says that [`verify_traced`](Self::verify_traced) runs for this
+    /// dataplane (`true`) or ended without a program (`false`: a trace then
+    /// verifies it here, and says why it cannot): until then a trace is
+    /// refused as not ready ([`Dataplane::tracing_pending`]).
+    pub fn verifying_traced(&mut self, running: bool) {
+        self.traced_pending = running;
+    }
+}
+
+/// `lb_xdp_trace` verified on its own ([`KernelDataplane::verify_traced`]).
+pub struct TracedProgram {
+    ebpf: Ebpf,
+}
+
+/// The loader of `lb_xdp`'s object: maps sized by `layout`, and with
+/// `pin_dir` each map adopted from `pin_dir/<map name>` if pinned there,
+/// else created and pinned there.
+fn loader(layout: Layout, pin_dir: Option<&Path>) -> EbpfLoader<'static> {
+    let mut loader = EbpfLoader::new();
+    loader
+        .map_max_entries(MAP_VIPS, layout.vip_keys())
+        .map_max_entries(MAP_BACKENDS, layout.max_backends)
+        .map_max_entries(MAP_TABLES, layout.table_map_entries())
+        .map_max_entries(MAP_ALTERNATES, layout.alt_map_entries())
+        .map_max_entries(MAP_FLOWS, layout.ct_buckets)
+        .map_max_entries(MAP_VIP_STATS, layout.max_vips)
+        .map_max_entries(MAP_VIP_RETIRED, layout.max_vips)
+        .map_max_entries(MAP_BACKEND_STATS, layout.max_backends)
+        .map_max_entries(MAP_BACKEND_SYNS, layout.max_backends)
+        .map_max_entries(MAP_QUIC_SERVERS, layout.max_backends);
+    if let Some(dir) = pin_dir {
+        for name in ALL_MAPS {
+            loader.map_pin_path(name, dir.join(name));
+        }
+    }
+    loader
+}
+
+/// The XDP program `name` of `ebpf`, loaded (verified) now if it was not
+/// yet.
+fn loaded_xdp<'e>(ebpf: &'e mut Ebpf, name: &'static str) -> Result<&'e mut Xdp> {
+    let prog: &mut Xdp = ebpf
+        .program_mut(name)
+        .ok_or_else(|| prog_err(name)(aya::programs::ProgramError::NotLoaded))?
+        .try_into()
+        .map_err(prog_err(name))?;
+    if prog.fd().is_err() {
+        prog.load().map_err(prog_err(name))?;
+    }
+    Ok(prog)
+}
+
+impl KernelDataplane {
     /// The TC egress program that tunnels health probes sent with a probe
     /// mark (drive it with `TestRun`, or attach it).
     pub fn probe_encap(&mut self) -> &mut SchedClassifier {
@@ -256,26 +324,6 @@ impl KernelDataplane {
     /// Whether `dir` holds the pins of an earlier `lbd` (its config map).
     pub fn has_pins(dir: &Path) -> bool {
         dir.join(MAP_CONFIG).exists()
-    }
-
-    /// Loads (verifies) `lb_xdp_trace` if it is not loaded yet, so that a
-    /// later [`Dataplane::select_program`] only swaps links.
-    pub fn load_traced(&mut self) -> Result<()> {
-        self.loaded_xdp(PROG_LB_TRACE).map(|_| ())
-    }
-
-    /// The XDP program `name`, loaded (verified) now if it was not yet.
-    fn loaded_xdp(&mut self, name: &'static str) -> Result<&mut Xdp> {
-        let prog: &mut Xdp = self
-            .ebpf
-            .program_mut(name)
-            .ok_or_else(|| prog_err(name)(aya::programs::ProgramError::NotLoaded))?
-            .try_into()
-            .map_err(prog_err(name))?;
-        if prog.fd().is_err() {
-            prog.load().map_err(prog_err(name))?;
-        }
-        Ok(prog)
     }
 
     /// Attaches the program to `iface` through a bpf_link pinned at
@@ -432,7 +480,7 @@ fn per_cpu_sum(map: &Counts, name: &'static str, index: u32) -> Result<CounterVa
 }
 
 /// Sizes of each map for `layout`: (name, max entries, value size).
-fn expected_maps(layout: &Layout) -> [(&'static str, u32, u32); 18] {
+fn expected_maps(layout: &Layout) -> [(&'static str, u32, u32); 19] {
     use std::mem::size_of;
     let v = |n: usize| n as u32;
     [
@@ -486,6 +534,7 @@ fn expected_maps(layout: &Layout) -> [(&'static str, u32, u32); 18] {
             v(size_of::<lb_common::BfdState>()),
         ),
         (MAP_HASH_KEY, 1, v(size_of::<lb_common::HashKey>())),
+        (MAP_QUIC_SERVERS, layout.max_backends, v(size_of::<u32>())),
     ]
 }
 
@@ -594,6 +643,33 @@ impl Dataplane for KernelDataplane {
             .backends
             .set(index, def, 0)
             .map_err(map_err(MAP_BACKENDS))
+    }
+
+    fn quic_servers(&self) -> Result<Vec<(QuicServerKey, u32)>> {
+        let Some(map) = &self.maps.quic else {
+            return Ok(Vec::new());
+        };
+        map.iter()
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(map_err(MAP_QUIC_SERVERS))
+    }
+
+    fn set_quic_server(&mut self, key: &QuicServerKey, handle: u32) -> Result<()> {
+        let Some(map) = &mut self.maps.quic else {
+            return Err(DataplaneError::MissingMap(MAP_QUIC_SERVERS));
+        };
+        map.insert(key, handle, 0)
+            .map_err(map_err(MAP_QUIC_SERVERS))
+    }
+
+    fn remove_quic_server(&mut self, key: &QuicServerKey) -> Result<()> {
+        let Some(map) = &mut self.maps.quic else {
+            return Ok(());
+        };
+        match map.remove(key) {
+            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+            Err(e) => Err(map_err(MAP_QUIC_SERVERS)(e)),
+        }
     }
 
     fn write_table(&mut self, base: u32, slots: &[u32]) -> Result<()> {
@@ -800,10 +876,19 @@ impl Dataplane for KernelDataplane {
 
     /// Swaps `lb_xdp_trace` into every attached interface's link, or
     /// `lb_xdp` back. The traced program is loaded (verified) on first use.
+    fn tracing_pending(&self) -> bool {
+        self.traced_pending
+    }
+
     fn select_program(&mut self, trace: bool) -> Result<()> {
         let name = if trace { PROG_LB_TRACE } else { PROG_LB };
         let links = std::mem::take(&mut self.links);
-        let result = self.loaded_xdp(name).and_then(|prog| {
+        // The traced build verified apart, if it came; else verified here.
+        let ebpf = match (trace, &mut self.traced) {
+            (true, Some(traced)) => traced,
+            _ => &mut self.ebpf,
+        };
+        let result = loaded_xdp(ebpf, name).and_then(|prog| {
             links
                 .iter()
                 .try_for_each(|p| Self::replace_in_link(prog, p))

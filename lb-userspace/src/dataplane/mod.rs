@@ -21,6 +21,7 @@ use lb_common::{
     VipMeta,
     consts::{MAX_BACKENDS, SC_MAX_ALTERNATES, VIP_F_NO_BACKENDS},
     counters::COUNTER_SLOTS,
+    quic::QuicServerKey,
 };
 use thiserror::Error;
 
@@ -237,6 +238,7 @@ impl Layout {
         vec![
             (MAP_VIPS, self.vip_keys() as u64 * (20 + 16 + 48)),
             (MAP_BACKENDS, self.max_backends as u64 * 32),
+            (MAP_QUIC_SERVERS, self.max_backends as u64 * (24 + 4 + 48)),
             (
                 MAP_TABLES,
                 self.table_map_entries() as u64 * pool::CHUNK_BYTES,
@@ -286,6 +288,13 @@ pub trait Dataplane {
 
     fn backend(&self, index: u32) -> Result<BackendDef>;
     fn set_backend(&mut self, index: u32, def: &BackendDef) -> Result<()>;
+
+    /// Every QUIC-LB server ID in `LB_QUIC_SERVERS` and its backend
+    /// handle (none in a build without the map).
+    fn quic_servers(&self) -> Result<Vec<(QuicServerKey, u32)>>;
+    /// Points a server ID at a backend handle.
+    fn set_quic_server(&mut self, key: &QuicServerKey, handle: u32) -> Result<()>;
+    fn remove_quic_server(&mut self, key: &QuicServerKey) -> Result<()>;
 
     /// Every backend entry, index by index (the reconciler reads them all
     /// when it adopts pinned maps). The kernel implementation reads them
@@ -378,6 +387,13 @@ pub trait Dataplane {
     /// Writes the filter of a trace (`LB_TRACE`); the datapath reads it
     /// only while `CFG_F_TRACE` is set.
     fn set_trace_filter(&mut self, filter: &TraceFilter) -> Result<()>;
+
+    /// The traced build is still being verified apart (`lbd` does that
+    /// once it serves): a trace must wait. Never, for a dataplane that
+    /// verifies it when asked.
+    fn tracing_pending(&self) -> bool {
+        false
+    }
 
     /// Runs the traced program (`lb_xdp_trace`) on the attached
     /// interfaces, or the plain one. Nothing to do where nothing is

@@ -10,7 +10,11 @@
 //! 4. exactly one outcome counter moves, by one packet and the frame's
 //!    bytes, and its kind agrees with the action;
 //! 5. (in [`super::flows`]) one flow, one backend;
-//! 6. the outcome's kind is one the README prescribes for the frame.
+//! 6. the outcome's kind is one the README prescribes for the frame;
+//! 7. a datagram to a QUIC VIP that no connection-table entry claims goes
+//!    where its connection ID says: to exactly the backend its server ID
+//!    names, or hashed with the one QUIC event its header calls for; no
+//!    other frame moves a QUIC counter.
 
 use std::{
     fmt,
@@ -24,7 +28,7 @@ use lb_common::{Counter, CounterValue, counters::Kind};
 use super::{
     csum,
     model::{GW_MAC, Model, Settings},
-    oracle::{Expect, Forward, Kinds},
+    oracle::{Expect, Forward, Kinds, quic::Route},
     reply,
     target::{XDP_DROP, XDP_PASS, XDP_TX},
     wire,
@@ -225,6 +229,83 @@ pub fn frame(
     Ok(judged)
 }
 
+/// Invariant 7 (see the module doc): QUIC by connection ID, judged by
+/// the outcome counter, the QUIC events that moved and where the frame
+/// went (`sent`). A connection-table hit (`fwd_conntrack_hit`) wins over
+/// the connection ID and moves no QUIC event; a datagram routed by its
+/// server ID reaches exactly that backend, whatever the hash would say.
+pub fn quic(
+    before: &[CounterValue],
+    after: &[CounterValue],
+    counter: Counter,
+    expect: &Expect,
+    sent: Option<Sent>,
+) -> Result<(), Violation> {
+    let moved = |c: &Counter| before.get(*c as usize) != after.get(*c as usize);
+    let events: Vec<Counter> = [Counter::QuicLongHeader, Counter::QuicUnroutable]
+        .into_iter()
+        .filter(moved)
+        .collect();
+    let outcome = || {
+        let names: Vec<&str> = events.iter().map(|c| c.name()).collect();
+        format!("{} with QUIC events {names:?}", counter.name())
+    };
+    let Some(q) = &expect.quic else {
+        if counter == Counter::FwdQuicCid || !events.is_empty() {
+            let what = format!("{}, but the frame is no datagram to a QUIC VIP", outcome());
+            return Err(Violation::new(7, "quic-not-quic", what));
+        }
+        return Ok(());
+    };
+    let fail = |code: &'static str, what: String| {
+        let sig = format!("{code} / {}", q.why);
+        Err(Violation::new(7, code, what).signed(sig))
+    };
+    // Outcomes only a hashed datagram without a connection-table entry has.
+    let hashed = matches!(
+        counter,
+        Counter::FwdMaglev
+            | Counter::FwdMaglevNoConntrack
+            | Counter::FwdHandshake
+            | Counter::FwdSecondChance
+            | Counter::DropNoBackend
+    );
+    let hashed_with = |event: Counter| {
+        let ok = match counter {
+            Counter::FwdQuicCid => false,
+            Counter::FwdConntrack => events.is_empty(),
+            _ if hashed => events == [event],
+            _ => events.is_empty() || events == [event],
+        };
+        if ok {
+            return Ok(());
+        }
+        let what = format!(
+            "{}, but {}: hashed, with {}, unless a connection-table entry claims it",
+            outcome(),
+            q.why,
+            event.name()
+        );
+        fail("quic-hashed", what)
+    };
+    match q.route {
+        Route::Server(backend) => {
+            if hashed || !events.is_empty() {
+                let what = format!("{}, but {}: {backend} takes it", outcome(), q.why);
+                return fail("quic-not-by-cid", what);
+            }
+            let to = sent.map(|s| s.backend);
+            if counter == Counter::FwdQuicCid && to != Some(backend) {
+                let what = format!("fwd_quic_cid to {to:?}, but {}: {backend}", q.why);
+                return fail("quic-wrong-server", what);
+            }
+            Ok(())
+        }
+        Route::LongHeader => hashed_with(Counter::QuicLongHeader),
+        Route::Unroutable => hashed_with(Counter::QuicUnroutable),
+    }
+}
+
 /// Bytes that differ (and the length difference).
 fn diff(a: &[u8], b: &[u8]) -> String {
     let n = a.iter().zip(b).filter(|(x, y)| x != y).count();
@@ -414,9 +495,9 @@ fn ethernet(input: &[u8], out: &[u8], l2: usize) -> Result<(), Violation> {
     Ok(())
 }
 
-/// The weight of backend `dst`, which must be one of `fwd.vip`'s.
+/// The weight of backend `dst`, which must be one of `fwd.vip`'s, and up.
 fn owner(model: &Model, fwd: &Forward, dst: IpAddr) -> Result<u32, Violation> {
-    let Some((owner, weight)) = model.backend_at(dst) else {
+    let Some((owner, backend)) = model.backend_at(dst) else {
         return fail(
             "not-a-backend",
             format!("tunnelled to {dst}, no backend of any VIP"),
@@ -430,7 +511,12 @@ fn owner(model: &Model, fwd: &Forward, dst: IpAddr) -> Result<u32, Violation> {
         );
         return fail("wrong-vip", what);
     }
-    Ok(weight)
+    if !backend.up {
+        let v = &model.vips[owner];
+        let what = format!("tunnelled to {dst}, a backend of {} that is down", v.name);
+        return fail("down-backend", what);
+    }
+    Ok(backend.weight)
 }
 
 /// The outer protocol: GRE 47, UDP 17, else IP-in-IP by the inner family.
@@ -708,6 +794,85 @@ mod tests {
             f[at] = value;
             assert!(run(&f).is_err(), "byte {at} = {value}");
         }
+    }
+
+    /// A QUIC datagram to quic4 (2-octet server IDs, configuration id 1,
+    /// backend 0's ID `0102`) with `first` as its first byte and
+    /// `sid` as its server ID, and the oracle's reading.
+    fn quic_frame(sid: [u8; 2], first: u8) -> (Model, Expect) {
+        let (mut m, q) = Model::with_quic4(1);
+        for (i, b) in m.vips[q].backends.iter_mut().enumerate() {
+            (b.up, b.weight, b.server_id) = (true, 1, Some(vec![1, 2 + i as u8]));
+        }
+        let (s, d): (IpAddr, IpAddr) = ("192.0.2.1".parse().expect("a"), m.vips[q].addr);
+        let mut payload = [0u8; 30];
+        payload[..4].copy_from_slice(&[first, 1 << 5, sid[0], sid[1]]);
+        let p = Pkt::new(s, d, wire::UDP, wire::udp((s, d), (4000, 443), &payload));
+        let e = oracle::expect(&m, &Eth::default().frame(wire::ETH_IPV4, &p.build().0));
+        (m, e)
+    }
+
+    #[test]
+    fn a_quic_datagram_goes_by_its_id_unless_the_table_claims_it() {
+        let slots = lb_common::counters::COUNTER_SLOTS as usize;
+        let before = vec![CounterValue::default(); slots];
+        let with = |events: &[Counter]| {
+            let mut after = before.clone();
+            for e in events {
+                after[*e as usize].packets += 1;
+            }
+            after
+        };
+        let (m, e) = quic_frame([1, 2], 0x41);
+        let server = m
+            .vips
+            .iter()
+            .find(|v| v.name == "quic4")
+            .expect("quic4")
+            .backends[0]
+            .addr;
+        let other = "10.1.99.1".parse().expect("a");
+        let sent = |backend| {
+            Some(Sent {
+                backend,
+                weight: 1,
+                gue_sport: None,
+            })
+        };
+        let none = with(&[]);
+        let code = |r: Result<(), Violation>| r.expect_err("a violation").code;
+        quic(&before, &none, Counter::FwdQuicCid, &e, sent(server)).expect("its server");
+        quic(&before, &none, Counter::FwdConntrack, &e, sent(other)).expect("the table wins");
+        let wrong = quic(&before, &none, Counter::FwdQuicCid, &e, sent(other));
+        assert_eq!(code(wrong), "quic-wrong-server");
+        let hashed = quic(&before, &none, Counter::FwdMaglev, &e, sent(other));
+        assert_eq!(code(hashed), "quic-not-by-cid");
+        let counted = with(&[Counter::QuicUnroutable]);
+        let counted = quic(&before, &counted, Counter::FwdConntrack, &e, sent(other));
+        assert_eq!(code(counted), "quic-not-by-cid");
+        // Unknown server ID 0109: hashed, with the event, or a table hit.
+        let (_, e) = quic_frame([1, 9], 0x41);
+        let unroutable = with(&[Counter::QuicUnroutable]);
+        quic(&before, &unroutable, Counter::FwdMaglev, &e, sent(other)).expect("hashed");
+        quic(&before, &none, Counter::FwdConntrack, &e, sent(other)).expect("a hit");
+        for (after, c) in [
+            (&none, Counter::FwdMaglev),
+            (&with(&[Counter::QuicLongHeader]), Counter::FwdMaglev),
+            (&unroutable, Counter::FwdConntrack),
+            (&none, Counter::FwdQuicCid),
+        ] {
+            assert_eq!(
+                code(quic(&before, after, c, &e, sent(other))),
+                "quic-hashed"
+            );
+        }
+        // A long header names its event; a plain UDP VIP moves none.
+        let (_, e) = quic_frame([1, 2], 0xc1);
+        let long = with(&[Counter::QuicLongHeader]);
+        quic(&before, &long, Counter::FwdMaglev, &e, sent(other)).expect("hashed");
+        let plain = oracle::expect(&m, &input());
+        let moved = quic(&before, &long, Counter::FwdMaglev, &plain, sent(other));
+        assert_eq!(code(moved), "quic-not-quic");
     }
 
     #[test]

@@ -17,6 +17,14 @@
 //!
 //! A GUE tunnel's source port comes from the flow hash: one flow, one
 //! source port, across the whole run.
+//!
+//! A QUIC VIP's datagram routed by its connection ID (`fwd_quic_cid`) is
+//! not recorded in the connection table, so it is no part of this
+//! history: its flow's other packets (hashed, or connection-table hits,
+//! which win over the connection ID) keep the rules above among
+//! themselves, whichever server IDs its packets carry in between. A
+//! connection-table hit is of a flow some packet may have recorded: a hit
+//! for a flow only ever routed by its connection ID means it was recorded.
 
 use std::{
     collections::HashMap,
@@ -137,6 +145,17 @@ impl Flows {
         Ok(())
     }
 
+    /// A connection-table hit for `flow`: some earlier packet may have
+    /// recorded it ([`Flows::touch`], or forwarded; or the tracker forgot).
+    pub fn recorded(&self, flow: &Flow) -> Result<(), Violation> {
+        if self.forgot || self.seen.contains_key(&key(flow)) {
+            return Ok(());
+        }
+        let what =
+            format!("connection-table hit for {flow:?}, which no packet could have recorded");
+        Err(Violation::new(5, "hit-unrecorded", what))
+    }
+
     /// Whether `flow` may follow a connection-table entry of an earlier
     /// epoch.
     pub fn carried_over(&mut self, flow: &Flow) -> bool {
@@ -203,5 +222,16 @@ mod tests {
         );
         f.observe(&flow(1), b, 1, false).expect("re-picked");
         assert!(f.observe(&flow(1), a, 0, false).is_err(), "no way back");
+    }
+
+    #[test]
+    fn a_hit_needs_a_packet_that_may_have_recorded_the_flow() {
+        let mut f = Flows::default();
+        assert!(f.recorded(&flow(1)).is_err(), "never seen");
+        f.touch(&flow(1));
+        f.recorded(&flow(1)).expect("touched");
+        f.new_epoch();
+        f.recorded(&flow(1)).expect("touched in an earlier epoch");
+        assert!(f.recorded(&flow(2)).is_err());
     }
 }

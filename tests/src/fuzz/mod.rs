@@ -5,9 +5,10 @@
 //! code of its own; nothing of lb's parser, hash, tables or `predict`).
 //!
 //! The run is cut into epochs; between them the settings (malformed and
-//! no-DF policies, MTU, echo replies, outer source prefix, GUE port) and
-//! some VIPs' backends change. On the first violation the run stops and
-//! reports the frame, shrunk as far as the same violation persists.
+//! no-DF policies, MTU, echo replies, outer source prefix, GUE port), some
+//! VIPs' backends, and the QUIC VIPs' connection-ID configuration, server
+//! IDs and backends' health change. On the first violation the run stops
+//! and reports the frame, shrunk as far as the same violation persists.
 //!
 //! A seed replays the same frames, epochs and connection-table buckets;
 //! which way a full bucket evicts depends on the kernel clock, so
@@ -37,7 +38,7 @@ use check::{Judged, Sent, Violation};
 use flows::Flows;
 use generate::{Gen, Generator};
 use model::Model;
-use oracle::{Expect, Flow};
+use oracle::{Expect, Flow, Forward};
 pub use report::{Found, Report, Stats, hexdump};
 use target::{Run, Target};
 
@@ -81,6 +82,9 @@ pub fn run(opts: &Options) -> Result<Report> {
             );
         }
         let sample = f.frames.next(&f.model);
+        if let Some(aim) = sample.quic {
+            f.stats.quic_aim(aim);
+        }
         if let Some((violation, why)) = f.step(sample.source, &sample.frame)? {
             found = Some(f.found(index, sample.source, violation, why, sample.frame)?);
             break;
@@ -109,7 +113,7 @@ struct Fuzzer {
 
 impl Fuzzer {
     fn new(seed: u64) -> Result<Fuzzer> {
-        let model = Model::new();
+        let model = Model::with_seed(seed);
         let mut target = Target::load(&model, seed)?;
         let linear = target.probe_linear_max()?;
         let mut before = Vec::new();
@@ -151,10 +155,16 @@ impl Fuzzer {
             }
             Run::Ran { .. } if frame.len() > self.target.linear_max => {
                 // Not judged, but the program saw the first buffer as a
-                // frame of its own and may have recorded its flow.
+                // frame of its own (or the whole) and may have recorded its
+                // flow.
                 let seen = &frame[..self.target.linear_max];
-                if let Some(flow) = oracle::expect(&self.model, seen).touches {
-                    self.flows.touch(&flow);
+                for e in [
+                    oracle::expect(&self.model, seen),
+                    oracle::expect(&self.model, frame),
+                ] {
+                    if let Some(flow) = e.touches {
+                        self.flows.touch(&flow);
+                    }
                 }
                 self.stats.class(source, report::MULTI_BUFFER);
                 None
@@ -164,6 +174,9 @@ impl Fuzzer {
                 match self.judge(frame, action, &expect) {
                     Ok((counter, judged)) => {
                         self.stats.class(source, counter.name());
+                        if let Some(q) = &expect.quic {
+                            self.stats.quic(q, counter);
+                        }
                         if let Some(d) = judged.deviation {
                             self.stats.deviation(d, frame);
                         }
@@ -178,7 +191,8 @@ impl Fuzzer {
         Ok(verdict)
     }
 
-    /// Invariants 1, 2, 3, 4 and 6 for the frame just run in one buffer.
+    /// Invariants 1, 2, 3, 4, 6 and 7 for the frame just run in one
+    /// buffer.
     fn verify(
         &self,
         frame: &[u8],
@@ -189,10 +203,15 @@ impl Fuzzer {
         let drop = m.settings.malformed_drop;
         let counter = check::outcome(&self.before, &self.after, frame.len(), action, drop)?;
         let judged = check::frame(m, frame, action, self.target.output(), counter, expect)?;
+        check::quic(&self.before, &self.after, counter, expect, judged.sent)?;
         Ok((counter, judged))
     }
 
-    /// [`Fuzzer::verify`], then invariant 5 with the flow history.
+    /// [`Fuzzer::verify`], then invariant 5 with the flow history. A
+    /// connection-table hit must be of a flow some packet may have
+    /// recorded; a datagram routed by its QUIC connection ID is no part of
+    /// its flow's history (it was not recorded, and its backend is the
+    /// server ID's, checked by invariant 7), but its GUE source port is.
     fn judge(
         &mut self,
         frame: &[u8],
@@ -200,46 +219,59 @@ impl Fuzzer {
         expect: &Expect,
     ) -> Result<(Counter, Judged), Violation> {
         let (counter, judged) = self.verify(frame, action, expect)?;
-        let m = &self.model;
+        if counter == Counter::FwdConntrack
+            && let Some(fwd) = &expect.forward
+        {
+            self.flows.recorded(&fwd.flow)?;
+        }
         if let Some(flow) = &expect.touches {
             self.flows.touch(flow);
         }
         if let (Some(sent), Some(fwd)) = (judged.sent, &expect.forward) {
-            self.flows
-                .observe(&fwd.flow, sent.backend, sent.weight, fwd.syn)?;
-            if m.vips[fwd.vip].frag_hash
-                && !fwd.flow.three_tuple
-                && !self.flows.carried_over(&fwd.flow)
-            {
-                let three = Flow {
-                    sport: 0,
-                    dport: 0,
-                    three_tuple: true,
-                    ..fwd.flow
-                };
-                self.flows
-                    .observe(&three, sent.backend, sent.weight, false)?;
-            }
-            if let Some(affinity) = m.vips[fwd.vip].affinity
-                && !self.flows.carried_over(&fwd.flow)
-            {
-                // One client, one backend: its flows keyed by the client
-                // alone (as fragments are keyed by their 3-tuple).
-                let client = Flow {
-                    src: model::client_of(fwd.flow.src, affinity),
-                    sport: 0,
-                    dport: 0,
-                    three_tuple: true,
-                    ..fwd.flow
-                };
-                self.flows
-                    .observe(&client, sent.backend, sent.weight, false)?;
+            if counter != Counter::FwdQuicCid {
+                self.history(fwd, sent)?;
             }
             if let Some(port) = sent.gue_sport {
                 self.flows.gue_port(&fwd.flow, port)?;
             }
         }
         Ok((counter, judged))
+    }
+
+    /// Invariant 5 for a packet of `fwd.flow` sent to `sent.backend`: its
+    /// 5-tuple, and the 3-tuple of a fragment-hashing VIP or the client
+    /// of a VIP with affinity.
+    fn history(&mut self, fwd: &Forward, sent: Sent) -> Result<(), Violation> {
+        let m = &self.model;
+        self.flows
+            .observe(&fwd.flow, sent.backend, sent.weight, fwd.syn)?;
+        if m.vips[fwd.vip].frag_hash && !fwd.flow.three_tuple && !self.flows.carried_over(&fwd.flow)
+        {
+            let three = Flow {
+                sport: 0,
+                dport: 0,
+                three_tuple: true,
+                ..fwd.flow
+            };
+            self.flows
+                .observe(&three, sent.backend, sent.weight, false)?;
+        }
+        if let Some(affinity) = m.vips[fwd.vip].affinity
+            && !self.flows.carried_over(&fwd.flow)
+        {
+            // One client, one backend: its flows keyed by the client
+            // alone (as fragments are keyed by their 3-tuple).
+            let client = Flow {
+                src: model::client_of(fwd.flow.src, affinity),
+                sport: 0,
+                dport: 0,
+                three_tuple: true,
+                ..fwd.flow
+            };
+            self.flows
+                .observe(&client, sent.backend, sent.weight, false)?;
+        }
+        Ok(())
     }
 
     /// Re-runs `frame` from an empty connection table without recording

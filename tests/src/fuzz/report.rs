@@ -1,13 +1,19 @@
 //! What a run saw: frames per class (generator × outcome counter), frames
 //! `BPF_PROG_TEST_RUN` refused or ran as multi-buffer, the shapes of the
-//! outputs (tunnel kinds, replies, tags), the coverage the generators aim
-//! at and what of it is missing, and the report of a violation with a hex
-//! dump of its smallest reproducer.
+//! outputs (tunnel kinds, replies, tags), the QUIC datagrams by aim and by
+//! the oracle's reading × outcome, the coverage the generators aim at and
+//! what of it is missing, and the report of a violation with a hex dump
+//! of its smallest reproducer.
 
 use std::{collections::BTreeMap, fmt::Write as _, time::Duration};
 
-use super::{check::Violation, generate::Gen};
+use super::{
+    check::Violation,
+    generate::Gen,
+    oracle::quic::{self, Reading},
+};
 use lb::config::Encap;
+use lb_common::Counter;
 
 /// Outcome label of frames the kernel refused (`EINVAL`).
 pub const REFUSED: &str = "einval (refused, under 14 bytes)";
@@ -23,6 +29,10 @@ pub struct Stats {
     pub multi_buffer: u64,
     /// Known deviations of lb's: count and the smallest frame seen.
     pub deviations: BTreeMap<&'static str, (u64, Vec<u8>)>,
+    /// QUIC datagrams generated, by what the generator aimed at.
+    pub quic_aims: BTreeMap<&'static str, u64>,
+    /// Frames judged with a QUIC reading, by reading and outcome.
+    pub quic: BTreeMap<(&'static str, &'static str), u64>,
 }
 
 impl Stats {
@@ -41,6 +51,18 @@ impl Stats {
         e.0 += 1;
         if frame.len() < e.1.len() {
             e.1 = frame.to_vec();
+        }
+    }
+
+    pub fn quic_aim(&mut self, aim: &'static str) {
+        *self.quic_aims.entry(aim).or_default() += 1;
+    }
+
+    /// A judged frame the oracle read as a datagram to a QUIC VIP.
+    pub fn quic(&mut self, q: &Reading, counter: Counter) {
+        *self.quic.entry((q.why, counter.name())).or_default() += 1;
+        if counter == Counter::FwdQuicCid {
+            self.feature(quic_length_feature(q.server_id_len));
         }
     }
 
@@ -68,6 +90,18 @@ impl Stats {
             features_aimed()
                 .into_iter()
                 .filter(|f| !self.features.contains_key(f)),
+        );
+        missing.extend(
+            quic::READINGS
+                .iter()
+                .filter(|r| !self.quic.keys().any(|(why, _)| why == *r))
+                .map(|r| format!("QUIC: {r}")),
+        );
+        missing.extend(
+            QUIC_AIMS
+                .iter()
+                .filter(|k| !self.quic.contains_key(k))
+                .map(|(r, o)| format!("QUIC: {r} × {o}")),
         );
         missing
     }
@@ -177,6 +211,29 @@ const AIMS: &[(Gen, &[&str])] = &[
     ),
     (Gen::Random, &[REFUSED]),
     (Gen::Huge, &[MULTI_BUFFER, "fwd_maglev_new_flow"]),
+    (
+        Gen::Quic,
+        &[
+            "fwd_quic_cid",
+            "fwd_maglev_new_flow",
+            "fwd_conntrack_hit",
+            "fwd_maglev_no_conntrack",
+        ],
+    ),
+];
+
+/// QUIC readings × outcomes every run must show: routed by the server
+/// ID (up or draining), the connection table winning over it, hashed
+/// with and without the connection table.
+const QUIC_AIMS: &[(&str, &str)] = &[
+    (quic::UP, "fwd_quic_cid"),
+    (quic::DRAINING, "fwd_quic_cid"),
+    (quic::UP, "fwd_conntrack_hit"),
+    (quic::DOWN, "fwd_maglev_new_flow"),
+    (quic::UNKNOWN, "fwd_maglev_new_flow"),
+    (quic::CUT, "fwd_maglev_new_flow"),
+    (quic::LONG_V1, "fwd_maglev_new_flow"),
+    (quic::LONG_V1, "fwd_maglev_no_conntrack"),
 ];
 
 /// Output shapes every run must show.
@@ -204,7 +261,13 @@ fn features_aimed() -> Vec<String> {
         .map(String::from),
     );
     f.extend(["4in4", "6in6"].map(second_chance_feature));
+    f.extend((1..=15).map(quic_length_feature));
     f
+}
+
+/// A datagram routed by a server ID of `len` octets.
+pub fn quic_length_feature(len: u8) -> String {
+    format!("QUIC routed by a server ID of {len:>2} octets")
 }
 
 pub fn tunnel_feature(encap: Encap, shape: &str) -> String {
@@ -273,6 +336,7 @@ impl Report {
         for (f, n) in &s.features {
             let _ = writeln!(t, "  {f:<51} {n:>10}");
         }
+        self.quic_text(&mut t);
         let _ = writeln!(
             t,
             "\nrefused by BPF_PROG_TEST_RUN (EINVAL, under 14 bytes): {}\nmulti-buffer (over {} bytes, not judged): {}",
@@ -285,6 +349,27 @@ impl Report {
             t.push_str(&f.text(self.seed));
         }
         t
+    }
+}
+
+impl Report {
+    /// The QUIC sections: datagrams by aim, judged frames by reading and
+    /// outcome.
+    fn quic_text(&self, t: &mut String) {
+        let s = &self.stats;
+        let aimed: u64 = s.quic_aims.values().sum();
+        let _ = writeln!(t, "\nQUIC datagrams generated, by aim ({aimed}):");
+        for (aim, n) in &s.quic_aims {
+            let _ = writeln!(t, "  {aim:<62} {n:>10}");
+        }
+        let judged: u64 = s.quic.values().sum();
+        let _ = writeln!(
+            t,
+            "\nframes judged as datagrams to a QUIC VIP, by reading × outcome ({judged}):"
+        );
+        for ((why, outcome), n) in &s.quic {
+            let _ = writeln!(t, "  {why:<58} {outcome:<24} {n:>10}");
+        }
     }
 }
 

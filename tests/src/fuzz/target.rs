@@ -75,13 +75,13 @@ impl Target {
         Ok(t)
     }
 
-    /// Writes `model`'s settings and VIPs (every backend usable).
+    /// Writes `model`'s settings and VIPs (a backend usable if it is up).
     pub fn program(&mut self, model: &Model) -> Result<()> {
         self.r
             .apply_settings(&model.lb_settings())
             .context("writing the datapath settings")?;
         self.r
-            .apply(&model.lb_vips(), &|_, _| true)
+            .apply(&model.lb_vips(), &|_, addr| model.is_up(*addr))
             .context("programming the VIPs")?;
         Ok(())
     }

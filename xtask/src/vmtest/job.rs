@@ -40,6 +40,7 @@ const DATAPATH: &[&str] = &[
     "decap",
     "second_chance",
     "bfd",
+    "quic",
 ];
 
 /// End-to-end tests of `tests/e2e/main.rs` in the slice: 50 streaming
@@ -54,10 +55,10 @@ const OLDEST: &str = "6.1";
 
 /// What the slice runs on the oldest kernel: every program's load (the
 /// verifier), the golden frames, the parser, forwarding, `lb_decap` (its
-/// socket-lookup helpers), the fuzzer's slice, the end-to-end restart and
-/// the package under systemd.
+/// socket-lookup helpers), QUIC by connection ID, the fuzzer's slice, the
+/// end-to-end restart and the package under systemd.
 const ON_OLDEST: &[&str] = &[
-    "load", "golden", "parse", "forward", "decap", "fuzz", "e2e", "systemd",
+    "load", "golden", "parse", "forward", "decap", "quic", "fuzz", "e2e", "systemd",
 ];
 
 /// What the slice runs on the other kernels: every program's load, the

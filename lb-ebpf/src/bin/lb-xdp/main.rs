@@ -4,7 +4,9 @@
 //! encapsulate, `XDP_TX`. Fragments and ICMP take their own short paths
 //! (fragment policy, echo replies, errors routed to the flow's backend),
 //! a packet too big once encapsulated is answered with ICMP, and BFD
-//! control packets that are no VIP's are answered (`bfd.rs`). Every
+//! control packets that are no VIP's are answered (`bfd.rs`). A QUIC VIP's
+//! short-header packets go to the server their connection ID names
+//! (`quic.rs`). Every
 //! packet ends in exactly one outcome counter, incremented here and
 //! nowhere else.
 //!
@@ -24,6 +26,7 @@ mod icmp;
 mod maglev;
 mod maps;
 mod probe;
+mod quic;
 mod second_chance;
 mod stats;
 mod syns;
@@ -36,7 +39,7 @@ use lb_common::{
         BACKEND_F_USABLE, BACKEND_INDEX_MASK, CFG_F_ALL_PORTS_VIPS, CFG_F_DROP_MALFORMED,
         CFG_F_HASH_KEY, CFG_F_ICMP_ECHO, CFG_F_PASS_TOO_BIG, CFG_F_TRACE, CT_STAMP_TIME,
         CT_SYN_WINDOW_DEFAULT, FAMILY_V4, KEY_FRAGMENTS, PROTO_TCP, VIP_F_FRAG_HASH,
-        VIP_F_NO_BACKENDS, VIP_F_NO_CONNTRACK,
+        VIP_F_NO_BACKENDS, VIP_F_NO_CONNTRACK, VIP_F_QUIC,
     },
     counters::Kind,
     flow::{ct_position, hash_v4, hash_v6, pick_fields, pick_hash, vip_filter_bit},
@@ -155,6 +158,20 @@ fn decide<const TRACE: bool>(
     let Some(meta) = find_vip(cfg, &pkt.dst, pkt.dport(), pkt.proto, pkt.family) else {
         return not_a_vip(ctx, pkt);
     };
+    // QUIC by connection ID: a moved client's packets name their server.
+    if meta.flags & VIP_F_QUIC != 0 {
+        match quic::route_of(ctx, pkt, &meta) {
+            quic::Quic::Server(def, id) => {
+                let hashes = Hashes {
+                    flow: hash,
+                    pick: id,
+                };
+                return forward::<TRACE>(ctx, cfg, def, pkt, hashes, Counter::FwdQuicCid);
+            }
+            quic::Quic::LongHeader => stats::count(Counter::QuicLongHeader, pkt.frame_len),
+            quic::Quic::Unroutable => stats::count(Counter::QuicUnroutable, pkt.frame_len),
+        }
+    }
     let at = FlowAt {
         bucket_index,
         tag,
@@ -678,7 +695,7 @@ fn find_vip(
 
 /// The backend `handle` names, if it still occupies its index.
 #[inline(always)]
-fn backend_of(handle: u32) -> Option<&'static BackendDef> {
+pub(crate) fn backend_of(handle: u32) -> Option<&'static BackendDef> {
     let def = LB_BACKENDS.get(handle & BACKEND_INDEX_MASK)?;
     (def.handle == handle).then_some(def)
 }

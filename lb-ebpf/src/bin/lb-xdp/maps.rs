@@ -12,6 +12,7 @@ use lb_common::{
     bfd::BFD_MAX_SESSIONS,
     consts::{SYN_SLOTS, TRACE_RING_BYTES},
     counters::COUNTER_SLOTS,
+    quic::QuicServerKey,
 };
 
 /// One element: the global datapath configuration.
@@ -95,6 +96,11 @@ pub static LB_BFD_PEERS: HashMap<BfdKey, BfdConfig> =
 /// slot for a new session).
 #[map]
 pub static LB_BFD_STATE: Array<BfdState> = Array::with_max_entries(BFD_MAX_SESSIONS, 0);
+
+/// QUIC-LB server IDs of the VIPs with `VIP_F_QUIC`: `{server ID, VIP
+/// id}` → backend handle, written by `lbd` only (see `quic.rs`).
+#[map]
+pub static LB_QUIC_SERVERS: HashMap<QuicServerKey, u32> = HashMap::with_max_entries(256, 0);
 
 /// The tier's secret hash key (`CFG_F_HASH_KEY`).
 #[map]

@@ -27,6 +27,10 @@ pub struct SimulateArgs {
     /// As a TCP SYN (a new connection: skips the connection table).
     #[arg(long)]
     syn: bool,
+    /// As a short-header QUIC packet to this connection ID, in hex: a UDP
+    /// VIP with quic: names the server its server ID says.
+    #[arg(long, value_parser = lb::config::quic::parse_cid_arg)]
+    quic_cid: Option<String>,
 }
 
 /// The client ports shown when none is given: spread over the ephemeral
@@ -67,6 +71,7 @@ pub fn run(socket: &Path, args: SimulateArgs, json: bool) -> Result<()> {
             sport,
             dport: args.vip.port,
             syn: args.syn,
+            quic_cid: args.quic_cid.clone(),
         };
         Ok(serde_json::from_value(api::call(socket, &request)?)?)
     };

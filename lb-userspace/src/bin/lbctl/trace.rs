@@ -50,7 +50,7 @@ pub fn run(socket: &Path, args: TraceArgs, json: bool) -> Result<()> {
         vip: args.vip,
         client: args.client.clone(),
     });
-    let leased: TraceLeased = serde_json::from_value(api::call(socket, &on)?)?;
+    let leased: TraceLeased = serde_json::from_value(lease(socket, &on)?)?;
     // SAFETY: installing a handler that only stores to an atomic.
     unsafe {
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
@@ -59,6 +59,34 @@ pub fn run(socket: &Path, args: TraceArgs, json: bool) -> Result<()> {
     let result = follow(socket, &on, &leased, session, args.count, json);
     let _ = api::call(socket, &Request::TraceLease(TraceRequest::Off { session }));
     result
+}
+
+/// How long `lbctl trace` waits for a `lbd` that is still verifying the
+/// traced program (a minute at most on an emulated machine, a second or
+/// two on a real one).
+const READY_WAIT: std::time::Duration = std::time::Duration::from_secs(180);
+
+/// Takes the lease; while `lbd` answers that the traced program is not
+/// verified yet, says so once and asks again every second, for
+/// [`READY_WAIT`] at most.
+fn lease(socket: &Path, on: &Request) -> Result<serde_json::Value> {
+    let started = std::time::Instant::now();
+    let mut told = false;
+    loop {
+        match api::call(socket, on) {
+            Err(api::ClientError::Daemon {
+                code: Some(api::ErrorKind::Unavailable),
+                message,
+            }) if started.elapsed() < READY_WAIT => {
+                if !told {
+                    eprintln!("{message}; waiting");
+                    told = true;
+                }
+                std::thread::sleep(std::time::Duration::from_secs(1));
+            }
+            other => return Ok(other?),
+        }
+    }
 }
 
 /// Prints events until `count` or a signal, renewing the lease.

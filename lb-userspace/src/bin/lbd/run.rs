@@ -24,7 +24,7 @@ use lb::{
         Announcers, Daemon, FileRead, Probes, SAMPLE_EVERY, Target,
         settings::{datapath_settings, hash_key_of, resolve_gateway},
     },
-    dataplane::kernel::KernelDataplane,
+    dataplane::kernel::{KernelDataplane, TracedProgram},
     net,
     reconcile::Reconciler,
     revisions::RevisionStore,
@@ -341,6 +341,7 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
     let feeds = Feeds {
         gateway: &mut gateway,
         tier: &mut tier,
+        traced: &mut Some(verify_traced(&mut daemon)),
     };
     let result = serve(&mut daemon, feeds, probes, calls).await;
     let _ = std::fs::remove_file(&socket);
@@ -434,12 +435,8 @@ async fn start_locked(
     let config = &target.config;
     let tier_name = crate::tier::name(config)?;
     let pin_dir = config.pin_dir();
-    let (mut dp, maps_adopted) = KernelDataplane::open_pinned(config.layout, &pin_dir)
+    let (dp, maps_adopted) = KernelDataplane::open_pinned(config.layout, &pin_dir)
         .with_context(|| format!("loading the XDP program (pins in {})", pin_dir.display()))?;
-    // The traced build too, now: `lbctl trace` then only swaps links, and
-    // no verifier run ever holds up the loop (and its watchdog pings).
-    dp.load_traced()
-        .context("loading the traced program (lb_xdp_trace)")?;
     let mut reconciler = Reconciler::adopt(dp)?;
     let resolved = resolve_gateway(config).await?;
     let gateway = GatewayWatch::start(config, resolved);
@@ -491,11 +488,85 @@ async fn start_locked(
 struct Feeds<'f> {
     gateway: &'f mut Option<GatewayWatch>,
     tier: &'f mut Option<TierLink>,
+    traced: &'f mut TracedTask,
+}
+
+/// `lb_xdp_trace` being verified on a thread of its own (`None` once it
+/// came).
+type TracedTask = Option<oneshot::Receiver<lb::dataplane::Result<TracedProgram>>>;
+
+/// Verifies the traced build apart, once `lbd` serves: `lbctl trace`
+/// then only swaps links, no verifier run holds up the loop (and its
+/// watchdog pings), and a start does not wait for it (it took a minute of
+/// a two-minute start in an emulated guest). A plain thread, not Tokio's
+/// blocking pool: the runtime waits for those when `lbd` exits, and a stop
+/// soon after a start would then wait for the verifier (systemd's
+/// watchdog killed one so in the 6.1 guest).
+fn verify_traced(
+    daemon: &mut Daemon<KernelDataplane>,
+) -> oneshot::Receiver<lb::dataplane::Result<TracedProgram>> {
+    let (layout, pins) = (daemon.config().layout, daemon.config().pin_dir());
+    daemon.dataplane_mut().verifying_traced(true);
+    let (tx, rx) = oneshot::channel();
+    let spawned = std::thread::Builder::new()
+        .name("verify-traced".into())
+        .spawn(move || {
+            let _ = tx.send(KernelDataplane::verify_traced(layout, &pins));
+        });
+    if let Err(e) = spawned {
+        // The sender went with the closure: the loop hears of it at once.
+        error!("cannot start the thread that verifies lb_xdp_trace: {e}");
+    }
+    rx
+}
+
+/// The traced build, when its verification ends (never, once it has).
+async fn traced_done(task: &mut TracedTask) -> Result<TracedProgram> {
+    let Some(rx) = task.as_mut() else {
+        return std::future::pending().await;
+    };
+    let received = rx.await;
+    *task = None;
+    Ok(received??)
+}
+
+/// Hands the traced build to the dataplane; if it failed, `lbctl trace`
+/// verifies it when asked (and says why it cannot).
+fn adopt_traced(daemon: &mut Daemon<KernelDataplane>, traced: Result<TracedProgram>) {
+    match traced {
+        Ok(program) => {
+            daemon.dataplane_mut().adopt_traced(program);
+            info!("lb_xdp_trace verified: lbctl trace is ready");
+        }
+        Err(e) => {
+            daemon.dataplane_mut().verifying_traced(false);
+            error!("verifying lb_xdp_trace failed (lbctl trace will try again): {e:#}");
+        }
+    }
+}
+
+/// Every probe result queued behind `first` too: one re-plan for all.
+fn on_probes(
+    daemon: &mut Daemon<KernelDataplane>,
+    first: (lb::daemon::probes::ProbeId, lb::health::ProbeResult),
+    probes: &mut mpsc::Receiver<(lb::daemon::probes::ProbeId, lb::health::ProbeResult)>,
+) {
+    let mut batch = vec![first];
+    while batch.len() < PROBE_BATCH
+        && let Ok(more) = probes.try_recv()
+    {
+        batch.push(more);
+    }
+    daemon.on_probe_results(batch);
 }
 
 async fn serve(
     daemon: &mut Daemon<KernelDataplane>,
-    Feeds { gateway, tier }: Feeds<'_>,
+    Feeds {
+        gateway,
+        tier,
+        traced,
+    }: Feeds<'_>,
     mut probes: mpsc::Receiver<(lb::daemon::probes::ProbeId, lb::health::ProbeResult)>,
     mut calls: mpsc::Receiver<Call>,
 ) -> Result<()> {
@@ -520,16 +591,8 @@ async fn serve(
             }
             Some(parsed) = parsed_rx.recv() => apply_reload(daemon, tier, parsed, &parsed_tx).await,
             feed = TierLink::next(tier) => on_feed(daemon, tier, feed, &parsed_tx),
-            Some(first) = probes.recv() => {
-                // Every result queued behind it too: one re-plan for all.
-                let mut batch = vec![first];
-                while batch.len() < PROBE_BATCH
-                    && let Ok(more) = probes.try_recv()
-                {
-                    batch.push(more);
-                }
-                daemon.on_probe_results(batch);
-            }
+            Some(first) = probes.recv() => on_probes(daemon, first, &mut probes),
+            done = traced_done(traced) => adopt_traced(daemon, done),
             _ = sample_tick.tick() => {
                 daemon.tick();
                 if watchdog.is_some() {

@@ -107,14 +107,27 @@ async fn alternates_come_from_the_configuration_and_the_previous_revision() {
     assert_eq!(sources(&r), want);
 }
 
+fn shape(syn: bool) -> crate::daemon::views::Shape<'static> {
+    crate::daemon::views::Shape {
+        syn,
+        quic_cid: None,
+    }
+}
+
 #[tokio::test]
 async fn simulate_lists_the_alternates_of_a_miss_only() {
     let r = rig(&file());
     let (client, vip) = (ip("192.0.2.7"), ip("10.99.0.1"));
     for sport in 40_000..40_020 {
-        let syn = r.daemon.simulate(client, vip, 6, sport, 80, true).unwrap();
+        let syn = r
+            .daemon
+            .simulate(client, vip, 6, (sport, 80), shape(true))
+            .unwrap();
         assert!(syn.alternates.is_empty(), "a SYN carries none");
-        let mid = r.daemon.simulate(client, vip, 6, sport, 80, false).unwrap();
+        let mid = r
+            .daemon
+            .simulate(client, vip, 6, (sport, 80), shape(false))
+            .unwrap();
         assert_eq!(mid.backend, syn.backend);
         assert!(!mid.alternates.is_empty(), "two backends: one alternate");
         assert!(!mid.alternates.contains(&mid.backend.unwrap()));

@@ -3,8 +3,9 @@
 //! beside them, IPv4 options, IPv6 extension-header chains up to and past
 //! the limits, fragments, ICMP errors quoting VIP flows (cut at every
 //! length, or cut by the IP length with the rest left as trailer), echo
-//! requests, VLAN tags, Ethernet padding — then mutations of those and
-//! plain random bytes, from 0 to ~3,700 bytes.
+//! requests, VLAN tags, Ethernet padding, QUIC datagrams to the QUIC VIPs
+//! — then mutations of those and plain random bytes, from 0 to ~3,700
+//! bytes.
 //!
 //! Generators know the configuration (to aim at VIPs) but decide nothing:
 //! the oracle reads every frame afresh. Flows are drawn from a pool so
@@ -15,6 +16,7 @@ mod ext;
 mod icmp;
 mod ip;
 mod mutate;
+mod quic;
 
 use std::{fmt, net::IpAddr};
 
@@ -46,10 +48,11 @@ pub enum Gen {
     Random,
     RandomIp,
     Huge,
+    Quic,
 }
 
 impl Gen {
-    pub const ALL: [Gen; 19] = [
+    pub const ALL: [Gen; 20] = [
         Gen::Vip4,
         Gen::Vip6,
         Gen::NearVip,
@@ -69,12 +72,14 @@ impl Gen {
         Gen::Random,
         Gen::RandomIp,
         Gen::Huge,
+        Gen::Quic,
     ];
 
     /// Relative frequency.
     fn weight(self) -> u32 {
         match self {
             Gen::Vip4 | Gen::Vip6 => 110,
+            Gen::Quic => 90,
             Gen::Ext6 => 100,
             Gen::Mutated => 160,
             Gen::IcmpError4 | Gen::IcmpError6 => 60,
@@ -106,6 +111,7 @@ impl Gen {
             Gen::Random => "random",
             Gen::RandomIp => "random_ip",
             Gen::Huge => "huge",
+            Gen::Quic => "quic",
         }
     }
 }
@@ -124,6 +130,8 @@ pub struct Sample {
     pub source: Gen,
     pub frame: Vec<u8>,
     pub fields: Vec<usize>,
+    /// A QUIC datagram's aim (what the generator meant it to be).
+    pub quic: Option<&'static str>,
 }
 
 /// An IP packet to build: addresses, the upper-layer protocol and bytes,
@@ -227,6 +235,8 @@ pub struct Generator {
     /// [`Gen::weight`] of every generator, in [`Gen::ALL`] order.
     weights: Vec<u32>,
     pools: [Pool; 2],
+    /// Flows to the QUIC VIPs (see [`quic`]).
+    quic: Vec<PoolFlow>,
     /// Frames above this become multi-buffer in the kernel.
     pub linear_max: usize,
 }
@@ -237,6 +247,7 @@ impl Generator {
             rng: Rng::new(seed),
             weights: Gen::ALL.iter().map(|g| g.weight()).collect(),
             pools: Default::default(),
+            quic: Vec::new(),
             linear_max,
         }
     }
@@ -279,6 +290,7 @@ impl Generator {
             Gen::Random => mutate::random(self),
             Gen::RandomIp => mutate::random_ip(self, model),
             Gen::Huge => mutate::huge(self, model),
+            Gen::Quic => quic::datagram(self, model),
         }
     }
 
@@ -305,6 +317,7 @@ impl Generator {
             source,
             frame,
             fields: all,
+            quic: None,
         }
     }
 

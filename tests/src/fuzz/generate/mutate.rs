@@ -8,8 +8,9 @@
 use super::{Gen, Generator, Sample, ip};
 use crate::fuzz::{model::Model, wire};
 
-/// Generators whose frames are worth tagging or mutating.
-const BASES: [Gen; 10] = [
+/// Generators whose frames are worth tagging (all but the last) or
+/// mutating.
+const BASES: [Gen; 11] = [
     Gen::Vip4,
     Gen::Vip6,
     Gen::Options4,
@@ -19,13 +20,14 @@ const BASES: [Gen; 10] = [
     Gen::IcmpError4,
     Gen::IcmpError6,
     Gen::Echo,
+    Gen::Quic,
     Gen::TooBig,
 ];
 
 /// A frame of another generator with `tags` VLAN tags inserted (one tag:
 /// sometimes cut short; two: QinQ).
 pub fn tagged(g: &mut Generator, model: &Model, tags: usize) -> Sample {
-    let base = *g.rng.pick(&BASES[..9]);
+    let base = *g.rng.pick(&BASES[..10]);
     let mut s = g.generate(model, base);
     let mut insert = Vec::new();
     for i in 0..tags {
@@ -68,6 +70,7 @@ pub fn mutated(g: &mut Generator, model: &Model) -> Sample {
         mutate_once(g, &mut s);
     }
     s.source = Gen::Mutated;
+    s.quic = s.quic.map(|_| super::quic::MUTATED);
     s
 }
 
@@ -132,6 +135,7 @@ pub fn not_ip(g: &mut Generator) -> Sample {
         source: Gen::NotIp,
         frame,
         fields: vec![12, 13],
+        quic: None,
     }
 }
 
@@ -142,6 +146,7 @@ pub fn random(g: &mut Generator) -> Sample {
         source: Gen::Random,
         frame: g.rng.bytes(n),
         fields: Vec::new(),
+        quic: None,
     }
 }
 
@@ -168,6 +173,7 @@ pub fn random_ip(g: &mut Generator, model: &Model) -> Sample {
         source: Gen::RandomIp,
         frame: wire::Eth::default().frame(ethertype, &body),
         fields: vec![14, 15, 16, 17, 18, 19, 20, 23],
+        quic: None,
     }
 }
 

@@ -12,10 +12,12 @@
 //! may send instead. Where the README can be read two ways (a fragment
 //! header counted among the four walked extension headers or not; an AH
 //! header of 8 bytes), both readings are accepted; every such case is
-//! named in [`Expect::why`].
+//! named in [`Expect::why`]. A datagram to a QUIC VIP also carries the
+//! route its connection ID calls for ([`quic`]).
 
 mod icmp;
 mod parse;
+pub mod quic;
 
 use std::{fmt, net::IpAddr, ops::Range};
 
@@ -119,6 +121,9 @@ pub struct Expect {
     pub touches: Option<Flow>,
     /// Ethernet header length with its tag (14 or 18).
     pub l2: usize,
+    /// A datagram to a QUIC VIP: where it goes without a usable
+    /// connection-table entry.
+    pub quic: Option<quic::Reading>,
 }
 
 impl Expect {
@@ -130,6 +135,7 @@ impl Expect {
             reply: None,
             touches: None,
             l2: 14,
+            quic: None,
         }
     }
 
@@ -147,7 +153,10 @@ impl Expect {
 
     /// What the oracle read and the kinds it accepts, for reports.
     pub fn reading(&self) -> String {
-        format!("{} ({})", self.why, self.kinds)
+        match &self.quic {
+            Some(q) => format!("{} ({}); QUIC: {}", self.why, self.kinds, q.why),
+            None => format!("{} ({})", self.why, self.kinds),
+        }
     }
 
     /// Also accepts `other`'s outcomes (a frame the README lets be read
@@ -157,6 +166,7 @@ impl Expect {
         self.forward = self.forward.or(other.forward);
         self.reply = self.reply.or(other.reply);
         self.touches = self.touches.or(other.touches);
+        self.quic = self.quic.or(other.quic);
         self
     }
 

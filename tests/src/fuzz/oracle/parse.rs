@@ -10,7 +10,7 @@ use etherparse::{
     Ipv6HeaderSlice, Ipv6RawExtHeaderSlice, SingleVlanHeaderSlice, UdpHeaderSlice,
 };
 
-use super::{Expect, Flow, Forward, Kinds, Reply, icmp};
+use super::{Expect, Flow, Forward, Kinds, Reply, icmp, quic};
 use crate::fuzz::model::Model;
 
 /// Most hop-by-hop, routing, destination-options and AH headers walked.
@@ -252,14 +252,17 @@ fn upper(model: &Model, ip: &Ip, proto: u8, offset: usize) -> Expect {
                 u16::from_be_bytes([l4[0], l4[1]]),
                 u16::from_be_bytes([l4[2], l4[3]]),
             );
-            let mut e = tcp_udp(model, ip, 6, ports);
+            let mut e = tcp_udp(model, ip, 6, ports, &[]);
             if let Some(f) = &mut e.forward {
                 f.syn = l4[13] & 0x12 == 0x02;
             }
             e
         }
         17 => match UdpHeaderSlice::from_slice(l4) {
-            Ok(u) => tcp_udp(model, ip, 17, (u.source_port(), u.destination_port())),
+            Ok(u) => {
+                let ports = (u.source_port(), u.destination_port());
+                tcp_udp(model, ip, 17, ports, &l4[8..])
+            }
             Err(_) => Expect::malformed("UDP header cut by the IP length"),
         },
         p if p == icmp => icmp::verdict(model, ip, offset),
@@ -267,12 +270,28 @@ fn upper(model: &Model, ip: &Ip, proto: u8, offset: usize) -> Expect {
     }
 }
 
-fn tcp_udp(model: &Model, ip: &Ip, proto: u8, (sport, dport): (u16, u16)) -> Expect {
+/// TCP or UDP (`payload`: a UDP datagram's payload, inside the IP
+/// packet) to VIP `dport`, if any. A datagram a QUIC VIP routes by its
+/// connection ID is never recorded in the connection table.
+fn tcp_udp(
+    model: &Model,
+    ip: &Ip,
+    proto: u8,
+    (sport, dport): (u16, u16),
+    payload: &[u8],
+) -> Expect {
     let Some(v) = model.lookup(ip.dst, dport, proto) else {
         return Expect::pass("TCP or UDP to no VIP");
     };
+    let reading = if proto == 17 {
+        quic::read(model, v, payload)
+    } else {
+        None
+    };
     if !model.vips[v].has_backends() {
-        return Expect::drop("TCP or UDP to a VIP without backends");
+        let mut e = Expect::drop("TCP or UDP to a VIP without backends");
+        e.quic = reading;
+        return e;
     }
     let flow = Flow {
         src: ip.src,
@@ -283,7 +302,9 @@ fn tcp_udp(model: &Model, ip: &Ip, proto: u8, (sport, dport): (u16, u16)) -> Exp
         three_tuple: false,
     };
     let mut e = forward_or_too_big(model, ip, v, flow, "TCP or UDP to a VIP");
-    e.touches = Some(flow);
+    let by_cid = matches!(reading, Some(r) if matches!(r.route, quic::Route::Server(_)));
+    e.touches = (!by_cid).then_some(flow);
+    e.quic = reading;
     e
 }
 
