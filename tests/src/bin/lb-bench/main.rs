@@ -10,6 +10,7 @@
 //! and tail-calls the program under test; the harness's own cost (measured
 //! by tail-calling an empty program in the same run) is subtracted: "net".
 
+mod full;
 mod multicore;
 
 use std::{
@@ -26,7 +27,10 @@ use aya::{
 };
 use etherparse::PacketBuilder;
 use lb::{
-    config::{BackendConfig, MalformedPolicy, VipConfig},
+    config::{
+        BackendConfig, MalformedPolicy, VipConfig,
+        quic::{QuicConfig, ServerId},
+    },
     dataplane::{Dataplane, Layout, kernel::KernelDataplane},
     objects,
     reconcile::{DatapathSettings, Reconciler},
@@ -81,13 +85,26 @@ fn tcp4(dst: [u8; 4], sport: u16, syn: bool) -> Vec<u8> {
 }
 
 fn udp4(dst: [u8; 4], sport: u16) -> Vec<u8> {
+    udp4_to(dst, 53, sport, &[0x55; 60])
+}
+
+fn udp4_to(dst: [u8; 4], dport: u16, sport: u16, payload: &[u8]) -> Vec<u8> {
     let mut out = vec![];
     PacketBuilder::ethernet2([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2])
         .ipv4([192, 0, 2, 7], dst, 64)
-        .udp(sport, 53)
-        .write(&mut out, &[0x55; 60])
+        .udp(sport, dport)
+        .write(&mut out, payload)
         .expect("build");
     out
+}
+
+/// A short-header QUIC packet to the QUIC VIP (`10.0.0.10:443/udp`)
+/// whose connection ID names server ID `00 02` (config 0), 60 bytes of
+/// payload like the other frames.
+fn quic_short(sport: u16) -> Vec<u8> {
+    let mut payload = vec![0x40, 0x00, 0x00, 0x02, 0xa1, 0xb2, 0xc3, 0xd4, 0xe5, 0xf6];
+    payload.resize(60, 0x55);
+    udp4_to([10, 0, 0, 10], 443, sport, &payload)
 }
 
 fn tcp6(sport: u16, syn: bool) -> Vec<u8> {
@@ -108,9 +125,11 @@ fn tcp6(sport: u16, syn: bool) -> Vec<u8> {
     out
 }
 
-/// The VIPs; `second_chance`: 10.0.0.20:80 has it (an earlier build,
-/// without `LB_ALTERNATES`, gets the same VIP without).
-fn vips(n_backends: usize, second_chance: bool) -> Vec<VipConfig> {
+/// The VIPs; `current`: this build's features, second chance on
+/// 10.0.0.20:80 and QUIC routing on 10.0.0.10:443/udp (an earlier build,
+/// without `LB_ALTERNATES` or `LB_QUIC_SERVERS`, gets the same VIPs
+/// without them).
+fn vips(n_backends: usize, current: bool) -> Vec<VipConfig> {
     let v4: Vec<BackendConfig> = (1..=n_backends)
         .map(|i| BackendConfig::new(format!("10.1.0.{i}").parse().expect("ip"), 1))
         .collect();
@@ -120,12 +139,31 @@ fn vips(n_backends: usize, second_chance: bool) -> Vec<VipConfig> {
     vec![
         VipConfig::new("10.0.0.10:80/tcp".parse().expect("vip"), v4.clone()),
         VipConfig {
-            second_chance,
+            second_chance: current,
             ..VipConfig::new("10.0.0.20:80/tcp".parse().expect("vip"), v4.clone())
         },
-        VipConfig::new("10.0.0.10:53/udp".parse().expect("vip"), v4),
+        VipConfig::new("10.0.0.10:53/udp".parse().expect("vip"), v4.clone()),
+        quic_vip(v4, current),
         VipConfig::new("[2001:db8::10]:80/tcp".parse().expect("vip"), v6),
     ]
+}
+
+/// The QUIC VIP: server IDs `00 01`, `00 02`... with `quic` on.
+fn quic_vip(mut backends: Vec<BackendConfig>, quic: bool) -> VipConfig {
+    let id = "10.0.0.10:443/udp".parse().expect("vip");
+    if !quic {
+        return VipConfig::new(id, backends);
+    }
+    for (i, b) in backends.iter_mut().enumerate() {
+        b.server_id = Some(ServerId(vec![0, i as u8 + 1]));
+    }
+    VipConfig {
+        quic: Some(QuicConfig {
+            server_id_len: 2,
+            config_id: 0,
+        }),
+        ..VipConfig::new(id, backends)
+    }
 }
 
 /// The balancer, programmed through the reconciler like `lbd` does.
@@ -162,12 +200,16 @@ fn balancer_of(
 
 struct Harness {
     bench: Ebpf,
+    /// Stamped runs cycle through this many flows (`BenchPacket::stamp_mod`;
+    /// 0: a new flow every run).
+    cycle: u32,
 }
 
 impl Harness {
     fn load() -> Result<Harness> {
         let mut h = Harness {
             bench: Ebpf::load(objects::LB_BENCH).context("loading the bench object")?,
+            cycle: 0,
         };
         for name in [
             "lb_bench",
@@ -210,7 +252,7 @@ impl Harness {
             len: frame.len() as u32,
             stamp_off,
             redirect_ifindex,
-            stamp_mod: 0,
+            stamp_mod: self.cycle,
             data,
         };
         let mut map: Array<_, BenchPacket> =
@@ -391,6 +433,14 @@ fn datapath(baseline: Option<&[u8]>) -> Result<(Vec<Row>, Net, Stat)> {
             Counter::FwdConntrack,
         ),
         (
+            "QUIC short header routed by its connection ID (a moved client: no table entry; baseline: UDP table hit)",
+            quic_short(5500),
+            0,
+            vec![quic_short(5500)],
+            XDP_TX,
+            Counter::FwdQuicCid,
+        ),
+        (
             "IPv6 VIP, table hit",
             tcp6(6000, false),
             0,
@@ -516,6 +566,7 @@ fn baseline_counter(counter: Counter, stamp: u32) -> Counter {
     match counter {
         Counter::FwdSecondChance if stamp != 0 => Counter::FwdMaglev,
         Counter::FwdSecondChance => Counter::FwdConntrack,
+        Counter::FwdQuicCid => Counter::FwdConntrack,
         c => c,
     }
 }
@@ -780,8 +831,13 @@ fn main() -> Result<()> {
     require_root()?;
     let started = Instant::now();
     pin_to_cpu(1);
-    if wanted("datapath") {
-        print_datapath()?;
+    let small = if wanted("datapath") {
+        Some(print_datapath()?)
+    } else {
+        None
+    };
+    if wanted("full") {
+        full::print(small.as_deref())?;
     }
     if wanted("forwarding") {
         print_forwarding()?;
@@ -802,7 +858,7 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-fn print_datapath() -> Result<()> {
+fn print_datapath() -> Result<Vec<Row>> {
     println!("## Datapath (`cargo xtask bench`, {})", today());
     println!();
     println!(
@@ -831,6 +887,18 @@ fn print_datapath() -> Result<()> {
         ns_row(&harness)
     );
     println!();
+    let of = |prefix: &str| {
+        rows.iter()
+            .find(|r| r.class.starts_with(prefix))
+            .map(|r| r.stat.of_minima)
+    };
+    if let (Some(quic), Some(udp)) = (of("QUIC short header"), of("UDP, table hit")) {
+        println!(
+            "A QUIC packet routed by its connection ID costs {:.2}× a UDP table hit (of minima, this run).",
+            quic / udp
+        );
+        println!();
+    }
     if let Some((path, _)) = baseline {
         println!(
             "Against the baseline build `{path}`, measured in the same rounds (\"lb − baseline\": lb's batch minus the baseline's, averaged over two rounds that each program started once; {} such samples; negative is faster).",
@@ -855,7 +923,7 @@ fn print_datapath() -> Result<()> {
         }
         println!();
     }
-    Ok(())
+    Ok(rows)
 }
 
 fn print_forwarding() -> Result<()> {
