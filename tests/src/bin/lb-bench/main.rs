@@ -1,7 +1,11 @@
 //! `lb-bench` (run by `cargo xtask bench`, as root): datapath cost per
-//! packet class, forwarding rate on a veth with live frames, the datapath
-//! on two CPUs at once (`multicore.rs`), table-write cost, and memory. Prints markdown sections; never fails on a timing,
-//! only on a broken measurement (wrong action, counters that did not move).
+//! packet class, the same on a connection table prefilled with millions of
+//! flows (`full.rs`), forwarding rate on a veth with live frames, the
+//! datapath on two CPUs at once (`multicore.rs`), table-write cost, and
+//! memory; `LB_BENCH_ONLY` (any of datapath, full, forwarding, multicore,
+//! decap, table, memory) picks parts. Prints markdown sections; never
+//! fails on a timing, only on a broken measurement (wrong action, counters
+//! that did not move).
 //!
 //! `second_chance` (a file of its own) measures `lb_decap` the same way.
 //!
