@@ -201,16 +201,11 @@ fn check(c: &Class, delta: &Deltas) -> Result<Option<f64>> {
         (delta(c.counter) + collisions, None)
     };
     if moved != expected || share.is_some_and(|s| s < 0.98) {
-        let seen: Vec<String> = Counter::ALL
-            .iter()
-            .filter(|&&k| delta(k) > 0)
-            .map(|&k| format!("{} {}", k.name(), delta(k)))
-            .collect();
         bail!(
             "{}: expected {expected} packets counted as {} (hits at least 98%); counted: {}",
             c.class,
             c.counter.name(),
-            seen.join(", ")
+            super::counted(&delta)
         );
     }
     Ok(share)

@@ -341,6 +341,16 @@ impl Net {
     }
 }
 
+/// Every counter that moved, with how much (`delta`), for an error.
+fn counted(delta: &dyn Fn(Counter) -> u64) -> String {
+    let seen: Vec<String> = Counter::ALL
+        .iter()
+        .filter(|&&c| delta(c) > 0)
+        .map(|&c| format!("{} {}", c.name(), delta(c)))
+        .collect();
+    seen.join(", ")
+}
+
 fn counters(r: &Reconciler<KernelDataplane>) -> Result<Vec<CounterValue>> {
     Ok(r.dataplane().counters()?)
 }
@@ -534,15 +544,10 @@ fn datapath(baseline: Option<&[u8]>) -> Result<(Vec<Row>, Net, Stat)> {
                 0
             };
             if moved + collisions != expected || collisions > 2 {
-                let seen: Vec<String> = Counter::ALL
-                    .iter()
-                    .filter(|&&c| delta(c) > 0)
-                    .map(|&c| format!("{} {}", c.name(), delta(c)))
-                    .collect();
                 bail!(
                     "{class}: expected {expected} packets counted as {}; counted: {}",
                     counter.name(),
-                    seen.join(", ")
+                    counted(&delta)
                 );
             }
             if collisions > 0 {
