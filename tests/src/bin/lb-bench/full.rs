@@ -18,13 +18,9 @@
 
 use anyhow::{Result, bail};
 use aya::programs::{ProgramFd, TestRun as _, TestRunOptions};
-use lb::{
-    dataplane::{Dataplane, kernel::KernelDataplane},
-    reconcile::Reconciler,
-};
-use lb_common::{Counter, CounterValue, consts::SYN_SLOTS};
+use lb_common::{Counter, consts::SYN_SLOTS};
 
-use super::{Harness, Net, REPEAT, RUNS, XDP_PASS, XDP_TX, balancer, tcp4, tcp6, udp4};
+use super::{Harness, Net, REPEAT, RUNS, XDP_PASS, XDP_TX, balancer, counters, tcp4, tcp6, udp4};
 
 /// Connection-table buckets: 2²¹ cache lines of six ways, 128 MiB.
 const BUCKETS: u32 = 1 << 21;
@@ -211,14 +207,6 @@ fn check(c: &Class, delta: &Deltas) -> Result<Option<f64>> {
     Ok(share)
 }
 
-fn counters(r: &Reconciler<KernelDataplane>) -> Result<Vec<u64>> {
-    Ok(r.dataplane()
-        .counters()?
-        .iter()
-        .map(|c: &CounterValue| c.packets)
-        .collect())
-}
-
 /// Every class on the full table, and the number of flows prefilled. The
 /// classes take turns within each round, like the builds of `datapath`
 /// (their order rotating), so that the host's drift stays out of their
@@ -248,7 +236,7 @@ pub fn measure() -> Result<(Vec<Measured>, u32)> {
             let before = counters(&r)?;
             times[i + 1].push(h.batch(&c.frame, XDP_TX)?);
             for (d, (a, b)) in deltas[i].iter_mut().zip(counters(&r)?.iter().zip(before)) {
-                *d += a - b;
+                *d += a.packets - b.packets;
             }
         }
     }
