@@ -13,7 +13,7 @@ mod common;
 
 use std::time::Duration;
 
-use lb::bfd::{BfdTable, KernelBfdTable};
+use lb::{BfdTable, KernelBfdTable};
 use lb_common::{BfdConfig, BfdKey, BfdState, Counter, addr_to_words};
 
 use common::{XDP_DROP, XDP_PASS, XDP_TX, ip, packets::inet_checksum, xdp::Rig};

@@ -12,7 +12,7 @@ mod common;
 
 use std::{collections::BTreeSet, net::IpAddr};
 
-use lb::{config::Encap, config::hash::HashFields, predict::predict};
+use lb::{config::Encap, config::HashFields, predict::predict};
 use lb_common::{Counter, FlowKey, consts::PROTO_TCP};
 
 use common::{

@@ -9,7 +9,9 @@
 mod common;
 
 use lb::{
-    dataplane::{Dataplane as _, DataplaneError, Layout, kernel::KernelDataplane, verifier},
+    dataplane::{
+        Dataplane as _, DataplaneError, KernelDataplane, Layout, Rejection, kernel_release,
+    },
     decap::{Decap, DecapError},
 };
 
@@ -26,7 +28,7 @@ fn layout() -> Layout {
 
 /// The verifier's refusal in full (its summary, then the whole log on
 /// stderr for the test's output), or any other failure as it is.
-fn explain(rejection: Option<&verifier::Rejection>, other: &dyn std::fmt::Display) -> String {
+fn explain(rejection: Option<&Rejection>, other: &dyn std::fmt::Display) -> String {
     match rejection {
         Some(r) => {
             eprintln!("the whole verifier log of {}:\n{}", r.program, r.log);
@@ -38,7 +40,7 @@ fn explain(rejection: Option<&verifier::Rejection>, other: &dyn std::fmt::Displa
 
 fn balancer() -> KernelDataplane {
     common::require_root("datapath");
-    eprintln!("kernel {}", verifier::kernel_release());
+    eprintln!("kernel {}", kernel_release());
     match KernelDataplane::load(layout()) {
         Ok(dp) => dp,
         Err(e) => {

@@ -16,7 +16,7 @@ use std::net::IpAddr;
 
 use etherparse::PacketBuilder;
 use lb::{
-    config::{Encap, quic::QuicConfig},
+    config::{Encap, QuicConfig},
     dataplane::Dataplane,
     predict::predict,
 };

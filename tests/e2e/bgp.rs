@@ -18,11 +18,8 @@ use std::{
 
 use anyhow::{Context as _, Result, bail};
 use lb::announce::{
-    SessionState,
-    bgp::{
-        BgpConfig, ConnectRetry, PeerConfig,
-        wire::{self, Decoder, Message, Notification},
-    },
+    BgpConfig, ConnectRetry, PeerConfig, SessionState,
+    wire::{self, Decoder, Message, Notification},
 };
 use lb_tests::{
     routers::{

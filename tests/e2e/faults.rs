@@ -203,7 +203,7 @@ fn concurrent_decap_changes_on_one_interface_are_refused() {
         // Hold the interface's decap lock as a concurrent `lbctl decap
         // attach` would, from this process.
         let dir = be.decap_pin_dir();
-        let held = lb::lock::DirLock::acquire(dir, "test", "interface")?;
+        let held = lb::DirLock::acquire(dir, "test", "interface")?;
         for args in [
             &["decap", "attach", "eth0"][..],
             &["decap", "detach", "eth0"],

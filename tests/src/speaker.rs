@@ -16,10 +16,7 @@ use std::{
 };
 
 use anyhow::{Context as _, Result, anyhow, bail};
-use lb::announce::{
-    Announcer as _, PeerStatus,
-    bgp::{BgpConfig, BgpSpeaker},
-};
+use lb::announce::{Announcer as _, BgpConfig, BgpSpeaker, PeerStatus};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::{netns::Netns, rig::bin_path};

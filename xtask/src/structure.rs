@@ -12,11 +12,14 @@
 //!   module that defines them. Cycles (strongly connected sets) are
 //!   listed; a reference between a module and its own ancestor (a
 //!   parent's shared types, a child's items) is containment, not an edge;
-//! - every function's length is measured from `fn` to its closing brace.
+//! - every function's length is measured from `fn` to its closing brace;
+//! - the modules a caller outside the crate can name are listed (`pub`
+//!   all the way from the root), so the library's surface stays its
+//!   top-level facades.
 //!
-//! The suite holds both to the rules in ARCHITECTURE.md (no cycle, no
-//! function over [`MAX_FN_LINES`] unless it is a table) through this
-//! module's tests.
+//! The suite holds them to the rules in ARCHITECTURE.md (no cycle, no
+//! function over [`MAX_FN_LINES`] unless it is a table, no public module
+//! below a facade) through this module's tests.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -96,6 +99,9 @@ pub struct CrateShape {
     pub edges: BTreeMap<String, BTreeSet<String>>,
     /// Every module of the crate, by path (the root is empty).
     modules: BTreeSet<Vec<String>>,
+    /// The modules a caller outside the crate can name: `pub`, in a
+    /// module it can name (the root included).
+    pub public_modules: BTreeSet<Vec<String>>,
     /// Each path a module names: (module, path as written).
     refs: Vec<(Vec<String>, Vec<String>)>,
     /// `use` bindings: (module, name) → path as written there.
@@ -118,6 +124,7 @@ pub fn walk_crate(workspace: &Path, root: &str) -> Result<CrateShape> {
     let path = workspace.join(root);
     let dir = path.parent().context("crate root without a directory")?;
     shape.modules.insert(Vec::new());
+    shape.public_modules.insert(Vec::new());
     walk_file(workspace, &path, dir, &[], &mut shape)?;
     shape.draw_edges();
     Ok(shape)
@@ -258,6 +265,11 @@ impl Reader<'_> {
         let mut module = self.module.to_vec();
         module.push(name.clone());
         self.shape.modules.insert(module.clone());
+        if matches!(m.vis, syn::Visibility::Public(_))
+            && self.shape.public_modules.contains(self.module)
+        {
+            self.shape.public_modules.insert(module.clone());
+        }
         let child_dir = dir.join(&name);
         match &m.content {
             Some((_, items)) => {
@@ -869,6 +881,43 @@ mod tests {
 
     /// Every Rust file of the workspace that git tracks (or that is new
     /// and not ignored) is named in ARCHITECTURE.md's code map.
+    #[test]
+    fn the_library_exposes_its_facades_and_nothing_below_them() {
+        let lib = walk_crate(&workspace(), "lb-userspace/src/lib.rs").expect("the library parses");
+        let deep: Vec<String> = lib
+            .public_modules
+            .iter()
+            .filter(|m| m.len() > 1)
+            .map(|m| m.join("::"))
+            .collect();
+        assert!(
+            deep.is_empty(),
+            "modules a caller can reach below a facade (make them pub(crate) and \
+             re-export what callers use from the facade): {deep:?}"
+        );
+        let facades = lib.public_modules.iter().filter(|m| m.len() == 1).count();
+        assert!(
+            facades >= 10,
+            "{facades} facades: the walk lost the library's modules"
+        );
+    }
+
+    #[test]
+    fn a_public_module_inside_a_crate_private_one_is_not_reachable() {
+        let file: File = syn::parse_file(
+            "pub mod a { pub mod b {} pub(crate) mod c { pub mod d {} } }\n\
+             mod e { pub mod f {} }\n",
+        )
+        .expect("test source parses");
+        let mut shape = CrateShape::default();
+        shape.public_modules.insert(Vec::new());
+        let here = Path::new(".");
+        walk_items(here, here, &file.items, here, &[], &mut shape).expect("inline modules");
+        assert_eq!(shape.modules.len(), 6, "{:?}", shape.modules);
+        let reachable: Vec<String> = shape.public_modules.iter().map(|m| m.join("::")).collect();
+        assert_eq!(reachable, ["", "a", "a::b"], "{reachable:?}");
+    }
+
     #[test]
     fn every_source_file_is_in_the_code_map() {
         let ws = workspace();

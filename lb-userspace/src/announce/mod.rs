@@ -33,10 +33,12 @@
 //! can hold a `Vec<Box<dyn Announcer>>`. Announcers that spawn tasks must be
 //! started inside a tokio runtime.
 
-pub mod bgp;
-pub mod exabgp;
-pub mod exec;
-pub mod policy;
+pub(crate) mod bgp;
+pub(crate) mod exabgp;
+pub(crate) mod exec;
+pub(crate) mod policy;
+
+pub use self::bgp::{BgpConfig, BgpSpeaker, ConnectRetry, PeerConfig, wire};
 
 use std::{collections::BTreeSet, fmt, net::IpAddr};
 

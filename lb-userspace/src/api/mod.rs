@@ -12,9 +12,10 @@
 //! This module owns the wire types and the blocking client; the handlers
 //! are `crate::daemon`'s, the socket `lbd`'s.
 
-pub mod request;
-pub mod schema;
-pub mod wire;
+pub(crate) mod request;
+#[cfg(test)]
+mod schema;
+pub(crate) mod wire;
 
 use std::{
     io::{BufRead as _, BufReader, Write as _},

@@ -17,7 +17,7 @@
 //! session down: `announce::bgp::session`), the maps themselves
 //! ([`table`]).
 
-pub mod table;
+pub(crate) mod table;
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -38,7 +38,9 @@ use thiserror::Error;
 use tokio::{sync::watch, task::JoinHandle};
 use tracing::{info, warn};
 
-pub use self::table::{BfdTable, BfdTableError, FakeBfdTable, KernelBfdTable};
+#[cfg(test)]
+pub use self::table::FakeBfdTable;
+pub use self::table::{BfdTable, BfdTableError, KernelBfdTable};
 use crate::config::announce::bgp::BfdTimers;
 
 /// How often `lbd` reads the sessions' state.

@@ -4,13 +4,14 @@
 //! slot given to a new session). [`BfdTable`] is the interface; the
 //! kernel's maps ([`KernelBfdTable`], opened from the instance's pins or
 //! taken from a loaded object) and an in-memory one for tests
-//! ([`FakeBfdTable`]) implement it.
+//! (`FakeBfdTable`, compiled for tests only) implement it.
 //!
 //! These maps are outside the reconciler on purpose: they are the BGP
 //! speaker's (ARCHITECTURE.md, "BFD"), and nothing in them is VIP state.
 
+#[cfg(test)]
+use std::collections::BTreeMap;
 use std::{
-    collections::BTreeMap,
     path::Path,
     sync::{Mutex, MutexGuard},
 };
@@ -142,12 +143,14 @@ fn check_slot(slot: u32) -> Result<()> {
 }
 
 /// In memory, for tests: the state is whatever the test sets.
+#[cfg(test)]
 #[derive(Default)]
 pub struct FakeBfdTable {
     peers: Mutex<BTreeMap<[u32; 5], (BfdKey, BfdConfig)>>,
     state: Mutex<BTreeMap<u32, BfdState>>,
 }
 
+#[cfg(test)]
 fn fake_key(k: &BfdKey) -> [u32; 5] {
     [
         k.addr[0],
@@ -158,6 +161,7 @@ fn fake_key(k: &BfdKey) -> [u32; 5] {
     ]
 }
 
+#[cfg(test)]
 impl FakeBfdTable {
     /// Sets a slot's state, as the datapath would.
     pub fn put_state(&self, slot: u32, state: BfdState) {
@@ -165,6 +169,7 @@ impl FakeBfdTable {
     }
 }
 
+#[cfg(test)]
 impl BfdTable for FakeBfdTable {
     fn peers(&self) -> Result<Vec<(BfdKey, BfdConfig)>> {
         Ok(lock(&self.peers).values().copied().collect())

@@ -15,18 +15,18 @@
 //! [`duration`], which import nothing of the crate. [`parse`] turns text
 //! into the raw form, reporting every problem of a file.
 
-pub mod announce;
-pub mod datapath;
-pub mod duration;
-pub mod error;
-pub mod hash;
-pub mod health;
-pub mod parse;
-pub mod passive;
-pub mod quic;
-pub mod source;
-pub mod vip;
-pub mod vip_settings;
+pub(crate) mod announce;
+pub(crate) mod datapath;
+pub(crate) mod duration;
+pub(crate) mod error;
+pub(crate) mod hash;
+pub(crate) mod health;
+pub(crate) mod parse;
+pub(crate) mod passive;
+pub(crate) mod quic;
+pub(crate) mod source;
+pub(crate) mod vip;
+pub(crate) mod vip_settings;
 
 use std::{
     collections::BTreeSet,
@@ -42,7 +42,10 @@ use self::{announce::AnnounceConfig, error::prefixed};
 pub use self::{
     datapath::{Gateway, Mac, MalformedPolicy, Prefix, TooBigPolicy, XdpModeSetting},
     error::{ConfigError, ConfigErrors, excerpt},
+    hash::HashFields,
     health::{HealthCheck, HttpCheck},
+    quic::{QuicConfig, ServerId, parse_cid_arg},
+    source::{MAX_DESIRED_BYTES, valid_name},
     vip::{
         BackendConfig, Encap, FragmentPolicy, MAX_WEIGHT, MIN_TABLE_SIZE, Protocol, RawVip,
         VipConfig, VipId,

@@ -1,6 +1,6 @@
 //! The daemon's state and every request's handler, generic over the
-//! [`Dataplane`] so that they run against [`crate::dataplane::fake`] in
-//! unit tests the way the reconciler does. `lbd` (the binary) keeps only
+//! [`Dataplane`] so that they run against the in-memory dataplane
+//! (`dataplane::fake`) in unit tests the way the reconciler does. `lbd` (the binary) keeps only
 //! the wiring: loading and attaching the program, the socket, signals,
 //! the gateway watcher, and the loop that feeds this type one event at a
 //! time.
@@ -26,21 +26,28 @@
 //! [`tier`] (the tier in etcd: what this balancer applied and reports),
 //! [`rollout`] (its part in a staged rollout across the tier).
 
-pub mod announce;
-pub mod commit;
+pub(crate) mod announce;
+pub(crate) mod commit;
 mod flows;
-pub mod metrics;
-pub mod passive;
-pub mod preview;
-pub mod probes;
-pub mod reload;
-pub mod requests;
-pub mod rollout;
-pub mod second_chance;
-pub mod settings;
-pub mod tier;
-pub mod trace;
-pub mod views;
+pub(crate) mod metrics;
+pub(crate) mod passive;
+pub(crate) mod preview;
+pub(crate) mod probes;
+pub(crate) mod reload;
+pub(crate) mod requests;
+pub(crate) mod rollout;
+pub(crate) mod second_chance;
+pub(crate) mod settings;
+pub(crate) mod tier;
+pub(crate) mod trace;
+pub(crate) mod views;
+
+pub use self::{
+    probes::ProbeId,
+    rollout::{Step, change as explain_change},
+    settings::{datapath_settings, hash_key_of, resolve_gateway},
+    views::humantime_millis,
+};
 
 use std::{
     collections::BTreeSet,

@@ -2,19 +2,26 @@
 //! XDP program's maps goes through [`Dataplane`].
 //!
 //! Two implementations: [`kernel::KernelDataplane`] (the real maps, through
-//! aya) and [`fake::FakeDataplane`] (in memory, for unit tests of the logic
+//! aya) and `fake::FakeDataplane` (in memory, compiled for unit tests of the logic
 //! above it). Tests of the datapath itself program the real maps through the
 //! kernel implementation, never by hand.
 //!
 //! This module also owns the *layout*: the sizes fixed when the maps are
 //! created; [`pool`] says where each VIP's two table halves live.
 
-pub mod batch;
-pub mod fake;
-pub mod kernel;
+pub(crate) mod batch;
+#[cfg(test)]
+pub(crate) mod fake;
+pub(crate) mod kernel;
 mod mmap;
-pub mod pool;
-pub mod verifier;
+pub(crate) mod pool;
+pub(crate) mod verifier;
+
+pub use self::{
+    batch::{read_per_cpu_into, zero_array},
+    kernel::{KernelDataplane, TracedProgram, pinned_table_sizes},
+    verifier::{Rejection, kernel_release},
+};
 
 use lb_common::{
     AltChunk, BackendDef, CounterValue, DatapathConfig, FlowBucket, TraceFilter, VipFilter, VipKey,

@@ -24,7 +24,7 @@ use crate::config::{BackendConfig, VipConfig, VipId};
 
 mod overrides;
 
-pub use overrides::{Origin, Origins, Override, Stamp};
+pub use overrides::{Origins, Override, Stamp};
 
 #[derive(Debug, Error)]
 pub enum StateError {

@@ -18,8 +18,13 @@
 //! the desired VIPs); [`compare`] finds where the balancers disagree;
 //! [`client`] is the task that talks to etcd.
 
-pub mod client;
-pub mod rollout;
+pub(crate) mod client;
+pub(crate) mod rollout;
+
+pub use self::{
+    client::{Command, Event, Write, spawn as spawn_client},
+    rollout::{Change, Outcome},
+};
 
 use std::{collections::BTreeMap, sync::Arc};
 

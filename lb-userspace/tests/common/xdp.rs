@@ -16,10 +16,10 @@ use std::{collections::BTreeSet, net::IpAddr};
 
 use etherparse::{Ipv4HeaderSlice, Ipv6HeaderSlice, NetSlice, SlicedPacket, TransportSlice};
 use lb::{
+    DatapathSettings, Reconciler,
     config::{BackendConfig, Encap, MalformedPolicy, VipConfig, VipId},
-    dataplane::{Dataplane, Layout, kernel::KernelDataplane},
+    dataplane::{Dataplane, KernelDataplane, Layout},
     predict::{Via, predict},
-    reconcile::{DatapathSettings, Reconciler},
 };
 use lb_common::{BackendDef, Counter, CounterValue, FlowKey, VipKey, consts::*, counters::Kind};
 

@@ -12,10 +12,7 @@
 use std::{collections::BTreeSet, net::IpAddr};
 
 use anyhow::{Context as _, Result};
-use lb::announce::{
-    Announcer as _, PeerStatus,
-    bgp::{BgpConfig, BgpSpeaker},
-};
+use lb::announce::{Announcer as _, BgpConfig, BgpSpeaker, PeerStatus};
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
 
 fn main() -> Result<()> {

@@ -19,11 +19,11 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use lb::{
+    DatapathSettings,
     config::{
-        BackendConfig, Encap, FragmentPolicy, MalformedPolicy, VipConfig, VipId,
-        quic::{QuicConfig, ServerId},
+        BackendConfig, Encap, FragmentPolicy, MalformedPolicy, QuicConfig, ServerId, VipConfig,
+        VipId,
     },
-    reconcile::DatapathSettings,
 };
 
 use super::{rng::Rng, wire};
@@ -395,12 +395,12 @@ impl Model {
                 c.conntrack = v.conntrack;
                 c.second_chance = v.second_chance;
                 c.hash = match v.affinity {
-                    None => lb::config::hash::HashFields::FIVE_TUPLE,
+                    None => lb::config::HashFields::FIVE_TUPLE,
                     Some(Affinity::Address) => {
-                        lb::config::hash::HashFields::parse(["src_ip"]).expect("a field list")
+                        lb::config::HashFields::parse(["src_ip"]).expect("a field list")
                     }
                     Some(Affinity::Prefix64) => {
-                        lb::config::hash::HashFields::parse(["src_ip/64"]).expect("a field list")
+                        lb::config::HashFields::parse(["src_ip/64"]).expect("a field list")
                     }
                 };
                 if v.frag_hash {

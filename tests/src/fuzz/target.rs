@@ -7,8 +7,8 @@
 use anyhow::{Context as _, Result};
 use aya::programs::{ProgramError, TestRun as _, TestRunOptions};
 use lb::{
-    dataplane::{Dataplane as _, Layout, batch, kernel::KernelDataplane},
-    reconcile::Reconciler,
+    Reconciler,
+    dataplane::{Dataplane as _, KernelDataplane, Layout, read_per_cpu_into, zero_array},
 };
 use lb_common::{CounterValue, FlowBucket, counters::COUNTER_SLOTS};
 
@@ -122,7 +122,7 @@ impl Target {
     pub fn counters(&mut self, out: &mut Vec<CounterValue>) -> Result<()> {
         let fd = self.r.dataplane().counters_fd();
         let add = |sum: &mut CounterValue, v: &CounterValue| *sum += *v;
-        batch::read_per_cpu_into(fd, COUNTER_SLOTS, self.cpus, &mut self.scratch, add, out)
+        read_per_cpu_into(fd, COUNTER_SLOTS, self.cpus, &mut self.scratch, add, out)
             .context("BPF_MAP_LOOKUP_BATCH on the counters")
     }
 
@@ -131,7 +131,7 @@ impl Target {
     pub fn clear_flows(&mut self) -> Result<()> {
         let fd = self.r.dataplane().flows_fd();
         let size = std::mem::size_of::<FlowBucket>();
-        batch::zero_array(fd, CT_BUCKETS, size).context("BPF_MAP_UPDATE_BATCH on the flows")
+        zero_array(fd, CT_BUCKETS, size).context("BPF_MAP_UPDATE_BATCH on the flows")
     }
 
     /// Finds the largest frame `BPF_PROG_TEST_RUN` gives the program in one

@@ -28,9 +28,7 @@ use tracing::info;
 
 use self::session::{Local, PeerShared};
 use super::{AnnounceError, Announcer, PeerStatus, StartContext, check_prefixes};
-pub use crate::config::announce::bgp::{
-    BgpConfig, ConnectRetry, GracefulRestart, GracefulShutdown, PeerConfig,
-};
+pub use crate::config::announce::bgp::{BgpConfig, ConnectRetry, GracefulRestart, PeerConfig};
 use crate::{
     bfd::{BfdLink, BfdPeer, BfdSessions},
     config::ConfigErrors,
@@ -264,7 +262,7 @@ mod tests {
     };
 
     use super::{wire::*, *};
-    use crate::announce::SessionState;
+    use crate::{announce::SessionState, config::announce::bgp::GracefulShutdown};
 
     fn config(port: u16, hold_secs: u64) -> BgpConfig {
         BgpConfig {

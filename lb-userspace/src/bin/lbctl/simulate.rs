@@ -29,7 +29,7 @@ pub struct SimulateArgs {
     syn: bool,
     /// As a short-header QUIC packet to this connection ID, in hex: a UDP
     /// VIP with quic: names the server its server ID says.
-    #[arg(long, value_parser = lb::config::quic::parse_cid_arg)]
+    #[arg(long, value_parser = lb::config::parse_cid_arg)]
     quic_cid: Option<String>,
 }
 

@@ -9,8 +9,8 @@ use std::collections::BTreeSet;
 use anyhow::{Context as _, Result, bail};
 use lb::{
     api::{RolloutPlan, RolloutView, TierStatus},
-    config::source::MAX_DESIRED_BYTES,
-    tier::{rollout::Outcome, short_digest as short},
+    config::MAX_DESIRED_BYTES,
+    tier::{Outcome, short_digest as short},
 };
 
 fn or_dash(v: Option<i64>) -> String {

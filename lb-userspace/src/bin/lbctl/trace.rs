@@ -110,7 +110,7 @@ fn follow(
             };
             // The time the event was read: within a poll (5 ms) of the
             // packet, which carries no time of its own.
-            let time = lb::daemon::views::humantime_millis(std::time::SystemTime::now());
+            let time = lb::daemon::humantime_millis(std::time::SystemTime::now());
             if json {
                 let mut value = serde_json::to_value(&line)?;
                 value["time"] = time.into();

@@ -20,7 +20,7 @@ use clap::{Parser, Subcommand};
 use lb::{
     cli_docs::Generated,
     config::{Config, LogFormat},
-    dataplane::kernel::KernelDataplane,
+    dataplane::KernelDataplane,
 };
 use tracing_subscriber::EnvFilter;
 
@@ -155,7 +155,7 @@ fn require_capabilities(status: &str) -> Result<()> {
 /// the maps pinned for the instance (the running `lbd`'s): every flow of
 /// such a VIP remaps, and a reload that does it needs `--force`.
 pub(crate) fn table_size_changes(config: &Config) -> Vec<String> {
-    let pinned = match lb::dataplane::kernel::pinned_table_sizes(&config.pin_dir()) {
+    let pinned = match lb::dataplane::pinned_table_sizes(&config.pin_dir()) {
         Ok(Some(pinned)) => pinned,
         Ok(None) => return Vec::new(),
         Err(e) => {
@@ -207,8 +207,8 @@ fn teardown(path: &std::path::Path) -> Result<()> {
 /// Locks the instance's pin directory for as long as the lock lives (the
 /// daemon's lifetime, or a teardown): a second `lbd` of the instance is
 /// refused with the holder's PID.
-pub(crate) fn lock_instance(config: &Config) -> Result<lb::lock::DirLock> {
-    Ok(lb::lock::DirLock::acquire(
+pub(crate) fn lock_instance(config: &Config) -> Result<lb::DirLock> {
+    Ok(lb::DirLock::acquire(
         &config.pin_dir(),
         &format!("instance `{}`", config.instance),
         "instance",

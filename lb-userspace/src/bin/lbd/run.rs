@@ -18,17 +18,15 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use aya::programs::XdpMode;
 use lb::{
+    Overlay, Reconciler, RevisionStore,
     api::{ChangeOptions, InterfaceInfo, Request, Response},
     config::{Config, ConfigErrors, Gateway, Mac, XdpModeSetting},
     daemon::{
-        Announcers, Daemon, FileRead, Probes, SAMPLE_EVERY, Target,
-        settings::{datapath_settings, hash_key_of, resolve_gateway},
+        Announcers, Daemon, FileRead, Probes, SAMPLE_EVERY, Target, datapath_settings, hash_key_of,
+        resolve_gateway,
     },
-    dataplane::kernel::{KernelDataplane, TracedProgram},
+    dataplane::{KernelDataplane, TracedProgram},
     net,
-    reconcile::Reconciler,
-    revisions::RevisionStore,
-    state::Overlay,
 };
 use tokio::{
     signal::unix::{SignalKind, signal},
@@ -233,7 +231,7 @@ fn settled_overlay(config: &Config) -> Result<Overlay> {
         .map_or(0, |d| d.as_secs());
     overlay.adopt(
         &config.vips,
-        &lb::state::Stamp {
+        &lb::Stamp {
             revision: 0,
             time: now,
             source: "kept by an earlier lbd".into(),
@@ -309,11 +307,11 @@ fn attach(daemon: &mut Daemon<KernelDataplane>) -> Result<()> {
 struct Started {
     daemon: Daemon<KernelDataplane>,
     gateway: Option<GatewayWatch>,
-    probes: mpsc::Receiver<(lb::daemon::probes::ProbeId, lb::health::ProbeResult)>,
+    probes: mpsc::Receiver<(lb::daemon::ProbeId, lb::ProbeResult)>,
     /// With `source.etcd`: the link to the tier.
     tier: Option<TierLink>,
     /// Held until `lbd` exits: one `lbd` per instance.
-    _lock: lb::lock::DirLock,
+    _lock: lb::DirLock,
 }
 
 pub async fn run(config_path: PathBuf) -> Result<()> {
@@ -430,7 +428,7 @@ fn keep_verifier_log(mut e: anyhow::Error, config: &Config) -> anyhow::Error {
 async fn start_locked(
     config_path: PathBuf,
     (target, file, revisions, desired): (Target, FileRead, RevisionStore, lb::tier::Desired),
-    lock: lb::lock::DirLock,
+    lock: lb::DirLock,
 ) -> Result<Started> {
     let config = &target.config;
     let tier_name = crate::tier::name(config)?;
@@ -548,8 +546,8 @@ fn adopt_traced(daemon: &mut Daemon<KernelDataplane>, traced: Result<TracedProgr
 /// Every probe result queued behind `first` too: one re-plan for all.
 fn on_probes(
     daemon: &mut Daemon<KernelDataplane>,
-    first: (lb::daemon::probes::ProbeId, lb::health::ProbeResult),
-    probes: &mut mpsc::Receiver<(lb::daemon::probes::ProbeId, lb::health::ProbeResult)>,
+    first: (lb::daemon::ProbeId, lb::ProbeResult),
+    probes: &mut mpsc::Receiver<(lb::daemon::ProbeId, lb::ProbeResult)>,
 ) {
     let mut batch = vec![first];
     while batch.len() < PROBE_BATCH
@@ -567,7 +565,7 @@ async fn serve(
         tier,
         traced,
     }: Feeds<'_>,
-    mut probes: mpsc::Receiver<(lb::daemon::probes::ProbeId, lb::health::ProbeResult)>,
+    mut probes: mpsc::Receiver<(lb::daemon::ProbeId, lb::ProbeResult)>,
     mut calls: mpsc::Receiver<Call>,
 ) -> Result<()> {
     let mut hup = signal(SignalKind::hangup())?;
@@ -738,10 +736,10 @@ fn start_reloads(
 fn on_tier(
     daemon: &mut Daemon<KernelDataplane>,
     link: &mut TierLink,
-    event: lb::tier::client::Event,
+    event: lb::tier::Event,
     parsed: &mpsc::Sender<ParsedReload>,
 ) {
-    use lb::tier::client::Event;
+    use lb::tier::Event;
     match event {
         Event::Link(up) => daemon.on_tier_link(up),
         Event::Members(members) => daemon.on_tier_members(members),
@@ -781,7 +779,7 @@ async fn apply_reload(
 ) {
     let change = match (&parsed.via, &parsed.file) {
         (Via::Candidate(_), Ok(file)) => {
-            Some(lb::daemon::rollout::change(daemon.config(), &file.config))
+            Some(lb::daemon::explain_change(daemon.config(), &file.config))
         }
         _ => None,
     };

@@ -7,22 +7,18 @@
 
 use anyhow::{Context as _, Result, bail};
 use lb::{
+    RevisionStore,
     api::{ErrorKind, Response},
-    config::{Config, source::valid_name},
-    daemon::{Daemon, FileRead, rollout::Step},
-    dataplane::kernel::KernelDataplane,
-    revisions::RevisionStore,
-    tier::{
-        Desired, Report,
-        client::{self, Write},
-        rollout::Change,
-    },
+    config::{Config, valid_name},
+    daemon::{Daemon, FileRead, Step},
+    dataplane::KernelDataplane,
+    tier::{Change, Command, Desired, Event, Report, Write, spawn_client},
 };
 use tokio::sync::{mpsc, watch};
 
 /// The link to the tier's etcd, while `lbd` runs with `source.etcd`.
 pub struct TierLink {
-    events: mpsc::Receiver<client::Event>,
+    events: mpsc::Receiver<Event>,
     reports: watch::Sender<Option<Report>>,
     task: tokio::task::JoinHandle<()>,
     /// The desired state the running configuration was composed with (a
@@ -32,7 +28,7 @@ pub struct TierLink {
     /// back to it).
     pub latest: Option<Desired>,
     /// Writes for the etcd task (a rollout's steps).
-    commands: mpsc::Sender<client::Command>,
+    commands: mpsc::Sender<Command>,
     /// A rollout's clock: its steps are decided once a second.
     tick: tokio::time::Interval,
     /// When the report was last computed, and whether something the
@@ -122,7 +118,7 @@ pub fn compose(
 
 /// What the tier feeds the loop.
 pub enum Feed {
-    Event(client::Event),
+    Event(Event),
     Tick,
 }
 
@@ -145,7 +141,7 @@ impl TierLink {
         let (tx, events) = mpsc::channel(16);
         let (reports, rx) = watch::channel(daemon.tier_report());
         let (commands, from_daemon) = mpsc::channel(COMMANDS);
-        let task = client::spawn(source, name, tx, rx, from_daemon);
+        let task = spawn_client(source, name, tx, rx, from_daemon);
         let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         Some(TierLink {
@@ -176,10 +172,10 @@ impl TierLink {
     /// Hands a write to the etcd task; `reply` hears whether it was made.
     pub fn send(
         &self,
-        write: client::Write,
+        write: Write,
         reply: Option<tokio::sync::oneshot::Sender<Result<Option<i64>, String>>>,
     ) {
-        let command = client::Command { write, reply };
+        let command = Command { write, reply };
         if let Err(e) = self.commands.try_send(command) {
             tracing::warn!(
                 "etcd: a rollout write was not queued ({e}); it is decided again in a second"

@@ -2,7 +2,7 @@
 //! ([`AnnounceConfig`]; the BGP speaker's in [`bgp`]), with their rules.
 //! Types and validation only: the announcers are `crate::announce`.
 
-pub mod bgp;
+pub(crate) mod bgp;
 
 use std::{
     net::{Ipv4Addr, Ipv6Addr},

@@ -31,13 +31,10 @@ use aya::{
 };
 use etherparse::PacketBuilder;
 use lb::{
-    config::{
-        BackendConfig, MalformedPolicy, VipConfig,
-        quic::{QuicConfig, ServerId},
-    },
-    dataplane::{Dataplane, Layout, kernel::KernelDataplane},
+    DatapathSettings, Reconciler,
+    config::{BackendConfig, MalformedPolicy, QuicConfig, ServerId, VipConfig},
+    dataplane::{Dataplane, KernelDataplane, Layout},
     objects,
-    reconcile::{DatapathSettings, Reconciler},
 };
 use lb_common::{BENCH_RESTORE_LEN, BenchPacket, Counter, CounterValue};
 use lb_tests::{
