@@ -5,6 +5,7 @@
 mod package;
 mod setup;
 mod structure;
+mod suite;
 mod vmtest;
 
 use std::process::Command;
@@ -202,9 +203,14 @@ fn test(args: &[String], vm: bool) -> Result<()> {
     setup::run(setup::Mode::IfMissing)?;
     // The end-to-end tests run the real lbd and lbctl binaries.
     build_bins()?;
-    run(cargo()
-        .args(["test", "--workspace", "--exclude", "lb-ebpf"])
-        .args(args))?;
+    if args.is_empty() {
+        suite::run_host_suite()?;
+    } else {
+        // A filter or cargo options: one `cargo test`, one binary at a time.
+        run(cargo()
+            .args(["test", "--workspace", "--exclude", "lb-ebpf"])
+            .args(args))?;
+    }
     if vm {
         vmtest::vmtest(vmtest::KernelChoice::All, vmtest::Depth::Slice, &[])?;
     }

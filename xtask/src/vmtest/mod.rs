@@ -26,7 +26,7 @@ use anyhow::{Context as _, Result, bail};
 
 pub use job::Depth;
 
-use crate::{cargo, run};
+use crate::run;
 
 /// Which kernels to boot.
 #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -149,47 +149,17 @@ pub fn vmtest(kernels: KernelChoice, depth: Depth, only: &[String]) -> Result<()
     Ok(())
 }
 
-/// The test binaries by `package/target` name (`cargo test --no-run`).
+/// The test binaries by `package/target` name (`cargo test --no-run`),
+/// the package named as cargo names it (`lb-tests` for `tests/`).
 fn build_tests() -> Result<BTreeMap<String, PathBuf>> {
-    run(cargo().args(["build", "--workspace", "--exclude", "lb-ebpf", "--bins"]))?;
-    let out = cargo()
-        .args([
-            "test",
-            "--workspace",
-            "--exclude",
-            "lb-ebpf",
-            "--no-run",
-            "--message-format=json",
-        ])
-        .stderr(Stdio::inherit())
-        .output()
-        .context("cargo test --no-run")?;
-    if !out.status.success() {
-        bail!("building the test binaries failed");
-    }
     let mut tests = BTreeMap::new();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        let Ok(msg) = serde_json::from_str::<serde_json::Value>(line) else {
-            continue;
-        };
-        let (Some(exe), Some(name), Some(manifest)) = (
-            msg["executable"].as_str(),
-            msg["target"]["name"].as_str(),
-            msg["manifest_path"].as_str(),
-        ) else {
-            continue;
-        };
-        // The member's directory: lb-userspace/ or tests/ (lb-tests).
-        let member = Path::new(manifest)
-            .parent()
-            .and_then(Path::file_name)
-            .and_then(|n| n.to_str());
-        let package = match member {
-            Some("lb-userspace") => "lb-userspace",
-            Some("tests") => "lb-tests",
+    for t in crate::suite::build_tests()? {
+        let package = match t.member.as_str() {
+            "lb-userspace" => "lb-userspace",
+            "tests" => "lb-tests",
             _ => continue,
         };
-        tests.insert(format!("{package}/{name}"), PathBuf::from(exe));
+        tests.insert(format!("{package}/{}", t.name), t.exe);
     }
     Ok(tests)
 }
