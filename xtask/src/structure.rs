@@ -638,10 +638,12 @@ pub fn report(ws: Option<PathBuf>) -> Result<()> {
         let shape = walk_crate(&ws, &root)?;
         let cycles = shape.cycles();
         println!(
-            "{}: {} files, {} functions, cycles: {}",
+            "{}: {} files, {} functions, {} public modules, cycles: {}",
             shape.root.display(),
             shape.files.len(),
             shape.functions.len(),
+            // The root is one of them, and callers name it by the crate.
+            shape.public_modules.len() - 1,
             if cycles.is_empty() {
                 "none".to_string()
             } else {

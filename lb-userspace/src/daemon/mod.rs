@@ -1,9 +1,9 @@
 //! The daemon's state and every request's handler, generic over the
 //! [`Dataplane`] so that they run against the in-memory dataplane
-//! (`dataplane::fake`) in unit tests the way the reconciler does. `lbd` (the binary) keeps only
-//! the wiring: loading and attaching the program, the socket, signals,
-//! the gateway watcher, and the loop that feeds this type one event at a
-//! time.
+//! (`dataplane::fake`) in unit tests the way the reconciler does. `lbd`
+//! (the binary) keeps only the wiring: loading and attaching the program,
+//! the socket, signals, the gateway watcher, and the loop that feeds this
+//! type one event at a time.
 //!
 //! One event at a time, and nothing else touches the maps: an API request
 //! ([`Daemon::handle`]), a parsed reload ([`Daemon::reload`]), a probe

@@ -1,9 +1,9 @@
 //! The dataplane interface: everything userspace writes to or reads from the
 //! XDP program's maps goes through [`Dataplane`].
 //!
-//! Two implementations: [`kernel::KernelDataplane`] (the real maps, through
-//! aya) and `fake::FakeDataplane` (in memory, compiled for unit tests of the logic
-//! above it). Tests of the datapath itself program the real maps through the
+//! Two implementations: [`KernelDataplane`] (the real maps, through aya)
+//! and `fake::FakeDataplane` (in memory, compiled for unit tests of the
+//! logic above it). Tests of the datapath itself program the real maps through the
 //! kernel implementation, never by hand.
 //!
 //! This module also owns the *layout*: the sizes fixed when the maps are
