@@ -32,7 +32,7 @@ use anyhow::{Context as _, Result, bail};
 use lb_tests::{
     ecmp::EcmpRig,
     rig::Lbd,
-    routers::{RouterKind, wait_for},
+    routers::{HOLD_TIME, RouterKind, wait_for},
     scenario::{check, serial},
     traffic::Stream,
 };
@@ -50,13 +50,25 @@ fn ms(d: Duration) -> String {
 /// The rig: `n` balancers, BIRD with BFD (or not) and the graceful
 /// shutdown policy.
 fn rig(n: usize, bfd: bool) -> Result<EcmpRig> {
-    rig_of(RouterKind::Bird, n, bfd)
+    rig_of(RouterKind::Bird, n, bfd, HOLD_TIME)
 }
 
-fn rig_of(kind: RouterKind, n: usize, bfd: bool) -> Result<EcmpRig> {
+/// The rig for a kill -9 and restart, with BFD. Graceful restart keeps
+/// the routes when the router sees the session close (RFC 4724), not when
+/// its hold timer expires first, and a 3 s hold time once expired first
+/// on a loaded machine (`stress-ng --cpu 2` beside three lanes of tests):
+/// "BGP Error: Hold timer expired", the route gone for 4.7 s. A 9 s hold
+/// time leaves the close seen first however busy the machine; what these
+/// tests check does not depend on it.
+fn restart_rig(n: usize) -> Result<EcmpRig> {
+    rig_of(RouterKind::Bird, n, true, 3 * HOLD_TIME)
+}
+
+fn rig_of(kind: RouterKind, n: usize, bfd: bool, hold_time: u16) -> Result<EcmpRig> {
     let mut rig = EcmpRig::new_with(n, 3, kind, false, &|s| {
         s.bfd = bfd;
         s.graceful_shutdown_policy = true;
+        s.hold_time = hold_time;
     })?;
     rig.speaker_extra = GR.into();
     if bfd {
@@ -197,7 +209,7 @@ fn bfd_takes_a_silent_balancer_out_and_no_connection_breaks() {
 fn frr_bfdd_takes_a_silent_balancer_out_and_no_connection_breaks() {
     let _serial = serial();
     check((|| {
-        let rig = rig_of(RouterKind::Frr, 2, true)?;
+        let rig = rig_of(RouterKind::Frr, 2, true, HOLD_TIME)?;
         let lbd1 = start(&rig, 1, "")?;
         let lbd2 = start(&rig, 2, "")?;
         rig.wait_hops("ECMP via both", &[1, 2], Duration::from_secs(20))?;
@@ -345,7 +357,7 @@ fn kill_and_restart(rig: &EcmpRig, lbd1: Lbd) -> Result<Lbd> {
 fn kill_9_and_restart_keeps_the_routes_with_graceful_restart() {
     let _serial = serial();
     check((|| {
-        let rig = rig(2, true)?;
+        let rig = restart_rig(2)?;
         let lbd1 = start(&rig, 1, "")?;
         let _lbd2 = start(&rig, 2, "")?;
         rig.wait_hops("ECMP via both", &[1, 2], Duration::from_secs(20))?;
@@ -365,7 +377,7 @@ fn kill_9_and_restart_keeps_the_routes_with_graceful_restart() {
 fn kill_9_and_restart_of_a_tier_of_one_keeps_serving() {
     let _serial = serial();
     check((|| {
-        let rig = rig(1, true)?;
+        let rig = restart_rig(1)?;
         let lbd1 = start(&rig, 1, "")?;
         rig.wait_hops("the route via lb1", &[1], Duration::from_secs(20))?;
         wait_bfd_up(&lbd1, "lb1's BFD session up")?;

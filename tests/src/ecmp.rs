@@ -36,7 +36,9 @@ use crate::{
         Backend, CLIENT, INFRA_MTU, Lbd, TCP_PORT, UDP_PORT, VIP, backend_addr, bin_path,
         require_root,
     },
-    routers::{Bird, Frr, ROUTER_AS, Router, RouterKind, RouterPeer, RouterSpec, SPEAKER_AS},
+    routers::{
+        Bird, Frr, HOLD_TIME, ROUTER_AS, Router, RouterKind, RouterPeer, RouterSpec, SPEAKER_AS,
+    },
     traffic::{Mode, Servers, Stream},
 };
 
@@ -84,6 +86,8 @@ pub struct EcmpRig {
     /// to its peer's flow mapping (`, bfd: {}`).
     pub speaker_extra: String,
     pub peer_extra: String,
+    /// The hold time both sides offer, in seconds (the router's spec's).
+    hold_time: u16,
 }
 
 impl EcmpRig {
@@ -133,6 +137,7 @@ impl EcmpRig {
             router,
             speaker_extra: String::new(),
             peer_extra: String::new(),
+            hold_time: HOLD_TIME,
         };
         for i in 1..=balancers {
             let name = format!("lb{i}");
@@ -163,6 +168,7 @@ impl EcmpRig {
             bfd: false,
             graceful_shutdown_policy: false,
             ipv4_only: false,
+            hold_time: HOLD_TIME,
             peers: (1..=balancers)
                 .map(|i| RouterPeer {
                     name: format!("lb{i}"),
@@ -174,6 +180,7 @@ impl EcmpRig {
                 .collect(),
         };
         edit_router(&mut spec);
+        rig.hold_time = spec.hold_time;
         rig.router_daemon = Some(match kind {
             RouterKind::Bird => Box::new(Bird::start(&rig.router, &rig.dir, &spec)?),
             RouterKind::Frr => Box::new(Frr::start(&rig.router, &rig.dir, &spec)?),
@@ -271,7 +278,8 @@ impl EcmpRig {
     /// `lbd`'s configuration for balancer `i`: the same VIPs and backends
     /// on every balancer (TCP 80 and UDP 53 on one address, each with
     /// `vip_extra`: YAML lines indented by four spaces), its own
-    /// addresses, and a BGP session to the router (hold time 3 s);
+    /// addresses, and a BGP session to the router (the rig's hold time,
+    /// [`HOLD_TIME`] unless the router's spec says otherwise);
     /// `top_extra` adds top-level settings.
     pub fn lbd_config(&self, i: usize, vip_extra: &str, top_extra: &str) -> String {
         let backends: String = self
@@ -314,13 +322,14 @@ impl EcmpRig {
     ) -> String {
         let lb = self.balancer(i);
         format!(
-            "instance: {instance}\ninterfaces: [eth0]\nxdp_mode: native\ngateway_mac: auto\nouter_source_v4: {addr}\nmtu: {INFRA_MTU}\ntable_size: 65537\nconntrack_buckets: 65536\napi_socket: {dir}/lbd.sock\nstate_file: {dir}/state.json\n{top_extra}announce:\n  bgp:\n    local_as: {SPEAKER_AS}\n    router_id: {addr}\n    hold_time: 3s\n    connect_retry: {{ initial: 200ms, max: 1s }}\n{speaker}    peers:\n      - {{ address: {router}, remote_as: {ROUTER_AS}, local_address: {addr}{peer} }}\nvips:\n  - address: {VIP}\n    port: {TCP_PORT}\n    protocol: tcp\n{tcp_extra}    backends:\n{backends}  - address: {VIP}\n    port: {UDP_PORT}\n    protocol: udp\n{udp_extra}    backends:\n{backends}",
+            "instance: {instance}\ninterfaces: [eth0]\nxdp_mode: native\ngateway_mac: auto\nouter_source_v4: {addr}\nmtu: {INFRA_MTU}\ntable_size: 65537\nconntrack_buckets: 65536\napi_socket: {dir}/lbd.sock\nstate_file: {dir}/state.json\n{top_extra}announce:\n  bgp:\n    local_as: {SPEAKER_AS}\n    router_id: {addr}\n    hold_time: {hold}s\n    connect_retry: {{ initial: 200ms, max: 1s }}\n{speaker}    peers:\n      - {{ address: {router}, remote_as: {ROUTER_AS}, local_address: {addr}{peer} }}\nvips:\n  - address: {VIP}\n    port: {TCP_PORT}\n    protocol: tcp\n{tcp_extra}    backends:\n{backends}  - address: {VIP}\n    port: {UDP_PORT}\n    protocol: udp\n{udp_extra}    backends:\n{backends}",
             instance = lb.instance,
             addr = lb.addr,
             router = router_addr(i),
             dir = lb.dir.display(),
             speaker = self.speaker_extra,
             peer = self.peer_extra,
+            hold = self.hold_time,
         )
     }
 

@@ -181,6 +181,7 @@ impl BgpRig {
             bfd: false,
             graceful_shutdown_policy: false,
             ipv4_only: false,
+            hold_time: HOLD_TIME,
             peers: (1..=self.speakers.len())
                 .map(|i| RouterPeer {
                     name: format!("lb{i}"),
@@ -193,6 +194,11 @@ impl BgpRig {
         }
     }
 }
+
+/// The rigs' hold time, in seconds: short, so that a silent speaker
+/// leaves in seconds. Tests of a restart that must not look like a
+/// silence on a busy machine (graceful restart) offer a longer one.
+pub const HOLD_TIME: u16 = 3;
 
 /// What a router is configured with.
 #[derive(Clone, Debug)]
@@ -212,6 +218,9 @@ pub struct RouterSpec {
     /// Offer IPv4 unicast only on the sessions, so that IPv6 routes cannot
     /// be sent (BIRD only: no `ipv6` channel).
     pub ipv4_only: bool,
+    /// The hold time the router offers, in seconds (keepalives at a third
+    /// of it); BGP runs at the smaller of the two sides'. [`HOLD_TIME`].
+    pub hold_time: u16,
     pub peers: Vec<RouterPeer>,
 }
 
@@ -379,7 +388,7 @@ filter vips6 {{ if ! (net ~ VIPS6) then reject; {gshut} accept; }}
                 r#"protocol bgp {name} {{
   local {local} as {ROUTER_AS};
   neighbor {addr} as {SPEAKER_AS};
-  hold time 3; keepalive time 1; connect retry time 1;
+  hold time {hold}; keepalive time {keepalive}; connect retry time 1;
   error wait time 1, 2;
   check link {check};{security}{bfd}
   ipv4 {{ import filter vips4; export none; }};{v6}
@@ -391,6 +400,8 @@ filter vips6 {{ if ! (net ~ VIPS6) then reject; {gshut} accept; }}
                     "\n  ipv6 { import filter vips6; export none; };"
                 },
                 name = p.name,
+                hold = spec.hold_time,
+                keepalive = (spec.hold_time / 3).max(1),
                 local = p.local,
                 addr = p.address,
                 check = if spec.check_link { "yes" } else { "no" },
@@ -549,8 +560,10 @@ impl Frr {
         for p in &spec.peers {
             let _ = write!(
                 c,
-                " neighbor {a} remote-as {SPEAKER_AS}\n neighbor {a} timers 1 3\n neighbor {a} timers connect 1\n",
-                a = p.address
+                " neighbor {a} remote-as {SPEAKER_AS}\n neighbor {a} timers {k} {h}\n neighbor {a} timers connect 1\n",
+                a = p.address,
+                k = (spec.hold_time / 3).max(1),
+                h = spec.hold_time
             );
             if let Some(key) = &p.password {
                 let _ = writeln!(c, " neighbor {} password {key}", p.address);
