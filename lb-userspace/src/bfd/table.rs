@@ -9,8 +9,6 @@
 //! These maps are outside the reconciler on purpose: they are the BGP
 //! speaker's (ARCHITECTURE.md, "BFD"), and nothing in them is VIP state.
 
-#[cfg(test)]
-use std::collections::BTreeMap;
 use std::{
     path::Path,
     sync::{Mutex, MutexGuard},
@@ -142,57 +140,66 @@ fn check_slot(slot: u32) -> Result<()> {
     Ok(())
 }
 
-/// In memory, for tests: the state is whatever the test sets.
 #[cfg(test)]
-#[derive(Default)]
-pub struct FakeBfdTable {
-    peers: Mutex<BTreeMap<[u32; 5], (BfdKey, BfdConfig)>>,
-    state: Mutex<BTreeMap<u32, BfdState>>,
-}
+pub use fake::FakeBfdTable;
 
+/// The in-memory table, compiled for tests only.
 #[cfg(test)]
-fn fake_key(k: &BfdKey) -> [u32; 5] {
-    [
-        k.addr[0],
-        k.addr[1],
-        k.addr[2],
-        k.addr[3],
-        u32::from(k.family),
-    ]
-}
+mod fake {
+    use std::{collections::BTreeMap, sync::Mutex};
 
-#[cfg(test)]
-impl FakeBfdTable {
-    /// Sets a slot's state, as the datapath would.
-    pub fn put_state(&self, slot: u32, state: BfdState) {
-        lock(&self.state).insert(slot, state);
-    }
-}
+    use lb_common::{BfdConfig, BfdKey, BfdState};
 
-#[cfg(test)]
-impl BfdTable for FakeBfdTable {
-    fn peers(&self) -> Result<Vec<(BfdKey, BfdConfig)>> {
-        Ok(lock(&self.peers).values().copied().collect())
+    use super::{BfdTable, Result, check_slot, fresh, lock};
+
+    /// In memory, for tests: the state is whatever the test sets.
+    #[derive(Default)]
+    pub struct FakeBfdTable {
+        peers: Mutex<BTreeMap<[u32; 5], (BfdKey, BfdConfig)>>,
+        state: Mutex<BTreeMap<u32, BfdState>>,
     }
 
-    fn set_peer(&self, key: &BfdKey, config: &BfdConfig) -> Result<()> {
-        lock(&self.peers).insert(fake_key(key), (*key, *config));
-        Ok(())
+    fn fake_key(k: &BfdKey) -> [u32; 5] {
+        [
+            k.addr[0],
+            k.addr[1],
+            k.addr[2],
+            k.addr[3],
+            u32::from(k.family),
+        ]
     }
 
-    fn remove_peer(&self, key: &BfdKey) -> Result<()> {
-        lock(&self.peers).remove(&fake_key(key));
-        Ok(())
+    impl FakeBfdTable {
+        /// Sets a slot's state, as the datapath would.
+        pub fn put_state(&self, slot: u32, state: BfdState) {
+            lock(&self.state).insert(slot, state);
+        }
     }
 
-    fn state(&self, slot: u32) -> Result<BfdState> {
-        check_slot(slot)?;
-        Ok(lock(&self.state).get(&slot).copied().unwrap_or_default())
-    }
+    impl BfdTable for FakeBfdTable {
+        fn peers(&self) -> Result<Vec<(BfdKey, BfdConfig)>> {
+            Ok(lock(&self.peers).values().copied().collect())
+        }
 
-    fn reset_state(&self, slot: u32) -> Result<()> {
-        check_slot(slot)?;
-        lock(&self.state).insert(slot, fresh());
-        Ok(())
+        fn set_peer(&self, key: &BfdKey, config: &BfdConfig) -> Result<()> {
+            lock(&self.peers).insert(fake_key(key), (*key, *config));
+            Ok(())
+        }
+
+        fn remove_peer(&self, key: &BfdKey) -> Result<()> {
+            lock(&self.peers).remove(&fake_key(key));
+            Ok(())
+        }
+
+        fn state(&self, slot: u32) -> Result<BfdState> {
+            check_slot(slot)?;
+            Ok(lock(&self.state).get(&slot).copied().unwrap_or_default())
+        }
+
+        fn reset_state(&self, slot: u32) -> Result<()> {
+            check_slot(slot)?;
+            lock(&self.state).insert(slot, fresh());
+            Ok(())
+        }
     }
 }
