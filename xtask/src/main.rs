@@ -106,7 +106,8 @@ enum Task {
     /// mutant of the named files (default: the modules issue 27 names) is
     /// built with the eBPF programs stubbed and judged by the unit tests
     /// (`--lib`), optionally only those matching FILTER. Hours for the whole
-    /// default set on two cores: name files for a slice.
+    /// default set on two cores: name files for a slice, or run it in
+    /// shards.
     Mutants {
         /// Source files, relative to the workspace (globs as cargo-mutants
         /// takes them).
@@ -115,6 +116,14 @@ enum Task {
         /// Only the unit tests whose names contain this.
         #[arg(long)]
         filter: Option<String>,
+        /// Only shard K of N (0-based) of the mutants: N runs, one per
+        /// K, cover them all.
+        #[arg(long, value_name = "K/N")]
+        shard: Option<String>,
+        /// Skip the mutants that earlier runs recorded as caught in
+        /// `mutants.out/` (and keep their record).
+        #[arg(long)]
+        iterate: bool,
     },
     /// Run lbd in a namespace rig with real connections and print a summary.
     Demo {
@@ -162,7 +171,17 @@ fn main() -> Result<()> {
                 "warnings",
             ])),
         Task::Demo { keep, down } => demo(keep, down),
-        Task::Mutants { files, filter } => mutants(&files, filter.as_deref()),
+        Task::Mutants {
+            files,
+            filter,
+            shard,
+            iterate,
+        } => mutants(&MutantsRun {
+            files,
+            filter,
+            shard,
+            iterate,
+        }),
         Task::Bench { baseline } => bench(baseline.as_deref()),
         Task::Fuzz { packets, seed } => fuzz(packets, seed),
         Task::Structure { workspace } => structure::report(workspace),
@@ -249,10 +268,24 @@ const MUTATED: &[&str] = &[
     "lb-userspace/src/lifecycle/*.rs",
 ];
 
+/// What `cargo xtask mutants` was asked for.
+struct MutantsRun {
+    files: Vec<String>,
+    filter: Option<String>,
+    shard: Option<String>,
+    iterate: bool,
+}
+
 /// `cargo xtask mutants`: cargo-mutants over `files` (default
 /// [`MUTATED`]), each mutant judged by the unit tests of `lb-userspace`
 /// built with stubbed eBPF programs. Its report is in `mutants.out/`.
-fn mutants(files: &[String], filter: Option<&str>) -> Result<()> {
+///
+/// Each mutant is built in cargo-mutants' scratch copy of the tree; the
+/// copies share one target directory, `target/mutants`, so the
+/// dependencies are built once, not once per run, and the `mutants`
+/// profile builds without debug info (a smaller test binary, linked
+/// faster).
+fn mutants(job: &MutantsRun) -> Result<()> {
     let installed = Command::new("cargo")
         .args(["mutants", "--version"])
         .output()
@@ -260,16 +293,30 @@ fn mutants(files: &[String], filter: Option<&str>) -> Result<()> {
     if !installed {
         run(cargo().args(["install", "--locked", "cargo-mutants@27.1.0"]))?;
     }
+    let target = structure::workspace().join("target/mutants");
     let mut cmd = cargo();
     cmd.env("LB_EBPF", "stub")
+        .env("CARGO_TARGET_DIR", &target)
         .args(["mutants", "-p", "lb-userspace", "--no-shuffle"])
+        .args(["--profile", "mutants"])
         .args(["--timeout", "300", "--build-timeout", "600"]);
     let default: Vec<String> = MUTATED.iter().map(ToString::to_string).collect();
-    for f in if files.is_empty() { &default } else { files } {
+    let files = if job.files.is_empty() {
+        &default
+    } else {
+        &job.files
+    };
+    for f in files {
         cmd.args(["-f", f]);
     }
+    if let Some(shard) = &job.shard {
+        cmd.args(["--shard", shard]);
+    }
+    if job.iterate {
+        cmd.arg("--iterate");
+    }
     cmd.args(["--", "--lib"]);
-    if let Some(filter) = filter {
+    if let Some(filter) = &job.filter {
         cmd.args(["--", filter]);
     }
     run(&mut cmd)

@@ -61,7 +61,7 @@ pub struct Options {
 /// Builds the package and prints its path (the last line of standard
 /// output).
 pub fn package(opts: &Options) -> Result<()> {
-    let root = workspace_root();
+    let root = crate::structure::workspace();
     let bins = match &opts.bin_dir {
         Some(dir) => dir.clone(),
         None => build(&root, opts.profile)?,
@@ -101,13 +101,6 @@ fn build_deb(root: &Path, bins: &Path, out: &Path, work: &Path) -> Result<PathBu
         .arg(&stage)
         .arg(&deb))?;
     Ok(deb)
-}
-
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask lives in the workspace")
-        .to_path_buf()
 }
 
 fn target_dir(root: &Path) -> PathBuf {
