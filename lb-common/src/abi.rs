@@ -539,6 +539,10 @@ impl DecapAddr {
 /// header any program here rewrites lies within them.
 pub const BENCH_RESTORE_LEN: usize = 96;
 
+/// How many flow hashes the bench object's `bench_hash_v4` and
+/// `bench_hash_v6` compute in a row, each from the one before.
+pub const BENCH_HASH_CHAIN: usize = 32;
+
 /// The benchmark harness's packet (`BENCH_PACKET[0]`, bench object only):
 /// before each run the harness shrinks the frame back to `len` and
 /// rewrites its first [`BENCH_RESTORE_LEN`] bytes from `data`, then, if

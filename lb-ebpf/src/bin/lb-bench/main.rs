@@ -11,7 +11,8 @@
 //!
 //! `bench_gen` is the same restore followed by a redirect into a veth: the
 //! live-frames generator for the forwarding-rate benchmark.
-//! `bench_mac_swap` is the floor: swap MACs, `XDP_TX`.
+//! `bench_mac_swap` is the floor: swap MACs, `XDP_TX`. `bench_hash_v4` and
+//! `bench_hash_v6` time the flow hash alone, a chain of them.
 #![no_std]
 #![no_main]
 
@@ -22,7 +23,10 @@ use aya_ebpf::{
     maps::{Array, ProgramArray},
     programs::XdpContext,
 };
-use lb_common::{BENCH_RESTORE_LEN, BenchPacket};
+use lb_common::{
+    BENCH_HASH_CHAIN, BENCH_RESTORE_LEN, BenchPacket,
+    flow::{hash_v4, hash_v6},
+};
 use lb_ebpf::{access::ptr_at, hdr::EthHdr};
 
 #[map]
@@ -171,6 +175,54 @@ pub fn bench_grow(ctx: XdpContext) -> u32 {
         (*eth).h_proto = p;
     }
     xdp_action::XDP_TX
+}
+
+/// The first eight bytes of the frame, the seed of a hash chain (read from
+/// the packet so that the compiler cannot fold the chain).
+#[inline(always)]
+fn chain_seed(ctx: &XdpContext) -> Option<u64> {
+    let p = ptr_at::<[u8; 8]>(ctx, 0)?;
+    // SAFETY: bounds checked by `ptr_at`.
+    Some(u64::from_ne_bytes(unsafe { *p }))
+}
+
+/// Writes a chain's result back over its seed, so that it is not dead
+/// code (`lb_bench` restores the frame before the next run).
+#[inline(always)]
+fn chain_end(ctx: &XdpContext, h: u64) -> u32 {
+    match ptr_at::<[u8; 8]>(ctx, 0) {
+        // SAFETY: bounds checked by `ptr_at`.
+        Some(p) => unsafe { *p = h.to_ne_bytes() },
+        None => return xdp_action::XDP_DROP,
+    }
+    xdp_action::XDP_PASS
+}
+
+/// The IPv4 flow hash, [`BENCH_HASH_CHAIN`] times in a row, each tuple taken
+/// from the hash before: its latency as the datapath pays it once a
+/// packet.
+#[xdp]
+pub fn bench_hash_v4(ctx: XdpContext) -> u32 {
+    let Some(mut h) = chain_seed(&ctx) else {
+        return xdp_action::XDP_DROP;
+    };
+    for _ in 0..BENCH_HASH_CHAIN {
+        h = hash_v4(h as u32, (h >> 32) as u32, h as u32 ^ 0x5000_0000, 6);
+    }
+    chain_end(&ctx, h)
+}
+
+/// The IPv6 flow hash, as [`bench_hash_v4`] does the IPv4 one.
+#[xdp]
+pub fn bench_hash_v6(ctx: XdpContext) -> u32 {
+    let Some(mut h) = chain_seed(&ctx) else {
+        return xdp_action::XDP_DROP;
+    };
+    for _ in 0..BENCH_HASH_CHAIN {
+        let (lo, hi) = (h as u32, (h >> 32) as u32);
+        h = hash_v6(&[lo, hi, hi, lo], &[hi, lo, lo, hi], lo ^ 0x5000_0000, 6);
+    }
+    chain_end(&ctx, h)
 }
 
 /// Receives frames sent back to the generator side of the veth.

@@ -11,14 +11,16 @@
 //! every run. Each class is printed with its ratio to the established hit
 //! measured in the same run, and next to the small-table figures.
 //!
-//! The floor beside them is measured here too: a chase of dependent loads
+//! Beside them, the flow hash alone ([`hash_ns`]), IPv4's and IPv6's:
+//! how much of an IPv6 hit's extra cost the longer hash explains. The
+//! floor beside them is measured here too: a chase of dependent loads
 //! through random cache lines of a 128 MiB buffer without huge pages
 //! ([`random_line_ns`]): what any path that must touch one random line of
 //! a DRAM-sized table pays at least, when nothing overlaps the miss.
 
 use anyhow::{Result, bail};
 use aya::programs::{ProgramFd, TestRun as _, TestRunOptions};
-use lb_common::{Counter, consts::SYN_SLOTS};
+use lb_common::{BENCH_HASH_CHAIN, Counter, consts::SYN_SLOTS};
 
 use super::{Harness, Net, REPEAT, RUNS, XDP_PASS, XDP_TX, balancer, counters, tcp4, tcp6, udp4};
 
@@ -312,6 +314,13 @@ pub fn print(small: Option<&[super::Row]>) -> Result<()> {
             );
         }
     }
+    let (h4, h6) = hash_ns()?;
+    let cached = row("established TCP, one").map_or(f64::NAN, |r| r.net.of_minima);
+    println!(
+        "The flow hash alone, JIT-compiled (`bench_hash_v4` and `bench_hash_v6`: {BENCH_HASH_CHAIN} in a row, each from the one before, of minima): IPv4 {h4:.1} ns, IPv6 {h6:.1} ns. IPv6's hash costs {:.1} ns more, {:.0}% of an IPv4 hit on one cached flow; the target lets an IPv6 hit cost 15% more in all.",
+        h6 - h4,
+        100.0 * (h6 - h4) / cached
+    );
     println!();
     println!(
         "The floor: one dependent load of a random cache line of a 128 MiB buffer (4 KiB pages) costs {floor:.0} ns on this host (a pointer chase in userspace, best of three). A packet whose path must touch one random line of a DRAM-sized table pays that at least, unless the CPU overlaps it with other work: the established hit over 2M flows costs {:.2}× it.",
@@ -319,6 +328,19 @@ pub fn print(small: Option<&[super::Row]>) -> Result<()> {
     );
     println!();
     Ok(())
+}
+
+/// Nanoseconds of one IPv4 and one IPv6 flow hash in the kernel: the
+/// bench object's hash chains, net of the harness, over their length.
+fn hash_ns() -> Result<(f64, f64)> {
+    let mut h = Harness::load()?;
+    let empty = h.fd("bench_pass")?;
+    let (v4, v6) = (h.fd("bench_hash_v4")?, h.fd("bench_hash_v6")?);
+    let frame = tcp4([10, 0, 0, 10], 1000, false);
+    h.set_packet(&frame, 0, 0)?;
+    let times = h.rounds(&[&v4, &v6], &empty, &frame, 0, XDP_PASS)?;
+    let per_hash = |t: &[f64]| Net::of(t, &times[0]).of_minima / BENCH_HASH_CHAIN as f64;
+    Ok((per_hash(&times[1]), per_hash(&times[2])))
 }
 
 /// The of-minima figure of the small-table class named `prefix…`.

@@ -219,6 +219,8 @@ impl Harness {
             "bench_grow",
             "bench_gen",
             "bench_drop",
+            "bench_hash_v4",
+            "bench_hash_v6",
         ] {
             h.xdp_mut(name)?
                 .load()
