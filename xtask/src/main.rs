@@ -108,23 +108,7 @@ enum Task {
     /// (`--lib`), optionally only those matching FILTER. Hours for the whole
     /// default set on two cores: name files for a slice, or run it in
     /// shards.
-    Mutants {
-        /// Source files, relative to the workspace (globs as cargo-mutants
-        /// takes them).
-        #[arg(long = "file", value_name = "FILE")]
-        files: Vec<String>,
-        /// Only the unit tests whose names contain this.
-        #[arg(long)]
-        filter: Option<String>,
-        /// Only shard K of N (0-based) of the mutants: N runs, one per
-        /// K, cover them all.
-        #[arg(long, value_name = "K/N")]
-        shard: Option<String>,
-        /// Skip the mutants that earlier runs recorded as caught in
-        /// `mutants.out/` (and keep their record).
-        #[arg(long)]
-        iterate: bool,
-    },
+    Mutants(MutantsRun),
     /// Run lbd in a namespace rig with real connections and print a summary.
     Demo {
         /// Leave the rig running afterwards.
@@ -171,17 +155,7 @@ fn main() -> Result<()> {
                 "warnings",
             ])),
         Task::Demo { keep, down } => demo(keep, down),
-        Task::Mutants {
-            files,
-            filter,
-            shard,
-            iterate,
-        } => mutants(&MutantsRun {
-            files,
-            filter,
-            shard,
-            iterate,
-        }),
+        Task::Mutants(job) => mutants(&job),
         Task::Bench { baseline } => bench(baseline.as_deref()),
         Task::Fuzz { packets, seed } => fuzz(packets, seed),
         Task::Structure { workspace } => structure::report(workspace),
@@ -269,10 +243,22 @@ const MUTATED: &[&str] = &[
 ];
 
 /// What `cargo xtask mutants` was asked for.
+#[derive(clap::Args)]
 struct MutantsRun {
+    /// Source files, relative to the workspace (globs as cargo-mutants
+    /// takes them).
+    #[arg(long = "file", value_name = "FILE")]
     files: Vec<String>,
+    /// Only the unit tests whose names contain this.
+    #[arg(long)]
     filter: Option<String>,
+    /// Only shard K of N (0-based) of the mutants: N runs, one per K,
+    /// cover them all.
+    #[arg(long, value_name = "K/N")]
     shard: Option<String>,
+    /// Skip the mutants that earlier runs recorded as caught in
+    /// `mutants.out/` (and keep their record).
+    #[arg(long)]
     iterate: bool,
 }
 

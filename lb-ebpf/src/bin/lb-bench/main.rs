@@ -177,24 +177,23 @@ pub fn bench_grow(ctx: XdpContext) -> u32 {
     xdp_action::XDP_TX
 }
 
-/// The first eight bytes of the frame, the seed of a hash chain (read from
-/// the packet so that the compiler cannot fold the chain).
-#[inline(always)]
-fn chain_seed(ctx: &XdpContext) -> Option<u64> {
-    let p = ptr_at::<[u8; 8]>(ctx, 0)?;
-    // SAFETY: bounds checked by `ptr_at`.
-    Some(u64::from_ne_bytes(unsafe { *p }))
-}
-
-/// Writes a chain's result back over its seed, so that it is not dead
+/// Runs `step` [`BENCH_HASH_CHAIN`] times in a row, from the frame's first
+/// eight bytes (read from the packet so that the compiler cannot fold the
+/// chain), and writes the result back over them so that it is not dead
 /// code (`lb_bench` restores the frame before the next run).
 #[inline(always)]
-fn chain_end(ctx: &XdpContext, h: u64) -> u32 {
-    match ptr_at::<[u8; 8]>(ctx, 0) {
-        // SAFETY: bounds checked by `ptr_at`.
-        Some(p) => unsafe { *p = h.to_ne_bytes() },
-        None => return xdp_action::XDP_DROP,
+fn chain(ctx: &XdpContext, step: impl Fn(u64) -> u64) -> u32 {
+    let Some(p) = ptr_at::<[u8; 8]>(ctx, 0) else {
+        return xdp_action::XDP_DROP;
+    };
+    // SAFETY: bounds checked by `ptr_at`; no helper call in between moves
+    // the packet.
+    let mut h = u64::from_ne_bytes(unsafe { *p });
+    for _ in 0..BENCH_HASH_CHAIN {
+        h = step(h);
     }
+    // SAFETY: as above.
+    unsafe { *p = h.to_ne_bytes() };
     xdp_action::XDP_PASS
 }
 
@@ -203,26 +202,18 @@ fn chain_end(ctx: &XdpContext, h: u64) -> u32 {
 /// packet.
 #[xdp]
 pub fn bench_hash_v4(ctx: XdpContext) -> u32 {
-    let Some(mut h) = chain_seed(&ctx) else {
-        return xdp_action::XDP_DROP;
-    };
-    for _ in 0..BENCH_HASH_CHAIN {
-        h = hash_v4(h as u32, (h >> 32) as u32, h as u32 ^ 0x5000_0000, 6);
-    }
-    chain_end(&ctx, h)
+    chain(&ctx, |h| {
+        hash_v4(h as u32, (h >> 32) as u32, h as u32 ^ 0x5000_0000, 6)
+    })
 }
 
 /// The IPv6 flow hash, as [`bench_hash_v4`] does the IPv4 one.
 #[xdp]
 pub fn bench_hash_v6(ctx: XdpContext) -> u32 {
-    let Some(mut h) = chain_seed(&ctx) else {
-        return xdp_action::XDP_DROP;
-    };
-    for _ in 0..BENCH_HASH_CHAIN {
+    chain(&ctx, |h| {
         let (lo, hi) = (h as u32, (h >> 32) as u32);
-        h = hash_v6(&[lo, hi, hi, lo], &[hi, lo, lo, hi], lo ^ 0x5000_0000, 6);
-    }
-    chain_end(&ctx, h)
+        hash_v6(&[lo, hi, hi, lo], &[hi, lo, lo, hi], lo ^ 0x5000_0000, 6)
+    })
 }
 
 /// Receives frames sent back to the generator side of the veth.
