@@ -390,6 +390,16 @@ impl FlowKey {
         }
     }
 
+    /// The hash the datapath places this flow in the connection table by
+    /// ([`crate::flow::ct_hash`]), before the table's seed.
+    pub fn ct_hash(&self) -> u64 {
+        if self.family == FAMILY_V6 {
+            crate::flow::ct_hash_v6(&self.src, &self.dst, self.ports_word(), self.proto)
+        } else {
+            self.hash()
+        }
+    }
+
     /// Ports in host order. Panics in debug if the families differ; the
     /// datapath never sees such a flow.
     pub fn new(src: IpAddr, dst: IpAddr, proto: u8, sport: u16, dport: u16) -> Self {
@@ -540,7 +550,7 @@ impl DecapAddr {
 pub const BENCH_RESTORE_LEN: usize = 96;
 
 /// How many flow hashes the bench object's `bench_hash_v4` and
-/// `bench_hash_v6` compute in a row, each from the one before.
+/// `bench_hash_v6` and `bench_ct_hash_v6` compute in a row, each from the one before.
 pub const BENCH_HASH_CHAIN: usize = 32;
 
 /// The benchmark harness's packet (`BENCH_PACKET[0]`, bench object only):

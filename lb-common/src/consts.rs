@@ -170,6 +170,23 @@ pub const CFG_F_TRACE: u32 = 1 << 4;
 /// backend is keyed with the secret in `LB_HASH_KEY` (`hash_key_file`):
 /// without the key, nobody can tell which tuples reach which backend.
 pub const CFG_F_HASH_KEY: u32 = 1 << 5;
+/// [`crate::DatapathConfig::flags`]: the connection table's IPv6 flows are
+/// at the positions of [`crate::flow::ct_hash_v6`]. Set with a fresh
+/// table's seed; absent in maps an older version made, whose IPv6 flows
+/// are at the positions of [`crate::flow::hash_v6`] (see
+/// [`CFG_F_CT_V6_LEGACY`]).
+pub const CFG_F_CT_V6_SHORT: u32 = 1 << 6;
+/// [`crate::DatapathConfig::flags`]: an IPv6 packet (not a SYN) that misses
+/// the connection table also tries its flow's position under the older
+/// hash, [`crate::flow::hash_v6`], and moves an entry found there to its
+/// own position. `lbd` sets it when it adopts maps without
+/// [`CFG_F_CT_V6_SHORT`] and clears it [`CT_V6_LEGACY_SECS`] later.
+pub const CFG_F_CT_V6_LEGACY: u32 = 1 << 7;
+/// Seconds `lbd` keeps [`CFG_F_CT_V6_LEGACY`] after adopting older maps:
+/// an hour, far past the minute after which an idle flow's entry may be
+/// taken by others anyway (`CT_PROTECT_TICKS`); every flow that sends a
+/// packet in that hour moves on its first.
+pub const CT_V6_LEGACY_SECS: u64 = 3600;
 
 /// Bytes of the trace ring buffer (a power of two, a multiple of the page
 /// size): a few thousand events.

@@ -200,6 +200,11 @@ counters! {
     /// of the VIP (another configuration id, an unknown server ID, a
     /// server down or removed, a datagram too short): hashed instead.
     QuicUnroutable = 45, "quic_cid_unroutable", Event;
+    /// Event: an IPv6 flow's entry found at its position under the older
+    /// connection-table hash (maps adopted from an older version,
+    /// `CFG_F_CT_V6_LEGACY`) and moved to its own; the packet counts as
+    /// `fwd_conntrack`.
+    CtMovedV6 = 46, "ct_moved_v6", Event;
     }
 }
 

@@ -135,7 +135,7 @@ pub fn clients(
         for client in addresses(prefix) {
             for sport in 0..=u16::MAX {
                 let flow = FlowKey::new(client, target.addr, target.proto, sport, target.port);
-                let (index, tag) = ct_position(flow.hash(), seed);
+                let (index, tag) = ct_position(flow.ct_hash(), seed);
                 let bucket = index & mask;
                 let b = read(bucket);
                 for (way, (entry, stamp)) in b.entries.iter().zip(b.stamps).enumerate() {
@@ -186,7 +186,7 @@ mod tests {
     /// its bucket (computed here from the hash by hand: fmix64 is the
     /// shared part, checked against its own vectors in lb-common).
     fn record(t: &mut [FlowBucket], seed: u64, flow: &FlowKey, handle: u32, stamp: u16) {
-        let (index, tag) = ct_position(flow.hash(), seed);
+        let (index, tag) = ct_position(flow.ct_hash(), seed);
         let b = &mut t[(index & (t.len() as u32 - 1)) as usize];
         let way = b
             .entries

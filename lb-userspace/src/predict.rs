@@ -9,11 +9,11 @@
 //! the reference the kernel's output must match.
 
 use lb_common::{
-    BackendDef, FlowEntry, FlowKey, VipKey, VipMeta,
+    BackendDef, DatapathConfig, FlowEntry, FlowKey, VipKey, VipMeta,
     consts::{
-        BACKEND_F_USABLE, BACKEND_INDEX_MASK, CFG_F_ALL_PORTS_VIPS, CFG_F_HASH_KEY, PROTO_TCP,
-        PROTO_UDP, SC_MAX_ALTERNATES, TABLE_CHUNK_SLOTS, VIP_F_FRAG_HASH, VIP_F_NO_BACKENDS,
-        VIP_F_NO_CONNTRACK, VIP_F_SECOND_CHANCE,
+        BACKEND_F_USABLE, BACKEND_INDEX_MASK, CFG_F_ALL_PORTS_VIPS, CFG_F_CT_V6_LEGACY,
+        CFG_F_HASH_KEY, FAMILY_V6, PROTO_TCP, PROTO_UDP, SC_MAX_ALTERNATES, TABLE_CHUNK_SLOTS,
+        VIP_F_FRAG_HASH, VIP_F_NO_BACKENDS, VIP_F_NO_CONNTRACK, VIP_F_SECOND_CHANCE,
     },
     flow::{ct_position, maglev_slot, pick_fields, pick_hash},
     quic::{QUIC_READ_LEN, QuicRoute, route},
@@ -103,6 +103,33 @@ pub fn passes_filter(dp: &dyn Dataplane, flow: &FlowKey) -> Result<bool> {
     Ok(dp.config()?.flags & CFG_F_ALL_PORTS_VIPS != 0 && filter.contains(&key))
 }
 
+/// The usable backend of `flow`'s connection-table entry: at its own
+/// position, else (an IPv6 flow on maps adopted from an older version,
+/// `CFG_F_CT_V6_LEGACY`) at its position under the older hash, which the
+/// datapath moves to its own.
+fn tracked_backend(
+    dp: &dyn Dataplane,
+    cfg: &DatapathConfig,
+    flow: &FlowKey,
+) -> Result<Option<BackendDef>> {
+    let mut hashes = vec![flow.ct_hash()];
+    if flow.family == FAMILY_V6 && cfg.flags & CFG_F_CT_V6_LEGACY != 0 {
+        hashes.push(flow.hash());
+    }
+    for hash in hashes {
+        let (bucket, tag) = ct_position(hash, cfg.ct_seed);
+        let bucket = dp.flow_bucket(bucket & cfg.ct_mask)?;
+        let entry = bucket.entries.iter().find(|e| e.0 != 0 && e.tag() == tag);
+        if let Some(e) = entry
+            && let Some(def) = live_backend(dp, e.handle())?
+            && def.flags & BACKEND_F_USABLE != 0
+        {
+            return Ok(Some(def));
+        }
+    }
+    Ok(None)
+}
+
 /// A TCP packet without a (usable) connection-table entry whose flow's
 /// SYN is in the recent SYNs goes where that SYN went. (Whether the SYN
 /// is still recent depends on the kernel's clock, which this does not
@@ -121,7 +148,7 @@ fn handshake(
         return Ok(None);
     }
     let cfg = dp.config()?;
-    let (bucket, tag) = ct_position(hash, cfg.ct_seed);
+    let (bucket, tag) = ct_position(flow.ct_hash(), cfg.ct_seed);
     let s = dp.syn_slot(bucket)?;
     if s.entry == FlowEntry::EMPTY || s.entry.tag() != tag {
         return Ok(None);
@@ -200,12 +227,7 @@ pub fn predict_payload(
     };
     let slot = if m == 0 { 0 } else { maglev_slot(vhash, m) };
     if !syn {
-        let (bucket, tag) = ct_position(hash, cfg.ct_seed);
-        let bucket = dp.flow_bucket(bucket & cfg.ct_mask)?;
-        let entry = bucket.entries.iter().find(|e| e.0 != 0 && e.tag() == tag);
-        if let Some(e) = entry
-            && let Some(def) = live_backend(dp, e.handle())?
-            && def.flags & BACKEND_F_USABLE != 0
+        if let Some(def) = tracked_backend(dp, &cfg, flow)?
             && let Some((vip, meta)) = vip
         {
             return Ok(Some(Prediction {

@@ -34,6 +34,7 @@
 //! same configuration writes nothing and disturbs no flow.
 
 mod alternates;
+mod ct_v6;
 mod quic;
 mod regions;
 
@@ -367,6 +368,8 @@ pub struct Reconciler<D: Dataplane> {
     filter: VipFilter,
     /// `LB_QUIC_SERVERS` as written (read once at adoption).
     quic: HashMap<lb_common::quic::QuicServerKey, u32>,
+    /// When `CFG_F_CT_V6_LEGACY` goes (see `ct_v6`), if it is set.
+    ct_v6_legacy_until: Option<std::time::Instant>,
 }
 
 /// What a backend's entry says of its VIP besides the tunnel.
@@ -474,6 +477,7 @@ impl<D: Dataplane> Reconciler<D> {
             filter: dp.vip_filter()?,
             aux,
             quic: dp.quic_servers()?.into_iter().collect(),
+            ct_v6_legacy_until: None,
             dp,
         };
         for defs in by_vip.into_values() {
@@ -516,14 +520,17 @@ impl<D: Dataplane> Reconciler<D> {
     }
 
     /// Writes the datapath settings; keeps the connection-table seed of
-    /// adopted maps, picks a random one for fresh maps.
+    /// adopted maps, picks a random one for fresh maps (and marks where
+    /// their IPv6 flows live, see `ct_v6`).
     pub fn apply_settings(&mut self, s: &DatapathSettings) -> Result<bool> {
         let old = self.dp.config()?;
         let mut cfg = old;
         self.layout.apply_to(&mut cfg);
-        if cfg.ct_seed == 0 {
+        let fresh = cfg.ct_seed == 0;
+        if fresh {
             cfg.ct_seed = random_seed();
         }
+        self.mark_ct_v6(&mut cfg, fresh, std::time::Instant::now());
         cfg.gw_mac = s.gateway_mac;
         cfg.src_v4 = s
             .outer_source_v4

@@ -255,7 +255,7 @@ fn set_classes(rig: &mut Rig, index: u32, class: u16, ticks_ago: u16) {
 /// packets would have.
 fn activate(rig: &mut Rig, flow: &FlowKey) {
     let cfg = rig.dp().config().expect("config");
-    let (index, tag) = lb_common::flow::ct_position(flow.hash(), cfg.ct_seed);
+    let (index, tag) = lb_common::flow::ct_position(flow.ct_hash(), cfg.ct_seed);
     let index = index & cfg.ct_mask;
     let mut bucket = rig.dp().flow_bucket(index).expect("bucket");
     let way = bucket
@@ -275,7 +275,7 @@ fn activate(rig: &mut Rig, flow: &FlowKey) {
 /// stamp ticks ago (as if the flow had been idle), keeping its state.
 fn age_entry(rig: &mut Rig, flow: &FlowKey, ticks: u16) {
     let cfg = rig.dp().config().expect("config");
-    let (index, tag) = lb_common::flow::ct_position(flow.hash(), cfg.ct_seed);
+    let (index, tag) = lb_common::flow::ct_position(flow.ct_hash(), cfg.ct_seed);
     let index = index & cfg.ct_mask;
     let mut bucket = rig.dp().flow_bucket(index).expect("bucket");
     let way = bucket
@@ -375,7 +375,7 @@ fn a_handshake_keeps_its_syns_backend_across_a_table_change() {
         sport,
         80,
     );
-    let (index, tag) = lb_common::flow::ct_position(flow.hash(), cfg.ct_seed);
+    let (index, tag) = lb_common::flow::ct_position(flow.ct_hash(), cfg.ct_seed);
     let bucket = rig.dp().flow_bucket(index & cfg.ct_mask).expect("bucket");
     let way = bucket
         .entries
@@ -427,6 +427,125 @@ fn a_handshake_keeps_its_syns_backend_across_a_table_change() {
         ),
         other => panic!("the ACK went by {other:?}"),
     }
+}
+
+/// Writes `tag → handle` into a free way of bucket `index` (as an older
+/// version's datapath would have), active and seen now.
+fn plant_entry(rig: &mut Rig, index: u32, tag: u32, handle: u32) {
+    let mut bucket = rig.dp().flow_bucket(index).expect("bucket");
+    let way = bucket
+        .entries
+        .iter()
+        .position(|e| e.0 == 0)
+        .expect("a free way");
+    bucket.entries[way] = lb_common::FlowEntry::new(tag, handle);
+    let newest = bucket.stamps.iter().map(|s| s & CT_STAMP_TIME).max();
+    bucket.stamps[way] = CT_CLASS_ACTIVE << CT_STAMP_CLASS_SHIFT | newest.unwrap_or(0);
+    rig.r
+        .dataplane_mut()
+        .set_flow_bucket(index, &bucket)
+        .expect("write bucket");
+}
+
+/// Sets or clears `CFG_F_CT_V6_LEGACY` in the running config, as `lbd`
+/// does on adopting older maps and an hour later.
+fn set_ct_v6_legacy(rig: &mut Rig, on: bool) {
+    let mut cfg = rig.dp().config().expect("config");
+    cfg.flags = if on {
+        cfg.flags | CFG_F_CT_V6_LEGACY
+    } else {
+        cfg.flags & !CFG_F_CT_V6_LEGACY
+    };
+    rig.r.dataplane_mut().set_config(&cfg).expect("config");
+}
+
+#[test]
+fn an_ipv6_flow_an_older_version_placed_moves_and_keeps_its_backend() {
+    let mut rig = Rig::new(1 << 12);
+    let vips = rig.standard_vips();
+    let cfg = rig.dp().config().expect("config");
+    assert_ne!(
+        cfg.flags & CFG_F_CT_V6_SHORT,
+        0,
+        "fresh maps use the short hash"
+    );
+    assert_eq!(cfg.flags & CFG_F_CT_V6_LEGACY, 0);
+    let flow_of_port = |sport| {
+        FlowKey::new(
+            IpAddr::from(common::xdp::CLIENT_V6),
+            ip("2001:db8::10"),
+            PROTO_TCP,
+            sport,
+            80,
+        )
+    };
+    // Two flows an older version placed (at `hash_v6`'s positions), each
+    // on a backend that is not its Maglev pick (as after a table change).
+    let mut planted = Vec::new();
+    for sport in [41000, 41001] {
+        let flow = flow_of_port(sport);
+        assert_ne!(flow.ct_hash(), flow.hash());
+        let pick = predict(rig.dp(), &flow, true)
+            .expect("predict")
+            .expect("vip");
+        let pick = common::xdp::V6_BACKENDS
+            .iter()
+            .position(|&i| pick.backend.and_then(|b| b.ip()) == Some(ip(BACKENDS[i])))
+            .expect("a v6 backend");
+        let kept = common::xdp::V6_BACKENDS[(pick + 1) % 3];
+        let (index, tag) = lb_common::flow::ct_position(flow.hash(), cfg.ct_seed);
+        let handle = rig.handle(&vips.tcp6, kept);
+        plant_entry(&mut rig, index & cfg.ct_mask, tag, handle);
+        planted.push((sport, flow, kept));
+    }
+    let packet = |sport| tcp6(TO_LB, "2001:db8::10", 80, sport, false, b"more");
+
+    // Without the legacy lookup the old position is not read: the first
+    // flow goes to its Maglev pick (and is recorded there).
+    let (sport, flow, kept) = planted[0];
+    let (to, via) = forward(&mut rig, &packet(sport));
+    assert_eq!(via, Counter::FwdMaglev);
+    assert_ne!(to, kept);
+
+    // With it, the second flow's entry is found, moved and followed.
+    set_ct_v6_legacy(&mut rig, true);
+    let (sport, flow2, kept2) = planted[1];
+    let p = predict(rig.dp(), &flow2, false)
+        .expect("predict")
+        .expect("vip");
+    assert_eq!(
+        (p.via, p.backend.and_then(|b| b.ip())),
+        (Via::ConnTrack, Some(ip(BACKENDS[kept2])))
+    );
+    let (action, out, events) = rig.run_counted(&packet(sport), Counter::FwdConntrack);
+    assert_eq!(action, XDP_TX);
+    assert_eq!(events, vec![Counter::CtMovedV6]);
+    assert_eq!(tunnel_dst(&out), kept2);
+    let (index, tag) = lb_common::flow::ct_position(flow2.ct_hash(), cfg.ct_seed);
+    let bucket = rig.dp().flow_bucket(index & cfg.ct_mask).expect("bucket");
+    let moved = bucket.entries.iter().find(|e| e.0 != 0 && e.tag() == tag);
+    assert_eq!(
+        moved.map(|e| e.handle()),
+        Some(rig.handle(&vips.tcp6, kept2))
+    );
+    // The first flow, already recorded at its own position, stays there.
+    assert_eq!(
+        forward(&mut rig, &packet(planted[0].0)),
+        (to, Counter::FwdConntrack)
+    );
+    let p = predict(rig.dp(), &flow, false)
+        .expect("predict")
+        .expect("vip");
+    assert_eq!(
+        (p.via, p.backend.and_then(|b| b.ip())),
+        (Via::ConnTrack, Some(ip(BACKENDS[to])))
+    );
+
+    // The hour is up: the moved flow keeps its backend from its own entry.
+    set_ct_v6_legacy(&mut rig, false);
+    let (action, out, events) = rig.run_counted(&packet(sport), Counter::FwdConntrack);
+    assert_eq!((action, tunnel_dst(&out)), (XDP_TX, kept2));
+    assert!(events.is_empty(), "{events:?}");
 }
 
 #[test]

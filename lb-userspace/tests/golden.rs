@@ -1,7 +1,8 @@
 //! Golden fixtures: whole frames in and out, every byte written out here
 //! (addresses, outer headers, checksums, the GUE source port and IPv6 flow
-//! label that come from the flow hash), worked out from the RFC layouts
-//! and the hash's definition in `lb_common::flow`, not produced by running
+//! label that come from the flow's connection-table hash), worked out from
+//! the RFC layouts and the hashes' definitions in `lb_common::flow` (by a
+//! separate implementation of them), not produced by running
 //! the program. Each VIP has one backend, so the expected tunnel
 //! destination does not depend on the Maglev table; the hash-derived
 //! fields pin the hash itself. A change in any byte the balancer writes
@@ -132,7 +133,7 @@ const GOLDEN: &[Golden] = &[
         filler: None,
         output: &[
             "02 00 00 00 00 03 02 00 00 00 00 02 86 dd", // Ethernet: IPv6
-            "60 09 12 f5 00 3c 29 40 fd 00 00 ff 00 00 00 00", // outer IPv6 fd00:ff::1 -> fd00:1::1, flow label 0x912f5 (flow hash), next header 41, hop limit 64
+            "60 02 32 f2 00 3c 29 40 fd 00 00 ff 00 00 00 00", // outer IPv6 fd00:ff::1 -> fd00:1::1, flow label 0x232f2 (connection-table hash), next header 41, hop limit 64
             "00 00 00 00 00 00 00 01 fd 00 00 01 00 00 00 00",
             "00 00 00 00 00 00 00 01",
             "60 01 23 45 00 14 06 40 20 01 0d b8 00 0c 00 00", // inner
@@ -156,7 +157,7 @@ const GOLDEN: &[Golden] = &[
         filler: None,
         output: &[
             "02 00 00 00 00 03 02 00 00 00 00 02 86 dd", // Ethernet
-            "60 0c e7 8a 00 40 2f 40 fd 00 00 ff 00 00 00 00", // outer IPv6 -> fd00:1::2, next header 47
+            "60 0d 4b 0e 00 40 2f 40 fd 00 00 ff 00 00 00 00", // outer IPv6 -> fd00:1::2, flow label 0xd4b0e, next header 47
             "00 00 00 00 00 00 00 01 fd 00 00 01 00 00 00 00",
             "00 00 00 00 00 00 00 02",
             "00 00 86 dd",                                     // GRE: protocol 0x86dd
@@ -180,10 +181,10 @@ const GOLDEN: &[Golden] = &[
         filler: None,
         output: &[
             "02 00 00 00 00 03 02 00 00 00 00 02 86 dd", // Ethernet
-            "60 0f 9f 98 00 3d 11 40 fd 00 00 ff 00 00 00 00", // outer IPv6 -> fd00:1::3, next header 17
+            "60 01 cc 78 00 3d 11 40 fd 00 00 ff 00 00 00 00", // outer IPv6 -> fd00:1::3, flow label 0x1cc78, next header 17
             "00 00 00 00 00 00 00 01 fd 00 00 01 00 00 00 00",
             "00 00 00 00 00 00 00 03",
-            "f5 6c 1e 61 00 3d 00 00", // UDP 0xf56c -> 7777, length, checksum 0
+            "cb 4a 1e 61 00 3d 00 00", // UDP 0xcb4a (0xc000 | hash bits 32-45) -> 7777, length, checksum 0
             "60 00 00 00 00 0d 11 40 20 01 0d b8 00 0c 00 00", // inner
             "00 00 00 00 00 00 00 07 20 01 0d b8 00 00 00 00",
             "00 00 00 00 00 00 00 80 14 e9 00 35 00 0d 3e c9",

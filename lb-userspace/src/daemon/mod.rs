@@ -430,6 +430,9 @@ impl<D: Dataplane> Daemon<D> {
         self.refresh_metrics();
         self.check_deadline();
         self.expire_trace();
+        if let Err(e) = self.reconciler.expire_ct_v6_legacy(Instant::now()) {
+            warn!("clearing the IPv6 legacy lookup failed (tried again next second): {e}");
+        }
         if self.passive_tick() {
             self.pending = true;
         }

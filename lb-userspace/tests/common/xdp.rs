@@ -296,7 +296,7 @@ pub fn flow_of(frame: &[u8]) -> (FlowKey, bool) {
 
 /// The GUE source port the balancer picks for `flow`.
 pub fn gue_source_port(flow: &FlowKey) -> u16 {
-    0xc000 | ((flow.hash() >> 32) as u16 & 0x3fff)
+    0xc000 | ((flow.ct_hash() >> 32) as u16 & 0x3fff)
 }
 
 /// Asserts that `out` is `input` encapsulated for `backend` per `encap`.

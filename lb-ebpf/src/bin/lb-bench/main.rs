@@ -12,7 +12,8 @@
 //! `bench_gen` is the same restore followed by a redirect into a veth: the
 //! live-frames generator for the forwarding-rate benchmark.
 //! `bench_mac_swap` is the floor: swap MACs, `XDP_TX`. `bench_hash_v4` and
-//! `bench_hash_v6` time the flow hash alone, a chain of them.
+//! `bench_hash_v6` and `bench_ct_hash_v6` time the flow hashes alone, a chain
+//! of them.
 #![no_std]
 #![no_main]
 
@@ -25,7 +26,7 @@ use aya_ebpf::{
 };
 use lb_common::{
     BENCH_HASH_CHAIN, BENCH_RESTORE_LEN, BenchPacket,
-    flow::{hash_v4, hash_v6},
+    flow::{ct_hash_v6, hash_v4, hash_v6},
 };
 use lb_ebpf::{access::ptr_at, hdr::EthHdr};
 
@@ -207,12 +208,23 @@ pub fn bench_hash_v4(ctx: XdpContext) -> u32 {
     })
 }
 
-/// The IPv6 flow hash, as [`bench_hash_v4`] does the IPv4 one.
+/// The IPv6 flow hash (pinned: it picks a new flow's backend), as
+/// [`bench_hash_v4`] does the IPv4 one.
 #[xdp]
 pub fn bench_hash_v6(ctx: XdpContext) -> u32 {
     chain(&ctx, |h| {
         let (lo, hi) = (h as u32, (h >> 32) as u32);
         hash_v6(&[lo, hi, hi, lo], &[hi, lo, lo, hi], lo ^ 0x5000_0000, 6)
+    })
+}
+
+/// The IPv6 connection-table hash (the one an established IPv6 packet
+/// pays), as [`bench_hash_v4`] does the IPv4 flow hash.
+#[xdp]
+pub fn bench_ct_hash_v6(ctx: XdpContext) -> u32 {
+    chain(&ctx, |h| {
+        let (lo, hi) = (h as u32, (h >> 32) as u32);
+        ct_hash_v6(&[lo, hi, hi, lo], &[hi, lo, lo, hi], lo ^ 0x5000_0000, 6)
     })
 }
 

@@ -36,13 +36,13 @@ use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
 use lb_common::{
     BackendDef, Counter, DatapathConfig, FlowBucket, VIP_FILTER_WORDS, VipKey, VipMeta,
     consts::{
-        BACKEND_F_USABLE, BACKEND_INDEX_MASK, CFG_F_ALL_PORTS_VIPS, CFG_F_DROP_MALFORMED,
-        CFG_F_HASH_KEY, CFG_F_ICMP_ECHO, CFG_F_PASS_TOO_BIG, CFG_F_TRACE, CT_STAMP_TIME,
-        CT_SYN_WINDOW_DEFAULT, FAMILY_V4, KEY_FRAGMENTS, PROTO_TCP, VIP_F_FRAG_HASH,
+        BACKEND_F_USABLE, BACKEND_INDEX_MASK, CFG_F_ALL_PORTS_VIPS, CFG_F_CT_V6_LEGACY,
+        CFG_F_DROP_MALFORMED, CFG_F_HASH_KEY, CFG_F_ICMP_ECHO, CFG_F_PASS_TOO_BIG, CFG_F_TRACE,
+        CT_STAMP_TIME, CT_SYN_WINDOW_DEFAULT, FAMILY_V4, KEY_FRAGMENTS, PROTO_TCP, VIP_F_FRAG_HASH,
         VIP_F_NO_BACKENDS, VIP_F_NO_CONNTRACK, VIP_F_QUIC,
     },
     counters::Kind,
-    flow::{ct_position, hash_v4, hash_v6, pick_fields, pick_hash, vip_filter_bit},
+    flow::{ct_hash, ct_position, hash_v4, hash_v6, pick_fields, pick_hash, vip_filter_bit},
 };
 use lb_ebpf::{
     hdr::{TCP_ACK, TCP_SYN},
@@ -121,7 +121,7 @@ fn decide<const TRACE: bool>(
     if !maybe_vip(cfg, pkt) {
         return not_a_vip(ctx, pkt);
     }
-    let hash = flow_hash(pkt.family, &pkt.src, &pkt.dst, pkt.ports, pkt.proto);
+    let hash = ct_hash(pkt.family, &pkt.src, &pkt.dst, pkt.ports, pkt.proto);
     let (bucket_index, tag) = ct_position(hash, cfg.ct_seed);
     let syn = pkt.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN;
 
@@ -153,6 +153,15 @@ fn decide<const TRACE: bool>(
             }
             _ => stats::count(Counter::CtStale, pkt.frame_len),
         }
+    }
+    if !syn
+        && pkt.family != FAMILY_V4
+        && cfg.flags & CFG_F_CT_V6_LEGACY != 0
+        && let Some(def) = moved_v6(cfg, pkt, bucket_index, tag)
+    {
+        stats::count(Counter::CtMovedV6, pkt.frame_len);
+        let hashes = Hashes::same(hash);
+        return forward::<TRACE>(ctx, cfg, def, pkt, hashes, Counter::FwdConntrack);
     }
 
     let Some(meta) = find_vip(cfg, &pkt.dst, pkt.dport(), pkt.proto, pkt.family) else {
@@ -351,6 +360,31 @@ fn syn_window(cfg: &DatapathConfig) -> u16 {
     }
 }
 
+/// An IPv6 packet (not a SYN) that missed the connection table, on maps an
+/// older version filled (`CFG_F_CT_V6_LEGACY`): its flow's entry at the
+/// position of the older hash (`hash_v6`), if that names a usable
+/// backend, written to the flow's own position (`bucket_index`, `tag`;
+/// confirmed, as a flow with history), and that backend. The old way is
+/// left to age out. Costs one more bucket on such a miss, nothing on a hit.
+#[inline(always)]
+fn moved_v6(
+    cfg: &DatapathConfig,
+    pkt: &Packet,
+    bucket_index: u32,
+    tag: u32,
+) -> Option<&'static BackendDef> {
+    let (old_index, old_tag) = ct_position(
+        hash_v6(&pkt.src, &pkt.dst, pkt.ports, pkt.proto),
+        cfg.ct_seed,
+    );
+    let old = LB_FLOWS.get_ptr_mut(old_index & cfg.ct_mask)?;
+    let (_, handle) = conntrack::find(old, old_tag)?;
+    let def = backend_of(handle).filter(|def| def.flags & BACKEND_F_USABLE != 0)?;
+    let bucket = LB_FLOWS.get_ptr_mut(bucket_index & cfg.ct_mask)?;
+    conntrack::insert(bucket, tag, handle, conntrack::now(), true);
+    Some(def)
+}
+
 /// The flow hash of `{src, dst, ports, proto}` in address family `family`.
 #[inline(always)]
 fn flow_hash(family: u8, src: &[u32; 4], dst: &[u32; 4], ports: u32, proto: u8) -> u64 {
@@ -366,8 +400,9 @@ fn flow_hash(family: u8, src: &[u32; 4], dst: &[u32; 4], ports: u32, proto: u8) 
 /// which fields count: the VIP's hash fields (the 5-tuple by default; no
 /// ports at all if the VIP hashes fragments, so that its fragments and
 /// whole packets agree), keyed with the tier's secret if there is one.
-/// `hash` is the flow's unkeyed 5-tuple hash, returned as it is when
-/// nothing differs from it (no cost for a plain VIP).
+/// `hash` is the flow's connection-table hash ([`ct_hash`]), for IPv4 its
+/// unkeyed 5-tuple hash, returned as it is when nothing differs from it
+/// (no cost for a plain IPv4 VIP); IPv6 computes the pinned `hash_v6`.
 #[inline(always)]
 #[expect(
     clippy::too_many_arguments,
@@ -385,7 +420,7 @@ fn vip_hash(
 ) -> u64 {
     let fields = pick_fields(meta.flags);
     let keyed = cfg.flags & CFG_F_HASH_KEY != 0;
-    if fields == 0 && !keyed {
+    if fields == 0 && !keyed && family == FAMILY_V4 {
         return hash;
     }
     // The key masked in, not branched on (fewer paths for the verifier).
@@ -412,8 +447,9 @@ fn pick(cfg: &DatapathConfig, meta: &VipMeta, vhash: u64) -> Option<&'static Bac
     maglev::lookup(cfg, meta, vhash).and_then(backend_of)
 }
 
-/// A packet's two hashes: its flow's 5-tuple hash (the GUE source port,
-/// so every packet of a connection takes one receive queue), and the hash
+/// A packet's two hashes: its flow's connection-table hash ([`ct_hash`]:
+/// the GUE source port, so every packet of a connection takes one receive
+/// queue), and the hash
 /// its backend was picked with ([`vip_hash`]: the Maglev slot a trace
 /// shows).
 #[derive(Clone, Copy)]
@@ -589,7 +625,7 @@ fn icmp_error<const TRACE: bool>(
     pkt: &Packet,
     q: &icmp::Quoted,
 ) -> (u32, Counter) {
-    let hash = flow_hash(pkt.family, &q.client, &q.vip, q.ports, q.proto);
+    let hash = ct_hash(pkt.family, &q.client, &q.vip, q.ports, q.proto);
     let (bucket_index, tag) = ct_position(hash, cfg.ct_seed);
     if let Some(bucket) = LB_FLOWS.get_ptr_mut(bucket_index & cfg.ct_mask)
         && let Some((_, handle)) = conntrack::find(bucket, tag)

@@ -221,6 +221,7 @@ impl Harness {
             "bench_drop",
             "bench_hash_v4",
             "bench_hash_v6",
+            "bench_ct_hash_v6",
         ] {
             h.xdp_mut(name)?
                 .load()
