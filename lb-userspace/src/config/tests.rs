@@ -1276,3 +1276,27 @@ fn quic_routes_by_server_id_and_its_rules_name_every_mistake() {
         "{e:?}"
     );
 }
+
+#[test]
+fn durations_are_bounded_inclusively() {
+    // Each bound itself is allowed; one step past it is refused.
+    for ok in [
+        "gateway_refresh: 1s",
+        "gateway_refresh: 1h",
+        "shutdown_grace: 10m",
+    ] {
+        let c = Config::parse(&format!("{GOOD}{ok}\n"));
+        assert!(c.is_ok(), "{ok}: {:?}", c.err().map(|e| e.to_string()));
+    }
+    for bad in ["gateway_refresh: 999ms", "gateway_refresh: 3601s"] {
+        assert_eq!(
+            errors(&format!("{GOOD}{bad}\n")),
+            vec!["gateway_refresh: must be between 1s and 1h"],
+            "{bad}"
+        );
+    }
+    assert_eq!(
+        errors(&format!("{GOOD}shutdown_grace: 601s\n")),
+        vec!["shutdown_grace: is longer than 10 minutes"]
+    );
+}

@@ -726,6 +726,82 @@ mod tests {
     }
 
     #[test]
+    fn a_held_recovery_ramps_up_from_the_end_of_its_hold() {
+        let mut v = vip(2);
+        v.slow_start = Duration::from_secs(10);
+        let t0 = Instant::now();
+        let mut l = Lifecycle::default();
+        l.sync(std::slice::from_ref(&v), &BTreeSet::new(), t0, true);
+        // Down, up, down, up within two minutes: the fourth change is a
+        // recovery held for 10 s, and the ramp starts when the hold ends.
+        let mut now = t0;
+        for ok in [false, true, false, true] {
+            now += Duration::from_secs(1);
+            for _ in 0..2 {
+                l.record_probe(&v.id, &addr(1), if ok { pass() } else { fail() }, now);
+            }
+        }
+        let at = |s: u64| {
+            weights(
+                &l.clone()
+                    .plan(std::slice::from_ref(&v), now + Duration::from_secs(s)),
+            )
+        };
+        assert_eq!(at(5), vec![0, 100], "held");
+        assert_eq!(
+            at(15),
+            vec![50, 100],
+            "half-way up a ramp from the hold's end"
+        );
+        assert_eq!(at(20), vec![100, 100]);
+    }
+
+    #[test]
+    fn a_drain_that_ended_drained_stays_drained_past_its_timeout() {
+        let mut v = vip(2);
+        v.drain_timeout = Duration::from_secs(10);
+        let t0 = Instant::now();
+        let mut l = Lifecycle::default();
+        l.sync(std::slice::from_ref(&v), &BTreeSet::new(), t0, true);
+        let drained = BTreeSet::from([(v.id, addr(1))]);
+        l.sync(std::slice::from_ref(&v), &drained, t0, false);
+        l.vips
+            .get_mut(&v.id)
+            .unwrap()
+            .backends
+            .get_mut(&addr(1))
+            .unwrap()
+            .live_flows = Some(0);
+        let state = |l: &Lifecycle| l.vips[&v.id].backends[&addr(1)].state;
+        l.plan(std::slice::from_ref(&v), t0 + Duration::from_secs(1));
+        assert_eq!(state(&l), BackendState::Drained);
+        let p = l.plan(std::slice::from_ref(&v), t0 + Duration::from_secs(11));
+        assert_eq!(state(&l), BackendState::Drained, "not a cut drain");
+        assert!(!p.usable[&(v.id, addr(1))]);
+    }
+
+    #[test]
+    fn why_unusable_counts_each_cause() {
+        let mut v = vip(4);
+        v.backends[3].weight = 0;
+        let t0 = Instant::now();
+        let mut l = Lifecycle::default();
+        l.sync(std::slice::from_ref(&v), &BTreeSet::new(), t0, true);
+        for _ in 0..2 {
+            l.record_probe(&v.id, &addr(1), fail(), t0);
+        }
+        let drained = BTreeSet::from([(v.id, addr(2))]);
+        l.sync(std::slice::from_ref(&v), &drained, t0, false);
+        l.plan(std::slice::from_ref(&v), t0);
+        assert_eq!(
+            why_unusable(&v, l.vips.get(&v.id)),
+            "4 backend(s): 1 down, 1 draining, 1 usable, 1 weighted 0"
+        );
+        let none = VipConfig::new(v.id, Vec::new());
+        assert_eq!(why_unusable(&none, None), "no backends");
+    }
+
+    #[test]
     fn panic_mode_fails_open_below_the_threshold() {
         let v = vip(4);
         let now = Instant::now();
