@@ -128,38 +128,7 @@ fn decide<const TRACE: bool>(
     // Established flows first: the connection table names the backend,
     // and the backend carries what the VIP would say (encapsulation, id),
     // so a hit needs no VIP lookup at all.
-    // Map pointers are looked up where used and checked there (module doc).
-    if !syn
-        && let Some(bucket) = LB_FLOWS.get_ptr_mut(bucket_index & cfg.ct_mask)
-        && let Some((way, handle)) = conntrack::find(bucket, tag)
-    {
-        let now = conntrack::now();
-        let handle = match conntrack::touch(bucket, way, now) {
-            Some(last) if pkt.is_tcp() => reopened(cfg, bucket, way, bucket_index, tag, last, now)
-                .inspect(|_| stats::count(Counter::CtReopened, pkt.frame_len))
-                .unwrap_or(handle),
-            _ => handle,
-        };
-        match backend_of(handle) {
-            Some(def) if def.flags & BACKEND_F_USABLE != 0 => {
-                return forward::<TRACE>(
-                    ctx,
-                    cfg,
-                    def,
-                    pkt,
-                    Hashes::same(hash),
-                    Counter::FwdConntrack,
-                );
-            }
-            _ => stats::count(Counter::CtStale, pkt.frame_len),
-        }
-    }
-    if !syn
-        && pkt.family != FAMILY_V4
-        && cfg.flags & CFG_F_CT_V6_LEGACY != 0
-        && let Some(def) = moved_v6(cfg, pkt, bucket_index, tag)
-    {
-        stats::count(Counter::CtMovedV6, pkt.frame_len);
+    if !syn && let Some(def) = tracked(cfg, pkt, bucket_index, tag) {
         let hashes = Hashes::same(hash);
         return forward::<TRACE>(ctx, cfg, def, pkt, hashes, Counter::FwdConntrack);
     }
@@ -358,6 +327,41 @@ fn syn_window(cfg: &DatapathConfig) -> u16 {
         0 => CT_SYN_WINDOW_DEFAULT,
         w => w.min(CT_STAMP_TIME as u32) as u16,
     }
+}
+
+/// The usable backend the connection table names for `pkt` (not a SYN):
+/// its flow's entry, touched (re-pointed if a SYN of the flow came since it
+/// was last seen, see [`reopened`]); else, on maps an older version filled,
+/// the flow's entry at its older IPv6 position, moved ([`moved_v6`]).
+/// Map pointers are looked up where used and checked there (module doc).
+#[inline(always)]
+fn tracked(
+    cfg: &DatapathConfig,
+    pkt: &Packet,
+    bucket_index: u32,
+    tag: u32,
+) -> Option<&'static BackendDef> {
+    if let Some(bucket) = LB_FLOWS.get_ptr_mut(bucket_index & cfg.ct_mask)
+        && let Some((way, handle)) = conntrack::find(bucket, tag)
+    {
+        let now = conntrack::now();
+        let handle = match conntrack::touch(bucket, way, now) {
+            Some(last) if pkt.is_tcp() => reopened(cfg, bucket, way, bucket_index, tag, last, now)
+                .inspect(|_| stats::count(Counter::CtReopened, pkt.frame_len))
+                .unwrap_or(handle),
+            _ => handle,
+        };
+        match backend_of(handle) {
+            Some(def) if def.flags & BACKEND_F_USABLE != 0 => return Some(def),
+            _ => stats::count(Counter::CtStale, pkt.frame_len),
+        }
+    }
+    if pkt.family != FAMILY_V4 && cfg.flags & CFG_F_CT_V6_LEGACY != 0 {
+        let def = moved_v6(cfg, pkt, bucket_index, tag)?;
+        stats::count(Counter::CtMovedV6, pkt.frame_len);
+        return Some(def);
+    }
+    None
 }
 
 /// An IPv6 packet (not a SYN) that missed the connection table, on maps an
