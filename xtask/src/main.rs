@@ -302,9 +302,10 @@ fn mutants(job: &MutantsRun) -> Result<()> {
         .env("CARGO_TARGET_DIR", &target)
         .args(["mutants", "-p", "lb-userspace", "--no-shuffle"])
         .args(["--profile", "mutants", "--cargo-arg", "--lib"])
-        // A mutant that hangs (a loop that never ends) is cut after 120 s:
-        // the unit tests take 6 s idle, under 30 s on a loaded machine.
-        .args(["--timeout", "120", "--build-timeout", "600"]);
+        // A mutant that hangs (a loop that never ends: many of the Maglev
+        // builder's do) is cut after 60 s: the unit tests take 6 s idle,
+        // under 30 s on a loaded machine.
+        .args(["--timeout", "60", "--build-timeout", "600"]);
     if std::env::var_os("RUST_TEST_THREADS").is_none() {
         cmd.env("RUST_TEST_THREADS", MUTANT_TEST_THREADS.to_string());
     }
