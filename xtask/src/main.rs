@@ -262,8 +262,10 @@ struct MutantsRun {
     #[arg(long, value_name = "K/N")]
     shard: Option<String>,
     /// Skip the mutants that earlier runs recorded as caught in
-    /// `mutants.out/` (and keep their record).
-    #[arg(long)]
+    /// `mutants.out/` (and keep their record). Not with `--shard`:
+    /// cargo-mutants drops the caught ones before it shards, so the shards
+    /// would no longer split one set.
+    #[arg(long, conflicts_with = "shard")]
     iterate: bool,
     /// Write the report to `DIR/mutants.out/` instead of `./mutants.out/`
     /// (one directory per shard keeps each shard's record).
