@@ -112,11 +112,9 @@ fn tracked_backend(
     cfg: &DatapathConfig,
     flow: &FlowKey,
 ) -> Result<Option<BackendDef>> {
-    let mut hashes = vec![flow.ct_hash()];
-    if flow.family == FAMILY_V6 && cfg.flags & CFG_F_CT_V6_LEGACY != 0 {
-        hashes.push(flow.hash());
-    }
-    for hash in hashes {
+    let legacy =
+        (flow.family == FAMILY_V6 && cfg.flags & CFG_F_CT_V6_LEGACY != 0).then(|| flow.hash());
+    for hash in std::iter::once(flow.ct_hash()).chain(legacy) {
         let (bucket, tag) = ct_position(hash, cfg.ct_seed);
         let bucket = dp.flow_bucket(bucket & cfg.ct_mask)?;
         let entry = bucket.entries.iter().find(|e| e.0 != 0 && e.tag() == tag);
