@@ -1325,7 +1325,8 @@ mod tests {
         second_chance,
     };
 
-    fn layout() -> Layout {
+    /// A small layout (also `ct_v6`'s tests').
+    pub(super) fn layout() -> Layout {
         Layout {
             table_size: 2053,
             max_vips: 4,

@@ -519,6 +519,19 @@ mod tests {
         }
     }
 
+    /// A lifecycle that starts (as `lbd` does) with `v` alone, at `now`.
+    fn started(v: &VipConfig, now: Instant) -> Lifecycle {
+        let mut l = Lifecycle::default();
+        l.sync(std::slice::from_ref(v), &BTreeSet::new(), now, true);
+        l
+    }
+
+    /// Sets backend `i`'s live flows at the last scan.
+    fn set_live_flows(l: &mut Lifecycle, v: &VipConfig, i: usize, n: Option<u64>) {
+        let b = l.vips.get_mut(&v.id).unwrap().backends.get_mut(&addr(i));
+        b.unwrap().live_flows = n;
+    }
+
     fn weights(p: &Plan) -> Vec<u32> {
         p.vips[0].backends.iter().map(|b| b.weight).collect()
     }
@@ -527,8 +540,7 @@ mod tests {
     fn a_failing_backend_goes_down_and_comes_back() {
         let v = vip(3);
         let now = Instant::now();
-        let mut l = Lifecycle::default();
-        l.sync(std::slice::from_ref(&v), &BTreeSet::new(), now, true);
+        let mut l = started(&v, now);
         assert_eq!(
             weights(&l.plan(std::slice::from_ref(&v), now)),
             vec![100, 100, 100]
@@ -583,35 +595,19 @@ mod tests {
         let mut v = vip(2);
         v.drain_timeout = Duration::from_secs(10);
         let t0 = Instant::now();
-        let mut l = Lifecycle::default();
-        l.sync(std::slice::from_ref(&v), &BTreeSet::new(), t0, true);
-        l.vips
-            .get_mut(&v.id)
-            .unwrap()
-            .backends
-            .get_mut(&addr(1))
-            .unwrap()
-            .live_flows = Some(0);
+        let mut l = started(&v, t0);
+        set_live_flows(&mut l, &v, 1, Some(0));
         let drained = BTreeSet::from([(v.id, addr(1))]);
         l.sync(std::slice::from_ref(&v), &drained, t0, false);
         let state = |l: &Lifecycle| l.vips[&v.id].backends[&addr(1)].state;
-        let set_flows = |l: &mut Lifecycle, n| {
-            l.vips
-                .get_mut(&v.id)
-                .unwrap()
-                .backends
-                .get_mut(&addr(1))
-                .unwrap()
-                .live_flows = n;
-        };
         // A count from before the drain does not count: no scan yet.
         let p = l.plan(std::slice::from_ref(&v), t0 + Duration::from_secs(1));
         assert_eq!(state(&l), BackendState::Draining);
         assert!(p.events.is_empty(), "{:?}", p.events);
-        set_flows(&mut l, Some(4));
+        set_live_flows(&mut l, &v, 1, Some(4));
         l.plan(std::slice::from_ref(&v), t0 + Duration::from_secs(2));
         assert_eq!(state(&l), BackendState::Draining);
-        set_flows(&mut l, Some(0));
+        set_live_flows(&mut l, &v, 1, Some(0));
         let p = l.plan(std::slice::from_ref(&v), t0 + Duration::from_secs(3));
         assert_eq!(state(&l), BackendState::Drained);
         assert!(
@@ -623,7 +619,7 @@ mod tests {
         assert!(p.events.is_empty(), "said once: {:?}", p.events);
         // Flows again (an idle connection spoke): draining; at the timeout
         // the flows left are cut, and said so once.
-        set_flows(&mut l, Some(2));
+        set_live_flows(&mut l, &v, 1, Some(2));
         l.plan(std::slice::from_ref(&v), t0 + Duration::from_secs(5));
         assert_eq!(state(&l), BackendState::Draining);
         let p = l.plan(std::slice::from_ref(&v), t0 + Duration::from_secs(11));
@@ -633,7 +629,7 @@ mod tests {
         assert!(p.events.is_empty(), "said once: {:?}", p.events);
         // The cut flows go elsewhere and the count falls to 0: the drain
         // was cut, not drained, and stays so.
-        set_flows(&mut l, Some(0));
+        set_live_flows(&mut l, &v, 1, Some(0));
         let p = l.plan(std::slice::from_ref(&v), t0 + Duration::from_secs(13));
         assert_eq!(state(&l), BackendState::Draining);
         assert!(p.events.is_empty(), "{:?}", p.events);
@@ -710,8 +706,7 @@ mod tests {
         let mut v = vip(2);
         v.slow_start = Duration::from_secs(10);
         let t0 = Instant::now();
-        let mut l = Lifecycle::default();
-        l.sync(std::slice::from_ref(&v), &BTreeSet::new(), t0, true);
+        let mut l = started(&v, t0);
         for _ in 0..2 {
             l.record_probe(&v.id, &addr(1), fail(), t0);
         }
@@ -730,8 +725,7 @@ mod tests {
         let mut v = vip(2);
         v.slow_start = Duration::from_secs(10);
         let t0 = Instant::now();
-        let mut l = Lifecycle::default();
-        l.sync(std::slice::from_ref(&v), &BTreeSet::new(), t0, true);
+        let mut l = started(&v, t0);
         // Down, up, down, up within two minutes: the fourth change is a
         // recovery held for 10 s, and the ramp starts when the hold ends.
         let mut now = t0;
@@ -761,17 +755,10 @@ mod tests {
         let mut v = vip(2);
         v.drain_timeout = Duration::from_secs(10);
         let t0 = Instant::now();
-        let mut l = Lifecycle::default();
-        l.sync(std::slice::from_ref(&v), &BTreeSet::new(), t0, true);
+        let mut l = started(&v, t0);
         let drained = BTreeSet::from([(v.id, addr(1))]);
         l.sync(std::slice::from_ref(&v), &drained, t0, false);
-        l.vips
-            .get_mut(&v.id)
-            .unwrap()
-            .backends
-            .get_mut(&addr(1))
-            .unwrap()
-            .live_flows = Some(0);
+        set_live_flows(&mut l, &v, 1, Some(0));
         let state = |l: &Lifecycle| l.vips[&v.id].backends[&addr(1)].state;
         l.plan(std::slice::from_ref(&v), t0 + Duration::from_secs(1));
         assert_eq!(state(&l), BackendState::Drained);
@@ -785,8 +772,7 @@ mod tests {
         let mut v = vip(4);
         v.backends[3].weight = 0;
         let t0 = Instant::now();
-        let mut l = Lifecycle::default();
-        l.sync(std::slice::from_ref(&v), &BTreeSet::new(), t0, true);
+        let mut l = started(&v, t0);
         for _ in 0..2 {
             l.record_probe(&v.id, &addr(1), fail(), t0);
         }
@@ -805,8 +791,7 @@ mod tests {
     fn panic_mode_fails_open_below_the_threshold() {
         let v = vip(4);
         let now = Instant::now();
-        let mut l = Lifecycle::default();
-        l.sync(std::slice::from_ref(&v), &BTreeSet::new(), now, true);
+        let mut l = started(&v, now);
         let down = |l: &mut Lifecycle, i| {
             for _ in 0..2 {
                 l.record_probe(&v.id, &addr(i), fail(), now);
@@ -866,8 +851,7 @@ mod tests {
     fn ejected_backends_count_as_unhealthy_for_panic_and_slow_start_on_return() {
         let v = passive_vip(4);
         let t0 = Instant::now();
-        let mut l = Lifecycle::default();
-        l.sync(std::slice::from_ref(&v), &BTreeSet::new(), t0, true);
+        let mut l = started(&v, t0);
         for _ in 0..2 {
             l.record_probe(&v.id, &addr(1), fail(), t0);
         }
@@ -908,8 +892,7 @@ mod tests {
     fn a_down_backend_is_not_ejected_and_a_lone_backend_never() {
         let v = passive_vip(2);
         let t0 = Instant::now();
-        let mut l = Lifecycle::default();
-        l.sync(std::slice::from_ref(&v), &BTreeSet::new(), t0, true);
+        let mut l = started(&v, t0);
         for _ in 0..2 {
             l.record_probe(&v.id, &addr(1), fail(), t0);
         }
@@ -917,8 +900,7 @@ mod tests {
         l.plan(std::slice::from_ref(&v), now);
         assert_eq!(l.vips[&v.id].backends[&addr(1)].state, BackendState::Down);
         let one = passive_vip(1);
-        let mut l = Lifecycle::default();
-        l.sync(std::slice::from_ref(&one), &BTreeSet::new(), t0, true);
+        let mut l = started(&one, t0);
         let now = syn_series(&mut l, &one, &[1], t0);
         l.plan(std::slice::from_ref(&one), now);
         assert_eq!(
@@ -932,8 +914,7 @@ mod tests {
         let mut v = vip(2);
         v.health_check = None;
         let now = Instant::now();
-        let mut l = Lifecycle::default();
-        l.sync(std::slice::from_ref(&v), &BTreeSet::new(), now, true);
+        let mut l = started(&v, now);
         assert_eq!(
             l.record_probe(&v.id, &addr(1), fail(), now),
             ProbeEffect::Nothing

@@ -66,20 +66,9 @@ mod tests {
 
     use super::*;
     use crate::{
-        dataplane::{Layout, fake::FakeDataplane},
-        reconcile::{DatapathSettings, Reconciler},
+        dataplane::fake::FakeDataplane,
+        reconcile::{DatapathSettings, Reconciler, tests::layout},
     };
-
-    fn layout() -> Layout {
-        Layout {
-            table_size: 2053,
-            max_vips: 4,
-            max_backends: 16,
-            ct_buckets: 16,
-            table_pool: 0,
-            second_chance_vips: 2,
-        }
-    }
 
     fn flags(r: &Reconciler<FakeDataplane>) -> u32 {
         r.dataplane().config().unwrap().flags
