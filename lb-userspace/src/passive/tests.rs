@@ -253,3 +253,46 @@ fn a_small_unlucky_sample_is_chance_and_ejects_nobody() {
     // Failing: every SYN retried, against none.
     assert_eq!(judge([(10, 10), (10, 0), (10, 0)]), 1);
 }
+
+#[test]
+fn a_quiet_spell_keeps_the_series() {
+    // Counters that did not move are no reset: the window still reaches
+    // back to its first sample.
+    let s = settings();
+    let mut p = Passive::default();
+    let t = Instant::now();
+    for (second, syns, retransmits) in [(0, 10, 2), (1, 20, 8), (2, 20, 8), (3, 25, 9)] {
+        p.record(t + Duration::from_secs(second), syns, retransmits, s.window);
+    }
+    assert_eq!(
+        p.window(),
+        Window {
+            syns: 15,
+            retransmits: 7
+        }
+    );
+}
+
+#[test]
+fn a_healthy_spell_forgets_one_ejection_per_four_ejection_lengths() {
+    // `ejection` is 5 s: one of five ejections is forgotten per 20 s.
+    let s = settings();
+    let t = Instant::now();
+    for (healthy, left) in [
+        (0, 5),
+        (19, 5),
+        (20, 4),
+        (30, 4),
+        (59, 3),
+        (60, 2),
+        (200, 0),
+    ] {
+        let mut p = Passive {
+            ejections: 5,
+            released_at: Some(t),
+            ..Passive::default()
+        };
+        p.decay(&s, t + Duration::from_secs(healthy));
+        assert_eq!(p.ejections, left, "after {healthy} s healthy");
+    }
+}

@@ -284,6 +284,35 @@ mod tests {
         }
     }
 
+    #[tokio::test]
+    async fn each_peer_with_bfd_gets_a_session_of_its_own_and_the_others_none() {
+        let mut cfg = config(1, 9);
+        let peer = |addr: &str, bfd: bool| PeerConfig {
+            port: 1,
+            bfd: bfd.then(crate::config::announce::bgp::BfdTimers::default),
+            ..PeerConfig::new(addr.parse().unwrap(), 65000)
+        };
+        cfg.peers = vec![
+            peer("127.0.0.2", false),
+            peer("127.0.0.3", true),
+            peer("127.0.0.4", true),
+        ];
+        let table = Arc::new(crate::bfd::FakeBfdTable::default());
+        let ctx = StartContext {
+            bfd: Some(table),
+            ..StartContext::default()
+        };
+        let speaker = BgpSpeaker::start_with(cfg, &ctx).expect("starts");
+        let rows = speaker.status();
+        let bfd: Vec<_> = rows
+            .iter()
+            .map(|r| r.bfd.as_ref().map(|b| b.local_disc))
+            .collect();
+        assert_eq!(bfd[0], None, "{rows:?}");
+        let (a, b) = (bfd[1].expect("a session"), bfd[2].expect("a session"));
+        assert_ne!(a, b, "one session each");
+    }
+
     /// Reads one whole message (header included) within 5 s.
     async fn frame(sock: &mut TcpStream) -> Vec<u8> {
         timeout(Duration::from_secs(5), async {
