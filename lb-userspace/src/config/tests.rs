@@ -1300,3 +1300,15 @@ fn durations_are_bounded_inclusively() {
         vec!["shutdown_grace: is longer than 10 minutes"]
     );
 }
+
+#[test]
+fn a_long_message_keeps_its_head_and_its_last_sixty_characters() {
+    let message = format!("{}{} at line 7 column 3", "a".repeat(500), "é".repeat(440));
+    let cut = cut_message(message.clone());
+    let tail: String = message.chars().skip(message.chars().count() - 60).collect();
+    assert_eq!(cut, format!("{} … {tail}", "a".repeat(200)));
+    assert!(cut.ends_with("é at line 7 column 3"), "{cut}");
+    // Short enough: untouched.
+    let short = "b".repeat(265);
+    assert_eq!(cut_message(short.clone()), short);
+}
