@@ -39,13 +39,6 @@ impl HashFields {
         self.0 == 0
     }
 
-    /// The source address alone (client affinity): every connection of
-    /// one client reaches one backend.
-    pub fn source_only(self) -> bool {
-        self.0 & (VIP_F_HASH_NO_SPORT | VIP_F_HASH_NO_DPORT)
-            == VIP_F_HASH_NO_SPORT | VIP_F_HASH_NO_DPORT
-    }
-
     /// The names of the fields hashed, as a file writes them.
     pub fn names(self) -> Vec<&'static str> {
         let left_out = [
@@ -187,7 +180,10 @@ mod tests {
     #[test]
     fn field_lists_parse_print_and_are_checked() {
         let src = HashFields::parse(["src_ip"]).unwrap();
-        assert!(src.source_only());
+        assert_eq!(
+            src.flags(),
+            VIP_F_HASH_NO_DST | VIP_F_HASH_NO_PROTO | VIP_F_HASH_NO_SPORT | VIP_F_HASH_NO_DPORT
+        );
         assert_eq!(src.names(), ["src_ip"]);
         assert_eq!(
             HashFields::parse(["src_ip", "dst_ip", "protocol", "src_port", "dst_port"]).unwrap(),

@@ -1312,3 +1312,26 @@ fn a_long_message_keeps_its_head_and_its_last_sixty_characters() {
     let short = "b".repeat(265);
     assert_eq!(cut_message(short.clone()), short);
 }
+
+#[test]
+fn serde_errors_split_into_field_and_message_only_at_a_path() {
+    let text = "vips[0].port: invalid value: integer `70000` at line 9 column 11";
+    let e = error::serde_error(text);
+    assert_eq!(
+        (e.field.as_str(), e.message.as_str()),
+        (
+            "vips[0].port",
+            "invalid value: integer `70000` at line 9 column 11"
+        )
+    );
+    // No path before the first ": " (words, nothing, serde's own phrase):
+    // the whole text is the message.
+    for text in [
+        "invalid value: integer `5`, expected a string at line 3 column 7",
+        "invalid type: map, expected a sequence",
+        ": nothing before the colon",
+    ] {
+        let e = error::serde_error(text);
+        assert_eq!((e.field.as_str(), e.message.as_str()), ("", text));
+    }
+}
