@@ -226,12 +226,18 @@ mod tests {
         );
         write("00112233445566778899aabbccddeeff\n", 0o644);
         assert!(load_key(&path).unwrap_err().contains("chmod 600"));
-        write("not hex", 0o600);
-        assert!(
-            load_key(&path)
-                .unwrap_err()
-                .contains("32 hexadecimal digits")
-        );
+        // Too short, too long (each all hex), or 32 characters not all
+        // hex: the same message, and no key of another length.
+        for bad in [
+            "not hex",
+            "0112233445566778899aabbccddeeff",
+            "000112233445566778899aabbccddeeff",
+            "00112233445566778899aabbccddeefg",
+        ] {
+            write(bad, 0o600);
+            let e = load_key(&path).unwrap_err();
+            assert!(e.contains("32 hexadecimal digits"), "{bad}: {e}");
+        }
         write(&"0".repeat(32), 0o400);
         assert!(load_key(&path).unwrap_err().contains("all-zero"));
         assert!(load_key(&dir.join("missing")).is_err());
