@@ -1335,3 +1335,30 @@ fn serde_errors_split_into_field_and_message_only_at_a_path() {
         assert_eq!((e.field.as_str(), e.message.as_str()), ("", text));
     }
 }
+
+#[test]
+fn probes_through_the_tunnel_need_tcp_and_only_they_do() {
+    // A TCP VIP may probe through the tunnel; a UDP VIP may probe
+    // directly.
+    let text = with(
+        "    protocol: tcp\n",
+        "    protocol: tcp\n    health_check: { through_tunnel: true }\n",
+    )
+    .replace(
+        "    encap: gre\n",
+        "    encap: gre\n    health_check: { port: 53 }\n",
+    );
+    let c = Config::parse(&text);
+    assert!(c.is_ok(), "{:?}", c.err().map(|e| e.to_string()));
+}
+
+#[test]
+fn ids_in_hex_are_one_to_most_octets() {
+    assert_eq!(quic::parse_cid("0x27000231c0ffee01").unwrap().len(), 8);
+    let longest = "ab".repeat(quic::MAX_CID_LEN);
+    assert_eq!(quic::parse_cid(&longest).unwrap().len(), quic::MAX_CID_LEN);
+    for bad in ["", "0x", "abc", "zz", &format!("{longest}cd")] {
+        let e = quic::parse_cid(bad).expect_err(bad);
+        assert!(e.contains("1 to 20 of them"), "{bad}: {e}");
+    }
+}

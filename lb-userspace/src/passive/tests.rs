@@ -296,3 +296,18 @@ fn a_healthy_spell_forgets_one_ejection_per_four_ejection_lengths() {
         assert_eq!(p.ejections, left, "after {healthy} s healthy");
     }
 }
+
+#[test]
+fn an_ejection_as_long_as_its_maximum_is_allowed() {
+    let s = PassiveHealth {
+        max_ejection: Duration::from_secs(5),
+        ..settings()
+    };
+    assert_eq!(s.ejection, s.max_ejection);
+    assert!(s.problems().is_empty(), "{:?}", s.problems());
+    let shorter = PassiveHealth {
+        max_ejection: Duration::from_secs(4),
+        ..settings()
+    };
+    assert_eq!(shorter.problems().len(), 1, "{:?}", shorter.problems());
+}
