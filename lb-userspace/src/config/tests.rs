@@ -1362,3 +1362,12 @@ fn ids_in_hex_are_one_to_most_octets() {
         assert!(e.contains("1 to 20 of them"), "{bad}: {e}");
     }
 }
+
+#[test]
+fn encap_codes_round_trip_and_unknown_ones_are_none() {
+    // What adoption reads back from the maps' entries.
+    for e in [Encap::Ipip, Encap::Gre, Encap::Gue] {
+        assert_eq!(Encap::from_code(e.code()), Some(e));
+    }
+    assert_eq!(Encap::from_code(0xff), None);
+}
