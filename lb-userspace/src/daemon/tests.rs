@@ -1288,3 +1288,47 @@ async fn a_change_of_hash_fields_is_previewed_and_needs_force() {
             .flags()
     );
 }
+
+/// An announcer with one established peer that holds whatever it is told.
+struct Carrying;
+
+impl Announcer for Carrying {
+    fn set_announced(&mut self, _: &BTreeSet<IpAddr>) -> Result<(), AnnounceError> {
+        Ok(())
+    }
+
+    fn status(&self) -> Vec<PeerStatus> {
+        vec![PeerStatus::new(
+            "10.0.0.1",
+            crate::announce::SessionState::Established,
+        )]
+    }
+
+    fn shutdown(&mut self) -> BoxFuture<'_, Result<(), AnnounceError>> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+#[tokio::test]
+async fn a_vip_a_peer_holds_is_announced_with_the_policys_reason() {
+    let text = format!(
+        "{FILE}announce:\n  bgp:\n    local_as: 65001\n    router_id: 10.0.0.11\n    peers:\n      - {{ address: 10.0.0.1, remote_as: 65000 }}\n"
+    );
+    let announcers = Announcers::new(Box::new(|_| {
+        Ok(vec![Box::new(Carrying) as Box<dyn Announcer>])
+    }));
+    let r = rig_with(&text, Told::default(), announcers);
+    let s = r.daemon.announce_status();
+    let v = &s.vips[0];
+    assert!(v.wanted && v.announced, "{v:?}");
+    assert!(
+        !v.reason.is_empty() && !v.reason.starts_with("withheld"),
+        "{}",
+        v.reason
+    );
+    assert_eq!(s.announced, vec![ip("10.99.0.1")]);
+    assert_eq!(
+        r.daemon.announce_summary(),
+        "bgp: 1 of 1 up, 1 address(es) announced"
+    );
+}
