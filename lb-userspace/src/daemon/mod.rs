@@ -422,7 +422,8 @@ impl<D: Dataplane> Daemon<D> {
     }
 
     /// The one-second tick: counters sampled for rates, a probation's
-    /// deadline checked, and either a re-plan (a ramp or a drain timer is
+    /// deadline checked, the IPv6 legacy lookup turned off once its hour
+    /// is up (`reconcile/ct_v6.rs`), and either a re-plan (a ramp or a drain timer is
     /// running) or the announce policy again (which also retries what an
     /// announcer could not take).
     pub fn tick(&mut self) {
