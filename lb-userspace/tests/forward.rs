@@ -459,6 +459,14 @@ fn set_ct_v6_legacy(rig: &mut Rig, on: bool) {
     rig.r.dataplane_mut().set_config(&cfg).expect("config");
 }
 
+/// How the reference says a packet (not a SYN) of `flow` goes, and where.
+fn predicted(rig: &Rig, flow: &FlowKey) -> (Via, Option<IpAddr>) {
+    let p = predict(rig.dp(), flow, false)
+        .expect("predict")
+        .expect("vip");
+    (p.via, p.backend.and_then(|b| b.ip()))
+}
+
 #[test]
 fn an_ipv6_flow_an_older_version_placed_moves_and_keeps_its_backend() {
     let mut rig = Rig::new(1 << 12);
@@ -510,11 +518,8 @@ fn an_ipv6_flow_an_older_version_placed_moves_and_keeps_its_backend() {
     // With it, the second flow's entry is found, moved and followed.
     set_ct_v6_legacy(&mut rig, true);
     let (sport, flow2, kept2) = planted[1];
-    let p = predict(rig.dp(), &flow2, false)
-        .expect("predict")
-        .expect("vip");
     assert_eq!(
-        (p.via, p.backend.and_then(|b| b.ip())),
+        predicted(&rig, &flow2),
         (Via::ConnTrack, Some(ip(BACKENDS[kept2])))
     );
     let (action, out, events) = rig.run_counted(&packet(sport), Counter::FwdConntrack);
@@ -533,11 +538,8 @@ fn an_ipv6_flow_an_older_version_placed_moves_and_keeps_its_backend() {
         forward(&mut rig, &packet(planted[0].0)),
         (to, Counter::FwdConntrack)
     );
-    let p = predict(rig.dp(), &flow, false)
-        .expect("predict")
-        .expect("vip");
     assert_eq!(
-        (p.via, p.backend.and_then(|b| b.ip())),
+        predicted(&rig, &flow),
         (Via::ConnTrack, Some(ip(BACKENDS[to])))
     );
 
