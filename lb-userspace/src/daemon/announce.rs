@@ -92,10 +92,11 @@ impl Announcers {
             } else {
                 None
             };
+            let (restarted, fresh) = start_kind(first, adopted);
             let ctx = StartContext {
                 bfd,
-                restarted: first && adopted,
-                fresh: first && !adopted,
+                restarted,
+                fresh,
             };
             announce::start_with(config, &ctx)
         }))
@@ -114,10 +115,6 @@ impl Announcers {
         for a in &mut self.running {
             a.set_graceful_shutdown(on);
         }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.running.is_empty()
     }
 
     /// Every announcer's rows (peers, pipes, commands).
@@ -466,6 +463,14 @@ impl<D: Dataplane> Daemon<D> {
     }
 }
 
+/// Whether a start of the announcers (`first`, or a later one for a
+/// reload) over a datapath that was `adopted` is a restart (graceful
+/// restart's Restart State: the routers kept the routes) and whether it
+/// is fresh (End-of-RIB at once). Only the first start is either.
+fn start_kind(first: bool, adopted: bool) -> (bool, bool) {
+    (first && adopted, first && !adopted)
+}
+
 /// Logs each VIP that is newly announced or withdrawn: a withdrawal for
 /// health is a warning, one for a drain or a stop is the operator's wish.
 fn log_changes(before: &Decision, after: &Decision, node: NodeState) {
@@ -490,5 +495,19 @@ pub(super) fn node_wire(n: NodeState) -> api::NodeState {
         NodeState::Serving => api::NodeState::Serving,
         NodeState::Drained => api::NodeState::Drained,
         NodeState::Stopping => api::NodeState::Stopping,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::start_kind;
+
+    #[test]
+    fn only_the_first_start_is_a_restart_or_fresh() {
+        // (first, adopted) → (restarted, fresh)
+        assert_eq!(start_kind(true, true), (true, false), "over kept maps");
+        assert_eq!(start_kind(true, false), (false, true), "over new maps");
+        assert_eq!(start_kind(false, true), (false, false), "a reload");
+        assert_eq!(start_kind(false, false), (false, false), "a reload");
     }
 }

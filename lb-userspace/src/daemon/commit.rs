@@ -658,3 +658,49 @@ impl<D: Dataplane> Daemon<D> {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A probation saved with 1.5 s left is due 2 s on, not 1: rounded
+    /// up, so a restart never cuts the operator's window short.
+    #[test]
+    fn a_saved_probations_deadline_is_rounded_up() {
+        let before = unix_now();
+        let p = Pending {
+            revision: 2,
+            fallback: 1,
+            deadline: tokio::time::Instant::now() + Duration::from_millis(1_500),
+            announced: BTreeSet::new(),
+        };
+        let saved = saved_probation(&p);
+        let after = unix_now();
+        assert!(
+            (before + 2..=after + 2).contains(&saved.deadline),
+            "due at {}, saved between {before} and {after}",
+            saved.deadline
+        );
+    }
+
+    /// Whole seconds left stay whole (paused time: exactly 8 s).
+    #[tokio::test(start_paused = true)]
+    async fn a_saved_probations_whole_seconds_are_not_rounded() {
+        let before = unix_now();
+        let p = Pending {
+            revision: 2,
+            fallback: 1,
+            deadline: tokio::time::Instant::now() + Duration::from_secs(8),
+            announced: BTreeSet::new(),
+        };
+        let saved = saved_probation(&p);
+        let after = unix_now();
+        assert!(
+            (before + 8..=after + 8).contains(&saved.deadline),
+            "due at {}, saved between {before} and {after}",
+            saved.deadline
+        );
+    }
+}

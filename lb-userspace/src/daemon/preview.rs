@@ -523,4 +523,21 @@ mod count_tests {
             "no clock: no live count"
         );
     }
+
+    /// Against a VIP's empty table (no backend before, or none after),
+    /// every flow moves: none has a backend on both sides.
+    #[test]
+    fn a_rehash_to_or_from_an_empty_table_moves_every_flow() {
+        let config = crate::config::Config::parse(concat!(
+            "instance: unit\ninterfaces: [eth0]\ngateway_mac: \"02:00:00:00:00:01\"\n",
+            "outer_source_v4: 10.0.0.2\nvips:\n  - address: 10.99.0.1\n    port: 80\n",
+            "    protocol: tcp\n    backends:\n      - address: 10.1.0.1\n",
+        ))
+        .expect("parses");
+        let vip = &config.vips[0];
+        let full = vec![Some(IpAddr::from([10, 1, 0, 1])); 7];
+        let keys = ([1, 2], [3, 4]);
+        assert_eq!(flows_moved_rehashed(vip, vip, keys, (&[], &full)), 1.0);
+        assert_eq!(flows_moved_rehashed(vip, vip, keys, (&full, &[])), 1.0);
+    }
 }

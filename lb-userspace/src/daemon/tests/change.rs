@@ -535,3 +535,51 @@ async fn a_confirmed_change_leaves_no_probation_behind() {
     assert!(r.daemon.confirm.is_none());
     assert!(r.in_table(WEB).contains(&ip("10.1.0.3")));
 }
+
+/// A node drained during a probation withdraws every VIP: the
+/// operator's wish, not the change's doing, so the probation goes on.
+#[tokio::test(start_paused = true)]
+async fn a_node_drained_during_a_probation_does_not_revert_the_change() {
+    let mut r = rig(FILE);
+    r.daemon
+        .reload(reparse(&r, &replaced()), false, &within(30))
+        .await
+        .unwrap();
+    r.ok(Request::Node(NodeRequest::Drain { no_wait: true }))
+        .await;
+    assert!(r.announced().is_empty());
+    r.daemon.settle().await;
+    assert_eq!(r.daemon.revert_due, None);
+    assert!(r.daemon.confirm.is_some(), "still on probation");
+    assert_eq!(r.daemon.auto_reverts, 0);
+    assert!(r.in_table(WEB).contains(&ip("10.1.0.3")));
+}
+
+/// A reload of the file as it runs makes no revision and says so, with
+/// the file's warnings still; a confirmation names what it confirmed.
+#[tokio::test(start_paused = true)]
+async fn a_reload_of_the_running_file_says_nothing_changed_and_still_warns() {
+    let mut r = rig(FILE);
+    let revision = r.daemon.revision;
+    let c = r
+        .daemon
+        .reload(reparse(&r, FILE), false, &plain())
+        .await
+        .unwrap();
+    assert_eq!(c.revision, Some(revision));
+    assert_eq!(c.note.as_deref(), Some("nothing changed"));
+    assert!(
+        c.warnings
+            .iter()
+            .any(|w| w.contains("table_size 101 is below 100 × 2")),
+        "{:?}",
+        c.warnings
+    );
+    r.daemon
+        .reload(reparse(&r, &replaced()), false, &within(30))
+        .await
+        .unwrap();
+    let c: Committed = parse(r.ok(Request::Confirm).await);
+    let confirmed = format!("revision {} confirmed", revision + 1);
+    assert_eq!(c.note.as_deref(), Some(confirmed.as_str()));
+}

@@ -7,7 +7,7 @@ use super::*;
 use crate::tier::Desired;
 
 /// A balancer of a tier: its file lists no VIPs.
-const TIER_FILE: &str = r#"
+pub(super) const TIER_FILE: &str = r#"
 instance: unit
 interfaces: [eth0]
 gateway_mac: "02:00:00:00:00:01"
@@ -20,9 +20,9 @@ source:
     prefix: /lb/t1
 "#;
 
-const VIPS: &str = "vips:\n  - address: 10.99.0.1\n    port: 80\n    protocol: tcp\n    backends:\n      - address: 10.1.0.1\n      - address: 10.1.0.2\n";
+pub(super) const VIPS: &str = "vips:\n  - address: 10.99.0.1\n    port: 80\n    protocol: tcp\n    backends:\n      - address: 10.1.0.1\n      - address: 10.1.0.2\n";
 
-fn desired(revision: i64, text: &str) -> Desired {
+pub(super) fn desired(revision: i64, text: &str) -> Desired {
     Desired {
         revision,
         text: text.into(),
@@ -32,7 +32,7 @@ fn desired(revision: i64, text: &str) -> Desired {
 
 /// What the loop does with a new desired state: the file composed with
 /// it, reloaded, the outcome told.
-async fn apply(r: &mut Rig, d: &Desired) -> bool {
+pub(super) async fn apply(r: &mut Rig, d: &Desired) -> bool {
     if !r.daemon.tier_should_apply(d.revision) {
         return false;
     }

@@ -1,0 +1,386 @@
+//! A staged rollout as one balancer takes part in it: the steps
+//! `rollout_tick` asks of the loop (apply, pass, fail, promote) for a
+//! rollout record, the gates that judge the hold (the plan's tables,
+//! packets forwarded), what `lbctl tier status` shows and when `lbctl
+//! tier rollout` may start another. etcd itself is in `tests/e2e/tier.rs`.
+
+use super::{
+    super::rollout::{Step, change, nominal_tables},
+    tier::{TIER_FILE, VIPS, apply, desired},
+    *,
+};
+use std::collections::BTreeMap;
+
+use crate::tier::{
+    Desired, Member,
+    client::Write,
+    rollout::{Change, Phase, Progress, Rollout},
+};
+
+/// The rollout's revision, its hold (seconds), and when it starts.
+const ID: i64 = 8;
+const HOLD: u64 = 30;
+const T0: u64 = 1_000;
+
+/// The rollout's candidate: [`VIPS`] with a third backend.
+fn candidate() -> Desired {
+    Desired {
+        revision: ID,
+        text: format!("{VIPS}      - address: 10.1.0.3\n").into(),
+        rollout: true,
+    }
+}
+
+/// A rollout of [`candidate`] in one wave, lb1 alone, with the tables
+/// its plan computes.
+fn record(r: &Rig) -> Rollout {
+    let (_, config) = crate::tier::with_vips(&r.daemon.text, &candidate(), "test".into())
+        .expect("the candidate composes");
+    Rollout {
+        desired: candidate().text.to_string(),
+        waves: vec![vec!["lb1".into()]],
+        hold_secs: HOLD,
+        expected: nominal_tables(&config),
+        by: "test".into(),
+        revision: None,
+        outcome: None,
+    }
+}
+
+/// lb1 of a tier, running desired revision 5, connected to etcd.
+async fn member() -> Rig {
+    let mut r = rig(TIER_FILE);
+    r.daemon.tier_started("lb1".into(), None);
+    assert!(apply(&mut r, &desired(5, VIPS)).await);
+    r.daemon.on_tier_link(Ok(10));
+    r
+}
+
+/// The loop's part of an apply step: the file composed with the
+/// candidate and reloaded, the outcome told to the rollout.
+async fn take(r: &mut Rig, d: &Desired, now: u64) -> Vec<Step> {
+    let old = r.daemon.config.clone();
+    let read = reparse(r, TIER_FILE).and_then(|f| f.with_desired(d));
+    let result = r.daemon.reload(read, false, &plain()).await;
+    let explained = change(&old, &r.daemon.config);
+    let outcome = result.map(|_| explained).map_err(|e| e.to_string());
+    r.daemon.rollout_applied(d.revision, outcome, now)
+}
+
+/// The first tick of the rollout asks to apply the candidate; the loop
+/// does.
+async fn applied(r: &mut Rig, now: u64) {
+    let steps = r.daemon.rollout_tick(now);
+    let [Step::Apply(d)] = &steps[..] else {
+        panic!("an apply step, not {steps:?}")
+    };
+    assert_eq!(*d, candidate());
+    let d = d.clone();
+    assert!(r.daemon.rollout_tick(now).is_empty(), "busy applying");
+    assert!(take(r, &d, now).await.is_empty());
+    assert_eq!(r.in_table(WEB).len(), 3, "the candidate runs");
+}
+
+/// Each step in a word.
+fn said(steps: &[Step]) -> Vec<String> {
+    steps
+        .iter()
+        .map(|s| match s {
+            Step::Write(Write::Progress(p)) => format!("progress {} {:?}", p.rollout, p.phase),
+            Step::Write(Write::Rollout { record, .. }) => format!("mark {:?}", record.outcome),
+            Step::Write(Write::Promote { .. }) => "promote".into(),
+            Step::Apply(d) => format!("apply {}", d.revision),
+            Step::Revert { id, say } => format!("revert {id} {say}"),
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_member_applies_holds_passes_and_promotes_the_candidate() {
+    let mut r = member().await;
+    r.daemon.on_rollout(Some(Ok((record(&r), ID))));
+    r.daemon.on_tier_link(Err("connection refused".into()));
+    assert!(r.daemon.rollout_tick(T0).is_empty(), "no step without etcd");
+    r.daemon.on_tier_link(Ok(11));
+    applied(&mut r, T0).await;
+    assert!(r.daemon.rollout_tick(T0 + 4).is_empty());
+    let view = r.daemon.rollout_view().expect("a rollout");
+    assert_eq!(view.revision, ID);
+    assert!(view.step.contains("holding, 4 s of 30 s"), "{}", view.step);
+    // The hold is over, the gates held (nothing forwarded before or
+    // since: no traffic to lose).
+    assert_eq!(
+        said(&r.daemon.rollout_tick(T0 + HOLD)),
+        ["progress 8 Passed"]
+    );
+    assert!(
+        r.daemon.rollout_tick(T0 + HOLD + 1).is_empty(),
+        "a write is asked once, not every second"
+    );
+    let passed = Progress {
+        rollout: ID,
+        phase: Phase::Passed,
+    };
+    r.daemon
+        .on_rollout_progress(BTreeMap::from([("lb1".to_string(), passed)]));
+    assert_eq!(said(&r.daemon.rollout_tick(T0 + HOLD + 2)), ["promote"]);
+    let view = r.daemon.rollout_view().expect("a rollout");
+    assert_eq!(view.waves, [[("lb1".to_string(), "passed".to_string())]]);
+}
+
+#[tokio::test]
+async fn a_table_other_than_the_plans_fails_the_gate_and_reverts_the_tier() {
+    let mut r = member().await;
+    let mut record = record(&r);
+    let want = record
+        .expected
+        .get_mut(WEB)
+        .expect("the plan has the table");
+    want.digest = "0".repeat(want.digest.len());
+    r.daemon.on_rollout(Some(Ok((record, ID))));
+    applied(&mut r, T0).await;
+    let steps = said(&r.daemon.rollout_tick(T0 + 1));
+    assert_eq!(steps.len(), 3, "{steps:?}");
+    assert!(
+        steps[0].starts_with("progress 8 Failed") && steps[0].contains("the plan computed"),
+        "{steps:?}"
+    );
+    assert!(steps[1].starts_with("mark Some(Failed"), "{steps:?}");
+    assert_eq!(steps[2], "revert 8 false");
+}
+
+/// Forwarding before the candidate and none during the hold fails it;
+/// packets the datapath passed or dropped are not forwarding.
+#[tokio::test]
+async fn a_member_that_stops_forwarding_during_the_hold_fails_it() {
+    use lb_common::counters::Counter;
+    let mut r = member().await;
+    let counted = |r: &mut Rig, forwarded: u64, passed: u64| {
+        let counters = &mut r.daemon.reconciler.dataplane_mut().counters;
+        counters[Counter::FwdMaglev as usize].packets = forwarded;
+        counters[Counter::PassNotVip as usize].packets = passed;
+        r.daemon.tick();
+    };
+    counted(&mut r, 100, 0);
+    assert!(r.daemon.rollout_tick(T0 - 1).is_empty(), "no rollout yet");
+    counted(&mut r, 200, 0);
+    r.daemon.on_rollout(Some(Ok((record(&r), ID))));
+    applied(&mut r, T0).await;
+    for t in 1..HOLD {
+        counted(&mut r, 200, t * 10);
+        assert!(r.daemon.rollout_tick(T0 + t).is_empty());
+    }
+    let steps = said(&r.daemon.rollout_tick(T0 + HOLD));
+    assert!(
+        steps[0].contains("no packet forwarded during the hold"),
+        "{steps:?}"
+    );
+}
+
+/// Forwarding is judged over the last 10 samples (seconds) before the
+/// candidate: traffic that stopped `quiet` ticks before it was applied.
+async fn hold_after_quiet(quiet: u64) -> Vec<String> {
+    use lb_common::counters::Counter;
+    let mut r = member().await;
+    let forwarded = |r: &mut Rig, n: u64| {
+        r.daemon.reconciler.dataplane_mut().counters[Counter::FwdMaglev as usize].packets = n;
+        r.daemon.tick();
+    };
+    forwarded(&mut r, 100);
+    assert!(r.daemon.rollout_tick(T0 - quiet - 1).is_empty());
+    for t in 0..quiet {
+        forwarded(&mut r, 200);
+        assert!(r.daemon.rollout_tick(T0 - quiet + t).is_empty());
+    }
+    r.daemon.on_rollout(Some(Ok((record(&r), ID))));
+    applied(&mut r, T0).await;
+    said(&r.daemon.rollout_tick(T0 + HOLD))
+}
+
+/// A balancer that forwarded in the 10 s before the candidate must
+/// forward during the hold; one whose traffic stopped before that (the
+/// routers moved it away, say) is not asked to.
+#[tokio::test]
+async fn the_forwarding_gate_looks_back_ten_seconds() {
+    // The apply's own tick is the 10th sample: 100, then 200 nine times.
+    let steps = hold_after_quiet(8).await;
+    assert!(
+        steps[0].contains("no packet forwarded during the hold"),
+        "{steps:?}"
+    );
+    assert_eq!(hold_after_quiet(9).await, ["progress 8 Passed"]);
+}
+
+/// The gates compare with the state taken just before the candidate was
+/// applied: packets forwarded while it was being applied were forwarded
+/// since.
+#[tokio::test]
+async fn the_hold_is_judged_against_the_state_before_the_apply() {
+    use lb_common::counters::Counter;
+    let mut r = member().await;
+    let forwarded = |r: &mut Rig, n: u64| {
+        r.daemon.reconciler.dataplane_mut().counters[Counter::FwdMaglev as usize].packets = n;
+        r.daemon.tick();
+    };
+    forwarded(&mut r, 100);
+    assert!(r.daemon.rollout_tick(T0 - 1).is_empty());
+    forwarded(&mut r, 200);
+    r.daemon.on_rollout(Some(Ok((record(&r), ID))));
+    let steps = r.daemon.rollout_tick(T0);
+    let [Step::Apply(d)] = &steps[..] else {
+        panic!("an apply step, not {steps:?}")
+    };
+    let d = d.clone();
+    // The reload takes a while; the datapath forwards meanwhile.
+    forwarded(&mut r, 300);
+    assert!(r.daemon.rollout_tick(T0 + 1).is_empty(), "busy applying");
+    assert!(take(&mut r, &d, T0 + 2).await.is_empty());
+    for t in 3..HOLD + 2 {
+        forwarded(&mut r, 300);
+        assert!(r.daemon.rollout_tick(T0 + t).is_empty());
+    }
+    assert_eq!(
+        said(&r.daemon.rollout_tick(T0 + 2 + HOLD)),
+        ["progress 8 Passed"]
+    );
+}
+
+/// A balancer restarted while it held the candidate holds it again, from
+/// the start.
+#[tokio::test]
+async fn a_member_restarted_on_the_candidate_holds_it_again() {
+    let mut r = rig(TIER_FILE);
+    r.daemon.tier_started("lb1".into(), Some((ID, true)));
+    r.daemon.on_tier_link(Ok(10));
+    r.daemon.on_rollout(Some(Ok((record(&r), ID))));
+    assert!(r.daemon.rollout_tick(T0).is_empty());
+    assert!(r.daemon.rollout_tick(T0 + 1).is_empty());
+    let view = r.daemon.rollout_view().expect("a rollout");
+    assert!(view.step.contains("holding, 1 s of 30 s"), "{}", view.step);
+    assert_eq!(
+        said(&r.daemon.rollout_tick(T0 + HOLD)),
+        ["progress 8 Passed"]
+    );
+}
+
+/// The backends the candidate adds must serve by the end of the hold:
+/// one drained meanwhile does not; one whose checks pass does.
+#[tokio::test]
+async fn an_added_backend_must_serve_by_the_end_of_the_hold() {
+    let mut r = member().await;
+    r.daemon.on_rollout(Some(Ok((record(&r), ID))));
+    applied(&mut r, T0).await;
+    r.ok(r.drain(WEB, "10.1.0.3", false)).await;
+    let steps = said(&r.daemon.rollout_tick(T0 + HOLD));
+    assert!(
+        steps[0].contains("10.99.0.1:80/tcp 10.1.0.3: added by the change, not serving"),
+        "{steps:?}"
+    );
+    assert!(
+        !steps[0].contains("the plan computed"),
+        "a VIP with a backend drained is not judged by the nominal table: {steps:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_added_backend_that_passes_its_checks_serves() {
+    let checked = |text: &str| {
+        text.replace(
+            "    protocol: tcp\n",
+            "    protocol: tcp\n    health_check:\n      interval: 1s\n      timeout: 500ms\n      rise: 1\n      fall: 2\n",
+        )
+    };
+    let mut r = rig(TIER_FILE);
+    r.daemon.tier_started("lb1".into(), None);
+    assert!(apply(&mut r, &desired(5, &checked(VIPS))).await);
+    r.daemon.on_tier_link(Ok(10));
+    let up = ProbeResult {
+        ok: true,
+        latency_us: 100,
+        detail: "connected".into(),
+    };
+    let mut record = record(&r);
+    record.desired = checked(&record.desired);
+    r.daemon.on_rollout(Some(Ok((record.clone(), ID))));
+    let steps = r.daemon.rollout_tick(T0);
+    let [Step::Apply(d)] = &steps[..] else {
+        panic!("an apply step, not {steps:?}")
+    };
+    let d = d.clone();
+    assert!(take(&mut r, &d, T0).await.is_empty());
+    for b in ["10.1.0.1", "10.1.0.2", "10.1.0.3"] {
+        r.daemon.on_probe((id(WEB), ip(b)), up.clone());
+    }
+    assert_eq!(
+        said(&r.daemon.rollout_tick(T0 + HOLD)),
+        ["progress 8 Passed"]
+    );
+}
+
+#[tokio::test]
+async fn a_rollout_in_progress_refuses_another_until_a_desired_state_supersedes_it() {
+    let mut r = member().await;
+    let report = r.daemon.tier_report().expect("a tier member reports");
+    r.daemon.on_tier_members(vec![Member {
+        name: "lb1".into(),
+        report: Some(report),
+        unreadable: None,
+    }]);
+    r.daemon.on_rollout(Some(Ok((record(&r), ID))));
+    let e = r.daemon.rollout_plan(VIPS, None, 1, HOLD).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Conflict, "{e}");
+    assert!(!r.daemon.rollout_view().expect("a rollout").superseded);
+    // The tier's desired state at the rollout's own revision does not
+    // supersede it; a newer one does.
+    assert!(r.daemon.tier_should_apply(ID));
+    assert!(!r.daemon.rollout_view().expect("a rollout").superseded);
+    assert!(r.daemon.tier_should_apply(ID + 1));
+    assert!(r.daemon.rollout_view().expect("a rollout").superseded);
+    let (plan, ..) = r
+        .daemon
+        .rollout_plan(VIPS, None, 1, HOLD)
+        .expect("a superseded rollout may be replaced");
+    assert_eq!(plan.waves, [["lb1"]]);
+    // So may a record that cannot be read; the view says why.
+    r.daemon
+        .on_rollout(Some(Err((ID + 2, "not a rollout record".into()))));
+    let view = r.daemon.rollout_view().expect("a record");
+    assert_eq!(
+        (view.revision, view.error.as_deref()),
+        (ID + 2, Some("not a rollout record"))
+    );
+    r.daemon
+        .rollout_plan(VIPS, None, 1, HOLD)
+        .expect("an unreadable record may be replaced");
+}
+
+/// What a change explains to the gates: the backends it adds, and the
+/// routes of addresses no VIP keeps.
+#[test]
+fn a_change_explains_the_backends_it_adds_and_the_routes_it_removes() {
+    let config = |vips: &str| {
+        crate::tier::with_vips(TIER_FILE, &desired(1, vips), "test".into())
+            .expect("composes")
+            .1
+    };
+    let vip = |address: &str, port: u16| {
+        format!(
+            "  - address: {address}\n    port: {port}\n    protocol: tcp\n    backends:\n      - address: 10.1.0.1\n"
+        )
+    };
+    let old = config(&format!(
+        "{VIPS}{}{}",
+        vip("10.99.0.1", 443),
+        vip("10.99.0.2", 80)
+    ));
+    let new = config(&format!("{VIPS}      - address: 10.1.0.3\n"));
+    assert_eq!(
+        change(&old, &new),
+        Change {
+            added: BTreeSet::from(["10.99.0.1:80/tcp 10.1.0.3".to_string()]),
+            removed_routes: 1,
+        },
+        "10.99.0.1 stays announced for port 80; 10.99.0.2 goes"
+    );
+    assert_eq!(change(&new, &new), Change::default());
+}
