@@ -1209,18 +1209,33 @@ fn syns(r: &mut Rig, addr: &str, syns: u64, retransmits: u64) {
 }
 
 #[tokio::test]
-async fn a_backend_whose_clients_retry_their_syns_is_ejected_and_keeps_its_flows() {
+async fn passive_health_ejects_a_backend_whose_clients_retry_their_syns_and_keeps_its_flows() {
     let text = FILE.replace(
         "      - address: 10.1.0.2\n",
         "      - address: 10.1.0.2\n      - address: 10.1.0.3\n",
     );
     let mut r = rig(&text);
-    for _ in 0..4 {
+    let mut ejected_at = None;
+    for t in 0..4 {
         syns(&mut r, "10.1.0.1", 10, 0);
         syns(&mut r, "10.1.0.2", 10, 9);
         syns(&mut r, "10.1.0.3", 10, 1);
         r.daemon.tick();
+        let health: Vec<api::VipHealth> = parse(r.ok(Request::Health).await);
+        let b = health[0]
+            .backends
+            .iter()
+            .find(|b| b.address == ip("10.1.0.2"));
+        let ejections = b.and_then(|b| b.passive.as_ref()).map(|p| p.ejections);
+        if ejected_at.is_none() && ejections == Some(1) {
+            ejected_at = Some(t);
+            assert!(
+                !r.in_table(WEB).contains(&ip("10.1.0.2")),
+                "out of the table at the tick that ejects it"
+            );
+        }
     }
+    assert!(ejected_at.is_some(), "ejected within 4 ticks");
     assert_eq!(
         r.in_table(WEB),
         BTreeSet::from([ip("10.1.0.1"), ip("10.1.0.3")]),
@@ -1245,7 +1260,7 @@ async fn a_backend_whose_clients_retry_their_syns_is_ejected_and_keeps_its_flows
 }
 
 #[tokio::test]
-async fn everyone_retrying_alike_ejects_nobody() {
+async fn passive_health_ejects_nobody_when_everyone_retries_alike() {
     let mut r = rig(FILE);
     for _ in 0..6 {
         syns(&mut r, "10.1.0.1", 20, 10);

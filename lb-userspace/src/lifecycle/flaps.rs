@@ -91,4 +91,19 @@ mod tests {
         assert_eq!(f.change(true, at(705)), None);
         assert_eq!(f.holds, 0);
     }
+
+    /// "Within two minutes" includes the change exactly two minutes old.
+    #[test]
+    fn a_change_exactly_two_minutes_old_still_counts() {
+        let t0 = Instant::now();
+        let flapped = |recovery: u64| {
+            let mut f = Flaps::default();
+            for (s, up) in [(0, false), (5, true), (10, false)] {
+                assert_eq!(f.change(up, t0 + Duration::from_secs(s)), None);
+            }
+            f.change(true, t0 + Duration::from_secs(recovery))
+        };
+        assert_eq!(flapped(120), Some(HOLD_BASE));
+        assert_eq!(flapped(121), None, "the first change is out of the window");
+    }
 }

@@ -909,6 +909,55 @@ mod tests {
         );
     }
 
+    /// The lines of [`syn_series`]'s evaluations.
+    fn syn_lines(l: &mut Lifecycle, v: &VipConfig, failing: &[usize], t0: Instant) -> Vec<String> {
+        let mut lines = Vec::new();
+        for s in 0..=1u64 {
+            let now = t0 + Duration::from_secs(s);
+            for i in 1..=v.backends.len() {
+                let retransmits = if failing.contains(&i) { 10 * s } else { 0 };
+                l.record_syns(v, &addr(i), 10 * s, retransmits, now);
+            }
+            lines.extend(l.evaluate_passive(std::slice::from_ref(v), now));
+        }
+        lines
+    }
+
+    /// Only a backend that takes new flows may be ejected: one weighted 0,
+    /// one draining or one down is not, however its clients retry. An
+    /// ejection is said with its figures.
+    #[test]
+    fn only_backends_taking_new_flows_are_ejected_and_the_line_says_why() {
+        let t0 = Instant::now();
+        let ejections = |weight: u32, prepare: &dyn Fn(&mut Lifecycle, &VipConfig)| {
+            let mut v = passive_vip(4);
+            v.backends[1].weight = weight;
+            let mut l = started(&v, t0);
+            prepare(&mut l, &v);
+            syn_lines(&mut l, &v, &[2], t0)
+        };
+        let lines = ejections(1, &|_, _| ());
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(
+            lines[0].starts_with(
+                "VIP 10.0.0.1:80/tcp: backend 10.1.0.2 ejected for 5s: 10 of its 10 SYNs were retransmitted (100%"
+            ),
+            "{lines:?}"
+        );
+        assert_eq!(ejections(0, &|_, _| ()), Vec::<String>::new(), "weight 0");
+        let draining = |l: &mut Lifecycle, v: &VipConfig| {
+            let b = l.vips.get_mut(&v.id).unwrap().backends.get_mut(&addr(2));
+            b.unwrap().drained_since = Some(t0);
+        };
+        assert_eq!(ejections(1, &draining), Vec::<String>::new(), "draining");
+        let down = |l: &mut Lifecycle, v: &VipConfig| {
+            for _ in 0..2 {
+                l.record_probe(&v.id, &addr(2), fail(), t0);
+            }
+        };
+        assert_eq!(ejections(1, &down), Vec::<String>::new(), "down");
+    }
+
     #[test]
     fn unprobed_backends_count_as_healthy() {
         let mut v = vip(2);
