@@ -107,7 +107,7 @@ enum Task {
     /// built with the eBPF programs stubbed and judged by the unit tests
     /// (`--lib`), optionally only those matching FILTER. Hours for the whole
     /// default set on two cores: name files for a slice, or run it in
-    /// shards.
+    /// shards. `--slice` is the bounded slice CI runs.
     Mutants(MutantsRun),
     /// Run lbd in a namespace rig with real connections and print a summary.
     Demo {
@@ -271,7 +271,26 @@ struct MutantsRun {
     /// (one directory per shard keeps each shard's record).
     #[arg(long, value_name = "DIR")]
     output: Option<std::path::PathBuf>,
+    /// The bounded slice CI runs ([`SLICE`]): fails if one of its mutants
+    /// is missed. Built in the workspace's own target directory with the
+    /// test profile, so that after `cargo xtask test` only the workspace's
+    /// crates are built again; its report is in
+    /// `target/mutants-slice/mutants.out/`.
+    #[arg(long, conflicts_with_all = ["files", "filter", "shard", "iterate", "output"])]
+    slice: bool,
 }
+
+/// The slice of [`MUTATED`] that `.ci/run` runs (`--slice`): files whose
+/// every mutant a unit test catches (MUTANTS.md), and the tests that
+/// judge them. A few minutes on two cores.
+const SLICE: (&[&str], &[&str]) = (
+    &[
+        "lb-userspace/src/lifecycle/flaps.rs",
+        "lb-userspace/src/lifecycle/passive.rs",
+        "lb-userspace/src/daemon/passive.rs",
+    ],
+    &["lifecycle::", "passive"],
+);
 
 /// `cargo xtask mutants`: cargo-mutants over `files` (default
 /// [`MUTATED`]), each mutant judged by the unit tests of `lb-userspace`
@@ -289,7 +308,9 @@ struct MutantsRun {
 /// BGP timers rather than compute.
 ///
 /// A shard is a round-robin sample (mutant `i` on shard `i % N`), so any
-/// one shard spreads over every file.
+/// one shard spreads over every file. The CI slice (`--slice`) is built
+/// instead where `cargo xtask test` built, with the test profile, so CI
+/// builds no dependency a second time.
 fn mutants(job: &MutantsRun) -> Result<()> {
     let installed = Command::new("cargo")
         .args(["mutants", "--version"])
@@ -298,12 +319,20 @@ fn mutants(job: &MutantsRun) -> Result<()> {
     if !installed {
         run(cargo().args(["install", "--locked", "cargo-mutants@27.1.0"]))?;
     }
-    let target = structure::workspace().join("target/mutants");
+    let workspace = structure::workspace();
     let mut cmd = cargo();
     cmd.env("LB_EBPF", "stub")
-        .env("CARGO_TARGET_DIR", &target)
         .args(["mutants", "-p", "lb-userspace", "--no-shuffle"])
-        .args(["--profile", "mutants", "--cargo-arg", "--lib"])
+        .args(["--cargo-arg", "--lib"]);
+    if job.slice {
+        cmd.env("CARGO_TARGET_DIR", workspace.join("target"))
+            .arg("--output")
+            .arg(workspace.join("target/mutants-slice"));
+    } else {
+        cmd.env("CARGO_TARGET_DIR", workspace.join("target/mutants"))
+            .args(["--profile", "mutants"]);
+    }
+    cmd
         // A mutant that hangs (a loop that never ends: many of the Maglev
         // builder's do) is cut after 60 s: the unit tests take 6 s idle,
         // under 30 s on a loaded machine.
@@ -311,12 +340,9 @@ fn mutants(job: &MutantsRun) -> Result<()> {
     if std::env::var_os("RUST_TEST_THREADS").is_none() {
         cmd.env("RUST_TEST_THREADS", MUTANT_TEST_THREADS.to_string());
     }
-    let default: Vec<String> = MUTATED.iter().map(ToString::to_string).collect();
-    let files = if job.files.is_empty() {
-        &default
-    } else {
-        &job.files
-    };
+    let default: Vec<&str> = if job.slice { SLICE.0 } else { MUTATED }.to_vec();
+    let named: Vec<&str> = job.files.iter().map(String::as_str).collect();
+    let files = if named.is_empty() { &default } else { &named };
     for f in files {
         cmd.args(["-f", f]);
     }
@@ -329,8 +355,13 @@ fn mutants(job: &MutantsRun) -> Result<()> {
     if let Some(dir) = &job.output {
         cmd.arg("--output").arg(dir);
     }
-    if let Some(filter) = &job.filter {
-        cmd.args(["--", "--", filter]);
+    let filters: Vec<&str> = match &job.filter {
+        Some(f) => vec![f],
+        None if job.slice => SLICE.1.to_vec(),
+        None => Vec::new(),
+    };
+    if !filters.is_empty() {
+        cmd.args(["--", "--"]).args(filters);
     }
     run(&mut cmd)
 }
