@@ -471,21 +471,54 @@ fn start_kind(first: bool, adopted: bool) -> (bool, bool) {
     (first && adopted, first && !adopted)
 }
 
+/// A VIP's announcement that began or ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Change {
+    Announced,
+    /// Withdrawn; `warn`: for health (the node serves), not for a drain
+    /// or a stop, which are the operator's wish.
+    Withdrawn {
+        warn: bool,
+    },
+}
+
+/// The VIPs of `after` whose announcement began or ended since `before`.
+fn changes<'d>(
+    before: &Decision,
+    after: &'d Decision,
+    node: NodeState,
+) -> Vec<(&'d policy::VipVerdict, Change)> {
+    let serving = node == NodeState::Serving;
+    after
+        .vips
+        .iter()
+        .filter_map(|v| {
+            let was = before
+                .vips
+                .iter()
+                .find(|o| o.vip == v.vip)
+                .is_some_and(|o| o.announced);
+            match (was, v.announced) {
+                (false, true) => Some((v, Change::Announced)),
+                (true, false) => Some((v, Change::Withdrawn { warn: serving })),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
 /// Logs each VIP that is newly announced or withdrawn: a withdrawal for
 /// health is a warning, one for a drain or a stop is the operator's wish.
 fn log_changes(before: &Decision, after: &Decision, node: NodeState) {
-    let chosen = node == NodeState::Serving;
-    for v in &after.vips {
-        let was = before
-            .vips
-            .iter()
-            .find(|o| o.vip == v.vip)
-            .is_some_and(|o| o.announced);
-        match (was, v.announced) {
-            (false, true) => info!(vip = %v.vip, reason = %v.reason, "VIP announced"),
-            (true, false) if chosen => warn!(vip = %v.vip, reason = %v.reason, "VIP withdrawn"),
-            (true, false) => info!(vip = %v.vip, reason = %v.reason, "VIP withdrawn"),
-            _ => {}
+    for (v, change) in changes(before, after, node) {
+        match change {
+            Change::Announced => info!(vip = %v.vip, reason = %v.reason, "VIP announced"),
+            Change::Withdrawn { warn: true } => {
+                warn!(vip = %v.vip, reason = %v.reason, "VIP withdrawn")
+            }
+            Change::Withdrawn { warn: false } => {
+                info!(vip = %v.vip, reason = %v.reason, "VIP withdrawn")
+            }
         }
     }
 }
@@ -500,7 +533,49 @@ pub(super) fn node_wire(n: NodeState) -> api::NodeState {
 
 #[cfg(test)]
 mod tests {
-    use super::start_kind;
+    use super::*;
+
+    /// Verdicts of VIPs `10.99.0.N:80/tcp`, announced or not.
+    fn decision(announced: &[(u8, bool)]) -> Decision {
+        Decision {
+            addresses: BTreeSet::new(),
+            vips: announced
+                .iter()
+                .map(|(n, on)| policy::VipVerdict {
+                    vip: format!("10.99.0.{n}:80/tcp").parse().unwrap(),
+                    usable: 1,
+                    backends: 1,
+                    min_healthy: 1,
+                    announced: *on,
+                    reason: String::new(),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_withdrawal_is_a_warning_only_while_the_node_serves() {
+        let before = decision(&[(1, true), (2, false), (3, true)]);
+        let after = decision(&[(1, false), (2, true), (3, true), (4, true)]);
+        let said = |node| -> Vec<(String, Change)> {
+            changes(&before, &after, node)
+                .into_iter()
+                .map(|(v, c)| (v.vip.to_string(), c))
+                .collect()
+        };
+        let serving = said(NodeState::Serving);
+        assert_eq!(
+            serving,
+            [
+                ("10.99.0.1:80/tcp".into(), Change::Withdrawn { warn: true }),
+                ("10.99.0.2:80/tcp".into(), Change::Announced),
+                ("10.99.0.4:80/tcp".into(), Change::Announced),
+            ]
+        );
+        for node in [NodeState::Drained, NodeState::Stopping] {
+            assert_eq!(said(node)[0].1, Change::Withdrawn { warn: false });
+        }
+    }
 
     #[test]
     fn only_the_first_start_is_a_restart_or_fresh() {

@@ -1442,6 +1442,23 @@ async fn clearing_overrides_where_none_are_in_force_says_so() {
         .refused(ErrorKind::NotFound, clear(Some(WEB), Some("10.1.0.1")))
         .await;
     assert!(e.contains("backend 10.1.0.1"), "{e}");
+    // A VIP the API added: its backends are the VIP's definition.
+    let add = VipAdd {
+        vip: id("10.99.0.7:80/tcp"),
+        backends: vec![BackendSpec {
+            address: ip("10.1.0.1"),
+            weight: 1,
+        }],
+        settings: VipSettings::default(),
+    };
+    r.ok(Request::Vip(VipRequest::Add(add))).await;
+    let e = r
+        .refused(
+            ErrorKind::NotFound,
+            clear(Some("10.99.0.7:80/tcp"), Some("10.1.0.1")),
+        )
+        .await;
+    assert!(e.contains("was added by the API"), "{e}");
 }
 
 /// An announcer whose peers are these.
@@ -1495,6 +1512,7 @@ async fn peer_metrics_say_graceful_restart_and_routes_per_family() {
     r.daemon.tick();
     let text = r.daemon.metrics.encode().unwrap();
     for line in [
+        r#"lb_bgp_session_established{peer="10.0.0.1"} 1"#,
         r#"lb_bgp_graceful_restart{peer="10.0.0.1"} 0"#,
         r#"lb_bgp_graceful_restart{peer="10.0.0.3"} 1"#,
         r#"lb_bgp_routes_announced{peer="10.0.0.1",family="ipv4"} 2"#,
@@ -1564,78 +1582,4 @@ async fn a_change_of_hash_fields_moves_the_share_independent_placements_move() {
     // Ports dropped: a VIP that hashes fragments leaves them out anyway;
     // this one does not.
     rehash_previewed(FILE, ("[src_ip, src_port]", "[src_ip]")).await;
-}
-
-/// What the daemon logs, as text, while the guard lives (this thread).
-#[derive(Clone, Default)]
-struct Logged(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Logged {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Logged {
-    fn capture(&self) -> tracing::subscriber::DefaultGuard {
-        let sink = self.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_ansi(false)
-            .without_time()
-            .with_writer(move || sink.clone())
-            .finish();
-        tracing::subscriber::set_default(subscriber)
-    }
-
-    /// The lines that say `what`.
-    fn lines(&self, what: &str) -> Vec<String> {
-        String::from_utf8_lossy(&self.0.lock().unwrap())
-            .lines()
-            .filter(|l| l.contains(what))
-            .map(str::to_string)
-            .collect()
-    }
-}
-
-/// A VIP withdrawn because its backends are down is a warning; one
-/// withdrawn by a drain is the operator's wish, said as information.
-#[tokio::test]
-async fn a_withdrawal_for_health_is_a_warning_and_one_for_a_drain_is_not() {
-    let text = FILE.replace("    protocol: tcp\n", &format!("    protocol: tcp{PROBED}"));
-    let mut r = rig(&text);
-    let logged = Logged::default();
-    let _guard = logged.capture();
-    let result = |ok| ProbeResult {
-        ok,
-        latency_us: 100,
-        detail: "x".into(),
-    };
-    let all = |r: &mut Rig, ok: bool| {
-        for b in ["10.1.0.1", "10.1.0.2"] {
-            r.daemon.on_probe((id(WEB), ip(b)), result(ok));
-        }
-    };
-    all(&mut r, true);
-    assert_eq!(logged.lines("VIP announced vip=").len(), 1);
-    all(&mut r, false);
-    all(&mut r, false);
-    assert!(r.announced().is_empty());
-    let withdrawn = logged.lines("VIP withdrawn vip=");
-    assert!(
-        withdrawn.len() == 1 && withdrawn[0].contains("WARN"),
-        "{withdrawn:?}"
-    );
-    all(&mut r, true);
-    r.ok(Request::Node(NodeRequest::Drain { no_wait: true }))
-        .await;
-    let withdrawn = logged.lines("VIP withdrawn vip=");
-    assert!(
-        withdrawn.len() == 2 && withdrawn[1].contains("INFO"),
-        "{withdrawn:?}"
-    );
 }
