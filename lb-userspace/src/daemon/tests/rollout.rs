@@ -95,6 +95,16 @@ fn said(steps: &[Step]) -> Vec<String> {
         .collect()
 }
 
+/// The datapath has forwarded `forwarded` packets and passed `passed` so
+/// far; the daemon's tick samples them.
+fn counted(r: &mut Rig, forwarded: u64, passed: u64) {
+    use lb_common::counters::Counter;
+    let counters = &mut r.daemon.reconciler.dataplane_mut().counters;
+    counters[Counter::FwdMaglev as usize].packets = forwarded;
+    counters[Counter::PassNotVip as usize].packets = passed;
+    r.daemon.tick();
+}
+
 #[tokio::test]
 async fn a_member_applies_holds_passes_and_promotes_the_candidate() {
     let mut r = member().await;
@@ -153,14 +163,7 @@ async fn a_table_other_than_the_plans_fails_the_gate_and_reverts_the_tier() {
 /// packets the datapath passed or dropped are not forwarding.
 #[tokio::test]
 async fn a_member_that_stops_forwarding_during_the_hold_fails_it() {
-    use lb_common::counters::Counter;
     let mut r = member().await;
-    let counted = |r: &mut Rig, forwarded: u64, passed: u64| {
-        let counters = &mut r.daemon.reconciler.dataplane_mut().counters;
-        counters[Counter::FwdMaglev as usize].packets = forwarded;
-        counters[Counter::PassNotVip as usize].packets = passed;
-        r.daemon.tick();
-    };
     counted(&mut r, 100, 0);
     assert!(r.daemon.rollout_tick(T0 - 1).is_empty(), "no rollout yet");
     counted(&mut r, 200, 0);
@@ -180,16 +183,11 @@ async fn a_member_that_stops_forwarding_during_the_hold_fails_it() {
 /// Forwarding is judged over the last 10 samples (seconds) before the
 /// candidate: traffic that stopped `quiet` ticks before it was applied.
 async fn hold_after_quiet(quiet: u64) -> Vec<String> {
-    use lb_common::counters::Counter;
     let mut r = member().await;
-    let forwarded = |r: &mut Rig, n: u64| {
-        r.daemon.reconciler.dataplane_mut().counters[Counter::FwdMaglev as usize].packets = n;
-        r.daemon.tick();
-    };
-    forwarded(&mut r, 100);
+    counted(&mut r, 100, 0);
     assert!(r.daemon.rollout_tick(T0 - quiet - 1).is_empty());
     for t in 0..quiet {
-        forwarded(&mut r, 200);
+        counted(&mut r, 200, 0);
         assert!(r.daemon.rollout_tick(T0 - quiet + t).is_empty());
     }
     r.daemon.on_rollout(Some(Ok((record(&r), ID))));
@@ -216,15 +214,10 @@ async fn the_forwarding_gate_looks_back_ten_seconds() {
 /// since.
 #[tokio::test]
 async fn the_hold_is_judged_against_the_state_before_the_apply() {
-    use lb_common::counters::Counter;
     let mut r = member().await;
-    let forwarded = |r: &mut Rig, n: u64| {
-        r.daemon.reconciler.dataplane_mut().counters[Counter::FwdMaglev as usize].packets = n;
-        r.daemon.tick();
-    };
-    forwarded(&mut r, 100);
+    counted(&mut r, 100, 0);
     assert!(r.daemon.rollout_tick(T0 - 1).is_empty());
-    forwarded(&mut r, 200);
+    counted(&mut r, 200, 0);
     r.daemon.on_rollout(Some(Ok((record(&r), ID))));
     let steps = r.daemon.rollout_tick(T0);
     let [Step::Apply(d)] = &steps[..] else {
@@ -232,11 +225,11 @@ async fn the_hold_is_judged_against_the_state_before_the_apply() {
     };
     let d = d.clone();
     // The reload takes a while; the datapath forwards meanwhile.
-    forwarded(&mut r, 300);
+    counted(&mut r, 300, 0);
     assert!(r.daemon.rollout_tick(T0 + 1).is_empty(), "busy applying");
     assert!(take(&mut r, &d, T0 + 2).await.is_empty());
     for t in 3..HOLD + 2 {
-        forwarded(&mut r, 300);
+        counted(&mut r, 300, 0);
         assert!(r.daemon.rollout_tick(T0 + t).is_empty());
     }
     assert_eq!(
