@@ -463,6 +463,23 @@ fn datapath(baseline: Option<&[u8]>) -> Result<(Vec<Row>, Net, Stat)> {
             Counter::FwdConntrack,
         ),
         (
+            // The source address's last word stamped: a new tuple each.
+            "new IPv6 flow by SYN (2M-bucket table)",
+            tcp6(6500, true),
+            34,
+            vec![],
+            XDP_TX,
+            Counter::FwdMaglev,
+        ),
+        (
+            "new IPv6 flow: miss → Maglev → insert (2M-bucket table)",
+            tcp6(6600, false),
+            34,
+            vec![],
+            XDP_TX,
+            Counter::FwdMaglev,
+        ),
+        (
             "mid-flow TCP without entry, second chance: alternates, not recorded (2M-bucket table; baseline: miss → insert)",
             tcp4([10, 0, 0, 20], 8000, false),
             26,
