@@ -333,15 +333,17 @@ fn validate(parsed: self::parse::Parsed<RawConfig>) -> Result<Config, ConfigErro
     };
     let mut rules = Vec::new();
     let result = validate_raw(raw, &mut rules);
-    // A rule about a part that did not parse only repeats its problem.
+    // The rules number the VIPs that parsed; the file's numbers first,
+    // then a rule about a part that did not parse (it only repeats its
+    // problem) is dropped.
+    for e in &mut rules {
+        renumber_vip(&mut e.field, &vip_index);
+    }
     rules.retain(|e: &ConfigError| {
         !bad_paths
             .iter()
             .any(|b| e.field == *b || e.field.starts_with(&format!("{b}.")))
     });
-    for e in &mut rules {
-        renumber_vip(&mut e.field, &vip_index);
-    }
     all.extend(rules);
     match result {
         Some(config) if all.is_empty() => Ok(config),

@@ -57,6 +57,9 @@ fn a_good_config_parses_with_defaults() {
     assert_eq!(c.vips[1].encap, Encap::Gre);
     assert!(!c.vips[1].conntrack);
     assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+    let unnamed = Config::parse(&GOOD.replace("instance: t1\n", "")).expect("valid");
+    assert_eq!(unnamed.instance, "default", "the instance's default name");
+    assert_eq!(unnamed.api_socket, PathBuf::from("/run/lb/default.sock"));
 }
 
 #[test]
@@ -1370,4 +1373,38 @@ fn encap_codes_round_trip_and_unknown_ones_are_none() {
         assert_eq!(Encap::from_code(e.code()), Some(e));
     }
     assert_eq!(Encap::from_code(0xff), None);
+}
+
+/// An instance name is 1-32 letters, digits, `-` and `_`.
+#[test]
+fn instance_names_are_bounded_inclusively() {
+    let named = |name: &str| with("instance: t1", &format!("instance: {name}"));
+    for good in ["lb_1-a", &"a".repeat(32)] {
+        Config::parse(&named(good)).unwrap_or_else(|e| panic!("{good}: {e}"));
+    }
+    for bad in [&"a".repeat(33), "lb.1", "lb 1"] {
+        let e = errors(&named(bad));
+        assert!(e[0].starts_with("instance: "), "{bad}: {e:?}");
+    }
+}
+
+/// A part that does not parse is reported once: the rules do not repeat
+/// it about the default it left behind. The errors of a VIP after one
+/// that did not parse name its place in the file, and are reported (they
+/// were dropped: the rules' numbers were compared with the file's before
+/// they were renumbered).
+#[test]
+fn a_part_that_does_not_parse_is_one_error_and_later_vips_keep_their_index() {
+    let e = errors(&with("interfaces: [eth0]", "interfaces: 5"));
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(e[0].starts_with("interfaces"), "{e:?}");
+    let text = with("  - address: 10.99.0.1\n", "  - address: 10.99.0.300\n").replacen(
+        "    conntrack: false\n",
+        "    conntrack: false\n    min_healthy: 5\n",
+        1,
+    );
+    let e = errors(&text);
+    assert_eq!(e.len(), 2, "{e:?}");
+    assert!(e[0].starts_with("vips[0].address"), "{e:?}");
+    assert!(e[1].starts_with("vips[1].min_healthy"), "{e:?}");
 }
