@@ -1408,3 +1408,30 @@ fn a_part_that_does_not_parse_is_one_error_and_later_vips_keep_their_index() {
     assert!(e[0].starts_with("vips[0].address"), "{e:?}");
     assert!(e[1].starts_with("vips[1].min_healthy"), "{e:?}");
 }
+
+/// Each size's bounds: the largest allowed value parses, the next one and
+/// 0 do not.
+#[test]
+fn size_limits_are_inclusive() {
+    let most_backends = lb_common::consts::MAX_BACKENDS;
+    let cases: [(&str, u64, u64); 3] = [
+        ("max_vips", 65_535, 65_536),
+        (
+            "max_backends",
+            most_backends.into(),
+            u64::from(most_backends) + 1,
+        ),
+        ("conntrack_buckets", 1 << 25, 1 << 26),
+    ];
+    for (key, most, over) in cases {
+        let set = |n: u64| format!("{GOOD}{key}: {n}\n");
+        Config::parse(&set(most)).unwrap_or_else(|e| panic!("{key}: {most}: {e}"));
+        for bad in [over, 0] {
+            let e = errors(&set(bad));
+            assert!(e.iter().any(|e| e.starts_with(key)), "{key}: {bad}: {e:?}");
+        }
+    }
+    let named = |name: &str| with("interfaces: [eth0]", &format!("interfaces: [{name}]"));
+    Config::parse(&named(&"e".repeat(15))).expect("15 characters, as IFNAMSIZ allows");
+    assert!(errors(&named(&"e".repeat(16)))[0].starts_with("interfaces[0]"));
+}
