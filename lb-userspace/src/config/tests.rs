@@ -1431,6 +1431,10 @@ fn size_limits_are_inclusive() {
             assert!(e.iter().any(|e| e.starts_with(key)), "{key}: {bad}: {e:?}");
         }
     }
+    let mtu = |n: u16| format!("{GOOD}mtu: {n}\n");
+    Config::parse(&mtu(MIN_MTU)).expect("the least MTU");
+    Config::parse(&mtu(0)).expect("0: no check");
+    assert!(errors(&mtu(MIN_MTU - 1))[0].starts_with("mtu"));
     let named = |name: &str| with("interfaces: [eth0]", &format!("interfaces: [{name}]"));
     Config::parse(&named(&"e".repeat(15))).expect("15 characters, as IFNAMSIZ allows");
     assert!(errors(&named(&"e".repeat(16)))[0].starts_with("interfaces[0]"));
