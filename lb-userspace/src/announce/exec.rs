@@ -358,7 +358,13 @@ mod tests {
                 "--table 10 announce 10.0.0.2/32 | announce 10.0.0.2/32 10.0.0.2 ipv4",
             ]
         );
-        eventually("status", || a.status()[0].prefixes_announced == 2).await;
+        // A run's line is written before the command exits and is
+        // counted: wait for the counts, not only the lines.
+        eventually("status", || {
+            let s = &a.status()[0];
+            s.prefixes_announced == 2 && s.messages_sent == 4
+        })
+        .await;
         let s = &a.status()[0];
         assert_eq!(s.state, SessionState::Established);
         assert_eq!((s.messages_sent, s.updates_sent), (4, 4));
@@ -402,12 +408,14 @@ mod tests {
         );
         let mut a = ExecAnnouncer::start(config(&script, 5000)).expect("starts");
         a.set_announced(&set(&["10.0.0.1"])).unwrap();
+        // The error is recorded when the command ends, the state when
+        // the round does.
         eventually("the failure in the status", || {
-            a.status()[0].last_error.is_some()
+            let s = &a.status()[0];
+            s.last_error.is_some() && s.state == SessionState::Active
         })
         .await;
         let s = &a.status()[0];
-        assert_eq!(s.state, SessionState::Active);
         assert_eq!(s.prefixes_announced, 0);
         let err = s.last_error.clone().unwrap();
         assert!(
