@@ -1435,6 +1435,10 @@ fn size_limits_are_inclusive() {
     Config::parse(&mtu(MIN_MTU)).expect("the least MTU");
     Config::parse(&mtu(0)).expect("0: no check");
     assert!(errors(&mtu(MIN_MTU - 1))[0].starts_with("mtu"));
+    // A socket path of 107 bytes fits `sun_path` with its NUL; 108 do not.
+    let socket = |len: usize| format!("{GOOD}api_socket: /run/{}\n", "s".repeat(len - 5));
+    Config::parse(&socket(107)).expect("107 bytes");
+    assert!(errors(&socket(108))[0].starts_with("api_socket"));
     let named = |name: &str| with("interfaces: [eth0]", &format!("interfaces: [{name}]"));
     Config::parse(&named(&"e".repeat(15))).expect("15 characters, as IFNAMSIZ allows");
     assert!(errors(&named(&"e".repeat(16)))[0].starts_with("interfaces[0]"));

@@ -1583,3 +1583,37 @@ async fn a_change_of_hash_fields_moves_the_share_independent_placements_move() {
     // this one does not.
     rehash_previewed(FILE, ("[src_ip, src_port]", "[src_ip]")).await;
 }
+
+/// Refusals by an announcer keep their kind on the wire: a configuration
+/// it cannot take is the operator's, anything else is lbd's.
+#[test]
+fn announcer_errors_are_invalid_config_or_internal() {
+    let config = AnnounceError::Config(ConfigErrors {
+        source_name: None,
+        errors: Vec::new(),
+    });
+    let prefix = AnnounceError::InvalidPrefix {
+        prefix: ip("10.0.0.1"),
+        reason: "test",
+    };
+    for (e, kind) in [
+        (config, ErrorKind::InvalidConfig),
+        (prefix, ErrorKind::InvalidConfig),
+        (AnnounceError::ShutDown, ErrorKind::Internal),
+    ] {
+        assert_eq!(DaemonError::Announce(e).kind(), kind);
+    }
+}
+
+/// The registry `/metrics` serves is the daemon's own: what a tick
+/// records is in it.
+#[tokio::test]
+async fn the_metrics_endpoint_serves_what_the_tick_records() {
+    let mut r = rig(FILE);
+    r.daemon.tick();
+    let served = r.daemon.metrics().encode().unwrap();
+    assert!(
+        served.contains(r#"lb_vip_announced{vip="10.99.0.1:80/tcp"} 1"#),
+        "{served}"
+    );
+}
