@@ -1617,3 +1617,29 @@ async fn the_metrics_endpoint_serves_what_the_tick_records() {
         "{served}"
     );
 }
+
+/// What lbd tells the daemon at start is what `lbctl status` shows.
+#[tokio::test]
+async fn status_shows_what_the_start_found() {
+    let mut r = rig(FILE);
+    let gateway = GatewayState {
+        gateway: Some(ip("10.0.0.1")),
+        mac: Some(Mac([2, 0, 0, 0, 0, 9])),
+        looking_up: false,
+        error: None,
+    };
+    r.daemon.started_with(true, "digest".into(), Some(gateway));
+    let eth0 = api::InterfaceInfo {
+        name: "eth0".into(),
+        mode: "native".into(),
+        adopted: true,
+    };
+    r.daemon.attached(vec![eth0]);
+    let s: api::Status = parse(r.ok(Request::Status).await);
+    assert!(s.maps_adopted);
+    assert_eq!(
+        (s.interfaces[0].name.as_str(), s.interfaces[0].adopted),
+        ("eth0", true)
+    );
+    assert_eq!(s.gateway.unwrap().address, Some(ip("10.0.0.1")));
+}
