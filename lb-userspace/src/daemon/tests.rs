@@ -1643,3 +1643,140 @@ async fn status_shows_what_the_start_found() {
     );
     assert_eq!(s.gateway.unwrap().address, Some(ip("10.0.0.1")));
 }
+
+/// Log lines, captured per thread. One global subscriber, installed by
+/// the first [`logs::capture`], writes each event into the buffer of the
+/// thread that emitted it (a test's own, on a current-thread runtime). A
+/// scoped subscriber per test was flaky: it missed events whose callsite
+/// another test's thread had registered first.
+mod logs {
+    use std::{cell::RefCell, io::Write, sync::Once};
+
+    thread_local! {
+        static LINES: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    }
+
+    struct ThreadBuffer;
+
+    impl Write for ThreadBuffer {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            LINES.with(|l| l.borrow_mut().extend_from_slice(buf));
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// From now on, this thread's log lines are kept (and the earlier
+    /// ones forgotten).
+    pub fn capture() {
+        static INSTALL: Once = Once::new();
+        INSTALL.call_once(|| {
+            let subscriber = tracing_subscriber::fmt()
+                .with_ansi(false)
+                .without_time()
+                .with_max_level(tracing::Level::INFO)
+                .with_writer(|| ThreadBuffer)
+                .finish();
+            tracing::subscriber::set_global_default(subscriber)
+                .expect("no other global subscriber in the unit tests");
+        });
+        LINES.with(|l| l.borrow_mut().clear());
+    }
+
+    /// This thread's lines since [`capture`] that contain `what`.
+    pub fn lines(what: &str) -> Vec<String> {
+        LINES.with(|l| {
+            String::from_utf8_lossy(&l.borrow())
+                .lines()
+                .filter(|line| line.contains(what))
+                .map(str::to_string)
+                .collect()
+        })
+    }
+}
+
+/// Backends a restart starts down are said once, at the start; a start
+/// with none, or a reload, says nothing of them.
+#[tokio::test]
+async fn only_the_start_says_which_backends_start_down() {
+    let text = FILE.replace(
+        "    protocol: tcp\n",
+        &format!("    protocol: tcp{}", PROBED.replace("rise: 1", "rise: 2")),
+    );
+    logs::capture();
+    let mut r = rig(&text);
+    assert_eq!(logs::lines("start down"), Vec::<String>::new(), "none down");
+    let down = ProbeResult {
+        ok: false,
+        latency_us: 100,
+        detail: "x".into(),
+    };
+    for _ in 0..2 {
+        r.daemon.on_probe((id(WEB), ip("10.1.0.2")), down.clone());
+    }
+    logs::capture();
+    let mut r = restart(r);
+    assert_eq!(logs::lines("start down").len(), 1, "at the start");
+    logs::capture();
+    let grown = text.replace(
+        "      - address: 10.1.0.2\n",
+        "      - address: 10.1.0.2\n      - address: 10.1.0.3\n",
+    );
+    r.daemon
+        .reload(reparse(&r, &grown), false, &plain())
+        .await
+        .expect("applies");
+    assert_eq!(logs::lines("start down"), Vec::<String>::new(), "a reload");
+}
+
+/// A change of the gateway hands lbd's loop the gateway to follow, once.
+#[tokio::test]
+async fn a_new_gateway_is_handed_to_the_loop_once() {
+    let mut r = rig(FILE);
+    assert_eq!(r.daemon.take_regateway(), None);
+    let text = FILE.replace("02:00:00:00:00:01", "02:00:00:00:00:07");
+    r.daemon
+        .reload(reparse(&r, &text), true, &plain())
+        .await
+        .expect("applies");
+    assert_eq!(r.daemon.take_regateway(), Some((None, [2, 0, 0, 0, 0, 7])));
+    assert_eq!(r.daemon.take_regateway(), None);
+}
+
+#[tokio::test]
+async fn stopping_the_probes_stops_every_prober() {
+    let text = FILE.replace("    protocol: tcp\n", &format!("    protocol: tcp{PROBED}"));
+    let mut r = rig(&text);
+    assert_eq!(r.daemon.probes.count(), 2);
+    r.daemon.stop_probes();
+    assert_eq!(r.daemon.probes.count(), 0);
+}
+
+/// A backend back from down ramps up under slow start: the probe result
+/// leaves a re-plan pending, so that every tick raises its weight.
+#[tokio::test]
+async fn a_recovery_under_slow_start_leaves_a_replan_pending() {
+    let text = FILE.replace(
+        "    protocol: tcp\n",
+        &format!("    protocol: tcp\n    slow_start: 10s{PROBED}"),
+    );
+    let mut r = rig(&text);
+    let result = |ok| ProbeResult {
+        ok,
+        latency_us: 100,
+        detail: "x".into(),
+    };
+    for b in ["10.1.0.1", "10.1.0.2"] {
+        r.daemon.on_probe((id(WEB), ip(b)), result(true));
+    }
+    for _ in 0..2 {
+        r.daemon.on_probe((id(WEB), ip("10.1.0.2")), result(false));
+    }
+    r.daemon.tick();
+    r.daemon.pending = false;
+    r.daemon.on_probe((id(WEB), ip("10.1.0.2")), result(true));
+    assert!(r.daemon.pending, "slow start runs: the ticks re-plan");
+}
