@@ -1780,3 +1780,30 @@ async fn a_recovery_under_slow_start_leaves_a_replan_pending() {
     r.daemon.on_probe((id(WEB), ip("10.1.0.2")), result(true));
     assert!(r.daemon.pending, "slow start runs: the ticks re-plan");
 }
+
+/// A verdict that changes is said once, and probes that confirm it say
+/// nothing; every probe's duration is observed, in seconds.
+#[tokio::test]
+async fn a_changed_verdict_is_logged_once_and_every_probe_timed() {
+    let text = FILE.replace("    protocol: tcp\n", &format!("    protocol: tcp{PROBED}"));
+    let mut r = rig(&text);
+    let result = |ok| ProbeResult {
+        ok,
+        latency_us: 250_000,
+        detail: "x".into(),
+    };
+    for b in ["10.1.0.1", "10.1.0.2"] {
+        r.daemon.on_probe((id(WEB), ip(b)), result(true));
+    }
+    logs::capture();
+    for _ in 0..4 {
+        r.daemon.on_probe((id(WEB), ip("10.1.0.2")), result(false));
+    }
+    assert_eq!(logs::lines("backend is down").len(), 1, "fall 2: once");
+    r.daemon.on_probe((id(WEB), ip("10.1.0.2")), result(true));
+    assert_eq!(logs::lines("backend is up").len(), 1);
+    let text = r.daemon.metrics.encode().unwrap();
+    let line =
+        r#"lb_backend_probe_duration_seconds_sum{backend="10.1.0.2",vip="10.99.0.1:80/tcp"} 1.5"#;
+    assert!(text.lines().any(|l| l == line), "no {line:?} in:\n{text}");
+}

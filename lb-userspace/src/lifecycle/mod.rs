@@ -958,6 +958,24 @@ mod tests {
         assert_eq!(ejections(1, &down), Vec::<String>::new(), "down");
     }
 
+    /// A backend the configuration no longer lists is forgotten, with its
+    /// health; the others keep theirs.
+    #[test]
+    fn backends_no_longer_configured_are_forgotten() {
+        let now = Instant::now();
+        let three = vip(3);
+        let mut l = started(&three, now);
+        for _ in 0..2 {
+            l.record_probe(&three.id, &addr(1), fail(), now);
+        }
+        let mut two = three.clone();
+        two.backends.pop();
+        l.sync(std::slice::from_ref(&two), &BTreeSet::new(), now, false);
+        let kept: Vec<IpAddr> = l.vips[&two.id].backends.keys().copied().collect();
+        assert_eq!(kept, [addr(1), addr(2)]);
+        assert_eq!(weights(&l.plan(std::slice::from_ref(&two), now)), [0, 100]);
+    }
+
     #[test]
     fn unprobed_backends_count_as_healthy() {
         let mut v = vip(2);
