@@ -1811,3 +1811,35 @@ async fn a_changed_verdict_is_logged_once_and_every_probe_timed() {
         r#"lb_backend_probe_duration_seconds_sum{backend="10.1.0.2",vip="10.99.0.1:80/tcp"} 1.5"#;
     assert!(text.lines().any(|l| l == line), "no {line:?} in:\n{text}");
 }
+
+/// A reload that changes a backend's check judges it by the new rise and
+/// fall from then on; its verdict stands until they overturn it.
+#[tokio::test]
+async fn a_changed_check_judges_by_its_new_fall() {
+    let text = FILE.replace("    protocol: tcp\n", &format!("    protocol: tcp{PROBED}"));
+    let mut r = rig(&text);
+    let result = |ok| ProbeResult {
+        ok,
+        latency_us: 100,
+        detail: "x".into(),
+    };
+    for b in ["10.1.0.1", "10.1.0.2"] {
+        r.daemon.on_probe((id(WEB), ip(b)), result(true));
+    }
+    let slower = text.replace("fall: 2", "fall: 3");
+    r.daemon
+        .reload(reparse(&r, &slower), false, &plain())
+        .await
+        .expect("applies");
+    assert_eq!(r.in_table(WEB).len(), 2, "up still");
+    for _ in 0..2 {
+        r.daemon.on_probe((id(WEB), ip("10.1.0.2")), result(false));
+    }
+    assert_eq!(
+        r.in_table(WEB).len(),
+        2,
+        "fall 3: two failures are not enough"
+    );
+    r.daemon.on_probe((id(WEB), ip("10.1.0.2")), result(false));
+    assert_eq!(r.in_table(WEB), BTreeSet::from([ip("10.1.0.1")]));
+}
