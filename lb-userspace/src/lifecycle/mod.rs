@@ -958,6 +958,19 @@ mod tests {
         assert_eq!(ejections(1, &down), Vec::<String>::new(), "down");
     }
 
+    /// An ejection keeps a re-plan pending, so that its end returns the
+    /// backend on time.
+    #[test]
+    fn an_ejection_keeps_a_replan_pending() {
+        let v = passive_vip(4);
+        let t0 = Instant::now();
+        let mut l = started(&v, t0);
+        let now = syn_series(&mut l, &v, &[2], t0);
+        let p = l.plan(std::slice::from_ref(&v), now);
+        assert_eq!(weights(&p), [100, 0, 100, 100], "ejected");
+        assert!(p.pending);
+    }
+
     /// A backend the configuration no longer lists is forgotten, with its
     /// health; the others keep theirs.
     #[test]
