@@ -961,7 +961,7 @@ mod tests {
     /// An ejection keeps a re-plan pending, so that its end returns the
     /// backend on time.
     #[test]
-    fn an_ejection_keeps_a_replan_pending() {
+    fn an_ejection_keeps_a_replan_pending_a_steady_vip_none() {
         let v = passive_vip(4);
         let t0 = Instant::now();
         let mut l = started(&v, t0);
@@ -969,6 +969,10 @@ mod tests {
         let p = l.plan(std::slice::from_ref(&v), now);
         assert_eq!(weights(&p), [100, 0, 100, 100], "ejected");
         assert!(p.pending);
+        // Nothing that changes with time alone: nothing pending.
+        let steady = vip(2);
+        let mut l = started(&steady, t0);
+        assert!(!l.plan(std::slice::from_ref(&steady), t0).pending);
     }
 
     /// A backend the configuration no longer lists is forgotten, with its
