@@ -958,6 +958,35 @@ mod tests {
         assert_eq!(ejections(1, &down), Vec::<String>::new(), "down");
     }
 
+    /// Panic mode counts the backends that may take new flows: one
+    /// weighted 0 or draining is no candidate, healthy or not. Of 3
+    /// candidates 1 healthy is below 50%; counting the fourth, 2 of 4
+    /// would not be.
+    #[test]
+    fn panic_mode_counts_only_weighted_undrained_backends() {
+        let now = Instant::now();
+        let panics = |weight: u32, drained: bool| {
+            let mut v = vip(4);
+            v.backends[3].weight = weight;
+            let mut l = started(&v, now);
+            if drained {
+                let d = BTreeSet::from([(v.id, addr(4))]);
+                l.sync(std::slice::from_ref(&v), &d, now, false);
+            }
+            for i in 1..=4 {
+                let result = if i <= 2 { fail() } else { pass() };
+                for _ in 0..2 {
+                    l.record_probe(&v.id, &addr(i), result.clone(), now);
+                }
+            }
+            l.plan(std::slice::from_ref(&v), now);
+            l.vips[&v.id].panic
+        };
+        assert!(!panics(1, false), "2 of 4 healthy: not below 50%");
+        assert!(panics(0, false), "weight 0: 1 of 3");
+        assert!(panics(1, true), "draining: 1 of 3");
+    }
+
     /// An ejection keeps a re-plan pending, so that its end returns the
     /// backend on time.
     #[test]
