@@ -207,6 +207,7 @@ fn the_package_under_systemd() {
                 "this test installs a package and drives systemd: run it through `cargo xtask vmtest`"
             );
         }
+        phase("quiet apt", quiet_apt)?;
         let m = phase("install", install)?;
         phase("enable --now", || enable(&m))?;
         phase("forwarding", || m.forwards(20, 21_000))?;
@@ -220,6 +221,33 @@ fn the_package_under_systemd() {
         phase("dpkg -P", purge)?;
         Ok(())
     })());
+}
+
+/// Debian's daily apt jobs (`apt-daily`, `apt-daily-upgrade`) start at
+/// boot and on timers, and while they run they hold dpkg's lock: an
+/// `apt-get remove` here once failed on it. They are stopped for the
+/// test (a unit the image lacks is skipped), and the package commands
+/// below also wait up to a minute for the lock.
+fn quiet_apt() -> Result<()> {
+    for unit in [
+        "apt-daily.timer",
+        "apt-daily-upgrade.timer",
+        "apt-daily.service",
+        "apt-daily-upgrade.service",
+        "unattended-upgrades.service",
+    ] {
+        if systemctl(&["cat", unit]).is_ok() {
+            systemctl(&["stop", unit])?;
+        }
+    }
+    Ok(())
+}
+
+/// `apt-get`, waiting up to a minute for dpkg's lock.
+fn apt_get(args: &[&str]) -> Result<String> {
+    let mut all = vec!["-o", "DPkg::Lock::Timeout=60"];
+    all.extend_from_slice(args);
+    sh("apt-get", &all)
 }
 
 /// `dpkg -i`: the unit lands under /usr/lib, nothing under /lib.
@@ -524,7 +552,7 @@ fn security_matches_the_readme() -> Result<()> {
 /// withdrawn, clean exit, no watchdog kill), the program stays attached.
 fn remove_stops_gracefully(m: &Machine) -> Result<()> {
     let since = now();
-    let out = sh("apt-get", &["remove", "-y", "lb"])?;
+    let out = apt_get(&["remove", "-y", "lb"])?;
     let log = sh(
         "journalctl",
         &["--no-pager", "--since", &format!("@{since}")],
