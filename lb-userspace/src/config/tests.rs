@@ -1435,6 +1435,15 @@ fn size_limits_are_inclusive() {
     Config::parse(&mtu(MIN_MTU)).expect("the least MTU");
     Config::parse(&mtu(0)).expect("0: no check");
     assert!(errors(&mtu(MIN_MTU - 1))[0].starts_with("mtu"));
+    // A file's path that ends in `/` names a directory.
+    let state = |path: &str| format!("{GOOD}state_file: {path}\n");
+    for dir in ["/var/lib/lb/", "/var/lib/lb/.."] {
+        let e = errors(&state(dir));
+        assert!(
+            e[0].contains("names a directory, not a file"),
+            "{dir}: {e:?}"
+        );
+    }
     // A socket path of 107 bytes fits `sun_path` with its NUL; 108 do not.
     let socket = |len: usize| format!("{GOOD}api_socket: /run/{}\n", "s".repeat(len - 5));
     Config::parse(&socket(107)).expect("107 bytes");

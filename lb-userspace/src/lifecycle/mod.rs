@@ -647,11 +647,8 @@ mod tests {
         assert_eq!(weights(&p), vec![0, 100]);
         assert!(p.usable[&(v.id, addr(1))], "existing flows keep going");
         assert!(p.pending);
-        let p = l.plan(std::slice::from_ref(&v), t0 + Duration::from_secs(11));
-        assert!(
-            !p.usable[&(v.id, addr(1))],
-            "after drain_timeout they are cut"
-        );
+        let p = l.plan(std::slice::from_ref(&v), t0 + Duration::from_secs(10));
+        assert!(!p.usable[&(v.id, addr(1))], "at drain_timeout they are cut");
         assert_eq!(
             l.vips[&v.id].backends[&addr(1)].state,
             BackendState::Draining
