@@ -872,6 +872,23 @@ const PROBED: &str = r#"
       fall: 2
 "#;
 
+/// A probe's result, taking `latency_us`.
+fn probed_as(ok: bool, latency_us: u64) -> ProbeResult {
+    ProbeResult {
+        ok,
+        latency_us,
+        detail: "x".into(),
+    }
+}
+
+/// Both of WEB's backends probed up (their first verdicts).
+fn both_up(r: &mut Rig, latency_us: u64) {
+    for b in ["10.1.0.1", "10.1.0.2"] {
+        r.daemon
+            .on_probe((id(WEB), ip(b)), probed_as(true, latency_us));
+    }
+}
+
 #[tokio::test]
 async fn probed_backends_are_announced_after_their_first_verdict_and_leave_when_down() {
     let text = FILE.replace("    protocol: tcp\n", &format!("    protocol: tcp{PROBED}"));
@@ -1768,14 +1785,8 @@ async fn a_recovery_under_slow_start_leaves_a_replan_pending() {
         &format!("    protocol: tcp\n    slow_start: 10s{PROBED}"),
     );
     let mut r = rig(&text);
-    let result = |ok| ProbeResult {
-        ok,
-        latency_us: 100,
-        detail: "x".into(),
-    };
-    for b in ["10.1.0.1", "10.1.0.2"] {
-        r.daemon.on_probe((id(WEB), ip(b)), result(true));
-    }
+    let result = |ok| probed_as(ok, 100);
+    both_up(&mut r, 100);
     for _ in 0..2 {
         r.daemon.on_probe((id(WEB), ip("10.1.0.2")), result(false));
     }
@@ -1791,14 +1802,8 @@ async fn a_recovery_under_slow_start_leaves_a_replan_pending() {
 async fn a_changed_verdict_is_logged_once_and_every_probe_timed() {
     let text = FILE.replace("    protocol: tcp\n", &format!("    protocol: tcp{PROBED}"));
     let mut r = rig(&text);
-    let result = |ok| ProbeResult {
-        ok,
-        latency_us: 250_000,
-        detail: "x".into(),
-    };
-    for b in ["10.1.0.1", "10.1.0.2"] {
-        r.daemon.on_probe((id(WEB), ip(b)), result(true));
-    }
+    let result = |ok| probed_as(ok, 250_000);
+    both_up(&mut r, 250_000);
     logs::capture();
     for _ in 0..4 {
         r.daemon.on_probe((id(WEB), ip("10.1.0.2")), result(false));
@@ -1818,14 +1823,8 @@ async fn a_changed_verdict_is_logged_once_and_every_probe_timed() {
 async fn a_changed_check_judges_by_its_new_fall() {
     let text = FILE.replace("    protocol: tcp\n", &format!("    protocol: tcp{PROBED}"));
     let mut r = rig(&text);
-    let result = |ok| ProbeResult {
-        ok,
-        latency_us: 100,
-        detail: "x".into(),
-    };
-    for b in ["10.1.0.1", "10.1.0.2"] {
-        r.daemon.on_probe((id(WEB), ip(b)), result(true));
-    }
+    let result = |ok| probed_as(ok, 100);
+    both_up(&mut r, 100);
     let slower = text.replace("fall: 2", "fall: 3");
     r.daemon
         .reload(reparse(&r, &slower), false, &plain())

@@ -67,15 +67,20 @@ async fn take(r: &mut Rig, d: &Desired, now: u64) -> Vec<Step> {
     r.daemon.rollout_applied(d.revision, outcome, now)
 }
 
-/// The first tick of the rollout asks to apply the candidate; the loop
-/// does.
-async fn applied(r: &mut Rig, now: u64) {
+/// The tick at `now` asks for exactly one step, an apply: its candidate.
+fn asked_to_apply(r: &mut Rig, now: u64) -> Desired {
     let steps = r.daemon.rollout_tick(now);
     let [Step::Apply(d)] = &steps[..] else {
         panic!("an apply step, not {steps:?}")
     };
-    assert_eq!(*d, candidate());
-    let d = d.clone();
+    d.clone()
+}
+
+/// The first tick of the rollout asks to apply the candidate; the loop
+/// does.
+async fn applied(r: &mut Rig, now: u64) {
+    let d = asked_to_apply(r, now);
+    assert_eq!(d, candidate());
     assert!(r.daemon.rollout_tick(now).is_empty(), "busy applying");
     assert!(take(r, &d, now).await.is_empty());
     assert_eq!(r.in_table(WEB).len(), 3, "the candidate runs");
@@ -219,11 +224,7 @@ async fn the_hold_is_judged_against_the_state_before_the_apply() {
     assert!(r.daemon.rollout_tick(T0 - 1).is_empty());
     counted(&mut r, 200, 0);
     r.daemon.on_rollout(Some(Ok((record(&r), ID))));
-    let steps = r.daemon.rollout_tick(T0);
-    let [Step::Apply(d)] = &steps[..] else {
-        panic!("an apply step, not {steps:?}")
-    };
-    let d = d.clone();
+    let d = asked_to_apply(&mut r, T0);
     // The reload takes a while; the datapath forwards meanwhile.
     counted(&mut r, 300, 0);
     assert!(r.daemon.rollout_tick(T0 + 1).is_empty(), "busy applying");
@@ -295,11 +296,7 @@ async fn an_added_backend_that_passes_its_checks_serves() {
     let mut record = record(&r);
     record.desired = checked(&record.desired);
     r.daemon.on_rollout(Some(Ok((record.clone(), ID))));
-    let steps = r.daemon.rollout_tick(T0);
-    let [Step::Apply(d)] = &steps[..] else {
-        panic!("an apply step, not {steps:?}")
-    };
-    let d = d.clone();
+    let d = asked_to_apply(&mut r, T0);
     assert!(take(&mut r, &d, T0).await.is_empty());
     for b in ["10.1.0.1", "10.1.0.2", "10.1.0.3"] {
         r.daemon.on_probe((id(WEB), ip(b)), up.clone());
