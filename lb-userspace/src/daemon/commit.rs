@@ -665,42 +665,38 @@ mod tests {
 
     use super::*;
 
-    /// A probation saved with 1.5 s left is due 2 s on, not 1: rounded
-    /// up, so a restart never cuts the operator's window short.
-    #[test]
-    fn a_saved_probations_deadline_is_rounded_up() {
+    /// A probation with `left` to run, saved: when the clock read
+    /// before, its deadline, when the clock read after.
+    fn saved_with(left: Duration) -> (u64, u64, u64) {
         let before = unix_now();
         let p = Pending {
             revision: 2,
             fallback: 1,
-            deadline: tokio::time::Instant::now() + Duration::from_millis(1_500),
+            deadline: tokio::time::Instant::now() + left,
             announced: BTreeSet::new(),
         };
         let saved = saved_probation(&p);
-        let after = unix_now();
+        (before, saved.deadline, unix_now())
+    }
+
+    /// A probation saved with 1.5 s left is due 2 s on, not 1: rounded
+    /// up, so a restart never cuts the operator's window short.
+    #[test]
+    fn a_saved_probations_deadline_is_rounded_up() {
+        let (before, due, after) = saved_with(Duration::from_millis(1_500));
         assert!(
-            (before + 2..=after + 2).contains(&saved.deadline),
-            "due at {}, saved between {before} and {after}",
-            saved.deadline
+            (before + 2..=after + 2).contains(&due),
+            "due at {due}, saved between {before} and {after}"
         );
     }
 
     /// Whole seconds left stay whole (paused time: exactly 8 s).
     #[tokio::test(start_paused = true)]
     async fn a_saved_probations_whole_seconds_are_not_rounded() {
-        let before = unix_now();
-        let p = Pending {
-            revision: 2,
-            fallback: 1,
-            deadline: tokio::time::Instant::now() + Duration::from_secs(8),
-            announced: BTreeSet::new(),
-        };
-        let saved = saved_probation(&p);
-        let after = unix_now();
+        let (before, due, after) = saved_with(Duration::from_secs(8));
         assert!(
-            (before + 8..=after + 8).contains(&saved.deadline),
-            "due at {}, saved between {before} and {after}",
-            saved.deadline
+            (before + 8..=after + 8).contains(&due),
+            "due at {due}, saved between {before} and {after}"
         );
     }
 }

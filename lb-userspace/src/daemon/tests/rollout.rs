@@ -278,28 +278,19 @@ async fn an_added_backend_must_serve_by_the_end_of_the_hold() {
 
 #[tokio::test]
 async fn an_added_backend_that_passes_its_checks_serves() {
-    let checked = |text: &str| {
-        text.replace(
-            "    protocol: tcp\n",
-            "    protocol: tcp\n    health_check:\n      interval: 1s\n      timeout: 500ms\n      rise: 1\n      fall: 2\n",
-        )
-    };
+    let checked =
+        |text: &str| text.replace("    protocol: tcp\n", &format!("    protocol: tcp{PROBED}"));
     let mut r = rig(TIER_FILE);
     r.daemon.tier_started("lb1".into(), None);
     assert!(apply(&mut r, &desired(5, &checked(VIPS))).await);
     r.daemon.on_tier_link(Ok(10));
-    let up = ProbeResult {
-        ok: true,
-        latency_us: 100,
-        detail: "connected".into(),
-    };
     let mut record = record(&r);
     record.desired = checked(&record.desired);
-    r.daemon.on_rollout(Some(Ok((record.clone(), ID))));
+    r.daemon.on_rollout(Some(Ok((record, ID))));
     let d = asked_to_apply(&mut r, T0);
     assert!(take(&mut r, &d, T0).await.is_empty());
     for b in ["10.1.0.1", "10.1.0.2", "10.1.0.3"] {
-        r.daemon.on_probe((id(WEB), ip(b)), up.clone());
+        r.daemon.on_probe((id(WEB), ip(b)), probed_as(true, 100));
     }
     assert_eq!(
         said(&r.daemon.rollout_tick(T0 + HOLD)),
