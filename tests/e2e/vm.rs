@@ -226,8 +226,8 @@ fn the_package_under_systemd() {
 /// Debian's daily apt jobs (`apt-daily`, `apt-daily-upgrade`) start at
 /// boot and on timers, and while they run they hold dpkg's lock: an
 /// `apt-get remove` here once failed on it. They are stopped for the
-/// test (a unit the image lacks is skipped), and the package commands
-/// below also wait up to a minute for the lock.
+/// test (a unit the image lacks is skipped), and `apt-get` below also
+/// waits up to a minute for the lock (`dpkg` itself cannot wait).
 fn quiet_apt() -> Result<()> {
     for unit in [
         "apt-daily.timer",
