@@ -271,6 +271,12 @@ struct MutantsRun {
     /// (one directory per shard keeps each shard's record).
     #[arg(long, value_name = "DIR")]
     output: Option<std::path::PathBuf>,
+    /// Mutants tried at once. Two on two cores: one is built while the
+    /// other's tests run (the builds take turns on the shared target
+    /// directory's lock, each job in its own scratch copy), and the tests
+    /// spend much of their time waiting on timers.
+    #[arg(long, short, value_name = "N", conflicts_with = "slice")]
+    jobs: Option<u32>,
     /// The bounded slice CI runs ([`SLICE`]): fails if one of its mutants
     /// is missed. Built in the workspace's own target directory with the
     /// test profile, so that after `cargo xtask test` only the workspace's
@@ -351,6 +357,9 @@ fn mutants(job: &MutantsRun) -> Result<()> {
     }
     if job.iterate {
         cmd.arg("--iterate");
+    }
+    if let Some(n) = job.jobs {
+        cmd.args(["--jobs", &n.to_string()]);
     }
     if let Some(dir) = &job.output {
         cmd.arg("--output").arg(dir);
