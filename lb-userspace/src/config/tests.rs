@@ -29,7 +29,10 @@ vips:
 /// test without printing itself: some fixtures are megabytes long.
 fn errors(text: &str) -> Vec<String> {
     match Config::parse(text) {
-        Ok(_) => panic!("must be rejected: a {}-byte config was accepted", text.len()),
+        Ok(_) => panic!(
+            "must be rejected: a {}-byte config was accepted",
+            text.len()
+        ),
         Err(e) => e.errors.iter().map(ToString::to_string).collect(),
     }
 }
@@ -1451,4 +1454,12 @@ fn size_limits_are_inclusive() {
     let named = |name: &str| with("interfaces: [eth0]", &format!("interfaces: [{name}]"));
     Config::parse(&named(&"e".repeat(15))).expect("15 characters, as IFNAMSIZ allows");
     assert!(errors(&named(&"e".repeat(16)))[0].starts_with("interfaces[0]"));
+    // Each fault alone: empty, a path, a blank inside.
+    for bad in ["''", "a/b", "'a b'"] {
+        let e = errors(&named(bad));
+        assert!(
+            e[0].contains("is not a valid interface name"),
+            "{bad}: {e:?}"
+        );
+    }
 }
