@@ -161,13 +161,23 @@ fn permutation(addr: &IpAddr, m: u32) -> (u32, u32) {
 
 /// Builds the table for `backends` with `m` slots.
 pub fn build(backends: &[MaglevBackend], m: u32) -> Result<MaglevTable, MaglevError> {
-    build_with(backends, m, avx512::Cpu::detect())
+    build_with(backends, m, simd())
 }
 
 /// Whether [`build`] runs its AVX-512 paths on this CPU (tables are the
 /// same either way; benchmarks say which path they timed).
 pub fn uses_avx512() -> bool {
-    avx512::Cpu::detect().is_some()
+    simd().is_some()
+}
+
+/// The AVX-512 paths where the CPU has them, in optimised builds only.
+/// Unoptimised, every intrinsic is a call that spills its vectors: a
+/// table of 65,537 slots for 30 backends took 21 ms that way against
+/// 4.7 ms one slot at a time (a debug build here), and the unit tests,
+/// run once per mutant (MUTANTS.md), spent most of their time in it.
+/// Unit tests still run both paths ([`build_with`]).
+fn simd() -> Option<avx512::Cpu> {
+    avx512::Cpu::detect().filter(|_| !cfg!(debug_assertions))
 }
 
 /// [`build`], searching with AVX-512 if given a `cpu` that has it, else
