@@ -271,12 +271,6 @@ struct MutantsRun {
     /// (one directory per shard keeps each shard's record).
     #[arg(long, value_name = "DIR")]
     output: Option<std::path::PathBuf>,
-    /// Mutants tried at once. Two on two cores: one is built while the
-    /// other's tests run (the builds take turns on the shared target
-    /// directory's lock, each job in its own scratch copy), and the tests
-    /// spend much of their time waiting on timers.
-    #[arg(long, short, value_name = "N", conflicts_with = "slice")]
-    jobs: Option<u32>,
     /// The bounded slice CI runs ([`SLICE`]): fails if one of its mutants
     /// is missed. Built in the workspace's own target directory with the
     /// test profile, so that after `cargo xtask test` only the workspace's
@@ -301,6 +295,11 @@ const SLICE: (&[&str], &[&str]) = (
 /// `cargo xtask mutants`: cargo-mutants over `files` (default
 /// [`MUTATED`]), each mutant judged by the unit tests of `lb-userspace`
 /// built with stubbed eBPF programs. Its report is in `mutants.out/`.
+///
+/// One mutant at a time (no `--jobs`): with the target directory shared,
+/// two jobs' builds of the same crate land in one file, and cargo, which
+/// judges freshness by modification times, took the other job's newer
+/// binary for its own, so each job tested the other's mutant.
 ///
 /// Each mutant is built in cargo-mutants' scratch copy of the tree; the
 /// copies share one target directory, `target/mutants`, so the
@@ -357,9 +356,6 @@ fn mutants(job: &MutantsRun) -> Result<()> {
     }
     if job.iterate {
         cmd.arg("--iterate");
-    }
-    if let Some(n) = job.jobs {
-        cmd.args(["--jobs", &n.to_string()]);
     }
     if let Some(dir) = &job.output {
         cmd.arg("--output").arg(dir);
