@@ -685,6 +685,15 @@ mod tests {
         assert_eq!(at(2), vec![100, 20]);
         assert_eq!(at(5), vec![100, 50]);
         assert_eq!(at(10), vec![100, 100]);
+        // At exactly the end of the ramp: active, and nothing left to
+        // re-plan for it.
+        let mut end = l.clone();
+        let p = end.plan(std::slice::from_ref(&v), t0 + Duration::from_secs(10));
+        assert!(!p.pending, "the ramp is over at 10 s");
+        assert_eq!(
+            end.vips[&v.id].backends[&addr(2)].state,
+            BackendState::Active
+        );
         let p = l.plan(std::slice::from_ref(&v), t0 + Duration::from_secs(5));
         assert!(p.pending);
         assert_eq!(
@@ -982,6 +991,32 @@ mod tests {
         assert!(!panics(1, false), "2 of 4 healthy: not below 50%");
         assert!(panics(0, false), "weight 0: 1 of 3");
         assert!(panics(1, true), "draining: 1 of 3");
+    }
+
+    /// Panic mode fails open for the backends that take new flows only: a
+    /// backend weighted 0 that is down stays down, and its flows are
+    /// re-picked, while a weighted one down is used as if up.
+    #[test]
+    fn panic_mode_leaves_a_backend_weighted_zero_as_it_is() {
+        let now = Instant::now();
+        let mut v = vip(4);
+        v.backends[3].weight = 0;
+        let mut l = started(&v, now);
+        for i in [1, 2, 4] {
+            for _ in 0..2 {
+                l.record_probe(&v.id, &addr(i), fail(), now);
+            }
+        }
+        let p = l.plan(std::slice::from_ref(&v), now);
+        assert!(l.vips[&v.id].panic, "1 of 3 candidates healthy");
+        assert_eq!(weights(&p), [100, 100, 100, 0]);
+        assert!(p.usable[&(v.id, addr(1))], "a candidate, down, in panic");
+        assert!(!p.usable[&(v.id, addr(4))], "weighted 0 and down");
+        let state = |i| l.vips[&v.id].backends[&addr(i)].state;
+        assert_eq!(
+            (state(1), state(4)),
+            (BackendState::Down, BackendState::Down)
+        );
     }
 
     /// An ejection keeps a re-plan pending, so that its end returns the
