@@ -685,6 +685,14 @@ mod tests {
         assert_eq!(at(2), vec![100, 20]);
         assert_eq!(at(5), vec![100, 50]);
         assert_eq!(at(10), vec![100, 100]);
+        // A backend weighted 0 that joins has nothing to ramp: it stays 0.
+        let mut three = vip(3);
+        three.slow_start = v.slow_start;
+        three.backends[2].weight = 0;
+        let mut l3 = l.clone();
+        l3.sync(std::slice::from_ref(&three), &BTreeSet::new(), t0, false);
+        let p = l3.plan(std::slice::from_ref(&three), t0 + Duration::from_secs(5));
+        assert_eq!(weights(&p), vec![100, 50, 0]);
         // At exactly the end of the ramp: active, and nothing left to
         // re-plan for it.
         let mut end = l.clone();
@@ -791,6 +799,14 @@ mod tests {
         );
         let none = VipConfig::new(v.id, Vec::new());
         assert_eq!(why_unusable(&none, None), "no backends");
+        let v = passive_vip(4);
+        let mut l = started(&v, t0);
+        let now = syn_series(&mut l, &v, &[2], t0);
+        l.plan(std::slice::from_ref(&v), now);
+        assert_eq!(
+            why_unusable(&v, l.vips.get(&v.id)),
+            "4 backend(s): 1 ejected (passive health), 3 usable"
+        );
     }
 
     #[test]
