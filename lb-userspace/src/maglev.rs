@@ -1752,6 +1752,12 @@ mod tests {
         let m = 16_777_259; // prime, above 2^24
         assert!(is_prime(m));
         assert_eq!(build(&backends(3, |_| 1), m), Err(MaglevError::TooLarge(m)));
+        // The maximum itself is no size too large: it is refused for not
+        // being prime, which is what the operator must be told.
+        assert_eq!(
+            check_table_size(MAX_TABLE_SIZE, 1),
+            Err(MaglevError::NotPrime(MAX_TABLE_SIZE))
+        );
     }
 
     #[test]
