@@ -1688,14 +1688,16 @@ mod tests {
         // builder skips in one step. The last three are cases where
         // skipping one round too many or too few changes the order of
         // claims, not only how they group (found by a search against the
-        // definition).
-        let cases: [(&[u32], u32); 6] = [
+        // definition); in the last, a skip that credits each walker
+        // `rounds − 1` divided by its weight instead of times it does.
+        let cases: [(&[u32], u32); 7] = [
             (&[1000, 1, 2, 3], 1_009),
             (&[5000, 7, 1, 13, 2, 40], 1_009),
             (&[3, 2], 1_009),
             (&[3, 18, 33, 7, 48], 1_009),
             (&[8, 42, 59, 25, 25, 14], 101),
             (&[54, 44, 5, 6], 13),
+            (&[2, 1, 45, 5, 15], 1_009),
         ];
         for (weights, m) in cases {
             let bs = backends(weights.len() as u32, |i| weights[i as usize]);
