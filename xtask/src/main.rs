@@ -358,6 +358,7 @@ fn mutants(job: &MutantsRun) -> Result<()> {
     }
     if job.iterate {
         cmd.arg("--iterate");
+        keep_hangs(job.output.as_deref().unwrap_or(std::path::Path::new(".")))?;
     }
     if let Some(dir) = &job.output {
         cmd.arg("--output").arg(dir);
@@ -371,6 +372,38 @@ fn mutants(job: &MutantsRun) -> Result<()> {
         cmd.args(["--", "--"]).args(filters);
     }
     run(&mut cmd)
+}
+
+/// Before an `--iterate` run in `dir`: cargo-mutants tries every mutant
+/// that timed out again, 30 s each, at every resume; a hang is a catch
+/// (the tests never passed). So the hangs of the runs so far are added to
+/// `dir/hung.txt`, the record of every hang, and to the list of caught
+/// mutants the next run skips.
+fn keep_hangs(dir: &std::path::Path) -> Result<()> {
+    let out = dir.join("mutants.out");
+    let read = |path: &std::path::Path| -> Result<Vec<String>> {
+        match std::fs::read_to_string(path) {
+            Ok(text) => Ok(text.lines().map(str::to_owned).collect()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+            Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
+        }
+    };
+    let hung = read(&out.join("timeout.txt"))?;
+    for file in [dir.join("hung.txt"), out.join("previously_caught.txt")] {
+        let mut lines = read(&file)?;
+        let new: Vec<String> = hung
+            .iter()
+            .filter(|h| !lines.contains(h))
+            .cloned()
+            .collect();
+        if new.is_empty() {
+            continue;
+        }
+        lines.extend(new);
+        std::fs::write(&file, lines.join("\n") + "\n")
+            .with_context(|| format!("cannot write {}", file.display()))?;
+    }
+    Ok(())
 }
 
 fn build_bins() -> Result<()> {
@@ -625,4 +658,40 @@ fn lint() -> Result<()> {
         .env_remove("RUSTC")
         .env_remove("CARGO"))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::keep_hangs;
+
+    /// A resumed run skips the hangs of the runs before it, and the record
+    /// of hangs keeps each once.
+    #[test]
+    fn hangs_are_kept_once_and_skipped_by_the_next_run() {
+        struct Removed(std::path::PathBuf);
+        impl Drop for Removed {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+        let dir = std::env::temp_dir().join(format!("xtask-hangs-{}", std::process::id()));
+        let _guard = Removed(dir.clone());
+        let out = dir.join("mutants.out");
+        std::fs::create_dir_all(&out).unwrap();
+        let read = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap();
+        keep_hangs(&dir).unwrap();
+        assert!(
+            !dir.join("hung.txt").exists(),
+            "no run yet: nothing written"
+        );
+        std::fs::write(out.join("previously_caught.txt"), "a.rs:1:1: x\n").unwrap();
+        std::fs::write(out.join("timeout.txt"), "b.rs:2:2: y\nc.rs:3:3: z\n").unwrap();
+        keep_hangs(&dir).unwrap();
+        keep_hangs(&dir).unwrap();
+        assert_eq!(read("hung.txt"), "b.rs:2:2: y\nc.rs:3:3: z\n");
+        assert_eq!(
+            read("mutants.out/previously_caught.txt"),
+            "a.rs:1:1: x\nb.rs:2:2: y\nc.rs:3:3: z\n"
+        );
+    }
 }
