@@ -872,6 +872,11 @@ const PROBED: &str = r#"
       fall: 2
 "#;
 
+/// `text` with [`PROBED`]'s health check on every TCP VIP.
+fn checked(text: &str) -> String {
+    text.replace("    protocol: tcp\n", &format!("    protocol: tcp{PROBED}"))
+}
+
 /// A probe's result, taking `latency_us`.
 fn probed_as(ok: bool, latency_us: u64) -> ProbeResult {
     ProbeResult {
@@ -891,7 +896,7 @@ fn both_up(r: &mut Rig, latency_us: u64) {
 
 #[tokio::test]
 async fn probed_backends_are_announced_after_their_first_verdict_and_leave_when_down() {
-    let text = FILE.replace("    protocol: tcp\n", &format!("    protocol: tcp{PROBED}"));
+    let text = checked(FILE);
     let mut r = rig(&text);
     let probed: BTreeSet<BackendKey> = r.spawned.lock().unwrap().iter().cloned().collect();
     assert_eq!(
@@ -930,7 +935,7 @@ async fn probed_backends_are_announced_after_their_first_verdict_and_leave_when_
 /// new ones is not refused (the new ones are probed before they serve).
 #[tokio::test]
 async fn the_blackhole_guard_counts_backends_awaiting_their_first_probe() {
-    let text = FILE.replace("    protocol: tcp\n", &format!("    protocol: tcp{PROBED}"));
+    let text = checked(FILE);
     let mut r = rig(&text);
     let up = ProbeResult {
         ok: true,
@@ -1097,7 +1102,7 @@ async fn a_backend_down_before_a_restart_starts_down_until_its_probes_say_up() {
 /// at once. (Without `port:`, each would probe its VIP's port: two.)
 #[tokio::test]
 async fn vips_on_one_backend_share_its_prober() {
-    let mut text = FILE.replace("    protocol: tcp\n", &format!("    protocol: tcp{PROBED}"));
+    let mut text = checked(FILE);
     text.push_str(&format!(
         "  - address: 10.99.0.1\n    port: 8080\n    protocol: tcp{}    backends:\n      - address: 10.1.0.1\n",
         PROBED
@@ -1769,7 +1774,7 @@ async fn a_new_gateway_is_handed_to_the_loop_once() {
 
 #[tokio::test]
 async fn stopping_the_probes_stops_every_prober() {
-    let text = FILE.replace("    protocol: tcp\n", &format!("    protocol: tcp{PROBED}"));
+    let text = checked(FILE);
     let mut r = rig(&text);
     assert_eq!(r.daemon.probes.count(), 2);
     r.daemon.stop_probes();
@@ -1800,7 +1805,7 @@ async fn a_recovery_under_slow_start_leaves_a_replan_pending() {
 /// nothing; every probe's duration is observed, in seconds.
 #[tokio::test]
 async fn a_changed_verdict_is_logged_once_and_every_probe_timed() {
-    let text = FILE.replace("    protocol: tcp\n", &format!("    protocol: tcp{PROBED}"));
+    let text = checked(FILE);
     let mut r = rig(&text);
     let result = |ok| probed_as(ok, 250_000);
     both_up(&mut r, 250_000);
@@ -1821,7 +1826,7 @@ async fn a_changed_verdict_is_logged_once_and_every_probe_timed() {
 /// fall from then on; its verdict stands until they overturn it.
 #[tokio::test]
 async fn a_changed_check_judges_by_its_new_fall() {
-    let text = FILE.replace("    protocol: tcp\n", &format!("    protocol: tcp{PROBED}"));
+    let text = checked(FILE);
     let mut r = rig(&text);
     let result = |ok| probed_as(ok, 100);
     both_up(&mut r, 100);

@@ -278,8 +278,6 @@ async fn an_added_backend_must_serve_by_the_end_of_the_hold() {
 
 #[tokio::test]
 async fn an_added_backend_that_passes_its_checks_serves() {
-    let checked =
-        |text: &str| text.replace("    protocol: tcp\n", &format!("    protocol: tcp{PROBED}"));
     let mut r = rig(TIER_FILE);
     r.daemon.tier_started("lb1".into(), None);
     assert!(apply(&mut r, &desired(5, &checked(VIPS))).await);
