@@ -257,6 +257,20 @@ struct MutantsRun {
     /// Only the unit tests whose names contain this.
     #[arg(long)]
     filter: Option<String>,
+    /// Leave out the unit tests whose names contain this (may be given
+    /// more than once). A mutant that only they catch comes back missed,
+    /// and a later `--iterate` run without `--skip` judges it again.
+    #[arg(long, value_name = "PATTERN")]
+    skip: Vec<String>,
+    /// Build and test this many mutants at once, each in its own scratch
+    /// copy with its own target directory (each builds the dependencies
+    /// once, on its first mutant).
+    #[arg(long, default_value_t = 1)]
+    jobs: usize,
+    /// Cut a mutant's tests after this many seconds: a hang, counted as
+    /// caught.
+    #[arg(long, value_name = "SECS", default_value_t = 30)]
+    timeout: u32,
     /// Only shard K of N (0-based) of the mutants: N runs, one per K,
     /// cover them all.
     #[arg(long, value_name = "K/N")]
@@ -276,7 +290,7 @@ struct MutantsRun {
     /// test profile, so that after `cargo xtask test` only the workspace's
     /// crates are built again; its report is in
     /// `target/mutants-slice/mutants.out/`.
-    #[arg(long, conflicts_with_all = ["files", "filter", "shard", "iterate", "output"])]
+    #[arg(long, conflicts_with_all = ["files", "filter", "skip", "jobs", "shard", "iterate", "output"])]
     slice: bool,
 }
 
@@ -296,21 +310,20 @@ const SLICE: (&[&str], &[&str]) = (
 /// [`MUTATED`]), each mutant judged by the unit tests of `lb-userspace`
 /// built with stubbed eBPF programs. Its report is in `mutants.out/`.
 ///
-/// One mutant at a time (no `--jobs`): with the target directory shared,
-/// two jobs' builds of the same crate land in one file, and cargo, which
-/// judges freshness by modification times, took the other job's newer
-/// binary for its own, so each job tested the other's mutant.
-///
-/// Each mutant is built in cargo-mutants' scratch copy of the tree; the
-/// copies share one target directory, `target/mutants`, so the
-/// dependencies are built once, not once per run, and the `mutants`
-/// profile builds without debug info (a smaller test binary, linked
-/// faster). Only the library's unit-test binary is built (`--lib` on
-/// every cargo call): building the integration tests and binaries too
-/// recompiled every one of them per mutant, 25-47 s where the library
-/// alone takes about 3. The unit tests run on [`MUTANT_TEST_THREADS`]
-/// threads, more than the cores, because the slowest of them wait on
-/// BGP timers rather than compute.
+/// Each mutant is built in cargo-mutants' scratch copy of the tree. With
+/// one job, the copies share one target directory, `target/mutants`, so
+/// the dependencies are built once, not once per run. With `--jobs N`
+/// each copy keeps its own: a shared one let two jobs build the same
+/// unit-test binary into one file, and cargo, which judges freshness by
+/// modification times, took the other job's newer binary as its own, so
+/// each job tested the other's mutant. The `mutants` profile builds
+/// without debug info (a smaller test binary, linked faster). Only the
+/// library's unit-test binary is built (`--lib` on every cargo call):
+/// building the integration tests and binaries too recompiled every one
+/// of them per mutant, 25-47 s where the library alone takes about 3.
+/// The unit tests run on [`MUTANT_TEST_THREADS`] threads, more than the
+/// cores, because the slowest of them wait on BGP timers rather than
+/// compute.
 ///
 /// A shard is a round-robin sample (mutant `i` on shard `i % N`), so any
 /// one shard spreads over every file. The CI slice (`--slice`) is built
@@ -324,6 +337,14 @@ fn mutants(job: &MutantsRun) -> Result<()> {
     if !installed {
         run(cargo().args(["install", "--locked", "cargo-mutants@27.1.0"]))?;
     }
+    if job.iterate {
+        keep_hangs(job.output.as_deref().unwrap_or(std::path::Path::new(".")))?;
+    }
+    run(&mut mutants_command(job))
+}
+
+/// The cargo-mutants command line for `job`.
+fn mutants_command(job: &MutantsRun) -> Command {
     let workspace = structure::workspace();
     let mut cmd = cargo();
     cmd.env("LB_EBPF", "stub")
@@ -334,23 +355,27 @@ fn mutants(job: &MutantsRun) -> Result<()> {
             .arg("--output")
             .arg(workspace.join("target/mutants-slice"));
     } else {
-        cmd.env("CARGO_TARGET_DIR", workspace.join("target/mutants"))
-            .args(["--profile", "mutants"]);
+        if job.jobs > 1 {
+            cmd.env_remove("CARGO_TARGET_DIR")
+                .args(["--jobs", &job.jobs.to_string()]);
+        } else {
+            cmd.env("CARGO_TARGET_DIR", workspace.join("target/mutants"));
+        }
+        cmd.args(["--profile", "mutants"]);
     }
-    cmd
-        // A mutant that hangs (a loop that never ends: a quarter of the
-        // Maglev builder's do) is cut after 30 s. The unit tests pass in
-        // 4.4 s idle; of 224 runs that did not hang, none that passed took
-        // over 6.7 s while other builds shared the cores. At 60 s the
-        // hangs took two thirds of the Maglev file's time.
-        .args(["--timeout", "30", "--build-timeout", "600"]);
+    // A mutant that hangs (a loop that never ends: a quarter of the
+    // Maglev builder's do) is cut after `--timeout`, 30 s unless told.
+    // The unit tests pass in 4.4 s idle; of 224 runs that did not hang,
+    // none that passed took over 6.7 s while other builds shared the
+    // cores. At 60 s the hangs took two thirds of the Maglev file's time.
+    cmd.args(["--timeout", &job.timeout.to_string()])
+        .args(["--build-timeout", "600"]);
     if std::env::var_os("RUST_TEST_THREADS").is_none() {
         cmd.env("RUST_TEST_THREADS", MUTANT_TEST_THREADS.to_string());
     }
     let default: Vec<&str> = if job.slice { SLICE.0 } else { MUTATED }.to_vec();
     let named: Vec<&str> = job.files.iter().map(String::as_str).collect();
-    let files = if named.is_empty() { &default } else { &named };
-    for f in files {
+    for f in if named.is_empty() { &default } else { &named } {
         cmd.args(["-f", f]);
     }
     if let Some(shard) = &job.shard {
@@ -358,20 +383,29 @@ fn mutants(job: &MutantsRun) -> Result<()> {
     }
     if job.iterate {
         cmd.arg("--iterate");
-        keep_hangs(job.output.as_deref().unwrap_or(std::path::Path::new(".")))?;
     }
     if let Some(dir) = &job.output {
         cmd.arg("--output").arg(dir);
     }
-    let filters: Vec<&str> = match &job.filter {
-        Some(f) => vec![f],
-        None if job.slice => SLICE.1.to_vec(),
+    let test_args = mutant_test_args(job);
+    if !test_args.is_empty() {
+        cmd.args(["--", "--"]).args(test_args);
+    }
+    cmd
+}
+
+/// The arguments `job` gives each mutant's unit-test binary: its
+/// `--filter` (or the slice's) and its `--skip`s.
+fn mutant_test_args(job: &MutantsRun) -> Vec<String> {
+    let mut args: Vec<String> = match &job.filter {
+        Some(f) => vec![f.clone()],
+        None if job.slice => SLICE.1.iter().map(|s| s.to_string()).collect(),
         None => Vec::new(),
     };
-    if !filters.is_empty() {
-        cmd.args(["--", "--"]).args(filters);
+    for pattern in &job.skip {
+        args.extend(["--skip".to_owned(), pattern.clone()]);
     }
-    run(&mut cmd)
+    args
 }
 
 /// Before an `--iterate` run in `dir`: cargo-mutants tries every mutant
@@ -662,7 +696,66 @@ fn lint() -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::keep_hangs;
+    use super::{Cli, Task, keep_hangs, mutants_command};
+    use clap::Parser;
+
+    /// The cargo-mutants command `cargo xtask mutants ARGS` runs.
+    fn mutants_for(args: &[&str]) -> std::process::Command {
+        let cli = Cli::try_parse_from(["xtask", "mutants"].iter().chain(args)).unwrap();
+        let Task::Mutants(job) = cli.task else {
+            panic!("not a mutants run")
+        };
+        mutants_command(&job)
+    }
+
+    /// Its arguments.
+    fn mutants_args(args: &[&str]) -> Vec<String> {
+        let cmd = mutants_for(args);
+        cmd.get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect()
+    }
+
+    /// Its `CARGO_TARGET_DIR`: `Some(None)` when it is removed.
+    fn target_dir(args: &[&str]) -> Option<Option<String>> {
+        let cmd = mutants_for(args);
+        cmd.get_envs()
+            .find(|(k, _)| *k == "CARGO_TARGET_DIR")
+            .map(|(_, v)| v.map(|v| v.to_string_lossy().into_owned()))
+    }
+
+    /// Parallel jobs get a target directory each (a shared one made each
+    /// job test the other's binary), and `--skip` reaches the test binary.
+    #[test]
+    fn jobs_build_apart_and_skips_reach_the_tests() {
+        let shared = target_dir(&[]).flatten().expect("one shared directory");
+        assert!(shared.ends_with("target/mutants"), "{shared}");
+        assert_eq!(target_dir(&["--jobs", "2"]), Some(None));
+        let args = mutants_args(&[
+            "--jobs",
+            "2",
+            "--skip",
+            "bgp::tests::",
+            "--skip",
+            "slow",
+            "--timeout",
+            "15",
+        ]);
+        let tail = args.iter().position(|a| a == "--").expect("test arguments");
+        assert_eq!(
+            args[tail..],
+            ["--", "--", "--skip", "bgp::tests::", "--skip", "slow"]
+        );
+        let at = |flag: &str| &args[args.iter().position(|a| a == flag).unwrap() + 1];
+        assert_eq!(
+            (at("--jobs").as_str(), at("--timeout").as_str()),
+            ("2", "15")
+        );
+        let slice = mutants_args(&["--slice"]);
+        assert!(!slice.contains(&"--jobs".to_owned()), "{slice:?}");
+        assert!(slice.ends_with(&["lifecycle::".to_owned(), "passive".to_owned()]));
+        assert!(Cli::try_parse_from(["xtask", "mutants", "--slice", "--skip", "x"]).is_err());
+    }
 
     /// A resumed run skips the hangs of the runs before it, and the record
     /// of hangs keeps each once.
