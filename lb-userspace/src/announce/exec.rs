@@ -282,7 +282,6 @@ async fn run_command(
 #[cfg(test)]
 mod tests {
     use std::{
-        os::unix::fs::PermissionsExt as _,
         path::{Path, PathBuf},
         time::Instant,
     };
@@ -291,10 +290,14 @@ mod tests {
     use crate::scratch::ScratchDir;
 
     /// An executable shell script `name` with `body` in `dir`.
+    /// A shell script for [`config`] to run. It is run by `/bin/sh`, not
+    /// executed itself: a file just written cannot be executed while
+    /// another test's child (forked between our write and close, before
+    /// its own exec) still holds it open for writing, and the exec then
+    /// fails with "Text file busy".
     fn script(dir: &ScratchDir, name: &str, body: &str) -> PathBuf {
         let path = dir.join(name);
-        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).expect("script");
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        std::fs::write(&path, format!("{body}\n")).expect("script");
         path
     }
 
@@ -304,7 +307,12 @@ mod tests {
 
     fn config(script: &Path, timeout_ms: u64) -> ExecConfig {
         ExecConfig {
-            command: vec![script.display().to_string(), "--table".into(), "10".into()],
+            command: vec![
+                "/bin/sh".into(),
+                script.display().to_string(),
+                "--table".into(),
+                "10".into(),
+            ],
             timeout: Duration::from_millis(timeout_ms),
             retry: Duration::from_millis(200),
         }
