@@ -229,6 +229,15 @@ fn a_small_unlucky_sample_is_chance_and_ejects_nobody() {
     assert!((z_score(w(10, 10), w(20, 0)) - 5.4772).abs() < 1e-3);
     assert_eq!(z_score(w(10, 0), w(20, 0)), 0.0);
     assert_eq!(z_score(w(0, 0), w(20, 3)), 0.0);
+    // No SYN on one side and every ratio 0 or 1: 0, not the NaN of
+    // 0 · ∞ that the variance would be.
+    for (one, others) in [
+        (w(0, 0), w(20, 0)),
+        (w(20, 20), w(0, 0)),
+        (w(0, 0), w(5, 5)),
+    ] {
+        assert_eq!(z_score(one, others), 0.0, "{one:?} against {others:?}");
+    }
 
     let s = PassiveHealth {
         min_syns: 10,
