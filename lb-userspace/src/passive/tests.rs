@@ -15,6 +15,10 @@ fn settings() -> PassiveHealth {
     }
 }
 
+/// Ticks (seconds) a [`Series`] runs at most: the longest test waits
+/// through fewer than 200.
+const MAX_TICKS: u64 = 1_000;
+
 /// `n` backends; each tick (1 s) backend i receives `syns[i]` SYNs of
 /// which `retransmits[i]` are retransmissions of its own.
 struct Series {
@@ -38,8 +42,10 @@ impl Series {
         self.t0 + Duration::from_secs(self.tick)
     }
 
-    /// One tick; returns the events.
+    /// One tick; returns the events. The tests' loops that wait for an
+    /// event end here if it never comes.
     fn step(&mut self, s: &PassiveHealth, per_tick: &[(u64, u64)]) -> Vec<Event> {
+        assert!(self.tick < MAX_TICKS, "nothing after {MAX_TICKS} ticks");
         self.tick += 1;
         let now = self.now();
         for (i, (syns, rt)) in per_tick.iter().enumerate() {
