@@ -177,11 +177,7 @@ fn the_cap_holds_back_all_but_max_ejection_percent_and_says_so() {
     }
     assert_eq!(s.cap(6), 1);
     assert_eq!(ejected, vec![0]);
-    assert_eq!(
-        held.first(),
-        Some(&1),
-        "the second is held back, and said so"
-    );
+    assert_eq!(held, vec![1], "the second is held back, and said so once");
     assert_eq!(series.ejected().iter().filter(|e| **e).count(), 1);
     assert_eq!(s.cap(1), 0, "a lone backend has no peers to compare with");
     assert_eq!(s.cap(3), 1);
@@ -214,6 +210,16 @@ fn a_reused_index_restarts_the_series() {
     );
     p.record(t + Duration::from_secs(2), 3, 0, s.window);
     assert_eq!(p.window(), Window::default());
+    // Either counter going back alone restarts it too.
+    for (syns, retransmits) in [(20, 1), (2, 2)] {
+        p.record(t + Duration::from_secs(3), 10, 2, s.window);
+        p.record(t + Duration::from_secs(4), syns, retransmits, s.window);
+        assert_eq!(
+            p.window(),
+            Window::default(),
+            "10, 2 then {syns}, {retransmits}"
+        );
+    }
     let problems = PassiveHealth {
         ratio: f64::NAN,
         window: Duration::from_secs(1),
@@ -325,4 +331,17 @@ fn an_ejection_as_long_as_its_maximum_is_allowed() {
         ..settings()
     };
     assert_eq!(shorter.problems().len(), 1, "{:?}", shorter.problems());
+}
+
+/// An ejection ends at its instant: the backend is back at `now + length`.
+#[test]
+fn an_ejection_ends_at_its_length() {
+    let s = settings();
+    let mut p = Passive::default();
+    let now = Instant::now();
+    let length = p.eject(&s, now);
+    assert_eq!(length, s.ejection);
+    assert!(p.is_ejected(now + length - Duration::from_nanos(1)));
+    assert!(!p.is_ejected(now + length), "back at the end");
+    assert_eq!(p.left(now + length), Duration::ZERO);
 }
