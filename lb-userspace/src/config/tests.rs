@@ -748,6 +748,34 @@ fn durations_parse_and_print() {
     );
 }
 
+/// In the file, a duration written as a bare number (an integer, negative
+/// or not, or a fraction) is refused as such, and one of another type
+/// says what is expected, as does a MAC address.
+#[test]
+fn durations_and_macs_of_the_wrong_type_say_what_is_expected() {
+    for (number, why) in [
+        ("5", "`5` has no unit"),
+        ("-5", "`-5` is not a duration"),
+        ("1.5", "`1.5` has no unit"),
+    ] {
+        let e = errors(&format!("{GOOD}gateway_refresh: {number}\n"));
+        assert!(e.len() == 1 && e[0].contains(why), "{number}: {e:?}");
+    }
+    let e = errors(&format!("{GOOD}gateway_refresh: [5s]\n"));
+    assert!(
+        e.len() == 1 && e[0].contains("expected a duration with a unit, such as 500ms, 2s, 5m"),
+        "{e:?}"
+    );
+    let e = errors(&with(
+        "gateway_mac: \"02:00:00:00:00:01\"",
+        "gateway_mac: [1]",
+    ));
+    assert!(
+        e.len() == 1 && e[0].contains("expected a MAC address or `auto`"),
+        "{e:?}"
+    );
+}
+
 #[test]
 fn vip_ids_round_trip() {
     for s in ["10.0.0.1:80/tcp", "[2001:db8::1]:443/udp", "10.0.0.1:*/tcp"] {
@@ -1314,9 +1342,11 @@ fn a_long_message_keeps_its_head_and_its_last_sixty_characters() {
     let tail: String = message.chars().skip(message.chars().count() - 60).collect();
     assert_eq!(cut, format!("{} … {tail}", "a".repeat(200)));
     assert!(cut.ends_with("é at line 7 column 3"), "{cut}");
-    // Short enough: untouched.
+    // Short enough: untouched; one character more is cut.
     let short = "b".repeat(265);
     assert_eq!(cut_message(short.clone()), short);
+    let long = "b".repeat(266);
+    assert_eq!(cut_message(long).chars().count(), 200 + 3 + 60);
 }
 
 #[test]
