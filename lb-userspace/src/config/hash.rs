@@ -238,6 +238,14 @@ mod tests {
             let e = load_key(&path).unwrap_err();
             assert!(e.contains("32 hexadecimal digits"), "{bad}: {e}");
         }
+        // The file may hold 64 bytes (the key with blanks around it), not
+        // one more: that is refused before it is read.
+        let padded = |n: usize| format!("00112233445566778899aabbccddeeff{}", "\n".repeat(n));
+        write(&padded(32), 0o600);
+        assert!(load_key(&path).is_ok(), "64 bytes");
+        write(&padded(33), 0o600);
+        let e = load_key(&path).unwrap_err();
+        assert!(e.contains("is 65 bytes"), "{e}");
         write(&"0".repeat(32), 0o400);
         assert!(load_key(&path).unwrap_err().contains("all-zero"));
         assert!(load_key(&dir.join("missing")).is_err());

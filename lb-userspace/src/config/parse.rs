@@ -312,5 +312,36 @@ mod tests {
         assert_eq!(flow_depth("a: \"x #\" [[[x]]]"), 3);
         let deep = format!("a: {}{}", "[".repeat(40_000), "]".repeat(40_000));
         assert_eq!(flow_depth(&deep), 40_000);
+        // An escaped quote does not end a double-quoted scalar.
+        assert_eq!(flow_depth("a: \"x\\\"[[\" [y]"), 1);
+        // Closing brackets count down.
+        assert_eq!(flow_depth("a: [1]\nb: [2]\nc: {d: [3]}"), 2);
+        // A `#` right after a character is part of the scalar.
+        assert_eq!(flow_depth("a: b#[c]"), 1);
+    }
+
+    /// The size and nesting limits are inclusive, for a file read and for
+    /// text given whole: the most allowed passes, one more is refused.
+    #[test]
+    fn size_and_depth_limits_are_inclusive() {
+        let dir = crate::scratch::ScratchDir::new("config-size");
+        let most = MAX_CONFIG_BYTES as usize;
+        let file = dir.join("lb.yaml");
+        for (len, ok) in [(most, true), (most + 1, false), (most + 4096, false)] {
+            std::fs::write(&file, " ".repeat(len)).unwrap();
+            match read_bounded(&file) {
+                Ok(text) => assert!(
+                    ok && text.len() == most,
+                    "{len} bytes read as {}",
+                    text.len()
+                ),
+                Err(e) => assert!(!ok && e.contains("larger than 16 MiB"), "{len} bytes: {e}"),
+            }
+            assert_eq!(precheck(&" ".repeat(len)).is_ok(), ok, "{len} bytes");
+        }
+        let nested = |n: usize| format!("a: {}{}", "[".repeat(n), "]".repeat(n));
+        assert_eq!(precheck(&nested(MAX_FLOW_DEPTH)), Ok(()));
+        let e = precheck(&nested(MAX_FLOW_DEPTH + 1)).unwrap_err();
+        assert!(e.contains("nested 65 deep"), "{e}");
     }
 }
