@@ -1338,11 +1338,24 @@ fn quic_routes_by_server_id_and_its_rules_name_every_mistake() {
             "      - address: fd00:1::1\n        server_id: 1234\n",
             "server ID 1234 is a number",
         ),
+        (
+            "    quic: {server_id_len: 2}\n",
+            "      - address: fd00:1::1\n        server_id: [10, 1]\n",
+            "expected a server ID in hex, quoted (\"0a01\")",
+        ),
     ];
     for (section, backends, want) in cases {
         let e = errors(&quic(section, backends));
         assert!(e.iter().any(|e| e.contains(want)), "want {want:?} in {e:?}");
     }
+    // The largest length and config ID are allowed.
+    let fifteen =
+        "      - address: fd00:1::1\n        server_id: \"000102030405060708090a0b0c0d0e\"\n";
+    let c = Config::parse(&quic(
+        "    quic: {server_id_len: 15, config_id: 6}\n",
+        fifteen,
+    ));
+    assert!(c.is_ok(), "{:?}", c.err().map(|e| e.to_string()));
     let tcp = with(
         "    protocol: tcp\n",
         "    protocol: tcp\n    quic: {server_id_len: 1}\n",
@@ -1353,6 +1366,20 @@ fn quic_routes_by_server_id_and_its_rules_name_every_mistake() {
             .any(|e| e.starts_with("vips[0].quic: ") && e.contains("UDP")),
         "{e:?}"
     );
+}
+
+/// `lbctl simulate --quic-cid` keeps a connection ID as written once it
+/// is one, and refuses one that is not.
+#[test]
+fn a_connection_id_argument_is_kept_as_written() {
+    assert_eq!(
+        parse_cid_arg("0x27000231C0FFEE01"),
+        Ok("0x27000231C0FFEE01".to_string())
+    );
+    for bad in ["", "0x", "abc", "zz", &"00".repeat(21)] {
+        let e = parse_cid_arg(bad).expect_err(bad);
+        assert!(e.contains("is not a connection ID"), "{bad}: {e}");
+    }
 }
 
 #[test]
