@@ -356,15 +356,19 @@ mod tests {
         std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert!(s.check_files().is_empty());
         assert_eq!(s.auth.as_ref().unwrap().password().unwrap(), "s3cret");
-        std::fs::write(&file, "two\nlines\n").unwrap();
-        assert!(
-            s.auth
-                .as_ref()
-                .unwrap()
-                .password()
-                .unwrap_err()
-                .contains("one line")
-        );
+        // One line of 1 to 1024 bytes, its newline left out.
+        let auth = s.auth.as_ref().unwrap();
+        std::fs::write(&file, format!("{}\n", "p".repeat(1024))).unwrap();
+        assert_eq!(auth.password().unwrap().len(), 1024);
+        for bad in ["two\nlines\n".to_string(), "\n".into(), "p".repeat(1025)] {
+            std::fs::write(&file, &bad).unwrap();
+            let e = auth.password().unwrap_err();
+            assert!(
+                e.contains("one line of 1-1024 bytes"),
+                "{} bytes: {e}",
+                bad.len()
+            );
+        }
         let bad = source(
             "endpoints: [http://a:2379]\nprefix: /t\nauth: { user: \"a b\", password_file: /x }\n",
         );
