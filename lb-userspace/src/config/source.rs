@@ -231,11 +231,6 @@ impl EtcdSource {
         }
         prefixed("source.etcd", errors)
     }
-
-    /// Every endpoint speaks TLS.
-    pub fn uses_tls(&self) -> bool {
-        self.tls.is_some()
-    }
 }
 
 /// A URL of the form `scheme://host:port`, with `https` exactly when TLS
@@ -315,8 +310,7 @@ mod tests {
 
     #[test]
     fn tls_wants_https_everywhere_and_a_private_key() {
-        let dir = std::env::temp_dir().join(format!("lb-source-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = crate::scratch::ScratchDir::new("lb-source-tls");
         let (ca, key) = (dir.join("ca.pem"), dir.join("c.key"));
         std::fs::write(&ca, "x").unwrap();
         std::fs::write(&key, "x").unwrap();
@@ -335,7 +329,78 @@ mod tests {
         assert!(files[0].message.contains("chmod 600"));
         std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert!(s.check_files().is_empty());
-        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Each rule alone, at its bounds: the most allowed passes, one step
+    /// beyond is refused with the field's name.
+    #[test]
+    fn each_rule_holds_alone_and_its_bounds_are_inclusive() {
+        let base = "prefix: /t\n";
+        let urls = |n: usize| {
+            let list: Vec<String> = (0..n).map(|i| format!("http://e{i}:2379")).collect();
+            format!("endpoints: [{}]\n", list.join(", "))
+        };
+        let one = urls(1);
+        let fields = |yaml: &str| -> Vec<String> {
+            source(yaml)
+                .validate()
+                .into_iter()
+                .map(|e| e.field)
+                .collect()
+        };
+        let long = |n: usize| format!("/{}", "p".repeat(n - 1));
+        let user = |u: &str| format!("{one}{base}auth: {{ user: '{u}', password_file: /x }}\n");
+        for ok in [
+            format!("{}{base}", urls(16)),
+            format!("{one}prefix: /a\n"),
+            format!("{one}prefix: {}\n", long(128)),
+            format!("endpoints: [https://a:2379]\n{base}tls: {{ ca: /c, cert: /c, key: /k }}\n"),
+            user(&"u".repeat(128)),
+        ] {
+            assert_eq!(fields(&ok), Vec::<String>::new(), "{ok}");
+        }
+        let bad: Vec<(String, &str)> = vec![
+            (format!("endpoints: []\n{base}"), "endpoints"),
+            (format!("{}{base}", urls(17)), "endpoints"),
+            (format!("{one}prefix: lb\n"), "prefix"),
+            (format!("{one}prefix: /\n"), "prefix"),
+            (format!("{one}prefix: {}\n", long(129)), "prefix"),
+            (format!("{one}prefix: /a/\n"), "prefix"),
+            (format!("{one}prefix: /a//b\n"), "prefix"),
+            (format!("{one}prefix: /a\u{e9}\n"), "prefix"),
+            (
+                format!("endpoints: [https://a:2379]\n{base}tls: {{ ca: /c, cert: /c }}\n"),
+                "tls",
+            ),
+            (
+                format!("endpoints: [https://a:2379]\n{base}tls: {{ ca: /c, key: /k }}\n"),
+                "tls",
+            ),
+            (user(""), "auth.user"),
+            (user(&"u".repeat(129)), "auth.user"),
+            (user("a b"), "auth.user"),
+            (
+                format!("endpoints: ['http://a/b:2379']\n{base}"),
+                "endpoints[0]",
+            ),
+        ];
+        for (yaml, field) in bad {
+            assert_eq!(fields(&yaml), [field], "{yaml}");
+        }
+        let https = source(&format!("endpoints: [https://a:2379]\n{base}")).validate();
+        assert!(https[0].message.contains("needs `tls`"), "{https:?}");
+        // The section: an etcd source's problems under `etcd.`, and one
+        // that names no source is refused.
+        let section = SourceConfig {
+            etcd: Some(source(&format!("{one}prefix: lb\n"))),
+        };
+        let fields: Vec<String> = section.validate().into_iter().map(|e| e.field).collect();
+        assert_eq!(fields, ["etcd.prefix"]);
+        let empty = SourceConfig::default().validate();
+        assert!(
+            empty.len() == 1 && empty[0].message.contains("name a source"),
+            "{empty:?}"
+        );
     }
 
     #[test]
