@@ -1382,6 +1382,106 @@ fn a_connection_id_argument_is_kept_as_written() {
     }
 }
 
+/// The VIP rules' limits are inclusive: the most allowed passes, one more
+/// is refused. `GOOD` has 2 VIPs of the default table size and 3 backends.
+#[test]
+fn vip_limits_are_inclusive() {
+    // A third VIP, so that two TCP VIPs have second chance.
+    let both = |s: &str| {
+        s.replace(
+            "    protocol: tcp\n",
+            "    protocol: tcp\n    second_chance: true\n",
+        ) + "  - address: 10.99.0.2\n    port: 80\n    protocol: tcp\n    second_chance: true\n    backends:\n      - address: 10.1.0.3\n"
+    };
+    let most_weight = format!("weight: {}", MAX_WEIGHT);
+    for ok in [
+        // The table pool is then exactly two VIPs' tables.
+        format!("{GOOD}max_vips: 2\n"),
+        format!("{GOOD}max_backends: 3\n"),
+        both(&format!("second_chance_vips: 2\n{GOOD}")),
+        with("weight: 2", &most_weight),
+        with(
+            "    protocol: tcp\n",
+            "    protocol: tcp\n    panic_threshold: 100\n    slow_start: 1h\n    drain_timeout: 86400s\n",
+        ),
+    ] {
+        let c = Config::parse(&ok);
+        assert!(c.is_ok(), "{ok}: {:?}", c.err().map(|e| e.to_string()));
+    }
+    let too_heavy = format!("weight: {}", MAX_WEIGHT + 1);
+    let cases: Vec<(String, &str)> = vec![
+        (
+            format!("{GOOD}max_vips: 1\n"),
+            "vips: 2 VIPs, but max_vips is 1",
+        ),
+        (
+            format!("{GOOD}max_backends: 2\n"),
+            "vips: 3 backends in all, but max_backends is 2",
+        ),
+        (
+            both(&format!("second_chance_vips: 1\n{GOOD}")),
+            "vips: 2 VIPs with second_chance, but second_chance_vips is 1",
+        ),
+        (
+            with("weight: 2", &too_heavy),
+            "vips[0].backends[0].weight: weight",
+        ),
+        (
+            with(
+                "    protocol: tcp\n",
+                "    protocol: tcp\n    panic_threshold: 101\n",
+            ),
+            "vips[0].panic_threshold: 101% is out of range",
+        ),
+        (
+            with(
+                "    protocol: tcp\n",
+                "    protocol: tcp\n    slow_start: 3601s\n",
+            ),
+            "vips[0].slow_start: is longer than an hour",
+        ),
+        (
+            with(
+                "    protocol: tcp\n",
+                "    protocol: tcp\n    drain_timeout: 86401s\n",
+            ),
+            "vips[0].drain_timeout: is longer than a day",
+        ),
+    ];
+    for (text, want) in cases {
+        // (A table pool of one VIP is too small for two: a second error.)
+        let e = errors(&text);
+        assert!(e[0].starts_with(want), "want {want:?}, got {e:?}");
+    }
+}
+
+/// Neither a VIP nor a backend may be an address that is not unicast,
+/// and a port or an address of the wrong type says what is expected.
+#[test]
+fn vips_and_backends_are_unicast_and_typed() {
+    for addr in ["0.0.0.0", "224.0.0.1", "255.255.255.255"] {
+        let e = errors(&with("address: 10.99.0.1", &format!("address: {addr}")));
+        assert!(
+            e.iter()
+                .any(|e| e.contains("cannot be a VIP: it is not a unicast address")),
+            "{addr}: {e:?}"
+        );
+        let e = errors(&with("address: 10.1.0.1", &format!("address: {addr}")));
+        assert!(
+            e.iter()
+                .any(|e| e.contains("cannot be a backend: it is not a unicast address")),
+            "{addr}: {e:?}"
+        );
+    }
+    let e = errors(&with("port: 80", "port: [80]"));
+    assert!(
+        e[0].contains("expected a port number 1-65535, or `all`"),
+        "{e:?}"
+    );
+    let e = errors(&with("address: 10.1.0.1", "address: [10, 1, 0, 1]"));
+    assert!(e[0].contains("expected an IP address"), "{e:?}");
+}
+
 #[test]
 fn durations_are_bounded_inclusively() {
     // Each bound itself is allowed; one step past it is refused.
