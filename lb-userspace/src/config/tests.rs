@@ -141,6 +141,15 @@ fn table_size_must_be_prime_and_not_too_large_and_warns_when_small() {
     let c = Config::parse(&with("table_size: 4099", "table_size: 101")).expect("valid");
     assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
     assert!(c.warnings[0].contains("below 100 × 2"), "{:?}", c.warnings);
+    // A backend weighted 0 takes no share: one weighted backend is fair
+    // in 101 slots.
+    let one = with("table_size: 4099", "table_size: 101").replacen(
+        "      - address: 10.1.0.2\n",
+        "      - address: 10.1.0.2\n        weight: 0\n",
+        1,
+    );
+    let c = Config::parse(&one).expect("valid");
+    assert!(c.warnings.is_empty(), "{:?}", c.warnings);
 }
 
 #[test]
