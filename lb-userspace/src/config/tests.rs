@@ -1131,6 +1131,11 @@ fn vip_settings_are_parsed_as_the_file_parses_them() {
     assert!(!v.passive_health.enabled);
     assert_eq!(v.backends[0].weight, 2);
     assert_eq!(v.hash.names(), ["src_ip", "protocol"]);
+    // A section flag alone turns the section on with its defaults.
+    let v = vip_settings::vip_from_settings(&id, &backends, &settings(&[("health_check", "")]))
+        .expect("valid settings");
+    let check = v.health_check.expect("a health check");
+    assert_eq!((check.rise, check.fall), (2, 3), "the defaults");
     // The file's rules and errors: a duration needs a unit, a setting
     // must exist, a quoted number stays a string the file would refuse.
     for (pairs, want) in [
