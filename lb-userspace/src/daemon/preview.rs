@@ -106,7 +106,8 @@ impl<D: Dataplane> Daemon<D> {
         })
     }
 
-    /// The runtime changes in force now that `target` no longer has.
+    /// The runtime changes in force now that `target` no longer has, each
+    /// with what `target`'s file says of its object (what runs after it).
     pub fn dropped_overrides(&self, target: &Target) -> Vec<crate::state::Override> {
         let after = target.overlay.overrides(&target.config.vips);
         let key = |o: &crate::state::Override| (o.vip, o.backend, o.field);
@@ -115,6 +116,10 @@ impl<D: Dataplane> Daemon<D> {
             .overrides(&self.config.vips)
             .into_iter()
             .filter(|o| !kept.contains(&key(o)))
+            .map(|o| crate::state::Override {
+                file: o.file_now(&target.config.vips),
+                ..o
+            })
             .collect()
     }
 

@@ -113,6 +113,24 @@ pub struct Override {
     pub source: String,
 }
 
+impl Override {
+    /// What the file `base` says now of this row's object, in the row's
+    /// words. A row a reload takes back keeps, in `file`, what the file
+    /// said when the change was made; this is what runs after it.
+    pub fn file_now(&self, base: &[VipConfig]) -> String {
+        let Some(addr) = self.backend else {
+            let defined = file_vip(base, &self.vip).is_some();
+            return if defined { "defined" } else { "absent" }.into();
+        };
+        match (file_backend(base, &self.vip, &addr), self.field) {
+            (None, _) => "absent".into(),
+            (Some(b), "weight") => b.weight.to_string(),
+            (Some(b), "backend") => format!("weight {}", b.weight),
+            (Some(_), _) => "-".into(),
+        }
+    }
+}
+
 impl Overlay {
     /// Records `stamp` as the origin of every entry that differs from
     /// `before` (new or changed), with the file's version of its object
@@ -411,6 +429,7 @@ mod tests {
             ),
             (Some(ip("10.1.0.1")), "weight", "1", "5", 3)
         );
+        assert_eq!(d.file_now(&edited), "3", "what runs after it");
         assert_eq!(weight_of(&o.apply(&edited), "10.1.0.1"), Some(3));
         assert!(o.is_empty() && o.origins.is_empty(), "{o:?}");
     }

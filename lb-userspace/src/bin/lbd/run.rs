@@ -243,7 +243,10 @@ fn settled_overlay(config: &Config) -> Result<Overlay> {
             backend = ?o.backend,
             field = o.field,
             "the file changed this since the runtime change of revision {} ({}: {}): the file decides (it says {})",
-            o.revision, o.source, o.running, o.file
+            o.revision,
+            o.source,
+            o.running,
+            o.file_now(&config.vips)
         );
     }
     if overlay != loaded

@@ -209,6 +209,77 @@ async fn every_change_is_a_revision_that_survives_a_reopen() {
     );
 }
 
+/// Each revision's digest is that of its own configuration: a change
+/// that removes a backend changes it.
+#[tokio::test]
+async fn a_change_changes_the_config_digest() {
+    let mut r = rig(FILE);
+    let before = r.daemon.running().digest();
+    r.ok(del_backend(WEB, "10.1.0.2", false)).await;
+    let after = r.daemon.running().digest();
+    assert_ne!(before, after);
+    let rows: Vec<api::RevisionRow> = parse(r.ok(Request::History { last: 10 }).await);
+    let digests: Vec<Option<&str>> = rows.iter().map(|r| r.digest.as_deref()).collect();
+    assert_eq!(digests, [Some(after.as_str()), Some(before.as_str())]);
+}
+
+/// A revert is the way out of a bad change: it goes on when the disk
+/// refuses its record (here the state file cannot be replaced), where a
+/// change would be refused.
+#[tokio::test]
+async fn a_revert_goes_on_when_its_record_cannot_be_written() {
+    let mut r = rig(FILE);
+    r.ok(del_backend(WEB, "10.1.0.2", false)).await;
+    assert_eq!(r.in_table(WEB).len(), 1);
+    let state = r.daemon.config.state_file.clone();
+    std::fs::remove_file(&state).unwrap();
+    std::fs::create_dir(&state).unwrap();
+    let refused = r
+        .refused(ErrorKind::Internal, del_backend(WEB, "10.1.0.1", true))
+        .await;
+    assert!(refused.contains("nothing changed"), "{refused}");
+    r.ok(Request::Revert {
+        revision: Some(1),
+        force: false,
+    })
+    .await;
+    assert_eq!(r.in_table(WEB).len(), 2, "revision 1 runs again");
+    std::fs::remove_dir(&state).unwrap();
+}
+
+/// A file that changes what a runtime change changed takes it back, and
+/// the answer says which, from which revision, and both values.
+#[tokio::test]
+async fn a_file_that_changes_an_overridden_weight_says_the_override_is_gone() {
+    let mut r = rig(FILE);
+    r.ok(Request::Backend(BackendRequest::Weight {
+        vip: id(WEB),
+        address: ip("10.1.0.1"),
+        weight: 5,
+        force: false,
+    }))
+    .await;
+    let file = FILE.replace("weight: 2", "weight: 3");
+    let c = r
+        .daemon
+        .reload(reparse(&r, &file), false, &plain())
+        .await
+        .unwrap();
+    let dropped: Vec<&String> = c
+        .warnings
+        .iter()
+        .filter(|w| w.contains("no longer applies"))
+        .collect();
+    assert_eq!(dropped.len(), 1, "{:?}", c.warnings);
+    assert!(
+        dropped[0].starts_with(
+            "VIP 10.99.0.1:80/tcp backend 10.1.0.1 weight: the runtime change of revision 2"
+        ) && dropped[0].ends_with(": 5) no longer applies; the file says 3"),
+        "{}",
+        dropped[0]
+    );
+}
+
 #[tokio::test]
 async fn a_revert_runs_an_earlier_revision_until_the_file_changes() {
     let mut r = rig(FILE);
