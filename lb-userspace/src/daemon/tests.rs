@@ -1175,6 +1175,7 @@ async fn a_new_gateway_mac_is_written_to_the_dataplane() {
     assert_eq!(s.gateway.unwrap().address, Some(ip("10.0.0.1")));
 }
 
+mod announce;
 mod change;
 mod refused;
 mod rollout;
