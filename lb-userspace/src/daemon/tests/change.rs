@@ -280,6 +280,58 @@ async fn a_file_that_changes_an_overridden_weight_says_the_override_is_gone() {
     );
 }
 
+/// A change's answer repeats the file's own warnings (FILE's table is
+/// small for two backends, `vips[0]: …`) when the file is new, not with
+/// an API change to the running one.
+#[tokio::test]
+async fn the_files_warnings_come_with_a_new_file_only() {
+    let mut r = rig(FILE);
+    // The file's warning, by its place in the file (the rules' own, by
+    // VIP, comes with every change).
+    let small = |warnings: &[String]| {
+        warnings
+            .iter()
+            .any(|w| w.starts_with("vips[0]: ") && w.contains("below 100 × 2"))
+    };
+    let c: Committed = parse(
+        r.ok(Request::Backend(BackendRequest::Weight {
+            vip: id(WEB),
+            address: ip("10.1.0.1"),
+            weight: 3,
+            force: false,
+        }))
+        .await,
+    );
+    assert!(!small(&c.warnings), "{:?}", c.warnings);
+    let file = FILE.replace("weight: 2", "weight: 4");
+    let c = r
+        .daemon
+        .reload(reparse(&r, &file), false, &plain())
+        .await
+        .unwrap();
+    assert!(small(&c.warnings), "{:?}", c.warnings);
+}
+
+/// A forced change is logged as forced; its dry run is not.
+#[tokio::test]
+async fn a_forced_change_is_logged_and_its_dry_run_is_not() {
+    let mut r = rig(FILE);
+    r.ok(del_backend(WEB, "10.1.0.2", false)).await;
+    logs::capture();
+    let preview = r
+        .daemon
+        .handle(del_backend(WEB, "10.1.0.1", true), dry())
+        .await;
+    assert!(preview.ok, "{:?}", preview.error);
+    assert_eq!(logs::lines("forced: "), Vec::<String>::new());
+    r.ok(del_backend(WEB, "10.1.0.1", true)).await;
+    let forced = logs::lines("forced: ");
+    assert!(
+        forced.len() == 1 && forced[0].contains("10.99.0.1:80/tcp"),
+        "{forced:?}"
+    );
+}
+
 #[tokio::test]
 async fn a_revert_runs_an_earlier_revision_until_the_file_changes() {
     let mut r = rig(FILE);
