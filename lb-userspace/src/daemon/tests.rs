@@ -634,6 +634,13 @@ async fn conns_lists_entries_by_vip_backend_and_client() {
     .await;
     r.refused(ErrorKind::BadRequest, conns(None, None, None, 0))
         .await;
+    // The largest limit is allowed, one more is not.
+    let most = crate::conns::MAX_LIMIT;
+    r.ok(conns(None, None, None, most)).await;
+    let e = r
+        .refused(ErrorKind::BadRequest, conns(None, None, None, most + 1))
+        .await;
+    assert!(e.contains("--limit must be 1 to 10000"), "{e}");
 }
 
 #[tokio::test]
@@ -1639,6 +1646,22 @@ async fn the_metrics_endpoint_serves_what_the_tick_records() {
         served.contains(r#"lb_vip_announced{vip="10.99.0.1:80/tcp"} 1"#),
         "{served}"
     );
+}
+
+/// The metrics count each backend's SYNs from its own counters.
+#[tokio::test]
+async fn metrics_count_each_backends_syns() {
+    let mut r = rig(FILE);
+    syns(&mut r, "10.1.0.2", 7, 3);
+    r.daemon.tick();
+    let served = r.daemon.metrics().encode().unwrap();
+    for line in [
+        r#"lb_backend_syns_total{vip="10.99.0.1:80/tcp",backend="10.1.0.2"} 7"#,
+        r#"lb_backend_syn_retransmits_total{vip="10.99.0.1:80/tcp",backend="10.1.0.2"} 3"#,
+        r#"lb_backend_syns_total{vip="10.99.0.1:80/tcp",backend="10.1.0.1"} 0"#,
+    ] {
+        assert!(served.contains(line), "{line} not in:\n{served}");
+    }
 }
 
 /// What lbd tells the daemon at start is what `lbctl status` shows.

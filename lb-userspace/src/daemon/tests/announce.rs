@@ -389,6 +389,23 @@ async fn a_wanted_vip_no_peer_holds_is_withheld_with_each_peers_reason() {
     assert_eq!(v.reason, DRAINED);
 }
 
+/// The metrics say what `lbctl bgp` says: a VIP the policy wants but no
+/// router holds is not announced.
+#[tokio::test]
+async fn the_metrics_count_a_vip_no_router_holds_as_not_announced() {
+    let said = Said::default();
+    let refusing = Arc::new(AtomicBool::new(false));
+    let mut r = rig_with(
+        &with_bgp(),
+        Told::default(),
+        fake(&said, peers(), &refusing),
+    );
+    r.daemon.tick();
+    let served = r.daemon.metrics().encode().unwrap();
+    let line = r#"lb_vip_announced{vip="10.99.0.1:80/tcp"} 0"#;
+    assert!(served.contains(line), "{line} not in:\n{served}");
+}
+
 /// An announcer configured that reports no peer at all holds nothing:
 /// a wanted VIP is withheld, for want of any peer.
 #[tokio::test]
