@@ -516,17 +516,46 @@ mod count_tests {
         b.stamps[1] = 900;
         b.entries[2] = FlowEntry::new(3, 2);
         b.stamps[2] = 1000;
+        // Handle 1 again: seen at 999 (live) and exactly a window ago, 960
+        // (idle: live means younger than the window).
+        b.entries[3] = FlowEntry::new(4, 1);
+        b.stamps[3] = 999;
+        b.entries[4] = FlowEntry::new(5, 1);
+        b.stamps[4] = 960;
         let handles = BTreeSet::from([1]);
         let mut counts = BTreeMap::new();
         count_bucket(&b, &handles, Some((1000, 40)), &mut counts);
-        assert_eq!(counts, BTreeMap::from([(1, (2, Some(1)))]));
+        assert_eq!(counts, BTreeMap::from([(1, (4, Some(2)))]));
         let mut counts = BTreeMap::new();
         count_bucket(&b, &handles, None, &mut counts);
         assert_eq!(
             counts,
-            BTreeMap::from([(1, (2, None))]),
+            BTreeMap::from([(1, (4, None))]),
             "no clock: no live count"
         );
+    }
+
+    /// The share of flows whose backend differs between two tables, of
+    /// the same size or not; every flow, when one table is empty.
+    #[test]
+    fn flows_moved_is_the_share_whose_backend_differs() {
+        let (a, b) = (
+            Some(IpAddr::from([10, 1, 0, 1])),
+            Some(IpAddr::from([10, 1, 0, 2])),
+        );
+        let (all_a, all_b) = (vec![a; 7], vec![b; 11]);
+        assert_eq!(flows_moved(&all_a, &all_a), 0.0);
+        assert_eq!(
+            flows_moved(&all_a, &vec![a; 11]),
+            0.0,
+            "a size alone moves nothing"
+        );
+        assert_eq!(flows_moved(&all_a, &all_b), 1.0);
+        assert_eq!(flows_moved(&[], &all_b), 1.0);
+        assert_eq!(flows_moved(&all_a, &[]), 1.0);
+        // Every other slot of 8 changes: half the flows.
+        let half: Vec<_> = (0..8).map(|i| if i % 2 == 0 { a } else { b }).collect();
+        assert!((flows_moved(&vec![a; 8], &half) - 0.5).abs() < 0.01);
     }
 
     /// Against a VIP's empty table (no backend before, or none after),
