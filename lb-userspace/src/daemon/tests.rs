@@ -71,6 +71,8 @@ struct Rig {
     daemon: Daemon<FakeDataplane>,
     told: Told,
     spawned: Spawned,
+    /// Where each prober started probes, in order.
+    targets: Arc<Mutex<Vec<crate::health::ProbeTarget>>>,
     _dir: ScratchDir,
 }
 
@@ -149,9 +151,11 @@ fn rig_in(dir: ScratchDir, text: &str, told: Told, announcers: Announcers) -> Ri
     let settings = settings::datapath_settings(&config, [2, 0, 0, 0, 0, 1]);
     reconciler.apply_settings(&settings).unwrap();
     let spawned = Spawned::default();
-    let record = spawned.clone();
-    let probes = Probes::new(Box::new(move |_, keys, _, _, _| {
+    let targets: Arc<Mutex<Vec<crate::health::ProbeTarget>>> = Arc::default();
+    let (record, aim) = (spawned.clone(), targets.clone());
+    let probes = Probes::new(Box::new(move |_, keys, _, target, _| {
         record.lock().unwrap().extend_from_slice(keys);
+        aim.lock().unwrap().push(target);
         tokio::spawn(async {})
     }));
     let target = Target {
@@ -180,6 +184,7 @@ fn rig_in(dir: ScratchDir, text: &str, told: Told, announcers: Announcers) -> Ri
         daemon,
         told,
         spawned,
+        targets,
         _dir: dir,
     }
 }
@@ -932,9 +937,77 @@ async fn probed_backends_are_announced_after_their_first_verdict_and_leave_when_
         .unwrap();
     assert_eq!(down.health, "down");
     assert_eq!(down.last_probe.as_ref().unwrap().detail, "refused");
-    // A result from a prober that was stopped since is ignored.
+    // A result from a prober that was stopped since is ignored, not even
+    // timed.
     r.daemon.on_probe((id(WEB), ip("10.1.0.9")), result(true));
     assert_eq!(r.in_table(WEB), BTreeSet::from([ip("10.1.0.1")]));
+    let served = r.daemon.metrics().encode().unwrap();
+    assert!(!served.contains("10.1.0.9"), "{served}");
+    // A change that leaves the checks as they are starts no prober.
+    r.ok(Request::Backend(BackendRequest::Weight {
+        vip: id(WEB),
+        address: ip("10.1.0.1"),
+        weight: 3,
+        force: false,
+    }))
+    .await;
+    assert_eq!(r.spawned.lock().unwrap().len(), 2, "the same two probers");
+    // Without its check, a backend is not probed: a result its stopped
+    // prober sent before it stopped changes nothing.
+    for b in ["10.1.0.1", "10.1.0.2"] {
+        r.daemon.on_probe((id(WEB), ip(b)), result(true));
+    }
+    r.daemon
+        .reload(reparse(&r, FILE), false, &plain())
+        .await
+        .unwrap();
+    assert_eq!(r.daemon.probes.count(), 0);
+    for _ in 0..2 {
+        r.daemon.on_probe((id(WEB), ip("10.1.0.1")), result(false));
+    }
+    assert_eq!(
+        r.in_table(WEB),
+        BTreeSet::from([ip("10.1.0.1"), ip("10.1.0.2")])
+    );
+}
+
+/// A probe through the tunnel carries the mark the datapath turns into
+/// that backend's tunnel: its index, and GRE for a GRE VIP.
+#[tokio::test]
+async fn tunnelled_probes_carry_their_backends_mark() {
+    let tunnelled = "    health_check: { port: 80, through_tunnel: true }\n";
+    for (encap, gre) in [("", false), ("    encap: gre\n", true)] {
+        let text = FILE.replace(
+            "    protocol: tcp\n",
+            &format!("    protocol: tcp\n{encap}{tunnelled}"),
+        );
+        let r = rig(&text);
+        let handles = &r.daemon.reconciler.vips()[&id(WEB)].backends;
+        let mut want: Vec<u32> = ["10.1.0.1", "10.1.0.2"]
+            .iter()
+            .map(|b| {
+                let index = handles[&ip(b)].handle & lb_common::consts::BACKEND_INDEX_MASK;
+                lb_common::consts::probe_mark(index, gre)
+            })
+            .collect();
+        let mut got: Vec<u32> = r
+            .targets
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|t| t.mark.expect("a mark"))
+            .collect();
+        (want.sort(), got.sort());
+        assert_eq!(got, want, "GRE: {gre}");
+        assert!(
+            r.targets
+                .lock()
+                .unwrap()
+                .iter()
+                .all(|t| t.addr == "10.99.0.1:80".parse().unwrap()),
+            "probes go to the VIP"
+        );
+    }
 }
 
 /// The blackhole guard counts a backend that awaits its first probe as

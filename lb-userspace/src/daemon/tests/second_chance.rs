@@ -61,6 +61,7 @@ fn restart(r: Rig) -> Rig {
         daemon,
         told,
         spawned: Spawned::default(),
+        targets: Arc::default(),
         _dir,
     }
 }
