@@ -138,6 +138,57 @@ async fn with_the_hash_unchanged_moved_slots_are_counted_exactly() {
     assert_eq!(p.vips_changed[0].slots_moved, moved);
 }
 
+/// A VIP added with backends and no health check is warned about (its
+/// backends count as up); one with a check, or with no backend yet, is
+/// not. History shows when each revision was made.
+#[tokio::test]
+async fn an_unchecked_vip_with_backends_is_warned_about() {
+    let mut r = rig(FILE);
+    let add = |vip: &str, backends: &[&str], settings: &[(&str, &str)]| {
+        Request::Vip(VipRequest::Add(VipAdd {
+            vip: id(vip),
+            backends: backends
+                .iter()
+                .map(|b| api::BackendSpec {
+                    address: ip(b),
+                    weight: 1,
+                })
+                .collect(),
+            settings: VipSettings(
+                settings
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+        }))
+    };
+    let unchecked = |c: &Committed| c.warnings.iter().any(|w| w.contains("no health check"));
+    let c: Committed = parse(r.ok(add("10.99.0.2:80/tcp", &["10.1.0.7"], &[])).await);
+    assert!(unchecked(&c), "{:?}", c.warnings);
+    let c: Committed = parse(r.ok(add("10.99.0.3:80/tcp", &[], &[])).await);
+    assert!(!unchecked(&c), "no backend yet: {:?}", c.warnings);
+    let checked = [("health_check", ""), ("health_check.port", "80")];
+    let c: Committed = parse(r.ok(add("10.99.0.4:80/tcp", &["10.1.0.7"], &checked)).await);
+    assert!(!unchecked(&c), "checked: {:?}", c.warnings);
+    let rows: Vec<api::RevisionRow> = parse(r.ok(Request::History { last: 10 }).await);
+    let year = views::humantime(std::time::SystemTime::now())[..4].to_string();
+    assert!(
+        rows.iter().all(|row| row.time.starts_with(&year)),
+        "{rows:?}"
+    );
+}
+
+/// The blackhole guard is for VIPs that have a usable backend to lose: a
+/// VIP announced with none (its address is announced for another VIP) may
+/// change without force.
+#[tokio::test]
+async fn a_vip_with_no_usable_backend_to_lose_changes_without_force() {
+    let idle = "  - address: 10.99.0.1\n    port: 443\n    protocol: tcp\n    backends:\n      - address: 10.1.0.9\n        weight: 0\n";
+    let mut r = rig(&format!("{FILE}{idle}"));
+    r.ok(del_backend("10.99.0.1:443/tcp", "10.1.0.9", false))
+        .await;
+}
+
 #[tokio::test]
 async fn a_diff_names_vips_added_removed_and_settings() {
     let mut r = rig(FILE);
