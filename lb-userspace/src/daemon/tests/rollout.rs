@@ -363,3 +363,26 @@ fn a_change_explains_the_backends_it_adds_and_the_routes_it_removes() {
     );
     assert_eq!(change(&new, &new), Change::default());
 }
+
+/// Going back from a held candidate: a failed revert keeps the candidate
+/// (it still runs here) and says nothing; one that worked drops it and
+/// says "reverted" when asked to.
+#[tokio::test]
+async fn a_revert_that_fails_keeps_the_candidate_one_that_works_drops_it() {
+    let mut r = member().await;
+    r.daemon.on_rollout(Some(Ok((record(&r), ID))));
+    applied(&mut r, T0).await;
+    let id = candidate().revision;
+    assert_eq!(r.daemon.tier.candidate, Some(id));
+    assert!(r.daemon.rollout_reverted(id, true, false).is_empty());
+    assert_eq!(r.daemon.tier.candidate, Some(id), "still running here");
+    assert_eq!(
+        said(&r.daemon.rollout_reverted(id, true, true)),
+        [format!("progress {id} Reverted")]
+    );
+    assert_eq!(r.daemon.tier.candidate, None);
+    assert!(
+        r.daemon.rollout_reverted(id, false, true).is_empty(),
+        "not asked to say"
+    );
+}
