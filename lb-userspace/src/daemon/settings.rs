@@ -110,3 +110,24 @@ pub(super) fn fixed_setting_changed(old: &Config, new: &Config) -> Option<&'stat
     .find(|(_, changed)| *changed)
     .map(|(what, _)| what)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `too_big_no_df` reaches the datapath as its flag: set for `pass`
+    /// only (the default drops).
+    #[test]
+    fn too_big_no_df_pass_sets_the_flag() {
+        let base = "instance: t\ninterfaces: [eth0]\ngateway_mac: \"02:00:00:00:00:01\"\nouter_source_v4: 10.0.0.2\nvips: []\n";
+        for (extra, pass) in [
+            ("", false),
+            ("too_big_no_df: drop\n", false),
+            ("too_big_no_df: pass\n", true),
+        ] {
+            let config = Config::parse(&format!("{base}{extra}")).expect("parses");
+            let s = datapath_settings(&config, [2, 0, 0, 0, 0, 1]);
+            assert_eq!(s.pass_too_big, pass, "{extra:?}");
+        }
+    }
+}
