@@ -345,3 +345,93 @@ fn an_ejection_ends_at_its_length() {
     assert!(!p.is_ejected(now + length), "back at the end");
     assert_eq!(p.left(now + length), Duration::ZERO);
 }
+
+/// Each setting's bounds are inclusive: the bound itself passes, one step
+/// beyond is refused, naming the field; the cap is that share of the
+/// backends.
+#[test]
+fn passive_settings_bounds_are_inclusive() {
+    let ms = Duration::from_millis;
+    let fields = |s: PassiveHealth| -> Vec<&'static str> {
+        s.problems().into_iter().map(|(f, _)| f).collect()
+    };
+    for ok in [
+        PassiveHealth {
+            window: ms(5_000),
+            ..settings()
+        },
+        PassiveHealth {
+            window: ms(3_600_000),
+            ..settings()
+        },
+        PassiveHealth {
+            ratio: 0.0,
+            ..settings()
+        },
+        PassiveHealth {
+            ratio: 100.0,
+            ..settings()
+        },
+        PassiveHealth {
+            ejection: ms(1_000),
+            ..settings()
+        },
+        PassiveHealth {
+            max_ejection_percent: 100,
+            ..settings()
+        },
+    ] {
+        assert_eq!(fields(ok.clone()), Vec::<&str>::new(), "{ok:?}");
+    }
+    for (bad, field) in [
+        (
+            PassiveHealth {
+                window: ms(4_999),
+                ..settings()
+            },
+            "window",
+        ),
+        (
+            PassiveHealth {
+                window: ms(3_600_001),
+                ..settings()
+            },
+            "window",
+        ),
+        (
+            PassiveHealth {
+                ratio: 150.0,
+                ..settings()
+            },
+            "ratio",
+        ),
+        (
+            PassiveHealth {
+                ratio: f64::NAN,
+                ..settings()
+            },
+            "ratio",
+        ),
+        (
+            PassiveHealth {
+                ejection: ms(999),
+                ..settings()
+            },
+            "ejection",
+        ),
+        (
+            PassiveHealth {
+                max_ejection_percent: 101,
+                ..settings()
+            },
+            "max_ejection_percent",
+        ),
+    ] {
+        assert_eq!(fields(bad.clone()), [field], "{bad:?}");
+    }
+    let half = PassiveHealth {
+        max_ejection_percent: 50,
+        ..settings()
+    };
+    assert_eq!((half.cap(10), half.cap(3), half.cap(1)), (5, 1, 0));
+}
