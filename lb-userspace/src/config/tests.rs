@@ -150,6 +150,21 @@ fn table_size_must_be_prime_and_not_too_large_and_warns_when_small() {
     );
     let c = Config::parse(&one).expect("valid");
     assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+    // Three backends want 300 slots: 211 is too few.
+    let three = with("table_size: 4099", "table_size: 211").replacen(
+        "      - address: 10.1.0.2\n",
+        "      - address: 10.1.0.2\n      - address: 10.1.0.3\n",
+        1,
+    );
+    let c = Config::parse(&three).expect("valid");
+    assert!(c.warnings[0].contains("below 100 × 3"), "{:?}", c.warnings);
+    // A second-chance VIP may have a table as large as the global one.
+    let own = with(
+        "    port: 80\n    protocol: tcp\n",
+        "    port: 80\n    protocol: tcp\n    second_chance: true\n    table_size: 4099\n",
+    );
+    let c = Config::parse(&own);
+    assert!(c.is_ok(), "{:?}", c.err().map(|e| e.to_string()));
 }
 
 #[test]
