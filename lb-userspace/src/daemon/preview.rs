@@ -546,7 +546,7 @@ mod count_tests {
         let (all_a, all_b) = (vec![a; 7], vec![b; 11]);
         assert_eq!(flows_moved(&all_a, &all_a), 0.0);
         assert_eq!(
-            flows_moved(&all_a, &vec![a; 11]),
+            flows_moved(&all_a, &[a; 11]),
             0.0,
             "a size alone moves nothing"
         );
@@ -555,7 +555,7 @@ mod count_tests {
         assert_eq!(flows_moved(&all_a, &[]), 1.0);
         // Every other slot of 8 changes: half the flows.
         let half: Vec<_> = (0..8).map(|i| if i % 2 == 0 { a } else { b }).collect();
-        assert!((flows_moved(&vec![a; 8], &half) - 0.5).abs() < 0.01);
+        assert!((flows_moved(&[a; 8], &half) - 0.5).abs() < 0.01);
     }
 
     /// Against a VIP's empty table (no backend before, or none after),

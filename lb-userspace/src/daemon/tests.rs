@@ -997,7 +997,8 @@ async fn tunnelled_probes_carry_their_backends_mark() {
             .iter()
             .map(|t| t.mark.expect("a mark"))
             .collect();
-        (want.sort(), got.sort());
+        want.sort();
+        got.sort();
         assert_eq!(got, want, "GRE: {gre}");
         assert!(
             r.targets
