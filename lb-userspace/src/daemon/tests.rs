@@ -250,6 +250,16 @@ impl Rig {
     }
 }
 
+/// `lbctl backend weight VIP ADDRESS WEIGHT` (not forced).
+fn weight(vip: &str, address: &str, weight: u32) -> Request {
+    Request::Backend(BackendRequest::Weight {
+        vip: id(vip),
+        address: ip(address),
+        weight,
+        force: false,
+    })
+}
+
 fn del_backend(vip: &str, address: &str, force: bool) -> Request {
     Request::Backend(BackendRequest::Del {
         vip: id(vip),
@@ -366,13 +376,7 @@ async fn backends_added_reweighted_and_deleted_reach_the_table() {
         r.in_table(WEB),
         BTreeSet::from([ip("10.1.0.1"), ip("10.1.0.2"), ip("10.1.0.3")])
     );
-    r.ok(Request::Backend(BackendRequest::Weight {
-        vip: id(WEB),
-        address: ip("10.1.0.1"),
-        weight: 0,
-        force: false,
-    }))
-    .await;
+    r.ok(weight(WEB, "10.1.0.1", 0)).await;
     assert_eq!(
         r.in_table(WEB),
         BTreeSet::from([ip("10.1.0.2"), ip("10.1.0.3")])
@@ -403,16 +407,8 @@ async fn the_last_usable_backend_is_not_removed_without_force() {
     assert_eq!(r.in_table(WEB), BTreeSet::from([ip("10.1.0.1")]));
     let drain = r.drain(WEB, "10.1.0.1", false);
     r.refused(ErrorKind::Blackhole, drain).await;
-    r.refused(
-        ErrorKind::Blackhole,
-        Request::Backend(BackendRequest::Weight {
-            vip: id(WEB),
-            address: ip("10.1.0.1"),
-            weight: 0,
-            force: false,
-        }),
-    )
-    .await;
+    r.refused(ErrorKind::Blackhole, weight(WEB, "10.1.0.1", 0))
+        .await;
 
     r.ok(del_backend(WEB, "10.1.0.1", true)).await;
     assert!(r.in_table(WEB).is_empty());
@@ -944,13 +940,7 @@ async fn probed_backends_are_announced_after_their_first_verdict_and_leave_when_
     let served = r.daemon.metrics().encode().unwrap();
     assert!(!served.contains("10.1.0.9"), "{served}");
     // A change that leaves the checks as they are starts no prober.
-    r.ok(Request::Backend(BackendRequest::Weight {
-        vip: id(WEB),
-        address: ip("10.1.0.1"),
-        weight: 3,
-        force: false,
-    }))
-    .await;
+    r.ok(weight(WEB, "10.1.0.1", 3)).await;
     assert_eq!(r.spawned.lock().unwrap().len(), 2, "the same two probers");
     // Without its check, a backend is not probed: a result its stopped
     // prober sent before it stopped changes nothing.

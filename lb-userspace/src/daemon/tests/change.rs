@@ -330,13 +330,7 @@ async fn a_revert_goes_on_when_its_record_cannot_be_written() {
 #[tokio::test]
 async fn a_file_that_changes_an_overridden_weight_says_the_override_is_gone() {
     let mut r = rig(FILE);
-    r.ok(Request::Backend(BackendRequest::Weight {
-        vip: id(WEB),
-        address: ip("10.1.0.1"),
-        weight: 5,
-        force: false,
-    }))
-    .await;
+    r.ok(weight(WEB, "10.1.0.1", 5)).await;
     let file = FILE.replace("weight: 2", "weight: 3");
     let c = r
         .daemon
@@ -371,15 +365,7 @@ async fn the_files_warnings_come_with_a_new_file_only() {
             .iter()
             .any(|w| w.starts_with("vips[0]: ") && w.contains("below 100 × 2"))
     };
-    let c: Committed = parse(
-        r.ok(Request::Backend(BackendRequest::Weight {
-            vip: id(WEB),
-            address: ip("10.1.0.1"),
-            weight: 3,
-            force: false,
-        }))
-        .await,
-    );
+    let c: Committed = parse(r.ok(weight(WEB, "10.1.0.1", 3)).await);
     assert!(!small(&c.warnings), "{:?}", c.warnings);
     let file = FILE.replace("weight: 2", "weight: 4");
     let c = r

@@ -81,13 +81,7 @@ async fn alternates_come_from_the_configuration_and_the_previous_revision() {
     assert_ne!(meta.flags & lb_common::consts::VIP_F_SECOND_CHANCE, 0);
 
     // A re-weight: the previous table is the one before it.
-    r.ok(Request::Backend(BackendRequest::Weight {
-        vip: id(WEB),
-        address: ip("10.1.0.1"),
-        weight: 3,
-        force: false,
-    }))
-    .await;
+    r.ok(weight(WEB, "10.1.0.1", 3)).await;
     let now = members(&[("10.1.0.1", 3), ("10.1.0.2", 1)]);
     let want = Sources {
         configured: now.clone(),
