@@ -61,6 +61,16 @@ fn fake(said: &Said, peers: Vec<PeerStatus>, refusing: &Arc<AtomicBool>) -> Anno
     }))
 }
 
+/// A rig on [`with_bgp`] whose one announcer reports `peers`.
+fn bgp_rig(peers: Vec<PeerStatus>) -> Rig {
+    let refusing = Arc::new(AtomicBool::new(false));
+    rig_with(
+        &with_bgp(),
+        Told::default(),
+        fake(&Said::default(), peers, &refusing),
+    )
+}
+
 /// No announcer at all (what `announce::start` gives without an
 /// `announce:` section).
 fn none() -> Announcers {
@@ -361,13 +371,7 @@ fn peers() -> Vec<PeerStatus> {
 /// session's state.
 #[tokio::test]
 async fn a_wanted_vip_no_peer_holds_is_withheld_with_each_peers_reason() {
-    let said = Said::default();
-    let refusing = Arc::new(AtomicBool::new(false));
-    let mut r = rig_with(
-        &with_bgp(),
-        Told::default(),
-        fake(&said, peers(), &refusing),
-    );
+    let mut r = bgp_rig(peers());
     let s = r.daemon.announce_status();
     let v = &s.vips[0];
     assert_eq!((v.wanted, v.announced), (true, false), "{v:?}");
@@ -393,13 +397,7 @@ async fn a_wanted_vip_no_peer_holds_is_withheld_with_each_peers_reason() {
 /// router holds is not announced.
 #[tokio::test]
 async fn the_metrics_count_a_vip_no_router_holds_as_not_announced() {
-    let said = Said::default();
-    let refusing = Arc::new(AtomicBool::new(false));
-    let mut r = rig_with(
-        &with_bgp(),
-        Told::default(),
-        fake(&said, peers(), &refusing),
-    );
+    let mut r = bgp_rig(peers());
     r.daemon.tick();
     let served = r.daemon.metrics().encode().unwrap();
     let line = r#"lb_vip_announced{vip="10.99.0.1:80/tcp"} 0"#;
@@ -410,13 +408,7 @@ async fn the_metrics_count_a_vip_no_router_holds_as_not_announced() {
 /// a wanted VIP is withheld, for want of any peer.
 #[tokio::test]
 async fn a_wanted_vip_with_no_peer_at_all_is_withheld() {
-    let said = Said::default();
-    let refusing = Arc::new(AtomicBool::new(false));
-    let r = rig_with(
-        &with_bgp(),
-        Told::default(),
-        fake(&said, Vec::new(), &refusing),
-    );
+    let r = bgp_rig(Vec::new());
     let s = r.daemon.announce_status();
     let v = &s.vips[0];
     assert_eq!((v.wanted, v.announced), (true, false), "{v:?}");
