@@ -210,7 +210,6 @@ impl Rig {
         r.data
     }
 
-    /// `request` must fail; its error.
     /// Sends `request`, which must be refused with `kind`; the message.
     async fn refused(&mut self, kind: ErrorKind, request: Request) -> String {
         let what = format!("{request:?}");
