@@ -144,3 +144,30 @@ async fn a_balancer_restarted_on_a_candidate_keeps_it_until_a_newer_desired_stat
     let tier: api::TierStatus = parse(r.ok(Request::Tier(api::TierRequest::Status)).await);
     assert_eq!((tier.candidate, tier.applied), (None, Some(12)));
 }
+
+/// What the etcd task reports that is not a desired state to apply: one
+/// that cannot be read is refused and seen, a deleted key is noted; the
+/// revision applied is the one the last good outcome named; a desired
+/// state older than the candidate a balancer holds leaves it to the
+/// rollout, one as new as it does not.
+#[tokio::test]
+async fn unreadable_and_absent_desired_states_are_reported() {
+    let mut r = rig(TIER_FILE);
+    r.daemon.tier_started("lb1".into(), None);
+    assert!(apply(&mut r, &desired(5, VIPS)).await);
+    assert_eq!(r.daemon.tier_applied(), Some(5));
+    r.daemon.tier_unreadable(6, "larger than 1 MiB".into());
+    let report = r.daemon.tier_report().unwrap();
+    assert_eq!((report.applied, report.seen), (Some(5), Some(6)));
+    assert_eq!(report.refused.as_deref(), Some("larger than 1 MiB"));
+    r.daemon.tier_desired_absent(7);
+    let note = r.daemon.tier_status().unwrap().note;
+    assert!(
+        note.as_deref()
+            .is_some_and(|n| n.contains("no desired state")),
+        "{note:?}"
+    );
+    r.daemon.tier.candidate = Some(9);
+    assert!(!r.daemon.tier_should_apply(8), "older than the candidate");
+    assert!(r.daemon.tier_should_apply(9), "as new as the candidate");
+}
