@@ -1771,6 +1771,13 @@ mod tests {
         let t = build(&without, 251).unwrap();
         assert_eq!(moved_slots(&with_zero, &bs, &t, &without), 0);
         assert!(!with_zero.slots().unwrap().contains(&2));
+        // To or from no table at all, every slot moves.
+        assert_eq!(moved_slots(&t, &without, &MaglevTable::Empty, &[]), 251);
+        assert_eq!(moved_slots(&MaglevTable::Empty, &[], &t, &without), 251);
+        assert_eq!(
+            moved_slots(&MaglevTable::Empty, &[], &MaglevTable::Empty, &[]),
+            0
+        );
     }
 
     #[test]
