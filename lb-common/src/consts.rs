@@ -149,6 +149,12 @@ pub const BACKEND_F_USABLE: u8 = 1 << 0;
 /// for every packet of the VIP, so that a client's path MTU never depends
 /// on which balancer its packets cross.
 pub const BACKEND_F_SECOND_CHANCE: u8 = 1 << 1;
+/// [`crate::BackendDef::flags`]: the backend's VIP has `VIP_F_QUIC`, so a
+/// connection-table hit of a UDP packet still reads its connection ID,
+/// which decides when it names a usable server of the VIP: a client's
+/// tuple reused by another connection (a NAT's or the client's own port
+/// reuse) must not take that connection to the tuple's old server.
+pub const BACKEND_F_QUIC: u8 = 1 << 2;
 
 /// [`crate::DatapathConfig::flags`]: drop malformed or unsupported packets
 /// (default: pass them to the kernel's stack, which makes its own decision).

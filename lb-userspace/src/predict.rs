@@ -11,9 +11,10 @@
 use lb_common::{
     BackendDef, DatapathConfig, FlowEntry, FlowKey, VipKey, VipMeta,
     consts::{
-        BACKEND_F_USABLE, BACKEND_INDEX_MASK, CFG_F_ALL_PORTS_VIPS, CFG_F_CT_V6_LEGACY,
-        CFG_F_HASH_KEY, FAMILY_V6, PROTO_TCP, PROTO_UDP, SC_MAX_ALTERNATES, TABLE_CHUNK_SLOTS,
-        VIP_F_FRAG_HASH, VIP_F_NO_BACKENDS, VIP_F_NO_CONNTRACK, VIP_F_SECOND_CHANCE,
+        BACKEND_F_QUIC, BACKEND_F_USABLE, BACKEND_INDEX_MASK, CFG_F_ALL_PORTS_VIPS,
+        CFG_F_CT_V6_LEGACY, CFG_F_HASH_KEY, FAMILY_V6, PROTO_TCP, PROTO_UDP, SC_MAX_ALTERNATES,
+        TABLE_CHUNK_SLOTS, VIP_F_FRAG_HASH, VIP_F_NO_BACKENDS, VIP_F_NO_CONNTRACK,
+        VIP_F_SECOND_CHANCE,
     },
     flow::{ct_position, maglev_slot, pick_fields, pick_hash},
     quic::{QUIC_READ_LEN, QuicRoute, route},
@@ -202,8 +203,9 @@ pub fn predict(dp: &dyn Dataplane, flow: &FlowKey, syn: bool) -> Result<Option<P
 
 /// [`predict`] for a UDP datagram carrying `payload` (at least its first
 /// [`QUIC_READ_LEN`] bytes), which a VIP with `quic:` reads for a
-/// connection ID after the connection table: a server ID of a usable
-/// backend of the VIP decides.
+/// connection ID before anything else: a server ID of a usable backend of
+/// the VIP decides, also over the connection table (`quic::reroute` in the
+/// datapath).
 pub fn predict_payload(
     dp: &dyn Dataplane,
     flow: &FlowKey,
@@ -224,18 +226,26 @@ pub fn predict_payload(
         None => hash,
     };
     let slot = if m == 0 { 0 } else { maglev_slot(vhash, m) };
+    let prediction = |vip, meta, backend, via| Prediction {
+        vip,
+        meta,
+        hash,
+        slot,
+        backend,
+        via,
+        alternates: [None; SC_MAX_ALTERNATES],
+    };
     if !syn {
         if let Some(def) = tracked_backend(dp, &cfg, flow)?
             && let Some((vip, meta)) = vip
         {
-            return Ok(Some(Prediction {
-                vip,
-                meta,
-                hash,
-                slot,
-                backend: Some(def),
-                via: Via::ConnTrack,
-                alternates: [None; SC_MAX_ALTERNATES],
+            let server = match def.flags & BACKEND_F_QUIC {
+                0 => None,
+                _ => quic_server(dp, flow, &meta, payload)?,
+            };
+            return Ok(Some(match server {
+                Some(server) => prediction(vip, meta, Some(server), Via::QuicCid),
+                None => prediction(vip, meta, Some(def), Via::ConnTrack),
             }));
         }
         if let Some(p) = handshake(dp, flow, vip, hash, slot)? {
@@ -245,20 +255,10 @@ pub fn predict_payload(
     let Some((vip, meta)) = vip else {
         return Ok(None);
     };
-    let mut p = Prediction {
-        vip,
-        meta,
-        hash,
-        slot,
-        backend: None,
-        via: Via::Maglev,
-        alternates: [None; SC_MAX_ALTERNATES],
-    };
     if let Some(def) = quic_server(dp, flow, &meta, payload)? {
-        p.backend = Some(def);
-        p.via = Via::QuicCid;
-        return Ok(Some(p));
+        return Ok(Some(prediction(vip, meta, Some(def), Via::QuicCid)));
     }
+    let mut p = prediction(vip, meta, None, Via::Maglev);
     if meta.flags & VIP_F_NO_BACKENDS != 0 {
         return Ok(Some(p));
     }

@@ -49,11 +49,11 @@ use lb_common::{
     BackendDef, CounterValue, DatapathConfig, FlowKey, TraceFilter, VipFilter, VipKey, VipMeta,
     addr_to_words,
     consts::{
-        BACKEND_F_SECOND_CHANCE, BACKEND_F_USABLE, BACKEND_INDEX_MASK, CFG_F_ALL_PORTS_VIPS,
-        CFG_F_DROP_MALFORMED, CFG_F_HASH_KEY, CFG_F_ICMP_ECHO, CFG_F_PASS_TOO_BIG, CFG_F_TRACE,
-        FAMILY_V4, GUE_PORT, KEY_FRAGMENTS, PROTO_ICMP, PROTO_ICMPV6, TABLE_CHUNK_SLOTS,
-        VIP_F_FRAG_HASH, VIP_F_HASH_FIELDS, VIP_F_NO_BACKENDS, VIP_F_NO_CONNTRACK, VIP_F_QUIC,
-        VIP_F_SECOND_CHANCE,
+        BACKEND_F_QUIC, BACKEND_F_SECOND_CHANCE, BACKEND_F_USABLE, BACKEND_INDEX_MASK,
+        CFG_F_ALL_PORTS_VIPS, CFG_F_DROP_MALFORMED, CFG_F_HASH_KEY, CFG_F_ICMP_ECHO,
+        CFG_F_PASS_TOO_BIG, CFG_F_TRACE, FAMILY_V4, GUE_PORT, KEY_FRAGMENTS, PROTO_ICMP,
+        PROTO_ICMPV6, TABLE_CHUNK_SLOTS, VIP_F_FRAG_HASH, VIP_F_HASH_FIELDS, VIP_F_NO_BACKENDS,
+        VIP_F_NO_CONNTRACK, VIP_F_QUIC, VIP_F_SECOND_CHANCE,
     },
 };
 use thiserror::Error;
@@ -215,6 +215,8 @@ pub struct VipState {
     pub conntrack: bool,
     /// Its backends carry `BACKEND_F_SECOND_CHANCE`.
     pub second_chance: bool,
+    /// Its backends carry `BACKEND_F_QUIC`.
+    pub quic: bool,
     pub backends: BTreeMap<IpAddr, BackendState>,
     /// The builder's input of the published table (no input: no table);
     /// `None` when not known (a VIP adopted from pinned maps, a new one).
@@ -224,6 +226,37 @@ pub struct VipState {
 }
 
 impl VipState {
+    /// A VIP as pinned maps hold it: `meta`, its table of size `m` at
+    /// `region` (`live`, the half in use) and its backends' entries.
+    fn adopted(
+        meta: VipMeta,
+        m: u32,
+        region: Region,
+        live: &[u32],
+        defs: Option<Vec<BackendDef>>,
+    ) -> Self {
+        // An older version's maps have no `BACKEND_F_QUIC`: the first
+        // apply then finds the owner changed and rewrites the entries.
+        let quic = defs.iter().flatten().any(|d| d.flags & BACKEND_F_QUIC != 0);
+        let second_chance = meta.flags & VIP_F_SECOND_CHANCE != 0;
+        VipState {
+            meta,
+            table_size: m,
+            region,
+            encap: Encap::from_code(meta.encap).unwrap_or_default(),
+            conntrack: meta.flags & VIP_F_NO_CONNTRACK == 0,
+            second_chance,
+            quic,
+            backends: adopted_backends(&meta, live, defs),
+            built: None,
+            alt: second_chance.then_some(AltState {
+                index: meta.alt_index,
+                computed: None,
+                written: None,
+            }),
+        }
+    }
+
     /// The VIP's alternates as addresses per slot, if it has second chance
     /// and they were computed by this process.
     pub fn alternates(&self) -> Option<&AltTable> {
@@ -378,6 +411,7 @@ struct Owner {
     vip_id: u32,
     encap: Encap,
     second_chance: bool,
+    quic: bool,
 }
 
 impl Owner {
@@ -386,6 +420,7 @@ impl Owner {
             vip_id,
             encap: vip.encap,
             second_chance: vip.second_chance,
+            quic: vip.quic.is_some(),
         }
     }
 }
@@ -395,6 +430,9 @@ fn backend_def(addr: IpAddr, handle: u32, usable: bool, owner: Owner) -> Backend
     let mut flags = if usable { BACKEND_F_USABLE } else { 0 };
     if owner.second_chance {
         flags |= BACKEND_F_SECOND_CHANCE;
+    }
+    if owner.quic {
+        flags |= BACKEND_F_QUIC;
     }
     BackendDef {
         addr: words,
@@ -436,26 +474,8 @@ impl<D: Dataplane> Reconciler<D> {
                 .map_err(|source| ReconcileError::Region { vip: id, source })?;
             let m = layout.vip_table_size(&meta);
             let live = dp.read_table(region.half_base(live), m)?;
-            let backends = adopted_backends(&meta, &live, by_vip.remove(&meta.id()));
-            let second_chance = meta.flags & VIP_F_SECOND_CHANCE != 0;
-            vips.insert(
-                id,
-                VipState {
-                    meta,
-                    table_size: m,
-                    region,
-                    encap: Encap::from_code(meta.encap).unwrap_or_default(),
-                    conntrack: meta.flags & VIP_F_NO_CONNTRACK == 0,
-                    second_chance,
-                    backends,
-                    built: None,
-                    alt: second_chance.then_some(AltState {
-                        index: meta.alt_index,
-                        computed: None,
-                        written: None,
-                    }),
-                },
-            );
+            let defs = by_vip.remove(&meta.id());
+            vips.insert(id, VipState::adopted(meta, m, region, &live, defs));
         }
         let free_slots = (0..layout.max_backends)
             .filter(|i| !slots[*i as usize].1)
@@ -978,6 +998,7 @@ impl<D: Dataplane> Reconciler<D> {
                 encap: vip.encap,
                 conntrack: vip.conntrack,
                 second_chance: vip.second_chance,
+                quic: vip.quic.is_some(),
                 backends: BTreeMap::new(),
                 built: None,
                 alt: None,
@@ -1002,9 +1023,12 @@ impl<D: Dataplane> Reconciler<D> {
         let wanted: BTreeMap<IpAddr, u32> =
             vip.backends.iter().map(|b| (b.address, b.weight)).collect();
         let state = self.vips.get_mut(&id).expect("present");
-        let owner_changed =
-            !is_new && (state.encap != vip.encap || state.second_chance != vip.second_chance);
+        let owner_changed = !is_new
+            && (state.encap != vip.encap
+                || state.second_chance != vip.second_chance
+                || state.quic != vip.quic.is_some());
         state.second_chance = vip.second_chance;
+        state.quic = vip.quic.is_some();
         let owner = Owner::of(vip, vip_id);
         let mut retire = Vec::new();
         state.backends.retain(|addr, b| {
@@ -1910,6 +1934,53 @@ mod tests {
             b.server_id = Some(crate::config::quic::ServerId(vec![0, i as u8 + 1]));
         }
         v
+    }
+
+    /// The `BACKEND_F_QUIC` bit of each backend entry of VIP `id`.
+    fn quic_flags(r: &Reconciler<FakeDataplane>, id: &VipId) -> Vec<bool> {
+        r.vips()[id]
+            .backends
+            .values()
+            .map(|b| {
+                let def = r
+                    .dataplane()
+                    .backend(b.handle & BACKEND_INDEX_MASK)
+                    .unwrap();
+                def.flags & BACKEND_F_QUIC != 0
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_quic_vips_backends_carry_the_flag_also_after_an_older_version() {
+        let mut r = Reconciler::adopt(FakeDataplane::new(layout())).unwrap();
+        let a = quic_vip("10.0.0.1", &["10.1.0.1", "10.1.0.2"]);
+        r.apply(std::slice::from_ref(&a), &all).unwrap();
+        assert_eq!(quic_flags(&r, &a.id), [true, true]);
+        // Entries an older version wrote have no flag: adopted, the first
+        // apply rewrites them.
+        let mut dp = std::mem::replace(r.dataplane_mut(), FakeDataplane::new(layout()));
+        for mut def in dp.all_backends().unwrap() {
+            if def.family != 0 {
+                def.flags &= !BACKEND_F_QUIC;
+                dp.set_backend(def.handle & BACKEND_INDEX_MASK, &def)
+                    .unwrap();
+            }
+        }
+        let mut r = Reconciler::adopt(dp).unwrap();
+        assert_eq!(quic_flags(&r, &a.id), [false, false]);
+        r.apply(std::slice::from_ref(&a), &all).unwrap();
+        assert_eq!(quic_flags(&r, &a.id), [true, true]);
+        // `quic:` off takes the flag away; a plain VIP never has it.
+        let mut off = a.clone();
+        off.quic = None;
+        for b in &mut off.backends {
+            b.server_id = None;
+        }
+        let plain = vip("10.0.0.2", 80, &[("10.1.0.1", 1)]);
+        r.apply(&[off.clone(), plain.clone()], &all).unwrap();
+        assert_eq!(quic_flags(&r, &off.id), [false, false]);
+        assert_eq!(quic_flags(&r, &plain.id), [false]);
     }
 
     /// `LB_QUIC_SERVERS` as (VIP id, server ID's first word, backend).

@@ -1,9 +1,10 @@
 //! QUIC by connection ID, in the kernel (`lb_xdp`): a short-header packet
 //! to a VIP with `quic:` reaches the backend whose server ID its
 //! connection ID carries, from any client address and port, and is not
-//! recorded; long headers, other configuration ids, unknown server IDs,
-//! servers down or gone and datagrams too short are hashed as any UDP
-//! flow is (`lb::predict` names the backend) and counted. Connection IDs
+//! recorded, and decides also for a tuple the connection table holds;
+//! long headers, other configuration ids, unknown server IDs, servers
+//! down or gone and datagrams too short are hashed as any UDP flow is
+//! (`lb::predict` names the backend) and counted. Connection IDs
 //! are written out by hand here, octet by octet, after the draft's format
 //! (first octet: config id in the three high bits; then the server ID;
 //! then the nonce), never with lb's encoder or decoder.
@@ -18,7 +19,7 @@ use etherparse::PacketBuilder;
 use lb::{
     config::{Encap, QuicConfig},
     dataplane::Dataplane,
-    predict::predict,
+    predict::{Via, predict, predict_payload},
 };
 use lb_common::{Counter, FlowKey, VipKey, consts::PROTO_UDP};
 
@@ -215,10 +216,10 @@ fn a_server_down_or_removed_is_no_route_and_a_draining_one_still_is() {
 }
 
 #[test]
-fn the_connection_table_comes_first_and_a_vip_without_quic_ignores_ids() {
+fn a_connection_id_outranks_the_connection_table_and_a_vip_without_quic_ignores_ids() {
     let (mut rig, _) = quic_rig();
-    // A flow recorded by its Initial keeps the recorded backend, whatever
-    // a later packet's ID says (the server it reached issued that ID).
+    // A flow recorded by its Initial keeps the recorded backend while its
+    // packets name no server.
     let port = 60_001;
     let mut initial = vec![0xc0, 0, 0, 0, 1, 8];
     initial.extend_from_slice(&[9; 8]);
@@ -229,15 +230,46 @@ fn the_connection_table_comes_first_and_a_vip_without_quic_ignores_ids() {
         Counter::FwdMaglev,
         &[Counter::QuicLongHeader],
     );
-    let other = (first + 1) % 3;
-    let short_other = short(&cid_for(other as u8 + 1));
+    let foreign = short(&[0x07, 0x00, 0x02, 1, 2, 3, 4]);
     let to = sent(
         &mut rig,
-        &from(CLIENT_V4, port, &short_other),
+        &from(CLIENT_V4, port, &foreign),
+        Counter::FwdConntrack,
+        &[],
+    );
+    assert_eq!(to, first, "an ID of another config id: the entry decides");
+    // The same tuple, reused by another connection (a NAT gave the port
+    // to another client; the stack reused it): its ID names its server,
+    // which the entry's backend is not. The ID decides, every time, and
+    // the entry stays for the packets that name no server.
+    let other = (first + 1) % 3;
+    let reused = from(CLIENT_V4, port, &short(&cid_for(other as u8 + 1)));
+    for _ in 0..2 {
+        let to = sent(&mut rig, &reused, Counter::FwdQuicCid, &[]);
+        assert_eq!(to, other, "the connection ID outranks the entry");
+    }
+    let to = sent(
+        &mut rig,
+        &from(CLIENT_V4, port, &foreign),
         Counter::FwdConntrack,
         &[],
     );
     assert_eq!(to, first);
+    // `lbctl simulate`'s model, on the kernel's maps, agrees.
+    let flow = FlowKey::new(IpAddr::from(CLIENT_V4), ip(VIP), PROTO_UDP, port, PORT);
+    for (payload, via, to) in [
+        (short(&cid_for(other as u8 + 1)), Via::QuicCid, other),
+        (foreign.clone(), Via::ConnTrack, first),
+    ] {
+        let p = predict_payload(rig.dp(), &flow, false, Some(&payload))
+            .expect("predict")
+            .expect("a vip");
+        let addr = p.backend.and_then(|b| b.ip());
+        assert_eq!((p.via, addr), (via, Some(ip(BACKENDS[to]))));
+    }
+    // A server ID of the entry's own backend: the same place, by the ID.
+    let own = from(CLIENT_V4, port, &short(&cid_for(first as u8 + 1)));
+    assert_eq!(sent(&mut rig, &own, Counter::FwdQuicCid, &[]), first);
     // The standard UDP VIP has no `quic:`: IDs mean nothing there.
     rig.add_vip("10.0.0.10:53/udp", Encap::Ipip, true, &V4_BACKENDS);
     let frame = udp4(TO_LB, "10.0.0.10", 53, 7000, &short(&cid_for(1)));

@@ -127,10 +127,21 @@ fn decide<const TRACE: bool>(
 
     // Established flows first: the connection table names the backend,
     // and the backend carries what the VIP would say (encapsulation, id),
-    // so a hit needs no VIP lookup at all.
+    // so a hit needs no VIP lookup at all; but a QUIC VIP's connection ID
+    // outranks its tuple's entry (`quic::reroute`).
     if !syn && let Some(def) = tracked(cfg, pkt, bucket_index, tag) {
-        let hashes = Hashes::same(hash);
-        return forward::<TRACE>(ctx, cfg, def, pkt, hashes, Counter::FwdConntrack);
+        let (def, hashes, outcome) = match quic::reroute(ctx, cfg, pkt, def) {
+            Some((server, id)) => (
+                server,
+                Hashes {
+                    flow: hash,
+                    pick: id,
+                },
+                Counter::FwdQuicCid,
+            ),
+            None => (def, Hashes::same(hash), Counter::FwdConntrack),
+        };
+        return forward::<TRACE>(ctx, cfg, def, pkt, hashes, outcome);
     }
 
     let Some(meta) = find_vip(cfg, &pkt.dst, pkt.dport(), pkt.proto, pkt.family) else {
@@ -710,7 +721,7 @@ fn lookup(key: &VipKey) -> Option<VipMeta> {
 
 /// `{addr, port, proto}`, then `{addr, 0, proto}` if all-ports VIPs exist.
 #[inline(always)]
-fn find_vip(
+pub(crate) fn find_vip(
     cfg: &DatapathConfig,
     addr: &[u32; 4],
     port: u16,

@@ -2,16 +2,17 @@
 //! packet's connection ID names, read with `lb_common::quic` (the format,
 //! the limits) and looked up in `LB_QUIC_SERVERS`. Reads
 //! [`QUIC_READ_LEN`] bytes of the UDP payload, inside the IP packet, and
-//! nothing else.
+//! nothing else. A connection-table hit of a QUIC VIP's flow reads the ID
+//! too ([`reroute`]): a tuple can outlive its connection.
 
 use lb_common::{
-    BackendDef, VipMeta,
-    consts::{BACKEND_F_USABLE, PROTO_UDP, UDP_HDR_LEN},
+    BackendDef, DatapathConfig, VipMeta,
+    consts::{BACKEND_F_QUIC, BACKEND_F_USABLE, PROTO_UDP, UDP_HDR_LEN},
     quic::{QUIC_READ_LEN, QuicRoute, route},
 };
 use lb_ebpf::{access::At, parse::Packet};
 
-use crate::{backend_of, maps::LB_QUIC_SERVERS};
+use crate::{backend_of, find_vip, maps::LB_QUIC_SERVERS};
 use aya_ebpf::programs::XdpContext;
 
 /// Where a datagram to the QUIC VIP `meta` goes.
@@ -57,6 +58,29 @@ pub fn route_of(ctx: &XdpContext, pkt: &Packet, meta: &VipMeta) -> Quic {
             Quic::Server(def, trace_id(key.sid[0], params.server_id_len))
         }
         _ => Quic::Unroutable,
+    }
+}
+
+/// For a connection-table hit on `tracked`, a backend of a QUIC VIP: the
+/// server `pkt`'s connection ID names, if it names a usable one of the
+/// VIP (and its ID as a trace shows it). The ID decides over the entry: a
+/// client's port, reused by a new connection (the client's stack, a
+/// NAT), finds the old connection's entry, and only the ID knows which
+/// server issued it. Costs a hit of any other VIP one flag test.
+#[inline(always)]
+pub fn reroute(
+    ctx: &XdpContext,
+    cfg: &DatapathConfig,
+    pkt: &Packet,
+    tracked: &BackendDef,
+) -> Option<(&'static BackendDef, u64)> {
+    if tracked.flags & BACKEND_F_QUIC == 0 || pkt.proto != PROTO_UDP {
+        return None;
+    }
+    let meta = find_vip(cfg, &pkt.dst, pkt.dport(), pkt.proto, pkt.family)?;
+    match route_of(ctx, pkt, &meta) {
+        Quic::Server(def, id) => Some((def, id)),
+        Quic::LongHeader | Quic::Unroutable => None,
     }
 }
 
