@@ -1251,6 +1251,7 @@ mod refused;
 mod rollout;
 mod second_chance;
 mod tier;
+mod trace;
 
 #[tokio::test]
 async fn metrics_report_counters_states_and_digests_after_a_tick() {

@@ -25,6 +25,8 @@ pub struct FakeDataplane {
     filter: VipFilter,
     /// The last trace filter written.
     pub trace: TraceFilter,
+    /// What [`Dataplane::tracing_pending`] answers.
+    pub tracing_pending: bool,
     /// Counter values tests may set to exercise readers.
     pub counters: Vec<CounterValue>,
     pub vip_stats: Vec<CounterValue>,
@@ -60,6 +62,7 @@ impl FakeDataplane {
             flows: vec![FlowBucket::default(); layout.ct_buckets as usize],
             filter: VipFilter::default(),
             trace: TraceFilter::default(),
+            tracing_pending: false,
             counters: vec![CounterValue::default(); COUNTER_SLOTS as usize],
             vip_stats: vec![CounterValue::default(); layout.max_vips as usize],
             backend_stats: vec![CounterValue::default(); layout.max_backends as usize],
@@ -303,6 +306,10 @@ impl Dataplane for FakeDataplane {
         self.write(1)?;
         self.trace = *filter;
         Ok(())
+    }
+
+    fn tracing_pending(&self) -> bool {
+        self.tracing_pending
     }
 
     fn vip_filter(&self) -> Result<VipFilter> {
