@@ -474,6 +474,33 @@ fn every_problem_of_a_file_is_reported_in_one_run() {
 }
 
 #[test]
+fn list_valued_mistakes_and_a_key_after_the_vips_are_each_named() {
+    // Two settings given a list where a number goes: each is checked on
+    // its own (only the VIP list is left to the VIP checks), so both are
+    // named, not only serde's first.
+    let e = errors(&with("table_size: 4099", "table_size: [4099]\nmtu: [1500]"));
+    assert!(e.iter().any(|m| m.starts_with("table_size: ")), "{e:?}");
+    assert!(e.iter().any(|m| m.starts_with("mtu: ")), "{e:?}");
+    // An unknown key after a VIP with a misspelt field: serde's first
+    // error (the VIP's, with its line) takes the place of the VIP's own
+    // error, not of the unknown key's.
+    let text = format!(
+        "{}colour: blue\n",
+        with("        weight: 2", "        wieght: 2")
+    );
+    let e = errors(&text);
+    assert_eq!(e.len(), 2, "{e:#?}");
+    assert!(e.iter().any(|m| m.contains("`colour`")), "{e:?}");
+    assert!(
+        e.iter().any(
+            |m| m.starts_with("vips[0].backends[0]: unknown field `wieght`")
+                && m.contains("at line 14")
+        ),
+        "{e:?}"
+    );
+}
+
+#[test]
 fn addresses_sizes_and_paths_that_cannot_work_are_named() {
     // (what the file says instead of the good value, the error)
     let cases: &[(&str, &str, &str)] = &[

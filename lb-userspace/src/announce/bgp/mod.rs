@@ -50,6 +50,8 @@ struct Peer {
 /// waits for that.
 pub struct BgpSpeaker {
     desired: watch::Sender<Arc<Desired>>,
+    /// `true` stops the sessions; so does dropping it, with the speaker
+    /// (`session::stopped` ends when the channel closes).
     stop: watch::Sender<bool>,
     peers: Vec<Peer>,
     shut_down: bool,
@@ -237,12 +239,6 @@ impl Announcer for BgpSpeaker {
                 )))
             }
         })
-    }
-}
-
-impl Drop for BgpSpeaker {
-    fn drop(&mut self) {
-        let _ = self.stop.send(true);
     }
 }
 
@@ -750,6 +746,10 @@ mod tests {
         // The graceful shutdown: the same route again, with the community.
         speaker.set_graceful_shutdown(true);
         assert!(speaker.graceful_shutdown_wait().is_none(), "not configured");
+        assert!(
+            !speaker.desired.borrow().shutdown,
+            "not configured: no community"
+        );
         speaker.shutdown().await.expect("clean shutdown");
     }
 

@@ -102,6 +102,26 @@ async fn alternates_come_from_the_configuration_and_the_previous_revision() {
     assert_eq!(sources(&r), want);
 }
 
+#[tokio::test]
+async fn a_vip_turning_second_chance_on_finds_its_previous_table_in_revisions_without_it() {
+    // Revisions 1 and 2 without second chance: the VIP's table changes.
+    let mut r = rig(FILE);
+    r.ok(weight(WEB, "10.1.0.1", 3)).await;
+    // Second chance on: the table before the re-weight is the previous
+    // one, though no revision that had it had second chance.
+    r.daemon
+        .reload(reparse(&r, &file()), true, &plain())
+        .await
+        .unwrap();
+    assert_eq!(
+        sources(&r),
+        Sources {
+            configured: members(&[("10.1.0.1", 3), ("10.1.0.2", 1)]),
+            previous: Some(members(&[("10.1.0.1", 2), ("10.1.0.2", 1)])),
+        }
+    );
+}
+
 fn shape(syn: bool) -> crate::daemon::views::Shape<'static> {
     crate::daemon::views::Shape {
         syn,
