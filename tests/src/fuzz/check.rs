@@ -11,10 +11,11 @@
 //!    bytes, and its kind agrees with the action;
 //! 5. (in [`super::flows`]) one flow, one backend;
 //! 6. the outcome's kind is one the README prescribes for the frame;
-//! 7. a datagram to a QUIC VIP that no connection-table entry claims goes
-//!    where its connection ID says: to exactly the backend its server ID
-//!    names, or hashed with the one QUIC event its header calls for; no
-//!    other frame moves a QUIC counter.
+//! 7. a datagram to a QUIC VIP whose connection ID names a usable server
+//!    goes to exactly that backend, whether or not a connection-table
+//!    entry claims its tuple (a tuple outlives its connection); one that
+//!    names none is a table hit or hashed with the one QUIC event its
+//!    header calls for; no other frame moves a QUIC counter.
 
 use std::{
     fmt,
@@ -231,9 +232,10 @@ pub fn frame(
 
 /// Invariant 7 (see the module doc): QUIC by connection ID, judged by
 /// the outcome counter, the QUIC events that moved and where the frame
-/// went (`sent`). A connection-table hit (`fwd_conntrack_hit`) wins over
-/// the connection ID and moves no QUIC event; a datagram routed by its
-/// server ID reaches exactly that backend, whatever the hash would say.
+/// went (`sent`). A datagram whose server ID names a usable backend
+/// reaches exactly that backend, whatever the hash or the connection
+/// table would say; a connection-table hit (`fwd_conntrack_hit`) is right
+/// only for the others, and moves no QUIC event.
 pub fn quic(
     before: &[CounterValue],
     after: &[CounterValue],
@@ -290,7 +292,7 @@ pub fn quic(
     };
     match q.route {
         Route::Server(backend) => {
-            if hashed || !events.is_empty() {
+            if hashed || counter == Counter::FwdConntrack || !events.is_empty() {
                 let what = format!("{}, but {}: {backend} takes it", outcome(), q.why);
                 return fail("quic-not-by-cid", what);
             }
@@ -813,7 +815,7 @@ mod tests {
     }
 
     #[test]
-    fn a_quic_datagram_goes_by_its_id_unless_the_table_claims_it() {
+    fn a_quic_datagram_goes_by_its_id_also_when_the_table_claims_it() {
         let slots = lb_common::counters::COUNTER_SLOTS as usize;
         let before = vec![CounterValue::default(); slots];
         let with = |events: &[Counter]| {
@@ -842,7 +844,8 @@ mod tests {
         let none = with(&[]);
         let code = |r: Result<(), Violation>| r.expect_err("a violation").code;
         quic(&before, &none, Counter::FwdQuicCid, &e, sent(server)).expect("its server");
-        quic(&before, &none, Counter::FwdConntrack, &e, sent(other)).expect("the table wins");
+        let hit = quic(&before, &none, Counter::FwdConntrack, &e, sent(other));
+        assert_eq!(code(hit), "quic-not-by-cid", "the ID outranks the table");
         let wrong = quic(&before, &none, Counter::FwdQuicCid, &e, sent(other));
         assert_eq!(code(wrong), "quic-wrong-server");
         let hashed = quic(&before, &none, Counter::FwdMaglev, &e, sent(other));

@@ -8,7 +8,8 @@
 //! to 20, or by the IP length with the rest of the header left in the
 //! frame's trailer; some frames then take a mutation or two aimed at the
 //! bytes the balancer reads. Flows come from a pool of their own, so that
-//! a flow's packets alternate between routes and connection-table hits.
+//! a flow's packets meet the connection-table entries its other packets
+//! left: hits for IDs that name no server, outranked by those that do.
 //!
 //! The aims are labels for the report; the oracle reads every frame
 //! afresh.

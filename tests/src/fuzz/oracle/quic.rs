@@ -1,14 +1,16 @@
 //! The oracle's reading of QUIC by connection ID, written from the
-//! feature's description (issue #30), not from lb's code: a datagram to a
-//! VIP with `quic:` that no usable connection-table entry claims is read
-//! by the first 17 bytes of its UDP payload, which must lie inside the IP
-//! packet (bytes in the frame's trailer do not count). Byte 0 with its
+//! feature's description (issue #30), not from lb's code, as amended when
+//! a reused tuple showed the connection table must not outrank the ID: a
+//! datagram to a VIP with `quic:` is read by the first 17 bytes of its
+//! UDP payload, which must lie inside the IP packet (bytes in the
+//! frame's trailer do not count). Byte 0 with its
 //! high bit set is a long header: hashed. Otherwise (a short header) byte
 //! 1 opens the connection ID: its three high bits must be the VIP's
 //! configuration id, and the next `server_id_len` bytes a server ID of
 //! one of the VIP's backends that is up (weight 0, draining, still
-//! counts): the datagram goes to that backend and is not recorded. Every
-//! other short header is unroutable: hashed. Uses nothing of lb's:
+//! counts): the datagram goes to that backend and is not recorded, even
+//! if a connection-table entry claims its tuple. Every other short header
+//! is unroutable: a table hit if an entry claims it, else hashed. Uses nothing of lb's:
 //! neither `lb_common::quic` nor lb's parser, tables or `predict`.
 
 use std::net::IpAddr;
@@ -21,8 +23,8 @@ pub const READ_LEN: usize = 17;
 /// QUIC version 2 (RFC 9369).
 const VERSION_2: u32 = 0x6b33_43cf;
 
-/// Where a datagram to a QUIC VIP goes when no usable connection-table
-/// entry names a backend.
+/// Where a datagram to a QUIC VIP goes: a server always; the others
+/// where a usable connection-table entry says, if one claims the tuple.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Route {
     /// To this backend, counted `fwd_quic_cid`, not recorded.
