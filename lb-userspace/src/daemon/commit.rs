@@ -276,7 +276,8 @@ impl<D: Dataplane> Daemon<D> {
         let effective = target.effective();
         let mut warnings = target.config.check_vips(&effective)?;
         if target.text != self.text {
-            warnings.extend(target.config.warnings.iter().cloned());
+            let file_only = file_only_warnings(&target.config.warnings, &warnings);
+            warnings.extend(file_only);
         }
         let key = hash_key_of(&target.config)?;
         let remaps = self.remaps(&effective, key);
@@ -657,6 +658,22 @@ impl<D: Dataplane> Daemon<D> {
             ..Committed::default()
         })
     }
+}
+
+/// The file's own warnings (`vips[0]: …`) that `effective` (the rules
+/// over the VIPs as they will run, `VIP …: …`) does not already give: the
+/// same advice after its position is said once, by VIP. What differs
+/// (an API change made the running VIP differ from the file's) stays.
+fn file_only_warnings(file: &[String], effective: &[String]) -> Vec<String> {
+    let advice = |w: &str| {
+        w.split_once(": ")
+            .map_or(w.to_owned(), |(_, a)| a.to_owned())
+    };
+    let said: BTreeSet<String> = effective.iter().map(|w| advice(w)).collect();
+    file.iter()
+        .filter(|w| !said.contains(&advice(w)))
+        .cloned()
+        .collect()
 }
 
 #[cfg(test)]

@@ -352,28 +352,67 @@ async fn a_file_that_changes_an_overridden_weight_says_the_override_is_gone() {
     );
 }
 
-/// A change's answer repeats the file's own warnings (FILE's table is
-/// small for two backends, `vips[0]: …`) when the file is new, not with
-/// an API change to the running one.
+/// A change's answer gives the rules' warnings over the VIPs as they will
+/// run (`VIP …: …`); a new file adds its own (`vips[0]: …`) only where
+/// they say something else, and an API change never does.
 #[tokio::test]
-async fn the_files_warnings_come_with_a_new_file_only() {
+async fn a_new_files_warnings_come_once_and_only_with_the_file() {
     let mut r = rig(FILE);
-    // The file's warning, by its place in the file (the rules' own, by
-    // VIP, comes with every change).
-    let small = |warnings: &[String]| {
+    // FILE's table is small for two backends; 10.1.0.3 added through the
+    // API makes the running VIP's three.
+    let said = |warnings: &[String], at: &str, n: u32| {
+        let text = format!("below 100 × {n}");
         warnings
             .iter()
-            .any(|w| w.starts_with("vips[0]: ") && w.contains("below 100 × 2"))
+            .filter(|w| w.starts_with(at) && w.contains(&text))
+            .count()
     };
-    let c: Committed = parse(r.ok(weight(WEB, "10.1.0.1", 3)).await);
-    assert!(!small(&c.warnings), "{:?}", c.warnings);
+    let c: Committed = parse(
+        r.ok(Request::Backend(BackendRequest::Add {
+            vip: id(WEB),
+            address: ip("10.1.0.3"),
+            weight: 1,
+        }))
+        .await,
+    );
+    assert_eq!(
+        said(&c.warnings, "VIP 10.99.0.1:80/tcp: ", 3),
+        1,
+        "{:?}",
+        c.warnings
+    );
+    assert_eq!(said(&c.warnings, "vips[0]: ", 2), 0, "{:?}", c.warnings);
+    // A new file: the running VIP's warning once, and the file's own,
+    // which is about two backends, beside it.
     let file = FILE.replace("weight: 2", "weight: 4");
     let c = r
         .daemon
         .reload(reparse(&r, &file), false, &plain())
         .await
         .unwrap();
-    assert!(small(&c.warnings), "{:?}", c.warnings);
+    assert_eq!(
+        said(&c.warnings, "VIP 10.99.0.1:80/tcp: ", 3),
+        1,
+        "{:?}",
+        c.warnings
+    );
+    assert_eq!(said(&c.warnings, "vips[0]: ", 2), 1, "{:?}", c.warnings);
+    // Without the API's backend, the file's warning is the running VIP's:
+    // said once, by VIP.
+    r.ok(del_backend(WEB, "10.1.0.3", false)).await;
+    let file = FILE.replace("weight: 2", "weight: 5");
+    let c = r
+        .daemon
+        .reload(reparse(&r, &file), false, &plain())
+        .await
+        .unwrap();
+    let small: Vec<&String> = c
+        .warnings
+        .iter()
+        .filter(|w| w.contains("below 100"))
+        .collect();
+    assert_eq!(small.len(), 1, "{:?}", c.warnings);
+    assert!(small[0].starts_with("VIP 10.99.0.1:80/tcp: "), "{small:?}");
 }
 
 /// A forced change is logged as forced; its dry run is not.
