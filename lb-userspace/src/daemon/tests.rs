@@ -210,6 +210,12 @@ impl Rig {
         r.data
     }
 
+    /// Reloads the file `text` (without force), which must apply.
+    async fn reload_ok(&mut self, text: &str) -> api::Committed {
+        let file = reparse(self, text);
+        self.daemon.reload(file, false, &plain()).await.unwrap()
+    }
+
     /// Sends `request`, which must be refused with `kind`; the message.
     async fn refused(&mut self, kind: ErrorKind, request: Request) -> String {
         let what = format!("{request:?}");
@@ -946,10 +952,7 @@ async fn probed_backends_are_announced_after_their_first_verdict_and_leave_when_
     for b in ["10.1.0.1", "10.1.0.2"] {
         r.daemon.on_probe((id(WEB), ip(b)), result(true));
     }
-    r.daemon
-        .reload(reparse(&r, FILE), false, &plain())
-        .await
-        .unwrap();
+    r.reload_ok(FILE).await;
     assert_eq!(r.daemon.probes.count(), 0);
     for _ in 0..2 {
         r.daemon.on_probe((id(WEB), ip("10.1.0.1")), result(false));

@@ -103,10 +103,7 @@ async fn a_diff_counts_moved_slots_and_breaking_flows_against_built_tables() {
     // The dry run changed nothing; the apply publishes the previewed table.
     assert_eq!(web_table(&r), before);
     let revision = r.daemon.revision;
-    r.daemon
-        .reload(reparse(&r, &replaced()), false, &plain())
-        .await
-        .unwrap();
+    r.reload_ok(&replaced()).await;
     assert_eq!(web_table(&r), after);
     assert_eq!(r.daemon.revision, revision + 1);
 }
@@ -332,11 +329,7 @@ async fn a_file_that_changes_an_overridden_weight_says_the_override_is_gone() {
     let mut r = rig(FILE);
     r.ok(weight(WEB, "10.1.0.1", 5)).await;
     let file = FILE.replace("weight: 2", "weight: 3");
-    let c = r
-        .daemon
-        .reload(reparse(&r, &file), false, &plain())
-        .await
-        .unwrap();
+    let c = r.reload_ok(&file).await;
     let dropped: Vec<&String> = c
         .warnings
         .iter()
@@ -385,11 +378,7 @@ async fn a_new_files_warnings_come_once_and_only_with_the_file() {
     // A new file: the running VIP's warning once, and the file's own,
     // which is about two backends, beside it.
     let file = FILE.replace("weight: 2", "weight: 4");
-    let c = r
-        .daemon
-        .reload(reparse(&r, &file), false, &plain())
-        .await
-        .unwrap();
+    let c = r.reload_ok(&file).await;
     assert_eq!(
         said(&c.warnings, "VIP 10.99.0.1:80/tcp: ", 3),
         1,
@@ -401,11 +390,7 @@ async fn a_new_files_warnings_come_once_and_only_with_the_file() {
     // said once, by VIP.
     r.ok(del_backend(WEB, "10.1.0.3", false)).await;
     let file = FILE.replace("weight: 2", "weight: 5");
-    let c = r
-        .daemon
-        .reload(reparse(&r, &file), false, &plain())
-        .await
-        .unwrap();
+    let c = r.reload_ok(&file).await;
     let small: Vec<&String> = c
         .warnings
         .iter()
@@ -442,10 +427,7 @@ async fn a_revert_runs_an_earlier_revision_until_the_file_changes() {
         "      - address: 10.1.0.2\n",
         "      - address: 10.1.0.2\n      - address: 10.1.0.3\n",
     );
-    r.daemon
-        .reload(reparse(&r, &grown), false, &plain())
-        .await
-        .unwrap();
+    r.reload_ok(&grown).await;
     assert_eq!(r.in_table(WEB).len(), 3);
     let c: Committed = parse(
         r.ok(Request::Revert {
@@ -461,20 +443,13 @@ async fn a_revert_runs_an_earlier_revision_until_the_file_changes() {
     assert!(status.file_differs.unwrap().contains("revision 3"));
 
     // The file did not change: a reload keeps the revert.
-    let c = r
-        .daemon
-        .reload(reparse(&r, &grown), false, &plain())
-        .await
-        .unwrap();
+    let c = r.reload_ok(&grown).await;
     assert!(c.note.unwrap().contains("unchanged"));
     assert_eq!(c.revision, Some(3), "names the revision that keeps running");
     assert_eq!(r.in_table(WEB).len(), 2);
     // A changed file applies.
     let edited = grown.replace("weight: 2", "weight: 3");
-    r.daemon
-        .reload(reparse(&r, &edited), false, &plain())
-        .await
-        .unwrap();
+    r.reload_ok(&edited).await;
     assert_eq!(r.in_table(WEB).len(), 3);
     let status: api::Status = parse(r.ok(Request::Status).await);
     assert!(status.file_differs.is_none());
@@ -787,11 +762,7 @@ async fn a_node_drained_during_a_probation_does_not_revert_the_change() {
 async fn a_reload_of_the_running_file_says_nothing_changed_and_still_warns() {
     let mut r = rig(FILE);
     let revision = r.daemon.revision;
-    let c = r
-        .daemon
-        .reload(reparse(&r, FILE), false, &plain())
-        .await
-        .unwrap();
+    let c = r.reload_ok(FILE).await;
     assert_eq!(c.revision, Some(revision));
     assert_eq!(c.note.as_deref(), Some("nothing changed"));
     assert!(
