@@ -1253,6 +1253,7 @@ mod change;
 mod refused;
 mod rollout;
 mod second_chance;
+mod shown;
 mod tier;
 mod trace;
 
@@ -1262,6 +1263,8 @@ async fn metrics_report_counters_states_and_digests_after_a_tick() {
     let maglev = lb_common::counters::Counter::FwdMaglev as usize;
     r.daemon.reconciler.dataplane_mut().counters[maglev].packets = 5;
     r.daemon.reconciler.dataplane_mut().counters[maglev].bytes = 640;
+    let vip_id = r.daemon.reconciler.vips()[&id(WEB)].meta.id() as usize;
+    r.daemon.reconciler.dataplane_mut().vip_stats[vip_id].packets = 9;
     r.ok(r.drain(WEB, "10.1.0.2", false)).await;
     r.daemon.tick();
     let text = r.daemon.metrics.encode().unwrap();
@@ -1279,6 +1282,7 @@ async fn metrics_report_counters_states_and_digests_after_a_tick() {
     has(r#"lb_backend_state{vip="10.99.0.1:80/tcp",backend="10.1.0.2",state="draining"} 1"#);
     has(r#"lb_backend_state{vip="10.99.0.1:80/tcp",backend="10.1.0.1",state="active"} 1"#);
     has(r#"lb_vip_announced{vip="10.99.0.1:80/tcp"} 1"#);
+    has(r#"lb_vip_packets_total{vip="10.99.0.1:80/tcp"} 9"#);
     has(r#"lb_address_announced{address="10.99.0.1"} 1"#);
     let digest = r.daemon.table(&id(WEB), false).unwrap().digest;
     has(&format!(

@@ -1,0 +1,158 @@
+//! What `lbctl stats`, `status`, `table` and `health` show, from the
+//! daemon's state: rates over the sampling interval, the table pool's
+//! bytes, slots and shares, the probe each check makes and why a
+//! backend retried like its peers is not ejected. Expected values are
+//! worked out by hand from the fixture.
+
+use super::*;
+use lb_common::counters::Counter;
+
+#[tokio::test]
+async fn stats_rates_are_the_counters_change_over_the_interval() {
+    let mut r = rig(FILE);
+    let set = |r: &mut Rig, packets: u64, bytes: u64| {
+        let c = &mut r.daemon.reconciler.dataplane_mut().counters[Counter::FwdMaglev as usize];
+        (c.packets, c.bytes) = (packets, bytes);
+    };
+    let maglev = |s: &api::Stats| {
+        let c = s.counters.iter().find(|c| c.name == "fwd_maglev_new_flow");
+        c.expect("the counter").value.clone()
+    };
+    // No earlier sample: totals, no rate.
+    set(&mut r, 10, 1_000);
+    let s: api::Stats = parse(r.ok(Request::Stats).await);
+    assert_eq!((maglev(&s).pps, maglev(&s).bps), (0.0, 0.0));
+    r.daemon.sample();
+    // Real time must pass for an interval; its length is whatever it is.
+    std::thread::sleep(std::time::Duration::from_millis(2));
+    set(&mut r, 30, 3_000);
+    let s: api::Stats = parse(r.ok(Request::Stats).await);
+    let secs = s.interval_secs;
+    assert!(secs > 0.0, "{secs}");
+    let v = maglev(&s);
+    assert_eq!((v.packets, v.bytes), (30, 3_000));
+    // 20 packets and 2,000 bytes (16,000 bits) over the interval.
+    assert_eq!(v.pps, 20.0 / secs);
+    assert_eq!(v.bps, 16_000.0 / secs);
+}
+
+#[tokio::test]
+async fn status_gives_the_table_pool_and_what_the_tables_use() {
+    let r = rig(FILE);
+    let s = r.daemon.status();
+    // One VIP of 101 slots: two halves of one 4 KiB chunk (1,024 slots of
+    // four bytes) each.
+    assert_eq!(s.table_pool_used_bytes, 2 * 4096);
+    let chunks = r.daemon.config.layout.pool_chunks();
+    assert_eq!(s.table_pool_bytes, u64::from(chunks) * 4096);
+    assert!(s.table_pool_bytes > s.table_pool_used_bytes);
+}
+
+#[tokio::test]
+async fn table_shows_each_backends_slots_share_and_weight_share() {
+    let mut r = rig(FILE);
+    let t = r.daemon.table(&id(WEB), false).unwrap();
+    assert_eq!(t.table_size, 101);
+    let row = |t: &api::TableInfo, a: &str| {
+        t.backends
+            .iter()
+            .find(|b| b.address == ip(a))
+            .unwrap()
+            .clone()
+    };
+    let (one, two) = (row(&t, "10.1.0.1"), row(&t, "10.1.0.2"));
+    assert_eq!(one.slots + two.slots, 101);
+    assert_eq!((one.weight, two.weight), (2, 1), "the configured weights");
+    assert_eq!(one.share, f64::from(one.slots) / 101.0);
+    assert_eq!(two.share, f64::from(two.slots) / 101.0);
+    assert!((one.weight_share - 2.0 / 3.0).abs() < 1e-12, "{one:?}");
+    assert!((two.weight_share - 1.0 / 3.0).abs() < 1e-12, "{two:?}");
+    // Out of the table: no slots, no share of the weight.
+    r.ok(weight(WEB, "10.1.0.2", 0)).await;
+    let t = r.daemon.table(&id(WEB), false).unwrap();
+    let (one, two) = (row(&t, "10.1.0.1"), row(&t, "10.1.0.2"));
+    assert_eq!((one.slots, one.weight_share), (101, 1.0));
+    assert_eq!((two.slots, two.weight, two.weight_share), (0, 0, 0.0));
+    let e = r.daemon.table(&id("10.99.0.9:80/tcp"), false).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound);
+}
+
+#[tokio::test]
+async fn health_describes_each_check() {
+    let cases = [
+        ("{send: ping}", "tcp send/expect 10.1.0.1:80 every "),
+        ("{expect: pong}", "tcp send/expect 10.1.0.1:80 every "),
+        ("{port: 8080}", "tcp connect 10.1.0.1:8080 every "),
+        (
+            "{http: {path: /up, status: 204}}",
+            "http GET /up → 204 10.1.0.1:80 every ",
+        ),
+        (
+            "{through_tunnel: true}",
+            "tcp connect 10.99.0.1:80 through the tunnel every ",
+        ),
+    ];
+    for (check, want) in cases {
+        let text = FILE.replace(
+            "    protocol: tcp\n",
+            &format!("    protocol: tcp\n    health_check: {check}\n"),
+        );
+        let r = rig(&text);
+        let health = r.daemon.health();
+        let b = &health[0]
+            .backends
+            .iter()
+            .find(|b| b.address == ip("10.1.0.1"));
+        let said = b.and_then(|b| b.check.clone()).unwrap_or_default();
+        assert!(said.starts_with(want), "{check}: {said}");
+        assert!(said.contains("(timeout "), "{check}: {said}");
+    }
+}
+
+#[tokio::test]
+async fn health_notes_why_a_backend_retried_like_its_peers_is_not_ejected() {
+    let text = FILE.replace(
+        "      - address: 10.1.0.2\n",
+        "      - address: 10.1.0.2\n      - address: 10.1.0.3\n      - address: 10.1.0.4\n",
+    );
+    let mut r = rig(&text);
+    // .4 is never retried; per tick: .1 20 SYNs, 10 retried (50%); .2 10, 4 (40%); .3 one SYN,
+    // retried (100%, but 6 in all: under min_syns 20); .1 and .2 qualify.
+    for _ in 0..6 {
+        syns(&mut r, "10.1.0.1", 20, 10);
+        syns(&mut r, "10.1.0.2", 10, 4);
+        syns(&mut r, "10.1.0.3", 1, 1);
+        syns(&mut r, "10.1.0.4", 10, 0);
+        r.daemon.tick();
+    }
+    assert_eq!(r.in_table(WEB).len(), 4, "nobody ejected");
+    let health = r.daemon.health();
+    let note = |a: &str| {
+        let b = health[0].backends.iter().find(|b| b.address == ip(a));
+        b.and_then(|b| b.passive.as_ref())
+            .and_then(|p| p.note.clone())
+    };
+    let alike = |pct: u32| {
+        format!(
+            "not ejected: the VIP's other backends see their SYNs retried alike ({pct}%), so the cause is not this backend"
+        )
+    };
+    // .1's others: 126 SYNs, 30 retried (24%); .2's: 186, 66 (35%).
+    assert_eq!(note("10.1.0.1"), Some(alike(24)));
+    assert_eq!(note("10.1.0.2"), Some(alike(35)));
+    assert_eq!(note("10.1.0.4"), None, "not retried");
+    assert_eq!(note("10.1.0.3"), None, "too few SYNs to judge");
+}
+
+#[test]
+fn times_are_written_as_utc_dates() {
+    // Worked out by hand: 11,016 days after 1970-01-01 is 2000-02-29 (a
+    // century's leap day); 1.7e9 s is 19,675 days and 80,000 s.
+    let at =
+        |secs: u64| views::humantime(std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs));
+    assert_eq!(at(0), "1970-01-01T00:00:00Z");
+    assert_eq!(at(951_782_400), "2000-02-29T00:00:00Z");
+    assert_eq!(at(951_868_799), "2000-02-29T23:59:59Z");
+    assert_eq!(at(1_700_000_000), "2023-11-14T22:13:20Z");
+    assert_eq!(at(4_107_542_400), "2100-03-01T00:00:00Z");
+}
