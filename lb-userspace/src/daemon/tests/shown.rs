@@ -154,5 +154,47 @@ fn times_are_written_as_utc_dates() {
     assert_eq!(at(951_782_400), "2000-02-29T00:00:00Z");
     assert_eq!(at(951_868_799), "2000-02-29T23:59:59Z");
     assert_eq!(at(1_700_000_000), "2023-11-14T22:13:20Z");
+    // First days of months, where the month arithmetic turns over.
+    for (secs, day) in [
+        (951_868_800, "2000-03-01"),
+        (1_685_577_600, "2023-06-01"),
+        (1_688_169_600, "2023-07-01"),
+        (1_690_848_000, "2023-08-01"),
+        (1_698_796_800, "2023-11-01"),
+    ] {
+        assert_eq!(at(secs), format!("{day}T00:00:00Z"));
+    }
     assert_eq!(at(4_107_542_400), "2100-03-01T00:00:00Z");
+}
+
+#[tokio::test]
+async fn overrides_list_each_runtime_change_with_its_time() {
+    let mut r = rig(FILE);
+    let list = |r: &mut Rig| {
+        let rows = r.daemon.override_rows();
+        rows.into_iter()
+            .map(|o| (o.vip, o.backend, o.field, o.file, o.running, o.time))
+            .collect::<Vec<_>>()
+    };
+    assert!(list(&mut r).is_empty());
+    r.ok(weight(WEB, "10.1.0.1", 3)).await;
+    let rows = list(&mut r);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let (vip, backend, field, file, running, time) = rows[0].clone();
+    assert_eq!(
+        (
+            vip,
+            backend,
+            field.as_str(),
+            file.as_str(),
+            running.as_str()
+        ),
+        (id(WEB), Some(ip("10.1.0.1")), "weight", "2", "3")
+    );
+    // Now, as UTC: this year, `YYYY-MM-DDTHH:MM:SSZ`.
+    let year = views::humantime(std::time::SystemTime::now())[..4].to_string();
+    assert!(
+        time.starts_with(&year) && time.ends_with('Z') && time.len() == 20,
+        "{time}"
+    );
 }
