@@ -8,26 +8,11 @@ use crate::daemon::trace::TRACE_LEASE;
 use lb_common::consts::CFG_F_TRACE;
 
 /// The daemon's file with a second VIP of its own table size (103).
-const TWO: &str = r#"
-instance: unit
-interfaces: [eth0]
-gateway_mac: "02:00:00:00:00:01"
-outer_source_v4: 10.0.0.2
-table_size: 101
-conntrack_buckets: 1024
-vips:
-  - address: 10.99.0.1
-    port: 80
-    protocol: tcp
-    backends:
-      - address: 10.1.0.1
-  - address: 10.99.0.2
-    port: 80
-    protocol: tcp
-    table_size: 103
-    backends:
-      - address: 10.1.0.2
-"#;
+fn two() -> String {
+    format!(
+        "{FILE}  - address: 10.99.0.2\n    port: 80\n    protocol: tcp\n    table_size: 103\n    backends:\n      - address: 10.1.0.2\n"
+    )
+}
 
 fn on(session: u32, vip: Option<&str>, client: Option<&str>) -> Request {
     Request::TraceLease(TraceRequest::On {
@@ -50,7 +35,7 @@ fn traced(r: &Rig) -> Option<u32> {
 
 #[tokio::test(start_paused = true)]
 async fn a_lease_is_taken_renewed_replaced_given_back_and_runs_out() {
-    let mut r = rig(TWO);
+    let mut r = rig(&two());
     assert_eq!(traced(&r), None);
     let leased: TraceLeased = parse(r.ok(on(7, None, None)).await);
     assert_eq!(traced(&r), Some(7));
@@ -87,7 +72,7 @@ async fn a_lease_is_taken_renewed_replaced_given_back_and_runs_out() {
 
 #[tokio::test]
 async fn a_bad_client_an_unknown_vip_or_a_program_in_verification_is_refused() {
-    let mut r = rig(TWO);
+    let mut r = rig(&two());
     let e = r
         .refused(ErrorKind::BadRequest, on(1, None, Some("192.0.2.0/99")))
         .await;
