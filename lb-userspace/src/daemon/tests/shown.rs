@@ -198,3 +198,32 @@ async fn overrides_list_each_runtime_change_with_its_time() {
         "{time}"
     );
 }
+
+#[tokio::test]
+async fn a_backend_exactly_at_min_syns_and_ratio_is_judged() {
+    let mut r = rig(FILE);
+    // The first tick reads the counters' base; then two ticks of 10
+    // SYNs, 3 retried: 20 SYNs (min_syns 20), 6 retried (ratio 0.3, the
+    // default): at both thresholds, so judged; its peer is retried
+    // alike, so not ejected, and the note says why.
+    for _ in 0..3 {
+        syns(&mut r, "10.1.0.1", 10, 3);
+        syns(&mut r, "10.1.0.2", 10, 3);
+        r.daemon.tick();
+    }
+    assert_eq!(r.in_table(WEB).len(), 2, "nobody ejected");
+    let health = r.daemon.health();
+    let b = health[0]
+        .backends
+        .iter()
+        .find(|b| b.address == ip("10.1.0.1"));
+    let note = b
+        .and_then(|b| b.passive.as_ref())
+        .and_then(|p| p.note.clone());
+    assert_eq!(
+        note.as_deref(),
+        Some(
+            "not ejected: the VIP's other backends see their SYNs retried alike (30%), so the cause is not this backend"
+        )
+    );
+}
