@@ -203,9 +203,9 @@ pub fn predict(dp: &dyn Dataplane, flow: &FlowKey, syn: bool) -> Result<Option<P
 
 /// [`predict`] for a UDP datagram carrying `payload` (at least its first
 /// [`QUIC_READ_LEN`] bytes), which a VIP with `quic:` reads for a
-/// connection ID before anything else: a server ID of a usable backend of
-/// the VIP decides, also over the connection table (`quic::reroute` in the
-/// datapath).
+/// connection ID: a server ID of a usable backend of the VIP decides,
+/// also over a connection-table entry naming one of the VIP's backends
+/// (`BACKEND_F_QUIC`, `quic::reroute` in the datapath).
 pub fn predict_payload(
     dp: &dyn Dataplane,
     flow: &FlowKey,
