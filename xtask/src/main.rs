@@ -141,19 +141,7 @@ fn main() -> Result<()> {
             vmtest::vmtest(kernel, depth, &steps)
         }
         Task::Lint => lint(),
-        Task::Check => run(cargo()
-            .env("LB_EBPF", "stub")
-            .env("CARGO_TARGET_DIR", "target/unit")
-            .args([
-                "clippy",
-                "--workspace",
-                "--exclude",
-                "lb-ebpf",
-                "--all-targets",
-                "--",
-                "-D",
-                "warnings",
-            ])),
+        Task::Check => setup::build_tools().and_then(|()| check()),
         Task::Demo { keep, down } => demo(keep, down),
         Task::Mutants(job) => mutants(&job),
         Task::Bench { baseline } => bench(baseline.as_deref()),
@@ -169,6 +157,24 @@ fn main() -> Result<()> {
             out,
         }),
     }
+}
+
+/// `cargo xtask check`: clippy over the userspace crates, the eBPF
+/// programs stubbed (no nightly, no bpf-linker).
+fn check() -> Result<()> {
+    run(cargo()
+        .env("LB_EBPF", "stub")
+        .env("CARGO_TARGET_DIR", "target/unit")
+        .args([
+            "clippy",
+            "--workspace",
+            "--exclude",
+            "lb-ebpf",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ]))
 }
 
 /// Runs a command, streaming its output; fails if it fails.
@@ -216,6 +222,7 @@ fn test(args: &[String], vm: bool) -> Result<()> {
 /// this and the full suite rebuilds nothing. No root, no kernel, no
 /// nightly toolchain.
 fn unit_tests(args: &[String]) -> Result<()> {
+    setup::build_tools()?;
     run(cargo()
         .env("LB_EBPF", "stub")
         .env("CARGO_TARGET_DIR", "target/unit")
@@ -330,6 +337,7 @@ const SLICE: (&[&str], &[&str]) = (
 /// instead where `cargo xtask test` built, with the test profile, so CI
 /// builds no dependency a second time.
 fn mutants(job: &MutantsRun) -> Result<()> {
+    setup::build_tools()?;
     let installed = Command::new("cargo")
         .args(["mutants", "--version"])
         .output()
@@ -660,6 +668,7 @@ fn demo(keep: bool, down: bool) -> Result<()> {
 }
 
 fn lint() -> Result<()> {
+    setup::build_tools()?;
     run(cargo().args(["fmt", "--all", "--check"]))?;
     run(cargo().args([
         "clippy",

@@ -115,11 +115,48 @@ fn packages(say: &dyn Fn(&str)) -> Result<()> {
             "missing Debian packages {missing:?}; run `cargo xtask setup` as root to install them"
         );
     }
-    eprintln!("setup: installing {missing:?}");
+    apt_install(&missing)
+}
+
+/// What building the workspace needs beyond Rust: `protoc` and the
+/// protobuf well-known types, for the etcd client's gRPC code. The unit
+/// tests, `check`, `lint` and `mutants` build without the rest of
+/// [`PACKAGES`], so they install only these (as root) or say in one line
+/// what is missing, before cargo fails deep in a build script.
+const BUILD_PACKAGES: &[&str] = &["protobuf-compiler", "libprotobuf-dev"];
+
+/// The file of `libprotobuf-dev` that the etcd client's protos import.
+const PROTOBUF_WELL_KNOWN: &str = "/usr/include/google/protobuf/timestamp.proto";
+
+pub fn build_tools() -> Result<()> {
+    let have_protoc = std::env::var_os("PROTOC").is_some() || have("protoc");
+    if have_protoc && Path::new(PROTOBUF_WELL_KNOWN).exists() {
+        return Ok(());
+    }
+    if !is_root() {
+        bail!(
+            "building lb needs protoc and the protobuf well-known types (Debian: {}); run `cargo xtask setup` as root, or install them",
+            BUILD_PACKAGES.join(", ")
+        );
+    }
+    apt_install(BUILD_PACKAGES)
+}
+
+/// Whether `cmd` is on the `PATH`.
+fn have(cmd: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {cmd}")])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// `apt-get install`s `packages` (root only), without recommends.
+fn apt_install(packages: &[&str]) -> Result<()> {
+    eprintln!("setup: installing {packages:?}");
     sh(Command::new("apt-get").args(["update", "-q"]))?;
     sh(Command::new("apt-get")
         .args(["install", "-y", "-q", "--no-install-recommends"])
-        .args(&missing)
+        .args(packages)
         .env("DEBIAN_FRONTEND", "noninteractive"))
 }
 
@@ -130,22 +167,11 @@ fn packages(say: &dyn Fn(&str)) -> Result<()> {
 /// (from backports) that some machines carry, and the second step puts
 /// Debian 12's back.
 pub fn vm_tools() -> Result<()> {
-    let have = |cmd: &str| {
-        Command::new("sh")
-            .args(["-c", &format!("command -v {cmd}")])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
     let install = |packages: &[&str]| -> Result<()> {
         if !is_root() {
             bail!("missing {packages:?} for the virtual machines: run as root");
         }
-        eprintln!("setup: installing {packages:?}");
-        sh(Command::new("apt-get").args(["update", "-q"]))?;
-        sh(Command::new("apt-get")
-            .args(["install", "-y", "-q", "--no-install-recommends"])
-            .args(packages)
-            .env("DEBIAN_FRONTEND", "noninteractive"))
+        apt_install(packages)
     };
     if !have("qemu-system-x86_64") || !have("debootstrap") {
         install(&["qemu-system-x86", "debootstrap"])?;
