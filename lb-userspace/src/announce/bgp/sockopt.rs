@@ -111,3 +111,64 @@ pub fn unacknowledged(fd: &impl AsRawFd) -> io::Result<u32> {
         Err(io::Error::last_os_error())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! Against the kernel's TCP on loopback: a listener that signs with a
+    //! key accepts a client with the same key and never hears one with
+    //! another (its SYNs are dropped, RFC 2385 §2).
+
+    use std::{
+        net::{Ipv4Addr, TcpListener},
+        time::Duration,
+    };
+
+    use socket2::{Domain, Socket, Type};
+
+    use super::*;
+
+    /// Connects from a socket signed with `key` (none: unsigned) to
+    /// `to` within `wait`.
+    fn connect(to: SocketAddr, key: Option<&[u8]>, wait: Duration) -> io::Result<Socket> {
+        let s = Socket::new(Domain::IPV4, Type::STREAM, None)?;
+        if let Some(key) = key {
+            set_md5_key(&s, to, key)?;
+        }
+        s.connect_timeout(&to.into(), wait)?;
+        Ok(s)
+    }
+
+    #[test]
+    fn only_a_client_with_the_key_gets_through() {
+        let key = b"lb's shared secret";
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let at = listener.local_addr().unwrap();
+        // The listener's key is for the client's address (any port).
+        set_md5_key(&listener, SocketAddr::new(at.ip(), 0), key).expect("TCP_MD5SIG");
+        // Wrong or missing keys first: a dropped SYN is a timeout, and a
+        // short one is enough on loopback (the right key below shows the
+        // listener answers at all).
+        let short = Duration::from_millis(500);
+        for other in [Some(&b"another secret"[..]), None] {
+            let e = connect(at, other, short).expect_err("no answer without the key");
+            assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{other:?}: {e}");
+        }
+        connect(at, Some(key), Duration::from_secs(10)).expect("the same key connects");
+        let (_, from) = listener.accept().expect("accepted");
+        assert_eq!(from.ip(), at.ip());
+    }
+
+    #[test]
+    fn a_key_is_1_to_80_bytes() {
+        let s = Socket::new(Domain::IPV4, Type::STREAM, None).unwrap();
+        let peer = SocketAddr::new(Ipv4Addr::LOCALHOST.into(), 179);
+        for len in [0, MD5_MAX_KEY + 1] {
+            let e = set_md5_key(&s, peer, &vec![7; len]).expect_err("refused");
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{len}");
+            assert!(e.to_string().contains("1-80 bytes"), "{e}");
+        }
+        for len in [1, MD5_MAX_KEY] {
+            set_md5_key(&s, peer, &vec![7; len]).unwrap_or_else(|e| panic!("{len}: {e}"));
+        }
+    }
+}

@@ -1395,5 +1395,161 @@ mod tests {
         assert_eq!(describe(1, 2), "message header error: bad message length");
         assert_eq!(describe(3, 99), "UPDATE message error: subcode 99");
         assert_eq!(describe(99, 1), "unknown error code 99, subcode 1");
+        // Subcode 0 of a code with named subcodes is the code alone; a
+        // gap in the names (OPEN subcode 5 is deprecated) is a number.
+        assert_eq!(describe(6, 0), "Cease");
+        assert_eq!(describe(2, 5), "OPEN message error: subcode 5");
+        assert_eq!(
+            describe(7, 1),
+            "ROUTE-REFRESH message error: invalid message length"
+        );
+    }
+
+    /// RFC 4271 §4.5: a NOTIFICATION is a message like any other, at most
+    /// 4096 bytes; data that would not fit is cut at 4075 (4096 less the
+    /// header and the two code bytes), not sent whole.
+    #[test]
+    fn a_notification_is_cut_to_4096_bytes() {
+        let data: Vec<u8> = (0..5000u32).map(|i| i as u8).collect();
+        for (len, kept) in [(5000, 4075), (4076, 4075), (4075, 4075), (213, 213)] {
+            let bytes = Notification::new(6, 0, &data[..len]).encode();
+            assert_eq!(bytes.len(), HEADER_LEN + 2 + kept, "{len}");
+            assert_eq!(
+                &bytes[16..21],
+                &[((19 + 2 + kept) >> 8) as u8, (19 + 2 + kept) as u8, 3, 6, 0]
+            );
+            assert_eq!(&bytes[21..], &data[..kept], "{len}");
+            let back = decode_all(&bytes).expect("a valid message");
+            assert_eq!(
+                back,
+                vec![Message::Notification(Notification::new(
+                    6,
+                    0,
+                    &data[..kept]
+                ))]
+            );
+        }
+    }
+
+    /// The encoder's own limit at its exact bound: an UPDATE of 4096
+    /// bytes (one /32 and 1017 /24s withdrawn: 23 + 5 + 4068) is sent,
+    /// one of 4100 (a /24 more) is refused.
+    #[test]
+    fn the_encoder_allows_4096_bytes_and_no_more() {
+        let prefix = |len: u8, i: u32| {
+            let net = Ipv4Net::new(Ipv4Addr::from(0x0a00_0000 | i << 8), len).unwrap();
+            Ipv4UnicastAddress::new_no_path_id(Ipv4Unicast::from_net(net).unwrap())
+        };
+        let mut withdrawn = vec![prefix(32, 1 << 16)];
+        withdrawn.extend((0..1017).map(|i| prefix(24, i)));
+        let largest = update(withdrawn.clone(), vec![], vec![]).expect("4096 bytes");
+        assert_eq!(largest.len(), MAX_MESSAGE_LEN);
+        withdrawn.push(prefix(24, 2000));
+        let e = update(withdrawn, vec![], vec![]).expect_err("4100 bytes");
+        assert!(e.to_string().contains("4100 bytes"), "{e}");
+    }
+
+    /// AS4_PATH (type 17) only where the 2-octet AS_PATH had to say
+    /// AS_TRANS: on an external 2-octet session with an AS above 65535.
+    /// AS 65535 fits, and an internal session's AS_PATH is empty.
+    #[test]
+    fn as4_path_only_when_as_trans_stood_in() {
+        let two_octet = RouteAttrs {
+            local_as: 65535,
+            asn4: false,
+            ..EBGP4
+        };
+        let got = announce_v4(
+            &two_octet,
+            Ipv4Addr::new(10, 98, 0, 2),
+            &[Ipv4Addr::new(10, 99, 0, 1)],
+        )
+        .unwrap();
+        #[rustfmt::skip]
+        let body = [
+            0, 0, 0, 18,
+            0x40, 1, 1, 0,                      // ORIGIN IGP
+            0x40, 2, 4, 2, 1, 0xff, 0xff,       // AS_PATH: AS_SEQUENCE [65535]
+            0x40, 3, 4, 10, 98, 0, 2,           // NEXT_HOP
+            32, 10, 99, 0, 1,
+        ];
+        assert_eq!(got, vec![message(TYPE_UPDATE, &body)]);
+        let internal = RouteAttrs {
+            local_as: 4_200_000_001,
+            ebgp: false,
+            asn4: false,
+            shutdown: None,
+        };
+        let got = announce_v4(
+            &internal,
+            Ipv4Addr::new(10, 98, 0, 2),
+            &[Ipv4Addr::new(10, 99, 0, 1)],
+        )
+        .unwrap();
+        #[rustfmt::skip]
+        let body = [
+            0, 0, 0, 21,
+            0x40, 1, 1, 0,
+            0x40, 2, 0,                         // AS_PATH empty
+            0x40, 3, 4, 10, 98, 0, 2,
+            0x40, 5, 4, 0, 0, 0, 100,           // LOCAL_PREF 100
+            32, 10, 99, 0, 1,
+        ];
+        assert_eq!(got, vec![message(TYPE_UPDATE, &body)]);
+    }
+
+    /// ROUTE-REFRESH (RFC 2918): 23 bytes exactly, read and reported.
+    #[test]
+    fn route_refresh_is_read_at_its_one_length() {
+        let refresh = message(TYPE_ROUTE_REFRESH, &[0, 1, 0, 1]);
+        assert_eq!(decode_all(&refresh), Ok(vec![Message::RouteRefresh]));
+        assert_eq!(
+            reply_of(&message(TYPE_ROUTE_REFRESH, &[0, 1, 0, 1, 0])),
+            Notification::new(1, 2, [0, 24])
+        );
+    }
+
+    /// RFC 4271 §6.3 on a peer's UPDATEs: an unknown *optional*
+    /// attribute is fine (only unknown well-known ones are not); routes
+    /// in MP_REACH_NLRI need ORIGIN and AS_PATH but not NEXT_HOP.
+    #[test]
+    fn well_known_attributes_are_required_where_the_rfc_says() {
+        let decode = |body: &[u8]| {
+            let mut d = Decoder::new();
+            d.set_asn4(true);
+            d.extend(&message(TYPE_UPDATE, body));
+            d.next_message().expect("not a reset").expect("whole")
+        };
+        #[rustfmt::skip]
+        let unknown_optional = [
+            0, 0, 0, 19,
+            0x40, 1, 1, 0, 0x40, 2, 0, 0x40, 3, 4, 10, 0, 0, 1,
+            0xc0, 99, 2, 0, 0,                  // optional transitive, type 99
+            32, 10, 99, 0, 1,
+        ];
+        assert_eq!(decode(&unknown_optional), Message::Update);
+        // MP_REACH_NLRI for fd00:99::1/128, next hop fd00::1.
+        let mut reach = vec![0x90, 14, 0, 38, 0, 2, 1, 16, 0xfd];
+        reach.extend_from_slice(&[0; 14]);
+        reach.extend_from_slice(&[1, 0, 128, 0xfd, 0, 0, 0x99]);
+        reach.extend_from_slice(&[0; 11]);
+        reach.push(1);
+        let with = |head: &[u8]| {
+            let attrs = [head, &reach[..]].concat();
+            let mut b = vec![0, 0];
+            b.extend_from_slice(&(attrs.len() as u16).to_be_bytes());
+            b.extend_from_slice(&attrs);
+            b
+        };
+        assert_eq!(decode(&with(&[0x40, 1, 1, 0, 0x40, 2, 0])), Message::Update);
+        for (what, head) in [
+            ("no ORIGIN", &[0x40, 2, 0][..]),
+            ("no AS_PATH", &[0x40, 1, 1, 0][..]),
+        ] {
+            match decode(&with(head)) {
+                Message::UpdateIgnored(why) => assert!(why.contains(&what[3..]), "{why}"),
+                other => panic!("{what}: {other:?}"),
+            }
+        }
     }
 }

@@ -286,6 +286,83 @@ mod tests {
         assert!(check_update(&update(&[], &unreach(&[0, 25, 70, 99]), &[])).is_ok());
     }
 
+    /// MP_REACH_NLRI / MP_UNREACH_NLRI with the extended-length flag
+    /// (0x90: optional, extended length) and a 2-byte length.
+    fn extended(kind: u8, v: &[u8]) -> Vec<u8> {
+        let mut a = vec![0x90, kind];
+        a.extend_from_slice(&(v.len() as u16).to_be_bytes());
+        a.extend_from_slice(v);
+        a
+    }
+
+    /// The edges of the MP attribute checks, each on both sides: the
+    /// IPv4 unicast family's /32 limit inside MP_REACH_NLRI, the smallest
+    /// MP_REACH_NLRI (AFI, SAFI, a next hop of 0 bytes, the reserved
+    /// byte), extended-length attributes, a list that ends inside an
+    /// attribute's header, and MP_UNREACH_NLRI twice.
+    #[test]
+    fn mp_attributes_are_checked_at_their_edges() {
+        let attrs = |parts: &[&[u8]]| update(&[], &parts.concat(), &[]);
+        let short = |kind: u8, v: &[u8]| {
+            let mut a = vec![0x80, kind, v.len() as u8];
+            a.extend_from_slice(v);
+            a
+        };
+        // IPv4 unicast in MP_REACH_NLRI: a /33 is malformed, a /32 is not.
+        let v4_reach = |len: u8| {
+            let mut v = vec![0, 1, 1, 4, 10, 0, 0, 1, 0, len];
+            v.extend_from_slice(&[10; 5][..usize::from(len).div_ceil(8)]);
+            short(14, &v)
+        };
+        assert_eq!(reply(check_update(&attrs(&[&v4_reach(33)]))), (3, 9));
+        assert!(check_update(&attrs(&[&v4_reach(32)])).is_ok());
+        // 5 bytes is the smallest MP_REACH_NLRI, 4 and 3 are too short.
+        assert!(check_update(&attrs(&[&short(14, &[0, 2, 1, 0, 0])])).is_ok());
+        for v in [&[0, 2, 1, 0][..], &[0, 2, 1]] {
+            assert_eq!(
+                reply(check_update(&attrs(&[&short(14, v)]))),
+                (3, 9),
+                "{v:?}"
+            );
+        }
+        // A next hop of 16 bytes that fills MP_REACH_NLRI but for its
+        // reserved byte overruns it; with the reserved byte it fits.
+        let mut nh16 = vec![0, 2, 1, 16];
+        nh16.extend_from_slice(&[0xfd; 16]);
+        assert_eq!(reply(check_update(&attrs(&[&short(14, &nh16)]))), (3, 9));
+        nh16.push(0);
+        assert!(check_update(&attrs(&[&short(14, &nh16)])).is_ok());
+        // A 0-byte MP_UNREACH_NLRI, alone or last.
+        assert_eq!(reply(check_update(&attrs(&[&short(15, &[])]))), (3, 9));
+        assert_eq!(
+            reply(check_update(&attrs(&[
+                &ORIGIN_PATH_NH[..7],
+                &short(15, &[])
+            ]))),
+            (3, 9)
+        );
+        // Extended length: read with its 2-byte length, checked alike.
+        assert_eq!(
+            reply(check_update(&attrs(&[&extended(15, &[0, 2, 1, 129])]))),
+            (3, 9)
+        );
+        assert_eq!(reply(check_update(&attrs(&[&extended(15, &[])]))), (3, 9));
+        let mut withdraw = vec![0, 2, 1, 128];
+        withdraw.extend_from_slice(&[0xfd; 16]);
+        assert!(check_update(&attrs(&[&extended(15, &withdraw)])).is_ok());
+        assert!(check_update(&attrs(&[&extended(14, &nh16)])).is_ok());
+        // An extended-length attribute longer than the list ends the walk
+        // (the parser reports it), as does a list that ends within an
+        // extended header: neither is read past its end.
+        assert!(check_update(&attrs(&[&[0x90, 15, 1, 0, 0, 2, 1]])).is_ok());
+        assert!(check_update(&attrs(&[&ORIGIN_PATH_NH[..7], &[0x90, 15, 0]])).is_ok());
+        assert!(check_update(&attrs(&[&ORIGIN_PATH_NH[..7], &[0x80, 15]])).is_ok());
+        // MP_UNREACH_NLRI twice, and once beside one MP_REACH_NLRI.
+        let eor6 = short(15, &[0, 2, 1]);
+        assert_eq!(reply(check_update(&attrs(&[&eor6, &eor6]))), (3, 1));
+        assert!(check_update(&attrs(&[&eor6, &short(14, &nh16)])).is_ok());
+    }
+
     /// An OPEN body with these optional parameters.
     fn open(params: &[u8]) -> Vec<u8> {
         let mut b = vec![4, 0xfd, 0xe8, 0, 3, 10, 0, 0, 1, params.len() as u8];
@@ -314,5 +391,31 @@ mod tests {
         ];
         assert!(check_open(&open(&good)).is_ok());
         assert!(check_open(&open(&[])).is_ok());
+    }
+
+    /// The OPEN checks at their edges: an empty capabilities parameter,
+    /// a parameter of 1 byte, a parameter that is not capabilities (not
+    /// read), graceful restart with no family (2 bytes) and with 5 (22),
+    /// and the multiprotocol capability (code 1) of 3 and 5 bytes.
+    #[test]
+    fn open_parameters_are_checked_at_their_edges() {
+        assert!(check_open(&open(&[2, 0])).is_ok());
+        assert_eq!(reply(check_open(&open(&[2]))), (2, 0));
+        assert_eq!(reply(check_open(&open(&[2, 2, 65]))), (2, 0));
+        assert!(check_open(&open(&[1, 3, 65, 9, 0])).is_ok());
+        assert!(check_open(&open(&[2, 4, 64, 2, 0, 120])).is_ok());
+        let mut gr5 = vec![2, 24, 64, 22, 0, 120];
+        gr5.extend_from_slice(&[0, 1, 1, 0x80].repeat(5));
+        assert!(check_open(&open(&gr5)).is_ok());
+        for len in [3, 5] {
+            let mut mp = vec![2, 2 + len, 1, len];
+            mp.extend_from_slice(&vec![0; usize::from(len)]);
+            assert_eq!(reply(check_open(&open(&mp))), (2, 0), "{len}");
+        }
+        // Two capability parameters: the second is checked too.
+        assert_eq!(
+            reply(check_open(&open(&[2, 2, 2, 0, 2, 3, 65, 1, 0]))),
+            (2, 0)
+        );
     }
 }
