@@ -77,6 +77,26 @@ async fn table_shows_each_backends_slots_share_and_weight_share() {
     assert_eq!(e.kind(), ErrorKind::NotFound);
 }
 
+/// A weight too small for its table: 1 beside 10,000 in 101 slots is
+/// 0.0099 of a slot, and the largest remainder goes to the heavier
+/// backend, so the light one has no slot. It carries no share of the
+/// traffic, and none of the weight in the table either.
+#[tokio::test]
+async fn a_backend_with_weight_but_no_slot_has_no_weight_share() {
+    let mut r = rig(FILE);
+    r.ok(weight(WEB, "10.1.0.1", 10_000)).await;
+    r.ok(weight(WEB, "10.1.0.2", 1)).await;
+    let t = r.daemon.table(&id(WEB), false).unwrap();
+    let row = |a: &str| t.backends.iter().find(|b| b.address == ip(a)).unwrap();
+    let (heavy, light) = (row("10.1.0.1"), row("10.1.0.2"));
+    assert_eq!((heavy.slots, heavy.weight_share), (101, 1.0), "{heavy:?}");
+    assert_eq!(
+        (light.weight, light.slots, light.share, light.weight_share),
+        (1, 0, 0.0, 0.0),
+        "{light:?}"
+    );
+}
+
 #[tokio::test]
 async fn health_describes_each_check() {
     let cases = [
