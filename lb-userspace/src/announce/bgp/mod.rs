@@ -493,6 +493,108 @@ mod tests {
         speaker.shutdown().await.expect("clean shutdown");
     }
 
+    async fn wait_for(
+        speaker: &BgpSpeaker,
+        what: &str,
+        done: impl Fn(&PeerStatus) -> bool,
+    ) -> PeerStatus {
+        for _ in 0..250 {
+            let s = speaker.status().remove(0);
+            if done(&s) {
+                return s;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("never {what}: {:?}", speaker.status());
+    }
+
+    /// Why a session ended says whether the peer had confirmed it: one
+    /// lost while the peer cannot hear us (after its OPEN, and after its
+    /// KEEPALIVE with ours unacknowledged) names GTSM; one lost after the
+    /// peer had our KEEPALIVE does not. What a session showed (hold time,
+    /// the routes it carried and withheld) goes with it.
+    #[tokio::test]
+    async fn a_lost_session_says_whether_the_peer_had_confirmed_it() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mut speaker = BgpSpeaker::start(config(port, 30)).expect("starts");
+        let (vip, vip6): (IpAddr, IpAddr) =
+            ("10.99.0.1".parse().unwrap(), "fd00:99::1".parse().unwrap());
+        speaker
+            .set_announced(&[vip, vip6].into_iter().collect())
+            .unwrap();
+        let accept = || async {
+            let (mut sock, _) = timeout(Duration::from_secs(5), listener.accept())
+                .await
+                .expect("the speaker connects")
+                .expect("accept");
+            frame(&mut sock).await;
+            sock
+        };
+        let peer_open = || wire::open(65000, 30, Ipv4Addr::new(10, 0, 0, 1), None).unwrap();
+        let unconfirmed = |s: &PeerStatus| {
+            s.last_error
+                .as_deref()
+                .is_some_and(|e| e.contains("never confirmed our OPEN"))
+        };
+        // 1. The peer's OPEN, then it goes away: lost in OpenConfirm.
+        let mut sock = accept().await;
+        sock.write_all(&peer_open()).await.unwrap();
+        wait_for_state(&speaker, SessionState::OpenConfirm).await;
+        drop(sock);
+        let s = wait_for(&speaker, "lost in OpenConfirm", |s| {
+            s.last_error.is_some() && s.state != SessionState::OpenConfirm
+        })
+        .await;
+        assert!(unconfirmed(&s), "{s:?}");
+        // 2. Its KEEPALIVE too, but it cannot hear ours (IP_MINTTL 255):
+        // Established on our side only, shown as OpenConfirm; then lost.
+        let mut sock = accept().await;
+        sockopt::set_ttl_security(
+            &socket2::SockRef::from(&sock),
+            Ipv4Addr::LOCALHOST.into(),
+            1,
+        )
+        .expect("IP_MINTTL 255");
+        sock.write_all(&peer_open()).await.unwrap();
+        sock.write_all(&keepalive()).await.unwrap();
+        for _ in 0..10 {
+            let s = wait_for_state(&speaker, SessionState::OpenConfirm).await;
+            assert_eq!(s.sessions_established, 0, "{s:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        drop(sock);
+        let s = wait_for(&speaker, "lost unconfirmed", |s| {
+            s.state != SessionState::OpenConfirm && s.sessions_established == 0
+        })
+        .await;
+        assert!(unconfirmed(&s), "{s:?}");
+        // 3. A session the peer confirms, then loses: no word of GTSM.
+        let mut sock = accept().await;
+        sock.write_all(&peer_open()).await.unwrap();
+        sock.write_all(&keepalive()).await.unwrap();
+        let s = wait_for(&speaker, "carrying the VIP", |s| {
+            s.state == SessionState::Established && s.carried == Some(vec![vip])
+        })
+        .await;
+        assert_eq!((s.hold_time_secs, s.prefixes_announced), (Some(30), 1));
+        assert_eq!(s.withheld.len(), 1, "{s:?}");
+        assert_eq!(s.withheld[0].0, vip6);
+        drop(sock);
+        let s = wait_for(&speaker, "lost after confirmation", |s| {
+            s.state != SessionState::Established
+        })
+        .await;
+        assert_eq!(s.sessions_established, 1);
+        // A FIN, or a reset for what the peer left unread.
+        let why = s.last_error.clone().unwrap_or_default();
+        let lost = why.contains("closed the connection") || why.contains("reset by peer");
+        assert!(lost && !unconfirmed(&s), "{s:?}");
+        assert_eq!(s.hold_time_secs, None, "{s:?}");
+        assert_eq!((s.carried, s.withheld), (Some(vec![]), vec![]));
+        speaker.shutdown().await.expect("clean shutdown");
+    }
+
     #[tokio::test]
     async fn over_ipv6_ipv4_vips_take_next_hop_v4() {
         let listener = TcpListener::bind("[::1]:0").await.unwrap();

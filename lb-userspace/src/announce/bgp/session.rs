@@ -230,22 +230,21 @@ impl PeerShared {
         }
     }
 
-    /// Whether the peer has confirmed the session (see
+    /// Says Established once the peer's TCP holds all we sent (see
     /// [`Self::await_confirmation`]); checked on every status read, so
     /// the status is true when it is read.
-    fn confirm_if_acknowledged(&self) -> bool {
+    fn confirm_if_acknowledged(&self) {
         let mut c = self.lock();
         let Some(u) = &c.unconfirmed else {
-            return c.state == SessionState::Established;
+            return;
         };
         if super::sockopt::unacknowledged(&u.socket).is_ok_and(|n| n > 0) {
-            return false;
+            return;
         }
         let (peer, hold) = (u.peer, u.hold);
         c.unconfirmed = None;
         drop(c);
         self.confirm(peer, hold);
-        true
     }
 
     fn confirm(&self, peer: SocketAddr, hold: u16) {
@@ -258,9 +257,10 @@ impl PeerShared {
         info!(peer = %peer, hold_secs = hold, "BGP session established");
     }
 
+    /// The peer has our KEEPALIVE: the shared state says Established
+    /// only after [`Self::confirm`], which follows the confirmation.
     fn confirmed(&self) -> bool {
-        let c = self.lock();
-        c.state == SessionState::Established && c.unconfirmed.is_none()
+        self.lock().state == SessionState::Established
     }
 
     pub fn set_idle(&self) {
@@ -1097,6 +1097,36 @@ mod tests {
         assert!(b.next_delay() <= Duration::from_secs(1));
         b.session_ended(None);
         assert!(b.next_delay() >= Duration::from_millis(1500));
+    }
+
+    /// What the backoff is told of a session: how long it was
+    /// Established, measured from then, or that it never was.
+    #[tokio::test]
+    async fn a_session_says_how_long_it_was_established() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let stream = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let local = Local {
+            local_as: 65001,
+            router_id: Ipv4Addr::new(10, 0, 0, 11),
+            hold_time: 3,
+            retry_initial: Duration::from_secs(1),
+            retry_max: Duration::from_secs(1),
+            next_hop_v4: None,
+            next_hop_v6: None,
+            graceful_restart: GracefulRestart::default(),
+            graceful_shutdown: false,
+            restarted: false,
+            fresh: false,
+        };
+        let peer = PeerConfig::new(Ipv4Addr::LOCALHOST.into(), 65000);
+        let shared = PeerShared::default();
+        let mut session = Session::new(&local, &peer, &shared, stream);
+        assert_eq!(session.established_for(), None);
+        session.established_at = Some(Instant::now() - STABLE_SESSION);
+        let d = session.established_for().expect("it was established");
+        assert!(d >= STABLE_SESSION, "{d:?}");
     }
 
     #[test]
