@@ -132,6 +132,15 @@ async fn a_member_applies_holds_passes_and_promotes_the_candidate() {
         r.daemon.rollout_tick(T0 + HOLD + 1).is_empty(),
         "a write is asked once, not every second"
     );
+    // A tick that only waits (a clock read a second early: the hold is
+    // not over) is not an action: the write after it is still the one
+    // asked a moment ago.
+    assert!(r.daemon.rollout_tick(T0 + HOLD - 1).is_empty());
+    assert!(r.daemon.rollout_view().unwrap().step.contains("holding"));
+    assert!(
+        r.daemon.rollout_tick(T0 + HOLD + 1).is_empty(),
+        "a wait between does not make the same write new"
+    );
     let passed = Progress {
         rollout: ID,
         phase: Phase::Passed,
