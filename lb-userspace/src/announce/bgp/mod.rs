@@ -309,6 +309,54 @@ mod tests {
         assert_ne!(a, b, "one session each");
     }
 
+    /// BFD (RFC 9384): a session whose BFD session goes down after being
+    /// up ends with Cease, subcode 10 (BFD Down). The next session, begun
+    /// with BFD still down, is not ended by that old news: BFD down only
+    /// counts once it was up in the same session.
+    #[tokio::test]
+    async fn bfd_down_after_up_ends_the_session_and_only_then() {
+        use lb_common::{BfdState, bfd::STATE_UP};
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut cfg = config(listener.local_addr().unwrap().port(), 30);
+        cfg.peers[0].bfd = Some(crate::config::announce::bgp::BfdTimers::default());
+        let table = Arc::new(crate::bfd::FakeBfdTable::default());
+        let ctx = StartContext {
+            bfd: Some(Arc::clone(&table) as Arc<dyn crate::bfd::BfdTable>),
+            ..StartContext::default()
+        };
+        let mut speaker = BgpSpeaker::start_with(cfg, &ctx).expect("starts");
+        let bfd = |state: u8| BfdState {
+            state,
+            // Never silent for as long as the test runs.
+            detect_ns: 600_000_000_000,
+            ..BfdState::default()
+        };
+        let (mut sock, _) = open_with_any(&listener, 30).await;
+        wait_for_state(&speaker, SessionState::Established).await;
+        table.put_state(0, bfd(STATE_UP));
+        wait_for(&speaker, "BFD up", |s| s.bfd.as_ref().is_some_and(|b| b.up)).await;
+        table.put_state(0, BfdState::default());
+        let mut next = frame(&mut sock).await;
+        while next == keepalive() {
+            next = frame(&mut sock).await;
+        }
+        assert_eq!(next, Notification::new(wire::CEASE, 10, []).encode());
+        let s = wait_for(&speaker, "the session ended", |s| {
+            s.state != SessionState::Established
+        })
+        .await;
+        assert!(s.last_error.unwrap().contains("BFD session went down"));
+        // Again, BFD down all along: the session is established and stays.
+        let (mut sock, _) = open_with_any(&listener, 30).await;
+        wait_for_state(&speaker, SessionState::Established).await;
+        let mut rest = [0u8; 64];
+        let quiet = timeout(Duration::from_millis(300), sock.read(&mut rest)).await;
+        assert!(quiet.is_err(), "nothing but silence: {quiet:?}");
+        let s = wait_for_state(&speaker, SessionState::Established).await;
+        assert_eq!(s.sessions_established, 2);
+        speaker.shutdown().await.expect("clean shutdown");
+    }
+
     /// Reads one whole message (header included) within 5 s.
     async fn frame(sock: &mut TcpStream) -> Vec<u8> {
         timeout(Duration::from_secs(5), async {
@@ -325,15 +373,22 @@ mod tests {
 
     /// Accepts the speaker's connection and completes OPEN/KEEPALIVE.
     async fn establish(listener: &TcpListener, peer_hold: u16) -> TcpStream {
+        let (sock, open) = open_with_any(listener, peer_hold).await;
+        assert_eq!(
+            open,
+            wire::open(65001, 3, Ipv4Addr::new(10, 0, 0, 11), None).unwrap()
+        );
+        sock
+    }
+
+    /// Accepts the speaker's connection and completes OPEN/KEEPALIVE
+    /// whatever its OPEN said; returns that too.
+    async fn open_with_any(listener: &TcpListener, peer_hold: u16) -> (TcpStream, Vec<u8>) {
         let (mut sock, _) = timeout(Duration::from_secs(5), listener.accept())
             .await
             .expect("the speaker connects")
             .expect("accept");
         let open = frame(&mut sock).await;
-        assert_eq!(
-            open,
-            wire::open(65001, 3, Ipv4Addr::new(10, 0, 0, 11), None).unwrap()
-        );
         sock.write_all(&wire::open(65000, peer_hold, Ipv4Addr::new(10, 0, 0, 1), None).unwrap())
             .await
             .unwrap();
@@ -343,7 +398,7 @@ mod tests {
             keepalive(),
             "KEEPALIVE confirms our OPEN"
         );
-        sock
+        (sock, open)
     }
 
     async fn wait_for_state(speaker: &BgpSpeaker, state: SessionState) -> PeerStatus {
@@ -538,7 +593,12 @@ mod tests {
                 .is_some_and(|e| e.contains("never confirmed our OPEN"))
         };
         // 1. The peer's OPEN, then it goes away: lost in OpenConfirm.
+        // Before the peer's OPEN, our OPEN is all we send (no KEEPALIVE
+        // in OpenSent).
         let mut sock = accept().await;
+        let mut more = [0u8; 64];
+        let quiet = timeout(Duration::from_millis(300), sock.read(&mut more)).await;
+        assert!(quiet.is_err(), "nothing after our OPEN: {quiet:?}");
         sock.write_all(&peer_open()).await.unwrap();
         wait_for_state(&speaker, SessionState::OpenConfirm).await;
         drop(sock);

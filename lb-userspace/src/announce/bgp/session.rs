@@ -551,7 +551,7 @@ impl<'a> Session<'a> {
                     SessionState::OpenConfirm | SessionState::Established
                 );
             let established = self.state == SessionState::Established;
-            let deferring = established && self.deferring(desired);
+            let deferring = self.deferring(desired);
             let result = tokio::select! {
                 biased;
                 _ = stopped(stop) => return self.stop_gracefully().await,
@@ -613,6 +613,7 @@ impl<'a> Session<'a> {
 
     /// Routes and End-of-RIB are held back: the first session after a
     /// restart, until the backends' first verdicts or `eor_defer_max`.
+    /// Only once Established: `defer_until` is in the future from then.
     fn deferring(&self, desired: &DesiredRx) -> bool {
         self.gr.is_some_and(|g| g.restarting)
             && !self.end_of_rib_sent
