@@ -357,6 +357,116 @@ mod tests {
         speaker.shutdown().await.expect("clean shutdown");
     }
 
+    /// The counters `lbctl bgp` shows, each message counted once: ours
+    /// (OPEN, KEEPALIVE), the peer's (OPEN, KEEPALIVE, three UPDATEs of
+    /// which one is malformed and ignored).
+    #[tokio::test]
+    async fn each_message_is_counted_once() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mut speaker = BgpSpeaker::start(config(port, 30)).expect("starts");
+        let (mut sock, _) = open_with_any(&listener, 30).await;
+        wait_for_state(&speaker, SessionState::Established).await;
+        // ORIGIN 7 (no such origin): treat-as-withdraw.
+        #[rustfmt::skip]
+        let bad_origin = [
+            0, 0, 0, 14, 0x40, 1, 1, 7, 0x40, 2, 0, 0x40, 3, 4, 10, 0, 0, 1,
+            32, 10, 99, 0, 1,
+        ];
+        let mut bad = vec![0xff; 16];
+        bad.extend_from_slice(&((HEADER_LEN + bad_origin.len()) as u16).to_be_bytes());
+        bad.push(TYPE_UPDATE);
+        bad.extend_from_slice(&bad_origin);
+        for m in [end_of_rib_v4(), bad, end_of_rib_v6()] {
+            sock.write_all(&m).await.unwrap();
+        }
+        let s = wait_for(&speaker, "three UPDATEs", |s| s.updates_received == 3).await;
+        assert_eq!(s.updates_ignored, 1, "{s:?}");
+        assert_eq!((s.messages_received, s.messages_sent), (5, 2), "{s:?}");
+        assert_eq!((s.updates_sent, s.sessions_established), (0, 1), "{s:?}");
+        speaker.shutdown().await.expect("clean shutdown");
+    }
+
+    /// RFC 6608: a message the FSM does not expect gets a NOTIFICATION
+    /// whose subcode names the state (1 OpenSent, 2 OpenConfirm, 3
+    /// Established) and whose data is the message type. And however a
+    /// session fails, the peer sees our NOTIFICATION and then FIN, not a
+    /// reset: what it sent after the error is read and dropped first.
+    #[tokio::test]
+    async fn unexpected_messages_name_the_state_and_a_failure_closes_cleanly() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mut speaker = BgpSpeaker::start(config(port, 30)).expect("starts");
+        let peer_open = wire::open(65000, 30, Ipv4Addr::new(10, 0, 0, 1), None).unwrap();
+        let accept = || async {
+            let (mut sock, _) = timeout(Duration::from_secs(5), listener.accept())
+                .await
+                .expect("the speaker connects")
+                .expect("accept");
+            frame(&mut sock).await;
+            sock
+        };
+        // A KEEPALIVE before the peer's OPEN: unexpected in OpenSent.
+        let mut sock = accept().await;
+        sock.write_all(&keepalive()).await.unwrap();
+        assert_eq!(
+            frame(&mut sock).await,
+            Notification::unexpected(1, 4).encode()
+        );
+        // An UPDATE before the peer's KEEPALIVE: unexpected in OpenConfirm.
+        let mut sock = accept().await;
+        sock.write_all(&peer_open).await.unwrap();
+        sock.write_all(&end_of_rib_v4()).await.unwrap();
+        let mut next = frame(&mut sock).await;
+        while next == keepalive() {
+            next = frame(&mut sock).await;
+        }
+        assert_eq!(next, Notification::unexpected(2, 2).encode());
+        // Established, then a broken marker followed by 95 KB more than
+        // the speaker reads at once. Unread bytes at its close would make
+        // its kernel answer with a reset, which takes our socket out of
+        // CLOSE_WAIT (the state a FIN leaves it in until we close).
+        let (mut sock, _) = open_with_any(&listener, 30).await;
+        wait_for_state(&speaker, SessionState::Established).await;
+        let mut broken = keepalive();
+        broken[0] = 0;
+        for _ in 0..5000 {
+            broken.extend(keepalive());
+        }
+        sock.write_all(&broken).await.expect("written");
+        let mut rest = Vec::new();
+        timeout(Duration::from_secs(5), sock.read_to_end(&mut rest))
+            .await
+            .expect("the speaker closes")
+            .expect("a FIN, not a reset");
+        let want = Notification::new(1, 1, []).encode();
+        assert!(rest.ends_with(&want), "{rest:?}");
+        // Past the speaker's linger (500 ms): still CLOSE_WAIT, no reset.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let ends = (sock.local_addr().unwrap(), sock.peer_addr().unwrap());
+        assert_eq!(
+            tcp_state(ends.0.port(), ends.1.port()),
+            Some(0x08),
+            "CLOSE_WAIT"
+        );
+        speaker.shutdown().await.expect("clean shutdown");
+    }
+
+    /// The kernel's state of the loopback connection from local port
+    /// `local` to `remote` (`/proc/net/tcp`, its `st` column), if the
+    /// kernel still has it.
+    fn tcp_state(local: u16, remote: u16) -> Option<u8> {
+        let table = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
+        let ends = [
+            format!("0100007F:{local:04X}"),
+            format!("0100007F:{remote:04X}"),
+        ];
+        table.lines().skip(1).find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.get(1..3)? == ends).then(|| u8::from_str_radix(f.get(3)?, 16).ok())?
+        })
+    }
+
     /// Reads one whole message (header included) within 5 s.
     async fn frame(sock: &mut TcpStream) -> Vec<u8> {
         timeout(Duration::from_secs(5), async {

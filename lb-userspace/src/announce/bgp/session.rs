@@ -692,7 +692,8 @@ impl<'a> Session<'a> {
 
     /// Withdraws everything, sends Cease, closes.
     async fn stop_gracefully(&mut self) -> End {
-        if self.state == SessionState::Established && !self.adj_out.is_empty() {
+        // Only an Established session has sent routes.
+        if !self.adj_out.is_empty() {
             let all = std::mem::take(&mut self.adj_out);
             match self.updates(&all, &BTreeSet::new()) {
                 Ok(messages) => {
