@@ -820,6 +820,133 @@ mod tests {
         speaker.shutdown().await.expect("clean shutdown");
     }
 
+    /// The peer's OPEN: AS 65000, hold 30, BGP identifier `id`, and
+    /// these capabilities, written out by hand.
+    fn peer_open(id: [u8; 4], capabilities: &[u8]) -> Vec<u8> {
+        let mut body = vec![4, 0xfd, 0xe8, 0, 30];
+        body.extend_from_slice(&id);
+        body.extend_from_slice(&[capabilities.len() as u8 + 2, 2, capabilities.len() as u8]);
+        body.extend_from_slice(capabilities);
+        let mut m = vec![0xff; 16];
+        m.extend_from_slice(&((HEADER_LEN + body.len()) as u16).to_be_bytes());
+        m.push(TYPE_OPEN);
+        m.extend(body);
+        m
+    }
+
+    /// Accepts the speaker, answers with `open` and a KEEPALIVE.
+    async fn answer(listener: &TcpListener, open: &[u8]) -> TcpStream {
+        let (mut sock, _) = timeout(Duration::from_secs(5), listener.accept())
+            .await
+            .expect("the speaker connects")
+            .expect("accept");
+        frame(&mut sock).await;
+        sock.write_all(open).await.unwrap();
+        sock.write_all(&keepalive()).await.unwrap();
+        sock
+    }
+
+    const AS4_65000: [u8; 6] = [65, 4, 0, 0, 0xfd, 0xe8];
+
+    /// A family the peer did not offer is withheld, with the reason; the
+    /// other is announced, an IPv4 VIP with the peer's own next hop. The
+    /// warning about a withheld VIP stays when nothing is withheld any
+    /// more (it is not replaced by "0 VIPs").
+    #[tokio::test]
+    async fn a_family_the_peer_did_not_offer_is_withheld() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut cfg = config(listener.local_addr().unwrap().port(), 30);
+        cfg.next_hop_v6 = Some("2001:db8:aaaa::11".parse().unwrap());
+        cfg.peers[0].next_hop_v4 = Some(Ipv4Addr::new(10, 98, 0, 2));
+        let mut speaker = BgpSpeaker::start(cfg).expect("starts");
+        let (v4, v6): (IpAddr, IpAddr) =
+            ("10.99.0.1".parse().unwrap(), "fd00:99::1".parse().unwrap());
+        speaker
+            .set_announced(&[v4, v6].into_iter().collect())
+            .unwrap();
+        let attrs = RouteAttrs {
+            local_as: 65001,
+            ebgp: true,
+            asn4: true,
+            shutdown: None,
+        };
+        // IPv4 unicast only: the IPv6 VIP is withheld.
+        let only_v4 = [&[1, 4, 0, 1, 0, 1][..], &AS4_65000].concat();
+        let mut sock = answer(&listener, &peer_open([10, 0, 0, 1], &only_v4)).await;
+        assert_eq!(frame(&mut sock).await, keepalive());
+        let want = announce_v4(
+            &attrs,
+            Ipv4Addr::new(10, 98, 0, 2),
+            &[Ipv4Addr::new(10, 99, 0, 1)],
+        );
+        assert_eq!(vec![frame(&mut sock).await], want.unwrap());
+        let s = wait_for(&speaker, "IPv4 carried", |s| s.carried == Some(vec![v4])).await;
+        assert_eq!(
+            (s.families.as_slice(), s.updates_sent),
+            (&["ipv4".to_string()][..], 1)
+        );
+        let why = "the peer did not offer IPv6 unicast".to_string();
+        assert_eq!(s.withheld, [(v6, why)]);
+        // Nothing withheld any more: the last warning is not replaced.
+        speaker.set_announced(&[v4].into_iter().collect()).unwrap();
+        let s = wait_for(&speaker, "nothing withheld", |s| s.withheld.is_empty()).await;
+        let last = s.last_error.unwrap_or_default();
+        assert!(last.starts_with("1 VIP(s) not announced"), "{last}");
+        drop(sock);
+        // IPv6 unicast only: the IPv4 VIP is withheld.
+        speaker
+            .set_announced(&[v4, v6].into_iter().collect())
+            .unwrap();
+        let only_v6 = [&[1, 4, 0, 2, 0, 1][..], &AS4_65000].concat();
+        let mut sock = answer(&listener, &peer_open([10, 0, 0, 1], &only_v6)).await;
+        assert_eq!(frame(&mut sock).await, keepalive());
+        let want = announce_v6(
+            &attrs,
+            "2001:db8:aaaa::11".parse().unwrap(),
+            &["fd00:99::1".parse().unwrap()],
+        );
+        assert_eq!(vec![frame(&mut sock).await], want.unwrap());
+        let s = wait_for(&speaker, "IPv6 carried", |s| s.carried == Some(vec![v6])).await;
+        assert_eq!(s.families, ["ipv6"]);
+        let why = "the peer did not offer IPv4 unicast".to_string();
+        assert_eq!(s.withheld, [(v4, why)]);
+        speaker.shutdown().await.expect("clean shutdown");
+    }
+
+    /// RFC 4271 §6.2 and RFC 6286: an internal peer with our BGP
+    /// identifier is refused (Bad BGP Identifier, the identifier as data);
+    /// an internal peer with another, or an external one with ours, is
+    /// not.
+    #[tokio::test]
+    async fn only_an_internal_peer_may_not_share_our_identifier() {
+        let ours = [10, 0, 0, 11];
+        for (remote_as, id, refused) in [
+            (65001, ours, true),
+            (65001, [10, 0, 0, 1], false),
+            (65000, ours, false),
+        ] {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let mut cfg = config(listener.local_addr().unwrap().port(), 30);
+            cfg.peers[0].remote_as = remote_as;
+            let mut speaker = BgpSpeaker::start(cfg).expect("starts");
+            let mut open = peer_open(id, &AS4_65000);
+            let asn = (remote_as as u16).to_be_bytes();
+            (open[20], open[21]) = (asn[0], asn[1]);
+            let n = open.len();
+            (open[n - 2], open[n - 1]) = (asn[0], asn[1]);
+            let mut sock = answer(&listener, &open).await;
+            let got = frame(&mut sock).await;
+            let what = format!("AS {remote_as}, identifier {id:?}");
+            if refused {
+                assert_eq!(got, Notification::new(2, 3, ours).encode(), "{what}");
+            } else {
+                assert_eq!(got, keepalive(), "{what}");
+                wait_for_state(&speaker, SessionState::Established).await;
+            }
+            speaker.shutdown().await.expect("clean shutdown");
+        }
+    }
+
     #[tokio::test]
     async fn malformed_attributes_in_an_update_are_ignored_not_a_reset() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
