@@ -62,6 +62,8 @@ mod revisions;
 mod scratch;
 mod second_chance;
 mod state;
+#[cfg(test)]
+mod test_logs;
 pub mod tier;
 pub mod trace;
 

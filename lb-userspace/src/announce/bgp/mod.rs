@@ -951,6 +951,7 @@ mod tests {
     async fn malformed_attributes_in_an_update_are_ignored_not_a_reset() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
+        crate::test_logs::capture();
         let mut speaker = BgpSpeaker::start(config(port, 3)).expect("starts");
         let mut sock = establish(&listener, 3).await;
         wait_for_state(&speaker, SessionState::Established).await;
@@ -981,6 +982,9 @@ mod tests {
         let s = speaker.status().remove(0);
         assert_eq!(s.state, SessionState::Established);
         assert_eq!((s.updates_ignored, s.sessions_established), (3, 1), "{s:?}");
+        // Logged once, the others counted.
+        let logged = crate::test_logs::lines("ignoring a malformed UPDATE");
+        assert_eq!(logged.len(), 1, "{logged:?}");
         speaker.shutdown().await.expect("clean shutdown");
     }
 
