@@ -153,13 +153,9 @@ impl Notification {
 
     /// The notification netgauze chose for one of its parse errors.
     fn from_netgauze(n: BgpNotificationMessage) -> Self {
-        let message = BgpMessage::Notification(n);
-        match encode(&message) {
-            Ok(bytes) if bytes.len() >= HEADER_LEN + 2 => Self::new(
-                bytes[HEADER_LEN],
-                bytes[HEADER_LEN + 1],
-                &bytes[HEADER_LEN + 2..],
-            ),
+        let bytes = encode(&BgpMessage::Notification(n)).unwrap_or_default();
+        match (bytes.get(HEADER_LEN), bytes.get(HEADER_LEN + 1)) {
+            (Some(&code), Some(&subcode)) => Self::new(code, subcode, &bytes[HEADER_LEN + 2..]),
             // Cannot happen for the notifications netgauze builds; if it
             // did, "unspecific" is still a correct answer.
             _ => Self::new(MESSAGE_HEADER_ERROR, 0, []),
