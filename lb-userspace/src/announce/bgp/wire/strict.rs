@@ -332,6 +332,12 @@ mod tests {
         assert_eq!(reply(check_update(&attrs(&[&short(14, &nh16)]))), (3, 9));
         nh16.push(0);
         assert!(check_update(&attrs(&[&short(14, &nh16)])).is_ok());
+        // The reserved byte is ignored (RFC 4760 §3), not read as a
+        // prefix length: 0xff before a /128.
+        let mut reserved = nh16[..20].to_vec();
+        reserved.extend_from_slice(&[0xff, 128]);
+        reserved.extend_from_slice(&[0xfd; 16]);
+        assert!(check_update(&attrs(&[&short(14, &reserved)])).is_ok());
         // A 0-byte MP_UNREACH_NLRI, alone or last.
         assert_eq!(reply(check_update(&attrs(&[&short(15, &[])]))), (3, 9));
         assert_eq!(
