@@ -175,7 +175,8 @@ fn check_capabilities(mut caps: &[u8]) -> Result<(), String> {
         let (code, len) = (caps[0], usize::from(caps[1]));
         let fits = match code {
             1 | 65 => len == 4,
-            64 => len >= 2 && (len - 2) % 4 == 0,
+            // 2 bytes of flags and time, then 4 per family.
+            64 => len % 4 == 2,
             _ => true,
         };
         if !fits {
