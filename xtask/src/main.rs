@@ -165,17 +165,20 @@ fn check() -> Result<()> {
     run(cargo()
         .env("LB_EBPF", "stub")
         .env("CARGO_TARGET_DIR", "target/unit")
-        .args([
-            "clippy",
-            "--workspace",
-            "--exclude",
-            "lb-ebpf",
-            "--all-targets",
-            "--",
-            "-D",
-            "warnings",
-        ]))
+        .args(CLIPPY_USERSPACE))
 }
+
+/// clippy over every crate but the eBPF one, warnings denied.
+const CLIPPY_USERSPACE: [&str; 8] = [
+    "clippy",
+    "--workspace",
+    "--exclude",
+    "lb-ebpf",
+    "--all-targets",
+    "--",
+    "-D",
+    "warnings",
+];
 
 /// Runs a command, streaming its output; fails if it fails.
 pub fn run(cmd: &mut Command) -> Result<()> {
@@ -670,16 +673,7 @@ fn demo(keep: bool, down: bool) -> Result<()> {
 fn lint() -> Result<()> {
     setup::build_tools()?;
     run(cargo().args(["fmt", "--all", "--check"]))?;
-    run(cargo().args([
-        "clippy",
-        "--workspace",
-        "--exclude",
-        "lb-ebpf",
-        "--all-targets",
-        "--",
-        "-D",
-        "warnings",
-    ]))?;
+    run(cargo().args(CLIPPY_USERSPACE))?;
     // The eBPF crate only builds for the BPF target.
     run(Command::new("rustup")
         .current_dir("lb-ebpf")

@@ -398,23 +398,15 @@ mod tests {
         let port = listener.local_addr().unwrap().port();
         let mut speaker = BgpSpeaker::start(config(port, 30)).expect("starts");
         let peer_open = wire::open(65000, 30, Ipv4Addr::new(10, 0, 0, 1), None).unwrap();
-        let accept = || async {
-            let (mut sock, _) = timeout(Duration::from_secs(5), listener.accept())
-                .await
-                .expect("the speaker connects")
-                .expect("accept");
-            frame(&mut sock).await;
-            sock
-        };
         // A KEEPALIVE before the peer's OPEN: unexpected in OpenSent.
-        let mut sock = accept().await;
+        let (mut sock, _) = accepted(&listener).await;
         sock.write_all(&keepalive()).await.unwrap();
         assert_eq!(
             frame(&mut sock).await,
             Notification::unexpected(1, 4).encode()
         );
         // An UPDATE before the peer's KEEPALIVE: unexpected in OpenConfirm.
-        let mut sock = accept().await;
+        let (mut sock, _) = accepted(&listener).await;
         sock.write_all(&peer_open).await.unwrap();
         sock.write_all(&end_of_rib_v4()).await.unwrap();
         let mut next = frame(&mut sock).await;
@@ -467,6 +459,16 @@ mod tests {
         })
     }
 
+    /// Accepts the speaker's connection within 5 s and reads its OPEN.
+    async fn accepted(listener: &TcpListener) -> (TcpStream, Vec<u8>) {
+        let (mut sock, _) = timeout(Duration::from_secs(5), listener.accept())
+            .await
+            .expect("the speaker connects")
+            .expect("accept");
+        let open = frame(&mut sock).await;
+        (sock, open)
+    }
+
     /// Reads one whole message (header included) within 5 s.
     async fn frame(sock: &mut TcpStream) -> Vec<u8> {
         timeout(Duration::from_secs(5), async {
@@ -494,11 +496,7 @@ mod tests {
     /// Accepts the speaker's connection and completes OPEN/KEEPALIVE
     /// whatever its OPEN said; returns that too.
     async fn open_with_any(listener: &TcpListener, peer_hold: u16) -> (TcpStream, Vec<u8>) {
-        let (mut sock, _) = timeout(Duration::from_secs(5), listener.accept())
-            .await
-            .expect("the speaker connects")
-            .expect("accept");
-        let open = frame(&mut sock).await;
+        let (mut sock, open) = accepted(listener).await;
         sock.write_all(&wire::open(65000, peer_hold, Ipv4Addr::new(10, 0, 0, 1), None).unwrap())
             .await
             .unwrap();
@@ -512,14 +510,7 @@ mod tests {
     }
 
     async fn wait_for_state(speaker: &BgpSpeaker, state: SessionState) -> PeerStatus {
-        for _ in 0..250 {
-            let s = speaker.status().remove(0);
-            if s.state == state {
-                return s;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        panic!("never reached {state}: {:?}", speaker.status());
+        wait_for(speaker, &format!("reached {state}"), |s| s.state == state).await
     }
 
     #[tokio::test]
@@ -688,14 +679,6 @@ mod tests {
         speaker
             .set_announced(&[vip, vip6].into_iter().collect())
             .unwrap();
-        let accept = || async {
-            let (mut sock, _) = timeout(Duration::from_secs(5), listener.accept())
-                .await
-                .expect("the speaker connects")
-                .expect("accept");
-            frame(&mut sock).await;
-            sock
-        };
         let peer_open = || wire::open(65000, 30, Ipv4Addr::new(10, 0, 0, 1), None).unwrap();
         let unconfirmed = |s: &PeerStatus| {
             s.last_error
@@ -705,7 +688,7 @@ mod tests {
         // 1. The peer's OPEN, then it goes away: lost in OpenConfirm.
         // Before the peer's OPEN, our OPEN is all we send (no KEEPALIVE
         // in OpenSent).
-        let mut sock = accept().await;
+        let (mut sock, _) = accepted(&listener).await;
         let mut more = [0u8; 64];
         let quiet = timeout(Duration::from_millis(300), sock.read(&mut more)).await;
         assert!(quiet.is_err(), "nothing after our OPEN: {quiet:?}");
@@ -719,7 +702,7 @@ mod tests {
         assert!(unconfirmed(&s), "{s:?}");
         // 2. Its KEEPALIVE too, but it cannot hear ours (IP_MINTTL 255):
         // Established on our side only, shown as OpenConfirm; then lost.
-        let mut sock = accept().await;
+        let (mut sock, _) = accepted(&listener).await;
         sockopt::set_ttl_security(
             &socket2::SockRef::from(&sock),
             Ipv4Addr::LOCALHOST.into(),
@@ -740,7 +723,7 @@ mod tests {
         .await;
         assert!(unconfirmed(&s), "{s:?}");
         // 3. A session the peer confirms, then loses: no word of GTSM.
-        let mut sock = accept().await;
+        let (mut sock, _) = accepted(&listener).await;
         sock.write_all(&peer_open()).await.unwrap();
         sock.write_all(&keepalive()).await.unwrap();
         let s = wait_for(&speaker, "carrying the VIP", |s| {
@@ -836,11 +819,7 @@ mod tests {
 
     /// Accepts the speaker, answers with `open` and a KEEPALIVE.
     async fn answer(listener: &TcpListener, open: &[u8]) -> TcpStream {
-        let (mut sock, _) = timeout(Duration::from_secs(5), listener.accept())
-            .await
-            .expect("the speaker connects")
-            .expect("accept");
-        frame(&mut sock).await;
+        let (mut sock, _) = accepted(listener).await;
         sock.write_all(open).await.unwrap();
         sock.write_all(&keepalive()).await.unwrap();
         sock
