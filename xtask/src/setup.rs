@@ -118,19 +118,20 @@ fn packages(say: &dyn Fn(&str)) -> Result<()> {
     apt_install(&missing)
 }
 
-/// What building the workspace needs beyond Rust: `protoc` and the
-/// protobuf well-known types, for the etcd client's gRPC code. The unit
-/// tests, `check`, `lint` and `mutants` build without the rest of
-/// [`PACKAGES`], so they install only these (as root) or say in one line
-/// what is missing, before cargo fails deep in a build script.
+/// What building the workspace needs beyond Rust (see [`build_tools`]).
 const BUILD_PACKAGES: &[&str] = &["protobuf-compiler", "libprotobuf-dev"];
 
 /// The file of `libprotobuf-dev` that the etcd client's protos import.
 const PROTOBUF_WELL_KNOWN: &str = "/usr/include/google/protobuf/timestamp.proto";
 
+/// `protoc` and the protobuf well-known types, for the etcd client's gRPC
+/// code. The unit tests, `check`, `lint` and `mutants` build without the
+/// rest of [`PACKAGES`], so they install only these (as root) or say in
+/// one line what is missing, before cargo fails deep in a build script.
+/// A `PROTOC` the caller set is taken as it is.
 pub fn build_tools() -> Result<()> {
-    let have_protoc = std::env::var_os("PROTOC").is_some() || have("protoc");
-    if have_protoc && Path::new(PROTOBUF_WELL_KNOWN).exists() {
+    let system = have("protoc") && Path::new(PROTOBUF_WELL_KNOWN).exists();
+    if system || std::env::var_os("PROTOC").is_some() {
         return Ok(());
     }
     if !is_root() {
