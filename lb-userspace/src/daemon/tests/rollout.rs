@@ -194,6 +194,38 @@ async fn a_member_that_stops_forwarding_during_the_hold_fails_it() {
     );
 }
 
+/// The snapshot the gates compare with is the one taken for the rollout
+/// that was applied: when another rollout's candidate is applied instead
+/// (the record moved on while an apply was asked), a fresh one is taken.
+/// Here the stale one was taken while forwarding, the fresh one after
+/// the traffic had stopped: only the stale one would ask for forwarding
+/// during the hold.
+#[tokio::test]
+async fn the_hold_compares_with_a_snapshot_of_its_own_rollout() {
+    let mut r = member().await;
+    counted(&mut r, 100, 0);
+    assert!(r.daemon.rollout_tick(T0 - 1).is_empty(), "no rollout yet");
+    counted(&mut r, 200, 0);
+    r.daemon.on_rollout(Some(Ok((record(&r), ID))));
+    assert_eq!(asked_to_apply(&mut r, T0).revision, ID);
+    // Eleven seconds without a packet (and no step: busy applying).
+    for t in 1..=11 {
+        counted(&mut r, 200, 0);
+        assert!(r.daemon.rollout_tick(T0 + t).is_empty());
+    }
+    let next = ID + 1;
+    r.daemon.on_rollout(Some(Ok((record(&r), next))));
+    let d = Desired {
+        revision: next,
+        ..candidate()
+    };
+    assert!(take(&mut r, &d, T0 + 11).await.is_empty());
+    assert_eq!(
+        said(&r.daemon.rollout_tick(T0 + 11 + HOLD)),
+        [format!("progress {next} Passed")]
+    );
+}
+
 /// Forwarding is judged over the last 10 samples (seconds) before the
 /// candidate: traffic that stopped `quiet` ticks before it was applied.
 async fn hold_after_quiet(quiet: u64) -> Vec<String> {
