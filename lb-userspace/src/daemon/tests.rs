@@ -21,6 +21,7 @@ use crate::{
     dataplane::fake::FakeDataplane,
     revisions::RevisionStore,
     scratch::ScratchDir,
+    test_logs as logs,
 };
 
 const FILE: &str = r#"
@@ -1760,8 +1761,6 @@ async fn status_shows_what_the_start_found() {
     );
     assert_eq!(s.gateway.unwrap().address, Some(ip("10.0.0.1")));
 }
-
-use crate::test_logs as logs;
 
 /// Backends a restart starts down are said once, at the start; a start
 /// with none, or a reload, says nothing of them.

@@ -336,10 +336,7 @@ mod tests {
         table.put_state(0, bfd(STATE_UP));
         wait_for(&speaker, "BFD up", |s| s.bfd.as_ref().is_some_and(|b| b.up)).await;
         table.put_state(0, BfdState::default());
-        let mut next = frame(&mut sock).await;
-        while next == keepalive() {
-            next = frame(&mut sock).await;
-        }
+        let next = after_keepalives(&mut sock).await;
         assert_eq!(next, Notification::new(wire::CEASE, 10, []).encode());
         let s = wait_for(&speaker, "the session ended", |s| {
             s.state != SessionState::Established
@@ -373,10 +370,7 @@ mod tests {
             0, 0, 0, 14, 0x40, 1, 1, 7, 0x40, 2, 0, 0x40, 3, 4, 10, 0, 0, 1,
             32, 10, 99, 0, 1,
         ];
-        let mut bad = vec![0xff; 16];
-        bad.extend_from_slice(&((HEADER_LEN + bad_origin.len()) as u16).to_be_bytes());
-        bad.push(TYPE_UPDATE);
-        bad.extend_from_slice(&bad_origin);
+        let bad = message(TYPE_UPDATE, &bad_origin);
         for m in [end_of_rib_v4(), bad, end_of_rib_v6()] {
             sock.write_all(&m).await.unwrap();
         }
@@ -409,10 +403,7 @@ mod tests {
         let (mut sock, _) = accepted(&listener).await;
         sock.write_all(&peer_open).await.unwrap();
         sock.write_all(&end_of_rib_v4()).await.unwrap();
-        let mut next = frame(&mut sock).await;
-        while next == keepalive() {
-            next = frame(&mut sock).await;
-        }
+        let next = after_keepalives(&mut sock).await;
         assert_eq!(next, Notification::unexpected(2, 2).encode());
         // Established, then a broken marker followed by 95 KB more than
         // the speaker reads at once. Unread bytes at its close would make
@@ -457,6 +448,25 @@ mod tests {
             let f: Vec<&str> = l.split_whitespace().collect();
             (f.get(1..3)? == ends).then(|| u8::from_str_radix(f.get(3)?, 16).ok())?
         })
+    }
+
+    /// A message of `msg_type` with `body`, its header written out.
+    fn message(msg_type: u8, body: &[u8]) -> Vec<u8> {
+        let mut m = vec![0xff; 16];
+        m.extend_from_slice(&((HEADER_LEN + body.len()) as u16).to_be_bytes());
+        m.push(msg_type);
+        m.extend_from_slice(body);
+        m
+    }
+
+    /// The next message that is not a KEEPALIVE.
+    async fn after_keepalives(sock: &mut TcpStream) -> Vec<u8> {
+        loop {
+            let next = frame(sock).await;
+            if next != keepalive() {
+                return next;
+            }
+        }
     }
 
     /// Accepts the speaker's connection within 5 s and reads its OPEN.
@@ -559,10 +569,7 @@ mod tests {
         speaker
             .set_announced(&[vip6].into_iter().collect())
             .unwrap();
-        let mut next = frame(&mut sock).await;
-        while next == keepalive() {
-            next = frame(&mut sock).await;
-        }
+        let next = after_keepalives(&mut sock).await;
         assert_eq!(
             vec![next],
             withdraw_v4(&[Ipv4Addr::new(10, 99, 0, 1)]).unwrap()
@@ -570,10 +577,7 @@ mod tests {
 
         // Back on, then shutdown: withdrawal, then Cease, then FIN.
         speaker.set_announced(&[vip].into_iter().collect()).unwrap();
-        let mut next = frame(&mut sock).await;
-        while next == keepalive() {
-            next = frame(&mut sock).await;
-        }
+        let next = after_keepalives(&mut sock).await;
         assert_eq!(vec![next], want);
         speaker.shutdown().await.expect("clean shutdown");
         let mut rest = Vec::new();
@@ -615,11 +619,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let mut speaker = BgpSpeaker::start(config(port, 30)).expect("starts");
-        let (mut sock, _) = timeout(Duration::from_secs(5), listener.accept())
-            .await
-            .expect("the speaker connects")
-            .expect("accept");
-        frame(&mut sock).await;
+        let (mut sock, _) = accepted(&listener).await;
         // From now on our segments (TTL 64 on loopback) are dropped.
         let deaf = |sock: &TcpStream, hops| {
             sockopt::set_ttl_security(
@@ -810,11 +810,7 @@ mod tests {
         body.extend_from_slice(&id);
         body.extend_from_slice(&[capabilities.len() as u8 + 2, 2, capabilities.len() as u8]);
         body.extend_from_slice(capabilities);
-        let mut m = vec![0xff; 16];
-        m.extend_from_slice(&((HEADER_LEN + body.len()) as u16).to_be_bytes());
-        m.push(TYPE_OPEN);
-        m.extend(body);
-        m
+        message(TYPE_OPEN, &body)
     }
 
     /// Accepts the speaker, answers with `open` and a KEEPALIVE.
@@ -934,18 +930,14 @@ mod tests {
         let mut speaker = BgpSpeaker::start(config(port, 3)).expect("starts");
         let mut sock = establish(&listener, 3).await;
         wait_for_state(&speaker, SessionState::Established).await;
-        let update = |body: &[u8]| {
-            let mut m = vec![0xff; 16];
-            m.extend_from_slice(&((HEADER_LEN + body.len()) as u16).to_be_bytes());
-            m.push(TYPE_UPDATE);
-            m.extend_from_slice(body);
-            m
-        };
         // A 3-byte COMMUNITIES, three times (as a router would resend it).
-        let bad = update(&[
-            0, 0, 0, 20, 0x40, 1, 1, 0, 0x40, 2, 0, 0x40, 3, 4, 10, 0, 0, 1, 0xc0, 8, 3, 1, 2, 3,
-            32, 10, 99, 0, 1,
-        ]);
+        let bad = message(
+            TYPE_UPDATE,
+            &[
+                0, 0, 0, 20, 0x40, 1, 1, 0, 0x40, 2, 0, 0x40, 3, 4, 10, 0, 0, 1, 0xc0, 8, 3, 1, 2,
+                3, 32, 10, 99, 0, 1,
+            ],
+        );
         for _ in 0..3 {
             sock.write_all(&bad).await.unwrap();
         }
@@ -1009,11 +1001,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let mut speaker = BgpSpeaker::start(config(port, 3)).expect("starts");
-        let (mut sock, _) = timeout(Duration::from_secs(5), listener.accept())
-            .await
-            .unwrap()
-            .unwrap();
-        frame(&mut sock).await;
+        let (mut sock, _) = accepted(&listener).await;
         sock.write_all(&wire::open(65099, 3, Ipv4Addr::new(10, 0, 0, 1), None).unwrap())
             .await
             .unwrap();
@@ -1038,20 +1026,12 @@ mod tests {
             65, 4, 0, 0, 0xfd, 0xe8,
             64, 6, 0, 120, 0, 1, 1, 0,
         ];
-        let mut m = vec![0xff; 16];
-        m.extend_from_slice(&((HEADER_LEN + body.len()) as u16).to_be_bytes());
-        m.push(TYPE_OPEN);
-        m.extend_from_slice(&body);
-        m
+        message(TYPE_OPEN, &body)
     }
 
     /// Accepts, checks that our OPEN offers `gr`, answers with GR.
     async fn establish_gr(listener: &TcpListener, gr: GracefulRestartOffer) -> TcpStream {
-        let (mut sock, _) = timeout(Duration::from_secs(5), listener.accept())
-            .await
-            .expect("the speaker connects")
-            .expect("accept");
-        let open = frame(&mut sock).await;
+        let (mut sock, open) = accepted(listener).await;
         assert_eq!(
             open,
             wire::open(65001, 3, Ipv4Addr::new(10, 0, 0, 11), Some(gr)).unwrap()

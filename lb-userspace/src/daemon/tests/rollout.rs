@@ -173,15 +173,21 @@ async fn a_table_other_than_the_plans_fails_the_gate_and_reverts_the_tier() {
     assert_eq!(steps[2], "revert 8 false");
 }
 
-/// Forwarding before the candidate and none during the hold fails it;
-/// packets the datapath passed or dropped are not forwarding.
-#[tokio::test]
-async fn a_member_that_stops_forwarding_during_the_hold_fails_it() {
+/// [`member`], forwarding in the seconds before `T0`, given the rollout.
+async fn forwarding_member() -> Rig {
     let mut r = member().await;
     counted(&mut r, 100, 0);
     assert!(r.daemon.rollout_tick(T0 - 1).is_empty(), "no rollout yet");
     counted(&mut r, 200, 0);
     r.daemon.on_rollout(Some(Ok((record(&r), ID))));
+    r
+}
+
+/// Forwarding before the candidate and none during the hold fails it;
+/// packets the datapath passed or dropped are not forwarding.
+#[tokio::test]
+async fn a_member_that_stops_forwarding_during_the_hold_fails_it() {
+    let mut r = forwarding_member().await;
     applied(&mut r, T0).await;
     for t in 1..HOLD {
         counted(&mut r, 200, t * 10);
@@ -202,11 +208,7 @@ async fn a_member_that_stops_forwarding_during_the_hold_fails_it() {
 /// during the hold.
 #[tokio::test]
 async fn the_hold_compares_with_a_snapshot_of_its_own_rollout() {
-    let mut r = member().await;
-    counted(&mut r, 100, 0);
-    assert!(r.daemon.rollout_tick(T0 - 1).is_empty(), "no rollout yet");
-    counted(&mut r, 200, 0);
-    r.daemon.on_rollout(Some(Ok((record(&r), ID))));
+    let mut r = forwarding_member().await;
     assert_eq!(asked_to_apply(&mut r, T0).revision, ID);
     // Eleven seconds without a packet (and no step: busy applying).
     for t in 1..=11 {
