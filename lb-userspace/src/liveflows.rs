@@ -51,6 +51,27 @@ pub fn jiffies() -> Option<u64> {
         .find_map(|l| l.strip_prefix("jiffies:")?.trim().parse().ok())
 }
 
+/// Where `jiffies` is read from: the kernel ([`jiffies`]), or in tests a
+/// clock the test moves.
+#[derive(Clone, Debug, Default)]
+pub enum Jiffies {
+    #[default]
+    Kernel,
+    #[cfg(test)]
+    Set(std::sync::Arc<std::sync::atomic::AtomicU64>),
+}
+
+impl Jiffies {
+    /// The current `jiffies`, if it can be read.
+    pub fn read(&self) -> Option<u64> {
+        match self {
+            Self::Kernel => jiffies(),
+            #[cfg(test)]
+            Self::Set(j) => Some(j.load(std::sync::atomic::Ordering::Relaxed)),
+        }
+    }
+}
+
 /// The kernel's tick rate, learnt from two readings of `jiffies`.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Clock {

@@ -116,6 +116,9 @@ pub struct SavedVerdicts {
 pub struct RevisionStore {
     dir: PathBuf,
     keep: usize,
+    /// A test's fault: this many listings of the directory fail next.
+    #[cfg(test)]
+    failing_listings: std::sync::Arc<std::sync::atomic::AtomicU32>,
 }
 
 impl RevisionStore {
@@ -131,7 +134,33 @@ impl RevisionStore {
         Ok(Self {
             dir: dir.to_path_buf(),
             keep: keep.max(1),
+            #[cfg(test)]
+            failing_listings: Default::default(),
         })
+    }
+
+    /// Makes the next `n` listings of the directory fail (a disk that
+    /// cannot even be read), in this store and its clones.
+    #[cfg(test)]
+    pub fn fail_listings(&self, n: u32) {
+        self.failing_listings
+            .store(n, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// A listing this test made fail.
+    #[cfg(test)]
+    fn listing_fault(&self) -> Option<std::io::Error> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let left = self.failing_listings.load(Relaxed);
+        (left > 0).then(|| {
+            self.failing_listings.store(left - 1, Relaxed);
+            std::io::Error::other("a listing this test made fail")
+        })
+    }
+
+    #[cfg(not(test))]
+    fn listing_fault(&self) -> Option<std::io::Error> {
+        None
     }
 
     pub fn dir(&self) -> &Path {
@@ -148,6 +177,9 @@ impl RevisionStore {
             path: self.dir.display().to_string(),
             source,
         };
+        if let Some(fault) = self.listing_fault() {
+            return Err(io(fault));
+        }
         let mut numbers: Vec<u64> = std::fs::read_dir(&self.dir)
             .map_err(io)?
             .filter_map(|e| e.ok())

@@ -263,7 +263,7 @@ impl<D: Dataplane> Daemon<D> {
 
     /// The kernel's `jiffies`, also taught to the clock that learns HZ.
     fn read_jiffies(&mut self) -> Option<u64> {
-        let jiffies = liveflows::jiffies();
+        let jiffies = self.jiffies.read();
         if let Some(j) = jiffies {
             self.live_clock.observe(Instant::now(), j);
         }

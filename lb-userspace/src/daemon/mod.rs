@@ -220,6 +220,8 @@ pub struct Daemon<D: Dataplane> {
     /// The kernel's tick rate and the idle entries of draining backends,
     /// kept between scans.
     live_clock: crate::liveflows::Clock,
+    /// Where the kernel's `jiffies` is read (a test sets its own clock).
+    jiffies: crate::liveflows::Jiffies,
     live_flows: crate::liveflows::LiveFlows,
     /// `lbctl trace`'s lease, while one runs.
     tracing: Option<trace::Lease>,
@@ -323,6 +325,7 @@ impl<D: Dataplane> Daemon<D> {
             ticks_since_scan: u32::MAX,
             metrics_conntrack: None,
             live_clock: Default::default(),
+            jiffies: Default::default(),
             live_flows: Default::default(),
             tracing: None,
             reconciler,

@@ -156,7 +156,7 @@ impl<D: Dataplane> Daemon<D> {
         if handles.is_empty() {
             return Ok(counts);
         }
-        let now = crate::liveflows::jiffies().map(crate::liveflows::tick_of);
+        let now = self.jiffies.read().map(crate::liveflows::tick_of);
         let window = self.live_clock.window_ticks();
         self.reconciler.dataplane().scan_flows(&mut |bucket| {
             count_bucket(bucket, handles, now.map(|n| (n, window)), &mut counts);

@@ -1502,6 +1502,94 @@ async fn the_table_scan_counts_the_ways_in_use() {
     assert_eq!(scans[14], Some((6, all)), "scanned again");
 }
 
+/// Gives the daemon a kernel clock of 250 Hz (a live window of 40 stamp
+/// ticks) standing at stamp tick `tick`, which the test moves with
+/// [`set_tick`].
+fn clock_at(r: &mut Rig, tick: u64) -> Arc<std::sync::atomic::AtomicU64> {
+    use lb_common::consts::CT_STAMP_TICK_SHIFT;
+    let clock = Arc::new(std::sync::atomic::AtomicU64::new(
+        tick << CT_STAMP_TICK_SHIFT,
+    ));
+    r.daemon.jiffies = crate::liveflows::Jiffies::Set(clock.clone());
+    let t0 = std::time::Instant::now();
+    r.daemon.live_clock.observe(t0, 0);
+    r.daemon
+        .live_clock
+        .observe(t0 + std::time::Duration::from_secs(4), 1_000);
+    assert_eq!(r.daemon.live_clock.window_ticks(), 40);
+    clock
+}
+
+fn set_tick(clock: &std::sync::atomic::AtomicU64, tick: u64) {
+    use lb_common::consts::CT_STAMP_TICK_SHIFT;
+    clock.store(
+        tick << CT_STAMP_TICK_SHIFT,
+        std::sync::atomic::Ordering::Relaxed,
+    );
+}
+
+/// Puts one connection-table entry per stamp, pointing at `addr`'s
+/// backend of WEB, in buckets from `first_bucket` on.
+fn stamped_flows(r: &mut Rig, addr: &str, first_bucket: u32, stamps: &[u16]) {
+    use lb_common::{FlowBucket, FlowEntry};
+    let handle = r.daemon.reconciler.vips()[&id(WEB)].backends[&ip(addr)].handle;
+    let dp = r.daemon.reconciler.dataplane_mut();
+    for (i, stamp) in (0..).zip(stamps) {
+        let mut bucket = FlowBucket::default();
+        bucket.entries[0] = FlowEntry::new(0x1000 + first_bucket + i, handle);
+        bucket.stamps[0] = *stamp;
+        dp.set_flow_bucket(first_bucket + i, &bucket).unwrap();
+    }
+}
+
+/// WEB's backends as `lbctl health` shows them: state and live flows.
+async fn live_flows(r: &mut Rig) -> Vec<(IpAddr, api::BackendState, Option<u64>)> {
+    let health: Vec<api::VipHealth> = parse(r.ok(Request::Health).await);
+    health[0]
+        .backends
+        .iter()
+        .map(|b| (b.address, b.state, b.live_flows))
+        .collect()
+}
+
+/// Live flows are the entries whose stamp is younger than the window at
+/// the kernel's clock; a draining backend is scanned every second tick
+/// (others every fifteenth) and is drained once none of its flows is
+/// live.
+#[tokio::test]
+async fn a_drain_ends_when_the_backends_flows_go_idle() {
+    use api::BackendState::{Active, Drained, Draining};
+    let mut r = rig(FILE);
+    let clock = clock_at(&mut r, 1_000);
+    stamped_flows(&mut r, "10.1.0.1", 0, &[1_000, 990, 900]);
+    stamped_flows(&mut r, "10.1.0.2", 10, &[995]);
+    let (one, two) = (ip("10.1.0.1"), ip("10.1.0.2"));
+    r.ok(r.drain(WEB, "10.1.0.1", false)).await;
+    assert_eq!(
+        live_flows(&mut r).await,
+        [(one, Draining, None), (two, Active, None)],
+        "not scanned yet"
+    );
+    r.daemon.tick();
+    assert_eq!(
+        live_flows(&mut r).await,
+        [(one, Draining, Some(2)), (two, Active, Some(1))]
+    );
+    // At tick 1,031 the entry of 990 is 41 ticks old: idle.
+    set_tick(&clock, 1_031);
+    r.daemon.tick();
+    assert_eq!(live_flows(&mut r).await[0], (one, Draining, Some(2)));
+    r.daemon.tick();
+    assert_eq!(live_flows(&mut r).await[0], (one, Draining, Some(1)));
+    set_tick(&clock, 1_041);
+    r.daemon.tick();
+    r.daemon.tick();
+    assert_eq!(
+        live_flows(&mut r).await,
+        [(one, Drained, Some(0)), (two, Active, Some(0))]
+    );
+}
+
 /// A start over the newest revision's very file keeps its number; the
 /// file edited while lbd was down, even by a comment, is a new one (a
 /// revision keeps the text `lbctl show` shows).

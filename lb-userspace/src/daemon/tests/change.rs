@@ -3,8 +3,6 @@
 
 use std::{collections::BTreeMap, time::Duration};
 
-use lb_common::{FlowBucket, FlowEntry};
-
 use super::*;
 use crate::{
     api::{ChangePreview, Committed, Within},
@@ -59,14 +57,8 @@ fn replaced() -> String {
 }
 
 /// Puts `n` connection-table entries pointing at `addr`'s backend of WEB.
-fn flows_to(r: &mut Rig, addr: &str, first_bucket: u32, n: u32) {
-    let handle = r.daemon.reconciler.vips()[&id(WEB)].backends[&ip(addr)].handle;
-    let dp = r.daemon.reconciler.dataplane_mut();
-    for i in 0..n {
-        let mut bucket = FlowBucket::default();
-        bucket.entries[0] = FlowEntry::new(0x1000 + i, handle);
-        dp.set_flow_bucket(first_bucket + i, &bucket).unwrap();
-    }
+fn flows_to(r: &mut Rig, addr: &str, first_bucket: u32, n: usize) {
+    stamped_flows(r, addr, first_bucket, &vec![0; n]);
 }
 
 async fn preview(r: &mut Rig, text: &str) -> ChangePreview {
@@ -106,6 +98,23 @@ async fn a_diff_counts_moved_slots_and_breaking_flows_against_built_tables() {
     r.reload_ok(&replaced()).await;
     assert_eq!(web_table(&r), after);
     assert_eq!(r.daemon.revision, revision + 1);
+}
+
+/// A diff counts the entries and the live flows of every backend that
+/// leaves, summed over the VIP's backends: live against the kernel's
+/// clock (younger than the window of 40 ticks).
+#[tokio::test]
+async fn a_diff_sums_the_live_flows_of_the_backends_that_leave() {
+    let mut r = rig(FILE);
+    clock_at(&mut r, 1_000);
+    stamped_flows(&mut r, "10.1.0.1", 0, &[1_000, 999, 900]);
+    stamped_flows(&mut r, "10.1.0.2", 10, &[995, 990, 980, 800]);
+    let p = preview(&mut r, &FILE.replace("10.99.0.1", "10.99.0.2")).await;
+    let gone = &p.vips_removed[0];
+    assert_eq!(
+        (gone.flows_breaking, gone.live_flows_breaking),
+        (7, Some(5))
+    );
 }
 
 /// With the hash unchanged, the slots a change moves are counted slot by
@@ -320,6 +329,53 @@ async fn a_revert_goes_on_when_its_record_cannot_be_written() {
     .await;
     assert_eq!(r.in_table(WEB).len(), 2, "revision 1 runs again");
     std::fs::remove_dir(&state).unwrap();
+
+    // A store that cannot even be listed has no newest number to follow:
+    // the revert runs as the number after the running revision.
+    let running = r.daemon.revision;
+    let newest = |rows: Vec<api::RevisionRow>| rows.first().map(|row| row.revision);
+    let on_disk = newest(parse(r.ok(Request::History { last: 1 }).await));
+    assert_ne!(
+        on_disk,
+        Some(running),
+        "the first revert has no record either"
+    );
+    r.daemon.revisions.fail_listings(2);
+    let c: Committed = parse(
+        r.ok(Request::Revert {
+            revision: Some(2),
+            force: false,
+        })
+        .await,
+    );
+    assert_eq!(r.in_table(WEB).len(), 1, "revision 2 runs again");
+    assert_eq!(c.revision, Some(running + 1));
+    assert_eq!(r.daemon.revision, running + 1);
+    assert_eq!(
+        newest(parse(r.ok(Request::History { last: 1 }).await)),
+        on_disk,
+        "the revert's record was not written"
+    );
+}
+
+/// A runtime change is stamped with the revision it runs as, also when
+/// the store could not be listed the first time the number was asked for
+/// (then the number after the running revision, which the change then
+/// takes).
+#[tokio::test]
+async fn a_change_is_stamped_with_its_revision_when_a_listing_fails() {
+    let mut r = rig(FILE);
+    r.ok(weight(WEB, "10.1.0.2", 3)).await;
+    r.daemon.revisions.fail_listings(1);
+    let c: Committed = parse(r.ok(weight(WEB, "10.1.0.1", 5)).await);
+    assert_eq!(c.revision, Some(3));
+    let rows: Vec<api::OverrideRow> =
+        parse(r.ok(Request::Overrides(api::OverridesRequest::List)).await);
+    let stamps: Vec<(IpAddr, u64)> = rows
+        .iter()
+        .map(|o| (o.backend.unwrap(), o.revision))
+        .collect();
+    assert_eq!(stamps, [(ip("10.1.0.1"), 3), (ip("10.1.0.2"), 2)]);
 }
 
 /// A file that changes what a runtime change changed takes it back, and
