@@ -590,11 +590,19 @@ mod avx512 {
 
     impl Cpu {
         pub(super) fn detect() -> Option<Cpu> {
-            let has = std::arch::is_x86_feature_detected!("avx512f")
-                && std::arch::is_x86_feature_detected!("avx512vl")
-                && std::arch::is_x86_feature_detected!("avx512dq");
+            let has = all_present([
+                std::arch::is_x86_feature_detected!("avx512f"),
+                std::arch::is_x86_feature_detected!("avx512vl"),
+                std::arch::is_x86_feature_detected!("avx512dq"),
+            ]);
             has.then_some(Cpu(()))
         }
+    }
+
+    /// Whether the CPU has every feature the loop is compiled with
+    /// (F, VL and DQ): any one missing would fault on its instructions.
+    pub(super) fn all_present(features: [bool; 3]) -> bool {
+        features.iter().all(|has| *has)
     }
 
     /// [`super::fill`], the whole loop compiled with AVX-512.
@@ -1339,6 +1347,17 @@ mod tests {
             eprintln!("no AVX-512 on this CPU: testing the scalar builder only");
         }
         cpu
+    }
+
+    /// AVX-512 is used only with all three of F, VL and DQ: a CPU with
+    /// some of them would fault on the others' instructions.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx512_needs_all_three_features() {
+        for bits in 0..8u8 {
+            let features = [bits & 1 != 0, bits & 2 != 0, bits & 4 != 0];
+            assert_eq!(avx512::all_present(features), bits == 7, "{features:?}");
+        }
     }
 
     #[test]
