@@ -147,17 +147,19 @@ impl RevisionStore {
             .store(n, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// A listing this test made fail.
+    /// A listing this test made fail (one fewer to fail after it).
     #[cfg(test)]
     fn listing_fault(&self) -> Option<std::io::Error> {
         use std::sync::atomic::Ordering::Relaxed;
-        let left = self.failing_listings.load(Relaxed);
-        (left > 0).then(|| {
-            self.failing_listings.store(left - 1, Relaxed);
-            std::io::Error::other("a listing this test made fail")
-        })
+        let failed = self
+            .failing_listings
+            .fetch_update(Relaxed, Relaxed, |left| left.checked_sub(1));
+        failed
+            .is_ok()
+            .then(|| std::io::Error::other("a listing this test made fail"))
     }
 
+    /// No listing fails but the disk's own.
     #[cfg(not(test))]
     fn listing_fault(&self) -> Option<std::io::Error> {
         None
