@@ -309,7 +309,8 @@ async fn a_change_changes_the_config_digest() {
 
 /// A revert is the way out of a bad change: it goes on when the disk
 /// refuses its record (here the state file cannot be replaced), where a
-/// change would be refused.
+/// change would be refused, and when the revision store cannot even be
+/// listed.
 #[tokio::test]
 async fn a_revert_goes_on_when_its_record_cannot_be_written() {
     let mut r = rig(FILE);
