@@ -359,9 +359,7 @@ mod tests {
     /// which one is malformed and ignored).
     #[tokio::test]
     async fn each_message_is_counted_once() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let mut speaker = BgpSpeaker::start(config(port, 30)).expect("starts");
+        let (listener, mut speaker) = speaker_with_peer(30).await;
         let (mut sock, _) = open_with_any(&listener, 30).await;
         wait_for_state(&speaker, SessionState::Established).await;
         // ORIGIN 7 (no such origin): treat-as-withdraw.
@@ -388,9 +386,7 @@ mod tests {
     /// reset: what it sent after the error is read and dropped first.
     #[tokio::test]
     async fn unexpected_messages_name_the_state_and_a_failure_closes_cleanly() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let mut speaker = BgpSpeaker::start(config(port, 30)).expect("starts");
+        let (listener, mut speaker) = speaker_with_peer(30).await;
         let peer_open = wire::open(65000, 30, Ipv4Addr::new(10, 0, 0, 1), None).unwrap();
         // A KEEPALIVE before the peer's OPEN: unexpected in OpenSent.
         let (mut sock, _) = accepted(&listener).await;
@@ -469,6 +465,15 @@ mod tests {
         }
     }
 
+    /// A speaker whose one peer (hold time `hold`) is a listener on a
+    /// fresh loopback port, and that listener.
+    async fn speaker_with_peer(hold: u64) -> (TcpListener, BgpSpeaker) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let speaker = BgpSpeaker::start(config(port, hold)).expect("starts");
+        (listener, speaker)
+    }
+
     /// Accepts the speaker's connection within 5 s and reads its OPEN.
     async fn accepted(listener: &TcpListener) -> (TcpStream, Vec<u8>) {
         let (mut sock, _) = timeout(Duration::from_secs(5), listener.accept())
@@ -525,9 +530,7 @@ mod tests {
 
     #[tokio::test]
     async fn announces_withdraws_and_ceases() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let mut speaker = BgpSpeaker::start(config(port, 3)).expect("starts");
+        let (listener, mut speaker) = speaker_with_peer(3).await;
         let vip: IpAddr = "10.99.0.1".parse().unwrap();
         let vip6: IpAddr = "fd00:99::1".parse().unwrap();
         speaker
@@ -616,9 +619,7 @@ mod tests {
     /// Established once the peer's TCP has our KEEPALIVE.
     #[tokio::test]
     async fn established_is_shown_only_once_the_peer_has_our_keepalive() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let mut speaker = BgpSpeaker::start(config(port, 30)).expect("starts");
+        let (listener, mut speaker) = speaker_with_peer(30).await;
         let (mut sock, _) = accepted(&listener).await;
         // From now on our segments (TTL 64 on loopback) are dropped.
         let deaf = |sock: &TcpStream, hops| {
@@ -671,9 +672,7 @@ mod tests {
     /// the routes it carried and withheld) goes with it.
     #[tokio::test]
     async fn a_lost_session_says_whether_the_peer_had_confirmed_it() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let mut speaker = BgpSpeaker::start(config(port, 30)).expect("starts");
+        let (listener, mut speaker) = speaker_with_peer(30).await;
         let (vip, vip6): (IpAddr, IpAddr) =
             ("10.99.0.1".parse().unwrap(), "fd00:99::1".parse().unwrap());
         speaker
@@ -924,10 +923,8 @@ mod tests {
 
     #[tokio::test]
     async fn malformed_attributes_in_an_update_are_ignored_not_a_reset() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
         crate::test_logs::capture();
-        let mut speaker = BgpSpeaker::start(config(port, 3)).expect("starts");
+        let (listener, mut speaker) = speaker_with_peer(3).await;
         let mut sock = establish(&listener, 3).await;
         wait_for_state(&speaker, SessionState::Established).await;
         // A 3-byte COMMUNITIES, three times (as a router would resend it).
@@ -961,9 +958,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_silent_peer_gets_hold_timer_expired_and_a_new_session() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let mut speaker = BgpSpeaker::start(config(port, 3)).expect("starts");
+        let (listener, mut speaker) = speaker_with_peer(3).await;
         let mut sock = establish(&listener, 3).await;
         wait_for_state(&speaker, SessionState::Established).await;
         // Say nothing; read what the speaker sends until it closes.
@@ -998,9 +993,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_wrong_peer_as_is_refused_with_bad_peer_as() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let mut speaker = BgpSpeaker::start(config(port, 3)).expect("starts");
+        let (listener, mut speaker) = speaker_with_peer(3).await;
         let (mut sock, _) = accepted(&listener).await;
         sock.write_all(&wire::open(65099, 3, Ipv4Addr::new(10, 0, 0, 1), None).unwrap())
             .await
