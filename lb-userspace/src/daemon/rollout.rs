@@ -7,6 +7,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet, VecDeque},
+    net::IpAddr,
     time::{Duration, Instant},
 };
 
@@ -15,7 +16,7 @@ use tracing::{info, warn};
 use super::{Daemon, Result, refused};
 use crate::{
     api::{BackendState, ErrorKind, RolloutPlan, RolloutView},
-    config::Config,
+    config::{Config, VipConfig, VipId},
     dataplane::Dataplane,
     tier::{
         Desired,
@@ -141,6 +142,7 @@ impl<D: Dataplane> Daemon<D> {
                     rollout = id,
                     "rollout: holding the candidate (again, after a restart)"
                 );
+                self.say_unjudged(id);
                 let before = self.rollout_snapshot();
                 self.rollout.hold = Some(Hold {
                     id,
@@ -254,6 +256,7 @@ impl<D: Dataplane> Daemon<D> {
         };
         match result {
             Ok(change) => {
+                self.say_unjudged(id);
                 self.tier.candidate = Some(id);
                 self.rollout.hold = Some(Hold {
                     id,
@@ -313,6 +316,7 @@ impl<D: Dataplane> Daemon<D> {
             .iter()
             .map(|v| (v.id.to_string(), v.maglev_size(layout)))
             .collect();
+        let changed = self.changed_here();
         let mut snapshot = Snapshot::default();
         for v in &health {
             let vip = v.vip.to_string();
@@ -320,7 +324,7 @@ impl<D: Dataplane> Daemon<D> {
                 b.state == BackendState::Active
                     && (b.effective_weight - f64::from(b.weight)).abs() < 1e-9
             };
-            if !v.panic && v.backends.iter().all(serving) {
+            if !v.panic && v.backends.iter().all(serving) && !changed.contains(&v.vip) {
                 snapshot.nominal.insert(vip.clone());
             }
             for b in &v.backends {
@@ -349,6 +353,40 @@ impl<D: Dataplane> Daemon<D> {
         snapshot.forwarded = samples.back().copied().unwrap_or(0);
         snapshot.forwarding = samples.front() < samples.back();
         snapshot
+    }
+
+    /// VIPs whose backends or weights runtime changes (`lbctl backend`,
+    /// `lbctl vip`) alter here. Their tables are this balancer's own: the
+    /// plan computed the desired state's, so the gates do not compare them.
+    fn changed_here(&self) -> BTreeSet<VipId> {
+        let members = |v: &VipConfig| -> BTreeMap<IpAddr, u32> {
+            v.backends.iter().map(|b| (b.address, b.weight)).collect()
+        };
+        let base: BTreeMap<VipId, _> = self
+            .config
+            .vips
+            .iter()
+            .map(|v| (v.id, members(v)))
+            .collect();
+        self.effective()
+            .iter()
+            .filter(|v| base.get(&v.id) != Some(&members(v)))
+            .map(|v| v.id)
+            .collect()
+    }
+
+    /// Logs the VIPs whose tables the hold of rollout `id` does not
+    /// compare ([`Self::changed_here`]), if any.
+    fn say_unjudged(&self, id: i64) {
+        let changed = self.changed_here();
+        if !changed.is_empty() {
+            let vips: Vec<String> = changed.iter().map(ToString::to_string).collect();
+            info!(
+                rollout = id,
+                "rollout: runtime changes here (lbctl overrides) give {} a table of its own: not compared with the plan's",
+                vips.join(", ")
+            );
+        }
     }
 
     /// `lbctl tier rollout`: the plan of a rollout of `text` (a desired

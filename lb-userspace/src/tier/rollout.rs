@@ -319,8 +319,8 @@ pub struct Snapshot {
     pub down: BTreeSet<String>,
     /// Backends serving (in the table, and up if they are checked).
     pub serving: BTreeSet<String>,
-    /// VIPs whose every backend serves at its configured weight (their
-    /// table is the nominal one).
+    /// VIPs whose every backend serves at its configured weight, with no
+    /// runtime change here (their table is the nominal one).
     pub nominal: BTreeSet<String>,
     /// Each VIP's table: its size and digest.
     pub tables: BTreeMap<String, (u32, String)>,

@@ -319,6 +319,30 @@ async fn an_added_backend_must_serve_by_the_end_of_the_hold() {
     );
 }
 
+/// A runtime change here (`lbctl backend weight`), made before the
+/// rollout or during its hold, gives the VIP a table other than the
+/// plan's, which the desired state alone computes. That is not the
+/// candidate's doing: the VIP's table is not judged, and the hold passes.
+#[tokio::test]
+async fn a_runtime_change_here_is_not_judged_by_the_plans_table() {
+    for during in [false, true] {
+        let mut r = member().await;
+        if !during {
+            r.ok(weight(WEB, "10.1.0.1", 3)).await;
+        }
+        r.daemon.on_rollout(Some(Ok((record(&r), ID))));
+        applied(&mut r, T0).await;
+        if during {
+            r.ok(weight(WEB, "10.1.0.2", 3)).await;
+        }
+        assert_eq!(
+            said(&r.daemon.rollout_tick(T0 + HOLD)),
+            ["progress 8 Passed"],
+            "weight changed during the hold: {during}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn an_added_backend_that_passes_its_checks_serves() {
     let mut r = rig(TIER_FILE);
