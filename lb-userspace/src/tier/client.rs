@@ -241,7 +241,9 @@ impl Session<'_> {
         );
         self.send(Event::Link(Ok(revision))).await?;
         let (mut desired, mut rollout) = (None, Event::Rollout(None));
-        for kv in got.kvs() {
+        let mut kvs: Vec<&KeyValue> = got.kvs().iter().collect();
+        self.keys.members_first(&mut kvs, |kv| kv.key_str().ok());
+        for kv in kvs {
             match self.on_put(kv) {
                 Some(e @ Event::Desired(_)) => desired = Some(e),
                 Some(e @ Event::Rollout(_)) => rollout = e,

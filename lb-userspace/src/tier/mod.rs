@@ -78,6 +78,19 @@ impl Keys {
         format!("{}/progress/{name}", self.prefix)
     }
 
+    /// Sorts `items` (keys as `key` reads them) so that the members come
+    /// first, in their order, and the rest after them, in theirs. A first
+    /// read must see a member before its report (a report counts only for
+    /// a known member), and etcd returns `balancers/` before `members/`.
+    pub fn members_first<T>(&self, items: &mut [T], key: impl Fn(&T) -> Option<&str>) {
+        items.sort_by_key(|t| {
+            !matches!(
+                key(t).and_then(|k| self.classify(k)),
+                Some(TierKey::Member(_))
+            )
+        });
+    }
+
     /// What a key of the tier is.
     pub fn classify<'k>(&self, key: &'k str) -> Option<TierKey<'k>> {
         let rest = key.strip_prefix(&self.prefix)?.strip_prefix('/')?;
@@ -163,9 +176,14 @@ pub fn check_size(bytes: usize) -> Result<(), String> {
 }
 
 /// A digest as shown beside others: its first 12 hex digits, enough to
-/// tell two apart.
+/// tell two apart. Digests come from peers and records in etcd, so any
+/// text: cut at a character's boundary.
 pub fn short_digest(digest: &str) -> &str {
-    &digest[..digest.len().min(12)]
+    let end = digest
+        .char_indices()
+        .nth(12)
+        .map_or(digest.len(), |(at, _)| at);
+    &digest[..end]
 }
 
 /// The name a revision made from `desired` carries:

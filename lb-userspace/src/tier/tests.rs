@@ -55,6 +55,51 @@ fn keys_sit_under_the_prefix_and_are_told_apart() {
     assert_eq!(keys.classify("/lb/t1/other"), None);
 }
 
+/// etcd returns a first read sorted by key, so every `balancers/` report
+/// comes before the `members/` key that makes it count: the members go
+/// first, the rest keep their order.
+#[test]
+fn a_first_read_takes_the_members_before_their_reports() {
+    let keys = Keys {
+        prefix: "/lb/t1".into(),
+    };
+    let mut read = vec![
+        "/lb/t1/balancers/lb1",
+        "/lb/t1/balancers/lb2",
+        "/lb/t1/desired",
+        "/lb/t1/members/lb1",
+        "/lb/t1/members/lb2",
+        "/lb/t1/progress/lb1",
+        "/lb/t1/rollout",
+        "/lb/t1/x",
+    ];
+    keys.members_first(&mut read, |k| Some(*k));
+    assert_eq!(
+        read,
+        [
+            "/lb/t1/members/lb1",
+            "/lb/t1/members/lb2",
+            "/lb/t1/balancers/lb1",
+            "/lb/t1/balancers/lb2",
+            "/lb/t1/desired",
+            "/lb/t1/progress/lb1",
+            "/lb/t1/rollout",
+            "/lb/t1/x",
+        ]
+    );
+}
+
+/// A digest is cut to 12 characters, never inside one: a peer's report
+/// or a rollout record may hold any text.
+#[test]
+fn a_short_digest_is_twelve_characters_of_any_text() {
+    assert_eq!(short_digest("0123456789abcdef"), "0123456789ab");
+    assert_eq!(short_digest("abc"), "abc");
+    assert_eq!(short_digest(""), "");
+    assert_eq!(short_digest("xéééééééééééé"), "xééééééééééé");
+    assert_eq!(short_digest("é"), "é");
+}
+
 #[test]
 fn a_composed_configuration_is_the_file_with_the_desired_vips() {
     let composed = compose(&file(FILE), &desired(42, ONE_VIP)).unwrap();
