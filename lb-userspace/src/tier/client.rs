@@ -361,16 +361,26 @@ impl Session<'_> {
                     .when(when)
                     .and_then(vec![TxnOp::put(rollout_key, json(&record)?, None)])
             }
-            Write::Promote { at, record } => Txn::new()
-                .when(vec![Compare::mod_revision(
+            Write::Promote { at, record } => {
+                let mut when = vec![Compare::mod_revision(
                     rollout_key.clone(),
                     CompareOp::Equal,
                     at,
-                )])
-                .and_then(vec![
+                )];
+                // A desired state written after the rollout started
+                // supersedes it: promoting would overwrite it.
+                if let Some(id) = record.revision {
+                    when.push(Compare::mod_revision(
+                        desired_key.clone(),
+                        CompareOp::Less,
+                        id + 1,
+                    ));
+                }
+                Txn::new().when(when).and_then(vec![
                     TxnOp::put(desired_key, record.desired.clone(), None),
                     TxnOp::put(rollout_key, json(&record)?, None),
-                ]),
+                ])
+            }
         };
         let done = bounded(wait, "writing the rollout", client.txn(txn)).await?;
         Ok(done

@@ -713,7 +713,7 @@ fn on_feed(
             link.urgent = true;
         }
         Feed::Tick => {
-            let steps = daemon.rollout_tick(crate::tier::unix_now());
+            let steps = daemon.rollout_tick(crate::tier::rollout_now());
             let reloads = crate::tier::run_steps(link, steps);
             start_reloads(daemon, reloads, parsed);
         }

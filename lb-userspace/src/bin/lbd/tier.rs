@@ -227,11 +227,17 @@ pub enum Via {
     Revert { id: i64, say: bool },
 }
 
-/// Seconds since the Unix epoch (a rollout's clock).
-pub fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+/// A rollout's clock: seconds since the first reading, on the monotonic
+/// clock. Only holds are timed with it, and a hold never outlives the
+/// process (a restart holds again), so a step of the wall clock (NTP
+/// setting it just after a start) can neither end a hold early nor
+/// stretch it.
+pub fn rollout_now() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_secs()
 }
 
 /// A reload composed with a desired state, for a reason.
@@ -276,7 +282,7 @@ pub fn after_reload(
     if outcome.is_ok() && !dry_run {
         link.applied = desired;
     }
-    let now = unix_now();
+    let now = rollout_now();
     let steps = match via {
         Via::Operator => Vec::new(),
         Via::Desired => {
