@@ -72,7 +72,7 @@ pub use self::{
     health::ProbeResult,
     lock::DirLock,
     reconcile::{DatapathSettings, Reconciler},
-    revisions::RevisionStore,
+    revisions::{Revision, RevisionStore},
     state::{Overlay, Stamp},
 };
 

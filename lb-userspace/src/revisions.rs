@@ -228,7 +228,9 @@ impl RevisionStore {
 
     /// Writes `revision` (numbered by the caller from
     /// [`next_number`](Self::next_number)) and drops the oldest beyond
-    /// `keep`.
+    /// `keep`, except the newest that ran: a restart starts from it, and
+    /// a run of refused changes (a revert retried against a broken file)
+    /// must not leave it nothing to start from.
     pub fn append(&self, revision: &Revision) -> Result<(), RevisionError> {
         let path = self.path(revision.number);
         let io = |source| RevisionError::Io {
@@ -239,10 +241,21 @@ impl RevisionStore {
         atomic_file::write_private(&path, &text).map_err(io)?;
         let numbers = self.numbers()?;
         let excess = numbers.len().saturating_sub(self.keep);
-        for old in &numbers[..excess] {
+        let ran = self.newest_applied(&numbers, None).map(|r| r.number);
+        for old in numbers.iter().filter(|n| Some(**n) != ran).take(excess) {
             let _ = std::fs::remove_file(self.path(*old));
         }
         Ok(())
+    }
+
+    /// The newest of `numbers` (below `before`) that ran and can be read.
+    fn newest_applied(&self, numbers: &[u64], before: Option<u64>) -> Option<Revision> {
+        numbers
+            .iter()
+            .rev()
+            .filter(|n| before.is_none_or(|b| **n < b))
+            .filter_map(|n| self.get(*n).ok())
+            .find(Revision::applied)
     }
 
     /// The probation an `lbd` left (`probation.json`), if any.
@@ -333,17 +346,7 @@ impl RevisionStore {
     /// The newest revision that was applied and is readable, before
     /// `before` (or at all, with `None`).
     pub fn latest_applied(&self, before: Option<u64>) -> Result<Option<Revision>, RevisionError> {
-        for n in self.numbers()?.iter().rev() {
-            if before.is_some_and(|b| *n >= b) {
-                continue;
-            }
-            if let Ok(r) = self.get(*n)
-                && r.applied()
-            {
-                return Ok(Some(r));
-            }
-        }
-        Ok(None)
+        Ok(self.newest_applied(&self.numbers()?, before))
     }
 }
 
@@ -401,6 +404,24 @@ mod tests {
         assert_eq!(mode & 0o777, 0o600);
         let mode = std::fs::metadata(again.dir()).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o700);
+    }
+
+    /// More refused revisions than `keep` in a row (a revert retried
+    /// against a broken file) keep the newest that ran, so a restart has
+    /// something to start from.
+    #[test]
+    fn the_newest_revision_that_ran_outlives_a_run_of_refused_ones() {
+        let dir = ScratchDir::new("revisions-refused");
+        let store = RevisionStore::open(&dir.join("r"), 3).unwrap();
+        store.append(&revision(1, true)).unwrap();
+        store.append(&revision(2, true)).unwrap();
+        for n in 3..=7 {
+            store.append(&revision(n, false)).unwrap();
+        }
+        assert_eq!(store.numbers().unwrap(), vec![2, 6, 7]);
+        assert_eq!(store.latest_applied(None).unwrap().unwrap().number, 2);
+        store.append(&revision(8, true)).unwrap();
+        assert_eq!(store.numbers().unwrap(), vec![6, 7, 8]);
     }
 
     #[test]

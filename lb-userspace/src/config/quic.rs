@@ -168,7 +168,7 @@ pub(crate) fn problems(
         let at = format!("backends[{j}].server_id");
         let Some(sid) = sid else {
             warnings.push(format!(
-                "backends[{j}]: backend {address} of QUIC VIP {vip} has no server_id: its connections break when a client's address changes"
+                "backends[{j}]: backend {address} of QUIC VIP {vip} has no server_id: its connections break when a client's address changes, and one whose ID happens to carry another backend's server ID goes to that backend"
             ));
             continue;
         };

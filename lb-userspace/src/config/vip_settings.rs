@@ -105,7 +105,7 @@ pub const VIP_SETTINGS: &[VipSetting] = &[
     s(
         "quic.server_id_len",
         Scalar,
-        "QUIC: octets of server ID in the connection IDs the backends issue, 1-15 (give each backend its --server-id with backend add)",
+        "QUIC: octets of server ID in the connection IDs the backends issue, 1-15 (give each backend its server_id in the file or the tier's desired state: backend add takes none)",
     ),
     s(
         "quic.config_id",

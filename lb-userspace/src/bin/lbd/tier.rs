@@ -83,7 +83,9 @@ pub fn name(config: &Config) -> Result<String> {
 /// The desired state to start from: the `vips:` of the newest revision
 /// that ran, with the etcd revision of the newest one that came from
 /// etcd (so a restart while etcd is away serves what it served), or of
-/// the rollout whose candidate it was.
+/// the rollout whose candidate it was; revision 0 if no revision from
+/// etcd is left in the history (still what it served: the tier's
+/// desired state replaces it once etcd answers).
 pub fn start_from(store: &RevisionStore) -> Desired {
     let Ok(Some(newest)) = store.latest_applied(None) else {
         return nothing();
@@ -96,11 +98,11 @@ pub fn start_from(store: &RevisionStore) -> Desired {
         .filter_map(|n| store.get(*n).ok())
         .filter(|r| r.applied())
         .find_map(|r| lb::tier::revision_of_origin(&r.source));
-    match (newest.config, revision) {
-        (Some(text), Some(origin)) => {
-            Desired::from_config_text(origin, &text).unwrap_or_else(nothing)
+    match newest.config {
+        Some(text) => {
+            Desired::from_config_text(revision.unwrap_or((0, false)), &text).unwrap_or_else(nothing)
         }
-        _ => nothing(),
+        None => nothing(),
     }
 }
 
@@ -402,4 +404,61 @@ pub fn rollout_request(
         };
         let _ = reply.send(answer);
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use lb::{Overlay, Revision, RevisionStore};
+
+    /// A revision that ran `vips` (one VIP with `backend`), from `source`.
+    fn ran(number: u64, source: &str, backend: &str) -> Revision {
+        Revision {
+            number,
+            time: 1_700_000_000 + number,
+            source: source.into(),
+            digest: Some(format!("d{number}")),
+            error: None,
+            config: Some(format!(
+                "source: {{ etcd: {{ endpoints: [http://127.0.0.1:2379], prefix: /lb/t1 }} }}\nvips:\n- address: 10.99.0.1\n  port: 80\n  protocol: tcp\n  backends:\n  - address: {backend}\n"
+            )),
+            overlay: Some(Overlay::default()),
+            file_digest: None,
+        }
+    }
+
+    /// A restart starts from what ran last, with the etcd revision it
+    /// came from; once more `lbctl` changes than the history keeps have
+    /// pushed every revision from etcd out, still from what ran last (at
+    /// revision 0, which etcd's desired state replaces), never from no
+    /// VIPs at all.
+    #[test]
+    fn a_restart_starts_from_what_ran_even_without_an_etcd_revision_left() {
+        /// Removes the store's directory, also when an assertion fails.
+        struct Gone(std::path::PathBuf);
+        impl Drop for Gone {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+        let dir = Gone(std::env::temp_dir().join(format!("lbd-start-from-{}", std::process::id())));
+        let store = RevisionStore::open(&dir.0, 3).unwrap();
+        store
+            .append(&ran(1, "etcd /lb/t1/desired@42", "10.1.0.1"))
+            .unwrap();
+        store
+            .append(&ran(2, "lbctl backend weight", "10.1.0.2"))
+            .unwrap();
+        let from = super::start_from(&store);
+        assert_eq!(from.revision, 42);
+        assert!(from.text.contains("10.1.0.2"), "{}", from.text);
+        for n in 3..=4 {
+            store
+                .append(&ran(n, "lbctl backend weight", "10.1.0.3"))
+                .unwrap();
+        }
+        let from = super::start_from(&store);
+        assert_eq!(from.revision, 0);
+        assert!(from.text.contains("10.1.0.3"), "{}", from.text);
+        assert!(!from.rollout);
+    }
 }
