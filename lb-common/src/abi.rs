@@ -28,6 +28,20 @@ pub fn addr_to_words(addr: IpAddr) -> (AddrWords, u8) {
     }
 }
 
+/// Word 2 of an IPv4 address mapped into IPv6 (`::ffff:a.b.c.d`): bytes
+/// `00 00 ff ff`.
+pub const V4_MAPPED_WORD: u32 = u32::from_ne_bytes([0, 0, 0xff, 0xff]);
+
+/// An address as `LB_DECAP_FROM` keys hold it (after the prefix length):
+/// IPv6 as it is, IPv4 mapped into `::ffff:0:0/96`, so that one trie holds
+/// both and an IPv4 prefix of length n is 96 + n bits long.
+pub fn mapped_words(addr: IpAddr) -> AddrWords {
+    match addr_to_words(addr) {
+        (w, FAMILY_V4) => [0, 0, V4_MAPPED_WORD, w[0]],
+        (w, _) => w,
+    }
+}
+
 /// Converts the datapath's word form back to an address; `None` for an
 /// unknown family tag.
 pub fn words_to_addr(words: &AddrWords, family: u8) -> Option<IpAddr> {
@@ -520,7 +534,8 @@ impl core::ops::AddAssign for CounterValue {
 
 /// Key of `LB_DECAP_ADDRS`: one of the backend's own addresses. The decap
 /// program strips a tunnel header only from packets addressed to one of
-/// these; the map's value (a `u32`, written as 1) is not read.
+/// these. The value (a `u32`) is the address's GUE port in network order
+/// in its low 16 bits (0: no GUE), and `DECAP_F_CHECK_SOURCE`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct DecapAddr {

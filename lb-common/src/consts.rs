@@ -325,12 +325,20 @@ pub const PROG_PROBE_ENCAP: &str = "lb_probe_encap";
 /// Map names are also the file names under the decap pin directory.
 pub const MAP_DECAP_ADDRS: &str = "LB_DECAP_ADDRS";
 pub const MAP_DECAP_COUNTERS: &str = "LB_DECAP_COUNTERS";
+pub const MAP_DECAP_FROM: &str = "LB_DECAP_FROM";
 
 /// Every map of the decap object, in a stable order.
-pub const ALL_DECAP_MAPS: [&str; 2] = [MAP_DECAP_ADDRS, MAP_DECAP_COUNTERS];
+pub const ALL_DECAP_MAPS: [&str; 3] = [MAP_DECAP_ADDRS, MAP_DECAP_COUNTERS, MAP_DECAP_FROM];
 
 /// Most local addresses `LB_DECAP_ADDRS` holds.
 pub const DECAP_MAX_ADDRS: u32 = 256;
+
+/// Most prefixes `LB_DECAP_FROM` holds.
+pub const DECAP_MAX_FROM: u32 = 256;
+
+/// In an `LB_DECAP_ADDRS` value, above the GUE port's 16 bits: tunnel
+/// packets to this address must come from a prefix in `LB_DECAP_FROM`.
+pub const DECAP_F_CHECK_SOURCE: u32 = 1 << 16;
 
 /// Name of the decapsulation XDP program in the object file.
 pub const PROG_DECAP: &str = "lb_decap";

@@ -303,6 +303,10 @@ counters! {
     /// index past the count, a UDP checksum, an inner protocol other than
     /// 4 or 41): dropped, never forwarded.
     MalformedSc = 14, "malformed_sc_header", Drop;
+    /// A tunnel packet to an address that takes tunnels only from the
+    /// prefixes in `LB_DECAP_FROM` (`lbctl decap attach --from`), from a
+    /// source outside them: dropped, never stripped or handed on.
+    DropSource = 15, "drop_source_not_allowed", Drop;
     }
 }
 

@@ -12,6 +12,7 @@
 //! <pin_dir>/link               the bpf_link (XDP on one interface)
 //! <pin_dir>/LB_DECAP_ADDRS     the local addresses
 //! <pin_dir>/LB_DECAP_COUNTERS  per-CPU outcome counters (DecapCounter ids)
+//! <pin_dir>/LB_DECAP_FROM      the prefixes tunnels may come from (--from)
 //! ```
 //!
 //! It does not follow address changes on the interface (call [`attach`]
@@ -28,7 +29,10 @@ use std::{
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{HashMap, Map, MapData, MapError, PerCpuArray},
+    maps::{
+        HashMap, Map, MapData, MapError, PerCpuArray,
+        lpm_trie::{Key, LpmTrie},
+    },
     pin::PinError,
     programs::{
         ProgramError, Xdp, XdpMode,
@@ -36,10 +40,12 @@ use aya::{
         xdp::XdpLink,
     },
 };
+use ipnet::IpNet;
 use lb_common::{
-    CounterValue, DecapAddr,
+    AddrWords, CounterValue, DecapAddr,
     consts::{
-        ALL_DECAP_MAPS, DECAP_MAX_ADDRS, MAP_DECAP_ADDRS, MAP_DECAP_COUNTERS, PROG_DECAP, PROG_PASS,
+        ALL_DECAP_MAPS, DECAP_F_CHECK_SOURCE, DECAP_MAX_ADDRS, DECAP_MAX_FROM, MAP_DECAP_ADDRS,
+        MAP_DECAP_COUNTERS, MAP_DECAP_FROM, PROG_DECAP, PROG_PASS,
     },
     counters::DECAP_COUNTER_SLOTS,
 };
@@ -239,8 +245,79 @@ impl Decap {
     /// Replaces the set of local addresses: the ones not in `addrs` are
     /// removed first, then the new ones added, so an address in both sets
     /// is never missing, even for a moment. Each accepts GUE on `gue_port`
-    /// (host order; 0: no GUE) besides IP-in-IP and GRE.
+    /// (host order; 0: no GUE) besides IP-in-IP and GRE, from any source.
     pub fn set_local_addrs(&mut self, addrs: &[IpAddr], gue_port: u16) -> Result<()> {
+        self.set_tunnels(addrs, gue_port, &[])
+    }
+
+    /// [`set_local_addrs`](Self::set_local_addrs), taking tunnels only
+    /// from `from` unless it is empty. The prefixes are replaced around
+    /// the addresses (the new ones added before, the stale ones removed
+    /// after), so no tunnel from a prefix in both sets is ever dropped.
+    pub fn set_tunnels(&mut self, addrs: &[IpAddr], gue_port: u16, from: &[IpNet]) -> Result<()> {
+        let want: HashSet<(u32, AddrWords)> = from.iter().map(from_key).collect();
+        if want.len() > DECAP_MAX_FROM as usize {
+            return Err(DecapError::TooManyAddresses {
+                count: want.len(),
+                map: MAP_DECAP_FROM,
+                max: DECAP_MAX_FROM,
+            });
+        }
+        let mut trie = self.sources_map()?;
+        for (len, words) in &want {
+            trie.insert(&Key::new(*len, *words), 1, 0)
+                .map_err(map_err(MAP_DECAP_FROM))?;
+        }
+        let flags = if from.is_empty() {
+            0
+        } else {
+            DECAP_F_CHECK_SOURCE
+        };
+        self.write_addrs(addrs, u32::from(gue_port.to_be()) | flags)?;
+        let mut trie = self.sources_map()?;
+        let have = trie
+            .keys()
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(map_err(MAP_DECAP_FROM))?;
+        for stale in have
+            .iter()
+            .filter(|k| !want.contains(&(k.prefix_len(), k.data())))
+        {
+            match trie.remove(stale) {
+                Ok(()) | Err(MapError::KeyNotFound) => {}
+                Err(e) => return Err(map_err(MAP_DECAP_FROM)(e)),
+            }
+        }
+        Ok(())
+    }
+
+    fn sources_map(&mut self) -> Result<LpmTrie<&mut MapData, AddrWords, u32>> {
+        LpmTrie::try_from(
+            self.ebpf
+                .map_mut(MAP_DECAP_FROM)
+                .ok_or(DecapError::MissingMap(MAP_DECAP_FROM))?,
+        )
+        .map_err(map_err(MAP_DECAP_FROM))
+    }
+
+    /// The prefixes tunnels must come from (none: any source).
+    pub fn sources(&self) -> Result<Vec<IpNet>> {
+        let trie: LpmTrie<&MapData, AddrWords, u32> = LpmTrie::try_from(
+            self.ebpf
+                .map(MAP_DECAP_FROM)
+                .ok_or(DecapError::MissingMap(MAP_DECAP_FROM))?,
+        )
+        .map_err(map_err(MAP_DECAP_FROM))?;
+        let keys = trie
+            .keys()
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(map_err(MAP_DECAP_FROM))?;
+        Ok(keys.iter().filter_map(key_net).collect())
+    }
+
+    /// Writes `addrs`, each with `value`, as [`set_local_addrs`]
+    /// (Self::set_local_addrs) says.
+    fn write_addrs(&mut self, addrs: &[IpAddr], value: u32) -> Result<()> {
         let want: HashSet<DecapAddr> = addrs.iter().map(|a| DecapAddr::new(*a)).collect();
         if want.len() > DECAP_MAX_ADDRS as usize {
             return Err(DecapError::TooManyAddresses {
@@ -266,7 +343,7 @@ impl Decap {
             }
         }
         for key in &want {
-            map.insert(key, u32::from(gue_port.to_be()), 0)
+            map.insert(key, value, 0)
                 .map_err(map_err(MAP_DECAP_ADDRS))?;
         }
         Ok(())
@@ -303,12 +380,35 @@ impl Decap {
     }
 }
 
+/// The `LB_DECAP_FROM` key of `net` (its network: host bits cleared), as
+/// its prefix length and data.
+fn from_key(net: &IpNet) -> (u32, AddrWords) {
+    let net = net.trunc();
+    let len = match net {
+        IpNet::V4(n) => 96 + u32::from(n.prefix_len()),
+        IpNet::V6(n) => u32::from(n.prefix_len()),
+    };
+    (len, lb_common::mapped_words(net.addr()))
+}
+
+/// The prefix an `LB_DECAP_FROM` key holds.
+fn key_net(key: &Key<AddrWords>) -> Option<IpNet> {
+    let (len, w) = (key.prefix_len(), key.data());
+    let v6 = lb_common::words_to_addr(&w, lb_common::consts::FAMILY_V6)?;
+    if w[..3] == [0, 0, lb_common::V4_MAPPED_WORD] && len >= 96 {
+        let v4 = lb_common::words_to_addr(&[w[3], 0, 0, 0], lb_common::consts::FAMILY_V4)?;
+        return IpNet::new(v4, (len - 96) as u8).ok();
+    }
+    IpNet::new(v6, len as u8).ok()
+}
+
 /// Attaches `lb_decap` to `iface` and pins it and its maps under `pin_dir`
 /// (created if missing), so it stays attached after this process exits.
 ///
 /// The program decapsulates tunnel packets addressed to `local`, or, if
 /// `local` is empty, to every address `iface` has now in the current network
-/// namespace; GUE on UDP port `gue_port` (0: no GUE). If `pin_dir` already holds our link on `iface`, the program is
+/// namespace; GUE on UDP port `gue_port` (0: no GUE); from the prefixes
+/// `from` only (empty: from any source). If `pin_dir` already holds our link on `iface`, the program is
 /// replaced atomically inside that link (no packet sees no program), the
 /// pinned maps are kept (counters continue) and the address set is replaced;
 /// `mode` then has no effect, as a link keeps the mode it was created with.
@@ -317,6 +417,7 @@ pub fn attach(
     mode: XdpMode,
     local: &[IpAddr],
     gue_port: u16,
+    from: &[IpNet],
     pin_dir: &Path,
 ) -> Result<()> {
     let info = interface(iface)?;
@@ -336,7 +437,7 @@ pub fn attach(
     let existing = pinned_link(&link_path, iface, info.index)?;
     let replacing = existing.is_some();
 
-    let result = load_and_attach(iface, mode, &addrs, gue_port, pin_dir, existing);
+    let result = load_and_attach(iface, mode, (&addrs, gue_port, from), pin_dir, existing);
 
     match &result {
         Ok(()) => tracing::info!(
@@ -345,6 +446,7 @@ pub fn attach(
             replaced = replacing,
             addrs = ?addrs,
             gue_port,
+            from = ?from,
             pin_dir = %pin_dir.display(),
             "decap program attached"
         ),
@@ -366,14 +468,13 @@ pub fn attach(
 fn load_and_attach(
     iface: &str,
     mode: XdpMode,
-    addrs: &[IpAddr],
-    gue_port: u16,
+    (addrs, gue_port, from): (&[IpAddr], u16, &[IpNet]),
     pin_dir: &Path,
     existing: Option<FdLink>,
 ) -> Result<()> {
     let link_path = pin_dir.join(LINK_PIN);
     let mut decap = Decap::load_with(Some(pin_dir))?;
-    decap.set_local_addrs(addrs, gue_port)?;
+    decap.set_tunnels(addrs, gue_port, from)?;
     let prog = decap.program();
     match existing {
         Some(link) => {

@@ -824,6 +824,77 @@ fn local_addresses_are_replaced_not_merged() {
     ));
 }
 
+/// With prefixes to take tunnels from (`lbctl decap attach --from`), every
+/// kind of tunnel, over IPv4 and IPv6, is stripped from a source inside
+/// them and dropped (`drop_source_not_allowed`) from one outside, even
+/// next to the boundary; other UDP to the host passes whatever its
+/// source. Without prefixes, tunnels come from anywhere again.
+#[test]
+fn tunnels_are_taken_only_from_the_given_prefixes() {
+    let mut rig = rig();
+    let addrs = [ip(BACKEND_V4), ip(BACKEND_V6)];
+    // Host bits are cleared: the trie holds networks.
+    let from: Vec<ipnet::IpNet> = vec![
+        "10.255.0.77/24".parse().unwrap(),
+        "fd00:ff::/64".parse().unwrap(),
+    ];
+    rig.decap
+        .set_tunnels(&addrs, GUE_PORT, &from)
+        .expect("write addresses and prefixes");
+    let mut listed = rig.decap.sources().expect("read prefixes");
+    listed.sort();
+    let want: Vec<ipnet::IpNet> = vec![
+        "10.255.0.0/24".parse().unwrap(),
+        "fd00:ff::/64".parse().unwrap(),
+    ];
+    assert_eq!(listed, want);
+    let inner = inner_frame(false, L4::Udp, Vlan::Untagged, b"x");
+    let cases = [
+        (BACKEND_V4, "10.255.0.255", "10.255.1.0"),
+        (BACKEND_V6, "fd00:ff::ffff:1", "fd00:ff:0:1::1"),
+    ];
+    for (dst, inside, outside) in cases {
+        let kinds = [
+            (Outer::ipip(dst), DecapCounter::DecapIpip),
+            (Outer::gre(dst), DecapCounter::DecapGre),
+            (Outer::gue(dst), DecapCounter::DecapGue),
+        ];
+        for (outer, decapsulated) in kinds {
+            let from_inside = Outer {
+                src: inside,
+                ..outer
+            };
+            rig.run_counted(inside, &encap(&inner, from_inside), decapsulated);
+            let from_outside = Outer {
+                src: outside,
+                ..outer
+            };
+            rig.run_counted(
+                outside,
+                &encap(&inner, from_outside),
+                DecapCounter::DropSource,
+            );
+        }
+        let not_gue = Outer {
+            src: outside,
+            gue_port: GUE_PORT + 1,
+            ..Outer::gue(dst)
+        };
+        let packet = encap(&inner, not_gue);
+        let (_, out) = rig.run_counted("plain udp", &packet, DecapCounter::PassNotTunnel);
+        assert_eq!(out, packet, "other UDP passes untouched");
+    }
+    rig.decap
+        .set_tunnels(&addrs, GUE_PORT, &[])
+        .expect("no prefixes");
+    assert_eq!(rig.decap.sources().expect("read prefixes"), vec![]);
+    let anyone = Outer {
+        src: "192.0.2.99",
+        ..Outer::ipip(BACKEND_V4)
+    };
+    rig.run_counted("anyone", &encap(&inner, anyone), DecapCounter::DecapIpip);
+}
+
 // ---------------------------------------------------------------- attached
 
 /// Runs `f` on a new thread in a new network namespace of its own, which
@@ -1008,7 +1079,7 @@ fn attached_program_decapsulates_for_the_stack_and_survives_replacement() {
         let pins = PinDir::new("attach");
         let dir = pins.0.as_path();
         // No addresses given: the program takes dcp-b's own.
-        decap::attach("dcp-b", XdpMode::Driver, &[], GUE_PORT, dir).expect("attach");
+        decap::attach("dcp-b", XdpMode::Driver, &[], GUE_PORT, &[], dir).expect("attach");
         let first = xdp_prog_id("dcp-b").expect("an XDP program on dcp-b");
         assert!(dir.join(decap::LINK_PIN).exists(), "link pinned");
         // Everything we loaded is closed: only the pins keep it attached.
@@ -1049,8 +1120,15 @@ fn attached_program_decapsulates_for_the_stack_and_survives_replacement() {
 
         // Attach again, IPv4 only: the program is replaced inside the pinned
         // link, the counters carry on, the address set is replaced.
-        decap::attach("dcp-b", XdpMode::Driver, &[ip(BACKEND_V4)], GUE_PORT, dir)
-            .expect("re-attach");
+        decap::attach(
+            "dcp-b",
+            XdpMode::Driver,
+            &[ip(BACKEND_V4)],
+            GUE_PORT,
+            &[],
+            dir,
+        )
+        .expect("re-attach");
         let second = xdp_prog_id("dcp-b").expect("still an XDP program on dcp-b");
         assert_ne!(first, second, "a new program in the link");
         let inner = inner_frame(false, L4::Udp, Vlan::Untagged, b"after replace");
@@ -1064,7 +1142,14 @@ fn attached_program_decapsulates_for_the_stack_and_survives_replacement() {
         assert_eq!(counter(&c, DecapCounter::PassNotLocal), 2);
 
         // The same pin directory cannot take over another interface.
-        match decap::attach("dcp-a", XdpMode::Driver, &[ip(BACKEND_V4)], GUE_PORT, dir) {
+        match decap::attach(
+            "dcp-a",
+            XdpMode::Driver,
+            &[ip(BACKEND_V4)],
+            GUE_PORT,
+            &[],
+            dir,
+        ) {
             Err(DecapError::PinnedElsewhere { .. }) => {}
             other => panic!("attach to dcp-a with dcp-b's pins: {other:?}"),
         }
@@ -1087,12 +1172,12 @@ fn attach_errors_leave_nothing_behind() {
         ip_cmd("link add dcp-a type veth peer name dcp-b");
         let pins = PinDir::new("errors");
         let dir = pins.0.as_path();
-        match decap::attach("nope0", XdpMode::Skb, &[], GUE_PORT, dir) {
+        match decap::attach("nope0", XdpMode::Skb, &[], GUE_PORT, &[], dir) {
             Err(DecapError::UnknownInterface { .. }) => {}
             other => panic!("attach to a missing interface: {other:?}"),
         }
         // Down, so not even a link-local address.
-        match decap::attach("dcp-b", XdpMode::Skb, &[], GUE_PORT, dir) {
+        match decap::attach("dcp-b", XdpMode::Skb, &[], GUE_PORT, &[], dir) {
             Err(DecapError::NoAddresses { .. }) => {}
             other => panic!("attach without addresses: {other:?}"),
         }
@@ -1100,7 +1185,7 @@ fn attach_errors_leave_nothing_behind() {
 
         // An XDP program that is not ours is in the way.
         let _pass = PassProgram::attach("dcp-b").expect("attach lb_pass");
-        let err = decap::attach("dcp-b", XdpMode::Skb, &[ip(BACKEND_V4)], GUE_PORT, dir)
+        let err = decap::attach("dcp-b", XdpMode::Skb, &[ip(BACKEND_V4)], GUE_PORT, &[], dir)
             .expect_err("dcp-b is taken");
         assert!(
             matches!(err, DecapError::Program { .. }),
@@ -1132,13 +1217,28 @@ fn a_pinned_link_whose_interface_is_gone_is_replaced() {
             ip_cmd("link set dcp-b up");
         };
         setup();
-        decap::attach("dcp-b", XdpMode::Driver, &[ip(BACKEND_V4)], GUE_PORT, dir).expect("attach");
+        decap::attach(
+            "dcp-b",
+            XdpMode::Driver,
+            &[ip(BACKEND_V4)],
+            GUE_PORT,
+            &[],
+            dir,
+        )
+        .expect("attach");
         // Deleting the interface leaves a pinned link attached to nothing.
         ip_cmd("link del dcp-a");
         setup();
         assert_eq!(xdp_prog_id("dcp-b"), None);
-        decap::attach("dcp-b", XdpMode::Driver, &[ip(BACKEND_V4)], GUE_PORT, dir)
-            .expect("attach over a stale pin");
+        decap::attach(
+            "dcp-b",
+            XdpMode::Driver,
+            &[ip(BACKEND_V4)],
+            GUE_PORT,
+            &[],
+            dir,
+        )
+        .expect("attach over a stale pin");
         assert!(xdp_prog_id("dcp-b").is_some(), "attached to the new dcp-b");
         decap::detach(dir).expect("detach");
         assert_eq!(xdp_prog_id_after_detach("dcp-b"), None);

@@ -496,6 +496,35 @@ fn a_local_connection_keeps_the_packet_another_one_hands_it_on() {
     });
 }
 
+/// A list forged by a host outside the prefixes the backend takes
+/// tunnels from is dropped, never handed on (the backend would relay it to
+/// the addresses it names); the same list from the balancer's or another
+/// backend's prefix is handed on.
+#[test]
+fn a_list_from_outside_the_given_prefixes_is_dropped_not_handed_on() {
+    let mut b = Backend::new(&[BACKEND_V4]);
+    let from: Vec<ipnet::IpNet> = vec![
+        "10.255.0.0/24".parse().unwrap(),
+        "10.1.0.0/24".parse().unwrap(),
+    ];
+    b.rig
+        .decap
+        .set_tunnels(&[ip(BACKEND_V4)], GUE_PORT, &from)
+        .expect("write addresses and prefixes");
+    // To a VIP address no socket here holds: a list would be handed on.
+    let client: SocketAddr = "192.0.2.7:40000".parse().unwrap();
+    let vip: SocketAddr = "10.0.0.10:80".parse().unwrap();
+    let pkt = inner(client, vip, false);
+    let target = "198.51.100.9";
+    let forged = listed(&pkt, "203.0.113.5", BACKEND_V4, &[target], 0);
+    b.run("forged", &forged, DecapCounter::DropSource);
+    for src in ["10.255.0.1", OTHER_V4] {
+        let input = listed(&pkt, src, BACKEND_V4, &[OTHER_V4], 0);
+        let out = b.run(src, &input, DecapCounter::FwdScNextHop);
+        check_handed_on(&input, &out, BACKEND_V4, OTHER_V4);
+    }
+}
+
 #[test]
 fn a_connection_in_its_handshake_is_local() {
     in_private_netns(|| {

@@ -186,6 +186,7 @@ fn decap_counters(rig: &EcmpRig) -> Result<Vec<(String, u64)>> {
         "decap_sc_last_resort",
         "decap_sc_no_lookup",
         "malformed_sc_header",
+        "drop_source_not_allowed",
     ];
     let mut sums = vec![0u64; names.len()];
     let lbctl = bin_path("lbctl")?;
@@ -323,6 +324,15 @@ fn off_then_on(scenario: Scenario) {
         }
         if on.listed == 0 {
             bail!("{scenario:?}: no packet carried alternates");
+        }
+        // The backends take tunnels from the balancers and each other only
+        // (`--from`): none of theirs may be refused.
+        let refused = on
+            .decap
+            .iter()
+            .find(|(n, _)| n == "drop_source_not_allowed");
+        if refused.is_none_or(|(_, n)| *n != 0) {
+            bail!("{scenario:?}: tunnels refused by source: {:?}", on.decap);
         }
         Ok(())
     })());

@@ -240,6 +240,11 @@ impl EcmpRig {
         }
 
         let lbctl = bin_path("lbctl")?;
+        // Tunnels only from the balancers and (second chance) the backends.
+        let mut from = vec!["--from".to_string(), "10.98.0.0/16".to_string()];
+        for i in 0..self.backends.len() {
+            from.extend(["--from".to_string(), format!("{}/32", backend_addr(i))]);
+        }
         for (i, b) in self.backends.iter().enumerate() {
             let net = 30 + i + 1;
             let r_if = format!("r-be{}", i + 1);
@@ -257,8 +262,11 @@ impl EcmpRig {
             b.ns.ip(&["addr", "add", &format!("{VIP}/32"), "dev", "lo"])?;
             b.ns.sysctl("net.ipv4.conf.all.rp_filter", "0")?;
             b.ns.sysctl("net.ipv4.conf.eth0.rp_filter", "0")?;
-            sh(b.ns.command(&lbctl).args(["decap", "attach", "eth0"]))
-                .with_context(|| format!("lbctl decap attach in {}", b.name))?;
+            sh(b.ns
+                .command(&lbctl)
+                .args(["decap", "attach", "eth0"])
+                .args(&from))
+            .with_context(|| format!("lbctl decap attach in {}", b.name))?;
         }
         Ok(())
     }

@@ -315,6 +315,27 @@ fn a_dry_run_and_bad_input_change_nothing() {
             "no interface 'nope0'",
         )?;
         refused(&be, &state, &["--bogus", vip], 2, "unknown option --bogus")?;
+        let args = [
+            "--dry-run",
+            "--iface",
+            "eth0",
+            "--from",
+            "10.98.0.0/16",
+            "--from",
+            "fd00:98::/64",
+            vip,
+        ];
+        let dry = script_ok(&be, &state, &args)?;
+        if !dry.contains("decap attach eth0 --mode native --gue-port 6080 --from 10.98.0.0/16 --from fd00:98::/64") {
+            bail!("the dry run should pass --from on to lbctl:\n{dry}");
+        }
+        refused(
+            &be,
+            &state,
+            &["--from", "10.98.0.0/16;reboot", "--iface", "eth0", vip],
+            2,
+            "--from: a prefix",
+        )?;
         kernel_decap(&be, &state)?;
         if snapshot(&be)? != before || state.exists() {
             bail!(

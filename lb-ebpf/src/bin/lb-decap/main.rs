@@ -6,7 +6,9 @@
 //!
 //! Only packets addressed to one of the backend's own addresses
 //! (`LB_DECAP_ADDRS`, written by `lb::decap`) are touched; everything else
-//! passes unchanged. A tunnel packet to us that is malformed (outer or inner
+//! passes unchanged. An address attached with `--from` takes tunnels only
+//! from those prefixes (`LB_DECAP_FROM`); a tunnel from elsewhere is
+//! dropped before anything is stripped or handed on. A tunnel packet to us that is malformed (outer or inner
 //! header broken or cut short) is dropped: it is ours, nothing else on the
 //! host can use it (no tunnel driver), and passing it would only show the
 //! stack a protocol-4/41/47 packet it answers with ICMP "protocol

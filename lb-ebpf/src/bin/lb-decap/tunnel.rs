@@ -26,7 +26,11 @@
 //!    family's), the next index at most the count, UDP checksum 0 (lb sends
 //!    0 and a forwarding backend rewrites addresses), the inner protocol 4
 //!    or 41 → otherwise `malformed_sc_header`;
-//! 6. inner header missing, of the wrong version or longer than the outer
+//! 6. the destination takes tunnels only from `LB_DECAP_FROM`
+//!    (`DECAP_F_CHECK_SOURCE` in its value) and the outer source is in no
+//!    prefix there → `drop_source_not_allowed`: neither stripped nor
+//!    handed on (a forged second-chance list would make this host relay);
+//! 7. inner header missing, of the wrong version or longer than the outer
 //!    packet → `malformed_inner`. For GUE the version nibble of the first
 //!    byte (variant 1) or the GUE header's protocol (variant 0) says which
 //!    inner header to expect.
@@ -35,17 +39,18 @@
 //! on `ip_rcv` for that; here the Ethernet FCS covers the last hop, and the
 //! stack checks the inner packet's own checksums).
 
-use aya_ebpf::programs::XdpContext;
+use aya_ebpf::{maps::lpm_trie::Key, programs::XdpContext};
 use lb_common::{
-    DecapAddr,
+    AddrWords, DecapAddr, V4_MAPPED_WORD,
     consts::{
-        ETH_HDR_LEN, ETH_P_8021AD, ETH_P_8021Q, ETH_P_IPV4, ETH_P_IPV6, FAMILY_V4, FAMILY_V6,
-        GRE_HDR_LEN, GUE_HDR_LEN, IPV4_HDR_LEN, IPV6_HDR_LEN, PROTO_GRE, PROTO_IPIP, PROTO_IPV6,
-        PROTO_UDP, SC_HDR_LEN, SC_MAX_ALTERNATES, SC_TYPE, UDP_HDR_LEN, VLAN_HDR_LEN,
+        DECAP_F_CHECK_SOURCE, ETH_HDR_LEN, ETH_P_8021AD, ETH_P_8021Q, ETH_P_IPV4, ETH_P_IPV6,
+        FAMILY_V4, FAMILY_V6, GRE_HDR_LEN, GUE_HDR_LEN, IPV4_HDR_LEN, IPV6_HDR_LEN, PROTO_GRE,
+        PROTO_IPIP, PROTO_IPV6, PROTO_UDP, SC_HDR_LEN, SC_MAX_ALTERNATES, SC_TYPE, UDP_HDR_LEN,
+        VLAN_HDR_LEN,
     },
     counters::DecapCounter::{
-        self, DecapGre, DecapGue, DecapIpip, MalformedInner, MalformedOuter, MalformedSc,
-        PassGreUnsupported, PassNotLocal, PassNotTunnel, PassOuterFragment,
+        self, DecapGre, DecapGue, DecapIpip, DropSource, MalformedInner, MalformedOuter,
+        MalformedSc, PassGreUnsupported, PassNotLocal, PassNotTunnel, PassOuterFragment,
     },
 };
 use lb_ebpf::{
@@ -55,7 +60,7 @@ use lb_ebpf::{
     },
 };
 
-use crate::maps::LB_DECAP_ADDRS;
+use crate::maps::{LB_DECAP_ADDRS, LB_DECAP_FROM};
 
 /// A tunnel packet addressed to us whose inner packet is complete.
 #[derive(Clone, Copy)]
@@ -106,6 +111,9 @@ struct Outer {
     /// The GUE port of the destination address (network order; 0: none).
     gue_port: u16,
     v6: bool,
+    /// The source as `LB_DECAP_FROM` keys hold it, if the destination
+    /// takes tunnels only from there.
+    checked_source: Option<AddrWords>,
 }
 
 #[inline(always)]
@@ -124,16 +132,30 @@ fn not_local(proto: u8) -> DecapCounter {
     }
 }
 
-/// If `addr` is one of the backend's own addresses: its GUE port.
+/// If `addr` is one of the backend's own addresses: its value (GUE port
+/// and flags).
 #[inline(always)]
-fn local(addr: [u32; 4], family: u8) -> Option<u16> {
+fn local(addr: [u32; 4], family: u8) -> Option<u32> {
     let key = DecapAddr {
         addr,
         family,
         _pad: [0; 3],
     };
     // SAFETY: a live map value, copied out.
-    LB_DECAP_ADDRS.get_ptr(key).map(|v| unsafe { *v } as u16)
+    LB_DECAP_ADDRS.get_ptr(key).map(|v| unsafe { *v })
+}
+
+/// `src` (as [`mapped`](lb_common::mapped_words) words) if `local`, the
+/// destination's value, asks that tunnels come from `LB_DECAP_FROM`.
+#[inline(always)]
+fn checked(local: u32, src: AddrWords) -> Option<AddrWords> {
+    (local & DECAP_F_CHECK_SOURCE != 0).then_some(src)
+}
+
+/// Is `src` in a prefix of `LB_DECAP_FROM`?
+#[inline(always)]
+fn allowed(src: AddrWords) -> bool {
+    LB_DECAP_FROM.get(Key::new(128, src)).is_some()
 }
 
 /// Parses `ctx` down to the inner IP header.
@@ -162,6 +184,11 @@ pub fn parse(ctx: &XdpContext) -> Result<Tunnel, DecapCounter> {
 
     let outer_end = l2_len + outer.len;
     let inner = tunnel_header(ctx, &outer, l2_len + outer.hdr_len, outer_end)?;
+    if let Some(src) = outer.checked_source
+        && !allowed(src)
+    {
+        return Err(DropSource);
+    }
     // Bytes the outer packet carries after the inner header's start.
     let inner_room = outer_end - inner.off;
     let inner_ethertype = if inner.v6 {
@@ -316,7 +343,7 @@ fn outer_ipv4(ctx: &XdpContext, off: usize, room: usize) -> Result<Outer, DecapC
     if ip.version_ihl >> 4 != 4 || !is_tunnel_proto(ip.protocol) {
         return Err(PassNotTunnel);
     }
-    let Some(gue_port) = local([ip.daddr, 0, 0, 0], FAMILY_V4) else {
+    let Some(value) = local([ip.daddr, 0, 0, 0], FAMILY_V4) else {
         return Err(not_local(ip.protocol));
     };
     let ihl = ((ip.version_ihl & 0x0f) as usize) * 4;
@@ -334,8 +361,9 @@ fn outer_ipv4(ctx: &XdpContext, off: usize, room: usize) -> Result<Outer, DecapC
         hdr_len: ihl,
         len: tot_len,
         next: ip.protocol,
-        gue_port,
+        gue_port: value as u16,
         v6: false,
+        checked_source: checked(value, [0, 0, V4_MAPPED_WORD, ip.saddr]),
     })
 }
 
@@ -347,7 +375,7 @@ fn outer_ipv6(ctx: &XdpContext, off: usize, room: usize) -> Result<Outer, DecapC
     if u32::from_be(ip.vtc_flow) >> 28 != 6 || !is_tunnel_proto(ip.nexthdr) {
         return Err(PassNotTunnel);
     }
-    let Some(gue_port) = local(ip.daddr, FAMILY_V6) else {
+    let Some(value) = local(ip.daddr, FAMILY_V6) else {
         return Err(not_local(ip.nexthdr));
     };
     // A jumbogram (payload length 0) leaves no room for an inner header and
@@ -360,8 +388,9 @@ fn outer_ipv6(ctx: &XdpContext, off: usize, room: usize) -> Result<Outer, DecapC
         hdr_len: IPV6_HDR_LEN,
         len,
         next: ip.nexthdr,
-        gue_port,
+        gue_port: value as u16,
         v6: true,
+        checked_source: checked(value, ip.saddr),
     })
 }
 

@@ -24,6 +24,11 @@ pub enum DecapCommand {
         /// gue_port); 0 accepts no GUE.
         #[arg(long, default_value_t = lb_common::consts::GUE_PORT)]
         gue_port: u16,
+        /// Take tunnels only from this prefix (repeat it): the balancers'
+        /// addresses (or outer_source prefixes) and, with second chance,
+        /// the other backends'. Without it, from any source.
+        #[arg(long = "from")]
+        from: Vec<ipnet::IpNet>,
     },
     /// Detach it from IFACE.
     Detach {
@@ -66,14 +71,20 @@ pub fn run(cmd: DecapCommand, json: bool) -> Result<()> {
             mode,
             local,
             gue_port,
+            from,
         } => {
             let mode = match mode {
                 ModeArg::Native => XdpMode::Driver,
                 ModeArg::Generic => XdpMode::Skb,
                 ModeArg::Auto => XdpMode::Default,
             };
-            lb::decap::attach(&iface, mode, &local, gue_port, &decap_dir(&iface))
+            lb::decap::attach(&iface, mode, &local, gue_port, &from, &decap_dir(&iface))
                 .with_context(|| format!("attaching the decap program to {iface}"))?;
+            if from.is_empty() {
+                eprintln!(
+                    "warning: {iface} takes tunnels from any source: whoever reaches this host can tunnel packets into it, and have it hand second-chance lists on; give --from with the balancers' (and, for second chance, the backends') prefixes, or filter tunnels at the edge"
+                );
+            }
             if json {
                 println!("{}", serde_json::json!({ "attached": iface }));
             } else {
