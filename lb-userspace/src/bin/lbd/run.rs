@@ -714,7 +714,7 @@ fn on_feed(
         }
         Feed::Tick => {
             let steps = daemon.rollout_tick(crate::tier::rollout_now());
-            let reloads = crate::tier::run_steps(link, steps);
+            let reloads = crate::tier::run_steps(daemon, link, steps);
             start_reloads(daemon, reloads, parsed);
         }
     }

@@ -27,6 +27,9 @@ pub struct TierLink {
     /// The tier's desired state as last read (a rollout that fails goes
     /// back to it).
     pub latest: Option<Desired>,
+    /// The desired state that ran before a rollout's candidate (a revert
+    /// goes back to it if the tier's is absent or unreadable).
+    before_candidate: Option<Desired>,
     /// Writes for the etcd task (a rollout's steps).
     commands: mpsc::Sender<Command>,
     /// A rollout's clock: its steps are decided once a second.
@@ -152,6 +155,7 @@ impl TierLink {
             task,
             applied,
             latest: None,
+            before_candidate: None,
             commands,
             tick,
             computed: std::time::Instant::now(),
@@ -248,7 +252,11 @@ pub type Reload = (Desired, Via);
 /// Carries out a rollout's steps: writes go to the etcd task; an apply or
 /// a revert is a reload composed with the candidate or the tier's desired
 /// state, returned for the loop to start.
-pub fn run_steps(link: &mut TierLink, steps: Vec<Step>) -> Vec<Reload> {
+pub fn run_steps(
+    daemon: &mut Daemon<KernelDataplane>,
+    link: &mut TierLink,
+    steps: Vec<Step>,
+) -> Vec<Reload> {
     let mut reloads = Vec::new();
     for step in steps {
         let (desired, via) = match step {
@@ -261,14 +269,30 @@ pub fn run_steps(link: &mut TierLink, steps: Vec<Step>) -> Vec<Reload> {
                 (candidate, Via::Candidate(id))
             }
             Step::Revert { id, say } => {
-                let back = link.latest.clone().unwrap_or_else(nothing);
-                (back, Via::Revert { id, say })
+                match revert_target(link.latest.as_ref(), link.before_candidate.as_ref()) {
+                    Some(back) => (back, Via::Revert { id, say }),
+                    None => {
+                        tracing::error!(
+                            rollout = id,
+                            "rollout: no desired state to go back to (the tier's is absent or unreadable, and none ran before the candidate here): the candidate stays"
+                        );
+                        daemon.rollout_reverted(id, say, false);
+                        continue;
+                    }
+                }
             }
         };
         link.urgent = true;
         reloads.push((desired, via));
     }
     reloads
+}
+
+/// What a revert goes back to: the tier's desired state as last read,
+/// else the one that ran before the candidate; never no VIPs at all (a
+/// revert with neither keeps the candidate: fail static).
+fn revert_target(latest: Option<&Desired>, before: Option<&Desired>) -> Option<Desired> {
+    latest.or(before).cloned()
 }
 
 /// After a reload composed with `desired` (made `via`): what the tier and
@@ -282,7 +306,10 @@ pub fn after_reload(
     link.urgent = true;
     let revision = desired.revision;
     if outcome.is_ok() && !dry_run {
-        link.applied = desired;
+        let ran = std::mem::replace(&mut link.applied, desired);
+        if matches!(via, Via::Candidate(_)) && !ran.rollout {
+            link.before_candidate = Some(ran);
+        }
     }
     let now = rollout_now();
     let steps = match via {
@@ -304,7 +331,7 @@ pub fn after_reload(
             daemon.rollout_reverted(id, say, ok)
         }
     };
-    run_steps(link, steps)
+    run_steps(daemon, link, steps)
 }
 
 /// The answer to `--abort`.
@@ -424,6 +451,24 @@ mod tests {
             overlay: Some(Overlay::default()),
             file_digest: None,
         }
+    }
+
+    /// A revert goes back to the tier's desired state, else to what ran
+    /// before the candidate, else nowhere (never to no VIPs).
+    #[test]
+    fn a_revert_goes_back_to_the_tiers_state_or_what_ran_before_never_to_nothing() {
+        let d = |revision| lb::tier::Desired {
+            revision,
+            text: format!("vips: [] # {revision}\n").into(),
+            rollout: false,
+        };
+        let back = |l: Option<i64>, b: Option<i64>| {
+            let (l, b) = (l.map(d), b.map(d));
+            super::revert_target(l.as_ref(), b.as_ref()).map(|t| t.revision)
+        };
+        assert_eq!(back(Some(9), Some(5)), Some(9));
+        assert_eq!(back(None, Some(5)), Some(5));
+        assert_eq!(back(None, None), None);
     }
 
     /// A restart starts from what ran last, with the etcd revision it
