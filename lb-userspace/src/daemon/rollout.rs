@@ -45,6 +45,8 @@ pub struct RolloutState {
     step: String,
     /// Packets forwarded, sampled once a second for the last 10 s.
     forwarded: VecDeque<u64>,
+    /// The record (or its absence) was read since the link last came up.
+    record_read: bool,
 }
 
 /// This balancer holds the candidate of rollout `id` since `since`.
@@ -80,6 +82,27 @@ impl<D: Dataplane> Daemon<D> {
             warn!("etcd: the rollout record at revision {at} is refused: {why}");
         }
         self.rollout.record = record;
+        self.rollout.record_read = true;
+    }
+
+    /// The session with etcd ended: the record must be read again before
+    /// its absence means anything.
+    pub fn rollout_link_lost(&mut self) {
+        self.rollout.record_read = false;
+    }
+
+    /// The rollout whose candidate runs here, if nothing will judge or
+    /// revert it any more: its record is gone, or is another rollout's
+    /// now, and no newer desired state took over.
+    fn orphaned_candidate(&self) -> Option<i64> {
+        let candidate = self.tier.candidate?;
+        let current = match &self.rollout.record {
+            Some(Ok((record, at))) => Some(record.id(*at)),
+            Some(Err(_)) => return None,
+            None => None,
+        };
+        let superseded = self.tier.seen.is_some_and(|d| d > candidate);
+        (self.rollout.record_read && current != Some(candidate) && !superseded).then_some(candidate)
     }
 
     /// Every balancer's progress, as last read.
@@ -96,12 +119,15 @@ impl<D: Dataplane> Daemon<D> {
             samples.pop_front();
         }
         let connected = matches!(self.tier_link_up(), Some(true));
-        let Some(Ok((record, at))) = self.rollout.record.clone() else {
-            return Vec::new();
-        };
         if self.rollout.busy || !connected {
             return Vec::new();
         }
+        if let Some(id) = self.orphaned_candidate() {
+            return self.revert_orphan(id);
+        }
+        let Some(Ok((record, at))) = self.rollout.record.clone() else {
+            return Vec::new();
+        };
         let action = self.rollout_decide(&record, at, now);
         self.rollout.step = match &action {
             Action::Wait(why) => why.clone(),
@@ -109,6 +135,20 @@ impl<D: Dataplane> Daemon<D> {
             other => format!("{other:?}"),
         };
         self.rollout_act(action, &record, at, now)
+    }
+
+    /// Goes back from the candidate of rollout `id`, which no record
+    /// judges any more ([`Self::orphaned_candidate`]); asked once per 3 s.
+    fn revert_orphan(&mut self, id: i64) -> Vec<Step> {
+        if self.asked_recently(Action::Revert(id)) {
+            return Vec::new();
+        }
+        warn!(
+            rollout = id,
+            "rollout: its record is gone or another rollout's: going back to the tier's desired state"
+        );
+        self.rollout.busy = true;
+        vec![Step::Revert { id, say: false }]
     }
 
     fn rollout_decide(&self, record: &Rollout, at: i64, now: u64) -> Action {
@@ -154,16 +194,23 @@ impl<D: Dataplane> Daemon<D> {
             }
             _ => {}
         }
+        if self.asked_recently(action.clone()) {
+            return Vec::new();
+        }
+        self.rollout_steps(action, record, at)
+    }
+
+    /// Whether `action` was asked in the last 3 s; if not, it is asked now.
+    fn asked_recently(&mut self, action: Action) -> bool {
         let repeated = self
             .rollout
             .sent
             .as_ref()
             .is_some_and(|(a, t)| *a == action && t.elapsed() < Duration::from_secs(3));
-        if repeated {
-            return Vec::new();
+        if !repeated {
+            self.rollout.sent = Some((action, Instant::now()));
         }
-        self.rollout.sent = Some((action.clone(), Instant::now()));
-        self.rollout_steps(action, record, at)
+        repeated
     }
 
     /// The steps of an action that does something.

@@ -343,6 +343,40 @@ async fn a_runtime_change_here_is_not_judged_by_the_plans_table() {
     }
 }
 
+/// A candidate no record judges any more (the record deleted, or
+/// replaced by another rollout's) goes back to the tier's desired state,
+/// but only once the record was read since the link came up, and not if
+/// a newer desired state took over.
+#[tokio::test]
+async fn a_candidate_whose_record_is_gone_goes_back() {
+    let mut r = member().await;
+    r.daemon.on_rollout(Some(Ok((record(&r), ID))));
+    applied(&mut r, T0).await;
+    // The session ends and comes back: until the record is read again,
+    // its absence says nothing.
+    r.daemon.on_tier_link(Err("connection reset".into()));
+    r.daemon.on_tier_link(Ok(12));
+    assert!(r.daemon.rollout_tick(T0 + 1).is_empty());
+    r.daemon.on_rollout(None);
+    assert_eq!(said(&r.daemon.rollout_tick(T0 + 2)), ["revert 8 false"]);
+
+    // Replaced by another rollout's record: the same.
+    let mut r = member().await;
+    r.daemon.on_rollout(Some(Ok((record(&r), ID))));
+    applied(&mut r, T0).await;
+    let other = record(&r);
+    r.daemon.on_rollout(Some(Ok((other, ID + 5))));
+    assert_eq!(said(&r.daemon.rollout_tick(T0 + 1)), ["revert 8 false"]);
+
+    // A newer desired state decides instead.
+    let mut r = member().await;
+    r.daemon.on_rollout(Some(Ok((record(&r), ID))));
+    applied(&mut r, T0).await;
+    assert!(r.daemon.tier_should_apply(ID + 1), "seen, to be applied");
+    r.daemon.on_rollout(None);
+    assert!(r.daemon.rollout_tick(T0 + 1).is_empty());
+}
+
 #[tokio::test]
 async fn an_added_backend_that_passes_its_checks_serves() {
     let mut r = rig(TIER_FILE);
