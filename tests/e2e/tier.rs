@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail};
 use lb_tests::{
     ecmp::{EcmpRig, balancer_addr, router_addr},
-    etcd::{Certs, Etcd, client_port},
+    etcd::{AUTH_TOKEN_TTL, Certs, Etcd, client_port},
     rig::Lbd,
     routers::{RouterKind, wait_for},
     scenario::{check, serial},
@@ -758,6 +758,24 @@ fn etcd_users_are_checked_and_a_wrong_password_is_named() {
         let (_, desired) = split_config(&rig, 1, &[0])?;
         let r = etcd.put(&format!("{PREFIX}/desired"), desired.as_bytes())?;
         wait_applied(&good, r, Duration::from_secs(30))?;
+        // A quiet tier: its token expires. The next desired state is
+        // applied and reported over the same session (the token renewed,
+        // not the session ended by "invalid auth token").
+        let since = tier_status(&good)?["since"].clone();
+        std::thread::sleep(AUTH_TOKEN_TTL * 2);
+        let (_, desired) = split_weighted(&rig, 1, &[(0, 2)])?;
+        let r2 = etcd.put(&format!("{PREFIX}/desired"), desired.as_bytes())?;
+        wait_applied(&good, r2, Duration::from_secs(30))?;
+        wait_for(
+            "lb1's report of the new revision in etcd",
+            Duration::from_secs(30),
+            Duration::from_millis(100),
+            || Ok(report(&etcd, "lb1")?.is_some_and(|v| v["applied"].as_i64() == Some(r2))),
+        )?;
+        let status = tier_status(&good)?;
+        if status["since"] != since || status["connected"] != true {
+            bail!("the session with etcd ended after the token expired: {status}");
+        }
         let refused = wait_for(
             "the wrong password named",
             Duration::from_secs(30),

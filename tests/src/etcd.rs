@@ -146,6 +146,9 @@ pub fn client_port(i: usize) -> u16 {
     2379 + 10_000 * i as u16
 }
 
+/// How long an idle authentication token lives in the tests' etcd.
+pub const AUTH_TOKEN_TTL: Duration = Duration::from_secs(3);
+
 impl Etcd {
     /// Starts a one-member cluster in `ns`, serving clients on every
     /// address of the namespace, port 2379; waits until it answers.
@@ -237,6 +240,10 @@ impl Etcd {
                 .args(["--initial-advertise-peer-urls", &peer])
                 .args(["--initial-cluster", &cluster])
                 .args(["--initial-cluster-token", "lb-tests"])
+                // With authentication on, a token idle this long expires
+                // (etcd's default: 300 s): the tests see what a quiet
+                // tier sees after five minutes.
+                .args(["--auth-token-ttl", &AUTH_TOKEN_TTL.as_secs().to_string()])
                 .stdin(Stdio::null())
                 .stdout(log.try_clone()?)
                 .stderr(log)

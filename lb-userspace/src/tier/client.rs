@@ -585,7 +585,12 @@ async fn connect(source: &EtcdSource, endpoint: &str) -> Result<Client, etcd_cli
     }
     if let Some(auth) = &source.auth {
         let password = auth.password().map_err(etcd_client::Error::InvalidArgs)?;
-        options = options.with_user(auth.user.clone(), password);
+        // A quiet tier writes nothing for minutes while its lease is kept
+        // alive; etcd expires the idle token meanwhile, and the next write
+        // would end the session.
+        options = options
+            .with_user(auth.user.clone(), password)
+            .with_auto_token_refresh(true);
     }
     Client::connect([endpoint], Some(options)).await
 }
