@@ -780,6 +780,9 @@ async fn apply_reload(
     parsed: ParsedReload,
     again: &mpsc::Sender<ParsedReload>,
 ) {
+    let Some(parsed) = current(daemon, tier, parsed, again) else {
+        return;
+    };
     let change = match (&parsed.via, &parsed.file) {
         (Via::Candidate(_), Ok(file)) => {
             Some(lb::daemon::explain_change(daemon.config(), &file.config))
@@ -815,6 +818,52 @@ async fn apply_reload(
         }
     }
     give_back_memory();
+}
+
+/// `parsed` if its desired state is still current ([`crate::tier::stale`]);
+/// otherwise what replaces it is done here: dropped, composed again, or
+/// the rollout told its candidate was superseded.
+fn current(
+    daemon: &mut Daemon<KernelDataplane>,
+    tier: &mut Option<TierLink>,
+    parsed: ParsedReload,
+    again: &mpsc::Sender<ParsedReload>,
+) -> Option<ParsedReload> {
+    use crate::tier::Stale;
+    let (Some(link), Some(desired)) = (tier.as_mut(), parsed.desired.as_ref()) else {
+        return Some(parsed);
+    };
+    let stale = crate::tier::stale((link.latest.as_ref(), &link.applied), desired, &parsed.via);
+    match stale {
+        None => Some(parsed),
+        Some(Stale::Drop) => {
+            info!(
+                revision = desired.revision,
+                "etcd: a newer desired state was read while this one was parsed; applying that one"
+            );
+            None
+        }
+        Some(Stale::Again(applied)) => {
+            let path = daemon.config_path().to_path_buf();
+            let via = (Some(applied), parsed.via);
+            ParsedReload::start(
+                &path,
+                via,
+                parsed.force,
+                parsed.options,
+                parsed.reply,
+                again,
+            );
+            None
+        }
+        Some(Stale::Superseded(id)) => {
+            let why = "a newer desired state came before it could be applied".to_string();
+            let steps = daemon.rollout_applied(id, Err(why), crate::tier::rollout_now());
+            let reloads = crate::tier::run_steps(daemon, link, steps);
+            start_reloads(daemon, reloads, again);
+            None
+        }
+    }
 }
 
 /// Hands the heap's free memory back to the kernel. A reload, check or

@@ -233,6 +233,41 @@ pub enum Via {
     Revert { id: i64, say: bool },
 }
 
+/// A reload parsed off the loop whose desired state is out of date by
+/// the time it is to be applied (reloads are parsed side by side, and
+/// finish in any order).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Stale {
+    /// A desired state older than the newest read: that one's own reload
+    /// follows.
+    Drop,
+    /// An operator's reload composed with a desired state that no longer
+    /// runs: compose it again with this one.
+    Again(Desired),
+    /// A rollout's candidate (the rollout's revision) superseded by a
+    /// newer desired state before it could be applied.
+    Superseded(i64),
+}
+
+/// Whether a reload composed with `desired` (made `via`) is out of date,
+/// given the newest desired state read (`latest`) and the one the
+/// running configuration was composed with (`applied`). Applied anyway,
+/// an older state would overwrite a newer one, and nothing would apply
+/// the newer one again.
+pub fn stale(
+    (latest, applied): (Option<&Desired>, &Desired),
+    desired: &Desired,
+    via: &Via,
+) -> Option<Stale> {
+    let newer = |than: i64| latest.is_some_and(|l| l.revision > than);
+    match via {
+        Via::Desired if newer(desired.revision) => Some(Stale::Drop),
+        Via::Operator if desired != applied => Some(Stale::Again(applied.clone())),
+        Via::Candidate(id) if newer(*id) => Some(Stale::Superseded(*id)),
+        _ => None,
+    }
+}
+
 /// A rollout's clock: seconds since the first reading, on the monotonic
 /// clock. Only holds are timed with it, and a hold never outlives the
 /// process (a restart holds again), so a step of the wall clock (NTP
@@ -451,6 +486,40 @@ mod tests {
             overlay: Some(Overlay::default()),
             file_digest: None,
         }
+    }
+
+    /// A reload whose desired state went out of date while it was parsed
+    /// is dropped, composed again, or its rollout told; a current one is
+    /// applied.
+    #[test]
+    fn a_reload_parsed_against_an_old_desired_state_is_not_applied() {
+        use super::{Stale, Via, stale};
+        let d = |revision, rollout| lb::tier::Desired {
+            revision,
+            text: format!("vips: [] # {revision}\n").into(),
+            rollout,
+        };
+        let (r5, r7) = (d(5, false), d(7, false));
+        fn at(latest: &lb::tier::Desired) -> (Option<&lb::tier::Desired>, &lb::tier::Desired) {
+            (Some(latest), latest)
+        }
+        assert_eq!(stale(at(&r7), &r5, &Via::Desired), Some(Stale::Drop));
+        assert_eq!(stale(at(&r7), &r7, &Via::Desired), None);
+        assert_eq!(stale(at(&r5), &r7, &Via::Desired), None);
+        assert_eq!(
+            stale(at(&r7), &r5, &Via::Operator),
+            Some(Stale::Again(r7.clone()))
+        );
+        assert_eq!(stale(at(&r7), &r7, &Via::Operator), None);
+        let candidate = d(6, true);
+        assert_eq!(
+            stale(at(&r7), &candidate, &Via::Candidate(6)),
+            Some(Stale::Superseded(6))
+        );
+        assert_eq!(stale(at(&r5), &candidate, &Via::Candidate(6)), None);
+        assert_eq!(stale((None, &r5), &r5, &Via::Desired), None);
+        let back = Via::Revert { id: 6, say: true };
+        assert_eq!(stale(at(&r7), &r5, &back), None);
     }
 
     /// A revert goes back to the tier's desired state, else to what ran
