@@ -681,7 +681,7 @@ async fn on_call(
             };
             ParsedReload::start(
                 &path,
-                (desired, Via::Operator),
+                (desired, Via::Diff),
                 !strict,
                 options,
                 Some(reply),

@@ -214,16 +214,25 @@ impl TierLink {
 /// the diff shows what following the tier would change here.
 pub fn newest(link: Option<&TierLink>) -> Option<Desired> {
     let link = link?;
-    let latest = link.latest.as_ref()?;
-    (latest.revision > link.applied.revision).then(|| latest.clone())
+    Some(newest_of(link.latest.as_ref(), &link.applied).clone())
+}
+
+/// `latest` if it is newer than `applied`, else `applied`.
+fn newest_of<'d>(latest: Option<&'d Desired>, applied: &'d Desired) -> &'d Desired {
+    latest
+        .filter(|l| l.revision > applied.revision)
+        .unwrap_or(applied)
 }
 
 /// Why a reload composed with a desired state is made.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Via {
-    /// `lbctl reload`, `lbctl diff`, SIGHUP: the file read again, with the
-    /// VIPs that run.
+    /// `lbctl reload`, SIGHUP: the file read again, with the VIPs that
+    /// run.
     Operator,
+    /// `lbctl diff`: the file read again, with the tier's newest desired
+    /// state ([`newest`]).
+    Diff,
     /// A new desired state in etcd.
     Desired,
     /// A rollout's candidate (the rollout's revision).
@@ -241,8 +250,9 @@ pub enum Stale {
     /// A desired state older than the newest read: that one's own reload
     /// follows.
     Drop,
-    /// An operator's reload composed with a desired state that no longer
-    /// runs: compose it again with this one.
+    /// An operator's reload (or diff) composed with a desired state that
+    /// is no longer the one to compose with: compose it again with this
+    /// one.
     Again(Desired),
     /// A rollout's candidate (the rollout's revision) superseded by a
     /// newer desired state before it could be applied.
@@ -263,6 +273,9 @@ pub fn stale(
     match via {
         Via::Desired if newer(desired.revision) => Some(Stale::Drop),
         Via::Operator if desired != applied => Some(Stale::Again(applied.clone())),
+        Via::Diff if desired != newest_of(latest, applied) => {
+            Some(Stale::Again(newest_of(latest, applied).clone()))
+        }
         Via::Candidate(id) if newer(*id) => Some(Stale::Superseded(*id)),
         _ => None,
     }
@@ -348,7 +361,7 @@ pub fn after_reload(
     }
     let now = rollout_now();
     let steps = match via {
-        Via::Operator => Vec::new(),
+        Via::Operator | Via::Diff => Vec::new(),
         Via::Desired => {
             daemon.tier_outcome(revision, outcome);
             Vec::new()
@@ -511,6 +524,15 @@ mod tests {
             Some(Stale::Again(r7.clone()))
         );
         assert_eq!(stale(at(&r7), &r7, &Via::Operator), None);
+        // A diff composes with the newest desired state, even one refused
+        // here (newer than the applied one).
+        assert_eq!(stale((Some(&r7), &r5), &r7, &Via::Diff), None);
+        assert_eq!(stale((Some(&r7), &r5), &r5, &Via::Operator), None);
+        assert_eq!(
+            stale((Some(&r7), &r5), &r5, &Via::Diff),
+            Some(Stale::Again(r7.clone()))
+        );
+        assert_eq!(stale((None, &r5), &r5, &Via::Diff), None);
         let candidate = d(6, true);
         assert_eq!(
             stale(at(&r7), &candidate, &Via::Candidate(6)),
