@@ -11,7 +11,10 @@ use std::{
     time::Instant,
 };
 
-use lb_common::{FlowEntry, consts::CT_STAMP_CLASS_SHIFT};
+use lb_common::{
+    FlowEntry,
+    consts::{CT_STAMP_CLASS_SHIFT, CT_STAMP_TIME},
+};
 
 use super::{Daemon, Result, refused};
 use crate::{
@@ -95,7 +98,64 @@ impl<D: Dataplane> Daemon<D> {
             let counts = scan.finish();
             self.set_live_flows(&counts);
         }
+        if let Some(j) = jiffies {
+            let recent = self.note_drain_traffic(liveflows::tick_of(j), window, &watched);
+            self.set_quic_traffic(&recent);
+        }
         Some((used, all))
+    }
+
+    /// The draining backends (of `watched`) that were sent packets within
+    /// `window` ticks of `tick`: each one's forwarded packets are compared
+    /// with the count at the tick they last grew. A backend first seen
+    /// draining counts as sent packets now (when it last was is unknown).
+    fn note_drain_traffic(
+        &mut self,
+        tick: u16,
+        window: u16,
+        watched: &BTreeSet<u32>,
+    ) -> BTreeSet<u32> {
+        self.drain_traffic.retain(|h, _| watched.contains(h));
+        let mut recent = BTreeSet::new();
+        for &handle in watched {
+            let index = handle & lb_common::consts::BACKEND_INDEX_MASK;
+            let Ok(now) = self.reconciler.dataplane().backend_stats(index) else {
+                recent.insert(handle);
+                continue;
+            };
+            let (packets, at) = self
+                .drain_traffic
+                .entry(handle)
+                .or_insert((now.packets, tick));
+            if now.packets != *packets {
+                (*packets, *at) = (now.packets, tick);
+            }
+            if tick.wrapping_sub(*at) & CT_STAMP_TIME <= window {
+                recent.insert(handle);
+            }
+        }
+        recent
+    }
+
+    /// Marks the draining backends of QUIC VIPs that were sent packets
+    /// lately (`recent`, by handle).
+    fn set_quic_traffic(&mut self, recent: &BTreeSet<u32>) {
+        let quic: BTreeSet<VipId> = self
+            .effective()
+            .iter()
+            .filter(|v| v.quic.is_some())
+            .map(|v| v.id)
+            .collect();
+        for (id, kernel) in self.reconciler.vips() {
+            let Some(life) = self.lifecycle.vips.get_mut(id) else {
+                continue;
+            };
+            for (addr, b) in &kernel.backends {
+                if let Some(l) = life.backends.get_mut(addr) {
+                    l.quic_traffic = quic.contains(id) && recent.contains(&b.handle);
+                }
+            }
+        }
     }
 
     /// Each backend's live flows, from the counts per handle.

@@ -223,6 +223,9 @@ pub struct Daemon<D: Dataplane> {
     /// Where the kernel's `jiffies` is read (a test sets its own clock).
     jiffies: crate::liveflows::Jiffies,
     live_flows: crate::liveflows::LiveFlows,
+    /// Draining backends (by handle): their forwarded packets when the
+    /// count last grew, and that tick (QUIC drains, `flows.rs`).
+    drain_traffic: std::collections::BTreeMap<u32, (u64, u16)>,
     /// `lbctl trace`'s lease, while one runs.
     tracing: Option<trace::Lease>,
     samples: views::Samples,
@@ -327,6 +330,7 @@ impl<D: Dataplane> Daemon<D> {
             live_clock: Default::default(),
             jiffies: Default::default(),
             live_flows: Default::default(),
+            drain_traffic: Default::default(),
             tracing: None,
             reconciler,
             settings,

@@ -1590,6 +1590,50 @@ async fn a_drain_ends_when_the_backends_flows_go_idle() {
     );
 }
 
+/// A QUIC VIP's backend is drained only once it was sent no packet for
+/// a live-flow window as well: packets routed by connection ID (a client
+/// that moved) are not in the connection table, which alone would call
+/// it drained at once.
+#[tokio::test]
+async fn a_quic_drain_waits_for_packets_routed_by_connection_id() {
+    use api::BackendState::{Drained, Draining};
+    const QUIC: &str = "10.99.0.1:443/udp";
+    let file = format!(
+        "{FILE}  - address: 10.99.0.1\n    port: 443\n    protocol: udp\n    quic: {{server_id_len: 2, config_id: 1}}\n    backends:\n      - address: 10.1.0.1\n        server_id: \"0001\"\n      - address: 10.1.0.2\n        server_id: \"0002\"\n"
+    );
+    let mut r = rig(&file);
+    let clock = clock_at(&mut r, 1_000);
+    let handle = r.daemon.reconciler.vips()[&id(QUIC)].backends[&ip("10.1.0.1")].handle;
+    let index = (handle & lb_common::consts::BACKEND_INDEX_MASK) as usize;
+    let sent = |r: &mut Rig, packets: u64| {
+        r.daemon.reconciler.dataplane_mut().backend_stats[index].packets = packets;
+    };
+    async fn state(r: &mut Rig) -> (api::BackendState, Option<u64>) {
+        let health: Vec<api::VipHealth> = parse(r.ok(Request::Health).await);
+        let quic = health.iter().find(|v| v.vip == id(QUIC)).unwrap();
+        let b = &quic.backends[0];
+        assert_eq!(b.address, ip("10.1.0.1"));
+        (b.state, b.live_flows)
+    }
+    sent(&mut r, 100);
+    r.ok(r.drain(QUIC, "10.1.0.1", false)).await;
+    for (tick, packets, want) in [
+        // First seen draining: when it was last sent a packet is unknown.
+        (1_000, 100, Draining),
+        // No flow in the table, but packets by connection ID.
+        (1_030, 150, Draining),
+        // 39 ticks since the last packet: within the window of 40.
+        (1_069, 150, Draining),
+        (1_071, 150, Drained),
+    ] {
+        set_tick(&clock, tick);
+        sent(&mut r, packets);
+        r.daemon.tick();
+        r.daemon.tick();
+        assert_eq!(state(&mut r).await, (want, Some(0)), "at tick {tick}");
+    }
+}
+
 /// A start over the newest revision's very file keeps its number; the
 /// file edited while lbd was down, even by a comment, is a new one (a
 /// revision keeps the text `lbctl show` shows).

@@ -80,6 +80,11 @@ pub struct BackendLife {
     /// Its live flows at the last scan of the connection table (`None`:
     /// not scanned yet).
     pub live_flows: Option<u64>,
+    /// Draining on a QUIC VIP: packets went to it within the live-flow
+    /// window. Packets routed by connection ID are not in the connection
+    /// table, so its live flows alone would call it drained while moved
+    /// clients still use it.
+    pub quic_traffic: bool,
     /// The end of its drain was logged.
     pub drain_cut: bool,
 }
@@ -163,6 +168,7 @@ impl Lifecycle {
                         passive: Passive::default(),
                         flaps: Flaps::default(),
                         live_flows: None,
+                        quic_traffic: false,
                         drain_cut: false,
                     });
                 match (check, &entry.health) {
@@ -379,7 +385,7 @@ fn backend_plan(
         // Past drain_timeout the state is what it was at the end: a cut
         // drain stays draining though its flows, re-picked, leave it.
         let state = match (keep, l.live_flows) {
-            (true, Some(0)) => BackendState::Drained,
+            (true, Some(0)) if !l.quic_traffic => BackendState::Drained,
             (false, _) if l.state == BackendState::Drained => BackendState::Drained,
             _ => BackendState::Draining,
         };
