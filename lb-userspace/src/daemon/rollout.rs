@@ -423,17 +423,24 @@ impl<D: Dataplane> Daemon<D> {
     }
 
     /// Logs the VIPs whose tables the hold of rollout `id` does not
-    /// compare ([`Self::changed_here`]), if any.
+    /// compare, if any ([`Self::unjudged`]).
     fn say_unjudged(&self, id: i64) {
-        let changed = self.changed_here();
-        if !changed.is_empty() {
-            let vips: Vec<String> = changed.iter().map(ToString::to_string).collect();
-            info!(
-                rollout = id,
-                "rollout: runtime changes here (lbctl overrides) give {} a table of its own: not compared with the plan's",
-                vips.join(", ")
-            );
+        if let Some(note) = self.unjudged() {
+            info!(rollout = id, "rollout: {note}");
         }
+    }
+
+    /// What a hold says of the VIPs it does not compare with the plan
+    /// ([`Self::changed_here`]); `None` if it compares them all.
+    pub(super) fn unjudged(&self) -> Option<String> {
+        let changed = self.changed_here();
+        (!changed.is_empty()).then(|| {
+            let vips: Vec<String> = changed.iter().map(ToString::to_string).collect();
+            format!(
+                "runtime changes here (lbctl overrides) give {} a table of its own: not compared with the plan's",
+                vips.join(", ")
+            )
+        })
     }
 
     /// `lbctl tier rollout`: the plan of a rollout of `text` (a desired

@@ -327,8 +327,14 @@ async fn an_added_backend_must_serve_by_the_end_of_the_hold() {
 async fn a_runtime_change_here_is_not_judged_by_the_plans_table() {
     for during in [false, true] {
         let mut r = member().await;
+        assert_eq!(r.daemon.unjudged(), None, "nothing changed here yet");
         if !during {
             r.ok(weight(WEB, "10.1.0.1", 3)).await;
+            let note = r.daemon.unjudged().expect("a VIP not compared");
+            assert!(
+                note.contains("give 10.99.0.1:80/tcp a table of its own"),
+                "{note}"
+            );
         }
         r.daemon.on_rollout(Some(Ok((record(&r), ID))));
         applied(&mut r, T0).await;
