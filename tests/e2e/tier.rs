@@ -776,6 +776,21 @@ fn etcd_users_are_checked_and_a_wrong_password_is_named() {
         if status["since"] != since || status["connected"] != true {
             bail!("the session with etcd ended after the token expired: {status}");
         }
+        // A role that may not write the rollout record: `lbctl tier
+        // rollout` is refused, and the session goes on.
+        etcd.restrict_role("tier", PREFIX, &["balancers/", "members/", "progress/"])?;
+        let path = rig.dir.join("denied.yaml");
+        std::fs::write(&path, &desired)?;
+        let denied = good.lbctl(&["tier", "rollout", "--hold", "3", &path.to_string_lossy()]);
+        match denied {
+            Err(e) if e.to_string().contains("permission denied") => {}
+            other => bail!("a rollout record the role may not write: {other:?}"),
+        }
+        std::thread::sleep(Duration::from_secs(1));
+        let status = tier_status(&good)?;
+        if status["since"] != since || status["connected"] != true {
+            bail!("a write the role may not make ended the session: {status}");
+        }
         let refused = wait_for(
             "the wrong password named",
             Duration::from_secs(30),

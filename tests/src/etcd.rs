@@ -325,6 +325,34 @@ impl Etcd {
         Ok(())
     }
 
+    /// Narrows `role` (after [`enable_auth`](Self::enable_auth)) to
+    /// reading `prefix/` and writing only under `prefix/<each of
+    /// writable>`.
+    pub fn restrict_role(&self, role: &str, prefix: &str, writable: &[&str]) -> Result<()> {
+        let all = format!("{prefix}/");
+        self.ctl(&["role", "revoke-permission", role, "--prefix=true", &all])?;
+        self.ctl(&[
+            "role",
+            "grant-permission",
+            role,
+            "--prefix=true",
+            "read",
+            &all,
+        ])?;
+        for w in writable {
+            let key = format!("{prefix}/{w}");
+            self.ctl(&[
+                "role",
+                "grant-permission",
+                role,
+                "--prefix=true",
+                "readwrite",
+                &key,
+            ])?;
+        }
+        Ok(())
+    }
+
     /// Stops member `i` at once (SIGKILL; its data stays).
     pub fn kill_member(&mut self, i: usize) {
         if let Some(mut c) = self.members.get_mut(i).and_then(|m| m.child.take()) {

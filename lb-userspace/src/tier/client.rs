@@ -310,11 +310,21 @@ impl Session<'_> {
                 }
                 Some(command) = commands.recv() => {
                     let result = self.write(&mut client, command.write).await;
-                    let failed = result.as_ref().err().cloned();
+                    // A write the balancer's role does not allow is
+                    // refused, as often as it is asked; the session (the
+                    // watch, the report) goes on.
+                    let ends = match &result {
+                        Err(Failed { why, denied: true }) => {
+                            warn!("etcd: {why}: this balancer's role may not write there (README, \"A tier in etcd\")");
+                            None
+                        }
+                        Err(Failed { why, .. }) => Some(why.clone()),
+                        Ok(_) => None,
+                    };
                     if let Some(reply) = command.reply {
-                        let _ = reply.send(result);
+                        let _ = reply.send(result.map_err(|f| f.why));
                     }
-                    if let Some(e) = failed {
+                    if let Some(e) = ends {
                         return Err(e);
                     }
                 }
@@ -334,14 +344,14 @@ impl Session<'_> {
     }
 
     /// Makes a write the daemon asked for: the revision it was made at
-    /// (`None`: a compare failed), or the error that ends the session.
-    async fn write(&mut self, client: &mut Client, write: Write) -> Result<Option<i64>, String> {
+    /// (`None`: a compare failed), or why it failed.
+    async fn write(&mut self, client: &mut Client, write: Write) -> Result<Option<i64>, Failed> {
         let wait = self.source.timeout;
         let (rollout_key, desired_key) = (self.keys.rollout(), self.keys.desired());
         let txn = match write {
             Write::Progress(p) => {
                 let put = client.put(self.keys.progress(self.name), json(&p)?, None);
-                let done = bounded(wait, "writing the rollout progress", put).await?;
+                let done = bounded_write(wait, "writing the rollout progress", put).await?;
                 return Ok(done.header().map(|h| h.revision()));
             }
             Write::Rollout {
@@ -382,7 +392,7 @@ impl Session<'_> {
                 ])
             }
         };
-        let done = bounded(wait, "writing the rollout", client.txn(txn)).await?;
+        let done = bounded_write(wait, "writing the rollout", client.txn(txn)).await?;
         Ok(done
             .succeeded()
             .then(|| done.header().map_or(0, |h| h.revision())))
@@ -559,6 +569,43 @@ async fn bounded<T>(
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => Err(format!("{doing}: {e}")),
         Err(_) => Err(format!("{doing}: no answer within {wait:?}")),
+    }
+}
+
+/// A write that failed: why, and whether etcd refused it for the role's
+/// permissions (the session is fine: only this write may not be made).
+#[derive(Debug)]
+struct Failed {
+    why: String,
+    denied: bool,
+}
+
+impl From<String> for Failed {
+    fn from(why: String) -> Self {
+        Failed { why, denied: false }
+    }
+}
+
+/// gRPC's status code PERMISSION_DENIED (grpc/doc/statuscodes.md), which
+/// etcd answers a write outside the user's role with.
+const GRPC_PERMISSION_DENIED: i32 = 7;
+
+/// [`bounded`] for a write: a refusal for permissions told apart.
+async fn bounded_write<T>(
+    wait: Duration,
+    doing: &str,
+    request: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
+) -> Result<T, Failed> {
+    match timeout(wait, request).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(Failed {
+            denied: matches!(&e, etcd_client::Error::GRpcStatus(s) if i32::from(s.code()) == GRPC_PERMISSION_DENIED),
+            why: format!("{doing}: {e}"),
+        }),
+        Err(_) => Err(Failed {
+            why: format!("{doing}: no answer within {wait:?}"),
+            denied: false,
+        }),
     }
 }
 
