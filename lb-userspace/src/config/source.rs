@@ -197,6 +197,10 @@ impl EtcdSource {
         }
         if !(Duration::from_secs(2)..=Duration::from_secs(300)).contains(&self.lease) {
             errors.push(problem("lease", "must be between 2s and 5m"));
+        } else if self.lease <= self.timeout {
+            // One renewal waits up to `timeout`: a lease no longer than
+            // that expires while a live balancer renews it.
+            errors.push(problem("lease", "must be longer than timeout"));
         }
         errors
     }
@@ -306,6 +310,16 @@ mod tests {
                 "lease"
             ]
         );
+    }
+
+    #[test]
+    fn a_lease_outlives_one_request() {
+        let s = source("endpoints: [http://a:2379]\nprefix: /t\ntimeout: 5s\nlease: 5s\n");
+        let problems = s.validate();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(problems[0].field, "lease");
+        let s = source("endpoints: [http://a:2379]\nprefix: /t\ntimeout: 2s\nlease: 3s\n");
+        assert!(s.validate().is_empty(), "{:?}", s.validate());
     }
 
     #[test]
