@@ -333,7 +333,8 @@ pub const ALL_DECAP_MAPS: [&str; 3] = [MAP_DECAP_ADDRS, MAP_DECAP_COUNTERS, MAP_
 /// Most local addresses `LB_DECAP_ADDRS` holds.
 pub const DECAP_MAX_ADDRS: u32 = 256;
 
-/// Most prefixes `LB_DECAP_FROM` holds.
+/// Most prefixes a set of `LB_DECAP_FROM` holds (the map has room for
+/// two: the new set is added before the old one is removed).
 pub const DECAP_MAX_FROM: u32 = 256;
 
 /// In an `LB_DECAP_ADDRS` value, above the GUE port's 16 bits: tunnel

@@ -127,6 +127,10 @@ pub enum DecapError {
          it cannot be pinned"
     )]
     NotALink { iface: String },
+    #[error(
+        "--from {0}: IPv6 prefixes may not overlap ::ffff:0:0/96, where IPv4 sources are kept (give IPv4 prefixes as IPv4; an IPv6 tunnel from a mapped address is always dropped)"
+    )]
+    MappedPrefix(IpNet),
     #[error(transparent)]
     Lock(#[from] crate::lock::LockError),
 }
@@ -255,6 +259,9 @@ impl Decap {
     /// the addresses (the new ones added before, the stale ones removed
     /// after), so no tunnel from a prefix in both sets is ever dropped.
     pub fn set_tunnels(&mut self, addrs: &[IpAddr], gue_port: u16, from: &[IpNet]) -> Result<()> {
+        if let Some(net) = from.iter().find(|n| overlaps_mapped(n)) {
+            return Err(DecapError::MappedPrefix(*net));
+        }
         let want: HashSet<(u32, AddrWords)> = from.iter().map(from_key).collect();
         if want.len() > DECAP_MAX_FROM as usize {
             return Err(DecapError::TooManyAddresses {
@@ -378,6 +385,16 @@ impl Decap {
                 .ok_or(DecapError::MissingMap(MAP_DECAP_COUNTERS))?,
         )
     }
+}
+
+/// Whether `net` is an IPv6 prefix that covers or lies in
+/// `::ffff:0:0/96`, the IPv4 sources' part of the trie: `::/0` would let
+/// every IPv4 source in.
+fn overlaps_mapped(net: &IpNet) -> bool {
+    let IpNet::V6(n) = net else { return false };
+    let mapped = ipnet::Ipv6Net::new(Ipv6Addr::new(0, 0, 0, 0, 0, 0xffff, 0, 0), 96)
+        .expect("a valid prefix");
+    n.contains(&mapped) || mapped.contains(n)
 }
 
 /// The `LB_DECAP_FROM` key of `net` (its network: host bits cleared), as
@@ -700,4 +717,44 @@ fn interface(iface: &str) -> Result<Interface> {
         iface: iface.to_string(),
     })?;
     Ok(Interface { index, addrs })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// IPv6 prefixes that cover or lie in `::ffff:0:0/96` are the IPv4
+    /// sources' part of the trie; any other prefix is not.
+    #[test]
+    fn ipv6_prefixes_over_the_mapped_range_are_told_apart() {
+        let net = |s: &str| -> IpNet { s.parse().unwrap() };
+        for over in ["::/0", "::/80", "::ffff:0:0/96", "::ffff:10.0.0.0/104"] {
+            assert!(overlaps_mapped(&net(over)), "{over}");
+        }
+        for clear in [
+            "fd00::/8",
+            "2001:db8::/32",
+            "::1/128",
+            "::fffe:0:0/96",
+            "10.0.0.0/8",
+        ] {
+            assert!(!overlaps_mapped(&net(clear)), "{clear}");
+        }
+    }
+
+    /// A prefix goes into the trie as its network, IPv4 mapped with 96
+    /// bits more, and comes back out as it went in.
+    #[test]
+    fn a_prefix_is_keyed_as_its_network_and_read_back() {
+        let net = |s: &str| -> IpNet { s.parse().unwrap() };
+        let (len, words) = from_key(&net("10.98.7.9/16"));
+        assert_eq!(len, 112);
+        assert_eq!(words, lb_common::mapped_words("10.98.0.0".parse().unwrap()));
+        assert_eq!(key_net(&Key::new(len, words)), Some(net("10.98.0.0/16")));
+        let (len, words) = from_key(&net("fd00:98::1/64"));
+        assert_eq!(len, 64);
+        assert_eq!(key_net(&Key::new(len, words)), Some(net("fd00:98::/64")));
+        let (len, _) = from_key(&net("0.0.0.0/0"));
+        assert_eq!(len, 96);
+    }
 }

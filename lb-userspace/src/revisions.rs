@@ -228,9 +228,12 @@ impl RevisionStore {
 
     /// Writes `revision` (numbered by the caller from
     /// [`next_number`](Self::next_number)) and drops the oldest beyond
-    /// `keep`, except the newest that ran: a restart starts from it, and
-    /// a run of refused changes (a revert retried against a broken file)
-    /// must not leave it nothing to start from.
+    /// `keep`, except the newest that ran, and the newest that ran before
+    /// `revision` (which is written before it runs, and removed if it then
+    /// fails: [`remove`](Self::remove)). A restart starts from it, and a
+    /// run of refused changes (a revert retried against a broken file)
+    /// must not leave it nothing to start from. So `keep + 1` files at
+    /// most, until the next append.
     pub fn append(&self, revision: &Revision) -> Result<(), RevisionError> {
         let path = self.path(revision.number);
         let io = |source| RevisionError::Io {
@@ -241,8 +244,13 @@ impl RevisionStore {
         atomic_file::write_private(&path, &text).map_err(io)?;
         let numbers = self.numbers()?;
         let excess = numbers.len().saturating_sub(self.keep);
-        let ran = self.newest_applied(&numbers, None).map(|r| r.number);
-        for old in numbers.iter().filter(|n| Some(**n) != ran).take(excess) {
+        let ran = [None, Some(revision.number)]
+            .map(|before| self.newest_applied(&numbers, before).map(|r| r.number));
+        for old in numbers
+            .iter()
+            .filter(|n| !ran.contains(&Some(**n)))
+            .take(excess)
+        {
             let _ = std::fs::remove_file(self.path(*old));
         }
         Ok(())
@@ -420,8 +428,15 @@ mod tests {
         }
         assert_eq!(store.numbers().unwrap(), vec![2, 6, 7]);
         assert_eq!(store.latest_applied(None).unwrap().unwrap().number, 2);
+        // A change is written before it runs: 2 stays until 8 is known
+        // to have run (the next append), in case 8 fails and is removed.
         store.append(&revision(8, true)).unwrap();
-        assert_eq!(store.numbers().unwrap(), vec![6, 7, 8]);
+        assert_eq!(store.numbers().unwrap(), vec![2, 7, 8]);
+        store.remove(8);
+        assert_eq!(store.latest_applied(None).unwrap().unwrap().number, 2);
+        store.append(&revision(8, true)).unwrap();
+        store.append(&revision(9, false)).unwrap();
+        assert_eq!(store.numbers().unwrap(), vec![7, 8, 9]);
     }
 
     #[test]

@@ -884,6 +884,47 @@ fn tunnels_are_taken_only_from_the_given_prefixes() {
         let (_, out) = rig.run_counted("plain udp", &packet, DecapCounter::PassNotTunnel);
         assert_eq!(out, packet, "other UDP passes untouched");
     }
+    // IP-in-IP from outside is dropped before anything else is judged:
+    // an outer fragment of it is not passed to the stack either.
+    let outside_v4 = Outer {
+        src: "10.255.1.0",
+        ..Outer::ipip(BACKEND_V4)
+    };
+    let mut fragment = encap(&inner, outside_v4);
+    fragment[20] = 0x20; // MF
+    fix_ipv4_checksum(&mut fragment, 14);
+    rig.run_counted("fragment from outside", &fragment, DecapCounter::DropSource);
+    // An IPv6 source that maps an allowed IPv4 address is no IPv4 source.
+    let mapped = Outer {
+        src: "::ffff:10.255.0.1",
+        ..Outer::ipip(BACKEND_V6)
+    };
+    rig.run_counted(
+        "v4-mapped v6 source",
+        &encap(&inner, mapped),
+        DecapCounter::DropSource,
+    );
+    // IPv6 prefixes over the IPv4 sources' part of the trie are refused.
+    for over in ["::/0", "::ffff:10.0.0.0/104"] {
+        let net: ipnet::IpNet = over.parse().unwrap();
+        assert!(matches!(
+            rig.decap.set_tunnels(&addrs, GUE_PORT, &[net]),
+            Err(DecapError::MappedPrefix(_))
+        ));
+    }
+    // A full set replaced by another full set: the map holds both for a
+    // moment.
+    let full = |third: u8| -> Vec<ipnet::IpNet> {
+        (0..lb_common::consts::DECAP_MAX_FROM)
+            .map(|i| ipnet::IpNet::new(IpAddr::from([10, third, i as u8, 0]), 24).unwrap())
+            .collect()
+    };
+    for third in [200, 201] {
+        rig.decap
+            .set_tunnels(&addrs, GUE_PORT, &full(third))
+            .expect("a full set");
+        assert_eq!(rig.decap.sources().expect("read").len(), 256);
+    }
     rig.decap
         .set_tunnels(&addrs, GUE_PORT, &[])
         .expect("no prefixes");

@@ -11,10 +11,7 @@ use std::{
     time::Instant,
 };
 
-use lb_common::{
-    FlowEntry,
-    consts::{CT_STAMP_CLASS_SHIFT, CT_STAMP_TIME},
-};
+use lb_common::{FlowEntry, consts::CT_STAMP_CLASS_SHIFT};
 
 use super::{Daemon, Result, refused};
 use crate::{
@@ -99,7 +96,10 @@ impl<D: Dataplane> Daemon<D> {
             self.set_live_flows(&counts);
         }
         if let Some(j) = jiffies {
-            let recent = self.note_drain_traffic(liveflows::tick_of(j), window, &watched);
+            // Whole ticks, not the stamps' 14 bits: a drain may outlast
+            // their wrap.
+            let tick = j >> lb_common::consts::CT_STAMP_TICK_SHIFT;
+            let recent = self.note_drain_traffic(tick, u64::from(window), &watched);
             self.set_quic_traffic(&recent);
         }
         Some((used, all))
@@ -111,8 +111,8 @@ impl<D: Dataplane> Daemon<D> {
     /// draining counts as sent packets now (when it last was is unknown).
     fn note_drain_traffic(
         &mut self,
-        tick: u16,
-        window: u16,
+        tick: u64,
+        window: u64,
         watched: &BTreeSet<u32>,
     ) -> BTreeSet<u32> {
         self.drain_traffic.retain(|h, _| watched.contains(h));
@@ -130,7 +130,7 @@ impl<D: Dataplane> Daemon<D> {
             if now.packets != *packets {
                 (*packets, *at) = (now.packets, tick);
             }
-            if tick.wrapping_sub(*at) & CT_STAMP_TIME <= window {
+            if tick.saturating_sub(*at) <= window {
                 recent.insert(handle);
             }
         }

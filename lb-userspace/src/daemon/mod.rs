@@ -225,7 +225,7 @@ pub struct Daemon<D: Dataplane> {
     live_flows: crate::liveflows::LiveFlows,
     /// Draining backends (by handle): their forwarded packets when the
     /// count last grew, and that tick (QUIC drains, `flows.rs`).
-    drain_traffic: std::collections::BTreeMap<u32, (u64, u16)>,
+    drain_traffic: std::collections::BTreeMap<u32, (u64, u64)>,
     /// `lbctl trace`'s lease, while one runs.
     tracing: Option<trace::Lease>,
     samples: views::Samples,

@@ -323,6 +323,18 @@ impl<D: Dataplane> Daemon<D> {
         }
     }
 
+    /// The candidate of rollout `id` was not applied: a newer desired
+    /// state came while it was read. Nothing is written: the rollout is
+    /// superseded (`decide` leaves it to the desired state).
+    pub fn rollout_superseded(&mut self, id: i64) {
+        info!(
+            rollout = id,
+            "rollout: a newer desired state came before its candidate was applied; following that"
+        );
+        self.rollout.busy = false;
+        self.rollout.before = None;
+    }
+
     /// A revert (to the tier's desired state) ended: the steps that
     /// follow.
     pub fn rollout_reverted(&mut self, id: i64, say: bool, ok: bool) -> Vec<Step> {

@@ -336,6 +336,21 @@ fn a_dry_run_and_bad_input_change_nothing() {
             2,
             "--from: a prefix",
         )?;
+        refused(
+            &be,
+            &state,
+            &[
+                "--decap",
+                "none",
+                "--from",
+                "10.98.0.0/16",
+                "--iface",
+                "eth0",
+                vip,
+            ],
+            1,
+            "--from needs lb's decap program",
+        )?;
         kernel_decap(&be, &state)?;
         if snapshot(&be)? != before || state.exists() {
             bail!(

@@ -20,9 +20,12 @@ pub static LB_DECAP_ADDRS: HashMap<DecapAddr, u32> = HashMap::with_max_entries(D
 
 /// The prefixes tunnels may come from (the balancers', and for second
 /// chance the other backends'), IPv4 mapped into `::ffff:0:0/96`
-/// (`lb_common::mapped_words`). The value is not read.
+/// (`lb_common::mapped_words`). The value is not read. Room for twice
+/// the most a set holds: a set is replaced by adding the new prefixes
+/// before removing the old.
 #[map]
-pub static LB_DECAP_FROM: LpmTrie<AddrWords, u32> = LpmTrie::with_max_entries(DECAP_MAX_FROM, 0);
+pub static LB_DECAP_FROM: LpmTrie<AddrWords, u32> =
+    LpmTrie::with_max_entries(2 * DECAP_MAX_FROM, 0);
 
 /// One outcome per packet, per CPU, indexed by `DecapCounter`.
 #[map]

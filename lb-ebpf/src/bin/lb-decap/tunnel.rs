@@ -28,8 +28,12 @@
 //!    or 41 → otherwise `malformed_sc_header`;
 //! 6. the destination takes tunnels only from `LB_DECAP_FROM`
 //!    (`DECAP_F_CHECK_SOURCE` in its value) and the outer source is in no
-//!    prefix there → `drop_source_not_allowed`: neither stripped nor
-//!    handed on (a forged second-chance list would make this host relay);
+//!    prefix there, or is an IPv6 source inside `::ffff:0:0/96` (an IPv4
+//!    address in disguise) → `drop_source_not_allowed`: neither stripped
+//!    nor handed on (a forged second-chance list would make this host
+//!    relay). IP-in-IP and GRE are checked as soon as the destination is
+//!    known to be local (before step 3: no fragment or odd GRE of theirs
+//!    reaches the stack), GUE once the port says it is GUE;
 //! 7. inner header missing, of the wrong version or longer than the outer
 //!    packet → `malformed_inner`. For GUE the version nibble of the first
 //!    byte (variant 1) or the GUE header's protocol (variant 0) says which
@@ -111,8 +115,9 @@ struct Outer {
     /// The GUE port of the destination address (network order; 0: none).
     gue_port: u16,
     v6: bool,
-    /// The source as `LB_DECAP_FROM` keys hold it, if the destination
-    /// takes tunnels only from there.
+    /// GUE only: the source as `LB_DECAP_FROM` keys hold it, if the
+    /// destination takes tunnels only from there (other tunnels are
+    /// checked at once, [`source_check`]).
     checked_source: Option<AddrWords>,
 }
 
@@ -145,17 +150,36 @@ fn local(addr: [u32; 4], family: u8) -> Option<u32> {
     LB_DECAP_ADDRS.get_ptr(key).map(|v| unsafe { *v })
 }
 
-/// `src` (as [`mapped`](lb_common::mapped_words) words) if `local`, the
-/// destination's value, asks that tunnels come from `LB_DECAP_FROM`.
+/// Is `src` (as [`mapped`](lb_common::mapped_words) words) in a prefix of
+/// `LB_DECAP_FROM`? An IPv6 source (`v6`) inside `::ffff:0:0/96` never is:
+/// it would pass for the IPv4 address it maps.
 #[inline(always)]
-fn checked(local: u32, src: AddrWords) -> Option<AddrWords> {
-    (local & DECAP_F_CHECK_SOURCE != 0).then_some(src)
+fn allowed(src: AddrWords, v6: bool) -> bool {
+    let mapped = src[0] == 0 && src[1] == 0 && src[2] == V4_MAPPED_WORD;
+    !(v6 && mapped) && LB_DECAP_FROM.get(Key::new(128, src)).is_some()
 }
 
-/// Is `src` in a prefix of `LB_DECAP_FROM`?
+/// The source check of a tunnel to a local address whose value is
+/// `local`: UDP is checked later, once it is known to be GUE (the
+/// source, returned); other tunnels now.
 #[inline(always)]
-fn allowed(src: AddrWords) -> bool {
-    LB_DECAP_FROM.get(Key::new(128, src)).is_some()
+fn source_check(
+    local: u32,
+    proto: u8,
+    src: AddrWords,
+    v6: bool,
+) -> Result<Option<AddrWords>, DecapCounter> {
+    if local & DECAP_F_CHECK_SOURCE == 0 {
+        return Ok(None);
+    }
+    if proto == PROTO_UDP {
+        return Ok(Some(src));
+    }
+    if allowed(src, v6) {
+        Ok(None)
+    } else {
+        Err(DropSource)
+    }
 }
 
 /// Parses `ctx` down to the inner IP header.
@@ -185,7 +209,7 @@ pub fn parse(ctx: &XdpContext) -> Result<Tunnel, DecapCounter> {
     let outer_end = l2_len + outer.len;
     let inner = tunnel_header(ctx, &outer, l2_len + outer.hdr_len, outer_end)?;
     if let Some(src) = outer.checked_source
-        && !allowed(src)
+        && !allowed(src, outer.v6)
     {
         return Err(DropSource);
     }
@@ -346,6 +370,8 @@ fn outer_ipv4(ctx: &XdpContext, off: usize, room: usize) -> Result<Outer, DecapC
     let Some(value) = local([ip.daddr, 0, 0, 0], FAMILY_V4) else {
         return Err(not_local(ip.protocol));
     };
+    let mapped = [0, 0, V4_MAPPED_WORD, ip.saddr];
+    let checked_source = source_check(value, ip.protocol, mapped, false)?;
     let ihl = ((ip.version_ihl & 0x0f) as usize) * 4;
     if ihl < IPV4_HDR_LEN {
         return Err(MalformedOuter);
@@ -363,7 +389,7 @@ fn outer_ipv4(ctx: &XdpContext, off: usize, room: usize) -> Result<Outer, DecapC
         next: ip.protocol,
         gue_port: value as u16,
         v6: false,
-        checked_source: checked(value, [0, 0, V4_MAPPED_WORD, ip.saddr]),
+        checked_source,
     })
 }
 
@@ -378,6 +404,7 @@ fn outer_ipv6(ctx: &XdpContext, off: usize, room: usize) -> Result<Outer, DecapC
     let Some(value) = local(ip.daddr, FAMILY_V6) else {
         return Err(not_local(ip.nexthdr));
     };
+    let checked_source = source_check(value, ip.nexthdr, ip.saddr, true)?;
     // A jumbogram (payload length 0) leaves no room for an inner header and
     // fails below as `malformed_inner`.
     let len = IPV6_HDR_LEN + u16::from_be(ip.payload_len) as usize;
@@ -390,7 +417,7 @@ fn outer_ipv6(ctx: &XdpContext, off: usize, room: usize) -> Result<Outer, DecapC
         next: ip.nexthdr,
         gue_port: value as u16,
         v6: true,
-        checked_source: checked(value, ip.saddr),
+        checked_source,
     })
 }
 

@@ -857,10 +857,7 @@ fn current(
             None
         }
         Some(Stale::Superseded(id)) => {
-            let why = "a newer desired state came before it could be applied".to_string();
-            let steps = daemon.rollout_applied(id, Err(why), crate::tier::rollout_now());
-            let reloads = crate::tier::run_steps(daemon, link, steps);
-            start_reloads(daemon, reloads, again);
+            daemon.rollout_superseded(id);
             None
         }
     }

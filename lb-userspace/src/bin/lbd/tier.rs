@@ -277,6 +277,9 @@ pub fn stale(
             Some(Stale::Again(newest_of(latest, applied).clone()))
         }
         Via::Candidate(id) if newer(*id) => Some(Stale::Superseded(*id)),
+        // A revert goes back to the tier's newest desired state, also one
+        // read while it was parsed.
+        Via::Revert { .. } if newer(desired.revision) => latest.cloned().map(Stale::Again),
         _ => None,
     }
 }
@@ -541,7 +544,9 @@ mod tests {
         assert_eq!(stale(at(&r5), &candidate, &Via::Candidate(6)), None);
         assert_eq!(stale((None, &r5), &r5, &Via::Desired), None);
         let back = Via::Revert { id: 6, say: true };
-        assert_eq!(stale(at(&r7), &r5, &back), None);
+        assert_eq!(stale(at(&r7), &r5, &back), Some(Stale::Again(r7.clone())));
+        assert_eq!(stale(at(&r7), &r7, &back), None);
+        assert_eq!(stale((None, &r5), &r5, &back), None);
     }
 
     /// A revert goes back to the tier's desired state, else to what ran

@@ -383,6 +383,25 @@ async fn a_candidate_whose_record_is_gone_goes_back() {
     assert!(r.daemon.rollout_tick(T0 + 1).is_empty());
 }
 
+/// A candidate read while a newer desired state came is not applied:
+/// nothing is written, the record is not marked, and the rollout shows
+/// as superseded.
+#[tokio::test]
+async fn a_candidate_superseded_while_read_writes_nothing() {
+    let mut r = member().await;
+    r.daemon.on_rollout(Some(Ok((record(&r), ID))));
+    asked_to_apply(&mut r, T0);
+    assert!(r.daemon.tier_should_apply(ID + 1));
+    r.daemon.rollout_superseded(ID);
+    assert!(r.daemon.rollout_tick(T0 + 1).is_empty());
+    let view = r.daemon.rollout_view().expect("a rollout");
+    assert!(view.superseded && view.outcome.is_none(), "{view:?}");
+    assert_eq!(r.in_table(WEB).len(), 2, "the candidate did not run");
+    // No longer busy: a later rollout is taken part in.
+    r.daemon.on_rollout(Some(Ok((record(&r), ID + 5))));
+    assert_eq!(asked_to_apply(&mut r, T0 + 2).revision, ID + 5);
+}
+
 #[tokio::test]
 async fn an_added_backend_that_passes_its_checks_serves() {
     let mut r = rig(TIER_FILE);
