@@ -565,11 +565,7 @@ async fn bounded<T>(
     doing: &str,
     request: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
 ) -> Result<T, String> {
-    match timeout(wait, request).await {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(format!("{doing}: {e}")),
-        Err(_) => Err(format!("{doing}: no answer within {wait:?}")),
-    }
+    bounded_write(wait, doing, request).await.map_err(|f| f.why)
 }
 
 /// A write that failed: why, and whether etcd refused it for the role's
@@ -590,7 +586,7 @@ impl From<String> for Failed {
 /// etcd answers a write outside the user's role with.
 const GRPC_PERMISSION_DENIED: i32 = 7;
 
-/// [`bounded`] for a write: a refusal for permissions told apart.
+/// [`bounded`], with a refusal for permissions told apart (a write's).
 async fn bounded_write<T>(
     wait: Duration,
     doing: &str,
