@@ -122,6 +122,8 @@ impl Drop for GatewayWatch {
 /// `lbctl diff` reads its file the same way, as a reload with
 /// `--dry-run`.
 struct ParsedReload {
+    /// The file read (`lbctl diff FILE` names another).
+    path: PathBuf,
     file: Result<FileRead, ConfigErrors>,
     /// With `source.etcd`: the desired state the file was composed with,
     /// and why: a change in etcd, a rollout's step, or only to keep the
@@ -150,6 +152,7 @@ impl ParsedReload {
             let file =
                 FileRead::load(&path).and_then(|f| crate::tier::compose(f, desired.as_ref()));
             let _ = to.blocking_send(ParsedReload {
+                path,
                 file,
                 desired,
                 via,
@@ -844,10 +847,9 @@ fn current(
             None
         }
         Some(Stale::Again(applied)) => {
-            let path = daemon.config_path().to_path_buf();
             let via = (Some(applied), parsed.via);
             ParsedReload::start(
-                &path,
+                &parsed.path,
                 via,
                 parsed.force,
                 parsed.options,
