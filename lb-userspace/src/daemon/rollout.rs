@@ -45,7 +45,8 @@ pub struct RolloutState {
     step: String,
     /// Packets forwarded, sampled once a second for the last 10 s.
     forwarded: VecDeque<u64>,
-    /// The record (or its absence) was read since the link last came up.
+    /// The record (or its absence) was read since `lbd` started: before
+    /// that, a restarted balancer holding a candidate knows nothing of it.
     record_read: bool,
 }
 
@@ -83,12 +84,6 @@ impl<D: Dataplane> Daemon<D> {
         }
         self.rollout.record = record;
         self.rollout.record_read = true;
-    }
-
-    /// The session with etcd ended: the record must be read again before
-    /// its absence means anything.
-    pub fn rollout_link_lost(&mut self) {
-        self.rollout.record_read = false;
     }
 
     /// The rollout whose candidate runs here, if nothing will judge or

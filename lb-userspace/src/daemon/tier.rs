@@ -75,9 +75,6 @@ impl<D: Dataplane> Daemon<D> {
                 "etcd: connected; following the tier's desired state"
             );
         }
-        if link.is_err() {
-            self.rollout_link_lost();
-        }
         self.tier.link = Some((link, SystemTime::now()));
         self.metrics
             .tier_connected
