@@ -127,6 +127,8 @@ pub enum DecapError {
          it cannot be pinned"
     )]
     NotALink { iface: String },
+    #[error("{count} prefixes to take tunnels from (--from), at most {max}")]
+    TooManyPrefixes { count: usize, max: u32 },
     #[error(
         "--from {0}: IPv6 prefixes may not overlap ::ffff:0:0/96, where IPv4 sources are kept (give IPv4 prefixes as IPv4; an IPv6 tunnel from a mapped address is always dropped)"
     )]
@@ -264,9 +266,8 @@ impl Decap {
         }
         let want: HashSet<(u32, AddrWords)> = from.iter().map(from_key).collect();
         if want.len() > DECAP_MAX_FROM as usize {
-            return Err(DecapError::TooManyAddresses {
+            return Err(DecapError::TooManyPrefixes {
                 count: want.len(),
-                map: MAP_DECAP_FROM,
                 max: DECAP_MAX_FROM,
             });
         }
@@ -322,8 +323,8 @@ impl Decap {
         Ok(keys.iter().filter_map(key_net).collect())
     }
 
-    /// Writes `addrs`, each with `value`, as [`set_local_addrs`]
-    /// (Self::set_local_addrs) says.
+    /// Writes `addrs`, each with `value`, as
+    /// [`set_local_addrs`](Self::set_local_addrs) says.
     fn write_addrs(&mut self, addrs: &[IpAddr], value: u32) -> Result<()> {
         let want: HashSet<DecapAddr> = addrs.iter().map(|a| DecapAddr::new(*a)).collect();
         if want.len() > DECAP_MAX_ADDRS as usize {

@@ -925,6 +925,13 @@ fn tunnels_are_taken_only_from_the_given_prefixes() {
             .expect("a full set");
         assert_eq!(rig.decap.sources().expect("read").len(), 256);
     }
+    let mut one_too_many = full(202);
+    one_too_many.push("10.203.0.0/16".parse().unwrap());
+    assert!(matches!(
+        rig.decap.set_tunnels(&addrs, GUE_PORT, &one_too_many),
+        Err(DecapError::TooManyPrefixes { count: 257, .. })
+    ));
+    assert_eq!(rig.decap.sources().expect("read").len(), 256, "kept");
     rig.decap
         .set_tunnels(&addrs, GUE_PORT, &[])
         .expect("no prefixes");
