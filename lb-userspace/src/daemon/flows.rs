@@ -91,16 +91,13 @@ impl<D: Dataplane> Daemon<D> {
             }
         });
         scanned.ok()?;
-        if let Some(scan) = scan {
+        if let (Some(scan), Some(j)) = (scan, jiffies) {
             let counts = scan.finish();
-            self.set_live_flows(&counts);
-        }
-        if let Some(j) = jiffies {
             // Whole ticks, not the stamps' 14 bits: a drain may outlast
             // their wrap.
             let tick = j >> lb_common::consts::CT_STAMP_TICK_SHIFT;
             let recent = self.note_drain_traffic(tick, u64::from(window), &watched);
-            self.set_quic_traffic(&recent);
+            self.set_scanned(&counts, &recent);
         }
         Some((used, all))
     }
@@ -137,9 +134,10 @@ impl<D: Dataplane> Daemon<D> {
         recent
     }
 
-    /// Marks the draining backends of QUIC VIPs that were sent packets
-    /// lately (`recent`, by handle).
-    fn set_quic_traffic(&mut self, recent: &BTreeSet<u32>) {
+    /// Each backend's live flows, from the counts per handle, and whether
+    /// a draining backend of a QUIC VIP was sent packets lately (`recent`,
+    /// by handle).
+    fn set_scanned(&mut self, counts: &BTreeMap<u32, u64>, recent: &BTreeSet<u32>) {
         let quic: BTreeSet<VipId> = self
             .effective()
             .iter()
@@ -152,21 +150,8 @@ impl<D: Dataplane> Daemon<D> {
             };
             for (addr, b) in &kernel.backends {
                 if let Some(l) = life.backends.get_mut(addr) {
-                    l.quic_traffic = quic.contains(id) && recent.contains(&b.handle);
-                }
-            }
-        }
-    }
-
-    /// Each backend's live flows, from the counts per handle.
-    fn set_live_flows(&mut self, counts: &BTreeMap<u32, u64>) {
-        for (id, kernel) in self.reconciler.vips() {
-            let Some(life) = self.lifecycle.vips.get_mut(id) else {
-                continue;
-            };
-            for (addr, b) in &kernel.backends {
-                if let Some(l) = life.backends.get_mut(addr) {
                     l.live_flows = Some(counts.get(&b.handle).copied().unwrap_or(0));
+                    l.quic_traffic = quic.contains(id) && recent.contains(&b.handle);
                 }
             }
         }
