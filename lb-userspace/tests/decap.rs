@@ -943,6 +943,113 @@ fn tunnels_are_taken_only_from_the_given_prefixes() {
     rig.run_counted("anyone", &encap(&inner, anyone), DecapCounter::DecapIpip);
 }
 
+/// Inserts IPv6 extension headers (type, bytes written out by hand; the
+/// first byte of each, its next header, is filled in here) after the fixed
+/// IPv6 header of an untagged `frame`, and fixes the payload length.
+fn with_ipv6_extensions(frame: &[u8], exts: &[Ext]) -> Vec<u8> {
+    let (l2, fixed) = (14, 40);
+    let mut out = frame[..l2 + fixed].to_vec();
+    let upper = out[l2 + 6];
+    out[l2 + 6] = exts[0].0;
+    for (i, (_, bytes)) in exts.iter().enumerate() {
+        let mut h = bytes.to_vec();
+        h[0] = exts.get(i + 1).map_or(upper, |e| e.0);
+        out.extend_from_slice(&h);
+    }
+    out.extend_from_slice(&frame[l2 + fixed..]);
+    let payload = (out.len() - l2 - fixed) as u16;
+    put16(&mut out, l2 + 4, payload);
+    out
+}
+
+/// An IPv6 extension header: its type and its bytes.
+type Ext<'a> = (u8, &'a [u8]);
+/// A case: its name, the frame, the extension headers to put in it.
+type ExtCase<'a> = (&'a str, &'a [u8], &'a [Ext<'a>]);
+
+/// Destination options (60) holding one 4-byte PadN: 8 bytes.
+const DSTOPTS: Ext = (60, &[0, 0, 1, 4, 0, 0, 0, 0]);
+/// A first fragment (44): offset 0, more fragments, id 7.
+const FIRST_FRAGMENT: Ext = (44, &[0, 0, 0x00, 0x01, 0, 0, 0, 7]);
+/// A later fragment: offset 1 (8 bytes), id 7.
+const LATER_FRAGMENT: Ext = (44, &[0, 0, 0x00, 0x08, 0, 0, 0, 7]);
+
+/// lb never sends a tunnel behind IPv6 extension headers, but the kernel's
+/// tunnel drivers would strip one. To an address that takes tunnels only
+/// from given prefixes, IP-in-IP or GRE from outside them behind a fragment
+/// header or options, or behind a chain too long to walk, is dropped;
+/// anything else with extension headers passes untouched, as before.
+#[test]
+fn a_tunnel_behind_ipv6_extension_headers_from_outside_is_dropped() {
+    let mut rig = rig();
+    let addrs = [ip(BACKEND_V4), ip(BACKEND_V6)];
+    let from: Vec<ipnet::IpNet> = vec!["fd00:ff::/64".parse().unwrap()];
+    rig.decap
+        .set_tunnels(&addrs, GUE_PORT, &from)
+        .expect("write addresses and prefixes");
+    let inner = inner_frame(false, L4::Udp, Vlan::Untagged, b"hidden");
+    let outside = |outer: Outer<'static>| Outer {
+        src: "fd00:fe::1",
+        ..outer
+    };
+    let ipip = encap(&inner, outside(Outer::ipip(BACKEND_V6)));
+    let gre = encap(&inner, outside(Outer::gre(BACKEND_V6)));
+    let five = [DSTOPTS; 5];
+    // Destination options of (128 + 1) × 8 bytes: one PadN of 255 bytes,
+    // then Pad1s (zeros). More than the 1,024 bytes lb walks.
+    let mut big = vec![0u8; 1032];
+    big[1..4].copy_from_slice(&[128, 1, 255]);
+    let dropped: [ExtCase; 5] = [
+        ("first fragment, ip-in-ip", &ipip, &[FIRST_FRAGMENT]),
+        ("options, gre", &gre, &[DSTOPTS]),
+        (
+            "options, first fragment, options, gre",
+            &gre,
+            &[DSTOPTS, FIRST_FRAGMENT, DSTOPTS],
+        ),
+        ("five options headers, ip-in-ip", &ipip, &five),
+        ("options of 1,032 bytes, ip-in-ip", &ipip, &[(60, &big)]),
+    ];
+    for (name, packet, exts) in dropped {
+        let frame = with_ipv6_extensions(packet, exts);
+        rig.run_counted(name, &frame, DecapCounter::DropSource);
+    }
+    // An options header cut short by the frame's end (the kernel drops it).
+    let cut = with_ipv6_extensions(&ipip, &[DSTOPTS]);
+    let cut = &cut[..14 + 40 + 4];
+    let (_, out) = rig.run_counted("cut short", cut, DecapCounter::PassNotTunnel);
+    assert_eq!(out, cut, "cut short: passed untouched");
+    let udp = encap(&inner, outside(Outer::gue(BACKEND_V6)));
+    let from_inside = encap(&inner, Outer::ipip(BACKEND_V6));
+    let to_another = encap(&inner, outside(Outer::ipip(OTHER_V6)));
+    let plain = tcp6_plain(BACKEND_V6);
+    let passed: [ExtCase; 5] = [
+        ("later fragment, ip-in-ip", &ipip, &[LATER_FRAGMENT]),
+        ("first fragment, udp", &udp, &[FIRST_FRAGMENT]),
+        ("options, tcp", &plain, &[DSTOPTS]),
+        (
+            "from inside, first fragment, ip-in-ip",
+            &from_inside,
+            &[FIRST_FRAGMENT],
+        ),
+        (
+            "to another host, options, ip-in-ip",
+            &to_another,
+            &[DSTOPTS],
+        ),
+    ];
+    for (name, packet, exts) in passed {
+        let frame = with_ipv6_extensions(packet, exts);
+        let (_, out) = rig.run_counted(name, &frame, DecapCounter::PassNotTunnel);
+        assert_eq!(out, frame, "{name}: passed untouched");
+    }
+    rig.decap
+        .set_tunnels(&addrs, GUE_PORT, &[])
+        .expect("no prefixes");
+    let frame = with_ipv6_extensions(&ipip, &[FIRST_FRAGMENT]);
+    rig.run_counted("without prefixes", &frame, DecapCounter::PassNotTunnel);
+}
+
 // ---------------------------------------------------------------- attached
 
 /// Runs `f` on a new thread in a new network namespace of its own, which

@@ -99,7 +99,8 @@ pub fn steps(tests: &BTreeMap<String, PathBuf>, depth: Depth) -> Result<Vec<Step
             args: args.iter().map(|a| a.to_string()).collect(),
         })
     };
-    let mut steps = vec![step("load", "lb-userspace/load", &[])?];
+    // With its output: each program's verified instruction count.
+    let mut steps = vec![step("load", "lb-userspace/load", &["--nocapture"])?];
     for suite in DATAPATH {
         steps.push(step(suite, &format!("lb-userspace/{suite}"), &[])?);
     }

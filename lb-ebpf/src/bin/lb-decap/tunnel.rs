@@ -7,8 +7,12 @@
 //! order, so the counter is the first thing that is wrong:
 //!
 //! 1. not IP, or IP with a protocol other than 4/41/47/17 (IPv6: as the
-//!    fixed header's next header; extension headers are not walked) →
-//!    `pass_not_tunnel`;
+//!    fixed header's next header) → `pass_not_tunnel`. lb never sends a
+//!    tunnel behind IPv6 extension headers, but the kernel's tunnel
+//!    drivers take one: to a destination that checks sources (step 6),
+//!    from a source outside its prefixes, the extension headers are walked
+//!    and IP-in-IP or GRE behind them (or a chain too long to walk) →
+//!    `drop_source_not_allowed`;
 //! 2. outer destination not in `LB_DECAP_ADDRS` → `pass_not_local`: another
 //!    host's traffic is never judged, whatever its state;
 //! 3. outer header broken → `malformed_outer`; IPv4 fragment →
@@ -62,6 +66,7 @@ use lb_ebpf::{
     hdr::{
         EthHdr, GreHdr, GueHdr, IP_MF, IP_OFFSET, Ipv4Hdr, Ipv6Hdr, ScHdr, UdpHdr, VlanHdr, be16,
     },
+    parse::{IPV6_FRAGMENT, IPV6_MAX_EXT, IPV6_MAX_EXT_BYTES, ext_len, is_walked_ext},
 };
 
 use crate::maps::{LB_DECAP_ADDRS, LB_DECAP_FROM};
@@ -394,12 +399,16 @@ fn outer_ipv4(ctx: &XdpContext, off: usize, room: usize) -> Result<Outer, DecapC
 }
 
 /// The outer IPv6 header at `off`: the fixed header only; the tunnel
-/// protocol must be its next header.
+/// protocol must be its next header (a tunnel behind extension headers is
+/// not lb's: see [`behind_extensions`]).
 #[inline(always)]
 fn outer_ipv6(ctx: &XdpContext, off: usize, room: usize) -> Result<Outer, DecapCounter> {
     let ip = At::<Ipv6Hdr>::new(ctx, off).ok_or(PassNotTunnel)?.read();
-    if u32::from_be(ip.vtc_flow) >> 28 != 6 || !is_tunnel_proto(ip.nexthdr) {
+    if u32::from_be(ip.vtc_flow) >> 28 != 6 {
         return Err(PassNotTunnel);
+    }
+    if !is_tunnel_proto(ip.nexthdr) {
+        return Err(behind_extensions(ctx, off, &ip));
     }
     let Some(value) = local(ip.daddr, FAMILY_V6) else {
         return Err(not_local(ip.nexthdr));
@@ -419,6 +428,66 @@ fn outer_ipv6(ctx: &XdpContext, off: usize, room: usize) -> Result<Outer, DecapC
         v6: true,
         checked_source,
     })
+}
+
+/// An IPv6 packet whose fixed header's next header is not a tunnel. lb
+/// never sends one, so it passes (`pass_not_tunnel`), unless it is a
+/// tunnel after all, behind extension headers (a fragment header,
+/// options), to a destination that takes tunnels only from
+/// `LB_DECAP_FROM`, from a source outside it: the kernel's own `ip6_tunnel`
+/// or `ip6_gre`, if loaded, would strip it, so it is dropped
+/// (`drop_source_not_allowed`).
+#[inline(always)]
+fn behind_extensions(ctx: &XdpContext, off: usize, ip: &Ipv6Hdr) -> DecapCounter {
+    if !is_walked_ext(ip.nexthdr) {
+        return PassNotTunnel;
+    }
+    match local(ip.daddr, FAMILY_V6) {
+        Some(value) if value & DECAP_F_CHECK_SOURCE != 0 && !allowed(ip.saddr, true) => {}
+        _ => return PassNotTunnel,
+    }
+    if hides_tunnel(ctx, off, ip.nexthdr) {
+        DropSource
+    } else {
+        PassNotTunnel
+    }
+}
+
+/// Whether the extension headers after the IPv6 header at `off` (the
+/// first of type `next`) lead to IP-in-IP or GRE, as the kernel would walk
+/// them, or run longer than lb walks (`IPV6_MAX_EXT` headers,
+/// `IPV6_MAX_EXT_BYTES`: it cannot tell, so yes). A later fragment says no:
+/// the first fragment, checked on its own, decides what the kernel
+/// reassembles. A chain cut short says no: the kernel drops it. UDP says
+/// no: GUE is only ever stripped here, and a fragment of it is not.
+#[inline(always)]
+fn hides_tunnel(ctx: &XdpContext, off: usize, mut next: u8) -> bool {
+    // Bytes walked so far, at most IPV6_MAX_EXT_BYTES when used.
+    let mut ext = 0usize;
+    for _ in 0..IPV6_MAX_EXT {
+        if !is_walked_ext(next) {
+            return is_kernel_tunnel(next);
+        }
+        let Some(h) = At::<[u8; 8]>::new(ctx, off + IPV6_HDR_LEN + ext) else {
+            return false;
+        };
+        let h = h.read();
+        if next == IPV6_FRAGMENT && u16::from_be_bytes([h[2], h[3]]) & 0xfff8 != 0 {
+            return false;
+        }
+        ext += ext_len(next, &h);
+        next = h[0];
+        if ext > IPV6_MAX_EXT_BYTES {
+            return true;
+        }
+    }
+    is_kernel_tunnel(next) || is_walked_ext(next)
+}
+
+/// IP-in-IP or GRE: what a kernel tunnel driver strips without a port.
+#[inline(always)]
+fn is_kernel_tunnel(proto: u8) -> bool {
+    proto == PROTO_IPIP || proto == PROTO_IPV6 || proto == PROTO_GRE
 }
 
 /// The inner IPv4 header at `off`; `room` is what the outer packet carries
