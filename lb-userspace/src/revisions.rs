@@ -232,8 +232,10 @@ impl RevisionStore {
     /// `revision` (which is written before it runs, and removed if it then
     /// fails: [`remove`](Self::remove)). A restart starts from it, and a
     /// run of refused changes (a revert retried against a broken file)
-    /// must not leave it nothing to start from. So `keep + 1` files at
-    /// most, until the next append.
+    /// must not leave it nothing to start from. A probation's revision and
+    /// the fallback its automatic revert goes to are kept while it lasts
+    /// (`probation.json`): refusals during it must not take away the way
+    /// back. So `keep` files, or more while those it must keep are more.
     pub fn append(&self, revision: &Revision) -> Result<(), RevisionError> {
         let path = self.path(revision.number);
         let io = |source| RevisionError::Io {
@@ -244,11 +246,20 @@ impl RevisionStore {
         atomic_file::write_private(&path, &text).map_err(io)?;
         let numbers = self.numbers()?;
         let excess = numbers.len().saturating_sub(self.keep);
-        let ran = [None, Some(revision.number)]
+        let [ran, ran_before] = [None, Some(revision.number)]
             .map(|before| self.newest_applied(&numbers, before).map(|r| r.number));
+        // An unreadable probation file protects nothing: it is refused
+        // where it is read.
+        let probation = self.probation().ok().flatten();
+        let kept = [
+            ran,
+            ran_before,
+            probation.as_ref().map(|p| p.revision),
+            probation.as_ref().map(|p| p.fallback),
+        ];
         for old in numbers
             .iter()
-            .filter(|n| !ran.contains(&Some(**n)))
+            .filter(|n| !kept.contains(&Some(**n)))
             .take(excess)
         {
             let _ = std::fs::remove_file(self.path(*old));
@@ -437,6 +448,37 @@ mod tests {
         store.append(&revision(8, true)).unwrap();
         store.append(&revision(9, false)).unwrap();
         assert_eq!(store.numbers().unwrap(), vec![7, 8, 9]);
+    }
+
+    /// A probation's revision and its fallback outlive refused changes
+    /// made while it lasts (each is a revision of its own), so the
+    /// automatic revert still finds its way back; after it they go.
+    #[test]
+    fn a_probations_fallback_outlives_the_refusals_made_during_it() {
+        let dir = ScratchDir::new("revisions-probation");
+        let store = RevisionStore::open(&dir.join("r"), 3).unwrap();
+        for n in 1..=3 {
+            store.append(&revision(n, true)).unwrap();
+        }
+        let probation = SavedProbation {
+            revision: 3,
+            fallback: 2,
+            deadline: 1_700_000_300,
+            announced: Vec::new(),
+        };
+        store.save_probation(Some(&probation)).unwrap();
+        for n in 4..=8 {
+            store.append(&revision(n, false)).unwrap();
+        }
+        assert_eq!(store.numbers().unwrap(), vec![2, 3, 8]);
+        assert_eq!(store.get(2).unwrap().number, 2, "the way back is readable");
+        store.save_probation(None).unwrap();
+        store.append(&revision(9, false)).unwrap();
+        assert_eq!(
+            store.numbers().unwrap(),
+            vec![3, 8, 9],
+            "the newest that ran stays"
+        );
     }
 
     #[test]

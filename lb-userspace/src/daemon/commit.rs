@@ -265,13 +265,26 @@ impl<D: Dataplane> Daemon<D> {
     /// only a restart may change, the VIP rules, the blackhole guard.
     /// Returns the warnings.
     fn check(&self, target: &Target, force: Force, dry_run: bool) -> Result<Vec<String>> {
-        if let Some(what) = fixed_setting_changed(&self.config, &target.config) {
+        if let Some((what, why)) = fixed_setting_changed(&self.config, &target.config) {
             return Err(refused(
                 ErrorKind::FixedSetting,
                 format!(
-                    "{what} changed: it is fixed when lbd starts (the maps are made with it), so a reload cannot change it; restart lbd to change it"
+                    "{what} changed: only a restart changes it ({why}); restart lbd to change it"
                 ),
             ));
+        }
+        // The new announcers' files (BGP keys) before anything is
+        // written: found missing only when they start, the change would
+        // be half made.
+        if target.config.announce != self.config.announce {
+            let errors = target.config.announce.check_files();
+            if !errors.is_empty() {
+                return Err(crate::config::ConfigErrors {
+                    source_name: None,
+                    errors,
+                }
+                .into());
+            }
         }
         let effective = target.effective();
         let mut warnings = target.config.check_vips(&effective)?;
@@ -436,8 +449,13 @@ impl<D: Dataplane> Daemon<D> {
             self.restore();
             return Err(e);
         }
-        if new.announce != self.config.announce {
-            self.restart_announcers(new).await?;
+        if new.announce != self.config.announce
+            && let Err(e) = self.restart_announcers(new).await
+        {
+            self.overlay = old_overlay;
+            self.restore();
+            self.announce();
+            return Err(e);
         }
         if new.gateway != self.config.gateway || new.gateway_refresh != self.config.gateway_refresh
         {

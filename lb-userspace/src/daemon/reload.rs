@@ -161,19 +161,17 @@ impl<D: Dataplane> Daemon<D> {
     }
 
     /// The announce section changed: the announcers restart (a short
-    /// withdrawal). If the new ones cannot start, the old configuration
-    /// goes back, with its announcers.
+    /// withdrawal). If the new ones cannot start, the old ones start again
+    /// (the caller puts the rest of the running configuration back).
     pub(super) async fn restart_announcers(&mut self, new: &Config) -> Result<()> {
         info!("the announce section changed: restarting the announcers");
         self.stop_announcers().await;
         let previous = std::mem::replace(&mut self.config.announce, new.announce.clone());
         if let Err(e) = self.start_announcers() {
             self.config.announce = previous;
-            self.restore();
             if let Err(again) = self.start_announcers() {
                 error!("restarting the previous announcers failed: {again}");
             }
-            self.announce();
             return Err(refused(
                 ErrorKind::Internal,
                 format!("starting the new announcers: {e}"),

@@ -76,39 +76,46 @@ pub async fn resolve_gateway(config: &Config) -> Result<(Option<IpAddr>, [u8; 6]
     }
 }
 
-/// Settings that only a restart may change, and whether `new` changes one.
-pub(super) fn fixed_setting_changed(old: &Config, new: &Config) -> Option<&'static str> {
+/// Settings that only a restart may change: the first one `new` changes,
+/// and why a restart is needed.
+pub(super) fn fixed_setting_changed(
+    old: &Config,
+    new: &Config,
+) -> Option<(&'static str, &'static str)> {
+    const MAPS: &str = "the maps are made with it";
+    const SET_UP: &str = "it is set up when lbd starts";
+    let (o, n) = (&old.layout, &new.layout);
     [
-        ("instance", new.instance != old.instance),
-        ("interfaces", new.interfaces != old.interfaces),
-        ("xdp_mode", new.xdp_mode != old.xdp_mode),
-        ("table_size", new.layout.table_size != old.layout.table_size),
-        (
-            "conntrack_buckets",
-            new.layout.ct_buckets != old.layout.ct_buckets,
-        ),
-        ("max_vips", new.layout.max_vips != old.layout.max_vips),
-        (
-            "max_backends",
-            new.layout.max_backends != old.layout.max_backends,
-        ),
-        (
-            "table_pool_mib",
-            new.layout.table_pool != old.layout.table_pool,
-        ),
+        ("instance", new.instance != old.instance, MAPS),
+        ("interfaces", new.interfaces != old.interfaces, SET_UP),
+        ("xdp_mode", new.xdp_mode != old.xdp_mode, SET_UP),
+        ("table_size", n.table_size != o.table_size, MAPS),
+        ("conntrack_buckets", n.ct_buckets != o.ct_buckets, MAPS),
+        ("max_vips", n.max_vips != o.max_vips, MAPS),
+        ("max_backends", n.max_backends != o.max_backends, MAPS),
+        ("table_pool_mib", n.table_pool != o.table_pool, MAPS),
         (
             "second_chance_vips",
-            new.layout.second_chance_vips != old.layout.second_chance_vips,
+            n.second_chance_vips != o.second_chance_vips,
+            MAPS,
         ),
-        ("bpffs", new.bpffs != old.bpffs),
-        ("api_socket", new.api_socket != old.api_socket),
-        ("state_file", new.state_file != old.state_file),
-        ("metrics", new.metrics != old.metrics),
-        ("log_format", new.log_format != old.log_format),
+        ("bpffs", new.bpffs != old.bpffs, MAPS),
+        ("api_socket", new.api_socket != old.api_socket, SET_UP),
+        ("state_file", new.state_file != old.state_file, SET_UP),
+        ("metrics", new.metrics != old.metrics, SET_UP),
+        ("log_format", new.log_format != old.log_format, SET_UP),
+        // Without the tier's link a reload would compose no VIPs at all,
+        // and withdraw every one.
+        (
+            "source",
+            new.source != old.source,
+            "the etcd link starts with lbd",
+        ),
+        ("history", new.history != old.history, SET_UP),
     ]
     .into_iter()
-    .find(|(_, changed)| *changed)
-    .map(|(what, _)| what)
+    .find(|(_, changed, _)| *changed)
+    .map(|(what, _, why)| (what, why))
 }
 
 #[cfg(test)]

@@ -845,6 +845,25 @@ async fn a_reload_applies_a_good_file_and_keeps_the_running_one_otherwise() {
         assert_eq!(e.kind(), ErrorKind::FixedSetting, "{e}");
         assert!(e.to_string().starts_with(name), "names it: {e}");
     }
+    // The revision store and the tier's link are set up at start too. A
+    // file moved to a tier by a reload has no VIPs of its own yet: it
+    // would withdraw every VIP, and etcd would never be asked.
+    let kept = "conntrack_buckets: 1024\nhistory: 7";
+    let history = reparse(&r, &FILE.replace("conntrack_buckets: 1024", kept));
+    let e = r.daemon.reload(history, true, &plain()).await.unwrap_err();
+    assert!(e.to_string().starts_with("history changed"), "{e}");
+    let (head, _) = FILE.split_once("vips:").unwrap();
+    let tier = format!(
+        "{head}source:\n  etcd:\n    endpoints: [http://127.0.0.1:2379]\n    prefix: /lb/t1\n"
+    );
+    let e = r
+        .daemon
+        .reload(reparse(&r, &tier), true, &plain())
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::FixedSetting, "{e}");
+    assert!(e.to_string().starts_with("source changed"), "{e}");
+    assert_eq!(r.in_table(WEB).len(), 3, "the running configuration stays");
 }
 
 #[tokio::test]
@@ -1078,6 +1097,40 @@ async fn a_changed_announce_section_restarts_the_announcers_or_keeps_the_old() {
     assert_eq!(seen.len(), 4, "tried the new, then the old again: {seen:?}");
     assert_eq!(seen[3], Some(vec!["/bin/true".to_string()]));
     assert_eq!(r.announced(), BTreeSet::from([ip("10.99.0.1")]));
+
+    // Refused that late, a change that also moves backends and makes a
+    // runtime change the file's own puts back all of it: the tables, the
+    // runtime changes and the state file.
+    r.ok(weight(WEB, "10.1.0.2", 0)).await;
+    let (overlay, state) = (r.daemon.overlay.clone(), r.daemon.config.state_file.clone());
+    let saved = std::fs::read(&state).unwrap();
+    let moved = with("/bin/refused").replace(
+        "      - address: 10.1.0.2\n",
+        "      - address: 10.1.0.2\n        weight: 0\n      - address: 10.1.0.3\n",
+    );
+    r.daemon
+        .reload(reparse(&r, &moved), false, &plain())
+        .await
+        .expect_err("the new announcers cannot start");
+    assert_eq!(r.daemon.overlay, overlay, "the runtime change is kept");
+    assert_eq!(std::fs::read(&state).unwrap(), saved, "and saved");
+    assert_eq!(r.in_table(WEB), BTreeSet::from([ip("10.1.0.1")]));
+    assert_eq!(r.announced(), BTreeSet::from([ip("10.99.0.1")]));
+
+    // A key file that would stop the new announcers from starting is
+    // refused before anything is written or stopped.
+    let keyed = format!(
+        "{FILE}announce:\n  bgp:\n    local_as: 65001\n    router_id: 10.0.0.11\n    peers:\n      - {{ address: 10.0.0.1, remote_as: 65000, password_file: /nonexistent/peer.key }}\n"
+    );
+    let tried = started.lock().unwrap().len();
+    let e = r
+        .daemon
+        .reload(reparse(&r, &keyed), false, &plain())
+        .await
+        .expect_err("the key file is missing");
+    assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{e}");
+    assert!(e.to_string().contains("password_file"), "names it: {e}");
+    assert_eq!(started.lock().unwrap().len(), tried, "nothing restarted");
 }
 
 /// The blackhole guard protects what the routers send here: with the
@@ -1257,6 +1310,29 @@ mod second_chance;
 mod shown;
 mod tier;
 mod trace;
+
+/// Two VIPs on one address: the one left with no usable backend is still
+/// announced (its neighbour qualifies the address), and the metrics say
+/// both: announced, and that it does not qualify on its own.
+#[tokio::test]
+async fn a_vip_announced_for_its_neighbour_is_shown_not_to_qualify() {
+    const TLS: &str = "10.99.0.1:443/tcp";
+    let text = format!(
+        "{FILE}  - address: 10.99.0.1\n    port: 443\n    protocol: tcp\n    backends:\n      - address: 10.1.0.3\n"
+    );
+    let mut r = rig(&text);
+    r.ok(r.drain(TLS, "10.1.0.3", true)).await;
+    r.daemon.tick();
+    let text = r.daemon.metrics.encode().unwrap();
+    for line in [
+        r#"lb_vip_announced{vip="10.99.0.1:443/tcp"} 1"#,
+        r#"lb_vip_qualifies{vip="10.99.0.1:443/tcp"} 0"#,
+        r#"lb_vip_announced{vip="10.99.0.1:80/tcp"} 1"#,
+        r#"lb_vip_qualifies{vip="10.99.0.1:80/tcp"} 1"#,
+    ] {
+        assert!(text.lines().any(|l| l == line), "no {line:?} in:\n{text}");
+    }
+}
 
 #[tokio::test]
 async fn metrics_report_counters_states_and_digests_after_a_tick() {

@@ -13,6 +13,7 @@
 use std::{
     net::IpAddr,
     path::{Path, PathBuf},
+    sync::atomic::{AtomicU64, Ordering},
 };
 
 use anyhow::{Context as _, Result, bail};
@@ -134,6 +135,22 @@ struct ParsedReload {
     options: ChangeOptions,
     /// `lbctl reload` waits for the answer; SIGHUP does not.
     reply: Option<oneshot::Sender<Response>>,
+    /// Which read of the file this is, in the order the reads started
+    /// ([`READS`]): a read that started later saw the file as new or
+    /// newer.
+    read: u64,
+}
+
+/// Reads of the configuration file started so far. Reads are parsed side
+/// by side and finish in any order; one that finishes after a later read
+/// was applied holds an older file ([`superseded`]).
+static READS: AtomicU64 = AtomicU64::new(0);
+
+/// Whether a reload of read `read` comes too late: a read that started
+/// after it (`newest`, the newest applied or refused) already ran, so
+/// applying this one would put an older file back for good.
+fn superseded(read: u64, newest: u64) -> bool {
+    read < newest
 }
 
 impl ParsedReload {
@@ -148,6 +165,7 @@ impl ParsedReload {
         to: &mpsc::Sender<ParsedReload>,
     ) {
         let (path, to) = (path.to_path_buf(), to.clone());
+        let read = READS.fetch_add(1, Ordering::Relaxed) + 1;
         tokio::task::spawn_blocking(move || {
             let file =
                 FileRead::load(&path).and_then(|f| crate::tier::compose(f, desired.as_ref()));
@@ -159,6 +177,7 @@ impl ParsedReload {
                 force,
                 options,
                 reply,
+                read,
             });
         });
     }
@@ -579,6 +598,8 @@ async fn serve(
     let mut int = signal(SignalKind::interrupt())?;
     let mut sample_tick = tokio::time::interval(SAMPLE_EVERY);
     let (parsed_tx, mut parsed_rx) = mpsc::channel::<ParsedReload>(4);
+    // The newest read of the file that was applied (or refused).
+    let mut newest_read = 0;
     let watchdog = crate::notify::watchdog();
     // Set by the first SIGTERM/SIGINT: when the grace period ends.
     let mut stop_at: Option<tokio::time::Instant> = None;
@@ -593,7 +614,9 @@ async fn serve(
                 let keep = (applied(tier), Via::Operator);
                 ParsedReload::start(daemon.config_path(), keep, false, options, None, &parsed_tx);
             }
-            Some(parsed) = parsed_rx.recv() => apply_reload(daemon, tier, parsed, &parsed_tx).await,
+            Some(parsed) = parsed_rx.recv() => {
+                apply_reload(daemon, tier, parsed, &parsed_tx, &mut newest_read).await
+            }
             feed = TierLink::next(tier) => on_feed(daemon, tier, feed, &parsed_tx),
             Some(first) = probes.recv() => on_probes(daemon, first, &mut probes),
             done = traced_done(traced) => adopt_traced(daemon, done),
@@ -782,10 +805,24 @@ async fn apply_reload(
     tier: &mut Option<TierLink>,
     parsed: ParsedReload,
     again: &mpsc::Sender<ParsedReload>,
+    newest_read: &mut u64,
 ) {
     let Some(parsed) = current(daemon, tier, parsed, again) else {
         return;
     };
+    let dry_run = parsed.options.dry_run;
+    if !dry_run && superseded(parsed.read, *newest_read) {
+        info!(
+            "the file was read again, and applied, while this read of it was parsed; reading it once more"
+        );
+        let via = (parsed.desired, parsed.via);
+        let (force, options) = (parsed.force, parsed.options);
+        ParsedReload::start(&parsed.path, via, force, options, parsed.reply, again);
+        return;
+    }
+    if !dry_run {
+        *newest_read = (*newest_read).max(parsed.read);
+    }
     let change = match (&parsed.via, &parsed.file) {
         (Via::Candidate(_), Ok(file)) => {
             Some(lb::daemon::explain_change(daemon.config(), &file.config))
@@ -797,7 +834,6 @@ async fn apply_reload(
         .await;
     if let (Some(link), Some(desired)) = (tier.as_mut(), parsed.desired) {
         let outcome = result.as_ref().map(|_| ()).map_err(|e| e.to_string());
-        let dry_run = parsed.options.dry_run;
         let reloads = crate::tier::after_reload(
             daemon,
             link,
@@ -897,4 +933,23 @@ async fn finish(mut daemon: Daemon<KernelDataplane>) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Reads are numbered as they start: a later read saw the file as new
+    /// or newer, so only an earlier one than the newest that ran is too
+    /// late; the same read (a reload composed again) or a later one is not.
+    #[test]
+    fn a_read_older_than_the_newest_that_ran_is_superseded() {
+        let first = READS.fetch_add(1, Ordering::Relaxed) + 1;
+        let second = READS.fetch_add(1, Ordering::Relaxed) + 1;
+        assert!(second > first);
+        assert!(superseded(first, second));
+        assert!(!superseded(second, second));
+        assert!(!superseded(second, first));
+        assert!(!superseded(first, 0), "nothing ran yet");
+    }
 }
