@@ -1162,6 +1162,132 @@ mod tests {
         speaker.shutdown().await.expect("clean shutdown");
     }
 
+    /// The graceful shutdown ended and a route went in one change (an
+    /// undrain while a VIP lost its backends): every route is sent again
+    /// without the community, and the one that went is withdrawn, not
+    /// left with the router.
+    #[tokio::test]
+    async fn routes_sent_again_withdraw_what_went_meanwhile() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let mut cfg = gr_config(port);
+        cfg.graceful_shutdown = Some(GracefulShutdown {
+            wait: Duration::from_secs(5),
+        });
+        let ctx = StartContext {
+            fresh: true,
+            ..StartContext::default()
+        };
+        let mut speaker = BgpSpeaker::start_with(cfg, &ctx).expect("starts");
+        let (a, b) = (Ipv4Addr::new(10, 99, 0, 1), Ipv4Addr::new(10, 99, 0, 2));
+        let both: BTreeSet<IpAddr> = [a.into(), b.into()].into_iter().collect();
+        speaker.set_announced(&both).unwrap();
+        let gr = GracefulRestartOffer {
+            restarting: false,
+            restart_time: 30,
+            forwarding: false,
+        };
+        let mut sock = establish_gr(&listener, gr).await;
+        let mut attrs = RouteAttrs {
+            local_as: 65001,
+            ebgp: true,
+            asn4: true,
+            shutdown: None,
+        };
+        let plain = announce_v4(&attrs, Ipv4Addr::LOCALHOST, &[a, b]).unwrap();
+        assert_eq!(vec![next_update(&mut sock).await], plain);
+        assert_eq!(next_update(&mut sock).await, end_of_rib_v4());
+        speaker.set_graceful_shutdown(true);
+        attrs.shutdown = Some(Default::default());
+        let gshut = announce_v4(&attrs, Ipv4Addr::LOCALHOST, &[a, b]).unwrap();
+        assert_eq!(vec![next_update(&mut sock).await], gshut);
+        // Both before the session runs again: it sees one change.
+        speaker.set_graceful_shutdown(false);
+        speaker
+            .set_announced(&[a.into()].into_iter().collect())
+            .unwrap();
+        assert_eq!(
+            vec![next_update(&mut sock).await],
+            withdraw_v4(&[b]).unwrap()
+        );
+        attrs.shutdown = None;
+        let again = announce_v4(&attrs, Ipv4Addr::LOCALHOST, &[a]).unwrap();
+        assert_eq!(vec![next_update(&mut sock).await], again);
+        let one = |s: &PeerStatus| s.carried.as_ref().is_some_and(|c| c.len() == 1);
+        let s = wait_for(&speaker, "carries a alone", one).await;
+        assert_eq!(s.carried, Some(vec![IpAddr::from(a)]));
+        speaker.shutdown().await.expect("clean shutdown");
+    }
+
+    /// After a restart, a connection the peer closes before the session
+    /// comes up (a router still winding the old session down) does not use
+    /// up Restart State: the next OPEN still says it, so routes still wait
+    /// for the first verdicts.
+    #[tokio::test]
+    async fn restart_state_outlives_a_connection_closed_before_established() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let ctx = StartContext {
+            restarted: true,
+            ..StartContext::default()
+        };
+        let mut speaker = BgpSpeaker::start_with(gr_config(port), &ctx).expect("starts");
+        let gr = GracefulRestartOffer {
+            restarting: true,
+            restart_time: 30,
+            forwarding: true,
+        };
+        let (sock, open) = accepted(&listener).await;
+        assert_eq!(
+            open,
+            wire::open(65001, 3, Ipv4Addr::new(10, 0, 0, 11), Some(gr)).unwrap()
+        );
+        drop(sock);
+        let _sock = establish_gr(&listener, gr).await;
+        let s = wait_for_state(&speaker, SessionState::Established).await;
+        let g = s.graceful_restart.expect("graceful restart status");
+        assert!(g.restarting && g.deferring, "{g:?}");
+        speaker.shutdown().await.expect("clean shutdown");
+    }
+
+    /// A peer that asks for no hold timer (hold time 0) sends no
+    /// KEEPALIVEs: the speaker's end of the connection gets TCP
+    /// keepalives instead (the kernel's keepalive timer runs on it, as
+    /// `/proc/net/tcp` shows), so a peer that lost power is noticed.
+    #[tokio::test]
+    async fn a_peer_without_a_hold_timer_is_watched_by_tcp_keepalives() {
+        let (listener, mut speaker) = speaker_with_peer(3).await;
+        let (sock, _) = open_with_any(&listener, 0).await;
+        wait_for_state(&speaker, SessionState::Established).await;
+        let (ours, theirs) = (sock.local_addr().unwrap(), sock.peer_addr().unwrap());
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while tcp_timer(theirs.port(), ours.port()) != Some(2) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no keepalive timer on the speaker's end: {:?}",
+                tcp_timer(theirs.port(), ours.port())
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        speaker.shutdown().await.expect("clean shutdown");
+    }
+
+    /// The timer running on the loopback connection from local port
+    /// `local` to `remote` (`/proc/net/tcp`, the `tr` column: 0 none, 1
+    /// retransmit, 2 keepalive, ...).
+    fn tcp_timer(local: u16, remote: u16) -> Option<u8> {
+        let table = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
+        let ends = [
+            format!("0100007F:{local:04X}"),
+            format!("0100007F:{remote:04X}"),
+        ];
+        table.lines().skip(1).find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let timer = f.get(5)?.split(':').next()?;
+            (f.get(1..3)? == ends).then(|| u8::from_str_radix(timer, 16).ok())?
+        })
+    }
+
     #[test]
     fn starting_needs_a_runtime_and_a_valid_config() {
         assert!(matches!(

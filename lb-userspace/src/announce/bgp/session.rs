@@ -385,8 +385,14 @@ pub(super) async fn run_peer(
                     restart_time: local.graceful_restart.restart_time.as_secs() as u16,
                     forwarding: !(first && local.fresh),
                 });
-                first = false;
                 let end = session.run(&mut desired, &mut stop).await;
+                // The restart is over once a session came up: one that
+                // the peer closed before (while it still winds the old
+                // one down) must not use up Restart State, or the next
+                // would send routes before the first verdicts.
+                if session.established_for().is_some() {
+                    first = false;
+                }
                 backoff.session_ended(session.established_for());
                 match end {
                     End::Stopped => break,
@@ -443,6 +449,10 @@ struct Session<'a> {
     v6: bool,
     /// What the peer has from us in this session.
     adj_out: BTreeSet<IpAddr>,
+    /// Every route is to be sent again (new attributes, or the peer asked
+    /// for them): the next sync withdraws what is no longer carried, then
+    /// announces all that is.
+    resend: bool,
     /// VIPs we could not announce to this peer (family not accepted, no
     /// next hop), as last reported.
     skipped: BTreeSet<IpAddr>,
@@ -489,6 +499,7 @@ impl<'a> Session<'a> {
             v4: false,
             v6: false,
             adj_out: BTreeSet::new(),
+            resend: false,
             skipped: BTreeSet::new(),
             established_at: None,
             bfd: None,
@@ -800,8 +811,7 @@ impl<'a> Session<'a> {
                 Ok(())
             }
             (SessionState::Established, Message::RouteRefresh) => {
-                // Send everything again.
-                self.adj_out.clear();
+                self.resend = true;
                 self.sync(desired).await
             }
             (_, other) => {
@@ -866,10 +876,36 @@ impl<'a> Session<'a> {
             .map(|(_, f)| f.to_string())
             .collect();
         self.hold = Duration::from_secs(u64::from(self.local.hold_time.min(open.hold_time())));
+        if self.hold.is_zero() && self.local.hold_time > 0 {
+            self.watch_with_tcp_keepalives();
+        }
         self.hold_deadline = Instant::now() + self.hold;
         self.send_keepalive().await?;
         self.set_state(SessionState::OpenConfirm);
         Ok(())
+    }
+
+    /// The peer asked for no hold timer (hold time 0, which RFC 4271
+    /// allows), so no KEEPALIVE will show it is gone: TCP keepalives at a
+    /// third of our hold time watch the connection instead, so a peer that
+    /// lost power ends the session (and what it says of our routes) after
+    /// about twice our hold time, not never.
+    fn watch_with_tcp_keepalives(&self) {
+        let third = Duration::from_secs(u64::from(self.local.hold_time).div_ceil(3));
+        let keepalive = socket2::TcpKeepalive::new()
+            .with_time(third)
+            .with_interval(third)
+            .with_retries(3);
+        match socket2::SockRef::from(&self.stream).set_tcp_keepalive(&keepalive) {
+            Ok(()) => info!(
+                peer = %self.addr(),
+                "the peer asked for no hold timer: TCP keepalives watch the connection instead"
+            ),
+            Err(e) => warn!(
+                peer = %self.addr(),
+                "the peer asked for no hold timer, and TCP keepalives could not be set ({e}): a dead peer will not be noticed"
+            ),
+        }
     }
 
     /// The next hop for `vip` on this session, or why there is none.
@@ -903,6 +939,22 @@ impl<'a> Session<'a> {
 
     /// The UPDATEs that take the peer from `current` to `wanted`:
     /// withdrawals first, then announcements.
+    /// The UPDATEs that take the peer from `adj_out` to `carried`; after
+    /// [`Self::resend`], withdrawals of what is no longer carried and then
+    /// every carried route again.
+    fn route_updates(
+        &mut self,
+        carried: &BTreeSet<IpAddr>,
+    ) -> Result<Vec<Vec<u8>>, wire::WireError> {
+        if !std::mem::take(&mut self.resend) {
+            return self.updates(&self.adj_out, carried);
+        }
+        let kept = self.adj_out.intersection(carried).copied().collect();
+        let mut out = self.updates(&self.adj_out, &kept)?;
+        out.extend(self.updates(&BTreeSet::new(), carried)?);
+        Ok(out)
+    }
+
     fn updates(
         &self,
         current: &BTreeSet<IpAddr>,
@@ -947,7 +999,7 @@ impl<'a> Session<'a> {
         if shutdown != self.attrs.shutdown {
             // New attributes for every route: announce them all again.
             self.attrs.shutdown = shutdown;
-            self.adj_out.clear();
+            self.resend = true;
             self.shared.lock().graceful_shutdown = shutdown.is_some();
             info!(peer = %self.addr(), on = shutdown.is_some(), "graceful shutdown (GRACEFUL_SHUTDOWN community)");
         }
@@ -967,7 +1019,7 @@ impl<'a> Session<'a> {
                 }
             }
         }
-        let messages = match self.updates(&self.adj_out, &carried) {
+        let messages = match self.route_updates(&carried) {
             Ok(m) => m,
             Err(e) => {
                 return Err(self

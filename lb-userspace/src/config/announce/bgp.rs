@@ -480,13 +480,23 @@ impl BgpConfig {
         if self.peers.is_empty() {
             errors.push(problem("peers", "at least one peer is needed"));
         }
-        let mut seen = BTreeSet::new();
+        let (mut seen, mut with_bfd) = (BTreeSet::new(), BTreeSet::new());
         for (i, peer) in self.peers.iter().enumerate() {
             peer.validate(&format!("peers[{i}]"), &mut errors);
             if !seen.insert(peer.socket_addr()) {
                 errors.push(problem(
                     format!("peers[{i}].address"),
                     format!("peer {} is listed twice", peer.socket_addr()),
+                ));
+            }
+            // BFD packets name no port: one session per address.
+            if peer.bfd.is_some() && !with_bfd.insert(peer.address) {
+                errors.push(problem(
+                    format!("peers[{i}].bfd"),
+                    format!(
+                        "another peer at {} has BFD already: BFD runs one session per address",
+                        peer.address
+                    ),
                 ));
             }
         }
@@ -528,6 +538,23 @@ mod tests {
         assert_eq!(c.connect_retry, ConnectRetry::default());
         assert_eq!(c.peers[0].port, 179);
         assert_eq!(c.peers[0].local_address, None);
+    }
+
+    /// Two peers on one address may differ in port, but only one of them
+    /// may have BFD: its packets name no port, and the datapath keeps one
+    /// session per address.
+    #[test]
+    fn one_peer_per_address_may_have_bfd() {
+        let peers = |a: &str, b: &str| {
+            parse(&format!(
+                "local_as: 65001\nrouter_id: 10.0.0.11\npeers:\n  - {{ address: 10.0.0.1, remote_as: 65000{a} }}\n  - {{ address: 10.0.0.1, port: 1179, remote_as: 65000{b} }}\n"
+            ))
+        };
+        assert!(peers(", bfd: {}", "").validate().is_empty());
+        let e = peers(", bfd: {}", ", bfd: {}").validate();
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert_eq!(e[0].field, "peers[1].bfd");
+        assert!(e[0].message.contains("one session per address"), "{e:?}");
     }
 
     #[test]
