@@ -70,7 +70,12 @@ pub struct VipSample {
     pub packets: u64,
     pub bytes: u64,
     pub panic: bool,
+    /// Its address is announced and a router has it (maybe qualified by
+    /// another VIP on the same address).
     pub announced: bool,
+    /// Enough of its own backends are usable (`min_healthy`) to announce
+    /// its address.
+    pub qualifies: bool,
     pub table_digest: String,
     pub backends: Vec<BackendSample>,
 }
@@ -346,7 +351,13 @@ const FAMILIES: &[(&str, &str, MetricType, &[&str])] = &[
     ),
     (
         "lb_vip_announced",
-        "1 while the VIP qualifies its address for announcement.",
+        "1 while the VIP's address is announced and a router has it; another VIP on the same address may be what qualifies it (lb_vip_qualifies).",
+        MetricType::GAUGE,
+        &["vip"],
+    ),
+    (
+        "lb_vip_qualifies",
+        "1 while at least min_healthy of the VIP's own backends are usable, so that it would have its address announced on its own; announced without it, its traffic finds too few backends.",
         MetricType::GAUGE,
         &["vip"],
     ),
@@ -613,6 +624,7 @@ fn add_vips(f: &mut Families, s: &Snapshot) {
         f.add("lb_vip_bytes_total", &vip, v.bytes as f64);
         f.add("lb_vip_panic", &vip, f64::from(u8::from(v.panic)));
         f.add("lb_vip_announced", &vip, f64::from(u8::from(v.announced)));
+        f.add("lb_vip_qualifies", &vip, f64::from(u8::from(v.qualifies)));
         let table = [("vip", v.vip.as_str()), ("digest", v.table_digest.as_str())];
         f.add("lb_vip_table_info", &table, 1.0);
         for b in &v.backends {

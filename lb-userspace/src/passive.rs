@@ -65,6 +65,35 @@ pub struct Window {
 /// 740 judgements of backends that differ only by chance.
 pub const MIN_Z: f64 = 3.0;
 
+/// How the policy judges a backend's window against its peers' pooled.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Judgement {
+    /// Too few SYNs to judge, or retried less than `ratio`.
+    Fine,
+    /// Retried less than `relative` times the others' ratio (given): the
+    /// cause is not this backend.
+    LikeOthers(f64),
+    /// Above both, but not [`MIN_Z`] standard errors above the others
+    /// (the z score given): too few SYNs to tell it from chance.
+    Chance(f64),
+    /// To eject (within the cap).
+    Eject,
+}
+
+/// Judges window `w` against `others`, the other backends' pooled.
+pub fn judge(settings: &PassiveHealth, w: Window, others: Window) -> Judgement {
+    if w.syns < settings.min_syns || w.ratio() < settings.ratio {
+        return Judgement::Fine;
+    }
+    if w.ratio() < settings.relative * others.ratio() {
+        return Judgement::LikeOthers(others.ratio());
+    }
+    match z_score(w, others) {
+        z if z < MIN_Z => Judgement::Chance(z),
+        _ => Judgement::Eject,
+    }
+}
+
 /// The two-proportion z statistic of `one`'s retransmit ratio against
 /// `others`' (pooled standard error); 0 when either has no SYN or no
 /// backend retransmitted at all.
@@ -198,10 +227,7 @@ pub fn evaluate(
         }
         let pool = pooled(&windows, i);
         let others = pool.ratio();
-        let qualifies = w.ratio() >= settings.ratio
-            && w.ratio() >= settings.relative * others
-            && z_score(w, pool) >= MIN_Z;
-        if !qualifies {
+        if judge(settings, w, pool) != Judgement::Eject {
             p.held_back = false;
         } else if ejected >= cap {
             if !p.held_back {
@@ -227,7 +253,7 @@ pub fn evaluate(
 }
 
 /// The windows of every backend but `i`, pooled.
-fn pooled(windows: &[Window], i: usize) -> Window {
+pub fn pooled(windows: &[Window], i: usize) -> Window {
     let (syns, retransmits) = windows
         .iter()
         .enumerate()

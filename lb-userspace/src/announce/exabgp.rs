@@ -12,6 +12,12 @@
 //! announcer `lbd`'s own logs must go to standard error
 //! (`tracing_subscriber::fmt().with_writer(std::io::stderr)`; the default
 //! writer is standard output), or ExaBGP reads them as commands.
+//!
+//! Standard output is made non-blocking: an ExaBGP that stops reading
+//! (hung, stopped) fills the pipe, and a blocking write would stop the
+//! daemon's loop with it (probes, the API, table updates). A write that
+//! would block leaves the rest of its line for the next call (the daemon
+//! retries every second), and the status says ExaBGP is not reading.
 
 use std::{collections::BTreeSet, io::Write, net::IpAddr};
 
@@ -28,6 +34,9 @@ pub struct ExabgpAnnouncer {
     config: ExabgpConfig,
     out: Box<dyn Write + Send>,
     announced: BTreeSet<IpAddr>,
+    /// The rest of a line the pipe took only part of: written before
+    /// anything else, so that ExaBGP never reads half a command.
+    partial: Vec<u8>,
     status: PeerStatus,
     shut_down: bool,
 }
@@ -39,14 +48,35 @@ impl ExabgpAnnouncer {
             config,
             out,
             announced: BTreeSet::new(),
+            partial: Vec::new(),
             status: PeerStatus::new("exabgp", SessionState::Established),
             shut_down: false,
         }
     }
 
-    /// Writes to standard output, where ExaBGP reads.
+    /// Writes to standard output, where ExaBGP reads, made non-blocking.
+    #[allow(unsafe_code)]
     pub fn stdout(config: ExabgpConfig) -> Self {
-        Self::new(config, Box::new(std::io::stdout()))
+        // SAFETY: fcntl on standard output's descriptor, which lives as
+        // long as the process; no memory is involved.
+        let set = unsafe {
+            let flags = libc::fcntl(libc::STDOUT_FILENO, libc::F_GETFL);
+            flags >= 0
+                && libc::fcntl(libc::STDOUT_FILENO, libc::F_SETFL, flags | libc::O_NONBLOCK) >= 0
+        };
+        if !set {
+            warn!(
+                "standard output cannot be made non-blocking: an ExaBGP that stops reading would stop lbd"
+            );
+        }
+        // Unbuffered: what `write` says went is in the pipe, not in a
+        // buffer of ours that a full pipe would also hold up.
+        use std::os::fd::AsFd as _;
+        let out: Box<dyn Write + Send> = match std::io::stdout().as_fd().try_clone_to_owned() {
+            Ok(fd) => Box::new(std::fs::File::from(fd)),
+            Err(_) => Box::new(std::io::stdout()),
+        };
+        Self::new(config, out)
     }
 
     /// The command for one change: `announce route 10.0.0.1/32 next-hop
@@ -60,9 +90,55 @@ impl ExabgpAnnouncer {
         format!("{action} route {} next-hop {next_hop}\n", host_prefix(vip))
     }
 
+    /// Writes what it can of `bytes`: how much went. An error only if
+    /// not a byte went.
+    fn write_some(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        let mut done = 0;
+        while done < bytes.len() {
+            match self.out.write(&bytes[done..]) {
+                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) if done > 0 && e.kind() == std::io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(done)
+    }
+
+    /// Writes the rest of a line cut short; `WouldBlock` while some of it
+    /// is still not written.
+    fn finish_partial(&mut self) -> std::io::Result<()> {
+        if self.partial.is_empty() {
+            return Ok(());
+        }
+        let partial = std::mem::take(&mut self.partial);
+        let n = match self.write_some(&partial) {
+            Ok(n) => n,
+            Err(e) => {
+                self.partial = partial;
+                return Err(e);
+            }
+        };
+        self.partial = partial[n..].to_vec();
+        if self.partial.is_empty() {
+            Ok(())
+        } else {
+            Err(std::io::ErrorKind::WouldBlock.into())
+        }
+    }
+
+    /// Writes one whole line, or none of it: a line the pipe took only
+    /// part of counts as written, its rest kept for the next call.
+    fn write_line(&mut self, line: &[u8]) -> std::io::Result<()> {
+        let n = self.write_some(line)?;
+        self.partial = line[n..].to_vec();
+        Ok(())
+    }
+
     /// Writes the lines that turn the announced set into `desired`; on a
-    /// write error the set keeps what was written, so the next call
-    /// retries the rest.
+    /// write error (or a full pipe) the set keeps what was written, so the
+    /// next call retries the rest.
     fn apply(&mut self, desired: &BTreeSet<IpAddr>) -> Result<(), AnnounceError> {
         let changes = diff(&self.announced, desired);
         let steps = changes
@@ -70,10 +146,17 @@ impl ExabgpAnnouncer {
             .iter()
             .map(|&v| ("withdraw", v))
             .chain(changes.announce.iter().map(|&v| ("announce", v)));
-        let mut result = Ok(());
+        let mut result = self.finish_partial();
         for (action, vip) in steps {
+            if result.is_err() {
+                break;
+            }
+            if !self.partial.is_empty() {
+                result = Err(std::io::ErrorKind::WouldBlock.into());
+                break;
+            }
             let line = self.line(action, vip);
-            if let Err(e) = self.out.write_all(line.as_bytes()) {
+            if let Err(e) = self.write_line(line.as_bytes()) {
                 result = Err(e);
                 break;
             }
@@ -84,6 +167,9 @@ impl ExabgpAnnouncer {
             } else {
                 self.announced.remove(&vip);
             }
+        }
+        if result.is_ok() && !self.partial.is_empty() {
+            result = Err(std::io::ErrorKind::WouldBlock.into());
         }
         if result.is_ok() {
             result = self.out.flush();
@@ -102,9 +188,19 @@ impl ExabgpAnnouncer {
                 Ok(())
             }
             Err(source) => {
-                warn!(error = %source, "cannot write ExaBGP commands");
+                let why = if source.kind() == std::io::ErrorKind::WouldBlock {
+                    "ExaBGP is not reading its commands (the pipe is full); lbd does not wait for it".to_string()
+                } else {
+                    format!("writing ExaBGP commands: {source}")
+                };
+                // Once per failure, not at every retry (every second).
+                let again = self.status.state == SessionState::Active
+                    && self.status.last_error.as_deref() == Some(why.as_str());
+                if !again {
+                    warn!("{why}");
+                }
                 self.status.state = SessionState::Active;
-                self.status.last_error = Some(format!("writing ExaBGP commands: {source}"));
+                self.status.last_error = Some(why);
                 Err(AnnounceError::Write {
                     target: "ExaBGP".into(),
                     source,
@@ -144,11 +240,13 @@ mod tests {
     use super::*;
 
     /// A writer whose bytes the test can read, and that can be made to
-    /// fail.
+    /// fail, or to take only so many bytes more (a pipe that fills:
+    /// `WouldBlock` after them).
     #[derive(Clone, Default)]
     struct Sink {
         bytes: Arc<Mutex<Vec<u8>>>,
         broken: Arc<Mutex<bool>>,
+        room: Arc<Mutex<Option<usize>>>,
     }
 
     impl Write for Sink {
@@ -156,8 +254,16 @@ mod tests {
             if *self.broken.lock().unwrap() {
                 return Err(std::io::Error::from(std::io::ErrorKind::BrokenPipe));
             }
-            self.bytes.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
+            let mut room = self.room.lock().unwrap();
+            let n = room.map_or(buf.len(), |r| r.min(buf.len()));
+            if n == 0 {
+                return Err(std::io::ErrorKind::WouldBlock.into());
+            }
+            if let Some(r) = room.as_mut() {
+                *r -= n;
+            }
+            self.bytes.lock().unwrap().extend_from_slice(&buf[..n]);
+            Ok(n)
         }
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())
@@ -238,6 +344,44 @@ mod tests {
         a.set_announced(&set(&["10.0.0.1"])).unwrap();
         assert_eq!(sink.take(), "announce route 10.0.0.1/32 next-hop self\n");
         assert_eq!(a.status()[0].state, SessionState::Established);
+    }
+
+    /// ExaBGP stops reading and its pipe fills in the middle of a line:
+    /// `set_announced` returns at once, the status says so, and the rest
+    /// of the line comes first once it reads again, so ExaBGP reads
+    /// whole commands only, each once.
+    #[test]
+    fn a_full_pipe_is_not_waited_on_and_no_command_is_cut() {
+        let sink = Sink::default();
+        let mut a = ExabgpAnnouncer::new(ExabgpConfig::default(), Box::new(sink.clone()));
+        *sink.room.lock().unwrap() = Some(50);
+        let err = a
+            .set_announced(&set(&["10.0.0.1", "10.0.0.2"]))
+            .expect_err("the pipe is full");
+        assert!(matches!(err, AnnounceError::Write { .. }), "{err}");
+        let s = &a.status()[0];
+        assert_eq!(s.state, SessionState::Active);
+        assert!(
+            s.last_error
+                .as_deref()
+                .unwrap_or("")
+                .contains("not reading"),
+            "{s:?}"
+        );
+        // Still full: nothing more, nothing twice.
+        assert!(a.set_announced(&set(&["10.0.0.1", "10.0.0.2"])).is_err());
+        assert_eq!(sink.bytes.lock().unwrap().len(), 50);
+        *sink.room.lock().unwrap() = None;
+        a.set_announced(&set(&["10.0.0.1", "10.0.0.2"])).unwrap();
+        assert_eq!(
+            sink.take(),
+            "announce route 10.0.0.1/32 next-hop self\nannounce route 10.0.0.2/32 next-hop self\n"
+        );
+        let s = &a.status()[0];
+        assert_eq!(
+            (s.state, s.prefixes_announced),
+            (SessionState::Established, 2)
+        );
     }
 
     #[test]

@@ -76,10 +76,11 @@ impl ExecAnnouncer {
             .map_err(|_| AnnounceError::NoRuntime { announcer: "exec" })?;
         let (desired, desired_rx) = watch::channel(Arc::new(BTreeSet::new()));
         let (stop, stop_rx) = watch::channel(false);
-        let status = Arc::new(Mutex::new(PeerStatus::new(
-            config.describe(),
-            SessionState::Established,
-        )));
+        // Connect until the first commands ran; what the command has is
+        // `carried`, command by command.
+        let mut first = PeerStatus::new(config.describe(), SessionState::Connect);
+        first.carried = Some(Vec::new());
+        let status = Arc::new(Mutex::new(first));
         let worker = runtime.spawn(work(config, desired_rx, stop_rx, Arc::clone(&status)));
         Ok(Self {
             desired,
@@ -165,13 +166,13 @@ async fn work(
                 } else {
                     applied.remove(&vip);
                 }
+                publish(&status, &applied);
             } else {
                 failed = true;
             }
         }
         {
             let mut s = lock(&status);
-            s.prefixes_announced = applied.len();
             s.state = if failed {
                 SessionState::Active
             } else {
@@ -188,11 +189,18 @@ async fn work(
     for vip in applied.clone() {
         if run(&config, "withdraw", vip, &status).await {
             applied.remove(&vip);
+            publish(&status, &applied);
         }
     }
-    let mut s = lock(&status);
+    lock(&status).state = SessionState::Idle;
+}
+
+/// What the command has announced, as the status says it: a change that
+/// is still running or failed is not counted.
+fn publish(status: &Mutex<PeerStatus>, applied: &BTreeSet<IpAddr>) {
+    let mut s = lock(status);
     s.prefixes_announced = applied.len();
-    s.state = SessionState::Idle;
+    s.carried = Some(applied.iter().copied().collect());
 }
 
 /// Runs the command for one change; records the outcome in `status`.
@@ -441,6 +449,36 @@ mod tests {
         })
         .await;
         a.shutdown().await.expect("withdraw succeeds");
+    }
+
+    /// The status says an address is announced only once its command
+    /// succeeded: not while it runs, and not for one that fails, while the
+    /// others that succeeded still count.
+    #[tokio::test]
+    async fn the_status_counts_what_the_command_did() {
+        let dir = ScratchDir::new("exec-carried");
+        let script = script(
+            &dir,
+            "route",
+            "sleep 0.3\n[ \"$LB_VIP\" = 10.0.0.1 ] || { echo no >&2; exit 3; }",
+        );
+        let mut a = ExecAnnouncer::start(config(&script, 5000)).expect("starts");
+        let wanted = set(&["10.0.0.1", "10.0.0.2"]);
+        a.set_announced(&wanted).unwrap();
+        let one: IpAddr = "10.0.0.1".parse().unwrap();
+        let two: IpAddr = "10.0.0.2".parse().unwrap();
+        let s = a.status().remove(0);
+        assert!(!s.carries(&one, &wanted), "a command still runs: {s:?}");
+        eventually("the failure", || {
+            a.status()[0].state == SessionState::Active
+        })
+        .await;
+        let s = a.status().remove(0);
+        assert_eq!(s.carried, Some(vec![one]));
+        assert!(s.carries(&one, &wanted), "{s:?}");
+        assert!(!s.carries(&two, &wanted), "{s:?}");
+        assert_eq!(s.prefixes_announced, 1);
+        let _ = a.shutdown().await;
     }
 
     #[tokio::test]

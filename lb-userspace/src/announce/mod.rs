@@ -160,8 +160,9 @@ pub struct PeerStatus {
     pub graceful_shutdown: bool,
     /// The addresses the peer has from us now (BGP: sent in a family the
     /// session negotiated, with a next hop, on a session the peer
-    /// confirmed). `None`: the announcer cannot tell addresses apart (exec,
-    /// ExaBGP: everything it was given, while it works).
+    /// confirmed; exec: whose command succeeded). `None`: the announcer
+    /// cannot tell addresses apart (ExaBGP: everything it was given, while
+    /// it works).
     pub carried: Option<Vec<IpAddr>>,
     /// The address families the session negotiated (BGP): `ipv4`, `ipv6`.
     pub families: Vec<String>,
@@ -197,13 +198,15 @@ impl PeerStatus {
     }
 
     /// Whether this peer has `addr` from us now, `wanted` being what the
-    /// policy hands the announcers.
+    /// policy hands the announcers. A list of what it carries is taken at
+    /// its word (BGP lists nothing outside Established; exec lists what
+    /// its command did, also while another change fails); without one,
+    /// everything wanted while the announcer works.
     pub fn carries(&self, addr: &IpAddr, wanted: &std::collections::BTreeSet<IpAddr>) -> bool {
-        self.state == SessionState::Established
-            && match &self.carried {
-                Some(list) => list.contains(addr),
-                None => wanted.contains(addr),
-            }
+        match &self.carried {
+            Some(list) => list.contains(addr),
+            None => self.state == SessionState::Established && wanted.contains(addr),
+        }
     }
 }
 

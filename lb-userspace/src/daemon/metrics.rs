@@ -80,6 +80,14 @@ impl<D: Dataplane> Daemon<D> {
             .filter(|v| v.announced && carried.contains(&v.vip.addr))
             .map(|v| v.vip)
             .collect();
+        let qualifies: BTreeSet<_> = self
+            .announcers
+            .decision
+            .vips
+            .iter()
+            .filter(|v| v.usable >= v.min_healthy)
+            .map(|v| v.vip)
+            .collect();
         let stats = self.samples_latest_vips();
         let syns = self.samples_latest_syns();
         self.effective()
@@ -96,6 +104,7 @@ impl<D: Dataplane> Daemon<D> {
                     bytes,
                     panic: life.is_some_and(|l| l.panic),
                     announced: announced.contains(&vip.id),
+                    qualifies: qualifies.contains(&vip.id),
                     table_digest: self
                         .table_digests
                         .get(&vip.id)

@@ -463,33 +463,48 @@ fn server_id_hex(cid: &[u8], len: u8) -> String {
         .collect()
 }
 
-/// Why a backend that looks bad to passive health is not ejected.
+/// Why a backend that looks bad to passive health is not ejected: the
+/// policy's own judgement ([`crate::passive::judge`]), in words.
 fn passive_note(
     v: &VipConfig,
     life: &crate::lifecycle::VipLife,
     addr: &IpAddr,
     now: Instant,
 ) -> Option<String> {
-    let s = &v.passive_health;
+    use crate::passive::Judgement;
     let l = life.backends.get(addr)?;
-    let w = l.passive.window();
-    if l.passive.is_ejected(now) || w.syns < s.min_syns || w.ratio() < s.ratio {
+    if l.passive.is_ejected(now) {
         return None;
     }
-    if l.passive.held_back {
-        return Some("not ejected: max_ejection_percent of the VIP's backends are".into());
-    }
-    let (syns, retransmits) = life
+    let windows: Vec<_> = life.backends.values().map(|o| o.passive.window()).collect();
+    let i = life.backends.keys().position(|a| a == addr)?;
+    let judged = crate::passive::judge(
+        &v.passive_health,
+        windows[i],
+        crate::passive::pooled(&windows, i),
+    );
+    let weighted = v
         .backends
         .iter()
-        .filter(|(a, _)| *a != addr)
-        .map(|(_, o)| o.passive.window())
-        .fold((0, 0), |(s, r), w| (s + w.syns, r + w.retransmits));
-    let others = crate::passive::Window { syns, retransmits }.ratio();
-    Some(format!(
-        "not ejected: the VIP's other backends see their SYNs retried alike ({:.0}%), so the cause is not this backend",
-        others * 100.0
-    ))
+        .any(|b| b.address == *addr && b.weight > 0);
+    Some(match judged {
+        Judgement::Fine => return None,
+        _ if !l.passive_candidate(weighted, now) => {
+            "not judged: it is down, drained or weighted 0".into()
+        }
+        Judgement::LikeOthers(others) => format!(
+            "not ejected: the VIP's other backends see their SYNs retried alike ({:.0}%), so the cause is not this backend",
+            others * 100.0
+        ),
+        Judgement::Chance(z) => format!(
+            "not ejected: too few SYNs to tell it from chance (z = {z:.1}, under {})",
+            crate::passive::MIN_Z
+        ),
+        Judgement::Eject if l.passive.held_back => {
+            "not ejected: max_ejection_percent of the VIP's backends are".into()
+        }
+        Judgement::Eject => "to be ejected at the next evaluation".into(),
+    })
 }
 
 /// One backend's row of `lbctl health`.

@@ -94,6 +94,12 @@ impl BackendLife {
     fn up(&self, now: Instant) -> bool {
         self.health.as_ref().is_none_or(Tracker::is_up) && !self.flaps.held(now)
     }
+
+    /// Whether passive health judges it (`weighted`: its weight is above
+    /// 0): not down, drained or weighted 0.
+    pub fn passive_candidate(&self, weighted: bool, now: Instant) -> bool {
+        weighted && self.drained_since.is_none() && self.up(now)
+    }
 }
 
 #[derive(Clone, Debug, Default)]

@@ -42,7 +42,7 @@ impl Lifecycle {
                     .backends
                     .iter()
                     .any(|b| b.address == *addr && b.weight > 0);
-                let candidate = weighted && l.drained_since.is_none() && l.up(now);
+                let candidate = l.passive_candidate(weighted, now);
                 order.push(*addr);
                 refs.push((&mut l.passive, candidate));
             }

@@ -164,6 +164,42 @@ async fn health_notes_why_a_backend_retried_like_its_peers_is_not_ejected() {
     assert_eq!(note("10.1.0.3"), None, "too few SYNs to judge");
 }
 
+/// A backend retried far more than its peer, but on a sample too small
+/// to tell from chance, is said to be that (not "retried alike"); once
+/// drained it is not judged at all.
+#[tokio::test]
+async fn health_notes_a_backend_kept_for_a_small_sample_or_not_judged() {
+    let mut r = rig(FILE);
+    // After the first tick (the counters' base): .1 20 SYNs, 10 retried
+    // (50%); .2 32, 5 (16%). 50% passes 30% and 3 × 16%, but z is
+    // 0.344 / sqrt(15/52 × 37/52 × (1/20 + 1/32)) = 2.7, under 3.
+    for (one, two) in [(5, 2), (5, 3), (5, 2)] {
+        syns(&mut r, "10.1.0.1", 10, one);
+        syns(&mut r, "10.1.0.2", 16, two);
+        r.daemon.tick();
+    }
+    assert_eq!(r.in_table(WEB).len(), 2, "nobody ejected");
+    let note = |r: &Rig, a: &str| {
+        let health = r.daemon.health();
+        let b = health[0]
+            .backends
+            .iter()
+            .find(|b| b.address == ip(a))
+            .cloned();
+        b.and_then(|b| b.passive).and_then(|p| p.note)
+    };
+    assert_eq!(
+        note(&r, "10.1.0.1").as_deref(),
+        Some("not ejected: too few SYNs to tell it from chance (z = 2.7, under 3)")
+    );
+    assert_eq!(note(&r, "10.1.0.2"), None, "under the ratio");
+    r.ok(r.drain(WEB, "10.1.0.1", false)).await;
+    assert_eq!(
+        note(&r, "10.1.0.1").as_deref(),
+        Some("not judged: it is down, drained or weighted 0")
+    );
+}
+
 #[test]
 fn times_are_written_as_utc_dates() {
     // Worked out by hand: 11,016 days after 1970-01-01 is 2000-02-29 (a
