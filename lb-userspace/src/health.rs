@@ -22,14 +22,14 @@ use tokio::{
     task::JoinHandle,
 };
 
-use crate::config::HealthCheck;
+use crate::config::{HealthCheck, health::unescape};
 
 /// How long a connect probe waits after the handshake for the backend to
 /// close on us (at most; never longer than the timeout leaves).
 const CLOSE_GRACE: Duration = Duration::from_millis(100);
 
 /// Largest reply read for send/expect and HTTP probes.
-const MAX_REPLY: usize = 4096;
+const MAX_REPLY: usize = crate::config::health::MAX_PROBE_BYTES;
 
 /// The outcome of one probe.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -47,32 +47,6 @@ pub struct ProbeTarget {
     pub addr: SocketAddr,
     /// `SO_MARK` for the probe's socket (probes through the tunnel).
     pub mark: Option<u32>,
-}
-
-/// Turns `\r`, `\n`, `\t` and `\\` escapes into bytes.
-pub fn unescape(s: &str) -> Vec<u8> {
-    let mut out = Vec::with_capacity(s.len());
-    let mut chars = s.chars();
-    while let Some(c) = chars.next() {
-        if c != '\\' {
-            let mut buf = [0u8; 4];
-            out.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
-            continue;
-        }
-        match chars.next() {
-            Some('r') => out.push(b'\r'),
-            Some('n') => out.push(b'\n'),
-            Some('t') => out.push(b'\t'),
-            Some('\\') => out.push(b'\\'),
-            Some(other) => {
-                out.push(b'\\');
-                let mut buf = [0u8; 4];
-                out.extend_from_slice(other.encode_utf8(&mut buf).as_bytes());
-            }
-            None => out.push(b'\\'),
-        }
-    }
-    out
 }
 
 async fn connect(target: &ProbeTarget) -> std::io::Result<TcpStream> {

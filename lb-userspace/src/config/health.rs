@@ -92,6 +92,36 @@ impl HealthCheck {
     }
 }
 
+/// The bytes a `send` or `expect` stands for: turns `\r`, `\n`, `\t` and `\\` escapes into bytes.
+pub fn unescape(s: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            let mut buf = [0u8; 4];
+            out.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
+            continue;
+        }
+        match chars.next() {
+            Some('r') => out.push(b'\r'),
+            Some('n') => out.push(b'\n'),
+            Some('t') => out.push(b'\t'),
+            Some('\\') => out.push(b'\\'),
+            Some(other) => {
+                out.push(b'\\');
+                let mut buf = [0u8; 4];
+                out.extend_from_slice(other.encode_utf8(&mut buf).as_bytes());
+            }
+            None => out.push(b'\\'),
+        }
+    }
+    out
+}
+
+/// The most bytes a probe sends (`send`) or compares (`expect`): a reply is
+/// read up to this many bytes, so a longer `expect` could never match.
+pub(crate) const MAX_PROBE_BYTES: usize = 4096;
+
 /// What [`check_health`] needs of the VIP whose backends `h` probes.
 #[derive(Clone, Copy)]
 pub(crate) struct ProbedVip {
@@ -140,6 +170,15 @@ pub(crate) fn check_health(
     }
     if h.expect.as_deref() == Some("") {
         err(format!("{at}.expect"), "must not be empty".into());
+    }
+    for (name, text) in [("send", &h.send), ("expect", &h.expect)] {
+        let len = text.as_deref().map_or(0, |t| unescape(t).len());
+        if len > MAX_PROBE_BYTES {
+            err(
+                format!("{at}.{name}"),
+                format!("{len} bytes, more than the {MAX_PROBE_BYTES} a probe sends or reads"),
+            );
+        }
     }
     if h.port.is_none() && vip.port == 0 {
         err(

@@ -670,6 +670,8 @@ fn health_check_bounds_are_inclusive() {
         "interval: 100ms, timeout: 100ms",
         "interval: 1h, timeout: 1h",
         "jitter: 50",
+        // 4,096 bytes once lb's escapes are read: the most a probe reads.
+        format!("expect: '{}'", "\\r\\n".repeat(2048)).as_str(),
     ] {
         let c = Config::parse(&hc(ok));
         assert!(c.is_ok(), "{ok}: {:?}", c.err().map(|e| e.to_string()));
@@ -685,6 +687,14 @@ fn health_check_bounds_are_inclusive() {
             "timeout: must be above 0 and at most the interval",
         ),
         ("jitter: 51", "jitter: 51% is out of range 0-50"),
+        (
+            format!("expect: {}", "x".repeat(4097)).as_str(),
+            "expect: 4097 bytes, more than the 4096",
+        ),
+        (
+            format!("send: {}", "x".repeat(4097)).as_str(),
+            "send: 4097 bytes, more than the 4096",
+        ),
     ] {
         let e = errors(&hc(bad));
         assert_eq!(e.len(), 1, "{bad}: {e:?}");

@@ -45,6 +45,11 @@ pub fn bind(path: &Path) -> Result<UnixListener> {
 /// `lbctl` writes it at once).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How long a client may take to read its answer: one that stops reading
+/// (a hung script, a stopped `lbctl`) with an answer bigger than the
+/// socket's buffer would otherwise hold its slot for good.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Connections accepted but still waiting for their request, by id: when
 /// every slot is taken, the oldest of them gives its slot to the newcomer,
 /// so idle clients never lock an operator out.
@@ -125,7 +130,16 @@ async fn write_response(
             .into_bytes()
     });
     out.push(b'\n');
-    write.write_all(&out).await
+    match tokio::time::timeout(ANSWER_TIMEOUT, write.write_all(&out)).await {
+        Ok(written) => written,
+        Err(_) => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!(
+                "the client read no answer for {} s",
+                ANSWER_TIMEOUT.as_secs()
+            ),
+        )),
+    }
 }
 
 async fn handle(stream: UnixStream, calls: mpsc::Sender<Call>, id: u64, waiting: Waiting) {
@@ -165,7 +179,38 @@ async fn handle(stream: UnixStream, calls: mpsc::Sender<Call>, id: u64, waiting:
             }
         },
     };
-    if let Err(e) = write_response(&mut write, &response).await {
-        debug!(error = %e, "client went away before the answer");
+    match write_response(&mut write, &response).await {
+        Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+            warn!("dropped an API client: {e}");
+        }
+        Err(e) => debug!(error = %e, "client went away before the answer"),
+        Ok(()) => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A client that stops reading an answer bigger than the socket's
+    /// buffer is dropped after [`ANSWER_TIMEOUT`], not waited on for good
+    /// (it would hold one of the connection slots); one that reads gets
+    /// it whole.
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_reads_no_answer_is_dropped() {
+        let big = Response::err(ErrorKind::Internal, "x".repeat(4 << 20));
+        let (mut ours, theirs) = UnixStream::pair().unwrap();
+        let e = write_response(&mut ours, &big).await.unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}");
+        drop(theirs);
+        let (mut ours, theirs) = UnixStream::pair().unwrap();
+        let reader = tokio::spawn(async move {
+            let mut all = Vec::new();
+            let mut theirs = theirs;
+            theirs.read_to_end(&mut all).await.map(|_| all.len())
+        });
+        write_response(&mut ours, &big).await.unwrap();
+        drop(ours);
+        assert!(reader.await.unwrap().unwrap() > 4 << 20);
     }
 }
