@@ -39,8 +39,14 @@ pub struct RolloutState {
     before: Option<(i64, Snapshot)>,
     /// An apply or a revert is being read off the loop.
     busy: bool,
-    /// The last write asked, and when (not asked again for 3 s).
+    /// The last step asked, and when (not asked again for 3 s; a revert
+    /// for `revert_wait`).
     sent: Option<(Action, Instant)>,
+    /// How long a revert waits before it is asked again: 3 s, doubled by
+    /// each refusal up to a minute (a revert refused here, against a file
+    /// that keeps failing, is not retried, logged and recorded as a
+    /// refused revision every 3 s), back to 3 s once one works.
+    revert_wait: Option<Duration>,
     /// What this balancer does in the rollout, in words.
     step: String,
     /// Packets forwarded, sampled once a second for the last 10 s.
@@ -72,6 +78,10 @@ pub enum Step {
 
 /// Samples of forwarded packets kept (one a second).
 const FORWARD_WINDOW: usize = 10;
+/// A step is not asked again sooner than this.
+const ASK_AGAIN: Duration = Duration::from_secs(3);
+/// The longest a refused revert waits before it is asked again.
+const REVERT_WAIT_MAX: Duration = Duration::from_secs(60);
 
 impl<D: Dataplane> Daemon<D> {
     /// The rollout record changed (or was read at connection).
@@ -135,7 +145,7 @@ impl<D: Dataplane> Daemon<D> {
     /// Goes back from the candidate of rollout `id`, which no record
     /// judges any more ([`Self::orphaned_candidate`]); asked once per 3 s.
     fn revert_orphan(&mut self, id: i64) -> Vec<Step> {
-        if self.asked_recently(Action::Revert(id)) {
+        if self.asked_recently(Action::Revert(id), Instant::now()) {
             return Vec::new();
         }
         warn!(
@@ -189,21 +199,26 @@ impl<D: Dataplane> Daemon<D> {
             }
             _ => {}
         }
-        if self.asked_recently(action.clone()) {
+        if self.asked_recently(action.clone(), Instant::now()) {
             return Vec::new();
         }
         self.rollout_steps(action, record, at)
     }
 
-    /// Whether `action` was asked in the last 3 s; if not, it is asked now.
-    fn asked_recently(&mut self, action: Action) -> bool {
+    /// Whether `action` was asked less than 3 s (a revert: its wait)
+    /// before `now`; if not, it is asked now.
+    pub(super) fn asked_recently(&mut self, action: Action, now: Instant) -> bool {
+        let wait = match action {
+            Action::Revert(_) => self.rollout.revert_wait.unwrap_or(ASK_AGAIN),
+            _ => ASK_AGAIN,
+        };
         let repeated = self
             .rollout
             .sent
             .as_ref()
-            .is_some_and(|(a, t)| *a == action && t.elapsed() < Duration::from_secs(3));
+            .is_some_and(|(a, t)| *a == action && now.saturating_duration_since(*t) < wait);
         if !repeated {
-            self.rollout.sent = Some((action, Instant::now()));
+            self.rollout.sent = Some((action, now));
         }
         repeated
     }
@@ -335,12 +350,16 @@ impl<D: Dataplane> Daemon<D> {
     pub fn rollout_reverted(&mut self, id: i64, say: bool, ok: bool) -> Vec<Step> {
         self.rollout.busy = false;
         if !ok {
+            let wait = (self.rollout.revert_wait.unwrap_or(ASK_AGAIN) * 2).min(REVERT_WAIT_MAX);
+            self.rollout.revert_wait = Some(wait);
             warn!(
                 rollout = id,
-                "rollout: going back failed; the candidate still runs here"
+                "rollout: going back failed; the candidate still runs here (tried again in {} s)",
+                wait.as_secs()
             );
             return Vec::new();
         }
+        self.rollout.revert_wait = None;
         self.rollout.hold = None;
         self.tier.candidate = None;
         if say {

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use crate::tier::{
     Desired, Member,
     client::Write,
-    rollout::{Change, Phase, Progress, Rollout},
+    rollout::{Action, Change, Phase, Progress, Rollout},
 };
 
 /// The rollout's revision, its hold (seconds), and when it starts.
@@ -488,6 +488,41 @@ fn a_change_explains_the_backends_it_adds_and_the_routes_it_removes() {
         "10.99.0.1 stays announced for port 80; 10.99.0.2 goes"
     );
     assert_eq!(change(&new, &new), Change::default());
+}
+
+/// A refused revert is asked again after 6 s, then 12, 24 … at most a
+/// minute, not every 3 s (each try logs and records a refused revision);
+/// one that works brings the 3 s back. Other steps keep their 3 s.
+#[tokio::test]
+async fn a_refused_revert_is_asked_again_less_and_less_often() {
+    let mut r = member().await;
+    r.daemon.on_rollout(Some(Ok((record(&r), ID))));
+    applied(&mut r, T0).await;
+    let id = candidate().revision;
+    let back = Action::Revert(id);
+    let t0 = std::time::Instant::now();
+    let at = |secs: u64| t0 + std::time::Duration::from_secs(secs);
+    // Not asked again for 3 s before any refusal.
+    assert!(!r.daemon.asked_recently(back.clone(), at(0)));
+    assert!(r.daemon.asked_recently(back.clone(), at(2)));
+    assert!(!r.daemon.asked_recently(back.clone(), at(3)));
+    let mut asked = 3;
+    for wait in [6, 12, 24, 48, 60, 60] {
+        assert!(r.daemon.rollout_reverted(id, true, false).is_empty());
+        assert!(
+            r.daemon.asked_recently(back.clone(), at(asked + wait - 1)),
+            "refused: not asked again before {wait} s"
+        );
+        assert!(!r.daemon.asked_recently(back.clone(), at(asked + wait)));
+        asked += wait;
+    }
+    // Another step is not held back by the revert's wait.
+    assert!(!r.daemon.asked_recently(Action::Pass(id), at(asked + 1)));
+    assert!(!r.daemon.asked_recently(Action::Pass(id), at(asked + 4)));
+    let _ = r.daemon.rollout_reverted(id, true, true);
+    assert!(!r.daemon.asked_recently(back.clone(), at(asked + 10)));
+    assert!(r.daemon.asked_recently(back.clone(), at(asked + 12)));
+    assert!(!r.daemon.asked_recently(back, at(asked + 13)), "3 s again");
 }
 
 /// Going back from a held candidate: a failed revert keeps the candidate
