@@ -66,7 +66,8 @@ pub struct Pending {
     /// What runs again without a confirmation.
     pub fallback: u64,
     pub deadline: tokio::time::Instant,
-    /// VIPs announced when the probation began: losing one reverts.
+    /// VIPs announced when the probation began that the change touched
+    /// ([`Daemon::watched`]): losing one reverts.
     pub announced: BTreeSet<VipId>,
 }
 
@@ -183,7 +184,7 @@ impl<D: Dataplane> Daemon<D> {
                 revision: 0,
                 fallback: before.as_ref().map_or(self.revision, |p| p.fallback),
                 deadline: tokio::time::Instant::now() + within.0,
-                announced: self.announced_vips(),
+                announced: self.watched(&target),
             });
         } else if kind == Kind::Revert {
             self.confirm = None;
@@ -346,7 +347,7 @@ impl<D: Dataplane> Daemon<D> {
                 revision: number,
                 fallback: self.confirm.as_ref().map_or(self.revision, |p| p.fallback),
                 deadline: unix_now() + within.0.as_secs(),
-                announced: self.announced_vips().into_iter().collect(),
+                announced: self.watched(target).into_iter().collect(),
             };
             if let Err(e) = self.revisions.save_probation(Some(&saved)) {
                 self.unpersist(number);
@@ -532,6 +533,33 @@ impl<D: Dataplane> Daemon<D> {
             .filter(|v| v.announced)
             .map(|v| v.vip)
             .collect()
+    }
+
+    /// The VIPs a probation of `target` watches: those announced now that
+    /// the change touches (its VIP differs, or it is gone), all of them
+    /// if it changes anything but VIPs (a tunnel source, the gateway),
+    /// and those an earlier probation it joins watched. A VIP the change
+    /// left alone that loses its backends during the window is not the
+    /// change's doing, and does not revert it.
+    fn watched(&self, target: &Target) -> BTreeSet<VipId> {
+        let mut watched = self
+            .confirm
+            .as_ref()
+            .map(|p| p.announced.clone())
+            .unwrap_or_default();
+        let bare = |c: &Config| Config {
+            vips: Vec::new(),
+            warnings: Vec::new(),
+            ..c.clone()
+        };
+        let settings_changed = bare(&self.config) != bare(&target.config);
+        let (now, next) = (self.effective(), target.effective());
+        let touched = |id: &VipId| {
+            settings_changed
+                || now.iter().find(|v| v.id == *id) != next.iter().find(|v| v.id == *id)
+        };
+        watched.extend(self.announced_vips().into_iter().filter(|id| touched(id)));
+        watched
     }
 
     /// During a probation: whether this announce decision takes a VIP's

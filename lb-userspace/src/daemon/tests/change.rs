@@ -794,6 +794,36 @@ async fn a_confirmed_change_leaves_no_probation_behind() {
     assert!(r.in_table(WEB).contains(&ip("10.1.0.3")));
 }
 
+/// A VIP the change left alone that loses its backends during the window
+/// is not the change's doing: it is withdrawn, and the probation goes on
+/// (before, any lost announcement reverted the change).
+#[tokio::test(start_paused = true)]
+async fn a_vip_the_change_left_alone_losing_its_backends_does_not_revert_it() {
+    const DB: &str = "10.99.0.2:5432/tcp";
+    let db = "  - address: 10.99.0.2\n    port: 5432\n    protocol: tcp\n    health_check: { interval: 1s, timeout: 500ms, rise: 1, fall: 1 }\n    backends:\n      - address: 10.1.0.9\n";
+    let mut r = rig(&format!("{FILE}{db}"));
+    let probed = |ok| crate::ProbeResult {
+        ok,
+        latency_us: 100,
+        detail: "x".into(),
+    };
+    r.daemon.on_probe((id(DB), ip("10.1.0.9")), probed(true));
+    let both = BTreeSet::from([ip("10.99.0.1"), ip("10.99.0.2")]);
+    assert_eq!(r.announced(), both);
+    let changed = format!("{}{db}", replaced());
+    r.daemon
+        .reload(reparse(&r, &changed), false, &within(30))
+        .await
+        .unwrap();
+    r.daemon.on_probe((id(DB), ip("10.1.0.9")), probed(false));
+    r.daemon.settle().await;
+    assert_eq!(r.daemon.revert_due, None);
+    assert!(r.daemon.confirm.is_some(), "still on probation");
+    assert_eq!(r.daemon.auto_reverts, 0);
+    assert_eq!(r.announced(), BTreeSet::from([ip("10.99.0.1")]));
+    assert!(r.in_table(WEB).contains(&ip("10.1.0.3")));
+}
+
 /// A node drained during a probation withdraws every VIP: the
 /// operator's wish, not the change's doing, so the probation goes on.
 #[tokio::test(start_paused = true)]
