@@ -336,8 +336,13 @@ impl ApplyReport {
 }
 
 /// Brings entries of a map whose contents are kept in `written` to
-/// `want`: new and changed ones written first (`set`), then the stale ones
-/// removed (`remove`), `written` following each write that succeeded.
+/// `want`: the stale ones removed first (`remove`), then new and changed
+/// ones written (`set`), `written` following each write that succeeded.
+/// Stale first: a stale key is one nothing uses any more (an address or
+/// protocol no VIP has, a retired backend's server ID), and the map is
+/// sized for what is wanted, not for old and new together: written the
+/// other way round, a full `LB_VIPS` refused the new keys of a VIP moved
+/// to another address, and a start-up that adopted it failed every time.
 fn sync_entries<D, K: Copy + Eq + std::hash::Hash, V: Copy + PartialEq>(
     dp: &mut D,
     written: &mut HashMap<K, V>,
@@ -345,12 +350,6 @@ fn sync_entries<D, K: Copy + Eq + std::hash::Hash, V: Copy + PartialEq>(
     mut set: impl FnMut(&mut D, &K, &V) -> Result<()>,
     mut remove: impl FnMut(&mut D, &K) -> Result<()>,
 ) -> Result<()> {
-    for (key, value) in want {
-        if written.get(key) != Some(value) {
-            set(dp, key, value)?;
-            written.insert(*key, *value);
-        }
-    }
     let stale: Vec<K> = written
         .keys()
         .filter(|k| !want.contains_key(k))
@@ -359,6 +358,12 @@ fn sync_entries<D, K: Copy + Eq + std::hash::Hash, V: Copy + PartialEq>(
     for key in stale {
         remove(dp, &key)?;
         written.remove(&key);
+    }
+    for (key, value) in want {
+        if written.get(key) != Some(value) {
+            set(dp, key, value)?;
+            written.insert(*key, *value);
+        }
     }
     Ok(())
 }
@@ -774,8 +779,8 @@ impl<D: Dataplane> Reconciler<D> {
 
     /// Makes the auxiliary `LB_VIPS` keys match the VIP set: an ICMP key
     /// per VIP address, a fragment key per VIP address and protocol (naming
-    /// the VIP that hashes fragments, if one does). New keys are written
-    /// before stale ones are removed.
+    /// the VIP that hashes fragments, if one does). Stale keys are removed
+    /// before new ones are written ([`sync_entries`]).
     fn sync_aux_keys(&mut self, desired: &[VipConfig]) -> Result<()> {
         let mut want: HashMap<VipKey, VipMeta> = HashMap::new();
         for vip in desired {
@@ -1669,6 +1674,36 @@ mod tests {
             .apply(&[vip("10.0.0.1", 80, &[("10.1.0.1", 1)])], &all)
             .unwrap_err();
         assert!(err.to_string().contains("injected"), "{err}");
+    }
+
+    /// `LB_VIPS` full (4 VIPs of `max_vips` 4 on four addresses: 4 main,
+    /// 4 ICMP and 4 fragment keys of 12): a VIP moved to another address
+    /// fits, whether running or adopted after a restart, because the old
+    /// address's keys go before the new one's come.
+    #[test]
+    fn a_vip_moved_to_another_address_fits_a_full_map() {
+        let mut r = Reconciler::adopt(FakeDataplane::new(layout())).unwrap();
+        let at = |addr: &str| vip(addr, 80, &[("10.1.0.1", 1)]);
+        let four: Vec<VipConfig> = (1..=4).map(|i| at(&format!("10.0.0.{i}"))).collect();
+        r.apply(&four, &all).unwrap();
+        assert_eq!(r.dataplane().vips().unwrap().len(), 12, "full");
+        let mut moved = four.clone();
+        moved[3] = at("10.0.9.9");
+        r.apply(&moved, &all).expect("moved while running");
+        assert_eq!(r.dataplane().vips().unwrap().len(), 12);
+        let dp = std::mem::replace(r.dataplane_mut(), FakeDataplane::new(layout()));
+        let mut r = Reconciler::adopt(dp).unwrap();
+        moved[2] = at("10.0.9.8");
+        r.apply(&moved, &all).expect("moved after a restart");
+        let keys = r.dataplane().vips().unwrap();
+        assert_eq!(keys.len(), 12);
+        let icmp_of = |addr: &str| VipKey {
+            port: 0,
+            proto: PROTO_ICMP,
+            ..at(addr).id.key()
+        };
+        assert!(keys.iter().any(|(k, _)| *k == icmp_of("10.0.9.8")));
+        assert!(!keys.iter().any(|(k, _)| *k == icmp_of("10.0.0.3")));
     }
 
     #[test]

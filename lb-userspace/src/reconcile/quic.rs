@@ -1,7 +1,8 @@
 //! QUIC-LB server IDs in `LB_QUIC_SERVERS`: for every VIP with `quic:`,
 //! each backend's server ID under the VIP's id, naming its handle. Synced
-//! after every apply of the whole VIP set (new and changed entries first,
-//! then the stale ones removed); a backend's handle never changes while
+//! after every apply of the whole VIP set (the stale entries removed
+//! first, then new and changed ones written: the map holds
+//! `max_backends`, not old and new together); a backend's handle never changes while
 //! it stays, so health alone writes nothing here. Between the apply that
 //! retires a backend and this sync, its entry names a handle the datapath
 //! no longer honours (it checks the handle and the VIP), which is a miss.
