@@ -271,7 +271,13 @@ impl Decap {
                 max: DECAP_MAX_FROM,
             });
         }
+        check_addr_count(addrs)?;
         let mut trie = self.sources_map()?;
+        let before: HashSet<(u32, AddrWords)> = trie
+            .keys()
+            .filter_map(std::result::Result::ok)
+            .map(|k| (k.prefix_len(), k.data()))
+            .collect();
         for (len, words) in &want {
             trie.insert(&Key::new(*len, *words), 1, 0)
                 .map_err(map_err(MAP_DECAP_FROM))?;
@@ -281,7 +287,15 @@ impl Decap {
         } else {
             DECAP_F_CHECK_SOURCE
         };
-        self.write_addrs(addrs, u32::from(gue_port.to_be()) | flags)?;
+        if let Err(e) = self.write_addrs(addrs, u32::from(gue_port.to_be()) | flags) {
+            // The addresses still check sources against the old prefixes:
+            // the ones added here go again.
+            let mut trie = self.sources_map()?;
+            for (len, words) in want.difference(&before) {
+                let _ = trie.remove(&Key::new(*len, *words));
+            }
+            return Err(e);
+        }
         let mut trie = self.sources_map()?;
         let have = trie
             .keys()
@@ -326,14 +340,8 @@ impl Decap {
     /// Writes `addrs`, each with `value`, as
     /// [`set_local_addrs`](Self::set_local_addrs) says.
     fn write_addrs(&mut self, addrs: &[IpAddr], value: u32) -> Result<()> {
+        check_addr_count(addrs)?;
         let want: HashSet<DecapAddr> = addrs.iter().map(|a| DecapAddr::new(*a)).collect();
-        if want.len() > DECAP_MAX_ADDRS as usize {
-            return Err(DecapError::TooManyAddresses {
-                count: want.len(),
-                map: MAP_DECAP_ADDRS,
-                max: DECAP_MAX_ADDRS,
-            });
-        }
         let mut map: HashMap<&mut MapData, DecapAddr, u32> = HashMap::try_from(
             self.ebpf
                 .map_mut(MAP_DECAP_ADDRS)
@@ -386,6 +394,24 @@ impl Decap {
                 .ok_or(DecapError::MissingMap(MAP_DECAP_COUNTERS))?,
         )
     }
+}
+
+/// More distinct local addresses than `LB_DECAP_ADDRS` holds: refused
+/// before anything is written.
+fn check_addr_count(addrs: &[IpAddr]) -> Result<()> {
+    let count = addrs
+        .iter()
+        .map(|a| DecapAddr::new(*a))
+        .collect::<HashSet<_>>()
+        .len();
+    if count > DECAP_MAX_ADDRS as usize {
+        return Err(DecapError::TooManyAddresses {
+            count,
+            map: MAP_DECAP_ADDRS,
+            max: DECAP_MAX_ADDRS,
+        });
+    }
+    Ok(())
 }
 
 /// Whether `net` is an IPv6 prefix that covers or lies in

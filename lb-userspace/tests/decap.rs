@@ -932,6 +932,19 @@ fn tunnels_are_taken_only_from_the_given_prefixes() {
         Err(DecapError::TooManyPrefixes { count: 257, .. })
     ));
     assert_eq!(rig.decap.sources().expect("read").len(), 256, "kept");
+    // Too many local addresses: refused before the prefixes change (the
+    // addresses that still run would take tunnels from the new ones).
+    let many: Vec<IpAddr> = (0..=256u32)
+        .map(|i| IpAddr::from([10, 9, (i >> 8) as u8, i as u8]))
+        .collect();
+    let new_prefix: ipnet::IpNet = "10.204.0.0/16".parse().unwrap();
+    assert!(matches!(
+        rig.decap.set_tunnels(&many, GUE_PORT, &[new_prefix]),
+        Err(DecapError::TooManyAddresses { count: 257, .. })
+    ));
+    let kept = rig.decap.sources().expect("read");
+    assert_eq!(kept.len(), 256, "kept");
+    assert!(!kept.contains(&new_prefix), "not added");
     rig.decap
         .set_tunnels(&addrs, GUE_PORT, &[])
         .expect("no prefixes");
