@@ -176,6 +176,9 @@ pub fn describe(e: &TraceEvent, table_size: u32) -> Option<TraceLine> {
     })
 }
 
+/// Ring records one [`Reader::drain`] takes at most.
+pub const DRAIN_MAX: usize = 16_384;
+
 /// The pinned ring buffer, opened for reading.
 pub struct Reader {
     ring: RingBuf<MapData>,
@@ -190,10 +193,15 @@ impl Reader {
         Ok(Self { ring })
     }
 
-    /// The events waiting now of `session`, in order.
+    /// The events waiting now of `session`, in order, from at most
+    /// [`DRAIN_MAX`] records.
     pub fn drain(&mut self, session: u32) -> Vec<TraceEvent> {
         let mut out = Vec::new();
-        while let Some(item) = self.ring.next() {
+        // At most DRAIN_MAX records a call: a datapath that writes faster
+        // than one reader reads would keep it here for good (memory
+        // growing, the lease not renewed); the rest waits in the ring.
+        for _ in 0..DRAIN_MAX {
+            let Some(item) = self.ring.next() else { break };
             if let Some(e) = decode(&item)
                 && e.session == session
             {

@@ -372,8 +372,14 @@ impl<D: Dataplane> Daemon<D> {
                 "source and destination must be of the same family",
             ));
         }
+        // The server ID length of the QUIC VIP the flow goes to, if any.
+        let id_len = self
+            .effective()
+            .iter()
+            .filter(|v| v.id.addr == dst && (v.id.port == dport || v.id.port == 0))
+            .find_map(|v| v.quic.map(|q| q.server_id_len));
         let payload = match shape.quic_cid {
-            Some(cid) => Some(quic_short_header(cid)?),
+            Some(cid) => Some(quic_short_header(cid, id_len)?),
             None => None,
         };
         let flow = FlowKey::new(src, dst, proto, sport, dport);
@@ -446,8 +452,23 @@ pub struct Shape<'a> {
 
 /// The payload of a short-header QUIC packet to connection ID `cid`
 /// (hex): its first byte, the ID, padding the datapath would read past.
-fn quic_short_header(cid: &str) -> Result<Vec<u8>> {
+/// An ID too short to hold the VIP's server ID (`id_len` octets after its
+/// first) is refused: the padding would stand for the server ID, and a
+/// real packet's bytes there are not zeros.
+fn quic_short_header(cid: &str, id_len: Option<u8>) -> Result<Vec<u8>> {
     let cid = parse_cid(cid).map_err(|e| refused(ErrorKind::BadRequest, e))?;
+    if let Some(len) = id_len
+        && cid.len() < 1 + usize::from(len)
+    {
+        return Err(refused(
+            ErrorKind::BadRequest,
+            format!(
+                "a connection ID of {} octets holds no server ID of {len}: give at least {}",
+                cid.len(),
+                1 + usize::from(len)
+            ),
+        ));
+    }
     let mut payload = vec![0x40];
     payload.extend_from_slice(&cid);
     payload.resize(payload.len().max(QUIC_READ_LEN), 0);

@@ -200,6 +200,33 @@ async fn health_notes_a_backend_kept_for_a_small_sample_or_not_judged() {
     );
 }
 
+/// `lbctl simulate --quic-cid` with an ID too short to hold the VIP's
+/// server ID is refused (its padding would stand for the server ID); one
+/// that holds it is routed by it.
+#[tokio::test]
+async fn a_quic_id_too_short_for_the_server_id_is_refused() {
+    let text = "instance: unit\ninterfaces: [eth0]\ngateway_mac: \"02:00:00:00:00:01\"\nouter_source_v4: 10.0.0.2\ntable_size: 101\nconntrack_buckets: 1024\nvips:\n  - address: 10.99.0.3\n    port: 443\n    protocol: udp\n    quic: { server_id_len: 2 }\n    backends:\n      - { address: 10.1.0.1, server_id: \"0a01\" }\n      - { address: 10.1.0.2, server_id: \"0a02\" }\n";
+    let r = rig(text);
+    let shape = |cid| crate::daemon::views::Shape {
+        syn: false,
+        quic_cid: Some(cid),
+    };
+    let simulate = |cid| {
+        r.daemon.simulate(
+            ip("192.0.2.7"),
+            ip("10.99.0.3"),
+            17,
+            (40_000, 443),
+            shape(cid),
+        )
+    };
+    let e = simulate("400a").unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::BadRequest, "{e}");
+    assert!(e.to_string().contains("holds no server ID of 2"), "{e}");
+    let routed = simulate("400a02").expect("three octets hold it");
+    assert_eq!(routed.backend, Some(ip("10.1.0.2")), "{routed:?}");
+}
+
 #[test]
 fn times_are_written_as_utc_dates() {
     // Worked out by hand: 11,016 days after 1970-01-01 is 2000-02-29 (a
