@@ -413,10 +413,39 @@ fn start_rollout(rig: &EcmpRig, lbd: &[Lbd], desired: &str, name: &str) -> Resul
     if plan["preview"]["vips_changed"].as_array().map(Vec::len) != Some(2) {
         bail!("the dry run should show both VIPs changed: {plan}");
     }
+    if lbd[0]
+        .lbctl(&[
+            "tier",
+            "rollout",
+            "--confirm-within",
+            "1m",
+            "--dry-run",
+            &path,
+        ])
+        .is_ok()
+    {
+        bail!("--confirm-within was taken for a rollout, where nothing honours it");
+    }
     let written = lbd[0].lbctl_json(&["tier", "rollout", "--hold", "3", &path])?;
-    written["revision"]
+    let id = written["revision"]
         .as_i64()
-        .context("the rollout's revision")
+        .context("the rollout's revision")?;
+    // `--abort --dry-run` says it could abort, and writes nothing.
+    wait_for(
+        "lb1 reads the rollout",
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        || Ok(tier_status(&lbd[0])?["rollout"]["revision"] == id),
+    )?;
+    let dry = lbd[0].lbctl_json(&["tier", "rollout", "--abort", "--dry-run"])?;
+    if dry["aborted"] != true || !dry["revision"].is_null() {
+        bail!("the dry run of --abort: {dry}");
+    }
+    let outcome = tier_status(&lbd[0])?["rollout"]["outcome"].clone();
+    if !outcome.is_null() {
+        bail!("a dry run of --abort ended the rollout: {outcome}");
+    }
+    Ok(id)
 }
 
 /// A rollout whose candidate the canary's blackhole guard refuses (every

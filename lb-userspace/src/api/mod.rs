@@ -141,6 +141,12 @@ pub enum ClientError {
     Connect(String),
     #[error("talking to lbd")]
     Io(#[from] std::io::Error),
+    /// No answer in time: the request may still be carried out.
+    #[error(
+        "no answer from lbd within {} s; a change may still be made: see `lbctl history` and `lbctl status`",
+        .0.as_secs()
+    )]
+    NoAnswer(Duration),
     #[error("bad answer from lbd")]
     Decode(#[from] serde_json::Error),
     /// `lbd` refused the request: its code (none from an older `lbd`)
@@ -210,7 +216,12 @@ fn exchange(
     stream.write_all(&line)?;
     let mut reader = BufReader::new(std::io::Read::take(stream, MAX_RESPONSE as u64));
     let mut answer = String::new();
-    reader.read_line(&mut answer)?;
+    reader.read_line(&mut answer).map_err(|e| match e.kind() {
+        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+            ClientError::NoAnswer(timeout)
+        }
+        _ => e.into(),
+    })?;
     let response: Response = serde_json::from_str(&answer)?;
     if response.ok {
         Ok(response.data)
@@ -264,6 +275,21 @@ mod tests {
         let old: Response =
             serde_json::from_str(r#"{"api":2,"ok":false,"error":"x","data":null}"#).unwrap();
         assert_eq!((old.code, old.error.as_deref()), (None, Some("x")));
+    }
+
+    /// An `lbd` that takes the request and answers nothing in time: the
+    /// client says so, and that the change may still be made (it said
+    /// "Resource temporarily unavailable", and the operator retried).
+    #[test]
+    fn no_answer_in_time_says_the_change_may_still_be_made() {
+        let dir = crate::scratch::ScratchDir::new("api-silent");
+        let path = dir.join("lbd.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let held = std::thread::spawn(move || listener.accept().map(|(s, _)| s));
+        let e = call_within(&path, &Request::Status, Duration::from_millis(200)).unwrap_err();
+        assert!(matches!(e, ClientError::NoAnswer(_)), "{e:?}");
+        assert!(e.to_string().contains("lbctl history"), "{e}");
+        drop(held.join());
     }
 
     /// An answer that cannot be written as JSON is a refusal that says

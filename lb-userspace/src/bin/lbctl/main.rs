@@ -117,6 +117,25 @@ fn fail(e: &anyhow::Error, json: bool, exit: i32) -> ! {
     std::process::exit(exit)
 }
 
+/// The change options are lbd's: a command lbctl runs itself would
+/// ignore them, and `decap detach --dry-run` would detach for real.
+fn refuse_local_change_options(args: &Args) -> Result<()> {
+    let local = match &args.command {
+        Command::Decap(_) => "decap",
+        Command::Trace(_) => "trace",
+        Command::Simulate(_) => "simulate",
+        Command::Top(_) => "top",
+        Command::Generate { .. } => "generate",
+        Command::Api(_) => return Ok(()),
+    };
+    if args.change.is_default() {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "--dry-run and --confirm-within apply to changes lbd makes (vip, backend, reload, revert, tier rollout); `lbctl {local}` takes neither"
+    )
+}
+
 /// Runs the command; the exit code is 0 but for a `diff` that found
 /// changes (1).
 fn run(args: Args) -> Result<i32> {
@@ -125,6 +144,7 @@ fn run(args: Args) -> Result<i32> {
         .socket
         .clone()
         .unwrap_or_else(|| PathBuf::from(format!("/run/lb/{}.sock", args.instance)));
+    refuse_local_change_options(&args)?;
     let mut request = match args.command {
         Command::Decap(cmd) => return decap::run(cmd, json).map(|()| 0),
         Command::Trace(t) => return trace::run(&socket, t, json).map(|()| 0),
@@ -296,9 +316,36 @@ fn decode<T: DeserializeOwned>(v: serde_json::Value) -> Result<T> {
 
 #[cfg(test)]
 mod tests {
-    use clap::CommandFactory as _;
+    use clap::{CommandFactory as _, Parser as _};
 
     use super::Args;
+
+    /// `--dry-run` and `--confirm-within` on a command lbctl runs itself
+    /// are refused before it acts (`decap detach --dry-run` detached for
+    /// real); on lbd's changes they pass.
+    #[test]
+    fn change_options_are_refused_where_nothing_honours_them() {
+        let check = |line: &str| {
+            let args = Args::try_parse_from(line.split_whitespace()).expect("parses");
+            super::refuse_local_change_options(&args).map_err(|e| e.to_string())
+        };
+        for line in [
+            "lbctl decap detach eth0 --dry-run",
+            "lbctl --dry-run decap attach eth0",
+            "lbctl decap attach eth0 --confirm-within 2m",
+            "lbctl trace --dry-run",
+        ] {
+            let e = check(line).expect_err(line);
+            assert!(e.contains("takes neither"), "{line}: {e}");
+        }
+        for line in [
+            "lbctl decap detach eth0",
+            "lbctl reload --dry-run",
+            "lbctl backend drain 10.0.0.1:80/tcp 10.1.0.1 --confirm-within 2m",
+        ] {
+            assert_eq!(check(line), Ok(()), "{line}");
+        }
+    }
 
     /// Every command and argument says what it does, in words an operator
     /// reads (no Rust documentation artefacts), in `--help` and in the man

@@ -152,10 +152,15 @@ fn print_rollout(r: &RolloutView) {
 /// `lbctl tier rollout FILE`: the plan, and what the change does here.
 pub fn print_rollout_plan(p: &RolloutPlan) {
     if p.aborted {
-        println!(
-            "rollout aborted (revision {}): every balancer that took it goes back",
-            p.revision.unwrap_or(0)
-        );
+        match p.revision {
+            Some(r) => {
+                println!("rollout aborted (revision {r}): every balancer that took it goes back")
+            }
+            None => println!(
+                "dry run: the rollout would be aborted; nothing written to {}/rollout",
+                p.prefix
+            ),
+        }
         return;
     }
     match p.revision {

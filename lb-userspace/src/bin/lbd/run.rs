@@ -680,6 +680,10 @@ async fn on_call(
                 parsed,
             );
         }
+        Request::Tier(lb::api::TierRequest::Rollout { .. }) if options.confirm_within.is_some() => {
+            let why = "--confirm-within does not apply to a rollout: its holds and gates take a failed candidate back";
+            let _ = reply.send(Response::err(lb::api::ErrorKind::BadRequest, why));
+        }
         Request::Tier(lb::api::TierRequest::Rollout {
             abort,
             text,

@@ -437,6 +437,12 @@ pub fn rollout_request(
     }
     let (write, plan) = if ask.abort {
         match daemon.rollout_abort("aborted with lbctl tier rollout --abort") {
+            // The rollout can be aborted; with --dry-run, nothing is
+            // written (no revision in the answer).
+            Ok(_) if ask.dry_run => {
+                let _ = reply.send(Response::ok(aborted(daemon)));
+                return;
+            }
             Ok(write) => (write, aborted(daemon)),
             Err(e) => {
                 let _ = reply.send(e.response());
