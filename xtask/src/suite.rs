@@ -114,6 +114,12 @@ pub fn run_host_suite() -> Result<()> {
     Ok(())
 }
 
+/// The longest one test binary may run before it is killed and counted
+/// failed, with its output so far: a hung one would otherwise show
+/// nothing until CI's own limit. The longest runs about 5 minutes on 2
+/// busy cores.
+const BINARY_DEADLINE: Duration = Duration::from_secs(20 * 60);
+
 /// One binary running, with where its output goes.
 struct Running {
     name: String,
@@ -142,12 +148,27 @@ fn lanes(binaries: &[TestBinary], width: usize) -> Result<Vec<String>> {
         std::thread::sleep(Duration::from_millis(200));
         let mut i = 0;
         while i < running.len() {
+            let over = running[i].started.elapsed() > BINARY_DEADLINE;
+            if over {
+                eprintln!(
+                    "integration: {} still runs after {} s: killed",
+                    running[i].name,
+                    BINARY_DEADLINE.as_secs()
+                );
+                let _ = running[i].child.kill();
+            }
             match running[i].child.try_wait()? {
                 Some(status) => {
                     let done = running.swap_remove(i);
-                    if !report(&done, status.success()) {
+                    if !report(&done, status.success() && !over) {
                         failed.push(done.name);
                     }
+                }
+                None if over => {
+                    let mut done = running.swap_remove(i);
+                    let _ = done.child.wait();
+                    report(&done, false);
+                    failed.push(done.name);
                 }
                 None => i += 1,
             }

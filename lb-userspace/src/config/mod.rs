@@ -409,13 +409,27 @@ fn validate_raw(raw: RawConfig, errors: &mut Vec<ConfigError>) -> Option<Config>
         raw.outer_source_v4_prefix,
         raw.outer_source_v6_prefix,
     );
-    let warnings = check_vips(&raw.vips, &layout, &sources, raw.mtu, true, errors);
+    let mut warnings = check_vips(&raw.vips, &layout, &sources, raw.mtu, true, errors);
     errors.extend(raw.announce.family_problems(&raw.vips, true));
     if !errors.is_empty() {
         return None;
     }
+    if raw.shutdown_grace > UNIT_STOP_TIMEOUT - STOP_AFTER_GRACE {
+        warnings.push(format!(
+            "shutdown_grace: {}, but the packaged unit kills lbd {} s after SIGTERM, before it has withdrawn and stopped (the announcers take up to {} s after the grace): raise TimeoutStopSec in a drop-in (`systemctl edit lbd`)",
+            duration::format(&raw.shutdown_grace),
+            UNIT_STOP_TIMEOUT.as_secs(),
+            STOP_AFTER_GRACE.as_secs()
+        ));
+    }
     Some(build(raw, layout, warnings))
 }
+
+/// `TimeoutStopSec` of the packaged unit (`scripts/lbd.service`).
+const UNIT_STOP_TIMEOUT: Duration = Duration::from_secs(30);
+/// What a stop takes after `shutdown_grace`, at most: the announcers'
+/// bounded shutdown (BGP Cease).
+const STOP_AFTER_GRACE: Duration = Duration::from_secs(10);
 
 /// The validated configuration, with the defaults that depend on others.
 fn build(raw: RawConfig, layout: Layout, warnings: Vec<String>) -> Config {

@@ -780,6 +780,20 @@ fn health_settings_parse_and_are_checked() {
     );
 }
 
+/// A `shutdown_grace` the packaged unit's 30 s stop timeout cannot hold
+/// (the grace, then up to 10 s of announcers' shutdown) is warned about;
+/// 20 s fits.
+#[test]
+fn a_shutdown_grace_longer_than_the_unit_waits_is_warned_about() {
+    let warned = |grace: &str| {
+        let c = Config::parse(&format!("{GOOD}shutdown_grace: {grace}\n")).expect("valid");
+        c.warnings.iter().any(|w| w.contains("TimeoutStopSec"))
+    };
+    assert!(!warned("20s"));
+    assert!(warned("21s"));
+    assert!(warned("10m"));
+}
+
 #[test]
 fn announce_settings_parse_with_defaults_and_are_checked() {
     let c = Config::parse(GOOD).expect("valid");

@@ -203,6 +203,26 @@ pub struct Outcome {
     pub output: Vec<String>,
 }
 
+/// The exit status given to a step whose test binaries ran no test.
+pub const NO_TEST_RAN: i32 = 125;
+
+/// Whether a step's test binaries all said `running 0 tests`: a step that
+/// picks its tests by exact name passes with none run if one is renamed.
+/// A step that is no test binary (no such line) is not judged.
+fn ran_no_test(output: &[String]) -> bool {
+    let counts: Vec<u64> = output
+        .iter()
+        .filter_map(|l| {
+            l.strip_prefix("running ")?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect();
+    !counts.is_empty() && counts.iter().all(|n| *n == 0)
+}
+
 /// The kernel release the guest printed and each step's outcome, from
 /// the job's log. A step that started and never ended (the machine died
 /// or was stopped) is reported with rc -1.
@@ -230,6 +250,11 @@ pub fn outcomes(log: &str) -> Result<(String, Vec<Outcome>)> {
             }
             o.rc = rc.parse()?;
             o.millis = ms.parse()?;
+            if o.rc == 0 && ran_no_test(&o.output) {
+                o.rc = NO_TEST_RAN;
+                o.output
+                    .push("vmtest: the step ran no test (a renamed test?): failed".into());
+            }
             done.push(o);
         } else if let Some(o) = current.as_mut() {
             o.output.push(line.to_string());
@@ -284,6 +309,19 @@ mod tests {
             vec![("load", 0, 1200), ("fuzz", 101, 900), ("e2e", -1, 0)]
         );
         assert_eq!(steps[1].output, vec!["boom".to_string()]);
+    }
+
+    /// A step whose binaries ran no test fails, whatever its exit status;
+    /// one that ran some, or is no test binary, keeps its own.
+    #[test]
+    fn a_step_that_ran_no_test_fails() {
+        let log = "::step e2e\nrunning 0 tests\ntest result: ok. 0 passed\n::end e2e 0 10\n\
+                   ::step load\nrunning 0 tests\nrunning 3 tests\n::end load 0 10\n\
+                   ::step systemd\nunit started\n::end systemd 0 10\n";
+        let (_, steps) = outcomes(log).expect("reads");
+        let rcs: Vec<i32> = steps.iter().map(|s| s.rc).collect();
+        assert_eq!(rcs, [NO_TEST_RAN, 0, 0]);
+        assert!(steps[0].output.last().unwrap().contains("ran no test"));
     }
 
     #[test]
