@@ -563,6 +563,11 @@ fn a_tier_follows_etcd_refuses_bad_states_and_fails_static() {
     check((|| {
         let rig = EcmpRig::new(2, 3, RouterKind::Bird)?;
         let mut etcd = Etcd::start(&rig.router, &rig.dir)?;
+        // 5 MB under the prefix, more than one gRPC answer holds (4 MiB):
+        // the balancers' first read must take it in pages to connect.
+        for i in 0..5 {
+            etcd.put(&format!("{PREFIX}/attic/{i}"), &[b'x'; 1_000_000])?;
+        }
         let lbd = [start(&rig, 1)?, start(&rig, 2)?];
         // A weight changed while lb2 is cut off (no backend leaves: every
         // stream must live).

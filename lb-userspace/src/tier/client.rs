@@ -228,20 +228,14 @@ impl Session<'_> {
         let (keeper, alive) =
             bounded(wait, "keeping the lease", client.lease_keep_alive(lease)).await?;
         let all = self.keys.all();
-        let got = bounded(
-            wait,
-            "reading the tier",
-            client.get(all.clone(), Some(GetOptions::new().with_prefix())),
-        )
-        .await?;
-        let revision = got.header().map_or(0, |h| h.revision());
+        let (revision, kvs) = read_prefix(&mut client, &all, wait).await?;
         info!(
             revision,
             lease, "etcd: connected to the tier at {}", self.source.prefix
         );
         self.send(Event::Link(Ok(revision))).await?;
         let (mut desired, mut rollout) = (None, Event::Rollout(None));
-        let mut kvs: Vec<&KeyValue> = got.kvs().iter().collect();
+        let mut kvs: Vec<&KeyValue> = kvs.iter().collect();
         self.keys.members_first(&mut kvs, |kv| kv.key_str().ok());
         for kv in kvs {
             match self.on_put(kv) {
@@ -605,6 +599,74 @@ async fn bounded_write<T>(
     }
 }
 
+/// Keys one read of the first read's pages takes: three values of the
+/// largest kind (a report or a rollout record, each about 1 MiB at most)
+/// stay under the 4 MiB a gRPC answer may hold.
+const PAGE_KEYS: i64 = 3;
+/// Keys the first read takes at most before it gives up (a prefix that
+/// keeps saying there is more).
+const MAX_PREFIX_KEYS: usize = 100_000;
+
+/// Every key under `prefix` as of one revision, read page by page: in one
+/// answer, a tier of many balancers and VIPs passed the 4 MiB a gRPC
+/// answer may hold, and no session could start. The revision read and
+/// the keys in order.
+async fn read_prefix(
+    client: &mut Client,
+    prefix: &str,
+    wait: Duration,
+) -> Result<(i64, Vec<KeyValue>), String> {
+    let end = prefix_end(prefix.as_bytes());
+    let mut from = prefix.as_bytes().to_vec();
+    let mut revision = 0;
+    let mut kvs = Vec::new();
+    loop {
+        let mut options = GetOptions::new()
+            .with_range(end.clone())
+            .with_limit(PAGE_KEYS);
+        if revision > 0 {
+            options = options.with_revision(revision);
+        }
+        let mut got = bounded(
+            wait,
+            "reading the tier",
+            client.get(from.clone(), Some(options)),
+        )
+        .await?;
+        if revision == 0 {
+            revision = got.header().map_or(0, |h| h.revision());
+        }
+        let more = got.more();
+        let page = got.take_kvs();
+        let Some(last) = page.last() else { break };
+        from = last.key().to_vec();
+        from.push(0);
+        kvs.extend(page);
+        if kvs.len() > MAX_PREFIX_KEYS {
+            return Err(format!(
+                "the tier's prefix holds more than {MAX_PREFIX_KEYS} keys"
+            ));
+        }
+        if !more {
+            break;
+        }
+    }
+    Ok((revision, kvs))
+}
+
+/// The end of the range of keys that start with `prefix` (its last byte
+/// below 0xff incremented, what etcd's `with_prefix` asks for).
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
 /// A client of one member (`endpoint`), over TLS when configured, with
 /// HTTP/2 pings so that a dead connection is noticed within the timeout.
 async fn connect(source: &EtcdSource, endpoint: &str) -> Result<Client, etcd_client::Error> {
@@ -676,6 +738,15 @@ mod tests {
             .map(|n| Backoff::new(&s, n).endpoint().to_string())
             .collect();
         assert_eq!(starts.len(), 3);
+    }
+
+    /// The range of a prefix ends past its last byte: `/lb/t1/` covers
+    /// `/lb/t1/…` and nothing of `/lb/t10`.
+    #[test]
+    fn a_prefix_range_ends_after_its_last_byte() {
+        assert_eq!(prefix_end(b"/lb/t1/"), b"/lb/t10".to_vec());
+        assert_eq!(prefix_end(b"a\xff"), b"b".to_vec());
+        assert_eq!(prefix_end(b"\xff\xff"), vec![0]);
     }
 
     #[test]
