@@ -538,6 +538,21 @@ impl<D: Dataplane> Daemon<D> {
         record
             .check()
             .map_err(|e| refused(ErrorKind::BadRequest, e))?;
+        // The record as written (the text escaped, the plan and the
+        // tables beside it) must leave room for its outcome: a record
+        // every balancer refuses as too big would be "written" and never
+        // run.
+        let size = serde_json::to_vec(&record).map_or(usize::MAX, |j| j.len());
+        let most = crate::tier::rollout::MAX_ROLLOUT_BYTES - OUTCOME_ROOM;
+        if size > most {
+            return Err(refused(
+                ErrorKind::Capacity,
+                format!(
+                    "the rollout record would be {size} bytes (the desired state, its {} VIPs' tables, the plan), more than the {most} a balancer reads; write it with etcdctl as the desired state, or in smaller steps",
+                    record.expected.len()
+                ),
+            ));
+        }
         let at = match &self.rollout.record {
             Some(Ok((_, at))) | Some(Err((at, _))) => *at,
             None => 0,
@@ -610,12 +625,32 @@ impl<D: Dataplane> Daemon<D> {
 }
 
 /// `record` (of rollout `id`) with its outcome.
-fn marked(record: &Rollout, id: i64, outcome: Outcome) -> Rollout {
+/// The record marked with how rollout `id` ended. A reason is cut to
+/// [`OUTCOME_ROOM`] / 2 characters, so that the marked record stays
+/// within the room [`Daemon::rollout_plan`] left it.
+pub(super) fn marked(record: &Rollout, id: i64, outcome: Outcome) -> Rollout {
+    let cut = |why: String| -> String {
+        let room = OUTCOME_ROOM / 2;
+        match why.char_indices().nth(room) {
+            Some((at, _)) => format!("{}…", &why[..at]),
+            None => why,
+        }
+    };
+    let outcome = match outcome {
+        Outcome::Failed { by, why } => Outcome::Failed { by, why: cut(why) },
+        Outcome::Aborted { why } => Outcome::Aborted { why: cut(why) },
+        done => done,
+    };
     let mut marked = record.clone();
     marked.revision = Some(id);
     marked.outcome = Some(outcome);
     marked
 }
+
+/// Bytes a rollout record keeps free for its outcome (and the revision)
+/// when it is written: marked failed with a long reason, a record of the
+/// largest size would be unreadable to every balancer.
+const OUTCOME_ROOM: usize = 8 << 10;
 
 fn progress(id: i64, phase: Phase) -> Step {
     Step::Write(Write::Progress(Progress { rollout: id, phase }))

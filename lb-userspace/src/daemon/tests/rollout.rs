@@ -5,7 +5,7 @@
 //! tier rollout` may start another. etcd itself is in `tests/e2e/tier.rs`.
 
 use super::{
-    super::rollout::{Step, change, nominal_tables},
+    super::rollout::{Step, change, marked, nominal_tables},
     tier::{TIER_FILE, VIPS, apply, desired},
     *,
 };
@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use crate::tier::{
     Desired, Member,
     client::Write,
-    rollout::{Action, Change, Phase, Progress, Rollout},
+    rollout::{Action, Change, Outcome, Phase, Progress, Rollout},
 };
 
 /// The rollout's revision, its hold (seconds), and when it starts.
@@ -457,6 +457,42 @@ async fn a_rollout_in_progress_refuses_another_until_a_desired_state_supersedes_
     r.daemon
         .rollout_plan(VIPS, None, 1, HOLD)
         .expect("an unreadable record may be replaced");
+}
+
+/// A desired state under the size limit whose record, as JSON, is not
+/// (each line break escaped) is refused before anything is written: every
+/// balancer would refuse to read it. A failure's reason is cut so that the
+/// marked record stays readable.
+#[tokio::test]
+async fn a_rollout_record_too_big_to_read_is_refused_and_reasons_are_cut() {
+    let mut r = member().await;
+    let report = r.daemon.tier_report().expect("a tier member reports");
+    r.daemon.on_tier_members(vec![Member {
+        name: "lb1".into(),
+        report: Some(report),
+        unreadable: None,
+    }]);
+    let padded = format!("{VIPS}{}", "#\n".repeat(400_000));
+    assert!(padded.len() < crate::config::source::MAX_DESIRED_BYTES);
+    let e = r.daemon.rollout_plan(&padded, None, 1, HOLD).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Capacity, "{e}");
+    assert!(e.to_string().contains("more than the"), "{e}");
+    let (_, record, ..) = r.daemon.rollout_plan(VIPS, None, 1, HOLD).expect("small");
+    let why = "x".repeat(100_000);
+    let failed = marked(
+        &record,
+        ID,
+        Outcome::Failed {
+            by: "lb1".into(),
+            why,
+        },
+    );
+    let size = |r: &Rollout| serde_json::to_vec(r).unwrap().len();
+    assert!(
+        size(&failed) < size(&record) + (8 << 10),
+        "{}",
+        size(&failed)
+    );
 }
 
 /// What a change explains to the gates: the backends it adds, and the
