@@ -479,24 +479,14 @@ impl Session<'_> {
                 Some(Event::Rollout(Some(record.map_err(|e| (at, e)))))
             }
             TierKey::Progress(name) => {
-                let known = self.progress.len() < MAX_BALANCERS || self.progress.contains_key(name);
                 match progress(kv.value()) {
-                    Ok(p) if known => {
-                        self.progress.insert(name.to_string(), p);
-                    }
-                    Ok(_) => warn!(
-                        "etcd: progress of more than {MAX_BALANCERS} balancers; {name}'s is ignored"
-                    ),
+                    Ok(p) => keep_progress(&mut self.progress, name, p),
                     Err(e) => warn!("etcd: {name}'s rollout progress is unreadable: {e}"),
                 }
                 None
             }
             TierKey::Member(name) => {
-                if self.members.len() < MAX_BALANCERS || self.members.contains_key(name) {
-                    self.members.entry(name.to_string()).or_insert(None);
-                } else {
-                    warn!("etcd: more than {MAX_BALANCERS} members; {name} is ignored");
-                }
+                admit(&mut self.members, name);
                 None
             }
             TierKey::Balancer(name) => {
@@ -507,6 +497,58 @@ impl Session<'_> {
             }
         }
     }
+}
+
+/// Takes member `name` into `members`. At [`MAX_BALANCERS`], a new name
+/// takes the place of a member that reports nothing (a name that left the
+/// tier and was never removed, most likely), so that names piling up
+/// never keep a new balancer out; with none quiet, it is ignored.
+fn admit(members: &mut Seen, name: &str) {
+    if members.contains_key(name) {
+        return;
+    }
+    if members.len() >= MAX_BALANCERS {
+        let quiet = members
+            .iter()
+            .find(|(_, report)| report.is_none())
+            .map(|(n, _)| n.clone());
+        match quiet {
+            Some(quiet) => {
+                warn!(
+                    "etcd: more than {MAX_BALANCERS} members; {quiet}, which does not report, makes room for {name}"
+                );
+                members.remove(&quiet);
+            }
+            None => {
+                warn!("etcd: more than {MAX_BALANCERS} members that report; {name} is ignored");
+                return;
+            }
+        }
+    }
+    members.insert(name.to_string(), None);
+}
+
+/// Keeps balancer `name`'s progress `p`. At [`MAX_BALANCERS`] names, it
+/// takes the place of the progress of the oldest rollout, if that is
+/// older (progress in a rollout long over decides nothing).
+fn keep_progress(all: &mut BTreeMap<String, Progress>, name: &str, p: Progress) {
+    if !all.contains_key(name) && all.len() >= MAX_BALANCERS {
+        let oldest = all
+            .iter()
+            .min_by_key(|(_, q)| q.rollout)
+            .filter(|(_, q)| q.rollout < p.rollout)
+            .map(|(n, _)| n.clone());
+        match oldest {
+            Some(oldest) => {
+                all.remove(&oldest);
+            }
+            None => {
+                warn!("etcd: progress of more than {MAX_BALANCERS} balancers; {name}'s is ignored");
+                return;
+            }
+        }
+    }
+    all.insert(name.to_string(), p);
 }
 
 /// The desired state a key holds, or why it cannot be one.
@@ -703,6 +745,7 @@ async fn connect(source: &EtcdSource, endpoint: &str) -> Result<Client, etcd_cli
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tier::rollout::Phase;
 
     fn source(endpoints: &[&str]) -> EtcdSource {
         let text = format!(
@@ -738,6 +781,46 @@ mod tests {
             .map(|n| Backoff::new(&s, n).endpoint().to_string())
             .collect();
         assert_eq!(starts.len(), 3);
+    }
+
+    /// At the cap, a new member takes the place of one that reports
+    /// nothing; members that all report keep a new one out.
+    #[test]
+    fn a_full_tier_makes_room_for_a_new_member_from_a_quiet_one() {
+        let mut members = Seen::new();
+        for i in 0..MAX_BALANCERS {
+            admit(&mut members, &format!("lb{i:03}"));
+            let seen = members.get_mut(&format!("lb{i:03}")).unwrap();
+            if i != 7 {
+                *seen = Some(Err("a report".into()));
+            }
+        }
+        admit(&mut members, "new1");
+        assert_eq!(members.len(), MAX_BALANCERS);
+        assert!(members.contains_key("new1") && !members.contains_key("lb007"));
+        *members.get_mut("new1").unwrap() = Some(Err("a report".into()));
+        admit(&mut members, "new2");
+        assert!(!members.contains_key("new2"), "nobody quiet: ignored");
+        assert_eq!(members.len(), MAX_BALANCERS);
+    }
+
+    /// At the cap, progress in a newer rollout takes the place of the
+    /// oldest rollout's; an older one is ignored.
+    #[test]
+    fn a_full_progress_list_keeps_the_newest_rollouts() {
+        let mut all = BTreeMap::new();
+        let p = |rollout| Progress {
+            rollout,
+            phase: Phase::Passed,
+        };
+        for i in 0..MAX_BALANCERS {
+            keep_progress(&mut all, &format!("lb{i:03}"), p(10 + i as i64));
+        }
+        keep_progress(&mut all, "canary", p(1_000));
+        assert!(all.contains_key("canary") && !all.contains_key("lb000"));
+        keep_progress(&mut all, "late", p(5));
+        assert!(!all.contains_key("late"));
+        assert_eq!(all.len(), MAX_BALANCERS);
     }
 
     /// The range of a prefix ends past its last byte: `/lb/t1/` covers

@@ -82,12 +82,22 @@ impl Keys {
     /// first, in their order, and the rest after them, in theirs. A first
     /// read must see a member before its report (a report counts only for
     /// a known member), and etcd returns `balancers/` before `members/`.
+    ///
+    /// Members with a report come before those without: with more than
+    /// [`MAX_BALANCERS`] names (names that left and were never removed),
+    /// the cap keeps the balancers that report.
     pub fn members_first<T>(&self, items: &mut [T], key: impl Fn(&T) -> Option<&str>) {
-        items.sort_by_key(|t| {
-            !matches!(
-                key(t).and_then(|k| self.classify(k)),
-                Some(TierKey::Member(_))
-            )
+        let reporting: std::collections::BTreeSet<String> = items
+            .iter()
+            .filter_map(|t| match self.classify(key(t)?)? {
+                TierKey::Balancer(name) => Some(name.to_string()),
+                _ => None,
+            })
+            .collect();
+        items.sort_by_key(|t| match key(t).and_then(|k| self.classify(k)) {
+            Some(TierKey::Member(name)) if reporting.contains(name) => 0,
+            Some(TierKey::Member(_)) => 1,
+            _ => 2,
         });
     }
 

@@ -65,22 +65,25 @@ fn a_first_read_takes_the_members_before_their_reports() {
     };
     let mut read = vec![
         "/lb/t1/balancers/lb1",
-        "/lb/t1/balancers/lb2",
+        "/lb/t1/balancers/lb3",
         "/lb/t1/desired",
         "/lb/t1/members/lb1",
         "/lb/t1/members/lb2",
+        "/lb/t1/members/lb3",
         "/lb/t1/progress/lb1",
         "/lb/t1/rollout",
         "/lb/t1/x",
     ];
     keys.members_first(&mut read, |k| Some(*k));
+    // Members that report first (lb1, lb3), then lb2, which does not.
     assert_eq!(
         read,
         [
             "/lb/t1/members/lb1",
+            "/lb/t1/members/lb3",
             "/lb/t1/members/lb2",
             "/lb/t1/balancers/lb1",
-            "/lb/t1/balancers/lb2",
+            "/lb/t1/balancers/lb3",
             "/lb/t1/desired",
             "/lb/t1/progress/lb1",
             "/lb/t1/rollout",
