@@ -399,6 +399,58 @@ fn etcd_gone(rig: &EcmpRig, etcd: &mut Etcd, lbd: [Lbd; 2]) -> Result<()> {
     Ok(())
 }
 
+/// Another installation's report appears under lb1's name (two boxes
+/// configured with one name): lb1 leaves the tier, saying why, and stays
+/// off while that report lives; once it is gone lb1 connects again and
+/// reports as itself.
+fn namesake(etcd: &Etcd, lbd: &[Lbd]) -> Result<()> {
+    let key = format!("{PREFIX}/balancers/lb1");
+    let theirs = serde_json::json!({
+        "name": "lb1", "version": "0", "applied": null, "seen": null,
+        "revision": 0, "config_digest": "", "tables": {}, "announced": {},
+        "down": [], "instance": "ffffffffffffffffffffffffffffffff",
+    });
+    etcd.put(&key, theirs.to_string().as_bytes())?;
+    wait_for(
+        "lb1 names the namesake",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || {
+            let s = tier_status(&lbd[0])?;
+            Ok(s["connected"] == false
+                && s["error"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("another balancer reports as lb1")))
+        },
+    )?;
+    // Still off a while later: each new session finds the report.
+    std::thread::sleep(Duration::from_secs(3));
+    if tier_status(&lbd[0])?["connected"] != false {
+        bail!("lb1 connected over another installation's report");
+    }
+    etcd.ctl(&["del", &key])?;
+    wait_for(
+        "lb1 back on the tier",
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        || Ok(tier_status(&lbd[0])?["connected"] == true),
+    )?;
+    wait_for(
+        "lb1 reports as itself",
+        Duration::from_secs(30),
+        Duration::from_millis(200),
+        || {
+            Ok(report(etcd, "lb1")?.is_some_and(|r| {
+                r["instance"]
+                    .as_str()
+                    .is_some_and(|i| !i.starts_with("ffff"))
+            }))
+        },
+    )?;
+    eprintln!("a namesake's report kept lb1 off the tier until it was gone");
+    Ok(())
+}
+
 /// Writes `desired` to a file and starts a rollout of it from lb1 (the
 /// canary, 3 s holds): the rollout's revision.
 fn start_rollout(rig: &EcmpRig, lbd: &[Lbd], desired: &str, name: &str) -> Result<i64> {
@@ -573,7 +625,8 @@ fn a_tier_follows_etcd_refuses_bad_states_and_fails_static() {
         // stream must live).
         let (_, reweighted) = split_weighted(&rig, 1, &[(0, 2), (1, 1), (2, 1)])?;
         let result = follow_change_and_refuse(&rig, &etcd, &lbd)
-            .and_then(|_| partition(&rig, &etcd, &lbd, (1, &reweighted)));
+            .and_then(|_| partition(&rig, &etcd, &lbd, (1, &reweighted)))
+            .and_then(|_| namesake(&etcd, &lbd));
         if let Err(e) = result {
             bail!("{e:#}\n{}\netcd:\n{}", rig.logs(), etcd.log_text());
         }

@@ -198,6 +198,8 @@ impl<D: Dataplane> Daemon<D> {
             down,
             overrides: self.override_rows().len(),
             last_error: self.last_reload.clone().filter(|r| r.starts_with("failed")),
+            // The etcd task stamps its installation's id.
+            instance: None,
         })
     }
 

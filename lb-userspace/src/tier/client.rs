@@ -78,19 +78,21 @@ pub enum Write {
 }
 
 /// Starts the task; it runs until `events` is closed.
+/// `(name, instance)` is this balancer's name in the tier and its
+/// installation's id ([`super::instance_id`]).
 pub fn spawn(
     source: EtcdSource,
-    name: String,
+    (name, instance): (String, String),
     events: mpsc::Sender<Event>,
     reports: watch::Receiver<Option<Report>>,
     commands: mpsc::Receiver<Command>,
 ) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(run(source, name, events, (reports, commands)))
+    tokio::spawn(run(source, (name, instance), events, (reports, commands)))
 }
 
 async fn run(
     source: EtcdSource,
-    name: String,
+    (name, instance): (String, String),
     events: mpsc::Sender<Event>,
     (mut reports, mut commands): (watch::Receiver<Option<Report>>, mpsc::Receiver<Command>),
 ) {
@@ -103,6 +105,7 @@ async fn run(
             endpoint: &endpoint,
             keys: Keys::new(&source),
             name: &name,
+            instance: &instance,
             events: &events,
             members: BTreeMap::new(),
             progress: BTreeMap::new(),
@@ -190,6 +193,8 @@ struct Session<'s> {
     endpoint: &'s str,
     keys: Keys,
     name: &'s str,
+    /// This installation's id, stamped on every report it publishes.
+    instance: &'s str,
     events: &'s mpsc::Sender<Event>,
     members: Seen,
     progress: BTreeMap<String, Progress>,
@@ -234,6 +239,7 @@ impl Session<'_> {
             lease, "etcd: connected to the tier at {}", self.source.prefix
         );
         self.send(Event::Link(Ok(revision))).await?;
+        self.refuse_a_namesake(&kvs)?;
         let (mut desired, mut rollout) = (None, Event::Rollout(None));
         let mut kvs: Vec<&KeyValue> = kvs.iter().collect();
         self.keys.members_first(&mut kvs, |kv| kv.key_str().ok());
@@ -325,6 +331,10 @@ impl Session<'_> {
                 changed = reports.changed() => {
                     changed.map_err(|_| "the daemon stopped")?;
                     let report = reports.borrow_and_update().clone();
+                    let report = report.map(|mut r| {
+                        r.instance = Some(self.instance.to_string());
+                        r
+                    });
                     if let Some(report) = report.filter(|r| published.as_ref() != Some(r)) {
                         let json = serde_json::to_vec(&report).map_err(|e| e.to_string())?;
                         let key = self.keys.balancer(self.name);
@@ -442,6 +452,7 @@ impl Session<'_> {
                     progress_changed |= self.progress.remove(name).is_some();
                 }
                 (EventType::Put, Some(_)) => {
+                    self.refuse_a_namesake(std::slice::from_ref(kv))?;
                     self.on_put(kv);
                     members_changed = true;
                 }
@@ -463,6 +474,24 @@ impl Session<'_> {
         }
         if progress_changed {
             self.send(Event::Progress(self.progress.clone())).await?;
+        }
+        Ok(())
+    }
+
+    /// Ends the session if one of `kvs` is a report under this balancer's
+    /// name written by another installation: two balancers share the name,
+    /// and would share one report and one rollout progress (one's
+    /// "passed" letting the other skip its hold). The other keeps the
+    /// name; this one tries again after the usual pause, and connects once
+    /// the other's report is gone.
+    fn refuse_a_namesake(&self, kvs: &[KeyValue]) -> Result<(), String> {
+        let mine = self.keys.balancer(self.name);
+        for kv in kvs.iter().filter(|kv| kv.key() == mine.as_bytes()) {
+            if let Ok(r) = report(kv.value())
+                && let Some(why) = super::written_by_another(&r, self.instance)
+            {
+                return Err(why);
+            }
         }
         Ok(())
     }

@@ -304,6 +304,64 @@ pub struct Report {
     /// The last change that failed here, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    /// Which `lbd` installation wrote it ([`instance_id`]): two
+    /// balancers configured with one name write different ones. The etcd
+    /// task fills it in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
+}
+
+/// The file, beside the state file, that keeps this installation's
+/// instance id across restarts.
+pub const INSTANCE_FILE: &str = "tier-instance";
+
+/// This installation's instance id: read from `dir`'s [`INSTANCE_FILE`],
+/// or made (128 random bits, in hex) and written there. The same across
+/// restarts of one box, so a restarted `lbd` whose old report still
+/// lives is itself, not a duplicate; another box with the same name has
+/// another.
+pub fn instance_id(dir: &std::path::Path) -> std::io::Result<String> {
+    let path = dir.join(INSTANCE_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) if is_instance_id(text.trim()) => return Ok(text.trim().to_string()),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    use std::hash::{BuildHasher as _, Hasher as _};
+    let mut id = String::new();
+    for _ in 0..2 {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        id.push_str(&format!("{:016x}", h.finish()));
+    }
+    std::fs::create_dir_all(dir)?;
+    crate::atomic_file::write_private(&path, format!("{id}\n").as_bytes())?;
+    Ok(id)
+}
+
+fn is_instance_id(s: &str) -> bool {
+    s.len() == 32 && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// Whether `report`, found under this balancer's own name, was written by
+/// another installation (`ours` is this one's id): two balancers share a
+/// name. A report without an id (an older `lbd`) is not judged.
+pub fn written_by_another(report: &Report, ours: &str) -> Option<String> {
+    report
+        .instance
+        .as_deref()
+        .filter(|theirs| *theirs != ours)
+        .map(|theirs| {
+            format!(
+                "another balancer reports as {} (instance {theirs}; this one is {ours}): give each balancer its own source.etcd.name; this one stays off the tier meanwhile",
+                report.name
+            )
+        })
 }
 
 /// The largest report taken from another balancer.

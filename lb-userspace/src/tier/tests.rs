@@ -231,3 +231,36 @@ fn disagreement_is_named_balancer_by_balancer() {
         "{flags:?}"
     );
 }
+
+/// An installation's id is made once and kept beside the state file: the
+/// same after a restart, another in another directory (another box), and
+/// a damaged file is replaced, not trusted.
+#[test]
+fn an_installation_keeps_its_id_across_restarts() {
+    let dir = crate::scratch::ScratchDir::new("tier-instance");
+    let (a, b) = (dir.join("a"), dir.join("b"));
+    let first = instance_id(&a).unwrap();
+    assert_eq!(first.len(), 32, "{first}");
+    assert_eq!(instance_id(&a).unwrap(), first, "kept");
+    assert_ne!(instance_id(&b).unwrap(), first, "another box");
+    std::fs::write(a.join(INSTANCE_FILE), "not an id\n").unwrap();
+    let made = instance_id(&a).unwrap();
+    assert_ne!(made, first);
+    assert_eq!(instance_id(&a).unwrap(), made);
+}
+
+/// A report under this balancer's name from another installation names
+/// the clash; its own, or one from an `lbd` that wrote no id, does not.
+#[test]
+fn a_namesakes_report_is_named() {
+    let with = |instance: Option<&str>| Report {
+        name: "lb1".into(),
+        instance: instance.map(str::to_string),
+        ..Report::default()
+    };
+    let why = written_by_another(&with(Some("bb")), "aa").expect("a namesake");
+    assert!(why.contains("another balancer reports as lb1"), "{why}");
+    assert!(why.contains("source.etcd.name"), "{why}");
+    assert_eq!(written_by_another(&with(Some("aa")), "aa"), None);
+    assert_eq!(written_by_another(&with(None), "aa"), None);
+}

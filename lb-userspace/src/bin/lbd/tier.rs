@@ -146,7 +146,21 @@ impl TierLink {
         let (tx, events) = mpsc::channel(16);
         let (reports, rx) = watch::channel(daemon.tier_report());
         let (commands, from_daemon) = mpsc::channel(COMMANDS);
-        let task = spawn_client(source, name, tx, rx, from_daemon);
+        let dir = daemon.config().state_file.parent().map_or_else(
+            || std::path::PathBuf::from("."),
+            std::path::Path::to_path_buf,
+        );
+        let instance = match lb::tier::instance_id(&dir) {
+            Ok(id) => id,
+            Err(e) => {
+                tracing::warn!(
+                    "etcd: this installation's id cannot be kept in {} ({e}): a restart will look like another balancer until its old report expires",
+                    dir.display()
+                );
+                lb::tier::instance_id(&std::env::temp_dir()).unwrap_or_default()
+            }
+        };
+        let task = spawn_client(source, (name, instance), tx, rx, from_daemon);
         let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         Some(TierLink {
