@@ -115,7 +115,42 @@ fn packages(say: &dyn Fn(&str)) -> Result<()> {
             "missing Debian packages {missing:?}; run `cargo xtask setup` as root to install them"
         );
     }
-    apt_install(&missing)
+    apt_install(&missing)?;
+    quiet_services(&missing);
+    Ok(())
+}
+
+/// Packages on the list that Debian starts as system services at install
+/// (and at every boot), and their units. The tests start their own
+/// instances; left running, Prometheus would listen on every interface
+/// of the machine (`:9090`, no authentication), and etcd, BIRD and FRR
+/// would run for nothing.
+const SERVICES: &[(&str, &str)] = &[
+    ("prometheus", "prometheus.service"),
+    ("etcd-server", "etcd.service"),
+    ("bird2", "bird.service"),
+    ("frr", "frr.service"),
+];
+
+/// Stops and disables the services of the packages this setup has just
+/// installed (`installed`); a service already there before is left alone.
+fn quiet_services(installed: &[&str]) {
+    for (package, unit) in SERVICES {
+        if installed.contains(package) {
+            let stopped = Command::new("systemctl")
+                .args(["disable", "--now", unit])
+                .output()
+                .is_ok_and(|o| o.status.success());
+            eprintln!(
+                "setup: {unit} (installed with {package}) {}",
+                if stopped {
+                    "stopped and disabled: the tests run their own"
+                } else {
+                    "could not be disabled: stop it with `systemctl disable --now` if it runs"
+                }
+            );
+        }
+    }
 }
 
 /// What building the workspace needs beyond Rust (see [`build_tools`]).
