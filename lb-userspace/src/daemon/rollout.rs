@@ -485,20 +485,7 @@ impl<D: Dataplane> Daemon<D> {
                 "this balancer takes its VIPs from its file: no tier to roll out to",
             ));
         };
-        // An unreadable record may be replaced; one in progress may not.
-        if let Some(view) = self.rollout_view()
-            && view.outcome.is_none()
-            && !view.superseded
-            && view.error.is_none()
-        {
-            return Err(refused(
-                ErrorKind::Conflict,
-                format!(
-                    "rollout {} is in progress (lbctl tier status); abort it first (lbctl tier rollout --abort)",
-                    view.revision
-                ),
-            ));
-        }
+        self.refuse_while_in_progress()?;
         let candidate = Desired {
             revision: 0,
             text: text.into(),
@@ -538,21 +525,7 @@ impl<D: Dataplane> Daemon<D> {
         record
             .check()
             .map_err(|e| refused(ErrorKind::BadRequest, e))?;
-        // The record as written (the text escaped, the plan and the
-        // tables beside it) must leave room for its outcome: a record
-        // every balancer refuses as too big would be "written" and never
-        // run.
-        let size = serde_json::to_vec(&record).map_or(usize::MAX, |j| j.len());
-        let most = crate::tier::rollout::MAX_ROLLOUT_BYTES - OUTCOME_ROOM;
-        if size > most {
-            return Err(refused(
-                ErrorKind::Capacity,
-                format!(
-                    "the rollout record would be {size} bytes (the desired state, its {} VIPs' tables, the plan), more than the {most} a balancer reads; write it with etcdctl as the desired state, or in smaller steps",
-                    record.expected.len()
-                ),
-            ));
-        }
+        check_record_size(&record)?;
         let at = match &self.rollout.record {
             Some(Ok((_, at))) | Some(Err((at, _))) => *at,
             None => 0,
@@ -566,6 +539,23 @@ impl<D: Dataplane> Daemon<D> {
             aborted: false,
         };
         Ok((plan, record, self.tier.seen, at))
+    }
+
+    /// A rollout in progress refuses another; an unreadable, ended or
+    /// superseded record may be replaced.
+    fn refuse_while_in_progress(&self) -> Result<()> {
+        match self.rollout_view() {
+            Some(view) if view.outcome.is_none() && !view.superseded && view.error.is_none() => {
+                Err(refused(
+                    ErrorKind::Conflict,
+                    format!(
+                        "rollout {} is in progress (lbctl tier status); abort it first (lbctl tier rollout --abort)",
+                        view.revision
+                    ),
+                ))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// `lbctl tier rollout --abort`: the record marked aborted.
@@ -645,6 +635,24 @@ pub(super) fn marked(record: &Rollout, id: i64, outcome: Outcome) -> Rollout {
     marked.revision = Some(id);
     marked.outcome = Some(outcome);
     marked
+}
+
+/// The record as written (the text escaped, the plan and the tables
+/// beside it) must leave [`OUTCOME_ROOM`] for its outcome: a record every
+/// balancer refuses as too big would be "written" and never run.
+fn check_record_size(record: &Rollout) -> Result<()> {
+    let size = serde_json::to_vec(record).map_or(usize::MAX, |j| j.len());
+    let most = crate::tier::rollout::MAX_ROLLOUT_BYTES - OUTCOME_ROOM;
+    if size <= most {
+        return Ok(());
+    }
+    Err(refused(
+        ErrorKind::Capacity,
+        format!(
+            "the rollout record would be {size} bytes (the desired state, its {} VIPs' tables, the plan), more than the {most} a balancer reads; write it with etcdctl as the desired state, or in smaller steps",
+            record.expected.len()
+        ),
+    ))
 }
 
 /// Bytes a rollout record keeps free for its outcome (and the revision)
