@@ -1027,6 +1027,17 @@ fn a_tunnel_behind_ipv6_extension_headers_from_outside_is_dropped() {
         let frame = with_ipv6_extensions(packet, exts);
         rig.run_counted(name, &frame, DecapCounter::DropSource);
     }
+    // A first fragment that ends inside the chain (fragment header, then
+    // options whose next header is more options): the kernel reassembles
+    // it, and the rest of the chain, up to GRE, may be in the next one.
+    let mut split = with_ipv6_extensions(&gre, &[FIRST_FRAGMENT, DSTOPTS, DSTOPTS]);
+    split.truncate(14 + 40 + 16);
+    put16(&mut split, 14 + 4, 16);
+    rig.run_counted(
+        "a first fragment cut inside its chain",
+        &split,
+        DecapCounter::DropSource,
+    );
     // An options header cut short by the frame's end (the kernel drops it).
     let cut = with_ipv6_extensions(&ipip, &[DSTOPTS]);
     let cut = &cut[..14 + 40 + 4];

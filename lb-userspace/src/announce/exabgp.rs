@@ -54,29 +54,28 @@ impl ExabgpAnnouncer {
         }
     }
 
-    /// Writes to standard output, where ExaBGP reads, made non-blocking.
-    #[allow(unsafe_code)]
+    /// Writes to standard output, where ExaBGP reads: unbuffered, and
+    /// non-blocking when it is a pipe (as under ExaBGP). The flag belongs
+    /// to the open file, so on a terminal or a file shared with standard
+    /// error (journald) it is left alone: log writes would fail there.
     pub fn stdout(config: ExabgpConfig) -> Self {
-        // SAFETY: fcntl on standard output's descriptor, which lives as
-        // long as the process; no memory is involved.
-        let set = unsafe {
-            let flags = libc::fcntl(libc::STDOUT_FILENO, libc::F_GETFL);
-            flags >= 0
-                && libc::fcntl(libc::STDOUT_FILENO, libc::F_SETFL, flags | libc::O_NONBLOCK) >= 0
+        use std::os::{fd::AsFd as _, unix::fs::FileTypeExt as _};
+        // Unbuffered: what `write` says went is in the pipe, not in a
+        // buffer of ours that a full pipe would also hold up.
+        let out = match std::io::stdout().as_fd().try_clone_to_owned() {
+            Ok(fd) => std::fs::File::from(fd),
+            Err(e) => {
+                warn!("standard output cannot be duplicated ({e}): writing through Rust's buffer");
+                return Self::new(config, Box::new(std::io::stdout()));
+            }
         };
-        if !set {
+        let pipe = out.metadata().is_ok_and(|m| m.file_type().is_fifo());
+        if pipe && !set_nonblocking(libc::STDOUT_FILENO) {
             warn!(
                 "standard output cannot be made non-blocking: an ExaBGP that stops reading would stop lbd"
             );
         }
-        // Unbuffered: what `write` says went is in the pipe, not in a
-        // buffer of ours that a full pipe would also hold up.
-        use std::os::fd::AsFd as _;
-        let out: Box<dyn Write + Send> = match std::io::stdout().as_fd().try_clone_to_owned() {
-            Ok(fd) => Box::new(std::fs::File::from(fd)),
-            Err(_) => Box::new(std::io::stdout()),
-        };
-        Self::new(config, out)
+        Self::new(config, Box::new(out))
     }
 
     /// The command for one change: `announce route 10.0.0.1/32 next-hop
@@ -226,10 +225,32 @@ impl Announcer for ExabgpAnnouncer {
     fn shutdown(&mut self) -> BoxFuture<'_, Result<(), AnnounceError>> {
         Box::pin(async move {
             self.shut_down = true;
-            let result = self.apply(&BTreeSet::new());
+            // The withdrawals, and the rest of a line cut short, must go
+            // before another announcer writes (a restart) or lbd exits: a
+            // full pipe is waited on, for a while.
+            let deadline = tokio::time::Instant::now() + SHUTDOWN_WAIT;
+            let mut result = self.apply(&BTreeSet::new());
+            while result.is_err() && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                result = self.apply(&BTreeSet::new());
+            }
             self.status.state = SessionState::Idle;
             result
         })
+    }
+}
+
+/// The most a shutdown waits for ExaBGP to read the withdrawals.
+const SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Sets `O_NONBLOCK` on descriptor `fd`; whether it could.
+#[allow(unsafe_code)]
+fn set_nonblocking(fd: libc::c_int) -> bool {
+    // SAFETY: fcntl on a descriptor the process holds for its whole life
+    // (standard output); no memory is involved.
+    unsafe {
+        let flags = libc::fcntl(fd, libc::F_GETFL);
+        flags >= 0 && libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) >= 0
     }
 }
 
@@ -381,6 +402,28 @@ mod tests {
         assert_eq!(
             (s.state, s.prefixes_announced),
             (SessionState::Established, 2)
+        );
+    }
+
+    /// A shutdown while the pipe is full waits for ExaBGP to read (here:
+    /// room comes after 200 ms), so the line cut short and the
+    /// withdrawals all go before another announcer writes.
+    #[tokio::test(start_paused = true)]
+    async fn shutdown_waits_for_a_full_pipe() {
+        let sink = Sink::default();
+        let mut a = ExabgpAnnouncer::new(ExabgpConfig::default(), Box::new(sink.clone()));
+        *sink.room.lock().unwrap() = Some(50);
+        let _ = a.set_announced(&set(&["10.0.0.1", "10.0.0.2"]));
+        let room = sink.room.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            *room.lock().unwrap() = None;
+        });
+        a.shutdown().await.expect("all written once ExaBGP reads");
+        assert_eq!(
+            sink.take(),
+            "announce route 10.0.0.1/32 next-hop self\nannounce route 10.0.0.2/32 next-hop self\n\
+             withdraw route 10.0.0.1/32 next-hop self\nwithdraw route 10.0.0.2/32 next-hop self\n"
         );
     }
 

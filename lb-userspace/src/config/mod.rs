@@ -414,10 +414,19 @@ fn validate_raw(raw: RawConfig, errors: &mut Vec<ConfigError>) -> Option<Config>
     if !errors.is_empty() {
         return None;
     }
-    if raw.shutdown_grace > UNIT_STOP_TIMEOUT - STOP_AFTER_GRACE {
+    // A stop: the graceful shutdown's wait (routes kept with the
+    // community), then shutdown_grace (withdrawn), then the announcers.
+    let community_wait = raw
+        .announce
+        .bgp
+        .as_ref()
+        .and_then(|b| b.graceful_shutdown.as_ref())
+        .map_or(Duration::ZERO, |g| g.wait);
+    let stop = community_wait + raw.shutdown_grace;
+    if stop > UNIT_STOP_TIMEOUT - STOP_AFTER_GRACE {
         warnings.push(format!(
-            "shutdown_grace: {}, but the packaged unit kills lbd {} s after SIGTERM, before it has withdrawn and stopped (the announcers take up to {} s after the grace): raise TimeoutStopSec in a drop-in (`systemctl edit lbd`)",
-            duration::format(&raw.shutdown_grace),
+            "shutdown_grace: a stop waits {} (graceful_shutdown's wait and shutdown_grace), but the packaged unit kills lbd {} s after SIGTERM, before it has withdrawn and stopped (the announcers take up to {} s more): raise TimeoutStopSec in a drop-in (`systemctl edit lbd`)",
+            duration::format(&stop),
             UNIT_STOP_TIMEOUT.as_secs(),
             STOP_AFTER_GRACE.as_secs()
         ));

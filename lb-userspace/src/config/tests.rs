@@ -792,6 +792,15 @@ fn a_shutdown_grace_longer_than_the_unit_waits_is_warned_about() {
     assert!(!warned("20s"));
     assert!(warned("21s"));
     assert!(warned("10m"));
+    // The graceful shutdown's wait comes first: 15 s of it and 10 s of
+    // grace do not fit either.
+    let bgp = "announce:\n  bgp:\n    local_as: 65001\n    router_id: 10.0.0.11\n    next_hop_v6: fd00::11\n    graceful_shutdown: { wait: 15s }\n    peers:\n      - { address: 10.0.0.1, remote_as: 65000 }\n";
+    let c = Config::parse(&format!("{GOOD}{bgp}shutdown_grace: 10s\n")).expect("valid");
+    assert!(
+        c.warnings.iter().any(|w| w.contains("TimeoutStopSec")),
+        "{:?}",
+        c.warnings
+    );
 }
 
 #[test]

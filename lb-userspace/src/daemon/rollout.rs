@@ -42,11 +42,12 @@ pub struct RolloutState {
     /// The last step asked, and when (not asked again for 3 s; a revert
     /// for `revert_wait`).
     sent: Option<(Action, Instant)>,
-    /// How long a revert waits before it is asked again: 3 s, doubled by
-    /// each refusal up to a minute (a revert refused here, against a file
-    /// that keeps failing, is not retried, logged and recorded as a
-    /// refused revision every 3 s), back to 3 s once one works.
-    revert_wait: Option<Duration>,
+    /// How long a revert of rollout `.0` waits before it is asked again:
+    /// 3 s, doubled by each refusal up to a minute (a revert refused here,
+    /// against a file that keeps failing, is not retried, logged and
+    /// recorded as a refused revision every 3 s), back to 3 s once one
+    /// works or for another rollout.
+    revert_wait: Option<(i64, Duration)>,
     /// What this balancer does in the rollout, in words.
     step: String,
     /// Packets forwarded, sampled once a second for the last 10 s.
@@ -205,11 +206,19 @@ impl<D: Dataplane> Daemon<D> {
         self.rollout_steps(action, record, at)
     }
 
+    /// How long a revert of rollout `id` waits to be asked again.
+    fn revert_wait(&self, id: i64) -> Duration {
+        match self.rollout.revert_wait {
+            Some((of, wait)) if of == id => wait,
+            _ => ASK_AGAIN,
+        }
+    }
+
     /// Whether `action` was asked less than 3 s (a revert: its wait)
     /// before `now`; if not, it is asked now.
     pub(super) fn asked_recently(&mut self, action: Action, now: Instant) -> bool {
         let wait = match action {
-            Action::Revert(_) => self.rollout.revert_wait.unwrap_or(ASK_AGAIN),
+            Action::Revert(id) => self.revert_wait(id),
             _ => ASK_AGAIN,
         };
         let repeated = self
@@ -350,8 +359,8 @@ impl<D: Dataplane> Daemon<D> {
     pub fn rollout_reverted(&mut self, id: i64, say: bool, ok: bool) -> Vec<Step> {
         self.rollout.busy = false;
         if !ok {
-            let wait = (self.rollout.revert_wait.unwrap_or(ASK_AGAIN) * 2).min(REVERT_WAIT_MAX);
-            self.rollout.revert_wait = Some(wait);
+            let wait = (self.revert_wait(id) * 2).min(REVERT_WAIT_MAX);
+            self.rollout.revert_wait = Some((id, wait));
             warn!(
                 rollout = id,
                 "rollout: going back failed; the candidate still runs here (tried again in {} s)",
@@ -616,11 +625,12 @@ impl<D: Dataplane> Daemon<D> {
 
 /// `record` (of rollout `id`) with its outcome.
 /// The record marked with how rollout `id` ended. A reason is cut to
-/// [`OUTCOME_ROOM`] / 2 characters, so that the marked record stays
-/// within the room [`Daemon::rollout_plan`] left it.
+/// [`OUTCOME_ROOM`] / 8 characters (each at most 6 bytes in JSON, an
+/// escaped control character), so that the marked record stays within the
+/// room [`Daemon::rollout_plan`] left it.
 pub(super) fn marked(record: &Rollout, id: i64, outcome: Outcome) -> Rollout {
     let cut = |why: String| -> String {
-        let room = OUTCOME_ROOM / 2;
+        let room = OUTCOME_ROOM / 8;
         match why.char_indices().nth(room) {
             Some((at, _)) => format!("{}…", &why[..at]),
             None => why,

@@ -357,6 +357,18 @@ impl<D: Dataplane> Daemon<D> {
         })
     }
 
+    /// The server ID length of the QUIC VIP a flow to `dst` (`proto`,
+    /// port `dport`) goes to, if it goes to one: the VIP of its port
+    /// before an all-ports one.
+    fn quic_id_len(&self, dst: IpAddr, proto: u8, dport: u16) -> Option<u8> {
+        self.effective()
+            .iter()
+            .filter(|v| v.id.addr == dst && v.id.proto.number() == proto)
+            .filter(|v| v.id.port == dport || v.id.port == 0)
+            .min_by_key(|v| v.id.port == 0)
+            .and_then(|v| v.quic.map(|q| q.server_id_len))
+    }
+
     /// `lbctl simulate`: the backend a flow gets, and why.
     pub fn simulate(
         &self,
@@ -372,14 +384,8 @@ impl<D: Dataplane> Daemon<D> {
                 "source and destination must be of the same family",
             ));
         }
-        // The server ID length of the QUIC VIP the flow goes to, if any.
-        let id_len = self
-            .effective()
-            .iter()
-            .filter(|v| v.id.addr == dst && (v.id.port == dport || v.id.port == 0))
-            .find_map(|v| v.quic.map(|q| q.server_id_len));
         let payload = match shape.quic_cid {
-            Some(cid) => Some(quic_short_header(cid, id_len)?),
+            Some(cid) => Some(quic_short_header(cid, self.quic_id_len(dst, proto, dport))?),
             None => None,
         };
         let flow = FlowKey::new(src, dst, proto, sport, dport);

@@ -226,20 +226,22 @@ impl Session<'_> {
             client.put(member, self.name, None),
         )
         .await?;
+        let all = self.keys.all();
+        // Read before the lease is taken: a long paged read must not
+        // outlast a lease nothing renews yet.
+        let (revision, kvs) = read_prefix(&mut client, &all, wait).await?;
+        self.refuse_a_namesake(&kvs)?;
         let ttl = self.source.lease.as_secs() as i64;
         let lease = bounded(wait, "taking a lease", client.lease_grant(ttl, None))
             .await?
             .id();
         let (keeper, alive) =
             bounded(wait, "keeping the lease", client.lease_keep_alive(lease)).await?;
-        let all = self.keys.all();
-        let (revision, kvs) = read_prefix(&mut client, &all, wait).await?;
         info!(
             revision,
             lease, "etcd: connected to the tier at {}", self.source.prefix
         );
         self.send(Event::Link(Ok(revision))).await?;
-        self.refuse_a_namesake(&kvs)?;
         let (mut desired, mut rollout) = (None, Event::Rollout(None));
         let mut kvs: Vec<&KeyValue> = kvs.iter().collect();
         self.keys.members_first(&mut kvs, |kv| kv.key_str().ok());
@@ -670,10 +672,10 @@ async fn bounded_write<T>(
     }
 }
 
-/// Keys one read of the first read's pages takes: three values of the
-/// largest kind (a report or a rollout record, each about 1 MiB at most)
-/// stay under the 4 MiB a gRPC answer may hold.
-const PAGE_KEYS: i64 = 3;
+/// Keys one page of the first read takes: two of the largest values etcd
+/// stores (1.5 MiB, its default request limit) stay under the 4 MiB a
+/// gRPC answer may hold.
+const PAGE_KEYS: i64 = 2;
 /// Keys the first read takes at most before it gives up (a prefix that
 /// keeps saying there is more).
 const MAX_PREFIX_KEYS: usize = 100_000;

@@ -446,7 +446,8 @@ fn behind_extensions(ctx: &XdpContext, off: usize, ip: &Ipv6Hdr) -> DecapCounter
         Some(value) if value & DECAP_F_CHECK_SOURCE != 0 && !allowed(ip.saddr, true) => {}
         _ => return PassNotTunnel,
     }
-    if hides_tunnel(ctx, off, ip.nexthdr) {
+    let payload = u16::from_be(ip.payload_len) as usize;
+    if hides_tunnel(ctx, off, ip.nexthdr, payload) {
         DropSource
     } else {
         PassNotTunnel
@@ -454,26 +455,39 @@ fn behind_extensions(ctx: &XdpContext, off: usize, ip: &Ipv6Hdr) -> DecapCounter
 }
 
 /// Whether the extension headers after the IPv6 header at `off` (the
-/// first of type `next`) lead to IP-in-IP or GRE, as the kernel would walk
-/// them, or run longer than lb walks (`IPV6_MAX_EXT` headers,
-/// `IPV6_MAX_EXT_BYTES`: it cannot tell, so yes). A later fragment says no:
-/// the first fragment, checked on its own, decides what the kernel
-/// reassembles. A chain cut short says no: the kernel drops it. UDP says
-/// no: GUE is only ever stripped here, and a fragment of it is not.
+/// first of type `next`; `payload` bytes follow the fixed header) lead to
+/// IP-in-IP or GRE, as the kernel would walk them, or run longer than lb
+/// walks (`IPV6_MAX_EXT` headers, `IPV6_MAX_EXT_BYTES`: it cannot tell, so
+/// yes). A later fragment says no: the first fragment, checked on its
+/// own, decides what the kernel reassembles. A chain that ends before its
+/// upper-layer header says no in a whole packet (the kernel drops it) and
+/// yes in a first fragment (the kernel reassembles it: the rest of the
+/// chain, a tunnel, may be in the next fragment). UDP says no: GUE is only
+/// ever stripped here, and a fragment of it is not.
 #[inline(always)]
-fn hides_tunnel(ctx: &XdpContext, off: usize, mut next: u8) -> bool {
+fn hides_tunnel(ctx: &XdpContext, off: usize, mut next: u8, payload: usize) -> bool {
     // Bytes walked so far, at most IPV6_MAX_EXT_BYTES when used.
     let mut ext = 0usize;
+    // Past the header of a first fragment: the chain may go on in the next.
+    let mut fragmented = false;
     for _ in 0..IPV6_MAX_EXT {
         if !is_walked_ext(next) {
             return is_kernel_tunnel(next);
         }
+        // Every walked header is at least 8 bytes, inside the packet.
+        if ext + 8 > payload {
+            return fragmented;
+        }
         let Some(h) = At::<[u8; 8]>::new(ctx, off + IPV6_HDR_LEN + ext) else {
-            return false;
+            return fragmented;
         };
         let h = h.read();
-        if next == IPV6_FRAGMENT && u16::from_be_bytes([h[2], h[3]]) & 0xfff8 != 0 {
-            return false;
+        if next == IPV6_FRAGMENT {
+            let frag = u16::from_be_bytes([h[2], h[3]]);
+            if frag & 0xfff8 != 0 {
+                return false;
+            }
+            fragmented |= frag & 1 != 0;
         }
         ext += ext_len(next, &h);
         next = h[0];

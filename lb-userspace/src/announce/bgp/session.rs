@@ -889,14 +889,24 @@ impl<'a> Session<'a> {
     /// allows), so no KEEPALIVE will show it is gone: TCP keepalives at a
     /// third of our hold time watch the connection instead, so a peer that
     /// lost power ends the session (and what it says of our routes) after
-    /// about twice our hold time, not never.
+    /// about twice our hold time, not never (`TCP_USER_TIMEOUT` too, for
+    /// when data is in flight and no probe is sent).
     fn watch_with_tcp_keepalives(&self) {
         let third = Duration::from_secs(u64::from(self.local.hold_time).div_ceil(3));
         let keepalive = socket2::TcpKeepalive::new()
             .with_time(third)
             .with_interval(third)
             .with_retries(3);
-        match socket2::SockRef::from(&self.stream).set_tcp_keepalive(&keepalive) {
+        // Keepalive probes stop while data waits to be acknowledged (a
+        // route change sent to a peer that lost power): the user timeout
+        // ends the connection then, after twice our hold time.
+        let sock = socket2::SockRef::from(&self.stream);
+        let set = sock.set_tcp_keepalive(&keepalive).and_then(|()| {
+            sock.set_tcp_user_timeout(Some(Duration::from_secs(
+                2 * u64::from(self.local.hold_time),
+            )))
+        });
+        match set {
             Ok(()) => info!(
                 peer = %self.addr(),
                 "the peer asked for no hold timer: TCP keepalives watch the connection instead"

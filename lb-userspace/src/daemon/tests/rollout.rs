@@ -478,7 +478,8 @@ async fn a_rollout_record_too_big_to_read_is_refused_and_reasons_are_cut() {
     assert_eq!(e.kind(), ErrorKind::Capacity, "{e}");
     assert!(e.to_string().contains("more than the"), "{e}");
     let (_, record, ..) = r.daemon.rollout_plan(VIPS, None, 1, HOLD).expect("small");
-    let why = "x".repeat(100_000);
+    // Control characters, escaped as six bytes each in JSON: the worst.
+    let why = "\u{1}".repeat(100_000);
     let failed = marked(
         &record,
         ID,
@@ -552,6 +553,14 @@ async fn a_refused_revert_is_asked_again_less_and_less_often() {
         assert!(!r.daemon.asked_recently(back.clone(), at(asked + wait)));
         asked += wait;
     }
+    // Another rollout's revert starts from 3 s again.
+    assert!(!r.daemon.asked_recently(Action::Revert(id + 1), at(asked)));
+    assert!(
+        !r.daemon
+            .asked_recently(Action::Revert(id + 1), at(asked + 3))
+    );
+    assert!(!r.daemon.asked_recently(back.clone(), at(asked + 3)));
+    asked += 3;
     // Another step is not held back by the revert's wait.
     assert!(!r.daemon.asked_recently(Action::Pass(id), at(asked + 1)));
     assert!(!r.daemon.asked_recently(Action::Pass(id), at(asked + 4)));
