@@ -435,6 +435,12 @@ mod tests {
     /// `local` to `remote` (`/proc/net/tcp`, its `st` column), if the
     /// kernel still has it.
     fn tcp_state(local: u16, remote: u16) -> Option<u8> {
+        tcp_field(local, remote, 3)
+    }
+
+    /// Field `i` of `/proc/net/tcp`'s row of the loopback connection from
+    /// local port `local` to `remote` (its part before a `:`), in hex.
+    fn tcp_field(local: u16, remote: u16, i: usize) -> Option<u8> {
         let table = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
         let ends = [
             format!("0100007F:{local:04X}"),
@@ -442,7 +448,8 @@ mod tests {
         ];
         table.lines().skip(1).find_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
-            (f.get(1..3)? == ends).then(|| u8::from_str_radix(f.get(3)?, 16).ok())?
+            let field = f.get(i)?.split(':').next()?;
+            (f.get(1..3)? == ends).then(|| u8::from_str_radix(field, 16).ok())?
         })
     }
 
@@ -1276,16 +1283,7 @@ mod tests {
     /// `local` to `remote` (`/proc/net/tcp`, the `tr` column: 0 none, 1
     /// retransmit, 2 keepalive, ...).
     fn tcp_timer(local: u16, remote: u16) -> Option<u8> {
-        let table = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
-        let ends = [
-            format!("0100007F:{local:04X}"),
-            format!("0100007F:{remote:04X}"),
-        ];
-        table.lines().skip(1).find_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            let timer = f.get(5)?.split(':').next()?;
-            (f.get(1..3)? == ends).then(|| u8::from_str_radix(timer, 16).ok())?
-        })
+        tcp_field(local, remote, 5)
     }
 
     #[test]
