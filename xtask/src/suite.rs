@@ -140,7 +140,17 @@ fn lanes(binaries: &[TestBinary], width: usize) -> Result<Vec<String>> {
     loop {
         while running.len() < width {
             let Some(next) = queue.next() else { break };
-            running.push(start(next, dir)?);
+            match start(next, dir) {
+                Ok(r) => running.push(r),
+                Err(e) => {
+                    // Not left running behind an error.
+                    for r in &mut running {
+                        let _ = r.child.kill();
+                        let _ = r.child.wait();
+                    }
+                    return Err(e);
+                }
+            }
         }
         if running.is_empty() {
             break;
