@@ -435,3 +435,19 @@ fn passive_settings_bounds_are_inclusive() {
     };
     assert_eq!((half.cap(10), half.cap(3), half.cap(1)), (5, 1, 0));
 }
+
+/// The policy's tests at their boundaries, in values exact in binary:
+/// retried exactly `relative` (3) times the others is not "alike", and
+/// then 24 of 32 against 8 of 32 is z = 0.5 / 0.125 = 4, ejected.
+#[test]
+fn judged_at_exactly_relative_times_the_others() {
+    let settings = PassiveHealth::default();
+    let w = |syns, retransmits| Window { syns, retransmits };
+    assert_eq!(settings.relative, 3.0);
+    assert_eq!(judge(&settings, w(32, 24), w(32, 8)), Judgement::Eject);
+    // Just under 3 times: alike.
+    assert_eq!(
+        judge(&settings, w(32, 23), w(32, 8)),
+        Judgement::LikeOthers(0.25)
+    );
+}

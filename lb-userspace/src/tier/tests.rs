@@ -243,10 +243,13 @@ fn an_installation_keeps_its_id_across_restarts() {
     assert_eq!(first.len(), 32, "{first}");
     assert_eq!(instance_id(&a).unwrap(), first, "kept");
     assert_ne!(instance_id(&b).unwrap(), first, "another box");
-    std::fs::write(a.join(INSTANCE_FILE), "not an id\n").unwrap();
-    let made = instance_id(&a).unwrap();
-    assert_ne!(made, first);
-    assert_eq!(instance_id(&a).unwrap(), made);
+    let valid = |id: &str| id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit());
+    for damaged in ["not an id\n", "abc\n", "zzzzzzzzzzzzzzzzzzzzzzzzzzzzzzzz\n"] {
+        std::fs::write(a.join(INSTANCE_FILE), damaged).unwrap();
+        let made = instance_id(&a).unwrap();
+        assert!(valid(&made) && made != first, "{damaged:?} gave {made:?}");
+        assert_eq!(instance_id(&a).unwrap(), made);
+    }
 }
 
 /// A report under this balancer's name from another installation names
