@@ -851,6 +851,9 @@ mod tests {
         assert!(all.contains_key("canary") && !all.contains_key("lb000"));
         keep_progress(&mut all, "late", p(5));
         assert!(!all.contains_key("late"));
+        // As old as the oldest kept (lb001's 11): not newer, ignored.
+        keep_progress(&mut all, "tie", p(11));
+        assert!(!all.contains_key("tie") && all.contains_key("lb001"));
         assert_eq!(all.len(), MAX_BALANCERS);
     }
 
