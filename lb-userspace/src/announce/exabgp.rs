@@ -297,6 +297,15 @@ mod tests {
         }
     }
 
+    /// The announcer's status, checked to say a write failed with `words`.
+    fn failed_with(a: &ExabgpAnnouncer, words: &str) -> PeerStatus {
+        let s = a.status().remove(0);
+        assert_eq!(s.state, SessionState::Active);
+        let error = s.last_error.as_deref().unwrap_or("");
+        assert!(error.contains(words), "{s:?}");
+        s
+    }
+
     fn set(addrs: &[&str]) -> BTreeSet<IpAddr> {
         addrs.iter().map(|a| a.parse().unwrap()).collect()
     }
@@ -350,15 +359,7 @@ mod tests {
             .set_announced(&set(&["10.0.0.1"]))
             .expect_err("pipe broken");
         assert!(matches!(err, AnnounceError::Write { .. }), "{err}");
-        let s = &a.status()[0];
-        assert_eq!(s.state, SessionState::Active);
-        assert!(
-            s.last_error
-                .as_deref()
-                .unwrap_or("")
-                .contains("broken pipe"),
-            "{s:?}"
-        );
+        let s = failed_with(&a, "broken pipe");
         assert_eq!(s.prefixes_announced, 0);
 
         *sink.broken.lock().unwrap() = false;
@@ -380,15 +381,7 @@ mod tests {
             .set_announced(&set(&["10.0.0.1", "10.0.0.2"]))
             .expect_err("the pipe is full");
         assert!(matches!(err, AnnounceError::Write { .. }), "{err}");
-        let s = &a.status()[0];
-        assert_eq!(s.state, SessionState::Active);
-        assert!(
-            s.last_error
-                .as_deref()
-                .unwrap_or("")
-                .contains("not reading"),
-            "{s:?}"
-        );
+        let s = failed_with(&a, "not reading");
         // Still full: nothing more, nothing twice.
         assert!(a.set_announced(&set(&["10.0.0.1", "10.0.0.2"])).is_err());
         assert_eq!(sink.bytes.lock().unwrap().len(), 50);

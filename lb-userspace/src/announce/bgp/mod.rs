@@ -1059,15 +1059,22 @@ mod tests {
         c
     }
 
-    #[tokio::test]
-    async fn after_a_restart_routes_and_end_of_rib_wait_for_the_first_verdicts() {
+    /// A speaker with graceful restart, started after a restart of `lbd`
+    /// (it offers Restart State), and its one peer's listener.
+    async fn restarted_speaker() -> (TcpListener, BgpSpeaker) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let ctx = StartContext {
             restarted: true,
             ..StartContext::default()
         };
-        let mut speaker = BgpSpeaker::start_with(gr_config(port), &ctx).expect("starts");
+        let speaker = BgpSpeaker::start_with(gr_config(port), &ctx).expect("starts");
+        (listener, speaker)
+    }
+
+    #[tokio::test]
+    async fn after_a_restart_routes_and_end_of_rib_wait_for_the_first_verdicts() {
+        let (listener, mut speaker) = restarted_speaker().await;
         let vip: IpAddr = "10.99.0.1".parse().unwrap();
         // What the policy says before the verdicts: nothing yet.
         speaker.set_announced(&BTreeSet::new()).unwrap();
@@ -1115,43 +1122,55 @@ mod tests {
         speaker.shutdown().await.expect("clean shutdown");
     }
 
-    #[tokio::test]
-    async fn a_fresh_start_sends_end_of_rib_at_once_and_graceful_shutdown_re_announces() {
+    /// A speaker started fresh with graceful shutdown (a 5 s wait; the
+    /// peer's MED `med` with it), announcing `vips` on an Established
+    /// session with graceful restart: the routes and End-of-RIB read, the
+    /// speaker, the peer's socket and the attributes they went with.
+    async fn fresh_with_graceful_shutdown(
+        med: Option<u32>,
+        vips: &[Ipv4Addr],
+    ) -> (BgpSpeaker, TcpStream, RouteAttrs) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let mut cfg = gr_config(port);
         cfg.graceful_shutdown = Some(GracefulShutdown {
             wait: Duration::from_secs(5),
         });
-        cfg.peers[0].graceful_shutdown.med = Some(7);
+        cfg.peers[0].graceful_shutdown.med = med;
         let ctx = StartContext {
             fresh: true,
             ..StartContext::default()
         };
         let mut speaker = BgpSpeaker::start_with(cfg, &ctx).expect("starts");
-        assert_eq!(
-            speaker.graceful_shutdown_wait(),
-            Some(Duration::from_secs(5))
-        );
-        let vip = Ipv4Addr::new(10, 99, 0, 1);
-        speaker
-            .set_announced(&[IpAddr::from(vip)].into_iter().collect())
-            .unwrap();
+        let wanted: BTreeSet<IpAddr> = vips.iter().map(|v| IpAddr::from(*v)).collect();
+        speaker.set_announced(&wanted).unwrap();
         let gr = GracefulRestartOffer {
             restarting: false,
             restart_time: 30,
             forwarding: false,
         };
         let mut sock = establish_gr(&listener, gr).await;
-        let mut attrs = RouteAttrs {
+        let attrs = RouteAttrs {
             local_as: 65001,
             ebgp: true,
             asn4: true,
             shutdown: None,
         };
-        let plain = announce_v4(&attrs, Ipv4Addr::LOCALHOST, &[vip]).unwrap();
+        let plain = announce_v4(&attrs, Ipv4Addr::LOCALHOST, vips).unwrap();
         assert_eq!(vec![next_update(&mut sock).await], plain);
         assert_eq!(next_update(&mut sock).await, end_of_rib_v4());
+        (speaker, sock, attrs)
+    }
+
+    #[tokio::test]
+    async fn a_fresh_start_sends_end_of_rib_at_once_and_graceful_shutdown_re_announces() {
+        let vip = Ipv4Addr::new(10, 99, 0, 1);
+        let (mut speaker, mut sock, mut attrs) =
+            fresh_with_graceful_shutdown(Some(7), &[vip]).await;
+        assert_eq!(
+            speaker.graceful_shutdown_wait(),
+            Some(Duration::from_secs(5))
+        );
         speaker.set_graceful_shutdown(true);
         attrs.shutdown = Some(crate::config::announce::bgp::ShutdownAttributes {
             med: Some(7),
@@ -1175,35 +1194,8 @@ mod tests {
     /// left with the router.
     #[tokio::test]
     async fn routes_sent_again_withdraw_what_went_meanwhile() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let mut cfg = gr_config(port);
-        cfg.graceful_shutdown = Some(GracefulShutdown {
-            wait: Duration::from_secs(5),
-        });
-        let ctx = StartContext {
-            fresh: true,
-            ..StartContext::default()
-        };
-        let mut speaker = BgpSpeaker::start_with(cfg, &ctx).expect("starts");
         let (a, b) = (Ipv4Addr::new(10, 99, 0, 1), Ipv4Addr::new(10, 99, 0, 2));
-        let both: BTreeSet<IpAddr> = [a.into(), b.into()].into_iter().collect();
-        speaker.set_announced(&both).unwrap();
-        let gr = GracefulRestartOffer {
-            restarting: false,
-            restart_time: 30,
-            forwarding: false,
-        };
-        let mut sock = establish_gr(&listener, gr).await;
-        let mut attrs = RouteAttrs {
-            local_as: 65001,
-            ebgp: true,
-            asn4: true,
-            shutdown: None,
-        };
-        let plain = announce_v4(&attrs, Ipv4Addr::LOCALHOST, &[a, b]).unwrap();
-        assert_eq!(vec![next_update(&mut sock).await], plain);
-        assert_eq!(next_update(&mut sock).await, end_of_rib_v4());
+        let (mut speaker, mut sock, mut attrs) = fresh_with_graceful_shutdown(None, &[a, b]).await;
         speaker.set_graceful_shutdown(true);
         attrs.shutdown = Some(Default::default());
         let gshut = announce_v4(&attrs, Ipv4Addr::LOCALHOST, &[a, b]).unwrap();
@@ -1232,13 +1224,7 @@ mod tests {
     /// for the first verdicts.
     #[tokio::test]
     async fn restart_state_outlives_a_connection_closed_before_established() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let ctx = StartContext {
-            restarted: true,
-            ..StartContext::default()
-        };
-        let mut speaker = BgpSpeaker::start_with(gr_config(port), &ctx).expect("starts");
+        let (listener, mut speaker) = restarted_speaker().await;
         let gr = GracefulRestartOffer {
             restarting: true,
             restart_time: 30,

@@ -422,8 +422,9 @@ async fn an_added_backend_that_passes_its_checks_serves() {
     );
 }
 
-#[tokio::test]
-async fn a_rollout_in_progress_refuses_another_until_a_desired_state_supersedes_it() {
+/// [`member`], the tier's one member as it reports itself (so a plan
+/// has a wave).
+async fn reporting_member() -> Rig {
     let mut r = member().await;
     let report = r.daemon.tier_report().expect("a tier member reports");
     r.daemon.on_tier_members(vec![Member {
@@ -431,6 +432,12 @@ async fn a_rollout_in_progress_refuses_another_until_a_desired_state_supersedes_
         report: Some(report),
         unreadable: None,
     }]);
+    r
+}
+
+#[tokio::test]
+async fn a_rollout_in_progress_refuses_another_until_a_desired_state_supersedes_it() {
+    let mut r = reporting_member().await;
     r.daemon.on_rollout(Some(Ok((record(&r), ID))));
     let e = r.daemon.rollout_plan(VIPS, None, 1, HOLD).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Conflict, "{e}");
@@ -465,13 +472,7 @@ async fn a_rollout_in_progress_refuses_another_until_a_desired_state_supersedes_
 /// marked record stays readable.
 #[tokio::test]
 async fn a_rollout_record_too_big_to_read_is_refused_and_reasons_are_cut() {
-    let mut r = member().await;
-    let report = r.daemon.tier_report().expect("a tier member reports");
-    r.daemon.on_tier_members(vec![Member {
-        name: "lb1".into(),
-        report: Some(report),
-        unreadable: None,
-    }]);
+    let r = reporting_member().await;
     let padded = format!("{VIPS}{}", "#\n".repeat(400_000));
     assert!(padded.len() < crate::config::source::MAX_DESIRED_BYTES);
     let e = r.daemon.rollout_plan(&padded, None, 1, HOLD).unwrap_err();
