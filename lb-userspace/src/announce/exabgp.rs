@@ -381,7 +381,7 @@ mod tests {
             .set_announced(&set(&["10.0.0.1", "10.0.0.2"]))
             .expect_err("the pipe is full");
         assert!(matches!(err, AnnounceError::Write { .. }), "{err}");
-        let s = failed_with(&a, "not reading");
+        failed_with(&a, "not reading");
         // Still full: nothing more, nothing twice.
         assert!(a.set_announced(&set(&["10.0.0.1", "10.0.0.2"])).is_err());
         assert_eq!(sink.bytes.lock().unwrap().len(), 50);
