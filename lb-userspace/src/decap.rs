@@ -338,9 +338,9 @@ impl Decap {
     }
 
     /// Writes `addrs`, each with `value`, as
-    /// [`set_local_addrs`](Self::set_local_addrs) says.
+    /// [`set_local_addrs`](Self::set_local_addrs) says; its one caller,
+    /// [`set_tunnels`](Self::set_tunnels), checked their count.
     fn write_addrs(&mut self, addrs: &[IpAddr], value: u32) -> Result<()> {
-        check_addr_count(addrs)?;
         let want: HashSet<DecapAddr> = addrs.iter().map(|a| DecapAddr::new(*a)).collect();
         let mut map: HashMap<&mut MapData, DecapAddr, u32> = HashMap::try_from(
             self.ebpf
