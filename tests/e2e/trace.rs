@@ -1,20 +1,21 @@
 //! `lbctl trace` with the real `lbd` in the namespace rig: a trace
 //! filtered to the client and the VIP shows the packets of one known
 //! connection as the datapath decided them; the backend it prints is the
-//! one `lbctl simulate` predicts and the one that answered the client.
+//! one `lbctl simulate` predicts and the one that answered the client. A
+//! packet passed to the stack is traced with what it carried.
 //!
 //! Needs root (namespaces, XDP).
 
 use std::{
-    io::Read as _,
+    net::{SocketAddrV4, UdpSocket},
     process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, Result, bail};
 use lb_tests::{
-    rig::{CLIENT, bin_path},
-    scenario::{check, predicted, serial, setup},
+    rig::{CLIENT, Lbd, bin_path},
+    scenario::{KillOnDrop, check, predicted, serial, setup},
     traffic::tcp_request,
 };
 
@@ -27,73 +28,16 @@ fn a_trace_shows_a_known_flow_at_the_backend_simulate_names() {
         let sport = 45_123;
         let expected = predicted(&lbd, &rig, sport)?;
         // Four packets of the connection: SYN, ACK, the request, and more.
-        let mut child = Command::new(bin_path("lbctl")?)
-            .arg("--socket")
-            .arg(&lbd.socket)
-            // A bare address: that one client.
-            .args(["-o", "json", "trace", "--vip", &vip, "--client"])
-            .arg(CLIENT.to_string())
-            .args(["--count", "4"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()?;
-        // lbctl takes the lease before it reads the ring; a lbd that has
-        // just started may still be verifying the traced program, and
-        // lbctl waits for it (a second here, a minute in an emulated
-        // guest): poll, with a generous safety net.
-        let asked = std::time::Instant::now();
-        while lbd.lbctl_json(&["status"])?["trace_active"] != true
-            && asked.elapsed() < Duration::from_secs(120)
-            && child.try_wait()?.is_none()
-        {
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        println!(
-            "the trace was active {:?} after lbctl trace started",
-            asked.elapsed()
-        );
-        if lbd.lbctl_json(&["status"])?["trace_active"] != true {
-            let _ = child.kill();
-            let mut err = String::new();
-            if let Some(mut e) = child.stderr.take() {
-                let _ = e.read_to_string(&mut err);
-            }
-            bail!("lbctl trace runs but lbd says no trace is active; lbctl said: {err}");
-        }
+        let client = CLIENT.to_string();
+        // A bare address: that one client.
+        let args = ["--vip", &vip, "--client", &client, "--count", "4"];
+        let child = start_trace(&lbd, &args)?;
         let vip_addr = rig.tcp_vip();
         let answered = rig
             .client
             .within(move || tcp_request(CLIENT, sport, vip_addr))??;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while child.try_wait()?.is_none() {
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                bail!("lbctl trace did not see 4 packets within 10 s");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let mut out = String::new();
-        child
-            .stdout
-            .take()
-            .context("stdout")?
-            .read_to_string(&mut out)?;
-        let mut err = String::new();
-        child
-            .stderr
-            .take()
-            .context("stderr")?
-            .read_to_string(&mut err)?;
-        if !child.wait()?.success() {
-            bail!("lbctl trace failed: {err}");
-        }
-        let lines: Vec<serde_json::Value> = out
-            .lines()
-            .map(serde_json::from_str)
-            .collect::<Result<_, _>>()
-            .with_context(|| format!("lbctl trace -o json printed:\n{out}"))?;
+        let (lines, out) = trace_lines(child)?;
         eprintln!("$ lbctl trace --vip {vip} --client {CLIENT} --count 4 -o json\n{out}");
-        lb_tests::schema::check_output(&["-o", "json", "trace"], &out)?;
         let times: Vec<&str> = lines.iter().filter_map(|l| l["time"].as_str()).collect();
         let stamped = |t: &&str| {
             let b = t.as_bytes();
@@ -151,4 +95,110 @@ fn a_trace_shows_a_known_flow_at_the_backend_simulate_names() {
         }
         Ok(())
     })());
+}
+
+/// A packet the datapath does not forward is traced too, with the
+/// addresses and ports it carried: UDP from the client to the TCP VIP's
+/// address on a port no VIP serves, which `lb_xdp` passes to the stack.
+#[test]
+fn a_trace_shows_a_packet_that_is_not_forwarded() {
+    let _serial = serial();
+    check((|| {
+        let (rig, lbd) = setup(2, &[Some(1), Some(1)])?;
+        let client = CLIENT.to_string();
+        let mut child = start_trace(&lbd, &["--client", &client, "--count", "2"])?;
+        let to = SocketAddrV4::new(*rig.tcp_vip().ip(), 9);
+        let sport = 45_321;
+        // One datagram every 50 ms until lbctl has seen two packets.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !child.exited()? && Instant::now() < deadline {
+            rig.client.within(move || -> Result<()> {
+                UdpSocket::bind((CLIENT, sport))?.send_to(b"not for a VIP", to)?;
+                Ok(())
+            })??;
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let (lines, out) = trace_lines(child)?;
+        let ours: Vec<_> = lines
+            .iter()
+            .filter(|l| l["protocol"] == "udp" && l["dst_port"] == 9)
+            .collect();
+        if ours.is_empty() {
+            bail!("no line for the datagrams to {to}:\n{out}");
+        }
+        for l in ours {
+            if l["outcome"] != "pass_not_vip"
+                || l["client"] != client.as_str()
+                || l["client_port"] != sport
+                || l["dst"] != to.ip().to_string().as_str()
+                || !l["backend"].is_null()
+                || l["bytes"].as_u64() != Some(14 + 20 + 8 + 13)
+            {
+                bail!(
+                    "the datagram's line: {l}; expected pass_not_vip from {client}:{sport} to {to}, 55 bytes, no backend"
+                );
+            }
+        }
+        Ok(())
+    })());
+}
+
+/// Starts `lbctl -o json trace ARGS` and waits until `lbd` says the trace
+/// is active.
+fn start_trace(lbd: &Lbd, args: &[&str]) -> Result<KillOnDrop> {
+    let mut child = KillOnDrop::new(
+        Command::new(bin_path("lbctl")?)
+            .arg("--socket")
+            .arg(&lbd.socket)
+            .args(["-o", "json", "trace"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?,
+    );
+    // lbctl takes the lease before it reads the ring; a lbd that has
+    // just started may still be verifying the traced program, and
+    // lbctl waits for it (a second here, a minute in an emulated
+    // guest): poll, with a generous safety net.
+    let asked = Instant::now();
+    while lbd.lbctl_json(&["status"])?["trace_active"] != true
+        && asked.elapsed() < Duration::from_secs(120)
+        && !child.exited()?
+    {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    println!(
+        "the trace was active {:?} after lbctl trace started",
+        asked.elapsed()
+    );
+    if lbd.lbctl_json(&["status"])?["trace_active"] != true {
+        let out = child.wait_with_output(Duration::from_secs(5))?;
+        bail!(
+            "lbctl trace runs but lbd says no trace is active; lbctl said: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(child)
+}
+
+/// The lines a trace started by [`start_trace`] printed once it has seen
+/// the packets it counts (within 10 s), and its output as printed.
+fn trace_lines(child: KillOnDrop) -> Result<(Vec<serde_json::Value>, String)> {
+    let output = child
+        .wait_with_output(Duration::from_secs(10))
+        .context("lbctl trace did not see its packets within 10 s")?;
+    let out = String::from_utf8(output.stdout)?;
+    if !output.status.success() {
+        bail!(
+            "lbctl trace failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let lines = out
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("lbctl trace -o json printed:\n{out}"))?;
+    lb_tests::schema::check_output(&["-o", "json", "trace"], &out)?;
+    Ok((lines, out))
 }

@@ -126,11 +126,22 @@ impl KillOnDrop {
         if let Some(mut out) = child.stdout.take() {
             out.read_to_end(&mut stdout)?;
         }
+        let mut stderr = Vec::new();
+        if let Some(mut err) = child.stderr.take() {
+            err.read_to_end(&mut stderr)?;
+        }
         Ok(std::process::Output {
             status,
             stdout,
-            stderr: Vec::new(),
+            stderr,
         })
+    }
+
+    /// Whether the child has exited (it is then reaped by
+    /// [`wait_with_output`](Self::wait_with_output)).
+    pub fn exited(&mut self) -> Result<bool> {
+        let child = self.0.as_mut().context("waited for already")?;
+        Ok(child.try_wait()?.is_some())
     }
 }
 

@@ -97,10 +97,13 @@ fn run<const TRACE: bool>(ctx: &XdpContext) -> (u32, Counter) {
             return (action, c);
         }
     };
+    if TRACE {
+        trace::note(&pkt);
+    }
     let (action, outcome) = decide::<TRACE>(ctx, cfg, &pkt);
     // Forwarded packets are traced where their backend is known.
     if TRACE && cfg.flags & CFG_F_TRACE != 0 && outcome.kind() != Kind::Forward {
-        trace::packet(&pkt, outcome as u32, None, 0);
+        trace::packet(outcome as u32, None, 0);
     }
     (action, outcome)
 }
@@ -523,7 +526,7 @@ fn forward_with<const TRACE: bool>(
     // (`lbd` adds them up), which saves a counter update per packet.
     stats::backend(def.handle & BACKEND_INDEX_MASK, pkt.frame_len);
     if TRACE && cfg.flags & CFG_F_TRACE != 0 {
-        trace::packet(pkt, outcome as u32, Some(def), hashes.pick);
+        trace::packet(outcome as u32, Some(def), hashes.pick);
     }
     (TX, outcome)
 }

@@ -8,7 +8,7 @@ use aya_ebpf::{
 };
 use lb_common::{
     AltChunk, BackendDef, BfdConfig, BfdKey, BfdState, CounterValue, DatapathConfig, FlowBucket,
-    HashKey, SynCounts, SynSlot, TableChunk, TraceFilter, VipFilter, VipKey, VipMeta,
+    HashKey, SynCounts, SynSlot, TableChunk, TraceEvent, TraceFilter, VipFilter, VipKey, VipMeta,
     bfd::BFD_MAX_SESSIONS,
     consts::{SYN_SLOTS, TRACE_RING_BYTES},
     counters::COUNTER_SLOTS,
@@ -81,6 +81,12 @@ pub static LB_VIP_FILTER: Array<VipFilter> = Array::with_max_entries(1, 0);
 /// `CFG_F_TRACE` is set).
 #[map]
 pub static LB_TRACE: Array<TraceFilter> = Array::with_max_entries(1, 0);
+
+/// One element per CPU: what `lb_xdp_trace` notes of a packet before
+/// deciding its outcome (see `trace.rs`). Not pinned: each loaded object
+/// has its own, and `lb_xdp` never touches it.
+#[map]
+pub static LB_TRACE_PACKET: PerCpuArray<TraceEvent> = PerCpuArray::with_max_entries(1, 0);
 
 /// Trace events, read by `lbctl trace` from the pinned map.
 #[map]

@@ -12,9 +12,32 @@
 use lb_common::{BackendDef, TraceEvent, TraceFilter};
 use lb_ebpf::parse::Packet;
 
-use crate::maps::{LB_TRACE, LB_TRACE_EVENTS};
+use crate::maps::{LB_TRACE, LB_TRACE_EVENTS, LB_TRACE_PACKET};
 
-/// Describes `pkt` (sent to `backend`, if any) if the
+/// Notes what an event would carry of `pkt`, before its outcome is
+/// decided. [`packet`] then reads the note, not `pkt`: were `pkt` read
+/// after the decision, its fields would stay live through all of it, and
+/// 6.1's verifier would prune far fewer of the decision's paths (this
+/// note took `lb_xdp_trace` from 864,330 verified instructions to 542,305 on
+/// Debian 12's 6.1).
+#[inline(always)]
+pub fn note(pkt: &Packet) {
+    let Some(n) = LB_TRACE_PACKET.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: `n` is this CPU's element of a per-CPU array; an XDP program
+    // runs to its end on one CPU, so nothing else writes it meanwhile.
+    unsafe {
+        (*n).family = pkt.family;
+        (*n).proto = pkt.proto;
+        (*n).src = pkt.src;
+        (*n).dst = pkt.dst;
+        (*n).ports = pkt.ports;
+        (*n).frame_len = pkt.frame_len;
+    }
+}
+
+/// Describes the packet [`note`] noted (sent to `backend`, if any) if the
 /// active trace's filter matches it. Inlined at each call site, though a
 /// single called copy would be smaller: older verifiers (6.1's among
 /// them) cannot track which values matter across a call between BPF functions,
@@ -22,8 +45,11 @@ use crate::maps::{LB_TRACE, LB_TRACE_EVENTS};
 /// `lb_xdp_trace` past its million-instruction limit (measured on Debian
 /// 12's 6.1: refused with a call, accepted inlined).
 #[inline(always)]
-pub fn packet(pkt: &Packet, counter: u32, backend: Option<&BackendDef>, hash: u64) {
+pub fn packet(counter: u32, backend: Option<&BackendDef>, hash: u64) {
     let Some(filter) = LB_TRACE.get(0) else {
+        return;
+    };
+    let Some(pkt) = LB_TRACE_PACKET.get(0) else {
         return;
     };
     if !matches(filter, pkt) {
@@ -68,11 +94,11 @@ pub fn packet(pkt: &Packet, counter: u32, backend: Option<&BackendDef>, hash: u6
 }
 
 #[inline(always)]
-fn matches(f: &TraceFilter, pkt: &Packet) -> bool {
+fn matches(f: &TraceFilter, pkt: &TraceEvent) -> bool {
     if f.vip_family != 0
         && (f.vip_family != pkt.family
             || f.vip_proto != pkt.proto
-            || (f.vip_port != 0 && f.vip_port != pkt.dport())
+            || (f.vip_port != 0 && f.vip_port != (pkt.ports >> 16) as u16)
             || f.vip_addr[0] != pkt.dst[0]
             || f.vip_addr[1] != pkt.dst[1]
             || f.vip_addr[2] != pkt.dst[2]
