@@ -69,9 +69,32 @@ async fn ifindex_with(handle: &Handle, name: &str) -> Result<u32, NetError> {
         .ok_or_else(|| NetError::NoInterface(name.into()))
 }
 
+/// How an interface runs its XDP program.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum XdpAttachMode {
+    /// In the driver (`xdp_mode: native`).
+    Driver,
+    /// Generic, on the socket buffer (`xdp_mode: generic`).
+    Generic,
+    /// Offloaded to the NIC, or several at once: never lb's.
+    Other,
+}
+
+/// The XDP program an interface runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct XdpAttachment {
+    pub program: u32,
+    pub mode: XdpAttachMode,
+}
+
 /// The id of the XDP program attached to interface `name`, if one is.
 pub async fn xdp_program(name: &str) -> Result<Option<u32>, NetError> {
-    use rtnetlink::packet_route::link::{LinkAttribute, LinkXdp};
+    Ok(xdp_attachment(name).await?.map(|a| a.program))
+}
+
+/// The XDP program attached to interface `name` and how, if one is.
+pub async fn xdp_attachment(name: &str) -> Result<Option<XdpAttachment>, NetError> {
+    use rtnetlink::packet_route::link::{LinkAttribute, LinkXdp, XdpAttached};
     let handle = connect().await?;
     let links: Vec<_> = handle
         .link()
@@ -84,12 +107,25 @@ pub async fn xdp_program(name: &str) -> Result<Option<u32>, NetError> {
     let link = links
         .first()
         .ok_or_else(|| NetError::NoInterface(name.into()))?;
-    Ok(link.attributes.iter().find_map(|a| match a {
-        LinkAttribute::Xdp(xdp) => xdp.iter().find_map(|x| match x {
-            LinkXdp::ProgId(id) if *id != 0 => Some(*id),
-            _ => None,
-        }),
+    let Some(xdp) = link.attributes.iter().find_map(|a| match a {
+        LinkAttribute::Xdp(xdp) => Some(xdp),
         _ => None,
+    }) else {
+        return Ok(None);
+    };
+    let program = xdp.iter().find_map(|x| match x {
+        LinkXdp::ProgId(id) if *id != 0 => Some(*id),
+        _ => None,
+    });
+    let mode = xdp.iter().find_map(|x| match x {
+        LinkXdp::Attached(XdpAttached::Driver) => Some(XdpAttachMode::Driver),
+        LinkXdp::Attached(XdpAttached::SocketBuffer) => Some(XdpAttachMode::Generic),
+        LinkXdp::Attached(_) => Some(XdpAttachMode::Other),
+        _ => None,
+    });
+    Ok(program.map(|program| XdpAttachment {
+        program,
+        mode: mode.unwrap_or(XdpAttachMode::Other),
     }))
 }
 

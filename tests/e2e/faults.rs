@@ -933,3 +933,162 @@ fn a_preview_of_a_huge_file_gives_its_memory_back() {
         Ok(())
     })());
 }
+
+/// A restart takes the interfaces over as they are now. A pinned link that
+/// lost its interface is replaced by a new one (here the link is cut loose
+/// with `BPF_LINK_DETACH`, which leaves it as a deleted and re-made
+/// interface does: replacing the program in it fails with ENOLINK, and
+/// before this every start failed so); a running `lbd` does the same
+/// within seconds. An `xdp_mode` changed for the restart is applied, not
+/// just reported; an interface taken out of `interfaces` is detached.
+#[test]
+fn a_restart_attaches_afresh_a_link_that_lost_its_interface_or_its_mode() {
+    let _serial = serial();
+    check((|| {
+        let (rig, lbd) = setup(2, &[Some(1), Some(1)])?;
+        let config = lbd.config.clone();
+        stop(lbd)?;
+        cut_loose(&rig.pin_dir().join("link-eth0"))?;
+        if let Some(mode) = xdp_mode_of(&rig, "eth0")? {
+            bail!("eth0 still runs XDP (mode {mode}) after its link was detached");
+        }
+        let lbd = Lbd::start(&rig, &config).context("lbd after its link lost eth0")?;
+        serves_in_mode(&rig, &lbd, 1, 45_401)?;
+        if !lbd.log_text().contains("no longer holds the interface") {
+            bail!(
+                "lbd said nothing of the link it replaced:\n{}",
+                lbd.log_text()
+            );
+        }
+        // The same while lbd runs: it checks every 5 s.
+        cut_loose(&rig.pin_dir().join("link-eth0"))?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while xdp_mode_of(&rig, "eth0")?.is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        serves_in_mode(&rig, &lbd, 1, 45_403).context("after the link was cut loose under lbd")?;
+        if !lbd.log_text().contains("attached afresh") {
+            bail!(
+                "lbd said nothing of the link it replaced while running:\n{}",
+                lbd.log_text()
+            );
+        }
+        stop(lbd)?;
+        // Generic, and a second interface (one end of a veth pair inside
+        // the namespace, which goes with it).
+        rig.lb.ip(&[
+            "link", "add", "lbx0", "type", "veth", "peer", "name", "lbx1",
+        ])?;
+        rig.lb.ip(&["link", "set", "lbx0", "up"])?;
+        let text = std::fs::read_to_string(&config)?;
+        let generic = text.replace("xdp_mode: native", "xdp_mode: generic");
+        std::fs::write(
+            &config,
+            generic.replace("interfaces: [eth0]", "interfaces: [eth0, lbx0]"),
+        )?;
+        let lbd = Lbd::start(&rig, &config).context("lbd with xdp_mode: generic")?;
+        serves_in_mode(&rig, &lbd, 2, 45_402)?;
+        if !lbd.log_text().contains("another mode than xdp_mode") {
+            bail!(
+                "lbd said nothing of the mode it changed:\n{}",
+                lbd.log_text()
+            );
+        }
+        if xdp_mode_of(&rig, "lbx0")? != Some(2) {
+            bail!("lbx0 runs no XDP program:\n{}", lbd.log_text());
+        }
+        // An interface taken out of the file is left alone by the restart.
+        stop(lbd)?;
+        std::fs::write(&config, generic)?;
+        let lbd = Lbd::start(&rig, &config).context("lbd without lbx0")?;
+        serves_in_mode(&rig, &lbd, 2, 45_404)?;
+        let pin = rig.pin_dir().join("link-lbx0");
+        if xdp_mode_of(&rig, "lbx0")?.is_some() || pin.exists() {
+            bail!(
+                "lbx0 still runs XDP ({:?}) or its link is still pinned ({}):\n{}",
+                xdp_mode_of(&rig, "lbx0")?,
+                pin.exists(),
+                lbd.log_text()
+            );
+        }
+        if !lbd.log_text().contains("no longer in interfaces") {
+            bail!("lbd said nothing of lbx0:\n{}", lbd.log_text());
+        }
+        Ok(())
+    })());
+}
+
+/// Stops `lbd` with SIGTERM (its program stays attached).
+fn stop(mut lbd: Lbd) -> Result<()> {
+    lbd.signal(libc::SIGTERM)?;
+    if lbd.wait_exit(Duration::from_secs(60))?.is_none() {
+        bail!("lbd did not stop on SIGTERM");
+    }
+    Ok(())
+}
+
+/// The lb namespace's eth0 runs XDP in `mode` (iproute2's number: 1 in the
+/// driver, 2 generic) and a connection to the VIP from `sport` is served.
+fn serves_in_mode(rig: &lb_tests::rig::Rig, lbd: &Lbd, mode: u64, sport: u16) -> Result<()> {
+    if xdp_mode_of(rig, "eth0")? != Some(mode) {
+        bail!(
+            "eth0 runs XDP in mode {:?}, expected {mode}:\n{}",
+            xdp_mode_of(rig, "eth0")?,
+            lbd.log_text()
+        );
+    }
+    let vip = rig.tcp_vip();
+    let client = lb_tests::rig::CLIENT;
+    rig.client
+        .within(move || lb_tests::traffic::tcp_request(client, sport, vip))?
+        .context("a connection to the VIP")?;
+    Ok(())
+}
+
+/// How the lb namespace's `iface` runs XDP, per `ip -json link` (`None`:
+/// it runs none).
+fn xdp_mode_of(rig: &lb_tests::rig::Rig, iface: &str) -> Result<Option<u64>> {
+    let out = rig
+        .lb
+        .ip(&["-json", "-details", "link", "show", "dev", iface])?;
+    let links: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    Ok(links[0]["xdp"]["mode"].as_u64().filter(|m| *m != 0))
+}
+
+/// Detaches the bpf_link pinned at `pin` from its interface
+/// (`BPF_OBJ_GET`, then `BPF_LINK_DETACH`); the link itself stays.
+fn cut_loose(pin: &std::path::Path) -> Result<()> {
+    use std::os::fd::FromRawFd as _;
+    const BPF_OBJ_GET: libc::c_long = 7;
+    const BPF_LINK_DETACH: libc::c_long = 34;
+    let path = std::ffi::CString::new(pin.as_os_str().as_encoded_bytes())?;
+    // union bpf_attr, the BPF_OBJ_GET part: pathname, bpf_fd, file_flags.
+    let mut attr = [0u64; 16];
+    attr[0] = path.as_ptr() as u64;
+    let size = std::mem::size_of_val(&attr);
+    // SAFETY: `attr` is a zeroed bpf_attr as large as the kernel reads for
+    // these commands; `path` outlives the call.
+    let fd = unsafe { libc::syscall(libc::SYS_bpf, BPF_OBJ_GET, attr.as_mut_ptr(), size) };
+    if fd < 0 {
+        bail!(
+            "BPF_OBJ_GET {}: {}",
+            pin.display(),
+            std::io::Error::last_os_error()
+        );
+    }
+    // SAFETY: the kernel just gave us this descriptor.
+    let link = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) };
+    // The BPF_LINK_DETACH part: link_fd.
+    let mut attr = [0u64; 16];
+    attr[0] = u64::from(std::os::fd::AsRawFd::as_raw_fd(&link) as u32);
+    // SAFETY: as above.
+    let r = unsafe { libc::syscall(libc::SYS_bpf, BPF_LINK_DETACH, attr.as_mut_ptr(), size) };
+    if r < 0 {
+        bail!(
+            "BPF_LINK_DETACH {}: {}",
+            pin.display(),
+            std::io::Error::last_os_error()
+        );
+    }
+    Ok(())
+}

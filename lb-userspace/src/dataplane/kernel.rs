@@ -329,12 +329,16 @@ impl KernelDataplane {
     /// Attaches the program to `iface` through a bpf_link pinned at
     /// `dir/link-<iface>`, so it stays attached when `lbd` exits. If that
     /// link exists (a previous `lbd`), the program in it is replaced
-    /// atomically instead: no packet goes unprocessed. Returns whether the
-    /// attachment was adopted.
-    pub fn attach(&mut self, iface: &str, mode: XdpMode, dir: &Path) -> Result<bool> {
+    /// atomically instead: no packet goes unprocessed; with `afresh`, that
+    /// link is dropped and a new one made (it lost its interface, or is in
+    /// the wrong mode). Returns whether the attachment was adopted.
+    pub fn attach(&mut self, iface: &str, mode: XdpMode, dir: &Path, afresh: bool) -> Result<bool> {
         let path = dir.join(format!("link-{iface}"));
         self.links.retain(|l| *l != path);
         self.links.push(path.clone());
+        if afresh {
+            Self::detach(iface, dir)?;
+        }
         if path.exists() {
             Self::replace_in_link(self.program(), &path)?;
             return Ok(true);
@@ -375,9 +379,35 @@ impl KernelDataplane {
         Ok(())
     }
 
-    /// Detaches from `iface` (removes the pinned link). Idempotent.
+    /// The interfaces that have a link pinned under `dir`.
+    pub fn pinned_links(dir: &Path) -> Vec<String> {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return Vec::new();
+        };
+        let mut names: Vec<String> = entries
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name().into_string().ok()?;
+                name.strip_prefix("link-").map(str::to_string)
+            })
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Detaches from `iface` (at once: [`super::link`]) and removes the
+    /// pinned link. Idempotent.
     pub fn detach(iface: &str, dir: &Path) -> Result<()> {
-        match std::fs::remove_file(dir.join(format!("link-{iface}"))) {
+        let pin = dir.join(format!("link-{iface}"));
+        match super::link::detach_pinned(&pin) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                // Not a link, or not ours to open: removing the pin is
+                // what is left.
+                tracing::warn!(pin = %pin.display(), "detaching the pinned link failed: {e}");
+            }
+            _ => {}
+        }
+        match std::fs::remove_file(&pin) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(e.into()),

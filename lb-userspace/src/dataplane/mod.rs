@@ -13,6 +13,7 @@ pub(crate) mod batch;
 #[cfg(test)]
 pub(crate) mod fake;
 pub(crate) mod kernel;
+mod link;
 mod mmap;
 pub(crate) mod pool;
 pub(crate) mod verifier;

@@ -303,16 +303,17 @@ fn reverted_revision(
 }
 
 /// Attaches the program (and the probe tunnel) to every configured
-/// interface.
-fn attach(daemon: &mut Daemon<KernelDataplane>) -> Result<()> {
+/// interface, afresh on those in `afresh` ([`interfaces_free`]), and
+/// detaches it from interfaces no longer configured.
+fn attach(daemon: &mut Daemon<KernelDataplane>, afresh: &[String]) -> Result<()> {
     let config = daemon.config();
     let (pin_dir, mode) = (config.pin_dir(), config.xdp_mode);
+    let configured = config.interfaces.clone();
     let mut interfaces = Vec::new();
-    for iface in config.interfaces.clone() {
-        let iface = &iface;
+    for iface in &configured {
         let dp = daemon.dataplane_mut();
         let adopted = dp
-            .attach(iface, xdp_mode(mode), &pin_dir)
+            .attach(iface, xdp_mode(mode), &pin_dir, afresh.contains(iface))
             .with_context(|| format!("attaching XDP to {iface}"))?;
         info!(iface = %iface, mode = mode_name(mode), adopted, "XDP attached");
         interfaces.push(InterfaceInfo {
@@ -323,6 +324,13 @@ fn attach(daemon: &mut Daemon<KernelDataplane>) -> Result<()> {
         // Health probes through the tunnel leave by this interface.
         dp.attach_probe_encap(iface)
             .with_context(|| format!("attaching the probe tunnel program to {iface}"))?;
+    }
+    for gone in KernelDataplane::pinned_links(&pin_dir) {
+        if !configured.contains(&gone) {
+            KernelDataplane::detach(&gone, &pin_dir)
+                .with_context(|| format!("detaching XDP from {gone}"))?;
+            warn!(iface = %gone, "no longer in interfaces: its XDP program is detached");
+        }
     }
     daemon.attached(interfaces);
     Ok(())
@@ -382,8 +390,15 @@ async fn start(config_path: PathBuf) -> Result<Started> {
     // Before any pin or the socket is touched: one lbd per instance.
     let lock = crate::lock_instance(&config)?;
     let first = !KernelDataplane::has_pins(&config.pin_dir());
-    interfaces_free(&config, first).await?;
-    match start_locked(config_path, (target, file, revisions, desired), lock).await {
+    let afresh = interfaces_free(&config, first).await?;
+    match start_locked(
+        config_path,
+        (target, file, revisions, desired),
+        lock,
+        &afresh,
+    )
+    .await
+    {
         Ok(started) => Ok(started),
         Err(e) => {
             if first {
@@ -400,27 +415,117 @@ async fn start(config_path: PathBuf) -> Result<Started> {
     }
 }
 
+/// How often a running `lbd` checks that its links still hold their
+/// interfaces.
+const ATTACHMENT_CHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Attaches afresh to an interface whose pinned link lost it (deleted and
+/// made again while `lbd` ran: a driver reload, networkd re-making a bond).
+/// The new interface runs no XDP program, and without this its VIP traffic
+/// would go to the kernel's stack until a restart while the VIPs stayed
+/// announced. `warned` keeps one warning per interface another program
+/// holds.
+async fn check_attachments(daemon: &mut Daemon<KernelDataplane>, warned: &mut Vec<String>) {
+    let config = daemon.config();
+    let (pin_dir, mode) = (config.pin_dir(), config.xdp_mode);
+    for iface in config.interfaces.clone() {
+        let pin = pin_dir.join(format!("link-{iface}"));
+        let Some(ours) = KernelDataplane::pinned_link_program(&pin) else {
+            continue;
+        };
+        // An interface that is gone right now is looked at next time.
+        let Ok(attached) = net::xdp_program(&iface).await else {
+            continue;
+        };
+        match attached {
+            Some(id) if id == ours => warned.retain(|w| *w != iface),
+            Some(other) => {
+                if !warned.contains(&iface) {
+                    error!(iface = %iface, program = other, "the pinned XDP link lost the interface, which now runs another XDP program: lb does not forward there");
+                    warned.push(iface);
+                }
+            }
+            None => {
+                let dp = daemon.dataplane_mut();
+                if let Err(e) = dp.attach(&iface, xdp_mode(mode), &pin_dir, true) {
+                    error!(iface = %iface, "the pinned XDP link lost the interface, and attaching afresh failed: {e}");
+                    continue;
+                }
+                warn!(iface = %iface, "the pinned XDP link lost the interface (deleted and made again?): attached afresh");
+                // An interface made again lost the probe tunnel's program
+                // too; one whose link was only cut loose still has it, and
+                // attaching it again is refused as a duplicate.
+                if let Err(e) = dp.attach_probe_encap(&iface) {
+                    info!(iface = %iface, "the probe tunnel's program was not attached again (still attached?): {e}");
+                }
+            }
+        }
+    }
+}
+
 /// Before anything is created: each interface exists and, unless this
 /// instance attached to it before (its pinned link), runs no XDP program
 /// already (another `lbd` instance's, or anyone's). Otherwise a start
 /// would create and pin every map (tens of MiB) and only then fail at
 /// attachment with "Device or resource busy".
-async fn interfaces_free(config: &Config, first: bool) -> Result<()> {
+///
+/// Returns the interfaces whose pinned link is to be attached afresh: one
+/// that no longer holds its interface (deleted and made again by a driver
+/// reload or networkd: replacing the program in such a link fails, and
+/// `lbd` could never start again), and one attached in another mode than
+/// `xdp_mode` asks (a restart is how that setting changes).
+async fn interfaces_free(config: &Config, first: bool) -> Result<Vec<String>> {
+    let mut afresh = Vec::new();
     for iface in &config.interfaces {
-        let ours = !first && config.pin_dir().join(format!("link-{iface}")).exists();
-        let attached = net::xdp_program(iface)
+        let pin = config.pin_dir().join(format!("link-{iface}"));
+        // The program in this instance's pinned link, if there is one.
+        let ours = (!first && pin.exists()).then(|| KernelDataplane::pinned_link_program(&pin));
+        let attached = net::xdp_attachment(iface)
             .await
             .with_context(|| format!("interfaces: {iface}"))?;
-        if let (Some(id), false) = (attached, ours) {
-            bail!(
-                "interfaces: {iface} already runs XDP program {id}{}; stop it first (or `lbd teardown` its instance)",
-                other_instance(iface, id)
+        match (attached, ours) {
+            (None, None) => {}
+            (Some(a), None) => bail!(
+                "interfaces: {iface} already runs XDP program {}{}; stop it first (or `lbd teardown` its instance)",
+                a.program,
+                other_instance(iface, a.program)
                     .map(|i| format!(", lbd instance `{i}`'s"))
                     .unwrap_or_default()
-            );
+            ),
+            (Some(a), Some(link)) if link != Some(a.program) => bail!(
+                "interfaces: {iface} runs XDP program {}, not the one in this instance's pinned link ({}); stop it first",
+                a.program,
+                pin.display()
+            ),
+            (None, Some(_)) => {
+                warn!(
+                    iface = %iface,
+                    "the pinned XDP link no longer holds the interface (was it deleted and made again?): attaching afresh"
+                );
+                afresh.push(iface.clone());
+            }
+            (Some(a), Some(_)) if !mode_fits(a.mode, config.xdp_mode) => {
+                warn!(
+                    iface = %iface,
+                    running = ?a.mode,
+                    xdp_mode = mode_name(config.xdp_mode),
+                    "attached in another mode than xdp_mode: attaching afresh (packets reach the kernel's stack for a moment)"
+                );
+                afresh.push(iface.clone());
+            }
+            (Some(_), Some(_)) => {}
         }
     }
-    Ok(())
+    Ok(afresh)
+}
+
+/// Whether a program attached in `mode` is what `want` asks for.
+fn mode_fits(mode: net::XdpAttachMode, want: XdpModeSetting) -> bool {
+    match want {
+        XdpModeSetting::Native => mode == net::XdpAttachMode::Driver,
+        XdpModeSetting::Generic => mode == net::XdpAttachMode::Generic,
+        XdpModeSetting::Auto => true,
+    }
 }
 
 /// The `lbd` instance whose pinned link for `iface` runs program `id`.
@@ -454,6 +559,7 @@ async fn start_locked(
     config_path: PathBuf,
     (target, file, revisions, desired): (Target, FileRead, RevisionStore, lb::tier::Desired),
     lock: lb::DirLock,
+    afresh: &[String],
 ) -> Result<Started> {
     let config = &target.config;
     let tier_name = crate::tier::name(config)?;
@@ -489,7 +595,7 @@ async fn start_locked(
     let effective = daemon.effective();
     let report = daemon.program(&effective, true)?;
     info!(?report, adopted = maps_adopted, "dataplane programmed");
-    attach(&mut daemon)?;
+    attach(&mut daemon, afresh)?;
     // Announce only now: the maps are written and the program attached.
     daemon.start_announcers()?;
     daemon.announce();
@@ -597,6 +703,8 @@ async fn serve(
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
     let mut sample_tick = tokio::time::interval(SAMPLE_EVERY);
+    let mut attachment_tick = tokio::time::interval(ATTACHMENT_CHECK_EVERY);
+    let mut held_by_others = Vec::new();
     let (parsed_tx, mut parsed_rx) = mpsc::channel::<ParsedReload>(4);
     // The newest read of the file that was applied (or refused).
     let mut newest_read = 0;
@@ -627,6 +735,7 @@ async fn serve(
                 }
             }
             state = GatewayWatch::changed(gateway) => daemon.on_gateway(state),
+            _ = attachment_tick.tick() => check_attachments(daemon, &mut held_by_others).await,
             _ = term.recv() => match daemon.begin_stop("SIGTERM") {
                 Some(wait) => {
                     crate::notify::stopping();

@@ -1,0 +1,74 @@
+//! Detaching a pinned XDP link at once: `BPF_LINK_DETACH` on the link
+//! opened from its pin. Removing the pin alone frees the link only after
+//! an RCU grace period (bpffs frees its inodes that way), so an attachment
+//! made right after it (a new link in another mode) could find the old one
+//! still holding the interface and fail with `EEXIST`. aya has no detach
+//! for a pinned link. Unsafe code of the dataplane, with `batch.rs` and
+//! `mmap.rs`.
+#![allow(unsafe_code)]
+
+use std::{
+    ffi::CString,
+    io,
+    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+    path::Path,
+};
+
+/// `BPF_OBJ_GET` and `BPF_LINK_DETACH` (include/uapi/linux/bpf.h, `enum
+/// bpf_cmd`).
+const BPF_OBJ_GET: libc::c_long = 7;
+const BPF_LINK_DETACH: libc::c_long = 34;
+
+/// `union bpf_attr`, as large as the kernel reads for both commands (it
+/// checks that bytes past what it knows are zero).
+#[repr(C)]
+#[derive(Default)]
+struct Attr {
+    /// `pathname` for `BPF_OBJ_GET`; `link_fd` (the low 32 bits) for
+    /// `BPF_LINK_DETACH`.
+    first: u64,
+    /// `bpf_fd` and `file_flags`: zero.
+    rest: [u64; 3],
+}
+
+/// Detaches the link pinned at `pin` from its interface; the pin stays.
+/// A link whose interface is gone already detaches without error.
+pub fn detach_pinned(pin: &Path) -> io::Result<()> {
+    let path = CString::new(pin.as_os_str().as_encoded_bytes()).map_err(io::Error::other)?;
+    let mut attr = Attr {
+        first: path.as_ptr() as u64,
+        ..Attr::default()
+    };
+    // SAFETY: `attr` is a valid `bpf_attr` for BPF_OBJ_GET whose path
+    // outlives the call.
+    let fd = unsafe { bpf(BPF_OBJ_GET, &mut attr) }?;
+    // SAFETY: the kernel just returned this descriptor, ours alone.
+    let link = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mut attr = Attr {
+        first: u64::from(link.as_raw_fd() as u32),
+        ..Attr::default()
+    };
+    // SAFETY: a valid `bpf_attr` for BPF_LINK_DETACH.
+    unsafe { bpf(BPF_LINK_DETACH, &mut attr) }?;
+    Ok(())
+}
+
+/// One `bpf(2)` command; its non-negative result.
+///
+/// # Safety
+/// `attr` must be what `cmd` reads, with valid pointers.
+unsafe fn bpf(cmd: libc::c_long, attr: &mut Attr) -> io::Result<i32> {
+    // SAFETY: the caller vouches for `attr`.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            attr as *mut Attr,
+            std::mem::size_of::<Attr>() as u32,
+        )
+    };
+    if ret < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    i32::try_from(ret).map_err(io::Error::other)
+}
