@@ -43,6 +43,15 @@ fn a_second_lbd_on_a_running_instance_is_refused() {
     let _serial = serial();
     check((|| {
         let (rig, lbd) = setup(2, &[Some(1), Some(1)])?;
+        // A runtime change, then an edit of the file on the same backend:
+        // a start would settle the two and save the state file. The
+        // refused second lbd must not have.
+        let be = rig.backends[0].addr.to_string();
+        lbd.lbctl(&["backend", "weight", "10.99.0.1:80/tcp", &be, "2"])?;
+        let text = std::fs::read_to_string(&lbd.config)?;
+        std::fs::write(&lbd.config, text.replacen("weight: 1", "weight: 3", 1))?;
+        let state = rig.dir.join("state.json");
+        let saved = std::fs::read(&state)?;
         let out = run_bounded(
             rig.lb
                 .command(bin_path("lbd")?)
@@ -58,6 +67,9 @@ fn a_second_lbd_on_a_running_instance_is_refused() {
         let want = format!("already in use by process {}", lbd.pid());
         if !err.contains(&want) {
             bail!("the second lbd's error does not name the first ({want}):\n{err}");
+        }
+        if std::fs::read(&state)? != saved {
+            bail!("the refused second lbd rewrote the running one's state file:\n{err}");
         }
         // The first one still owns its socket and its program.
         lbd.lbctl(&["status"])

@@ -198,8 +198,10 @@ async fn until(at: Option<tokio::time::Instant>) {
 /// or, when the file is unchanged since the newest revision was made and
 /// that revision is a revert, the revision's (a restart does not undo a
 /// revert); the API's changes on top, checked together.
-fn load(config_path: &Path) -> Result<(Target, FileRead, RevisionStore, lb::tier::Desired)> {
-    let file = FileRead::load(config_path)?;
+fn load(
+    config_path: &Path,
+    file: FileRead,
+) -> Result<(Target, FileRead, RevisionStore, lb::tier::Desired)> {
     for w in &file.config.warnings {
         warn!("{w}");
     }
@@ -384,11 +386,14 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
 /// A first start (no pins yet) that fails removes every pin it created;
 /// a start that adopted pins leaves them, and the program forwarding.
 async fn start(config_path: PathBuf) -> Result<Started> {
-    let (target, file, revisions, desired) = load(&config_path)?;
+    let file = FileRead::load(&config_path)?;
+    ensure_bpffs(&file.config.bpffs)?;
+    // Before anything is written (the state file, a revision, a pin, the
+    // socket): one lbd per instance. A second `lbd` started by hand on a
+    // running instance must not settle and save its state file first.
+    let lock = crate::lock_instance(&file.config)?;
+    let (target, file, revisions, desired) = load(&config_path, file)?;
     let config = target.config.clone();
-    ensure_bpffs(&config.bpffs)?;
-    // Before any pin or the socket is touched: one lbd per instance.
-    let lock = crate::lock_instance(&config)?;
     let first = !KernelDataplane::has_pins(&config.pin_dir());
     let afresh = interfaces_free(&config, first).await?;
     match start_locked(
