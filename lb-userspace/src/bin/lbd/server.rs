@@ -2,7 +2,11 @@
 //! hands it to the daemon task, writes its answer. Malformed requests are
 //! answered with an error here and never reach the daemon.
 
-use std::{os::unix::fs::PermissionsExt as _, path::Path, time::Duration};
+use std::{
+    os::unix::fs::{FileTypeExt as _, PermissionsExt as _},
+    path::Path,
+    time::Duration,
+};
 
 use anyhow::{Context as _, Result};
 use lb::api::{Envelope, ErrorKind, MAX_CONNECTIONS, MAX_REQUEST, Response};
@@ -29,10 +33,17 @@ pub fn bind(path: &Path) -> Result<UnixListener> {
             path.display()
         );
     }
-    match std::fs::remove_file(path) {
-        Ok(()) => {}
+    // Only a stale socket is removed: `api_socket` naming the state file
+    // (a slip in the file) must not cost the runtime changes.
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(path)
+            .with_context(|| format!("removing stale {}", path.display()))?,
+        Ok(_) => anyhow::bail!(
+            "api_socket: {} exists and is not a socket; name a path of its own",
+            path.display()
+        ),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e).with_context(|| format!("removing stale {}", path.display())),
+        Err(e) => return Err(e).with_context(|| format!("api_socket: {}", path.display())),
     }
     let listener =
         UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
@@ -191,6 +202,23 @@ async fn handle(stream: UnixStream, calls: mpsc::Sender<Call>, id: u64, waiting:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A file at `api_socket` that is not a socket is refused and kept; a
+    /// stale socket (no one listening) is replaced.
+    #[tokio::test]
+    async fn only_a_stale_socket_is_replaced() {
+        let dir = std::env::temp_dir().join(format!("lbd-bind-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("state.json");
+        std::fs::write(&file, "{}").unwrap();
+        let e = bind(&file).unwrap_err().to_string();
+        assert!(e.contains("is not a socket"), "{e}");
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "{}");
+        let sock = dir.join("lbd.sock");
+        drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
+        bind(&sock).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     /// A client that stops reading an answer bigger than the socket's
     /// buffer is dropped after [`ANSWER_TIMEOUT`], not waited on for good
