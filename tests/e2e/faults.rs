@@ -1104,3 +1104,34 @@ fn cut_loose(pin: &std::path::Path) -> Result<()> {
     }
     Ok(())
 }
+
+/// A restart that removes VIPs the running datapath served names them,
+/// and says why when it can tell: here a VIP added through the API, whose
+/// runtime change lives in a state file the restarted `lbd` no longer
+/// reads (`state_file` moved).
+#[test]
+fn a_restart_that_drops_served_vips_names_them() {
+    let _serial = serial();
+    check((|| {
+        let (rig, lbd) = setup(2, &[Some(1), Some(1)])?;
+        let be = rig.backends[0].addr.to_string();
+        lbd.lbctl(&["vip", "add", "10.99.0.9:80/tcp", "--backend", &be])?;
+        let config = lbd.config.clone();
+        stop(lbd)?;
+        let text = std::fs::read_to_string(&config)?;
+        std::fs::write(&config, text.replace("state.json", "moved.json"))?;
+        let lbd = Lbd::start(&rig, &config).context("lbd with its state file moved")?;
+        let log = lbd.log_text();
+        let said = log
+            .lines()
+            .find(|l| l.contains("this start removes"))
+            .with_context(|| format!("no warning of the removed VIP:\n{log}"))?;
+        if !said.contains("served 1 VIP(s)")
+            || !said.contains("10.99.0.9:80/tcp")
+            || !said.contains("moved.json does not exist")
+        {
+            bail!("the warning: {said}");
+        }
+        Ok(())
+    })());
+}

@@ -304,6 +304,44 @@ fn reverted_revision(
     }
 }
 
+/// Says which VIPs the adopted maps serve that this start removes: not in
+/// the file, nor among the state file's runtime changes, nor (with
+/// `source.etcd`) in the last revision. Usually an edit made while `lbd`
+/// was down; but a start that lost its state file or its revisions (a
+/// changed `state_file`, a lost `/var/lib/lb`) would otherwise empty a
+/// serving datapath in silence.
+fn warn_dropped_vips(reconciler: &Reconciler<KernelDataplane>, target: &Target) {
+    let config = &target.config;
+    let kept = target.overlay.apply(&config.vips);
+    let dropped: Vec<String> = reconciler
+        .vips()
+        .keys()
+        .filter(|id| !kept.iter().any(|v| v.id == **id))
+        .map(ToString::to_string)
+        .collect();
+    if dropped.is_empty() {
+        return;
+    }
+    let why = if !config.state_file.exists() {
+        format!(
+            "; {} does not exist, so no runtime change of an earlier lbd is carried over",
+            config.state_file.display()
+        )
+    } else if config.source.is_some() {
+        format!(
+            "; the VIPs come from etcd and come back when it answers (no revision under {} had them)",
+            config.revisions_dir().display()
+        )
+    } else {
+        String::new()
+    };
+    warn!(
+        vips = %dropped.join(", "),
+        "the pinned maps served {} VIP(s) this start removes{why}",
+        dropped.len()
+    );
+}
+
 /// Attaches the program (and the probe tunnel) to every configured
 /// interface, afresh on those in `afresh` ([`interfaces_free`]), and
 /// detaches it from interfaces no longer configured.
@@ -572,6 +610,7 @@ async fn start_locked(
     let (dp, maps_adopted) = KernelDataplane::open_pinned(config.layout, &pin_dir)
         .with_context(|| format!("loading the XDP program (pins in {})", pin_dir.display()))?;
     let mut reconciler = Reconciler::adopt(dp)?;
+    warn_dropped_vips(&reconciler, &target);
     let resolved = resolve_gateway(config).await?;
     let gateway = GatewayWatch::start(config, resolved);
     let mut settings = datapath_settings(config, resolved.1);
