@@ -70,7 +70,7 @@ pub mod trace;
 pub use self::{
     bfd::{BfdTable, KernelBfdTable},
     health::ProbeResult,
-    lock::DirLock,
+    lock::{DirLock, on_bpffs},
     reconcile::{DatapathSettings, Reconciler},
     revisions::{Revision, RevisionStore},
     state::{Overlay, Stamp},

@@ -183,6 +183,10 @@ mod tests {
             .contains(" /sys/fs/bpf bpf ")
         {
             assert_eq!(on_bpffs(Path::new("/sys/fs/bpf/lb/x/y")), Some(true));
+            // `lbd` mounts a bpffs only where this says none is: not over
+            // the mount written with a trailing slash.
+            assert_eq!(on_bpffs(Path::new("/sys/fs/bpf/")), Some(true));
+            assert_eq!(on_bpffs(Path::new("/sys/fs/bpf")), Some(true));
         }
     }
 

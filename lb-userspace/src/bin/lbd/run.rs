@@ -56,15 +56,13 @@ fn mode_name(m: XdpModeSetting) -> &'static str {
     }
 }
 
-/// Mounts a bpffs at `dir` unless one is there already.
+/// Mounts a bpffs at `dir` unless `dir` is on one already: the mount
+/// itself, or a directory under it (`bpffs: /sys/fs/bpf/edge`, or written
+/// with a trailing slash). Mounting over a bpffs hides the pins of the
+/// last start: this one would take itself for a first start and find the
+/// interfaces held by programs it could no longer adopt.
 fn ensure_bpffs(dir: &Path) -> Result<()> {
-    let mounts = std::fs::read_to_string("/proc/mounts").context("reading /proc/mounts")?;
-    let want = dir.to_string_lossy();
-    if mounts.lines().any(|l| {
-        let mut f = l.split_whitespace();
-        let (_, point, fstype) = (f.next(), f.next(), f.next());
-        point == Some(&*want) && fstype == Some("bpf")
-    }) {
+    if lb::on_bpffs(dir).context("reading /proc/self/mounts")? {
         return Ok(());
     }
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
