@@ -62,10 +62,27 @@ pub struct Parsed<T> {
 }
 
 /// Reads `path`, refusing a file above [`MAX_CONFIG_BYTES`] without
-/// reading it all.
+/// reading it all, and anything but a regular file: a FIFO or a device
+/// (`lbctl diff /dev/stdout`, run as root) would block the reader for
+/// good, or read what was never a configuration. Opened without blocking,
+/// so that a FIFO is refused, not waited on.
 pub fn read_bounded(path: &Path) -> Result<String, String> {
-    let file =
-        std::fs::File::open(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let kind = file
+        .metadata()
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?
+        .file_type();
+    if !kind.is_file() {
+        return Err(format!(
+            "{} is not a regular file (a FIFO, a socket or a device); a configuration is read from a file",
+            path.display()
+        ));
+    }
     let mut text = String::new();
     file.take(MAX_CONFIG_BYTES + 1)
         .read_to_string(&mut text)
@@ -318,6 +335,20 @@ mod tests {
         assert_eq!(flow_depth("a: [1]\nb: [2]\nc: {d: [3]}"), 2);
         // A `#` right after a character is part of the scalar.
         assert_eq!(flow_depth("a: b#[c]"), 1);
+    }
+
+    /// A FIFO (nothing writing to it) or a device is refused at once,
+    /// not read: a read of a FIFO would wait for a writer for good.
+    #[test]
+    fn only_a_regular_file_is_read() {
+        let dir = crate::scratch::ScratchDir::new("config-fifo");
+        let fifo = dir.join("lb.yaml");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        assert!(made.unwrap().success());
+        for path in [fifo.as_path(), Path::new("/dev/null")] {
+            let e = read_bounded(path).unwrap_err();
+            assert!(e.contains("is not a regular file"), "{e}");
+        }
     }
 
     /// The size and nesting limits are inclusive, for a file read and for
