@@ -183,16 +183,24 @@ impl<D: Dataplane> Reconciler<D> {
         let was = self.vips[&id].table_size;
         let mut meta: VipMeta = self.wanted_meta(vip);
         meta.set_table_size(m);
-        match &handles {
-            Some(h) => {
-                self.dp.write_table(region.base, h)?;
-                report.chunks_written += region.half as usize;
-                meta.flags &= !VIP_F_NO_BACKENDS;
-            }
-            None => meta.flags |= VIP_F_NO_BACKENDS,
+        if handles.is_some() {
+            meta.flags &= !VIP_F_NO_BACKENDS;
+            report.chunks_written += region.half as usize;
+        } else {
+            meta.flags |= VIP_F_NO_BACKENDS;
         }
         region.point(&mut meta, 0);
-        self.dp.upsert_vip(&id.key(), &meta)?;
+        let written = match &handles {
+            Some(h) => self.dp.write_table(region.base, h),
+            None => Ok(()),
+        };
+        if let Err(e) = written.and_then(|()| self.dp.upsert_vip(&id.key(), &meta)) {
+            // The entry still names the old region: the new one is free
+            // again (else the pool would shrink by it until a restart,
+            // and a later apply that counted on it would fail half way).
+            self.pool.release(region.base, region.chunks());
+            return Err(e.into());
+        }
         let state = self.vips.get_mut(&id).expect("present");
         let old = std::mem::replace(&mut state.region, region);
         state.meta = meta;
@@ -358,6 +366,25 @@ mod tests {
             r.apply(&set, &all),
             Err(ReconcileError::TablePoolFull { .. })
         ));
+    }
+
+    /// A new table size whose entry write fails leaves the pool as it
+    /// was: the region taken for it is given back, and the VIP keeps its
+    /// old one.
+    #[test]
+    fn a_failed_resize_gives_its_region_back() {
+        let mut r = Reconciler::adopt(FakeDataplane::new(layout())).unwrap();
+        let mut v = vip(1, None);
+        r.apply(std::slice::from_ref(&v), &all).unwrap();
+        let (free, region) = (r.pool().free_chunks(), r.vips()[&v.id].region);
+        v.table_size = Some(1021);
+        r.dataplane_mut().refuse_vip = Some(v.id.key());
+        assert!(r.apply(std::slice::from_ref(&v), &all).is_err());
+        assert_eq!(r.pool().free_chunks(), free, "the new region is free again");
+        assert_eq!(r.vips()[&v.id].region, region);
+        r.dataplane_mut().refuse_vip = None;
+        r.apply(std::slice::from_ref(&v), &all).unwrap();
+        assert_eq!(r.vips()[&v.id].table_size, 1021);
     }
 
     #[test]
