@@ -441,23 +441,29 @@ pub trait Dataplane {
         slots: Option<&[u32]>,
     ) -> Result<()> {
         let layout = self.layout();
+        // `meta` changes only once the entry is written: a caller that
+        // published again after a failure would otherwise write the half
+        // packets are reading.
+        let mut next = *meta;
         match slots {
             Some(slots) => {
-                let want = layout.vip_table_size(meta);
+                let want = layout.vip_table_size(&next);
                 if slots.len() != want as usize {
                     return Err(DataplaneError::TableSize {
                         got: slots.len(),
                         want,
                     });
                 }
-                let (region, live) = layout.region_of(meta);
+                let (region, live) = layout.region_of(&next);
                 self.write_table(region.half_base(1 - live), slots)?;
-                region.point(meta, 1 - live);
-                meta.flags &= !VIP_F_NO_BACKENDS;
+                region.point(&mut next, 1 - live);
+                next.flags &= !VIP_F_NO_BACKENDS;
             }
-            None => meta.flags |= VIP_F_NO_BACKENDS,
+            None => next.flags |= VIP_F_NO_BACKENDS,
         }
-        self.upsert_vip(key, meta)
+        self.upsert_vip(key, &next)?;
+        *meta = next;
+        Ok(())
     }
 }
 
@@ -545,5 +551,11 @@ mod tests {
         dp.publish_table(&key, &mut meta, None).unwrap();
         assert_ne!(dp.vip(&key).unwrap().unwrap().flags & VIP_F_NO_BACKENDS, 0);
         assert!(dp.publish_table(&key, &mut meta, Some(&[1; 12])).is_err());
+        // An entry write that fails leaves `meta` naming the half packets
+        // read: the next publish writes the other one.
+        let live = meta;
+        dp.refuse_vip = Some(key);
+        assert!(dp.publish_table(&key, &mut meta, Some(&[5; 13])).is_err());
+        assert_eq!(meta, live);
     }
 }
