@@ -351,15 +351,11 @@ impl RevisionStore {
     }
 
     /// The newest `last` revisions, newest first, each read or the reason
-    /// it cannot be.
-    pub fn list(&self, last: usize) -> Result<Vec<Listed>, RevisionError> {
+    /// it cannot be; read one at a time as the iterator is walked, so that
+    /// a long history of large files is never in memory at once.
+    pub fn list(&self, last: usize) -> Result<impl Iterator<Item = Listed> + '_, RevisionError> {
         let numbers = self.numbers()?;
-        Ok(numbers
-            .iter()
-            .rev()
-            .take(last)
-            .map(|n| self.get(*n))
-            .collect())
+        Ok(numbers.into_iter().rev().take(last).map(|n| self.get(n)))
     }
 
     /// The newest revision that was applied and is readable, before
@@ -490,7 +486,7 @@ mod tests {
         }
         std::fs::write(store.path(2), b"{ half a revis").unwrap();
         std::fs::write(store.dir().join("notes.txt"), b"not a revision").unwrap();
-        let listed = store.list(10).unwrap();
+        let listed: Vec<Listed> = store.list(10).unwrap().collect();
         assert_eq!(listed.len(), 3);
         assert_eq!(listed[0].as_ref().unwrap().number, 3);
         let err = listed[1].as_ref().unwrap_err().to_string();

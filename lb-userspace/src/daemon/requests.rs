@@ -55,7 +55,9 @@ impl<D: Dataplane> Daemon<D> {
             }
             Request::Confirm => self.confirm().and_then(json),
             Request::TraceLease(r) => self.trace(r).and_then(json),
-            Request::History { last } => self.history(last).and_then(json),
+            Request::History { last } => {
+                history(&self.revisions, last, self.revision).and_then(json)
+            }
             Request::Status => json(self.status()),
             Request::Health => json(self.health()),
             Request::Stats => json(self.stats()),
@@ -264,36 +266,51 @@ impl<D: Dataplane> Daemon<D> {
         .await
     }
 
-    /// `lbctl history`: the newest `last` revisions.
-    pub fn history(&self, last: usize) -> Result<Vec<RevisionRow>> {
-        let listed = self
-            .revisions
-            .list(last.clamp(1, 10_000))
-            .map_err(revision_error)?;
-        Ok(listed
-            .into_iter()
-            .map(|r| match r {
-                Ok(r) => RevisionRow {
-                    revision: r.number,
-                    time: views::humantime(
-                        std::time::UNIX_EPOCH + std::time::Duration::from_secs(r.time),
-                    ),
-                    result: r.error.map_or("ok".into(), |e| format!("failed: {e}")),
-                    running: r.number == self.revision,
-                    source: r.source,
-                    digest: r.digest,
-                },
-                Err(e) => RevisionRow {
-                    revision: e.number().unwrap_or(0),
-                    time: String::new(),
-                    source: String::new(),
-                    digest: None,
-                    result: format!("unreadable: {e}"),
-                    running: false,
-                },
-            })
-            .collect())
+    /// `lbctl history` as a job to run off the loop: every revision file
+    /// is read and parsed (up to a configuration's 16 MiB each), which for
+    /// a long history takes seconds the loop (probes, the watchdog) does
+    /// not have.
+    pub fn history_job(&self, last: usize) -> impl FnOnce() -> Response + Send + 'static {
+        let (store, running) = (self.revisions.clone(), self.revision);
+        move || match history(&store, last, running).and_then(json) {
+            Ok(data) => Response::ok(data),
+            Err(e) => e.response(),
+        }
     }
+}
+
+/// `lbctl history`: the newest `last` revisions of `store`, `running`
+/// marked.
+fn history(
+    store: &crate::revisions::RevisionStore,
+    last: usize,
+    running: u64,
+) -> Result<Vec<RevisionRow>> {
+    let listed = store.list(last.clamp(1, 10_000)).map_err(revision_error)?;
+    // Each revision (its whole configuration with it) is dropped once its
+    // row is made.
+    Ok(listed
+        .map(|r| match r {
+            Ok(r) => RevisionRow {
+                revision: r.number,
+                time: views::humantime(
+                    std::time::UNIX_EPOCH + std::time::Duration::from_secs(r.time),
+                ),
+                result: r.error.map_or("ok".into(), |e| format!("failed: {e}")),
+                running: r.number == running,
+                source: r.source,
+                digest: r.digest,
+            },
+            Err(e) => RevisionRow {
+                revision: e.number().unwrap_or(0),
+                time: String::new(),
+                source: String::new(),
+                digest: None,
+                result: format!("unreadable: {e}"),
+                running: false,
+            },
+        })
+        .collect())
 }
 
 /// The clear request, for its description.

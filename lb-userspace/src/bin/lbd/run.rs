@@ -869,6 +869,12 @@ async fn on_call(
                 parsed,
             );
         }
+        Request::History { last } if options.is_default() => {
+            let job = daemon.history_job(last);
+            tokio::task::spawn_blocking(move || {
+                let _ = reply.send(job());
+            });
+        }
         request => {
             let _ = reply.send(daemon.handle(request, options).await);
         }

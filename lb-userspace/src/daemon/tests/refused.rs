@@ -110,7 +110,7 @@ async fn a_map_write_refused_half_way_is_undone_under_the_same_handles() {
     // The first VIP's backend was retired before the second VIP's write
     // failed; the undo brought it back under its handle.
     assert_eq!(maps(&r), before);
-    let history = r.daemon.revisions.list(3).unwrap();
+    let history: Vec<_> = r.daemon.revisions.list(3).unwrap().collect();
     let newest = history[0].as_ref().expect("readable");
     assert!(
         !newest.applied(),
