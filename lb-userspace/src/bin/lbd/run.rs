@@ -374,6 +374,27 @@ fn attach(daemon: &mut Daemon<KernelDataplane>, afresh: &[String]) -> Result<()>
     Ok(())
 }
 
+/// The signals `lbd` answers, taken before it starts: one that comes
+/// while it starts (seconds to minutes: maps, attachment, announcers)
+/// waits for the loop, where SIGTERM stops it gracefully and SIGHUP
+/// reloads, instead of ending it by the default action after it attached
+/// and announced, with nothing withdrawn.
+struct Signals {
+    hup: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn take() -> Result<Self> {
+        Ok(Self {
+            hup: signal(SignalKind::hangup())?,
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+        })
+    }
+}
+
 /// A started daemon and what feeds it besides requests.
 struct Started {
     daemon: Daemon<KernelDataplane>,
@@ -386,6 +407,7 @@ struct Started {
 }
 
 pub async fn run(config_path: PathBuf) -> Result<()> {
+    let mut signals = Signals::take()?;
     let Started {
         mut daemon,
         mut gateway,
@@ -408,6 +430,7 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
     crate::notify::ready(&format!("serving instance {}", daemon.config().instance));
     daemon.sample();
     let feeds = Feeds {
+        signals: &mut signals,
         gateway: &mut gateway,
         tier: &mut tier,
         traced: &mut Some(verify_traced(&mut daemon)),
@@ -657,6 +680,7 @@ async fn start_locked(
 /// of the grace period after the first.
 /// What feeds the loop besides requests, probes and signals.
 struct Feeds<'f> {
+    signals: &'f mut Signals,
     gateway: &'f mut Option<GatewayWatch>,
     tier: &'f mut Option<TierLink>,
     traced: &'f mut TracedTask,
@@ -734,6 +758,7 @@ fn on_probes(
 async fn serve(
     daemon: &mut Daemon<KernelDataplane>,
     Feeds {
+        signals,
         gateway,
         tier,
         traced,
@@ -741,9 +766,6 @@ async fn serve(
     mut probes: mpsc::Receiver<(lb::daemon::ProbeId, lb::ProbeResult)>,
     mut calls: mpsc::Receiver<Call>,
 ) -> Result<()> {
-    let mut hup = signal(SignalKind::hangup())?;
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
     let mut sample_tick = tokio::time::interval(SAMPLE_EVERY);
     let mut attachment_tick = tokio::time::interval(ATTACHMENT_CHECK_EVERY);
     let mut held_by_others = Vec::new();
@@ -758,7 +780,7 @@ async fn serve(
             Some((envelope, reply)) = calls.recv() => {
                 on_call(daemon, envelope, reply, tier, &parsed_tx).await
             }
-            _ = hup.recv() => {
+            _ = signals.hup.recv() => {
                 info!("SIGHUP: reloading");
                 let options = ChangeOptions::default();
                 let keep = (applied(tier), Via::Operator);
@@ -778,14 +800,14 @@ async fn serve(
             }
             state = GatewayWatch::changed(gateway) => daemon.on_gateway(state),
             _ = attachment_tick.tick() => check_attachments(daemon, &mut held_by_others).await,
-            _ = term.recv() => match daemon.begin_stop("SIGTERM") {
+            _ = signals.term.recv() => match daemon.begin_stop("SIGTERM") {
                 Some(wait) => {
                     crate::notify::stopping();
                     stop_at = Some(tokio::time::Instant::now() + wait);
                 }
                 None => return Ok(()),
             },
-            _ = int.recv() => match daemon.begin_stop("SIGINT") {
+            _ = signals.int.recv() => match daemon.begin_stop("SIGINT") {
                 Some(wait) => {
                     crate::notify::stopping();
                     stop_at = Some(tokio::time::Instant::now() + wait);
