@@ -55,9 +55,7 @@ impl<D: Dataplane> Daemon<D> {
             }
             Request::Confirm => self.confirm().and_then(json),
             Request::TraceLease(r) => self.trace(r).and_then(json),
-            Request::History { last } => {
-                history(&self.revisions, last, self.revision).and_then(json)
-            }
+            Request::History { last } => self.history(last),
             Request::Status => json(self.status()),
             Request::Health => json(self.health()),
             Request::Stats => json(self.stats()),
@@ -266,13 +264,18 @@ impl<D: Dataplane> Daemon<D> {
         .await
     }
 
+    /// `lbctl history`, here (`lbd` runs [`Self::history_job`] instead).
+    fn history(&self, last: usize) -> Result<serde_json::Value> {
+        history_rows(&self.revisions, last, self.revision).and_then(json)
+    }
+
     /// `lbctl history` as a job to run off the loop: every revision file
     /// is read and parsed (up to a configuration's 16 MiB each), which for
     /// a long history takes seconds the loop (probes, the watchdog) does
     /// not have.
     pub fn history_job(&self, last: usize) -> impl FnOnce() -> Response + Send + 'static {
         let (store, running) = (self.revisions.clone(), self.revision);
-        move || match history(&store, last, running).and_then(json) {
+        move || match history_rows(&store, last, running).and_then(json) {
             Ok(data) => Response::ok(data),
             Err(e) => e.response(),
         }
@@ -281,7 +284,7 @@ impl<D: Dataplane> Daemon<D> {
 
 /// `lbctl history`: the newest `last` revisions of `store`, `running`
 /// marked.
-fn history(
+fn history_rows(
     store: &crate::revisions::RevisionStore,
     last: usize,
     running: u64,
