@@ -94,6 +94,12 @@ pub async fn xdp_program(name: &str) -> Result<Option<u32>, NetError> {
 
 /// The XDP program attached to interface `name` and how, if one is.
 pub async fn xdp_attachment(name: &str) -> Result<Option<XdpAttachment>, NetError> {
+    Ok(xdp_state(name).await?.1)
+}
+
+/// Interface `name`'s index (a new one when the interface was deleted and
+/// made again) and the XDP program attached to it, if one is.
+pub async fn xdp_state(name: &str) -> Result<(u32, Option<XdpAttachment>), NetError> {
     use rtnetlink::packet_route::link::{LinkAttribute, LinkXdp, XdpAttached};
     let handle = connect().await?;
     let links: Vec<_> = handle
@@ -107,26 +113,49 @@ pub async fn xdp_attachment(name: &str) -> Result<Option<XdpAttachment>, NetErro
     let link = links
         .first()
         .ok_or_else(|| NetError::NoInterface(name.into()))?;
+    let ifindex = link.header.index;
     let Some(xdp) = link.attributes.iter().find_map(|a| match a {
         LinkAttribute::Xdp(xdp) => Some(xdp),
         _ => None,
     }) else {
-        return Ok(None);
+        return Ok((ifindex, None));
     };
-    let program = xdp.iter().find_map(|x| match x {
-        LinkXdp::ProgId(id) if *id != 0 => Some(*id),
+    // One program: its id and mode. Several at once (an offloaded one
+    // beside it): no `ProgId`, but one id per mode.
+    let one = |want: fn(&LinkXdp) -> Option<u32>| xdp.iter().find_map(want).filter(|id| *id != 0);
+    let attached = if let Some(program) = one(|x| match x {
+        LinkXdp::ProgId(id) => Some(*id),
         _ => None,
-    });
-    let mode = xdp.iter().find_map(|x| match x {
-        LinkXdp::Attached(XdpAttached::Driver) => Some(XdpAttachMode::Driver),
-        LinkXdp::Attached(XdpAttached::SocketBuffer) => Some(XdpAttachMode::Generic),
-        LinkXdp::Attached(_) => Some(XdpAttachMode::Other),
+    }) {
+        let mode = xdp.iter().find_map(|x| match x {
+            LinkXdp::Attached(XdpAttached::Driver) => Some(XdpAttachMode::Driver),
+            LinkXdp::Attached(XdpAttached::SocketBuffer) => Some(XdpAttachMode::Generic),
+            LinkXdp::Attached(_) => Some(XdpAttachMode::Other),
+            _ => None,
+        });
+        Some(XdpAttachment {
+            program,
+            mode: mode.unwrap_or(XdpAttachMode::Other),
+        })
+    } else if let Some(program) = one(|x| match x {
+        LinkXdp::DrvProgId(id) => Some(*id),
         _ => None,
-    });
-    Ok(program.map(|program| XdpAttachment {
-        program,
-        mode: mode.unwrap_or(XdpAttachMode::Other),
-    }))
+    }) {
+        Some(XdpAttachment {
+            program,
+            mode: XdpAttachMode::Driver,
+        })
+    } else {
+        one(|x| match x {
+            LinkXdp::SkbProgId(id) => Some(*id),
+            _ => None,
+        })
+        .map(|program| XdpAttachment {
+            program,
+            mode: XdpAttachMode::Generic,
+        })
+    };
+    Ok((ifindex, attached))
 }
 
 async fn default_gateway(handle: &Handle, ifindex: u32, iface: &str) -> Result<IpAddr, NetError> {

@@ -172,7 +172,7 @@ fn start_trace(lbd: &Lbd, args: &[&str]) -> Result<KillOnDrop> {
         asked.elapsed()
     );
     if lbd.lbctl_json(&["status"])?["trace_active"] != true {
-        let out = child.wait_with_output(Duration::from_secs(5))?;
+        let out = child.kill_with_output()?;
         bail!(
             "lbctl trace runs but lbd says no trace is active; lbctl said: {}",
             String::from_utf8_lossy(&out.stderr)

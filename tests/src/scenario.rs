@@ -137,6 +137,14 @@ impl KillOnDrop {
         })
     }
 
+    /// Kills the child and returns what it wrote.
+    pub fn kill_with_output(mut self) -> Result<std::process::Output> {
+        if let Some(child) = self.0.as_mut() {
+            let _ = child.kill();
+        }
+        self.wait_with_output(Duration::from_secs(5))
+    }
+
     /// Whether the child has exited (it is then reaped by
     /// [`wait_with_output`](Self::wait_with_output)).
     pub fn exited(&mut self) -> Result<bool> {

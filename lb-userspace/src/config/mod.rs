@@ -276,9 +276,17 @@ impl Config {
     }
 
     /// Reads a configuration file's text (at most
-    /// [`self::parse::MAX_CONFIG_BYTES`]); errors name the file.
+    /// [`self::parse::MAX_CONFIG_BYTES`]); errors name the file. Any kind
+    /// of file: `lbd check --config /dev/stdin` reads a pipe.
     pub fn read_text(path: &Path) -> Result<String, ConfigErrors> {
-        self::parse::read_bounded(path).map_err(|e| ConfigErrors::one("", e).named(path))
+        self::parse::read_bounded(path, false).map_err(|e| ConfigErrors::one("", e).named(path))
+    }
+
+    /// [`Config::read_text`] of a regular file only, for what the running
+    /// `lbd` reads (its file at a reload, a file `lbctl diff` names): a
+    /// FIFO or a device would hold one of its threads for good.
+    pub fn read_file_text(path: &Path) -> Result<String, ConfigErrors> {
+        self::parse::read_bounded(path, true).map_err(|e| ConfigErrors::one("", e).named(path))
     }
 
     /// Pin directory of this instance.

@@ -62,22 +62,24 @@ pub struct Parsed<T> {
 }
 
 /// Reads `path`, refusing a file above [`MAX_CONFIG_BYTES`] without
-/// reading it all, and anything but a regular file: a FIFO or a device
-/// (`lbctl diff /dev/stdout`, run as root) would block the reader for
-/// good, or read what was never a configuration. Opened without blocking,
-/// so that a FIFO is refused, not waited on.
-pub fn read_bounded(path: &Path) -> Result<String, String> {
+/// reading it all. With `regular_only`, anything but a regular file is
+/// refused: a FIFO or a device (`lbctl diff /dev/stdout`, run as root)
+/// would block the running `lbd`'s reader for good, or read what was
+/// never a configuration; the file is opened without blocking, so that a
+/// FIFO is refused, not waited on.
+pub fn read_bounded(path: &Path, regular_only: bool) -> Result<String, String> {
     use std::os::unix::fs::OpenOptionsExt as _;
+    let flags = if regular_only { libc::O_NONBLOCK } else { 0 };
     let file = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NONBLOCK)
+        .custom_flags(flags)
         .open(path)
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let kind = file
         .metadata()
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?
         .file_type();
-    if !kind.is_file() {
+    if regular_only && !kind.is_file() {
         return Err(format!(
             "{} is not a regular file (a FIFO, a socket or a device); a configuration is read from a file",
             path.display()
@@ -337,8 +339,9 @@ mod tests {
         assert_eq!(flow_depth("a: b#[c]"), 1);
     }
 
-    /// A FIFO (nothing writing to it) or a device is refused at once,
-    /// not read: a read of a FIFO would wait for a writer for good.
+    /// What the running `lbd` reads: a FIFO (nothing writing to it) or a
+    /// device is refused at once, not read (a read of a FIFO would wait
+    /// for a writer for good).
     #[test]
     fn only_a_regular_file_is_read() {
         let dir = crate::scratch::ScratchDir::new("config-fifo");
@@ -346,9 +349,14 @@ mod tests {
         let made = std::process::Command::new("mkfifo").arg(&fifo).status();
         assert!(made.unwrap().success());
         for path in [fifo.as_path(), Path::new("/dev/null")] {
-            let e = read_bounded(path).unwrap_err();
+            let e = read_bounded(path, true).unwrap_err();
             assert!(e.contains("is not a regular file"), "{e}");
         }
+        // `lbd check --config /dev/stdin` reads any kind of file.
+        assert_eq!(
+            read_bounded(Path::new("/dev/null"), false),
+            Ok(String::new())
+        );
     }
 
     /// The size and nesting limits are inclusive, for a file read and for
@@ -360,7 +368,7 @@ mod tests {
         let file = dir.join("lb.yaml");
         for (len, ok) in [(most, true), (most + 1, false), (most + 4096, false)] {
             std::fs::write(&file, " ".repeat(len)).unwrap();
-            match read_bounded(&file) {
+            match read_bounded(&file, true) {
                 Ok(text) => assert!(
                     ok && text.len() == most,
                     "{len} bytes read as {}",

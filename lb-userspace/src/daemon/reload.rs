@@ -55,9 +55,10 @@ impl FileRead {
         })
     }
 
-    /// Reads (bounded) and parses `path`; errors name the file.
+    /// Reads (bounded; a regular file only) and parses `path`; errors name
+    /// the file.
     pub fn load(path: &std::path::Path) -> std::result::Result<Self, ConfigErrors> {
-        let text = Config::read_text(path)?;
+        let text = Config::read_file_text(path)?;
         let config = Config::parse(&text).map_err(|e| e.named(path))?;
         Ok(Self {
             digest: digest::text(&text),

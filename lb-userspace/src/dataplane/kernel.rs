@@ -49,6 +49,9 @@ pub struct KernelDataplane {
     traced: Option<Ebpf>,
     /// That verification runs ([`KernelDataplane::verifying_traced`]).
     traced_pending: bool,
+    /// The links run the traced program (a trace is on): a link attached
+    /// afresh meanwhile gets it too.
+    tracing: bool,
 }
 
 /// Per-CPU counters, one [`CounterValue`] per CPU and index.
@@ -191,6 +194,7 @@ impl KernelDataplane {
             links: Vec::new(),
             traced: None,
             traced_pending: false,
+            tracing: false,
         })
     }
 
@@ -334,30 +338,44 @@ impl KernelDataplane {
     /// the wrong mode). Returns whether the attachment was adopted.
     pub fn attach(&mut self, iface: &str, mode: XdpMode, dir: &Path, afresh: bool) -> Result<bool> {
         let path = dir.join(format!("link-{iface}"));
+        // Listed (for trace swaps) only once attached: a link that failed
+        // to attach would make every later swap fail at it.
         self.links.retain(|l| *l != path);
-        self.links.push(path.clone());
         if afresh {
             Self::detach(iface, dir)?;
         }
         if path.exists() {
             Self::replace_in_link(self.program(), &path)?;
+            self.links.push(path);
             return Ok(true);
         }
-        let prog = self.program();
-        let id = prog.attach(iface, mode).map_err(prog_err(PROG_LB))?;
-        let link = prog.take_link(id).map_err(prog_err(PROG_LB))?;
+        self.attach_new(iface, mode, &path)?;
+        self.links.push(path);
+        Ok(false)
+    }
+
+    /// A new link of the program in force (the traced one while a trace
+    /// runs) on `iface`, pinned at `path`.
+    fn attach_new(&mut self, iface: &str, mode: XdpMode, path: &Path) -> Result<()> {
+        let (ebpf, name) = match (self.tracing, &mut self.traced) {
+            (true, Some(traced)) => (traced, PROG_LB_TRACE),
+            _ => (&mut self.ebpf, PROG_LB),
+        };
+        let prog = loaded_xdp(ebpf, name)?;
+        let id = prog.attach(iface, mode).map_err(prog_err(name))?;
+        let link = prog.take_link(id).map_err(prog_err(name))?;
         let fd_link = FdLink::try_from(link).map_err(|e| {
             DataplaneError::Io(std::io::Error::other(format!(
                 "attached to {iface} without a bpf_link ({e}); the kernel is too old to keep the program attached across restarts"
             )))
         })?;
-        fd_link.pin(&path).map_err(|e| {
+        fd_link.pin(path).map_err(|e| {
             DataplaneError::Io(std::io::Error::other(format!(
                 "pinning the XDP link at {}: {e}",
                 path.display()
             )))
         })?;
-        Ok(false)
+        Ok(())
     }
 
     /// Makes the pinned link at `path` run `prog` (atomically: no packet
@@ -924,6 +942,9 @@ impl Dataplane for KernelDataplane {
                 .try_for_each(|p| Self::replace_in_link(prog, p))
         });
         self.links = links;
+        if result.is_ok() {
+            self.tracing = trace;
+        }
         result
     }
 

@@ -19,15 +19,23 @@ use std::{
 const BPF_OBJ_GET: libc::c_long = 7;
 const BPF_LINK_DETACH: libc::c_long = 34;
 
-/// `union bpf_attr`, as large as the kernel reads for both commands (it
+/// `union bpf_attr` for `BPF_OBJ_GET`, as large as the kernel reads (it
 /// checks that bytes past what it knows are zero).
 #[repr(C)]
 #[derive(Default)]
-struct Attr {
-    /// `pathname` for `BPF_OBJ_GET`; `link_fd` (the low 32 bits) for
-    /// `BPF_LINK_DETACH`.
-    first: u64,
-    /// `bpf_fd` and `file_flags`: zero.
+struct ObjGet {
+    pathname: u64,
+    bpf_fd: u32,
+    file_flags: u32,
+    rest: [u64; 2],
+}
+
+/// `union bpf_attr` for `BPF_LINK_DETACH`: `link_fd`, the rest zero.
+#[repr(C)]
+#[derive(Default)]
+struct LinkDetach {
+    link_fd: u32,
+    pad: u32,
     rest: [u64; 3],
 }
 
@@ -35,36 +43,36 @@ struct Attr {
 /// A link whose interface is gone already detaches without error.
 pub fn detach_pinned(pin: &Path) -> io::Result<()> {
     let path = CString::new(pin.as_os_str().as_encoded_bytes()).map_err(io::Error::other)?;
-    let mut attr = Attr {
-        first: path.as_ptr() as u64,
-        ..Attr::default()
+    let mut get = ObjGet {
+        pathname: path.as_ptr() as u64,
+        ..ObjGet::default()
     };
-    // SAFETY: `attr` is a valid `bpf_attr` for BPF_OBJ_GET whose path
-    // outlives the call.
-    let fd = unsafe { bpf(BPF_OBJ_GET, &mut attr) }?;
+    // SAFETY: a valid `bpf_attr` for BPF_OBJ_GET whose path outlives the
+    // call.
+    let fd = unsafe { bpf(BPF_OBJ_GET, &mut get) }?;
     // SAFETY: the kernel just returned this descriptor, ours alone.
     let link = unsafe { OwnedFd::from_raw_fd(fd) };
-    let mut attr = Attr {
-        first: u64::from(link.as_raw_fd() as u32),
-        ..Attr::default()
+    let mut detach = LinkDetach {
+        link_fd: u32::try_from(link.as_raw_fd()).map_err(io::Error::other)?,
+        ..LinkDetach::default()
     };
     // SAFETY: a valid `bpf_attr` for BPF_LINK_DETACH.
-    unsafe { bpf(BPF_LINK_DETACH, &mut attr) }?;
+    unsafe { bpf(BPF_LINK_DETACH, &mut detach) }?;
     Ok(())
 }
 
 /// One `bpf(2)` command; its non-negative result.
 ///
 /// # Safety
-/// `attr` must be what `cmd` reads, with valid pointers.
-unsafe fn bpf(cmd: libc::c_long, attr: &mut Attr) -> io::Result<i32> {
+/// `attr` must be the `bpf_attr` `cmd` reads, with valid pointers.
+unsafe fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<i32> {
     // SAFETY: the caller vouches for `attr`.
     let ret = unsafe {
         libc::syscall(
             libc::SYS_bpf,
             cmd,
-            attr as *mut Attr,
-            std::mem::size_of::<Attr>() as u32,
+            attr as *mut T,
+            std::mem::size_of::<T>() as u32,
         )
     };
     if ret < 0 {

@@ -310,11 +310,16 @@ fn reverted_revision(
 /// serving datapath in silence.
 fn warn_dropped_vips(reconciler: &Reconciler<KernelDataplane>, target: &Target) {
     let config = &target.config;
-    let kept = target.overlay.apply(&config.vips);
+    let kept: std::collections::BTreeSet<_> = target
+        .overlay
+        .apply(&config.vips)
+        .into_iter()
+        .map(|v| v.id)
+        .collect();
     let dropped: Vec<String> = reconciler
         .vips()
         .keys()
-        .filter(|id| !kept.iter().any(|v| v.id == **id))
+        .filter(|id| !kept.contains(id))
         .map(ToString::to_string)
         .collect();
     if dropped.is_empty() {
@@ -322,7 +327,7 @@ fn warn_dropped_vips(reconciler: &Reconciler<KernelDataplane>, target: &Target) 
     }
     let why = if !config.state_file.exists() {
         format!(
-            "; {} does not exist, so no runtime change of an earlier lbd is carried over",
+            "; {} does not exist (runtime changes, if an earlier lbd made any, were kept there: was it moved or lost?)",
             config.state_file.display()
         )
     } else if config.source.is_some() {
@@ -350,9 +355,7 @@ fn attach(daemon: &mut Daemon<KernelDataplane>, afresh: &[String]) -> Result<()>
     let mut interfaces = Vec::new();
     for iface in &configured {
         let dp = daemon.dataplane_mut();
-        let adopted = dp
-            .attach(iface, xdp_mode(mode), &pin_dir, afresh.contains(iface))
-            .with_context(|| format!("attaching XDP to {iface}"))?;
+        let adopted = attach_one(dp, iface, mode, &pin_dir, afresh.contains(iface))?;
         info!(iface = %iface, mode = mode_name(mode), adopted, "XDP attached");
         interfaces.push(InterfaceInfo {
             name: iface.clone(),
@@ -454,6 +457,9 @@ async fn start(config_path: PathBuf) -> Result<Started> {
     let (target, file, revisions, desired) = load(&config_path, file)?;
     let config = target.config.clone();
     let first = !KernelDataplane::has_pins(&config.pin_dir());
+    // Before anything is attached or announced: a socket that cannot be
+    // bound would end the start after both, with nothing withdrawn.
+    server::check_path(&config.api_socket)?;
     let afresh = interfaces_free(&config, first).await?;
     match start_locked(
         config_path,
@@ -483,47 +489,100 @@ async fn start(config_path: PathBuf) -> Result<Started> {
 /// interfaces.
 const ATTACHMENT_CHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// What the attachment check keeps between rounds, per interface.
+#[derive(Default)]
+struct Attachments {
+    /// The index each interface had when its program was last seen in
+    /// place: another one means the interface was made again.
+    ifindex: std::collections::HashMap<String, u32>,
+    /// Interfaces already warned about (held by another program, or an
+    /// attachment that keeps failing): one message each, not one a round.
+    warned: Vec<String>,
+}
+
 /// Attaches afresh to an interface whose pinned link lost it (deleted and
-/// made again while `lbd` ran: a driver reload, networkd re-making a bond).
-/// The new interface runs no XDP program, and without this its VIP traffic
-/// would go to the kernel's stack until a restart while the VIPs stayed
-/// announced. `warned` keeps one warning per interface another program
-/// holds.
-async fn check_attachments(daemon: &mut Daemon<KernelDataplane>, warned: &mut Vec<String>) {
+/// made again while `lbd` ran: a driver reload, networkd re-making a bond),
+/// and again every round while that fails. The new interface runs no XDP
+/// program, and without this its VIP traffic would go to the kernel's
+/// stack until a restart while the VIPs stayed announced.
+async fn check_attachments(daemon: &mut Daemon<KernelDataplane>, seen: &mut Attachments) {
     let config = daemon.config();
-    let (pin_dir, mode) = (config.pin_dir(), config.xdp_mode);
+    let pin_dir = config.pin_dir();
     for iface in config.interfaces.clone() {
-        let pin = pin_dir.join(format!("link-{iface}"));
-        let Some(ours) = KernelDataplane::pinned_link_program(&pin) else {
-            continue;
-        };
+        let ours = KernelDataplane::pinned_link_program(&pin_dir.join(format!("link-{iface}")));
         // An interface that is gone right now is looked at next time.
-        let Ok(attached) = net::xdp_program(&iface).await else {
+        let Ok((ifindex, attached)) = net::xdp_state(&iface).await else {
             continue;
         };
         match attached {
-            Some(id) if id == ours => warned.retain(|w| *w != iface),
-            Some(other) => {
-                if !warned.contains(&iface) {
-                    error!(iface = %iface, program = other, "the pinned XDP link lost the interface, which now runs another XDP program: lb does not forward there");
-                    warned.push(iface);
+            Some(a) if Some(a.program) == ours => {
+                seen.ifindex.insert(iface.clone(), ifindex);
+                seen.warned.retain(|w| *w != iface);
+            }
+            Some(a) => {
+                if !seen.warned.contains(&iface) {
+                    error!(iface = %iface, program = a.program, "the pinned XDP link lost the interface, which now runs another XDP program: lb does not forward there");
+                    seen.warned.push(iface);
                 }
             }
             None => {
-                let dp = daemon.dataplane_mut();
-                if let Err(e) = dp.attach(&iface, xdp_mode(mode), &pin_dir, true) {
-                    error!(iface = %iface, "the pinned XDP link lost the interface, and attaching afresh failed: {e}");
-                    continue;
-                }
-                warn!(iface = %iface, "the pinned XDP link lost the interface (deleted and made again?): attached afresh");
-                // An interface made again lost the probe tunnel's program
-                // too; one whose link was only cut loose still has it, and
-                // attaching it again is refused as a duplicate.
-                if let Err(e) = dp.attach_probe_encap(&iface) {
-                    info!(iface = %iface, "the probe tunnel's program was not attached again (still attached?): {e}");
+                let remade = seen.ifindex.get(&iface) != Some(&ifindex);
+                match reattach(daemon, &iface, remade) {
+                    Ok(()) => {
+                        warn!(iface = %iface, "the pinned XDP link lost the interface (deleted and made again?): attached afresh");
+                        seen.ifindex.insert(iface.clone(), ifindex);
+                        seen.warned.retain(|w| *w != iface);
+                    }
+                    Err(e) if !seen.warned.contains(&iface) => {
+                        error!(iface = %iface, "the interface runs no XDP program, and attaching it failed (tried again every {}s): {e:#}", ATTACHMENT_CHECK_EVERY.as_secs());
+                        seen.warned.push(iface);
+                    }
+                    Err(_) => {}
                 }
             }
         }
+    }
+}
+
+/// Attaches the program to `iface` afresh ([`attach_one`]) and, on an
+/// interface made again (`remade`), the probe tunnel's program too: the
+/// old interface took it along; one whose link was only cut loose still
+/// has it.
+fn reattach(daemon: &mut Daemon<KernelDataplane>, iface: &str, remade: bool) -> Result<()> {
+    let config = daemon.config();
+    let (pin_dir, mode) = (config.pin_dir(), config.xdp_mode);
+    let dp = daemon.dataplane_mut();
+    attach_one(dp, iface, mode, &pin_dir, true)?;
+    if remade {
+        dp.attach_probe_encap(iface)
+            .with_context(|| format!("attaching the probe tunnel program to {iface}"))?;
+    }
+    Ok(())
+}
+
+/// Attaches to `iface` in `mode` (afresh: [`KernelDataplane::attach`]). A
+/// fresh attachment the kernel refuses natively (a driver without XDP, an
+/// MTU too large for it) is made generic, which works everywhere, loudly:
+/// the link it replaced is gone, and an interface left without the program
+/// would take VIP traffic to the kernel's stack. Returns whether the link
+/// was adopted.
+fn attach_one(
+    dp: &mut KernelDataplane,
+    iface: &str,
+    mode: XdpModeSetting,
+    pin_dir: &Path,
+    afresh: bool,
+) -> Result<bool> {
+    match dp.attach(iface, xdp_mode(mode), pin_dir, afresh) {
+        Ok(adopted) => Ok(adopted),
+        Err(e) if afresh && mode != XdpModeSetting::Generic => {
+            let adopted = dp
+                .attach(iface, XdpMode::Skb, pin_dir, false)
+                .with_context(|| format!("attaching XDP to {iface}"))?;
+            error!(iface = %iface, xdp_mode = mode_name(mode), "attaching in xdp_mode failed ({e}); attached generic instead: fix xdp_mode or the interface");
+            Ok(adopted)
+        }
+        Err(e) => Err(e).with_context(|| format!("attaching XDP to {iface}")),
     }
 }
 
@@ -768,7 +827,7 @@ async fn serve(
 ) -> Result<()> {
     let mut sample_tick = tokio::time::interval(SAMPLE_EVERY);
     let mut attachment_tick = tokio::time::interval(ATTACHMENT_CHECK_EVERY);
-    let mut held_by_others = Vec::new();
+    let mut attachments = Attachments::default();
     let (parsed_tx, mut parsed_rx) = mpsc::channel::<ParsedReload>(4);
     // The newest read of the file that was applied (or refused).
     let mut newest_read = 0;
@@ -799,7 +858,7 @@ async fn serve(
                 }
             }
             state = GatewayWatch::changed(gateway) => daemon.on_gateway(state),
-            _ = attachment_tick.tick() => check_attachments(daemon, &mut held_by_others).await,
+            _ = attachment_tick.tick() => check_attachments(daemon, &mut attachments).await,
             _ = signals.term.recv() => match daemon.begin_stop("SIGTERM") {
                 Some(wait) => {
                     crate::notify::stopping();
@@ -892,9 +951,15 @@ async fn on_call(
             );
         }
         Request::History { last } if options.is_default() => {
+            // One at a time: each holds a revision (up to 16 MiB) while
+            // it reads, and 64 clients could ask at once.
+            static ONE: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
             let job = daemon.history_job(last);
-            tokio::task::spawn_blocking(move || {
-                let _ = reply.send(job());
+            tokio::spawn(async move {
+                let _turn = ONE.acquire().await;
+                if let Ok(answer) = tokio::task::spawn_blocking(job).await {
+                    let _ = reply.send(answer);
+                }
             });
         }
         request => {

@@ -27,29 +27,37 @@ pub fn bind(path: &Path) -> Result<UnixListener> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
-    if std::os::unix::net::UnixStream::connect(path).is_ok() {
-        anyhow::bail!(
-            "{} is in use by another running lbd; give each instance its own api_socket",
-            path.display()
-        );
-    }
-    // Only a stale socket is removed: `api_socket` naming the state file
-    // (a slip in the file) must not cost the runtime changes.
-    match std::fs::symlink_metadata(path) {
-        Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(path)
-            .with_context(|| format!("removing stale {}", path.display()))?,
-        Ok(_) => anyhow::bail!(
-            "api_socket: {} exists and is not a socket; name a path of its own",
-            path.display()
-        ),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e).with_context(|| format!("api_socket: {}", path.display())),
+    if check_path(path)? {
+        std::fs::remove_file(path).with_context(|| format!("removing stale {}", path.display()))?;
     }
     let listener =
         UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
         .with_context(|| format!("chmod 0600 {}", path.display()))?;
     Ok(listener)
+}
+
+/// Whether `path` can be the API socket: free, or a stale socket (the
+/// answer: `true`, to be removed before binding). Another lbd listening
+/// there, or a file that is not a socket (`api_socket` naming the state
+/// file, a slip that must not cost the runtime changes), is refused. `lbd`
+/// asks before it attaches or announces anything.
+pub fn check_path(path: &Path) -> Result<bool> {
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        anyhow::bail!(
+            "{} is in use by another running lbd; give each instance its own api_socket",
+            path.display()
+        );
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => Ok(true),
+        Ok(_) => anyhow::bail!(
+            "api_socket: {} exists and is not a socket; name a path of its own",
+            path.display()
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e).with_context(|| format!("api_socket: {}", path.display())),
+    }
 }
 
 /// How long a connection may take to send its request (one line;
