@@ -432,8 +432,10 @@ pub async fn run(config_path: PathBuf) -> Result<()> {
     info!(socket = %socket.display(), instance = %daemon.config().instance, "lbd ready");
     crate::notify::ready(&format!("serving instance {}", daemon.config().instance));
     daemon.sample();
+    let mut attachments = Attachments::seed(daemon.config()).await;
     let feeds = Feeds {
         signals: &mut signals,
+        attachments: &mut attachments,
         gateway: &mut gateway,
         tier: &mut tier,
         traced: &mut Some(verify_traced(&mut daemon)),
@@ -500,6 +502,19 @@ struct Attachments {
     warned: Vec<String>,
 }
 
+impl Attachments {
+    /// The interfaces' indexes as the start left them attached.
+    async fn seed(config: &Config) -> Self {
+        let mut seen = Self::default();
+        for iface in &config.interfaces {
+            if let Ok((ifindex, _)) = net::xdp_state(iface).await {
+                seen.ifindex.insert(iface.clone(), ifindex);
+            }
+        }
+        seen
+    }
+}
+
 /// Attaches afresh to an interface whose pinned link lost it (deleted and
 /// made again while `lbd` ran: a driver reload, networkd re-making a bond),
 /// and again every round while that fails. The new interface runs no XDP
@@ -545,19 +560,35 @@ async fn check_attachments(daemon: &mut Daemon<KernelDataplane>, seen: &mut Atta
 }
 
 /// Attaches the program to `iface` afresh ([`attach_one`]) and, on an
-/// interface made again (`remade`), the probe tunnel's program too: the
-/// old interface took it along; one whose link was only cut loose still
-/// has it.
+/// interface made again (`remade`, or not known), the probe tunnel's
+/// program too: the old interface took it along; one whose link was only
+/// cut loose still has it (the kernel then says it exists).
 fn reattach(daemon: &mut Daemon<KernelDataplane>, iface: &str, remade: bool) -> Result<()> {
     let config = daemon.config();
     let (pin_dir, mode) = (config.pin_dir(), config.xdp_mode);
     let dp = daemon.dataplane_mut();
     attach_one(dp, iface, mode, &pin_dir, true)?;
-    if remade {
-        dp.attach_probe_encap(iface)
-            .with_context(|| format!("attaching the probe tunnel program to {iface}"))?;
+    if remade
+        && let Err(e) = dp.attach_probe_encap(iface)
+        && !exists(&e)
+    {
+        warn!(iface = %iface, "the probe tunnel's program could not be attached again ({e}): tunnelled health probes leave untunnelled");
     }
     Ok(())
+}
+
+/// Whether `e` is the kernel's "File exists".
+fn exists(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut at = Some(e);
+    while let Some(e) = at {
+        if e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.raw_os_error() == Some(libc::EEXIST))
+        {
+            return true;
+        }
+        at = e.source();
+    }
+    false
 }
 
 /// Attaches to `iface` in `mode` (afresh: [`KernelDataplane::attach`]). A
@@ -740,6 +771,7 @@ async fn start_locked(
 /// What feeds the loop besides requests, probes and signals.
 struct Feeds<'f> {
     signals: &'f mut Signals,
+    attachments: &'f mut Attachments,
     gateway: &'f mut Option<GatewayWatch>,
     tier: &'f mut Option<TierLink>,
     traced: &'f mut TracedTask,
@@ -818,6 +850,7 @@ async fn serve(
     daemon: &mut Daemon<KernelDataplane>,
     Feeds {
         signals,
+        attachments,
         gateway,
         tier,
         traced,
@@ -827,7 +860,6 @@ async fn serve(
 ) -> Result<()> {
     let mut sample_tick = tokio::time::interval(SAMPLE_EVERY);
     let mut attachment_tick = tokio::time::interval(ATTACHMENT_CHECK_EVERY);
-    let mut attachments = Attachments::default();
     let (parsed_tx, mut parsed_rx) = mpsc::channel::<ParsedReload>(4);
     // The newest read of the file that was applied (or refused).
     let mut newest_read = 0;
@@ -858,7 +890,7 @@ async fn serve(
                 }
             }
             state = GatewayWatch::changed(gateway) => daemon.on_gateway(state),
-            _ = attachment_tick.tick() => check_attachments(daemon, &mut attachments).await,
+            _ = attachment_tick.tick() => check_attachments(daemon, attachments).await,
             _ = signals.term.recv() => match daemon.begin_stop("SIGTERM") {
                 Some(wait) => {
                     crate::notify::stopping();
