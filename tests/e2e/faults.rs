@@ -1022,6 +1022,21 @@ fn a_restart_attaches_afresh_a_link_that_lost_its_interface_or_its_mode() {
         )?;
         let lbd = Lbd::start(&rig, &config).context("lbd with lbx0 unable to run native")?;
         serves_in_mode(&rig, &lbd, 1, 45_405)?;
+        let status = lbd.lbctl_json(&["status"])?;
+        let shown: Vec<_> = status["interfaces"]
+            .as_array()
+            .context("status interfaces")?
+            .iter()
+            .map(|i| (i["name"].as_str(), i["mode"].as_str()))
+            .collect();
+        if shown
+            != [
+                (Some("eth0"), Some("native")),
+                (Some("lbx0"), Some("generic")),
+            ]
+        {
+            bail!("lbctl status shows the interfaces as {shown:?}");
+        }
         if xdp_mode_of(&rig, "lbx0")? != Some(2)
             || !lbd.log_text().contains("attached generic instead")
         {

@@ -355,11 +355,11 @@ fn attach(daemon: &mut Daemon<KernelDataplane>, afresh: &[String]) -> Result<()>
     let mut interfaces = Vec::new();
     for iface in &configured {
         let dp = daemon.dataplane_mut();
-        let adopted = attach_one(dp, iface, mode, &pin_dir, afresh.contains(iface))?;
-        info!(iface = %iface, mode = mode_name(mode), adopted, "XDP attached");
+        let (adopted, used) = attach_one(dp, iface, mode, &pin_dir, afresh.contains(iface))?;
+        info!(iface = %iface, mode = mode_name(used), adopted, "XDP attached");
         interfaces.push(InterfaceInfo {
             name: iface.clone(),
-            mode: mode_name(mode).into(),
+            mode: mode_name(used).into(),
             adopted,
         });
         // Health probes through the tunnel leave by this interface.
@@ -596,22 +596,22 @@ fn exists(e: &(dyn std::error::Error + 'static)) -> bool {
 /// MTU too large for it) is made generic, which works everywhere, loudly:
 /// the link it replaced is gone, and an interface left without the program
 /// would take VIP traffic to the kernel's stack. Returns whether the link
-/// was adopted.
+/// was adopted, and the mode it runs in (what `lbctl status` shows).
 fn attach_one(
     dp: &mut KernelDataplane,
     iface: &str,
     mode: XdpModeSetting,
     pin_dir: &Path,
     afresh: bool,
-) -> Result<bool> {
+) -> Result<(bool, XdpModeSetting)> {
     match dp.attach(iface, xdp_mode(mode), pin_dir, afresh) {
-        Ok(adopted) => Ok(adopted),
+        Ok(adopted) => Ok((adopted, mode)),
         Err(e) if afresh && mode != XdpModeSetting::Generic => {
             let adopted = dp
                 .attach(iface, XdpMode::Skb, pin_dir, false)
                 .with_context(|| format!("attaching XDP to {iface}"))?;
             error!(iface = %iface, xdp_mode = mode_name(mode), "attaching in xdp_mode failed ({e}); attached generic instead: fix xdp_mode or the interface");
-            Ok(adopted)
+            Ok((adopted, XdpModeSetting::Generic))
         }
         Err(e) => Err(e).with_context(|| format!("attaching XDP to {iface}")),
     }
