@@ -352,6 +352,13 @@ mod tests {
             let e = read_bounded(path, true).unwrap_err();
             assert!(e.contains("is not a regular file"), "{e}");
         }
+        let file = dir.join("regular.yaml");
+        std::fs::write(&file, "instance: a\n").unwrap();
+        assert_eq!(
+            crate::config::Config::read_file_text(&file).unwrap(),
+            "instance: a\n"
+        );
+        assert!(crate::config::Config::read_file_text(&fifo).is_err());
         // `lbd check --config /dev/stdin` reads any kind of file.
         assert_eq!(
             read_bounded(Path::new("/dev/null"), false),

@@ -548,6 +548,7 @@ mod tests {
         assert_eq!(dp.read_table(meta.table_base, 13).unwrap(), vec![7; 13]);
         dp.publish_table(&key, &mut meta, Some(&[9; 13])).unwrap();
         assert_eq!(dp.layout().region_of(&meta).1, 0);
+        assert_eq!(dp.read_table(meta.table_base, 13).unwrap(), vec![9; 13]);
         dp.publish_table(&key, &mut meta, None).unwrap();
         assert_ne!(dp.vip(&key).unwrap().unwrap().flags & VIP_F_NO_BACKENDS, 0);
         assert!(dp.publish_table(&key, &mut meta, Some(&[1; 12])).is_err());
