@@ -369,21 +369,23 @@ mod tests {
     }
 
     /// A resize writes one half of the new region (counted) and says in
-    /// the entry whether the VIP has backends to send to.
+    /// the entry whether the VIP has backends to send to, whatever the
+    /// entry said before.
     #[test]
     fn a_resize_counts_its_half_and_marks_a_vip_without_backends() {
         let mut r = Reconciler::adopt(FakeDataplane::new(layout())).unwrap();
+        let none = |_: &VipId, _: &IpAddr| false;
         let mut v = vip(1, None);
-        r.apply(std::slice::from_ref(&v), &all).unwrap();
+        r.apply(std::slice::from_ref(&v), &none).unwrap();
         let flags = |r: &Reconciler<FakeDataplane>, v: &VipConfig| {
             r.dataplane().vip(&v.id.key()).unwrap().unwrap().flags & VIP_F_NO_BACKENDS
         };
+        assert_ne!(flags(&r, &v), 0, "no backend to send to");
         v.table_size = Some(1021);
         let rep = r.apply(std::slice::from_ref(&v), &all).unwrap();
         assert_eq!(rep.chunks_written, 1, "one half of a 1021-slot region");
-        assert_eq!(flags(&r, &v), 0);
+        assert_eq!(flags(&r, &v), 0, "backends again");
         v.table_size = None;
-        let none = |_: &VipId, _: &IpAddr| false;
         let rep = r.apply(std::slice::from_ref(&v), &none).unwrap();
         assert_eq!(r.vips()[&v.id].table_size, 2053);
         assert_eq!(rep.chunks_written, 0, "no table without backends");
