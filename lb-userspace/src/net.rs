@@ -16,6 +16,7 @@ use futures::TryStreamExt as _;
 use rtnetlink::{
     Handle, RouteMessageBuilder,
     packet_route::{
+        link::LinkMessage,
         neighbour::{NeighbourAddress, NeighbourAttribute, NeighbourState},
         route::{RouteAddress, RouteAttribute},
     },
@@ -55,6 +56,11 @@ pub async fn ifindex(name: &str) -> Result<u32, NetError> {
 }
 
 async fn ifindex_with(handle: &Handle, name: &str) -> Result<u32, NetError> {
+    Ok(link_by_name(handle, name).await?.header.index)
+}
+
+/// Interface `name`'s link message.
+async fn link_by_name(handle: &Handle, name: &str) -> Result<LinkMessage, NetError> {
     let links: Vec<_> = handle
         .link()
         .get()
@@ -64,8 +70,8 @@ async fn ifindex_with(handle: &Handle, name: &str) -> Result<u32, NetError> {
         .await
         .map_err(|_| NetError::NoInterface(name.into()))?;
     links
-        .first()
-        .map(|l| l.header.index)
+        .into_iter()
+        .next()
         .ok_or_else(|| NetError::NoInterface(name.into()))
 }
 
@@ -87,75 +93,38 @@ pub struct XdpAttachment {
     pub mode: XdpAttachMode,
 }
 
-/// The id of the XDP program attached to interface `name`, if one is.
-pub async fn xdp_program(name: &str) -> Result<Option<u32>, NetError> {
-    Ok(xdp_attachment(name).await?.map(|a| a.program))
-}
-
-/// The XDP program attached to interface `name` and how, if one is.
-pub async fn xdp_attachment(name: &str) -> Result<Option<XdpAttachment>, NetError> {
-    Ok(xdp_state(name).await?.1)
-}
-
 /// Interface `name`'s index (a new one when the interface was deleted and
 /// made again) and the XDP program attached to it, if one is.
 pub async fn xdp_state(name: &str) -> Result<(u32, Option<XdpAttachment>), NetError> {
     use rtnetlink::packet_route::link::{LinkAttribute, LinkXdp, XdpAttached};
-    let handle = connect().await?;
-    let links: Vec<_> = handle
-        .link()
-        .get()
-        .match_name(name.to_string())
-        .execute()
-        .try_collect()
-        .await
-        .map_err(|_| NetError::NoInterface(name.into()))?;
-    let link = links
-        .first()
-        .ok_or_else(|| NetError::NoInterface(name.into()))?;
-    let ifindex = link.header.index;
-    let Some(xdp) = link.attributes.iter().find_map(|a| match a {
-        LinkAttribute::Xdp(xdp) => Some(xdp),
-        _ => None,
-    }) else {
-        return Ok((ifindex, None));
-    };
+    let link = link_by_name(&connect().await?, name).await?;
+    let (mut one, mut driver, mut generic, mut mode) = (None, None, None, XdpAttachMode::Other);
+    for a in &link.attributes {
+        let LinkAttribute::Xdp(xdp) = a else { continue };
+        for x in xdp {
+            match *x {
+                LinkXdp::ProgId(id) if id != 0 => one = Some(id),
+                LinkXdp::DrvProgId(id) if id != 0 => driver = Some(id),
+                LinkXdp::SkbProgId(id) if id != 0 => generic = Some(id),
+                LinkXdp::Attached(XdpAttached::Driver) => mode = XdpAttachMode::Driver,
+                LinkXdp::Attached(XdpAttached::SocketBuffer) => mode = XdpAttachMode::Generic,
+                _ => {}
+            }
+        }
+    }
     // One program: its id and mode. Several at once (an offloaded one
-    // beside it): no `ProgId`, but one id per mode.
-    let one = |want: fn(&LinkXdp) -> Option<u32>| xdp.iter().find_map(want).filter(|id| *id != 0);
-    let attached = if let Some(program) = one(|x| match x {
-        LinkXdp::ProgId(id) => Some(*id),
-        _ => None,
-    }) {
-        let mode = xdp.iter().find_map(|x| match x {
-            LinkXdp::Attached(XdpAttached::Driver) => Some(XdpAttachMode::Driver),
-            LinkXdp::Attached(XdpAttached::SocketBuffer) => Some(XdpAttachMode::Generic),
-            LinkXdp::Attached(_) => Some(XdpAttachMode::Other),
-            _ => None,
-        });
-        Some(XdpAttachment {
-            program,
-            mode: mode.unwrap_or(XdpAttachMode::Other),
-        })
-    } else if let Some(program) = one(|x| match x {
-        LinkXdp::DrvProgId(id) => Some(*id),
-        _ => None,
-    }) {
-        Some(XdpAttachment {
+    // beside it): no single id, but one per mode.
+    let attached = one
+        .map(|program| XdpAttachment { program, mode })
+        .or(driver.map(|program| XdpAttachment {
             program,
             mode: XdpAttachMode::Driver,
-        })
-    } else {
-        one(|x| match x {
-            LinkXdp::SkbProgId(id) => Some(*id),
-            _ => None,
-        })
-        .map(|program| XdpAttachment {
+        }))
+        .or(generic.map(|program| XdpAttachment {
             program,
             mode: XdpAttachMode::Generic,
-        })
-    };
-    Ok((ifindex, attached))
+        }));
+    Ok((link.header.index, attached))
 }
 
 async fn default_gateway(handle: &Handle, ifindex: u32, iface: &str) -> Result<IpAddr, NetError> {

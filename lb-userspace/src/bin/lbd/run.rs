@@ -634,7 +634,7 @@ async fn interfaces_free(config: &Config, first: bool) -> Result<Vec<String>> {
         let pin = config.pin_dir().join(format!("link-{iface}"));
         // The program in this instance's pinned link, if there is one.
         let ours = (!first && pin.exists()).then(|| KernelDataplane::pinned_link_program(&pin));
-        let attached = net::xdp_attachment(iface)
+        let (_, attached) = net::xdp_state(iface)
             .await
             .with_context(|| format!("interfaces: {iface}"))?;
         match (attached, ours) {
