@@ -119,21 +119,11 @@ unsafe fn batch(cmd: libc::c_long, attr: &mut BatchAttr) -> io::Result<()> {
     let want = attr.count;
     // SAFETY: `attr` is a valid `bpf_attr.batch`; the caller vouches for
     // its buffers.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd,
-            attr as *mut BatchAttr,
-            std::mem::size_of::<BatchAttr>() as u32,
-        )
-    };
-    if ret < 0 {
-        let err = io::Error::last_os_error();
+    match unsafe { super::link::bpf(cmd, attr) } {
         // ENOENT: a lookup walk reached the end of the array; what it read
         // is valid.
-        if err.raw_os_error() != Some(libc::ENOENT) {
-            return Err(err);
-        }
+        Err(e) if e.raw_os_error() != Some(libc::ENOENT) => return Err(e),
+        _ => {}
     }
     if attr.count != want {
         let what = format!("batch command {cmd} did {} of {want} elements", attr.count);

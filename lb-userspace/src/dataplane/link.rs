@@ -61,11 +61,13 @@ pub fn detach_pinned(pin: &Path) -> io::Result<()> {
     Ok(())
 }
 
-/// One `bpf(2)` command; its non-negative result.
+/// One `bpf(2)` command with `attr` as its `union bpf_attr`; its
+/// non-negative result (`batch.rs` makes its commands through it too).
 ///
 /// # Safety
-/// `attr` must be the `bpf_attr` `cmd` reads, with valid pointers.
-unsafe fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<i32> {
+/// `attr` must be the `bpf_attr` `cmd` reads, with valid pointers to
+/// buffers as large as the command reads or writes.
+pub(super) unsafe fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<i32> {
     // SAFETY: the caller vouches for `attr`.
     let ret = unsafe {
         libc::syscall(
