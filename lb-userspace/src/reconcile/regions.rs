@@ -183,17 +183,18 @@ impl<D: Dataplane> Reconciler<D> {
         let was = self.vips[&id].table_size;
         let mut meta: VipMeta = self.wanted_meta(vip);
         meta.set_table_size(m);
-        if handles.is_some() {
-            meta.flags &= !VIP_F_NO_BACKENDS;
-            report.chunks_written += region.half as usize;
-        } else {
-            meta.flags |= VIP_F_NO_BACKENDS;
-        }
-        region.point(&mut meta, 0);
         let written = match &handles {
-            Some(h) => self.dp.write_table(region.base, h),
-            None => Ok(()),
+            Some(h) => {
+                meta.flags &= !VIP_F_NO_BACKENDS;
+                report.chunks_written += region.half as usize;
+                self.dp.write_table(region.base, h)
+            }
+            None => {
+                meta.flags |= VIP_F_NO_BACKENDS;
+                Ok(())
+            }
         };
+        region.point(&mut meta, 0);
         if let Err(e) = written.and_then(|()| self.dp.upsert_vip(&id.key(), &meta)) {
             // The entry still names the old region: the new one is free
             // again (else the pool would shrink by it until a restart,
