@@ -215,8 +215,8 @@ mod tests {
     /// stale socket (no one listening) is replaced.
     #[tokio::test]
     async fn only_a_stale_socket_is_replaced() {
-        let dir = std::env::temp_dir().join(format!("lbd-bind-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let scratch = crate::ScratchDir::new("bind");
+        let dir = &scratch.0;
         let file = dir.join("state.json");
         std::fs::write(&file, "{}").unwrap();
         let e = bind(&file).unwrap_err().to_string();
@@ -225,7 +225,6 @@ mod tests {
         let sock = dir.join("lbd.sock");
         drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
         bind(&sock).unwrap();
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// A client that stops reading an answer bigger than the socket's

@@ -594,14 +594,7 @@ mod tests {
     /// VIPs at all.
     #[test]
     fn a_restart_starts_from_what_ran_even_without_an_etcd_revision_left() {
-        /// Removes the store's directory, also when an assertion fails.
-        struct Gone(std::path::PathBuf);
-        impl Drop for Gone {
-            fn drop(&mut self) {
-                let _ = std::fs::remove_dir_all(&self.0);
-            }
-        }
-        let dir = Gone(std::env::temp_dir().join(format!("lbd-start-from-{}", std::process::id())));
+        let dir = crate::ScratchDir::new("start-from");
         let store = RevisionStore::open(&dir.0, 3).unwrap();
         store
             .append(&ran(1, "etcd /lb/t1/desired@42", "10.1.0.1"))
