@@ -23,18 +23,71 @@ pub type Call = (Envelope, oneshot::Sender<Response>);
 /// process answers on). A socket something still answers on belongs to
 /// another lbd (another instance configured with the same `api_socket`):
 /// refused, not stolen.
+///
+/// The socket is bound inside a fresh directory only root can enter,
+/// made 0600 there and then renamed into place: under a permissive umask
+/// a socket bound at `path` would take connections from any local user
+/// until its chmod. The rename also replaces a stale socket in one step.
+/// A path too long for that detour (near `sun_path`'s 107 bytes) is bound
+/// where it is, as before.
 pub fn bind(path: &Path) -> Result<UnixListener> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    if check_path(path)? {
-        std::fs::remove_file(path).with_context(|| format!("removing stale {}", path.display()))?;
-    }
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let stale = check_path(path)?;
+    let private = PrivateDir::new(dir)?;
+    let bound = match &private {
+        Some(private) => private.0.join("s"),
+        None => {
+            if stale {
+                std::fs::remove_file(path)
+                    .with_context(|| format!("removing stale {}", path.display()))?;
+            }
+            path.to_path_buf()
+        }
+    };
     let listener =
-        UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .with_context(|| format!("chmod 0600 {}", path.display()))?;
+        UnixListener::bind(&bound).with_context(|| format!("binding {}", path.display()))?;
+    std::fs::set_permissions(&bound, std::fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("chmod 0600 {}", bound.display()))?;
+    if private.is_some() {
+        std::fs::rename(&bound, path)
+            .with_context(|| format!("moving the socket to {}", path.display()))?;
+    }
     Ok(listener)
+}
+
+/// A directory of mode 0700 beside the socket, removed when dropped.
+struct PrivateDir(std::path::PathBuf);
+
+impl PrivateDir {
+    /// `None` when a socket inside it would not fit `sun_path`.
+    fn new(beside: &Path) -> Result<Option<Self>> {
+        use std::os::unix::fs::DirBuilderExt as _;
+        let path = beside.join(format!(".lbd.{}", std::process::id()));
+        if path.join("s").as_os_str().len() > MAX_SOCKET_PATH {
+            return Ok(None);
+        }
+        // One left by a process that died between making and removing it
+        // (its pid reused since): nothing in it is in use.
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&path)
+            .with_context(|| format!("creating {}", path.display()))?;
+        Ok(Some(Self(path)))
+    }
+}
+
+/// The longest path a Unix socket can be bound at.
+const MAX_SOCKET_PATH: usize = 107;
+
+impl Drop for PrivateDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// Whether `path` can be the API socket: free, or a stale socket (the
@@ -224,7 +277,39 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&file).unwrap(), "{}");
         let sock = dir.join("lbd.sock");
         drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
-        bind(&sock).unwrap();
+        let _listener = bind(&sock).unwrap();
+        let meta = std::fs::symlink_metadata(&sock).unwrap();
+        assert!(meta.file_type().is_socket());
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        std::os::unix::net::UnixStream::connect(&sock).expect("the new socket answers");
+        let left: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(
+            left.len(),
+            2,
+            "only the state file and the socket: {left:?}"
+        );
+        assert!(bind(&sock).unwrap_err().to_string().contains("in use"));
+    }
+
+    /// A socket path too long for the private directory's detour is
+    /// bound where it is, still 0600, and nothing is left beside it.
+    #[tokio::test]
+    async fn a_long_socket_path_is_bound_in_place() {
+        let scratch = crate::ScratchDir::new("bind-long");
+        let base = scratch.0.as_os_str().len() + 1;
+        assert!(base + 8 < MAX_SOCKET_PATH, "{}", scratch.0.display());
+        let name = "x".repeat(MAX_SOCKET_PATH - base);
+        let sock = scratch.0.join(name);
+        assert_eq!(sock.as_os_str().len(), MAX_SOCKET_PATH);
+        let _listener = bind(&sock).unwrap();
+        let meta = std::fs::symlink_metadata(&sock).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        std::os::unix::net::UnixStream::connect(&sock).expect("the socket answers");
+        assert_eq!(std::fs::read_dir(&scratch.0).unwrap().count(), 1);
     }
 
     /// A client that stops reading an answer bigger than the socket's
