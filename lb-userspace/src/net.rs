@@ -50,11 +50,6 @@ async fn connect() -> Result<Handle, NetError> {
     Ok(handle)
 }
 
-/// The index of interface `name`.
-pub async fn ifindex(name: &str) -> Result<u32, NetError> {
-    ifindex_with(&connect().await?, name).await
-}
-
 async fn ifindex_with(handle: &Handle, name: &str) -> Result<u32, NetError> {
     Ok(link_by_name(handle, name).await?.header.index)
 }
