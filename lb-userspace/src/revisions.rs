@@ -355,7 +355,14 @@ impl RevisionStore {
     /// a long history of large files is never in memory at once.
     pub fn list(&self, last: usize) -> Result<impl Iterator<Item = Listed> + '_, RevisionError> {
         let numbers = self.numbers()?;
-        Ok(numbers.into_iter().rev().take(last).map(|n| self.get(n)))
+        // A revision pruned (by a write) after the listing is gone, not
+        // unreadable: left out.
+        Ok(numbers
+            .into_iter()
+            .rev()
+            .take(last)
+            .map(|n| self.get(n))
+            .filter(|r| !matches!(r, Err(RevisionError::Missing(_)))))
     }
 
     /// The newest revision that was applied and is readable, before
@@ -475,6 +482,22 @@ mod tests {
             vec![3, 8, 9],
             "the newest that ran stays"
         );
+    }
+
+    /// A revision pruned while a listing is being read is left out, not
+    /// shown as unreadable.
+    #[test]
+    fn a_revision_pruned_during_a_listing_is_left_out() {
+        let dir = ScratchDir::new("revisions-pruned");
+        let store = RevisionStore::open(&dir.join("r"), 10).unwrap();
+        for n in 1..=3 {
+            store.append(&revision(n, true)).unwrap();
+        }
+        let mut listed = store.list(10).unwrap();
+        assert_eq!(listed.next().unwrap().unwrap().number, 3);
+        std::fs::remove_file(store.path(1)).unwrap();
+        let rest: Vec<u64> = listed.map(|r| r.unwrap().number).collect();
+        assert_eq!(rest, [2]);
     }
 
     #[test]
