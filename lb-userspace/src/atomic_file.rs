@@ -2,7 +2,8 @@
 //! so that a crash or a full disk never leaves half a file and nothing is
 //! readable by other users: a private temporary file beside the target
 //! (mode 0600), synced, renamed over the target, the directory synced. A
-//! write that fails removes its temporary file.
+//! write that fails removes its temporary file; once renamed, the write
+//! stands (a directory that cannot be synced is warned about).
 //!
 //! Owns the write only, not what is written.
 
@@ -38,13 +39,23 @@ pub fn write_private(path: &Path, body: &[u8]) -> io::Result<()> {
         f.set_permissions(std::fs::Permissions::from_mode(0o600))?;
         f.write_all(body)?;
         f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        std::fs::File::open(dir)?.sync_all()
+        std::fs::rename(&tmp, path)
     })();
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
+        return result;
     }
-    result
+    // The file is replaced now, and the next reader sees the new one: a
+    // directory that cannot be synced makes only a power cut's outcome
+    // uncertain, so it is said, not taken for a failed write (the caller
+    // would undo a change the file already holds).
+    if let Err(e) = std::fs::File::open(dir).and_then(|d| d.sync_all()) {
+        tracing::warn!(
+            path = %path.display(),
+            "written, but its directory could not be synced (a power cut may undo it): {e}"
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]
