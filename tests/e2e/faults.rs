@@ -341,10 +341,10 @@ fn changes_that_would_blackhole_a_serving_vip_are_refused_unless_forced() {
         // `lbd check` says it loudly.
         let bad_file = rig.dir.join("zero.yaml");
         std::fs::write(&bad_file, &zero)?;
+        // As README writes it: the file after `check`.
         let out = Command::new(bin_path("lbd")?)
-            .arg("--config")
-            .arg(&bad_file)
             .arg("check")
+            .arg(&bad_file)
             .output()?;
         let text = String::from_utf8_lossy(&out.stdout);
         if !text.contains("no backend with a weight above 0: it will drop every packet") {

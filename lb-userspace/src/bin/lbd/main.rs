@@ -63,6 +63,8 @@ enum Command {
     /// Check the configuration file and exit: as a reload of the lbd that
     /// runs the file would (if one does), or as a start would.
     Check {
+        /// The file to check (default: `--config`'s).
+        file: Option<PathBuf>,
         /// Leave out what only this box can say (the interfaces, the
         /// running lbd, pinned maps): for a file meant for another box.
         #[arg(long)]
@@ -127,7 +129,9 @@ fn run() -> Result<()> {
         require_capabilities(&std::fs::read_to_string("/proc/self/status").unwrap_or_default())?;
     }
     match command {
-        Command::Check { offline } => check::check(&args.config, offline),
+        Command::Check { file, offline } => {
+            check::check(file.as_ref().unwrap_or(&args.config), offline)
+        }
         Command::Teardown => teardown(&args.config),
         Command::Generate { what, dir } => generate(what, &dir),
         Command::Run => tokio::runtime::Builder::new_multi_thread()
