@@ -63,7 +63,7 @@ enum Command {
     /// Check the configuration file and exit: as a reload of the lbd that
     /// runs the file would (if one does), or as a start would.
     Check {
-        /// The file to check (default: `--config`'s).
+        /// The file to check (default: the one --config names).
         file: Option<PathBuf>,
         /// Leave out what only this box can say (the interfaces, the
         /// running lbd, pinned maps): for a file meant for another box.
