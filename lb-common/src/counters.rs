@@ -154,7 +154,8 @@ counters! {
     CtEvictedConfirmed = 35, "ct_evicted_established", Event;
     /// Event: a connection-table hit on an entry idle since before a SYN
     /// of its flow: a new connection on a reused tuple. The entry now
-    /// names that SYN's backend.
+    /// names that SYN's backend. Never for a protected entry (a SYN of
+    /// its tuple went to its own backend) nor across VIPs.
     CtReopened = 36, "ct_reopened", Event;
     /// A TCP packet (not a SYN) without a connection-table entry whose
     /// flow's SYN this balancer sent a moment ago: sent to that SYN's

@@ -12,7 +12,8 @@ use lb_common::{
     BackendDef, DatapathConfig, FlowEntry, FlowKey, VipKey, VipMeta,
     consts::{
         BACKEND_F_QUIC, BACKEND_F_USABLE, BACKEND_INDEX_MASK, CFG_F_ALL_PORTS_VIPS,
-        CFG_F_CT_V6_LEGACY, CFG_F_HASH_KEY, FAMILY_V6, PROTO_TCP, PROTO_UDP, SC_MAX_ALTERNATES,
+        CFG_F_CT_V6_LEGACY, CFG_F_HASH_KEY, CT_CLASS_ACTIVE, CT_PROTECT_TICKS,
+        CT_STAMP_CLASS_SHIFT, FAMILY_V6, PROTO_TCP, PROTO_UDP, SC_MAX_ALTERNATES,
         TABLE_CHUNK_SLOTS, VIP_F_FRAG_HASH, VIP_F_NO_BACKENDS, VIP_F_NO_CONNTRACK,
         VIP_F_SECOND_CHANCE,
     },
@@ -129,6 +130,38 @@ fn tracked_backend(
     Ok(None)
 }
 
+/// The backend a SYN of `flow` keeps, as the datapath's `held_by` finds
+/// it: its tuple's entry, if protected (active and seen within
+/// [`CT_PROTECT_TICKS`] by the kernel's clock; taken as seen now where
+/// that clock cannot be read) and naming a usable backend of the VIP.
+fn held_by(
+    dp: &dyn Dataplane,
+    cfg: &DatapathConfig,
+    flow: &FlowKey,
+    meta: &VipMeta,
+) -> Result<Option<BackendDef>> {
+    if flow.proto != PROTO_TCP || meta.flags & VIP_F_NO_CONNTRACK != 0 {
+        return Ok(None);
+    }
+    let (index, tag) = ct_position(flow.ct_hash(), cfg.ct_seed);
+    let bucket = dp.flow_bucket(index & cfg.ct_mask)?;
+    let Some(way) = bucket
+        .entries
+        .iter()
+        .position(|e| e.0 != 0 && e.tag() == tag)
+    else {
+        return Ok(None);
+    };
+    let stamp = bucket.stamps[way];
+    let now = crate::liveflows::jiffies().map(crate::liveflows::tick_of);
+    let seen = now.is_none_or(|now| crate::liveflows::age_ticks(now, stamp) <= CT_PROTECT_TICKS);
+    if stamp >> CT_STAMP_CLASS_SHIFT < CT_CLASS_ACTIVE || !seen {
+        return Ok(None);
+    }
+    Ok(live_backend(dp, bucket.entries[way].handle())?
+        .filter(|def| def.flags & BACKEND_F_USABLE != 0 && def.vip_id == meta.vip_id))
+}
+
 /// A TCP packet without a (usable) connection-table entry whose flow's
 /// SYN is in the recent SYNs goes where that SYN went. (Whether the SYN
 /// is still recent depends on the kernel's clock, which this does not
@@ -195,8 +228,8 @@ pub fn pick_hash_of(dp: &dyn Dataplane, meta: &VipMeta, flow: &FlowKey) -> Resul
 ///
 /// The order is the datapath's: the VIP filter; for a packet that is not
 /// a SYN, the connection table (a hit on a usable backend decides, the VIP
-/// is not consulted), then the flow's recent SYN (TCP); then the VIP and
-/// its Maglev table.
+/// is not consulted), then the flow's recent SYN (TCP); then the VIP, for
+/// a SYN its tuple's protected entry ([`held_by`]), and its Maglev table.
 pub fn predict(dp: &dyn Dataplane, flow: &FlowKey, syn: bool) -> Result<Option<Prediction>> {
     predict_payload(dp, flow, syn, None)
 }
@@ -255,6 +288,9 @@ pub fn predict_payload(
     let Some((vip, meta)) = vip else {
         return Ok(None);
     };
+    if syn && let Some(def) = held_by(dp, &cfg, flow, &meta)? {
+        return Ok(Some(prediction(vip, meta, Some(def), Via::ConnTrack)));
+    }
     if let Some(def) = quic_server(dp, flow, &meta, payload)? {
         return Ok(Some(prediction(vip, meta, Some(def), Via::QuicCid)));
     }

@@ -308,14 +308,6 @@ fn established_flow_keeps_its_backend_after_rebuild() {
         sport,
         80,
     );
-    let fresh = predict(rig.dp(), &flow, true)
-        .expect("predict")
-        .expect("vip");
-    assert_ne!(
-        fresh.backend.and_then(|b| b.ip()),
-        Some(ip(BACKENDS[1])),
-        "slot moved"
-    );
     for _ in 0..3 {
         assert_eq!(
             forward(
@@ -325,10 +317,45 @@ fn established_flow_keeps_its_backend_after_rebuild() {
             (1, Counter::FwdConntrack)
         );
     }
-    // The connection ends; a while later a new one on the same 5-tuple
-    // (SYN) follows the new table, and so does its ACK: the entry, idle
-    // since before that SYN, now names the SYN's backend.
-    age_entry(&mut rig, &flow, 2);
+    // A SYN on the live flow's tuple (anyone can spoof one) goes where the
+    // entry says, and so does the client's answer to what it provokes:
+    // the flow is not moved (it was, by the SYN's next packet, before).
+    let p = predict(rig.dp(), &flow, true)
+        .expect("predict")
+        .expect("vip");
+    assert_eq!(
+        (p.via, p.backend.and_then(|b| b.ip())),
+        (Via::ConnTrack, Some(ip(BACKENDS[1])))
+    );
+    let reopened = rig.counters()[Counter::CtReopened as usize].packets;
+    assert_eq!(
+        forward(&mut rig, &tcp4(TO_LB, "10.0.0.10", 80, sport, true, b"")),
+        (1, Counter::FwdConntrack),
+        "a SYN on a live flow's tuple"
+    );
+    assert_eq!(
+        forward(&mut rig, &tcp4(TO_LB, "10.0.0.10", 80, sport, false, b"")),
+        (1, Counter::FwdConntrack),
+        "the client's challenge ACK"
+    );
+    assert_eq!(
+        rig.counters()[Counter::CtReopened as usize].packets,
+        reopened
+    );
+
+    // The connection ends; over a minute later a new one on the same
+    // 5-tuple (SYN) follows the new table, and so does its ACK: the entry,
+    // idle since before that SYN, now names the SYN's backend.
+    age_entry(&mut rig, &flow, CT_PROTECT_TICKS + 1);
+    let fresh = predict(rig.dp(), &flow, true)
+        .expect("predict")
+        .expect("vip");
+    assert_eq!(fresh.via, Via::Maglev);
+    assert_ne!(
+        fresh.backend.and_then(|b| b.ip()),
+        Some(ip(BACKENDS[1])),
+        "slot moved"
+    );
     let (to, via) = forward(&mut rig, &tcp4(TO_LB, "10.0.0.10", 80, sport, true, b""));
     assert_eq!(via, Counter::FwdMaglev);
     assert_eq!(Some(ip(BACKENDS[to])), fresh.backend.and_then(|b| b.ip()));
@@ -427,6 +454,51 @@ fn a_handshake_keeps_its_syns_backend_across_a_table_change() {
         ),
         other => panic!("the ACK went by {other:?}"),
     }
+}
+
+/// A SYN never re-points an entry at a backend of another VIP than the
+/// entry's: an entry that only shares its tag with the SYN's tuple (a
+/// tuple of another VIP, crafted to collide) keeps its backend, and the
+/// SYN's own flow is not placed by it.
+#[test]
+fn a_syn_never_moves_an_entry_to_another_vips_backend() {
+    let mut rig = Rig::new(1 << 12);
+    let vips = rig.standard_vips();
+    let sport = port_for_backend(&rig, "10.0.0.10", 80, 1);
+    let flow = FlowKey::new(
+        IpAddr::from(CLIENT_V4),
+        ip("10.0.0.10"),
+        PROTO_TCP,
+        sport,
+        80,
+    );
+    // The tuple's entry names a backend of the GRE VIP (another VIP),
+    // idle for over a minute: no longer protected.
+    let cfg = rig.dp().config().expect("config");
+    let (index, tag) = lb_common::flow::ct_position(flow.ct_hash(), cfg.ct_seed);
+    let other = rig.handle(&vips.gre4, 2);
+    plant_entry(&mut rig, index & cfg.ct_mask, tag, other);
+    age_entry(&mut rig, &flow, CT_PROTECT_TICKS + 1);
+    assert_eq!(
+        forward(&mut rig, &tcp4(TO_LB, "10.0.0.10", 80, sport, true, b"")),
+        (1, Counter::FwdMaglev),
+        "the SYN: the table's pick, not the other VIP's entry"
+    );
+    let reopened = rig.counters()[Counter::CtReopened as usize].packets;
+    forward(&mut rig, &tcp4(TO_LB, "10.0.0.10", 80, sport, false, b""));
+    assert_eq!(
+        rig.counters()[Counter::CtReopened as usize].packets,
+        reopened,
+        "the entry was re-pointed across VIPs"
+    );
+    let bucket = rig.dp().flow_bucket(index & cfg.ct_mask).expect("bucket");
+    assert!(
+        bucket
+            .entries
+            .iter()
+            .any(|e| e.0 != 0 && e.tag() == tag && e.handle() == other),
+        "{bucket:?}"
+    );
 }
 
 /// Writes `tag → handle` into a free way of bucket `index` (as an older

@@ -229,7 +229,7 @@ impl Fuzzer {
         }
         if let (Some(sent), Some(fwd)) = (judged.sent, &expect.forward) {
             if counter != Counter::FwdQuicCid {
-                self.history(fwd, sent)?;
+                self.history(fwd, sent, counter)?;
             }
             if let Some(port) = sent.gue_sport {
                 self.flows.gue_port(&fwd.flow, port)?;
@@ -241,10 +241,13 @@ impl Fuzzer {
     /// Invariant 5 for a packet of `fwd.flow` sent to `sent.backend`: its
     /// 5-tuple, and the 3-tuple of a fragment-hashing VIP or the client
     /// of a VIP with affinity.
-    fn history(&mut self, fwd: &Forward, sent: Sent) -> Result<(), Violation> {
+    fn history(&mut self, fwd: &Forward, sent: Sent, counter: Counter) -> Result<(), Violation> {
         let m = &self.model;
+        // A SYN the connection table placed (its tuple's entry is
+        // protected) follows the flow's history like any other packet.
+        let syn = fwd.syn && counter != Counter::FwdConntrack;
         self.flows
-            .observe(&fwd.flow, sent.backend, sent.weight, fwd.syn)?;
+            .observe(&fwd.flow, sent.backend, sent.weight, syn)?;
         if m.vips[fwd.vip].frag_hash && !fwd.flow.three_tuple && !self.flows.carried_over(&fwd.flow)
         {
             let three = Flow {

@@ -15,7 +15,9 @@
 //! taken, and a new flow that finds only such ways goes unrecorded
 //! (`ct_insert_refused`: its Maglev backend, every packet).
 //!
-//! So a flood of spoofed SYNs never reaches the table; a flood of
+//! So a flood of spoofed SYNs never reaches the table (and a SYN on a
+//! protected way's tuple goes to the way's backend: `main.rs`, `held_by`,
+//! so no SYN moves a live flow); a flood of
 //! one-packet flows, or of spoofed SYN + ACK pairs (two packets: class 1),
 //! displaces only its own kind, bare handshakes, and flows idle for over a
 //! minute; and a flow that has sent four packets keeps its way for as long
@@ -95,6 +97,22 @@ pub fn touch(bucket: *mut FlowBucket, way: usize, now: u16) -> Option<u16> {
     }
 }
 
+/// Whether a way stamped `stamp` is protected at tick `now`: an active
+/// flow seen within [`CT_PROTECT_TICKS`]. No insert takes it, and no SYN
+/// moves it (`main.rs`, `held_by` and `tracked`).
+#[inline(always)]
+fn is_protected(stamp: u16, now: u16) -> bool {
+    stamp >> CT_STAMP_CLASS_SHIFT >= CT_CLASS_ACTIVE
+        && now.wrapping_sub(stamp) & CT_STAMP_TIME <= CT_PROTECT_TICKS
+}
+
+/// Whether `way` is protected at tick `now` ([`is_protected`]).
+#[inline(always)]
+pub fn protected(bucket: *mut FlowBucket, way: usize, now: u16) -> bool {
+    // SAFETY: live map value, `way < CT_WAYS` (from `find`).
+    is_protected(unsafe { (*bucket).stamps[way] }, now)
+}
+
 /// Points `way` (holding `tag`) at backend `handle`.
 #[inline(always)]
 pub fn set(bucket: *mut FlowBucket, way: usize, tag: u32, handle: u32) {
@@ -116,7 +134,7 @@ fn eviction_rank(e: FlowEntry, stamp: u16, tag: u32, now: u16) -> u32 {
     } else {
         let class = stamp >> CT_STAMP_CLASS_SHIFT;
         let age = now.wrapping_sub(stamp) & CT_STAMP_TIME;
-        if class >= CT_CLASS_ACTIVE && age <= CT_PROTECT_TICKS {
+        if is_protected(stamp, now) {
             RANK_PROTECTED
         } else {
             let lower = u32::from(CT_CLASS_ACTIVE - class.min(CT_CLASS_ACTIVE));

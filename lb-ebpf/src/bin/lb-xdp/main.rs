@@ -176,8 +176,9 @@ fn decide<const TRACE: bool>(
     new_flow::<TRACE>(ctx, cfg, &meta, pkt, hash, at)
 }
 
-/// A TCP SYN (without ACK): the VIP's Maglev pick, written into the flow's
-/// slot of the recent SYNs (never into the connection table).
+/// A TCP SYN (without ACK): the VIP's Maglev pick, or the backend of its
+/// tuple's protected entry ([`held_by`]), written into the flow's slot of
+/// the recent SYNs (never into the connection table).
 #[inline(always)]
 fn new_syn<const TRACE: bool>(
     ctx: &XdpContext,
@@ -187,32 +188,68 @@ fn new_syn<const TRACE: bool>(
     hash: u64,
     at: FlowAt,
 ) -> (u32, Counter) {
-    let vhash = vip_hash(
-        cfg, meta, pkt.family, &pkt.src, &pkt.dst, pkt.ports, pkt.proto, hash,
-    );
-    let Some(def) = pick(cfg, meta, vhash) else {
-        stats::vip(meta.vip_id as u32, pkt.frame_len);
-        return (DROP, Counter::DropNoBackend);
+    let now = conntrack::now();
+    let held = held_by(cfg, meta, at, now);
+    let (def, hashes) = match held {
+        Some(def) => (def, Hashes::same(hash)),
+        None => {
+            let vhash = vip_hash(
+                cfg, meta, pkt.family, &pkt.src, &pkt.dst, pkt.ports, pkt.proto, hash,
+            );
+            let Some(def) = pick(cfg, meta, vhash) else {
+                stats::vip(meta.vip_id as u32, pkt.frame_len);
+                return (DROP, Counter::DropNoBackend);
+            };
+            let hashes = Hashes {
+                flow: hash,
+                pick: vhash,
+            };
+            (def, hashes)
+        }
     };
     let slot = if at.has_syn_slot {
         syns::slot(at.bucket_index)
     } else {
         None
     };
-    let outcome = match slot {
-        Some(slot) => {
-            let index = def.handle & BACKEND_INDEX_MASK;
-            let seen = syns::record(slot, at.tag, def.handle, conntrack::now(), syn_window(cfg));
-            stats::syn(index, seen);
-            Counter::FwdMaglev
-        }
-        None => Counter::FwdMaglevNoConntrack,
+    let outcome = match (slot, held) {
+        (_, Some(_)) => Counter::FwdConntrack,
+        (Some(_), None) => Counter::FwdMaglev,
+        (None, None) => Counter::FwdMaglevNoConntrack,
     };
-    let hashes = Hashes {
-        flow: hash,
-        pick: vhash,
-    };
+    if let Some(slot) = slot {
+        let index = def.handle & BACKEND_INDEX_MASK;
+        let seen = syns::record(slot, at.tag, def.handle, now, syn_window(cfg));
+        stats::syn(index, seen);
+    }
     forward::<TRACE>(ctx, cfg, def, pkt, hashes, outcome)
+}
+
+/// The backend a SYN keeps: that of its tuple's connection-table entry
+/// when the entry is protected (an active flow seen within the last
+/// minute, `conntrack::protected`) and names a usable backend of this
+/// VIP. Anyone can spoof a SYN, and a DSR balancer never sees the answer
+/// that would tell a real new connection from a forged one; a SYN that
+/// went to the table's pick would re-point the entry with the next packet
+/// of the flow (`reopened`), the live connection's own ACK included, and
+/// break it. So a live flow is never moved by a SYN: a new connection on
+/// a tuple reused within a minute lands where its predecessor did.
+#[inline(always)]
+fn held_by(
+    cfg: &DatapathConfig,
+    meta: &VipMeta,
+    at: FlowAt,
+    now: u16,
+) -> Option<&'static BackendDef> {
+    if !at.has_syn_slot {
+        return None;
+    }
+    let bucket = LB_FLOWS.get_ptr_mut(at.bucket_index & cfg.ct_mask)?;
+    let (way, handle) = conntrack::find(bucket, at.tag)?;
+    if !conntrack::protected(bucket, way, now) {
+        return None;
+    }
+    backend_of(handle).filter(|def| def.flags & BACKEND_F_USABLE != 0 && def.vip_id == meta.vip_id)
 }
 
 /// A TCP or UDP packet that is no VIP's: passed to the kernel, unless it
@@ -317,19 +354,25 @@ fn new_flow<const TRACE: bool>(
 
 /// A connection-table hit on an entry last seen at tick `last`: if a SYN
 /// of the flow came since (a new connection on a reused tuple), the
-/// backend that SYN went to, which the entry now names.
+/// backend that SYN went to, which the entry now names. Never one of
+/// another VIP than the entry's (a tuple of another VIP that shares the
+/// flow's tag).
 #[inline(always)]
 fn reopened(
     cfg: &DatapathConfig,
     bucket: *mut FlowBucket,
-    way: usize,
+    (way, old): (usize, u32),
     bucket_index: u32,
     tag: u32,
-    last: u16,
-    now: u16,
+    (last, now): (u16, u16),
 ) -> Option<u32> {
     let slot = syns::slot(bucket_index)?;
     let handle = syns::take(slot, tag, now, syn_window(cfg), Some(last))?;
+    if let (Some(new), Some(old)) = (backend_of(handle), backend_of(old))
+        && new.vip_id != old.vip_id
+    {
+        return None;
+    }
     conntrack::set(bucket, way, tag, handle);
     Some(handle)
 }
@@ -359,10 +402,17 @@ fn tracked(
         && let Some((way, handle)) = conntrack::find(bucket, tag)
     {
         let now = conntrack::now();
+        // A protected entry's SYNs went to its own backend while it was
+        // usable (`held_by`): a SYN that went elsewhere moves nothing (it
+        // came from a tuple that only shares the tag, or while the backend
+        // was down, which the stale entry below hands to `new_flow`).
+        let held = conntrack::protected(bucket, way, now);
         let handle = match conntrack::touch(bucket, way, now) {
-            Some(last) if pkt.is_tcp() => reopened(cfg, bucket, way, bucket_index, tag, last, now)
-                .inspect(|_| stats::count(Counter::CtReopened, pkt.frame_len))
-                .unwrap_or(handle),
+            Some(last) if pkt.is_tcp() && !held => {
+                reopened(cfg, bucket, (way, handle), bucket_index, tag, (last, now))
+                    .inspect(|_| stats::count(Counter::CtReopened, pkt.frame_len))
+                    .unwrap_or(handle)
+            }
             _ => handle,
         };
         match backend_of(handle) {

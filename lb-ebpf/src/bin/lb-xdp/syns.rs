@@ -4,9 +4,10 @@
 //! to, and when.
 //!
 //! A SYN writes here and never into the connection table: a flood of
-//! spoofed SYNs costs one store into 1 MiB that stays in the caches,
-//! where it used to cost a miss on a connection-table bucket, and it can
-//! displace no established flow. The flow is recorded by its next packet
+//! spoofed SYNs costs one store into 1 MiB that stays in the caches and a
+//! read of the flow's bucket (whether its tuple has a protected entry,
+//! whose backend the SYN keeps: `main.rs`, `held_by`), where it used to
+//! cost a write there, and it can displace no established flow. The flow is recorded by its next packet
 //! (the handshake's ACK), which finds its SYN here and takes that SYN's
 //! backend even if the table changed in between. A SYN that finds its own
 //! flow's earlier SYN here, recent and unanswered, is a retransmission

@@ -93,7 +93,9 @@ pub struct Forward {
     /// An ICMP error routed by the flow it quotes.
     pub icmp_error: bool,
     /// A TCP SYN without ACK: it starts a connection, so it goes to the
-    /// table's pick whatever older state its tuple has.
+    /// table's pick whatever older state its tuple has, unless its tuple's
+    /// entry is protected (an active flow: then it goes by the connection
+    /// table, counted so).
     pub syn: bool,
 }
 
