@@ -10,8 +10,11 @@
 //! setting, e.g. the source address alone for client affinity). The
 //! connection-table bucket and tag come from the unkeyed 5-tuple hash
 //! ([`ct_hash`]) mixed with a secret per-map seed ([`ct_position`]), so
-//! that outsiders cannot aim flows at one bucket, and a change of key or
-//! fields never loses an established flow's entry. For IPv4 that is the
+//! that outsiders cannot tell which bucket a flow takes, and a change of
+//! key or fields never loses an established flow's entry. The seed comes
+//! after the hash: tuples of equal `ct_hash` share bucket and tag under
+//! any seed, and for IPv6 they can be computed (ARCHITECTURE.md, the
+//! connection table). For IPv4 that is the
 //! pick hash itself; for IPv6 a shorter one ([`ct_hash_v6`]), because an
 //! established packet pays for nothing but it.
 //!
