@@ -93,7 +93,7 @@ pub enum ReconcileError {
     )]
     AlternatesTableSize { vip: VipId, m: u32, global: u32 },
     #[error(
-        "no room for VIP {vip}'s table ({need}) in the table pool: {used} of {capacity} would be in use; raise table_pool_mib (a restart, which drops the connection table) or give VIPs a smaller table_size"
+        "no room for VIP {vip}'s table ({need}) in the table pool: {used} of {capacity} would be in use; raise table_pool_mib (new maps: stop lbd, `lbd teardown`, start; drops the connection table) or give VIPs a smaller table_size"
     )]
     TablePoolFull {
         vip: VipId,

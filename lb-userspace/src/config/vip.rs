@@ -878,7 +878,7 @@ impl VipRules<'_> {
             self.err(
                 "vips".into(),
                 format!(
-                    "the VIPs' tables need {} (two halves of ceil(M / 1024) × 4 KiB each), but the table pool holds {}: raise table_pool_mib (a restart, which drops the connection table) or give VIPs a smaller table_size",
+                    "the VIPs' tables need {} (two halves of ceil(M / 1024) × 4 KiB each), but the table pool holds {}: raise table_pool_mib (new maps: stop lbd, `lbd teardown`, start; drops the connection table) or give VIPs a smaller table_size",
                     pool_mib(need),
                     pool_mib(have)
                 ),

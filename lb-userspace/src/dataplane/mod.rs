@@ -79,7 +79,7 @@ pub enum DataplaneError {
     #[error("table has {got} slots, the layout says {want}")]
     TableSize { got: usize, want: u32 },
     #[error(
-        "pinned maps under {dir} were created with {found}, this configuration needs {wanted}; remove the pin directory (this drops the connection table) or restore the old sizes"
+        "pinned maps under {dir} were created with {found}, this configuration needs {wanted}; restore the old sizes, or stop lbd and run `lbd teardown` (detaches the program, removes the pins, drops the connection table) before starting with the new ones"
     )]
     LayoutMismatch {
         dir: String,
