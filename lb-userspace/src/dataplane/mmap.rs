@@ -1,6 +1,7 @@
 //! A read-only view of the connection table through `mmap(2)` (the map
 //! is `BPF_F_MMAPABLE`), for scans that one syscall per bucket would make
-//! take seconds. The dataplane's only unsafe code.
+//! take seconds. One of the dataplane's three unsafe modules (with
+//! `batch.rs` and `link.rs`).
 #![allow(unsafe_code)]
 
 use std::os::fd::BorrowedFd;
