@@ -24,70 +24,42 @@ pub type Call = (Envelope, oneshot::Sender<Response>);
 /// another lbd (another instance configured with the same `api_socket`):
 /// refused, not stolen.
 ///
-/// The socket is bound inside a fresh directory only root can enter,
-/// made 0600 there and then renamed into place: under a permissive umask
-/// a socket bound at `path` would take connections from any local user
-/// until its chmod. The rename also replaces a stale socket in one step.
-/// A path too long for that detour (near `sun_path`'s 107 bytes) is bound
-/// where it is, as before.
+/// The socket is born 0600 ([`bind_private`]): under a permissive umask a
+/// socket bound first and chmod-ed after would take connections from any
+/// local user in between.
 pub fn bind(path: &Path) -> Result<UnixListener> {
-    let dir = match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir,
-        _ => Path::new("."),
-    };
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let stale = check_path(path)?;
-    let private = PrivateDir::new(dir)?;
-    let bound = match &private {
-        Some(private) => private.0.join("s"),
-        None => {
-            if stale {
-                std::fs::remove_file(path)
-                    .with_context(|| format!("removing stale {}", path.display()))?;
-            }
-            path.to_path_buf()
-        }
-    };
-    let listener =
-        UnixListener::bind(&bound).with_context(|| format!("binding {}", path.display()))?;
-    std::fs::set_permissions(&bound, std::fs::Permissions::from_mode(0o600))
-        .with_context(|| format!("chmod 0600 {}", bound.display()))?;
-    if private.is_some() {
-        std::fs::rename(&bound, path)
-            .with_context(|| format!("moving the socket to {}", path.display()))?;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
-    Ok(listener)
+    if check_path(path)? {
+        std::fs::remove_file(path).with_context(|| format!("removing stale {}", path.display()))?;
+    }
+    let listener = bind_private(path).with_context(|| format!("binding {}", path.display()))?;
+    listener.set_nonblocking(true)?;
+    Ok(UnixListener::from_std(listener)?)
 }
 
-/// A directory of mode 0700 beside the socket, removed when dropped.
-struct PrivateDir(std::path::PathBuf);
-
-impl PrivateDir {
-    /// `None` when a socket inside it would not fit `sun_path`.
-    fn new(beside: &Path) -> Result<Option<Self>> {
-        use std::os::unix::fs::DirBuilderExt as _;
-        let path = beside.join(format!(".lbd.{}", std::process::id()));
-        if path.join("s").as_os_str().len() > MAX_SOCKET_PATH {
-            return Ok(None);
-        }
-        // One left by a process that died between making and removing it
-        // (its pid reused since): nothing in it is in use.
-        let _ = std::fs::remove_dir_all(&path);
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(&path)
-            .with_context(|| format!("creating {}", path.display()))?;
-        Ok(Some(Self(path)))
-    }
-}
-
-/// The longest path a Unix socket can be bound at.
-const MAX_SOCKET_PATH: usize = 107;
-
-impl Drop for PrivateDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+/// Binds `path` on a thread of its own whose umask (unshared from the
+/// process's, `CLONE_FS`) makes the socket file 0600. Not a rename from a
+/// private directory: a socket's address stays the path it was bound at,
+/// which `ss` and `lbd check` read.
+fn bind_private(path: &Path) -> std::io::Result<std::os::unix::net::UnixListener> {
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                // SAFETY: unshare(CLONE_FS) gives this thread its own root,
+                // cwd and umask, so umask sets only this thread's.
+                unsafe {
+                    if libc::unshare(libc::CLONE_FS) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    libc::umask(0o177);
+                }
+                std::os::unix::net::UnixListener::bind(path)
+            })
+            .join()
+            .unwrap_or_else(|_| Err(std::io::Error::other("the binding thread panicked")))
+    })
 }
 
 /// Whether `path` can be the API socket: free, or a stale socket (the
@@ -278,38 +250,27 @@ mod tests {
         let sock = dir.join("lbd.sock");
         drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
         let _listener = bind(&sock).unwrap();
-        let meta = std::fs::symlink_metadata(&sock).unwrap();
-        assert!(meta.file_type().is_socket());
-        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
-        std::os::unix::net::UnixStream::connect(&sock).expect("the new socket answers");
-        let left: Vec<_> = std::fs::read_dir(dir)
-            .unwrap()
-            .flatten()
-            .map(|e| e.file_name())
-            .collect();
-        assert_eq!(
-            left.len(),
-            2,
-            "only the state file and the socket: {left:?}"
-        );
         assert!(bind(&sock).unwrap_err().to_string().contains("in use"));
     }
 
-    /// A socket path too long for the private directory's detour is
-    /// bound where it is, still 0600, and nothing is left beside it.
+    /// The socket is born 0600 whatever the process's umask, which it
+    /// leaves as it was; its address is the path it was asked for.
     #[tokio::test]
-    async fn a_long_socket_path_is_bound_in_place() {
-        let scratch = crate::ScratchDir::new("bind-long");
-        let base = scratch.0.as_os_str().len() + 1;
-        assert!(base + 8 < MAX_SOCKET_PATH, "{}", scratch.0.display());
-        let name = "x".repeat(MAX_SOCKET_PATH - base);
-        let sock = scratch.0.join(name);
-        assert_eq!(sock.as_os_str().len(), MAX_SOCKET_PATH);
-        let _listener = bind(&sock).unwrap();
+    async fn the_socket_is_born_private() {
+        let scratch = crate::ScratchDir::new("bind-umask");
+        let sock = scratch.0.join("lbd.sock");
+        // SAFETY: umask has no memory effects (the process's, for this
+        // test binary only; read back at once).
+        let before = unsafe { libc::umask(0) };
+        let listener = bind_private(&sock);
+        let after = unsafe { libc::umask(before) };
+        let listener = listener.unwrap();
+        assert_eq!(after, 0, "the process's umask was changed");
         let meta = std::fs::symlink_metadata(&sock).unwrap();
+        assert!(meta.file_type().is_socket());
         assert_eq!(meta.permissions().mode() & 0o777, 0o600);
-        std::os::unix::net::UnixStream::connect(&sock).expect("the socket answers");
-        assert_eq!(std::fs::read_dir(&scratch.0).unwrap().count(), 1);
+        let addr = listener.local_addr().unwrap();
+        assert_eq!(addr.as_pathname(), Some(sock.as_path()));
     }
 
     /// A client that stops reading an answer bigger than the socket's
