@@ -500,6 +500,18 @@ pub struct FlowBucket {
     pub _pad: [u8; 4],
 }
 
+/// Whether a way stamped `stamp` is protected at tick `now`: an active
+/// flow ([`crate::consts::CT_CLASS_ACTIVE`]) seen within
+/// [`crate::consts::CT_PROTECT_TICKS`]. No new flow takes its way, and no
+/// SYN moves it: a SYN of its tuple keeps its backend. The datapath and
+/// `lbctl simulate` both ask this.
+#[inline(always)]
+pub const fn ct_protected(stamp: u16, now: u16) -> bool {
+    use crate::consts::{CT_CLASS_ACTIVE, CT_PROTECT_TICKS, CT_STAMP_CLASS_SHIFT, CT_STAMP_TIME};
+    stamp >> CT_STAMP_CLASS_SHIFT >= CT_CLASS_ACTIVE
+        && now.wrapping_sub(stamp) & CT_STAMP_TIME <= CT_PROTECT_TICKS
+}
+
 /// A backend's SYNs, the value of `LB_BACKEND_SYNS` (per CPU): the SYNs
 /// sent to it, and the SYNs retransmitted by clients whose previous SYN
 /// went to it unanswered (passive health).

@@ -12,10 +12,9 @@ use lb_common::{
     BackendDef, DatapathConfig, FlowEntry, FlowKey, VipKey, VipMeta,
     consts::{
         BACKEND_F_QUIC, BACKEND_F_USABLE, BACKEND_INDEX_MASK, CFG_F_ALL_PORTS_VIPS,
-        CFG_F_CT_V6_LEGACY, CFG_F_HASH_KEY, CT_CLASS_ACTIVE, CT_PROTECT_TICKS,
-        CT_STAMP_CLASS_SHIFT, FAMILY_V6, PROTO_TCP, PROTO_UDP, SC_MAX_ALTERNATES,
-        TABLE_CHUNK_SLOTS, VIP_F_FRAG_HASH, VIP_F_NO_BACKENDS, VIP_F_NO_CONNTRACK,
-        VIP_F_SECOND_CHANCE,
+        CFG_F_CT_V6_LEGACY, CFG_F_HASH_KEY, CT_STAMP_TIME, FAMILY_V6, PROTO_TCP, PROTO_UDP,
+        SC_MAX_ALTERNATES, TABLE_CHUNK_SLOTS, VIP_F_FRAG_HASH, VIP_F_NO_BACKENDS,
+        VIP_F_NO_CONNTRACK, VIP_F_SECOND_CHANCE,
     },
     flow::{ct_position, maglev_slot, pick_fields, pick_hash},
     quic::{QUIC_READ_LEN, QuicRoute, route},
@@ -131,8 +130,8 @@ fn tracked_backend(
 }
 
 /// The backend a SYN of `flow` keeps, as the datapath's `held_by` finds
-/// it: its tuple's entry, if protected (active and seen within
-/// [`CT_PROTECT_TICKS`] by the kernel's clock; taken as seen now where
+/// it: its tuple's entry, if protected (`lb_common::ct_protected`: active
+/// and seen within a minute by the kernel's clock; taken as seen now where
 /// that clock cannot be read) and naming a usable backend of the VIP.
 fn held_by(
     dp: &dyn Dataplane,
@@ -153,9 +152,9 @@ fn held_by(
         return Ok(None);
     };
     let stamp = bucket.stamps[way];
-    let now = crate::liveflows::jiffies().map(crate::liveflows::tick_of);
-    let seen = now.is_none_or(|now| crate::liveflows::age_ticks(now, stamp) <= CT_PROTECT_TICKS);
-    if stamp >> CT_STAMP_CLASS_SHIFT < CT_CLASS_ACTIVE || !seen {
+    // Without the kernel's clock, the stamp's own tick stands for now.
+    let now = crate::liveflows::jiffies().map_or(stamp & CT_STAMP_TIME, crate::liveflows::tick_of);
+    if !lb_common::ct_protected(stamp, now) {
         return Ok(None);
     }
     Ok(live_backend(dp, bucket.entries[way].handle())?
@@ -188,7 +187,7 @@ fn handshake(
     let Some(def) = live_backend(dp, s.entry.handle())? else {
         return Ok(None);
     };
-    if def.flags & BACKEND_F_USABLE == 0 {
+    if def.flags & BACKEND_F_USABLE == 0 || def.vip_id != meta.vip_id {
         return Ok(None);
     }
     Ok(Some(Prediction {

@@ -333,6 +333,8 @@ fn established_flow_keeps_its_backend_after_rebuild() {
         (1, Counter::FwdConntrack),
         "a SYN on a live flow's tuple"
     );
+    // Its answer comes a stamp tick after the flow's last packet.
+    age_entry(&mut rig, &flow, 1);
     assert_eq!(
         forward(&mut rig, &tcp4(TO_LB, "10.0.0.10", 80, sport, false, b"")),
         (1, Counter::FwdConntrack),
@@ -341,6 +343,32 @@ fn established_flow_keeps_its_backend_after_rebuild() {
     assert_eq!(
         rig.counters()[Counter::CtReopened as usize].packets,
         reopened
+    );
+    // A new connection on the tuple soon after (a proxy cycling its
+    // ports): its SYN and ACK go there too, and its SYN counts as one more
+    // flow's, not as a retransmission of the one before (passive health).
+    // Each comes a stamp tick after the entry's last packet (the slot is
+    // cleared once per tick, where the entry's stamp moves).
+    let counted = syn_counts(&rig, 1);
+    for _ in 0..2 {
+        age_entry(&mut rig, &flow, 1);
+        assert_eq!(
+            forward(&mut rig, &tcp4(TO_LB, "10.0.0.10", 80, sport, true, b"")),
+            (1, Counter::FwdConntrack)
+        );
+        assert_eq!(
+            forward(&mut rig, &tcp4(TO_LB, "10.0.0.10", 80, sport, false, b"")),
+            (1, Counter::FwdConntrack)
+        );
+    }
+    let now = syn_counts(&rig, 1);
+    assert_eq!(
+        (
+            now.syns - counted.syns,
+            now.retransmits - counted.retransmits
+        ),
+        (2, 0),
+        "two connections' SYNs"
     );
 
     // The connection ends; over a minute later a new one on the same

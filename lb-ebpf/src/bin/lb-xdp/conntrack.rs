@@ -40,6 +40,7 @@ use lb_common::{
         CT_CLASS_ACTIVE, CT_CLASS_CONFIRMED, CT_CLASS_NEW, CT_PROTECT_TICKS, CT_STAMP_CLASS_SHIFT,
         CT_STAMP_TICK_SHIFT, CT_STAMP_TIME, CT_WAYS,
     },
+    ct_protected,
 };
 
 /// The current tick of the stamps' clock: jiffies >> 6, 256 ms at HZ=250,
@@ -97,20 +98,13 @@ pub fn touch(bucket: *mut FlowBucket, way: usize, now: u16) -> Option<u16> {
     }
 }
 
-/// Whether a way stamped `stamp` is protected at tick `now`: an active
-/// flow seen within [`CT_PROTECT_TICKS`]. No insert takes it, and no SYN
-/// moves it (`main.rs`, `held_by` and `tracked`).
-#[inline(always)]
-fn is_protected(stamp: u16, now: u16) -> bool {
-    stamp >> CT_STAMP_CLASS_SHIFT >= CT_CLASS_ACTIVE
-        && now.wrapping_sub(stamp) & CT_STAMP_TIME <= CT_PROTECT_TICKS
-}
-
-/// Whether `way` is protected at tick `now` ([`is_protected`]).
+/// Whether `way` is protected at tick `now` (`lb_common::ct_protected`:
+/// no insert takes it, and no SYN moves it: `main.rs`, `held_by` and
+/// `tracked`).
 #[inline(always)]
 pub fn protected(bucket: *mut FlowBucket, way: usize, now: u16) -> bool {
     // SAFETY: live map value, `way < CT_WAYS` (from `find`).
-    is_protected(unsafe { (*bucket).stamps[way] }, now)
+    ct_protected(unsafe { (*bucket).stamps[way] }, now)
 }
 
 /// Points `way` (holding `tag`) at backend `handle`.
@@ -134,7 +128,7 @@ fn eviction_rank(e: FlowEntry, stamp: u16, tag: u32, now: u16) -> u32 {
     } else {
         let class = stamp >> CT_STAMP_CLASS_SHIFT;
         let age = now.wrapping_sub(stamp) & CT_STAMP_TIME;
-        if is_protected(stamp, now) {
+        if ct_protected(stamp, now) {
             RANK_PROTECTED
         } else {
             let lower = u32::from(CT_CLASS_ACTIVE - class.min(CT_CLASS_ACTIVE));

@@ -296,7 +296,7 @@ fn new_flow<const TRACE: bool>(
     {
         syns::take(slot, tag, now, syn_window(cfg), None)
             .and_then(backend_of)
-            .filter(|def| def.flags & BACKEND_F_USABLE != 0)
+            .filter(|def| def.flags & BACKEND_F_USABLE != 0 && def.vip_id == meta.vip_id)
     } else {
         None
     };
@@ -368,9 +368,9 @@ fn reopened(
 ) -> Option<u32> {
     let slot = syns::slot(bucket_index)?;
     let handle = syns::take(slot, tag, now, syn_window(cfg), Some(last))?;
-    if let (Some(new), Some(old)) = (backend_of(handle), backend_of(old))
-        && new.vip_id != old.vip_id
-    {
+    // An old backend gone leaves the entry stale: `new_flow` places the
+    // packet, checking the SYN's backend against the VIP.
+    if backend_of(handle)?.vip_id != backend_of(old)?.vip_id {
         return None;
     }
     conntrack::set(bucket, way, tag, handle);
@@ -412,6 +412,15 @@ fn tracked(
                 reopened(cfg, bucket, (way, handle), bucket_index, tag, (last, now))
                     .inspect(|_| stats::count(Counter::CtReopened, pkt.frame_len))
                     .unwrap_or(handle)
+            }
+            Some(last) if pkt.is_tcp() => {
+                // The SYN it answers went here too: taken, so that the
+                // next connection on the tuple counts as a new flow, not
+                // as its retransmission (passive health).
+                if let Some(slot) = syns::slot(bucket_index) {
+                    syns::take(slot, tag, now, syn_window(cfg), Some(last));
+                }
+                handle
             }
             _ => handle,
         };
