@@ -11,7 +11,7 @@
 //! handshake, a request and the ACK of its answer). A flow is recorded by its first packet that is not a SYN
 //! (SYNs are kept apart, in `syns.rs`). It takes a way holding the same
 //! tag, else an empty way, else the way of the lowest class, the stalest
-//! within it; an active way seen in the last [`CT_PROTECT_TICKS`] is never
+//! within it; an active way seen in the last [`CT_PROTECT_TICKS`](lb_common::consts::CT_PROTECT_TICKS) is never
 //! taken, and a new flow that finds only such ways goes unrecorded
 //! (`ct_insert_refused`: its Maglev backend, every packet).
 //!
@@ -37,7 +37,7 @@ use aya_ebpf::helpers::generated::bpf_jiffies64;
 use lb_common::{
     FlowBucket, FlowEntry,
     consts::{
-        CT_CLASS_ACTIVE, CT_CLASS_CONFIRMED, CT_CLASS_NEW, CT_PROTECT_TICKS, CT_STAMP_CLASS_SHIFT,
+        CT_CLASS_ACTIVE, CT_CLASS_CONFIRMED, CT_CLASS_NEW, CT_STAMP_CLASS_SHIFT,
         CT_STAMP_TICK_SHIFT, CT_STAMP_TIME, CT_WAYS,
     },
     ct_protected,
@@ -118,7 +118,7 @@ pub fn set(bucket: *mut FlowBucket, way: usize, tag: u32, handle: u32) {
 /// Eviction rank of a way (higher goes first): a way of the same flow,
 /// then an empty one, then live entries by class (the lowest first) and
 /// age (the stalest first within a class); an active way seen within
-/// [`CT_PROTECT_TICKS`] ranks [`RANK_PROTECTED`] and is never taken.
+/// [`CT_PROTECT_TICKS`](lb_common::consts::CT_PROTECT_TICKS) ranks [`RANK_PROTECTED`] and is never taken.
 #[inline(always)]
 fn eviction_rank(e: FlowEntry, stamp: u16, tag: u32, now: u16) -> u32 {
     if e == FlowEntry::EMPTY {

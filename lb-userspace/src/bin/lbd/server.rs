@@ -2,11 +2,7 @@
 //! hands it to the daemon task, writes its answer. Malformed requests are
 //! answered with an error here and never reach the daemon.
 
-use std::{
-    os::unix::fs::{FileTypeExt as _, PermissionsExt as _},
-    path::Path,
-    time::Duration,
-};
+use std::{os::unix::fs::FileTypeExt as _, path::Path, time::Duration};
 
 use anyhow::{Context as _, Result};
 use lb::api::{Envelope, ErrorKind, MAX_CONNECTIONS, MAX_REQUEST, Response};
@@ -257,6 +253,7 @@ mod tests {
     /// leaves as it was; its address is the path it was asked for.
     #[tokio::test]
     async fn the_socket_is_born_private() {
+        use std::os::unix::fs::PermissionsExt as _;
         let scratch = crate::ScratchDir::new("bind-umask");
         let sock = scratch.0.join("lbd.sock");
         // SAFETY: umask has no memory effects (the process's, for this
