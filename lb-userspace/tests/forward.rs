@@ -484,6 +484,72 @@ fn a_handshake_keeps_its_syns_backend_across_a_table_change() {
     }
 }
 
+/// A SYN is held only by its own tuple's protected entry naming a usable
+/// backend of its VIP: not by another flow's entry in its bucket, not by
+/// an entry whose backend is down, not by another VIP's; `predict` (what
+/// `lbctl simulate` says) agrees each time.
+#[test]
+fn a_syn_is_held_only_by_its_own_usable_entry() {
+    let mut rig = Rig::new(1 << 12);
+    let vips = rig.standard_vips();
+    let sport = port_for_backend(&rig, "10.0.0.10", 80, 1);
+    let flow = FlowKey::new(
+        IpAddr::from(CLIENT_V4),
+        ip("10.0.0.10"),
+        PROTO_TCP,
+        sport,
+        80,
+    );
+    // An active entry, stamped by the kernel's clock.
+    assert_eq!(handshake(&mut rig, "10.0.0.10", 80, sport), 1);
+    for _ in 0..3 {
+        forward(&mut rig, &tcp4(TO_LB, "10.0.0.10", 80, sport, false, b"x"));
+    }
+    let cfg = rig.dp().config().expect("config");
+    let (index, tag) = lb_common::flow::ct_position(flow.ct_hash(), cfg.ct_seed);
+    let index = index & cfg.ct_mask;
+    let syn = tcp4(TO_LB, "10.0.0.10", 80, sport, true, b"");
+    let expect = |rig: &mut Rig, (to, via, counted): (usize, Via, Counter), what: &str| {
+        let p = predict(rig.dp(), &flow, true)
+            .expect("predict")
+            .expect("vip");
+        assert_eq!(
+            (p.via, p.backend.and_then(|b| b.ip())),
+            (via, Some(ip(BACKENDS[to]))),
+            "predict: {what}"
+        );
+        assert_eq!(forward(rig, &syn), (to, counted), "{what}");
+    };
+    // The entry's way rewritten in place, its stamp kept.
+    let rewrite = |rig: &mut Rig, entry: lb_common::FlowEntry| {
+        let mut bucket = rig.dp().flow_bucket(index).expect("bucket");
+        let way = bucket
+            .entries
+            .iter()
+            .position(|e| e.0 != 0)
+            .expect("the flow's way");
+        assert!(class(bucket.stamps[way]) >= CT_CLASS_ACTIVE, "{bucket:?}");
+        bucket.entries[way] = entry;
+        rig.r
+            .dataplane_mut()
+            .set_flow_bucket(index, &bucket)
+            .expect("write bucket");
+    };
+    let two = rig.handle(&vips.tcp4, 2);
+    let held = (2, Via::ConnTrack, Counter::FwdConntrack);
+    let pick = (1, Via::Maglev, Counter::FwdMaglev);
+    rewrite(&mut rig, lb_common::FlowEntry::new(tag, two));
+    expect(&mut rig, held, "its own entry, on backend 2");
+    rewrite(&mut rig, lb_common::FlowEntry::new(tag ^ 1, two));
+    expect(&mut rig, pick, "another flow's entry");
+    let other_vip = rig.handle(&vips.gre4, 2);
+    rewrite(&mut rig, lb_common::FlowEntry::new(tag, other_vip));
+    expect(&mut rig, pick, "an entry of another VIP");
+    rewrite(&mut rig, lb_common::FlowEntry::new(tag, two));
+    rig.mark_down(&vips.tcp4, 2);
+    expect(&mut rig, pick, "an entry on a backend that is down");
+}
+
 /// A SYN never re-points an entry at a backend of another VIP than the
 /// entry's: an entry that only shares its tag with the SYN's tuple (a
 /// tuple of another VIP, crafted to collide) keeps its backend, and the
