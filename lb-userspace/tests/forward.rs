@@ -224,6 +224,17 @@ fn handshake(rig: &mut Rig, dst: &str, dport: u16, sport: u16) -> usize {
     to
 }
 
+/// The client's TCP flow from `sport` to the standard TCP VIP.
+fn tcp_flow(sport: u16) -> FlowKey {
+    FlowKey::new(
+        IpAddr::from(CLIENT_V4),
+        ip("10.0.0.10"),
+        PROTO_TCP,
+        sport,
+        80,
+    )
+}
+
 /// The activity class of a connection-table stamp.
 fn class(stamp: u16) -> u16 {
     stamp >> CT_STAMP_CLASS_SHIFT
@@ -301,13 +312,7 @@ fn established_flow_keeps_its_backend_after_rebuild() {
     // Rebuild without backend 1 (weight 0, as when it drains): the slot
     // now belongs to someone else, but the connection stays on backend 1.
     rig.set_weight(&vips.tcp4, 1, 0);
-    let flow = FlowKey::new(
-        IpAddr::from(CLIENT_V4),
-        ip("10.0.0.10"),
-        PROTO_TCP,
-        sport,
-        80,
-    );
+    let flow = tcp_flow(sport);
     for _ in 0..3 {
         assert_eq!(
             forward(
@@ -423,13 +428,7 @@ fn a_handshake_keeps_its_syns_backend_across_a_table_change() {
     );
     // The entry it made is confirmed at once (a handshake was seen).
     let cfg = rig.dp().config().expect("config");
-    let flow = FlowKey::new(
-        IpAddr::from(CLIENT_V4),
-        ip("10.0.0.10"),
-        PROTO_TCP,
-        sport,
-        80,
-    );
+    let flow = tcp_flow(sport);
     let (index, tag) = lb_common::flow::ct_position(flow.ct_hash(), cfg.ct_seed);
     let bucket = rig.dp().flow_bucket(index & cfg.ct_mask).expect("bucket");
     let way = bucket
@@ -493,13 +492,7 @@ fn a_syn_is_held_only_by_its_own_usable_entry() {
     let mut rig = Rig::new(1 << 12);
     let vips = rig.standard_vips();
     let sport = port_for_backend(&rig, "10.0.0.10", 80, 1);
-    let flow = FlowKey::new(
-        IpAddr::from(CLIENT_V4),
-        ip("10.0.0.10"),
-        PROTO_TCP,
-        sport,
-        80,
-    );
+    let flow = tcp_flow(sport);
     // An active entry, stamped by the kernel's clock.
     assert_eq!(handshake(&mut rig, "10.0.0.10", 80, sport), 1);
     for _ in 0..3 {
@@ -559,13 +552,7 @@ fn a_syn_never_moves_an_entry_to_another_vips_backend() {
     let mut rig = Rig::new(1 << 12);
     let vips = rig.standard_vips();
     let sport = port_for_backend(&rig, "10.0.0.10", 80, 1);
-    let flow = FlowKey::new(
-        IpAddr::from(CLIENT_V4),
-        ip("10.0.0.10"),
-        PROTO_TCP,
-        sport,
-        80,
-    );
+    let flow = tcp_flow(sport);
     // The tuple's entry names a backend of the GRE VIP (another VIP),
     // idle for over a minute: no longer protected.
     let cfg = rig.dp().config().expect("config");
