@@ -13,27 +13,13 @@ mod run;
 mod server;
 mod tier;
 
-/// A scratch directory for this binary's unit tests, removed on drop (also
-/// when an assertion fails).
+/// The library's scratch directories for unit tests (compiled into its
+/// own tests only, so included here for this binary's).
 #[cfg(test)]
-struct ScratchDir(std::path::PathBuf);
-
+#[path = "../../scratch.rs"]
+mod scratch;
 #[cfg(test)]
-impl ScratchDir {
-    fn new(tag: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("lbd-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("creating a scratch directory");
-        Self(dir)
-    }
-}
-
-#[cfg(test)]
-impl Drop for ScratchDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use scratch::ScratchDir;
 
 use std::path::PathBuf;
 

@@ -236,8 +236,7 @@ mod tests {
     /// stale socket (no one listening) is replaced.
     #[tokio::test]
     async fn only_a_stale_socket_is_replaced() {
-        let scratch = crate::ScratchDir::new("bind");
-        let dir = &scratch.0;
+        let dir = crate::ScratchDir::new("bind");
         let file = dir.join("state.json");
         std::fs::write(&file, "{}").unwrap();
         let e = bind(&file).unwrap_err().to_string();
@@ -255,7 +254,7 @@ mod tests {
     async fn the_socket_is_born_private() {
         use std::os::unix::fs::PermissionsExt as _;
         let scratch = crate::ScratchDir::new("bind-umask");
-        let sock = scratch.0.join("lbd.sock");
+        let sock = scratch.join("lbd.sock");
         // SAFETY: umask has no memory effects (the process's, for this
         // test binary only; read back at once).
         let before = unsafe { libc::umask(0) };

@@ -595,7 +595,7 @@ mod tests {
     #[test]
     fn a_restart_starts_from_what_ran_even_without_an_etcd_revision_left() {
         let dir = crate::ScratchDir::new("start-from");
-        let store = RevisionStore::open(&dir.0, 3).unwrap();
+        let store = RevisionStore::open(&dir.join("r"), 3).unwrap();
         store
             .append(&ran(1, "etcd /lb/t1/desired@42", "10.1.0.1"))
             .unwrap();
