@@ -75,8 +75,9 @@ fn stamp(class: u16, now: u16) -> u16 {
 /// one class more, up to active. Writes only when the stamp changes (the
 /// first few packets of a flow, then once per tick), so a busy flow
 /// dirties its cache line once per tick, not on every packet. Returns the
-/// tick the way was last seen if that was an earlier tick (the flow was
-/// idle since), or if the entry had seen one packet only.
+/// way's stamp from before (its class and the tick it was last seen) if
+/// that tick was an earlier one (the flow was idle since), or if the
+/// entry had seen one packet only.
 #[inline(always)]
 pub fn touch(bucket: *mut FlowBucket, way: usize, now: u16) -> Option<u16> {
     // SAFETY: live map value, `way < CT_WAYS` (from `find`).
@@ -94,7 +95,7 @@ pub fn touch(bucket: *mut FlowBucket, way: usize, now: u16) -> Option<u16> {
             return None;
         }
         *slot = stamp_now;
-        (tick != now || last >> CT_STAMP_CLASS_SHIFT == CT_CLASS_NEW).then_some(tick)
+        (tick != now || last >> CT_STAMP_CLASS_SHIFT == CT_CLASS_NEW).then_some(last)
     }
 }
 

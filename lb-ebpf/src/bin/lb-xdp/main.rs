@@ -42,6 +42,7 @@ use lb_common::{
         VIP_F_NO_BACKENDS, VIP_F_NO_CONNTRACK, VIP_F_QUIC,
     },
     counters::Kind,
+    ct_protected,
     flow::{ct_hash, ct_position, hash_v4, hash_v6, pick_fields, pick_hash, vip_filter_bit},
 };
 use lb_ebpf::{
@@ -352,7 +353,8 @@ fn new_flow<const TRACE: bool>(
     forward_with::<TRACE>(ctx, cfg, def, pkt, hashes, alts, outcome)
 }
 
-/// A connection-table hit on an entry last seen at tick `last`: if a SYN
+/// A connection-table hit on an entry whose stamp was `last` (the tick it
+/// was last seen in its low bits, `CT_STAMP_TIME`): if a SYN
 /// of the flow came since (a new connection on a reused tuple), the
 /// backend that SYN went to, which the entry now names. Never one of
 /// another VIP than the entry's (a tuple of another VIP that shares the
@@ -406,9 +408,9 @@ fn tracked(
         // usable (`held_by`): a SYN that went elsewhere moves nothing (it
         // came from a tuple that only shares the tag, or while the backend
         // was down, which the stale entry below hands to `new_flow`).
-        let held = conntrack::protected(bucket, way, now);
+        // Asked of the stamp from before this packet, once per tick.
         let handle = match conntrack::touch(bucket, way, now) {
-            Some(last) if pkt.is_tcp() && !held => {
+            Some(last) if pkt.is_tcp() && !ct_protected(last, now) => {
                 reopened(cfg, bucket, (way, handle), bucket_index, tag, (last, now))
                     .inspect(|_| stats::count(Counter::CtReopened, pkt.frame_len))
                     .unwrap_or(handle)
