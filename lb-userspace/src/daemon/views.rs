@@ -523,9 +523,10 @@ fn passive_note(
             "not ejected: the VIP's other backends see their SYNs retried alike ({:.0}%), so the cause is not this backend",
             others * 100.0
         ),
-        Judgement::Chance(z) => format!(
-            "not ejected: too few SYNs to tell it from chance (z = {z:.1}, under {})",
-            crate::passive::MIN_Z
+        Judgement::Chance(p) => format!(
+            "not ejected: too few SYNs to tell it from chance (as uneven as this once in {:.0} by chance alone; ejecting needs under once in {:.0})",
+            1.0 / p,
+            1.0 / crate::passive::MAX_CHANCE
         ),
         Judgement::Eject if l.passive.held_back => {
             "not ejected: max_ejection_percent of the VIP's backends are".into()

@@ -229,27 +229,45 @@ fn a_reused_index_restarts_the_series() {
     assert_eq!(problems.len(), 2, "{problems:?}");
 }
 
-/// The z statistic against figures worked out by hand (pooled standard
-/// error), and an unlucky small sample that passes both ratio tests is
-/// not ejected while a backend dropping every SYN is.
+/// The exact test against tails worked out independently (Python's
+/// `math.comb` and `fractions`, summing the hypergeometric tail exactly),
+/// and an unlucky small sample that passes both ratio tests is not
+/// ejected while a backend dropping every SYN is.
 #[test]
 fn a_small_unlucky_sample_is_chance_and_ejects_nobody() {
     let w = |syns, retransmits| Window { syns, retransmits };
-    // 8/16 vs 5/32: pooled 13/48; sqrt(13/48 * 35/48 * (1/16 + 1/32)).
-    assert!((z_score(w(16, 8), w(32, 5)) - 2.5263).abs() < 1e-3);
-    // 10/10 vs 0/20: pooled 1/3; sqrt(1/3 * 2/3 * (1/10 + 1/20)).
-    assert!((z_score(w(10, 10), w(20, 0)) - 5.4772).abs() < 1e-3);
-    assert_eq!(z_score(w(10, 0), w(20, 0)), 0.0);
-    assert_eq!(z_score(w(0, 0), w(20, 3)), 0.0);
-    // No SYN on one side and every ratio 0 or 1: 0, not the NaN of
-    // 0 · ∞ that the variance would be.
+    let near = |got: f64, want: f64| (got - want).abs() <= want * 1e-9;
+    for (one, others, want) in [
+        (w(16, 8), w(32, 5), 0.015783259004896456),
+        (w(10, 10), w(20, 0), 3.328339160423119e-08),
+        (w(20, 7), w(27, 0), 0.001232599019463664),
+        (w(33, 14), w(27, 0), 4.7204772524682134e-05),
+        (w(6, 4), w(30, 3), 0.007611695704674831),
+        (w(32, 24), w(32, 8), 6.702229495025774e-05),
+        (w(32, 23), w(32, 8), 0.00018776132966917861),
+        // Above 255, where ln n! is Stirling's.
+        (w(1000, 300), w(2000, 200), 2.4030585271085895e-41),
+    ] {
+        let got = chance(one, others);
+        assert!(
+            near(got, want),
+            "{one:?} against {others:?}: {got:e}, want {want:e}"
+        );
+    }
+    // No SYN on one side, or retried no more than the others: no evidence.
     for (one, others) in [
         (w(0, 0), w(20, 0)),
         (w(20, 20), w(0, 0)),
-        (w(0, 0), w(5, 5)),
+        (w(10, 0), w(20, 0)),
+        (w(10, 2), w(20, 4)),
+        (w(10, 10), w(20, 20)),
     ] {
-        assert_eq!(z_score(one, others), 0.0, "{one:?} against {others:?}");
+        assert_eq!(chance(one, others), 1.0, "{one:?} against {others:?}");
     }
+    // Counters read apart (more retried than sent) count as all retried.
+    assert_eq!(chance(w(10, 12), w(20, 0)), chance(w(10, 10), w(20, 0)));
+    // A tail far beyond f64's range is 0, not NaN, and cheap.
+    assert_eq!(chance(w(1 << 40, 1 << 40), w(1 << 40, 0)), 0.0);
 
     let s = PassiveHealth {
         min_syns: 10,
@@ -438,7 +456,7 @@ fn passive_settings_bounds_are_inclusive() {
 
 /// The policy's tests at their boundaries, in values exact in binary:
 /// retried exactly `relative` (3) times the others is not "alike", and
-/// then 24 of 32 against 8 of 32 is z = 0.5 / 0.125 = 4, ejected.
+/// then 24 of 32 against 8 of 32 is ejected (by chance once in 14,920).
 #[test]
 fn judged_at_exactly_relative_times_the_others() {
     let settings = PassiveHealth::default();

@@ -171,8 +171,9 @@ async fn health_notes_why_a_backend_retried_like_its_peers_is_not_ejected() {
 async fn health_notes_a_backend_kept_for_a_small_sample_or_not_judged() {
     let mut r = rig(FILE);
     // After the first tick (the counters' base): .1 20 SYNs, 10 retried
-    // (50%); .2 32, 5 (16%). 50% passes 30% and 3 × 16%, but z is
-    // 0.344 / sqrt(15/52 × 37/52 × (1/20 + 1/32)) = 2.7, under 3.
+    // (50%); .2 32, 5 (16%). 50% passes 30% and 3 × 16%, but 10 or more
+    // of the 15 retries falling on .1's 20 of the 52 SYNs happens once in
+    // 102 by chance (the hypergeometric tail, summed exactly in Python).
     for (one, two) in [(5, 2), (5, 3), (5, 2)] {
         syns(&mut r, "10.1.0.1", 10, one);
         syns(&mut r, "10.1.0.2", 16, two);
@@ -190,7 +191,9 @@ async fn health_notes_a_backend_kept_for_a_small_sample_or_not_judged() {
     };
     assert_eq!(
         note(&r, "10.1.0.1").as_deref(),
-        Some("not ejected: too few SYNs to tell it from chance (z = 2.7, under 3)")
+        Some(
+            "not ejected: too few SYNs to tell it from chance (as uneven as this once in 102 by chance alone; ejecting needs under once in 741)"
+        )
     );
     assert_eq!(note(&r, "10.1.0.2"), None, "under the ratio");
     r.ok(r.drain(WEB, "10.1.0.1", false)).await;
