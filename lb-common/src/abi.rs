@@ -228,7 +228,12 @@ pub struct DatapathConfig {
     pub _pad0: [u8; 2],
     /// Outer source address for IPv4 tunnels.
     pub src_v4: u32,
-    pub _pad1: u32,
+    /// An active connection-table entry seen within this many stamp ticks
+    /// is protected ([`ct_protected`]): [`crate::consts::CT_PROTECT_MS`]
+    /// in ticks of the kernel's HZ, or [`crate::consts::CT_PROTECT_TICKS`]
+    /// where `lbd` cannot learn HZ; always written (0 protects nothing
+    /// past the current tick). Was `_pad1` (always 0) before.
+    pub protect_window: u32,
     /// Outer source address for IPv6 tunnels.
     pub src_v6: AddrWords,
     /// MTU of the path toward the backends: a packet that would exceed it
@@ -242,12 +247,36 @@ pub struct DatapathConfig {
     pub src_v4_host_mask: u32,
     /// The same for the last word of the IPv6 outer source.
     pub src_v6_host_mask: u32,
-    /// A SYN that finds its own flow's entry unconfirmed (nothing but the
-    /// SYN seen) and at most this many stamp ticks old is a retransmission
-    /// (passive health). 0: [`crate::consts::CT_SYN_WINDOW_DEFAULT`].
-    /// Was `_reserved` (always written 0) before passive health.
+    /// A SYN in `LB_SYNS` at most this many stamp ticks old is recent: a
+    /// SYN of its tuple is its retransmission (passive health), and its
+    /// flow's first packet goes where it went:
+    /// [`crate::consts::CT_SYN_WINDOW_MS`] in ticks of the kernel's HZ, or
+    /// [`crate::consts::CT_SYN_WINDOW_DEFAULT`] where `lbd` cannot learn
+    /// HZ; always written. Was `_reserved` (always written 0) before
+    /// passive health, and 0 stood for the default until `lbd` wrote it.
     pub syn_window: u32,
 }
+
+impl DatapathConfig {
+    /// [`Self::protect_window`] as the datapath reads it: without a
+    /// branch (each would multiply the verifier's paths through every
+    /// caller), so `lbd` always writes it, at most [`WINDOW_MAX`].
+    #[inline(always)]
+    pub const fn protect_ticks(&self) -> u16 {
+        (self.protect_window & WINDOW_MAX as u32) as u16
+    }
+
+    /// [`Self::syn_window`] as the datapath reads it (as
+    /// [`Self::protect_ticks`]).
+    #[inline(always)]
+    pub const fn syn_ticks(&self) -> u16 {
+        (self.syn_window & WINDOW_MAX as u32) as u16
+    }
+}
+
+/// The longest window the datapath reads: half the stamps' 16,384 ticks
+/// (an age beyond it may be a wrapped one), all ones.
+pub const WINDOW_MAX: u16 = crate::consts::CT_STAMP_TIME >> 1;
 
 pub use crate::consts::VIP_FILTER_WORDS;
 
@@ -487,7 +516,7 @@ pub struct SynSlot {
 /// tick it was last seen (low 14 bits, coarse and wrapping). A flow lives
 /// in the bucket its seeded hash selects; a new flow takes an empty way or
 /// evicts the way of the lowest class, the stalest within it, but never an
-/// active way seen recently ([`crate::consts::CT_PROTECT_TICKS`]).
+/// active way seen recently ([`ct_protected`]).
 ///
 /// Stamps written by older versions (a confirmed bit and 15 bits of tick,
 /// or whole 16-bit ticks) read as arbitrary classes and ages until their
@@ -501,15 +530,15 @@ pub struct FlowBucket {
 }
 
 /// Whether a way stamped `stamp` is protected at tick `now`: an active
-/// flow ([`crate::consts::CT_CLASS_ACTIVE`]) seen within
-/// [`crate::consts::CT_PROTECT_TICKS`]. No new flow takes its way, and no
+/// flow ([`crate::consts::CT_CLASS_ACTIVE`]) seen within `window` ticks
+/// ([`DatapathConfig::protect_ticks`]). No new flow takes its way, and no
 /// SYN moves it: a SYN of its tuple keeps its backend. The datapath and
 /// `lbctl simulate` both ask this.
 #[inline(always)]
-pub const fn ct_protected(stamp: u16, now: u16) -> bool {
-    use crate::consts::{CT_CLASS_ACTIVE, CT_PROTECT_TICKS, CT_STAMP_CLASS_SHIFT, CT_STAMP_TIME};
+pub const fn ct_protected(stamp: u16, now: u16, window: u16) -> bool {
+    use crate::consts::{CT_CLASS_ACTIVE, CT_STAMP_CLASS_SHIFT, CT_STAMP_TIME};
     stamp >> CT_STAMP_CLASS_SHIFT >= CT_CLASS_ACTIVE
-        && now.wrapping_sub(stamp) & CT_STAMP_TIME <= CT_PROTECT_TICKS
+        && now.wrapping_sub(stamp) & CT_STAMP_TIME <= window
 }
 
 /// A backend's SYNs, the value of `LB_BACKEND_SYNS` (per CPU): the SYNs
@@ -747,6 +776,57 @@ mod tests {
 
     use super::*;
 
+    /// The windows `lbd` writes, against ticks worked out by hand: 64
+    /// jiffies a tick, so 61.44 s and 10.24 s are 240 and 40 ticks at
+    /// HZ=250 (the datapath's defaults), four times that at HZ=1000.
+    #[test]
+    fn windows_are_the_same_seconds_on_every_hz() {
+        use crate::consts::{CT_PROTECT_MS, CT_SYN_WINDOW_MS, stamp_ticks};
+        for (hz, protect, syn) in [
+            (100, 96, 16),
+            (250, 240, 40),
+            (300, 288, 48),
+            (1000, 960, 160),
+        ] {
+            assert_eq!(stamp_ticks(CT_PROTECT_MS, hz), protect, "HZ={hz}");
+            assert_eq!(stamp_ticks(CT_SYN_WINDOW_MS, hz), syn, "HZ={hz}");
+        }
+        // Rounded up, never 0 (0 in the config means the default).
+        assert_eq!(stamp_ticks(1, 100), 1);
+        assert_eq!(stamp_ticks(0, 100), 1);
+        assert_eq!(stamp_ticks(641, 100), 2);
+        assert_eq!(
+            stamp_ticks(u32::MAX, u32::MAX),
+            8191,
+            "at most half the wrap"
+        );
+        assert_eq!(stamp_ticks(CT_PROTECT_MS, 100_000), 8191);
+        let cfg = |protect_window, syn_window| DatapathConfig {
+            protect_window,
+            syn_window,
+            ..Default::default()
+        };
+        assert_eq!(
+            (cfg(960, 160).protect_ticks(), cfg(960, 160).syn_ticks()),
+            (960, 160)
+        );
+        assert_eq!(WINDOW_MAX, 8191);
+        assert_eq!(cfg(8191, 8191).protect_ticks(), 8191);
+        // Protected within the window, by the wrapped age.
+        let active = 3 << crate::consts::CT_STAMP_CLASS_SHIFT;
+        assert!(ct_protected(
+            active | 16_000,
+            16_000u16.wrapping_add(960) & 0x3fff,
+            960
+        ));
+        assert!(!ct_protected(
+            active | 16_000,
+            16_000u16.wrapping_add(961) & 0x3fff,
+            960
+        ));
+        assert!(!ct_protected(2 << 14 | 5, 5, 960), "class 2 is not active");
+    }
+
     #[test]
     fn layouts_are_pinned() {
         assert_eq!(offset_of!(BfdKey, family), 16);
@@ -785,11 +865,13 @@ mod tests {
         assert_eq!(offset_of!(DatapathConfig, ct_seed), 16);
         assert_eq!(offset_of!(DatapathConfig, gw_mac), 24);
         assert_eq!(offset_of!(DatapathConfig, src_v4), 32);
+        assert_eq!(offset_of!(DatapathConfig, protect_window), 36);
         assert_eq!(offset_of!(DatapathConfig, src_v6), 40);
         assert_eq!(offset_of!(DatapathConfig, mtu), 56);
         assert_eq!(offset_of!(DatapathConfig, gue_port), 58);
         assert_eq!(offset_of!(DatapathConfig, src_v4_host_mask), 60);
         assert_eq!(offset_of!(DatapathConfig, src_v6_host_mask), 64);
+        assert_eq!(offset_of!(DatapathConfig, syn_window), 68);
 
         assert_eq!(offset_of!(FlowKey, dst), 16);
         assert_eq!(offset_of!(FlowKey, sport), 32);

@@ -226,16 +226,44 @@ pub const CT_CLASS_CONFIRMED: u16 = 1;
 /// after the first), e.g. a handshake, a request and the ACK of its
 /// answer.
 pub const CT_CLASS_ACTIVE: u16 = 3;
-/// A way of class [`CT_CLASS_ACTIVE`] seen within this many ticks (240:
-/// 61 s at HZ=250, 15 s at HZ=1000) is never evicted: a new flow that
-/// finds every way of its bucket so held goes to its Maglev backend
-/// unrecorded (`ct_insert_refused`).
+/// How long a way of class [`CT_CLASS_ACTIVE`] is protected after its
+/// flow was last seen: never evicted (a new flow that finds every way of
+/// its bucket so held goes to its Maglev backend unrecorded,
+/// `ct_insert_refused`), and never moved by a SYN. 61.44 s: 240 ticks at
+/// HZ=250. `lbd` writes it in ticks of the kernel's HZ
+/// ([`crate::DatapathConfig::protect_window`]).
+pub const CT_PROTECT_MS: u32 = 61_440;
+/// [`crate::DatapathConfig::protect_window`] where `lbd` cannot learn
+/// the kernel's HZ: 240 ticks, [`CT_PROTECT_MS`] at HZ=250, a quarter of
+/// it at HZ=1000.
 pub const CT_PROTECT_TICKS: u16 = 240;
 /// The stamps' tick: 64 jiffies (256 ms at HZ=250, 64 ms at HZ=1000).
 pub const CT_STAMP_TICK_SHIFT: u64 = 6;
-/// [`crate::DatapathConfig::syn_window`] when 0: 40 stamp ticks (10 s at
-/// HZ=250, 2.6 s at HZ=1000): how long a SYN in `LB_SYNS` stays recent.
+/// How long a SYN in `LB_SYNS` stays recent: 10.24 s (40 ticks at
+/// HZ=250), past Linux's second retransmission (3 s) and its third (7 s).
+/// `lbd` writes it in ticks of the kernel's HZ
+/// ([`crate::DatapathConfig::syn_window`]).
+pub const CT_SYN_WINDOW_MS: u32 = 10_240;
+/// [`crate::DatapathConfig::syn_window`] where `lbd` cannot learn the
+/// kernel's HZ: 40 ticks, [`CT_SYN_WINDOW_MS`] at HZ=250, a quarter of it
+/// at HZ=1000.
 pub const CT_SYN_WINDOW_DEFAULT: u16 = 40;
+
+/// `ms` milliseconds in stamp ticks of a kernel ticking `hz` times a
+/// second, rounded up, from 1 to [`crate::abi::WINDOW_MAX`] (what `lbd`
+/// writes into [`crate::DatapathConfig`]).
+pub const fn stamp_ticks(ms: u32, hz: u32) -> u32 {
+    let jiffies = (ms as u64 * hz as u64).div_ceil(1000);
+    let ticks = jiffies.div_ceil(1 << CT_STAMP_TICK_SHIFT);
+    let max = crate::abi::WINDOW_MAX as u64;
+    if ticks == 0 {
+        1
+    } else if ticks > max {
+        max as u32
+    } else {
+        ticks as u32
+    }
+}
 
 /// Slots of `LB_SYNS`, the recent SYNs (a power of two): 16 bytes each,
 /// 1 MiB in all, shared by all CPUs. A flow's slot is its

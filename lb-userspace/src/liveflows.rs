@@ -51,6 +51,50 @@ pub fn jiffies() -> Option<u64> {
         .find_map(|l| l.strip_prefix("jiffies:")?.trim().parse().ok())
 }
 
+/// The values Linux offers for `CONFIG_HZ`.
+const HZ_CHOICES: [u32; 4] = [100, 250, 300, 1000];
+
+/// How long [`kernel_hz`] watches `jiffies` when the kernel's build
+/// configuration does not say: 1 jiffy in 30 at HZ=100.
+const HZ_MEASURE: std::time::Duration = std::time::Duration::from_millis(300);
+
+/// The kernel's HZ and where it was learnt: `CONFIG_HZ` in the running
+/// kernel's build configuration (`/boot/config-<release>`, as Debian,
+/// Ubuntu and RHEL install it), else measured over [`HZ_MEASURE`] from
+/// two readings of [`jiffies`] and taken if within 8% of one of
+/// [`HZ_CHOICES`] (a reading delayed on a busy host gives no answer
+/// rather than a wrong one). `None` where neither answers. Blocks for up
+/// to [`HZ_MEASURE`].
+pub fn kernel_hz() -> Option<(u32, String)> {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").ok();
+    let config = release.map(|r| format!("/boot/config-{}", r.trim()));
+    if let Some(path) = config
+        && let Some(hz) = config_hz(&path)
+    {
+        return Some((hz, path));
+    }
+    let (t0, j0) = (Instant::now(), jiffies()?);
+    std::thread::sleep(HZ_MEASURE);
+    let (t1, j1) = (Instant::now(), jiffies()?);
+    let rate = j1.wrapping_sub(j0) as f64 / t1.duration_since(t0).as_secs_f64();
+    let hz = HZ_CHOICES
+        .into_iter()
+        .find(|hz| (rate / f64::from(*hz) - 1.0).abs() <= 0.08)?;
+    Some((hz, format!("measured: {rate:.0} jiffies a second")))
+}
+
+/// `CONFIG_HZ` of a kernel build configuration at `path`, if it is one
+/// of [`HZ_CHOICES`] (at most 100,000 lines read).
+fn config_hz(path: &str) -> Option<u32> {
+    let file = std::fs::File::open(path).ok()?;
+    std::io::BufReader::new(file)
+        .lines()
+        .take(100_000)
+        .map_while(Result::ok)
+        .find_map(|l| l.strip_prefix("CONFIG_HZ=")?.trim().parse().ok())
+        .filter(|hz| HZ_CHOICES.contains(hz))
+}
+
 /// Where `jiffies` is read from: the kernel ([`jiffies`]), or in tests a
 /// clock the test moves.
 #[derive(Clone, Debug, Default)]
@@ -80,6 +124,12 @@ pub struct Clock {
 }
 
 impl Clock {
+    /// A clock that knows HZ from the start when `hz` is given
+    /// ([`kernel_hz`]).
+    pub fn knowing(hz: Option<u32>) -> Self {
+        Self { first: None, hz }
+    }
+
     /// Records a reading; after two seconds, HZ is known.
     pub fn observe(&mut self, at: Instant, jiffies: u64) {
         let Some((t0, j0)) = self.first else {
@@ -89,7 +139,7 @@ impl Clock {
         let secs = at.saturating_duration_since(t0).as_secs_f64();
         if self.hz.is_none() && secs >= 2.0 {
             let rate = jiffies.wrapping_sub(j0) as f64 / secs;
-            self.hz = [100u32, 250, 300, 1000].into_iter().min_by(|a, b| {
+            self.hz = HZ_CHOICES.into_iter().min_by(|a, b| {
                 (f64::from(*a) - rate)
                     .abs()
                     .total_cmp(&(f64::from(*b) - rate).abs())
@@ -212,6 +262,48 @@ mod tests {
             b.stamps[i] = *stamp;
         }
         b
+    }
+
+    /// `CONFIG_HZ` read from a build configuration as kernels install
+    /// it; a value Linux does not offer, or none, is no answer.
+    #[test]
+    fn config_hz_is_read_from_the_build_configuration() {
+        let dir = crate::scratch::ScratchDir::new("config-hz");
+        let file = |name: &str, text: &str| {
+            let path = dir.join(name);
+            std::fs::write(&path, text).unwrap();
+            path.to_string_lossy().into_owned()
+        };
+        let debian = "# CONFIG_HZ_100 is not set\nCONFIG_HZ_250=y\n# CONFIG_HZ_1000 is not set\nCONFIG_HZ=250\nCONFIG_SCHED_HRTICK=y\n";
+        assert_eq!(config_hz(&file("debian", debian)), Some(250));
+        assert_eq!(
+            config_hz(&file("rhel", "CONFIG_HZ_1000=y\nCONFIG_HZ=1000\n")),
+            Some(1000)
+        );
+        assert_eq!(config_hz(&file("odd", "CONFIG_HZ=123\n")), None);
+        assert_eq!(config_hz(&file("none", "CONFIG_HZ_250=y\n")), None);
+        assert_eq!(config_hz(&dir.join("missing").to_string_lossy()), None);
+    }
+
+    /// On this machine's kernel: an answer Linux offers, and, where the
+    /// build configuration is not installed and `/proc/timer_list` can be
+    /// read (root), the measured one agrees with a second measurement
+    /// over a whole second.
+    #[test]
+    fn the_kernel_hz_is_one_linux_offers() {
+        let Some((hz, from)) = kernel_hz() else {
+            assert!(jiffies().is_none(), "jiffies readable, yet no HZ");
+            return;
+        };
+        assert!(HZ_CHOICES.contains(&hz), "{hz} from {from}");
+        let (t0, j0) = (Instant::now(), jiffies().expect("HZ was learnt"));
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        let (t1, j1) = (Instant::now(), jiffies().expect("HZ was learnt"));
+        let rate = (j1 - j0) as f64 / t1.duration_since(t0).as_secs_f64();
+        assert!(
+            (rate / f64::from(hz) - 1.0).abs() < 0.2,
+            "{hz} ({from}) against {rate:.0} jiffies a second"
+        );
     }
 
     #[test]

@@ -131,7 +131,7 @@ fn tracked_backend(
 
 /// The backend a SYN of `flow` keeps, as the datapath's `held_by` finds
 /// it: its tuple's entry, if protected (`lb_common::ct_protected`: active
-/// and seen within a minute by the kernel's clock; taken as seen now where
+/// and seen within the configured window, a minute, by the kernel's clock; taken as seen now where
 /// that clock cannot be read) and naming a usable backend of the VIP.
 fn held_by(
     dp: &dyn Dataplane,
@@ -154,7 +154,7 @@ fn held_by(
     let stamp = bucket.stamps[way];
     // Without the kernel's clock, the stamp's own tick stands for now.
     let now = crate::liveflows::jiffies().map_or(stamp & CT_STAMP_TIME, crate::liveflows::tick_of);
-    if !lb_common::ct_protected(stamp, now) {
+    if !lb_common::ct_protected(stamp, now, cfg.protect_ticks()) {
         return Ok(None);
     }
     Ok(live_backend(dp, bucket.entries[way].handle())?

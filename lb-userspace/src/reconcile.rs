@@ -51,9 +51,10 @@ use lb_common::{
     consts::{
         BACKEND_F_QUIC, BACKEND_F_SECOND_CHANCE, BACKEND_F_USABLE, BACKEND_INDEX_MASK,
         CFG_F_ALL_PORTS_VIPS, CFG_F_DROP_MALFORMED, CFG_F_HASH_KEY, CFG_F_ICMP_ECHO,
-        CFG_F_PASS_TOO_BIG, CFG_F_TRACE, FAMILY_V4, GUE_PORT, KEY_FRAGMENTS, PROTO_ICMP,
-        PROTO_ICMPV6, TABLE_CHUNK_SLOTS, VIP_F_FRAG_HASH, VIP_F_HASH_FIELDS, VIP_F_NO_BACKENDS,
-        VIP_F_NO_CONNTRACK, VIP_F_QUIC, VIP_F_SECOND_CHANCE,
+        CFG_F_PASS_TOO_BIG, CFG_F_TRACE, CT_PROTECT_MS, CT_PROTECT_TICKS, CT_SYN_WINDOW_DEFAULT,
+        CT_SYN_WINDOW_MS, FAMILY_V4, GUE_PORT, KEY_FRAGMENTS, PROTO_ICMP, PROTO_ICMPV6,
+        TABLE_CHUNK_SLOTS, VIP_F_FRAG_HASH, VIP_F_HASH_FIELDS, VIP_F_NO_BACKENDS,
+        VIP_F_NO_CONNTRACK, VIP_F_QUIC, VIP_F_SECOND_CHANCE, stamp_ticks,
     },
 };
 use thiserror::Error;
@@ -135,6 +136,10 @@ pub struct DatapathSettings {
     /// The tier's secret key for the hash that picks backends; `None`:
     /// the public hash.
     pub hash_key: Option<[u64; 2]>,
+    /// The kernel's HZ (`liveflows::kernel_hz`), which sizes the
+    /// datapath's windows in stamp ticks: the same seconds on every
+    /// kernel. `None`: HZ=250's ticks (the same seconds there only).
+    pub kernel_hz: Option<u32>,
 }
 
 impl Default for DatapathSettings {
@@ -152,6 +157,7 @@ impl Default for DatapathSettings {
             hash_key: None,
             icmp_echo: true,
             pass_too_big: false,
+            kernel_hz: None,
         }
     }
 }
@@ -569,6 +575,9 @@ impl<D: Dataplane> Reconciler<D> {
         cfg.src_v6_host_mask = host_mask(s.outer_source_v6_host_bits);
         cfg.mtu = s.mtu;
         cfg.gue_port = s.gue_port.to_be();
+        let ticks = |ms, default| s.kernel_hz.map_or(default, |hz| stamp_ticks(ms, hz));
+        cfg.protect_window = ticks(CT_PROTECT_MS, CT_PROTECT_TICKS.into());
+        cfg.syn_window = ticks(CT_SYN_WINDOW_MS, CT_SYN_WINDOW_DEFAULT.into());
         cfg.flags = self.all_ports_flag(cfg.flags);
         // The key before the flag that makes the datapath read it.
         if let Some(key) = &s.hash_key
@@ -1927,6 +1936,30 @@ mod tests {
         assert_ne!(cfg.flags & CFG_F_PASS_TOO_BIG, 0);
         assert_eq!(host_mask(0), 0);
         assert_eq!(host_mask(8), u32::from_ne_bytes([0, 0, 0, 0xff]));
+    }
+
+    /// The datapath's windows are written in ticks of the kernel's HZ
+    /// (the same seconds everywhere), and HZ=250's ticks when HZ is
+    /// unknown: never 0.
+    #[test]
+    fn windows_are_written_in_ticks_of_the_kernels_hz() {
+        let mut r = Reconciler::adopt(FakeDataplane::new(layout())).unwrap();
+        let windows = |r: &Reconciler<FakeDataplane>| {
+            let cfg = r.dataplane().config().unwrap();
+            (cfg.protect_window, cfg.syn_window)
+        };
+        for (hz, want) in [
+            (Some(1000), (960, 160)),
+            (Some(100), (96, 16)),
+            (None, (240, 40)),
+        ] {
+            let s = DatapathSettings {
+                kernel_hz: hz,
+                ..Default::default()
+            };
+            r.apply_settings(&s).unwrap();
+            assert_eq!(windows(&r), want, "HZ {hz:?}");
+        }
     }
 
     #[test]

@@ -22,7 +22,9 @@ use lb::{
     decap::Decap,
     predict::{Via, predict},
 };
-use lb_common::{Counter, CounterValue, FlowBucket, FlowKey, consts::*, counters::DecapCounter};
+use lb_common::{
+    Counter, CounterValue, DatapathConfig, FlowBucket, FlowKey, consts::*, counters::DecapCounter,
+};
 
 use common::{
     XDP_PASS, XDP_TX, ip,
@@ -580,6 +582,56 @@ fn a_syn_never_moves_an_entry_to_another_vips_backend() {
             .any(|e| e.0 != 0 && e.tag() == tag && e.handle() == other),
         "{bucket:?}"
     );
+}
+
+/// The protection window is the one `lbd` writes for the kernel's HZ
+/// (`protect_window`), not the datapath's default of 240 ticks: at
+/// HZ=1000's 960 ticks an entry idle for 300 still holds its tuple's SYN
+/// (the minute it is meant to), and at 100 ticks one idle for 101 no
+/// longer does. `lbctl simulate` reads the same window.
+#[test]
+fn a_live_flow_is_protected_for_the_window_lbd_wrote() {
+    let mut rig = Rig::new(1 << 12);
+    let vips = rig.standard_vips();
+    let sport = port_for_backend(&rig, "10.0.0.10", 80, 1);
+    assert_eq!(handshake(&mut rig, "10.0.0.10", 80, sport), 1);
+    let flow = tcp_flow(sport);
+    activate(&mut rig, &flow);
+    // The table no longer picks backend 1 (it drains).
+    rig.set_weight(&vips.tcp4, 1, 0);
+    let set_window = |rig: &mut Rig, ticks: u32| {
+        let cfg = rig.dp().config().expect("config");
+        let cfg = DatapathConfig {
+            protect_window: ticks,
+            ..cfg
+        };
+        rig.r.dataplane_mut().set_config(&cfg).expect("config");
+    };
+    let syn = tcp4(TO_LB, "10.0.0.10", 80, sport, true, b"");
+    let predicted_syn = |rig: &Rig| {
+        let p = predict(rig.dp(), &flow, true)
+            .expect("predict")
+            .expect("vip");
+        (p.via, p.backend.and_then(|b| b.ip()))
+    };
+
+    set_window(&mut rig, 960);
+    age_entry(&mut rig, &flow, 300);
+    assert_eq!(predicted_syn(&rig), (Via::ConnTrack, Some(ip(BACKENDS[1]))));
+    assert_eq!(
+        forward(&mut rig, &syn),
+        (1, Counter::FwdConntrack),
+        "idle 300 ticks of a 960-tick window: held"
+    );
+
+    set_window(&mut rig, 100);
+    age_entry(&mut rig, &flow, 1);
+    let (via, to) = predicted_syn(&rig);
+    assert_eq!(via, Via::Maglev, "idle 301 ticks of a 100-tick window");
+    let (got, counter) = forward(&mut rig, &syn);
+    assert_eq!(counter, Counter::FwdMaglev);
+    assert_ne!(got, 1, "the drained backend");
+    assert_eq!(Some(ip(BACKENDS[got])), to, "as predicted");
 }
 
 /// Writes `tag → handle` into a free way of bucket `index` (as an older

@@ -442,6 +442,7 @@ impl<D: Dataplane> Daemon<D> {
         };
         let mut settings = datapath_settings(new, resolved.1);
         settings.hash_key = hash_key_of(new)?;
+        settings.kernel_hz = self.settings.kernel_hz;
         self.reconciler.apply_settings(&settings)?;
         let effective = target.effective();
         let old_overlay = std::mem::replace(&mut self.overlay, target.overlay.clone());

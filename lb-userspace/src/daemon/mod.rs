@@ -327,7 +327,7 @@ impl<D: Dataplane> Daemon<D> {
             table_digests: std::collections::BTreeMap::new(),
             ticks_since_scan: u32::MAX,
             metrics_conntrack: None,
-            live_clock: Default::default(),
+            live_clock: crate::liveflows::Clock::knowing(settings.kernel_hz),
             jiffies: Default::default(),
             live_flows: Default::default(),
             drain_traffic: Default::default(),

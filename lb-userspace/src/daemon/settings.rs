@@ -41,6 +41,7 @@ pub fn datapath_settings(config: &Config, gateway_mac: [u8; 6]) -> DatapathSetti
         icmp_echo: config.icmp_echo,
         pass_too_big: config.too_big_no_df == TooBigPolicy::Pass,
         hash_key: None,
+        kernel_hz: None,
     }
 }
 

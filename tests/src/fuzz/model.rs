@@ -429,6 +429,8 @@ impl Model {
             gue_port: s.gue_port,
             icmp_echo: s.icmp_echo,
             pass_too_big: s.pass_too_big,
+            // The windows in HZ=250's ticks, whatever this kernel's HZ.
+            kernel_hz: None,
             // Every third epoch keyed: placement changes, no invariant may.
             hash_key: (self.epoch % 3 == 2).then_some([u64::from(self.epoch) + 1, 0x5151_5151]),
         }

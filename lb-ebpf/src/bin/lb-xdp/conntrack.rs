@@ -11,8 +11,9 @@
 //! handshake, a request and the ACK of its answer). A flow is recorded by its first packet that is not a SYN
 //! (SYNs are kept apart, in `syns.rs`). It takes a way holding the same
 //! tag, else an empty way, else the way of the lowest class, the stalest
-//! within it; an active way seen in the last [`CT_PROTECT_TICKS`](lb_common::consts::CT_PROTECT_TICKS) is never
-//! taken, and a new flow that finds only such ways goes unrecorded
+//! within it; an active way seen within the protection window (a minute,
+//! `DatapathConfig::protect_ticks`, sized by `lbd` for the kernel's HZ) is
+//! never taken, and a new flow that finds only such ways goes unrecorded
 //! (`ct_insert_refused`: its Maglev backend, every packet).
 //!
 //! So a flood of spoofed SYNs never reaches the table (and a SYN on a
@@ -99,13 +100,13 @@ pub fn touch(bucket: *mut FlowBucket, way: usize, now: u16) -> Option<u16> {
     }
 }
 
-/// Whether `way` is protected at tick `now` (`lb_common::ct_protected`:
-/// no insert takes it, and no SYN moves it: `main.rs`, `held_by` and
-/// `tracked`).
+/// Whether `way` is protected at tick `now` with a protection window of
+/// `window` ticks (`lb_common::ct_protected`: no insert takes it, and no
+/// SYN moves it: `main.rs`, `held_by` and `tracked`).
 #[inline(always)]
-pub fn protected(bucket: *mut FlowBucket, way: usize, now: u16) -> bool {
+pub fn protected(bucket: *mut FlowBucket, way: usize, now: u16, window: u16) -> bool {
     // SAFETY: live map value, `way < CT_WAYS` (from `find`).
-    ct_protected(unsafe { (*bucket).stamps[way] }, now)
+    ct_protected(unsafe { (*bucket).stamps[way] }, now, window)
 }
 
 /// Points `way` (holding `tag`) at backend `handle`.
@@ -119,9 +120,9 @@ pub fn set(bucket: *mut FlowBucket, way: usize, tag: u32, handle: u32) {
 /// Eviction rank of a way (higher goes first): a way of the same flow,
 /// then an empty one, then live entries by class (the lowest first) and
 /// age (the stalest first within a class); an active way seen within
-/// [`CT_PROTECT_TICKS`](lb_common::consts::CT_PROTECT_TICKS) ranks [`RANK_PROTECTED`] and is never taken.
+/// `window` ticks ranks [`RANK_PROTECTED`] and is never taken.
 #[inline(always)]
-fn eviction_rank(e: FlowEntry, stamp: u16, tag: u32, now: u16) -> u32 {
+fn eviction_rank(e: FlowEntry, stamp: u16, tag: u32, (now, window): (u16, u16)) -> u32 {
     if e == FlowEntry::EMPTY {
         RANK_EMPTY
     } else if e.tag() == tag {
@@ -129,7 +130,7 @@ fn eviction_rank(e: FlowEntry, stamp: u16, tag: u32, now: u16) -> u32 {
     } else {
         let class = stamp >> CT_STAMP_CLASS_SHIFT;
         let age = now.wrapping_sub(stamp) & CT_STAMP_TIME;
-        if ct_protected(stamp, now) {
+        if ct_protected(stamp, now, window) {
             RANK_PROTECTED
         } else {
             let lower = u32::from(CT_CLASS_ACTIVE - class.min(CT_CLASS_ACTIVE));
@@ -164,16 +165,17 @@ pub enum Evicted {
 }
 
 /// Records `tag → handle` in the way [`eviction_rank`] puts first (the
-/// first such way on a tie), unless every way is protected; `confirmed`
-/// when the flow is known to be established already (its handshake was
-/// seen).
+/// first such way on a tie), unless every way is protected (at tick
+/// `now`, within `window` ticks), at activity class `class`: `CT_CLASS_NEW`
+/// for a first packet, `CT_CLASS_CONFIRMED` when its handshake was seen
+/// or it moved (`moved_v6`).
 #[inline(always)]
 pub fn insert(
     bucket: *mut FlowBucket,
     tag: u32,
     handle: u32,
-    now: u16,
-    confirmed: bool,
+    (now, window): (u16, u16),
+    class: u16,
 ) -> Evicted {
     let mut best = 0;
     let mut best_rank = 0u32;
@@ -185,7 +187,7 @@ pub fn insert(
                 (*bucket).stamps[way],
             )
         };
-        let rank = eviction_rank(e, stamp, tag, now);
+        let rank = eviction_rank(e, stamp, tag, (now, window));
         if way == 0 || rank > best_rank {
             best = way;
             best_rank = rank;
@@ -194,11 +196,6 @@ pub fn insert(
     if best_rank == RANK_PROTECTED {
         return Evicted::Refused;
     }
-    let class = if confirmed {
-        CT_CLASS_CONFIRMED
-    } else {
-        CT_CLASS_NEW
-    };
     // SAFETY: live map value; `best < CT_WAYS`; one aligned 8-byte store.
     unsafe {
         core::ptr::write_volatile(&mut (*bucket).entries[best], FlowEntry::new(tag, handle));

@@ -38,7 +38,7 @@ use lb_common::{
     consts::{
         BACKEND_F_USABLE, BACKEND_INDEX_MASK, CFG_F_ALL_PORTS_VIPS, CFG_F_CT_V6_LEGACY,
         CFG_F_DROP_MALFORMED, CFG_F_HASH_KEY, CFG_F_ICMP_ECHO, CFG_F_PASS_TOO_BIG, CFG_F_TRACE,
-        CT_STAMP_TIME, CT_SYN_WINDOW_DEFAULT, FAMILY_V4, KEY_FRAGMENTS, PROTO_TCP, VIP_F_FRAG_HASH,
+        CT_CLASS_CONFIRMED, CT_CLASS_NEW, FAMILY_V4, KEY_FRAGMENTS, PROTO_TCP, VIP_F_FRAG_HASH,
         VIP_F_NO_BACKENDS, VIP_F_NO_CONNTRACK, VIP_F_QUIC,
     },
     counters::Kind,
@@ -220,7 +220,7 @@ fn new_syn<const TRACE: bool>(
     };
     if let Some(slot) = slot {
         let index = def.handle & BACKEND_INDEX_MASK;
-        let seen = syns::record(slot, at.tag, def.handle, now, syn_window(cfg));
+        let seen = syns::record(slot, at.tag, def.handle, now, cfg.syn_ticks());
         stats::syn(index, seen);
     }
     forward::<TRACE>(ctx, cfg, def, pkt, hashes, outcome)
@@ -247,7 +247,7 @@ fn held_by(
     }
     let bucket = LB_FLOWS.get_ptr_mut(at.bucket_index & cfg.ct_mask)?;
     let (way, handle) = conntrack::find(bucket, at.tag)?;
-    if !conntrack::protected(bucket, way, now) {
+    if !conntrack::protected(bucket, way, now, cfg.protect_ticks()) {
         return None;
     }
     backend_of(handle).filter(|def| def.flags & BACKEND_F_USABLE != 0 && def.vip_id == meta.vip_id)
@@ -295,7 +295,7 @@ fn new_flow<const TRACE: bool>(
     let answered = if at.has_syn_slot
         && let Some(slot) = syns::slot(at.bucket_index)
     {
-        syns::take(slot, tag, now, syn_window(cfg), None)
+        syns::take(slot, tag, now, cfg.syn_ticks(), None)
             .and_then(backend_of)
             .filter(|def| def.flags & BACKEND_F_USABLE != 0 && def.vip_id == meta.vip_id)
     } else {
@@ -328,7 +328,12 @@ fn new_flow<const TRACE: bool>(
     } else if meta.flags & VIP_F_NO_CONNTRACK == 0
         && let Some(bucket) = LB_FLOWS.get_ptr_mut(at.bucket_index & cfg.ct_mask)
     {
-        match conntrack::insert(bucket, tag, def.handle, now, answered.is_some()) {
+        let class = if answered.is_some() {
+            CT_CLASS_CONFIRMED
+        } else {
+            CT_CLASS_NEW
+        };
+        match conntrack::insert(bucket, tag, def.handle, (now, cfg.protect_ticks()), class) {
             conntrack::Evicted::Nothing => {}
             conntrack::Evicted::Unconfirmed => stats::count(Counter::CtEvicted, pkt.frame_len),
             conntrack::Evicted::Confirmed => {
@@ -369,7 +374,7 @@ fn reopened(
     (last, now): (u16, u16),
 ) -> Option<u32> {
     let slot = syns::slot(bucket_index)?;
-    let handle = syns::take(slot, tag, now, syn_window(cfg), Some(last))?;
+    let handle = syns::take(slot, tag, now, cfg.syn_ticks(), Some(last))?;
     // An old backend gone leaves the entry stale: `new_flow` places the
     // packet, checking the SYN's backend against the VIP.
     if backend_of(handle)?.vip_id != backend_of(old)?.vip_id {
@@ -377,15 +382,6 @@ fn reopened(
     }
     conntrack::set(bucket, way, tag, handle);
     Some(handle)
-}
-
-/// How old (stamp ticks) a SYN in `LB_SYNS` may be to count as recent.
-#[inline(always)]
-fn syn_window(cfg: &DatapathConfig) -> u16 {
-    match cfg.syn_window {
-        0 => CT_SYN_WINDOW_DEFAULT,
-        w => w.min(CT_STAMP_TIME as u32) as u16,
-    }
 }
 
 /// The usable backend the connection table names for `pkt` (not a SYN):
@@ -410,7 +406,7 @@ fn tracked(
         // was down, which the stale entry below hands to `new_flow`).
         // Asked of the stamp from before this packet, once per tick.
         let handle = match conntrack::touch(bucket, way, now) {
-            Some(last) if pkt.is_tcp() && !ct_protected(last, now) => {
+            Some(last) if pkt.is_tcp() && !ct_protected(last, now, cfg.protect_ticks()) => {
                 reopened(cfg, bucket, (way, handle), bucket_index, tag, (last, now))
                     .inspect(|_| stats::count(Counter::CtReopened, pkt.frame_len))
                     .unwrap_or(handle)
@@ -420,7 +416,7 @@ fn tracked(
                 // next connection on the tuple counts as a new flow, not
                 // as its retransmission (passive health).
                 if let Some(slot) = syns::slot(bucket_index) {
-                    syns::take(slot, tag, now, syn_window(cfg), Some(last));
+                    syns::take(slot, tag, now, cfg.syn_ticks(), Some(last));
                 }
                 handle
             }
@@ -460,7 +456,8 @@ fn moved_v6(
     let (_, handle) = conntrack::find(old, old_tag)?;
     let def = backend_of(handle).filter(|def| def.flags & BACKEND_F_USABLE != 0)?;
     let bucket = LB_FLOWS.get_ptr_mut(bucket_index & cfg.ct_mask)?;
-    conntrack::insert(bucket, tag, handle, conntrack::now(), true);
+    let now = (conntrack::now(), cfg.protect_ticks());
+    conntrack::insert(bucket, tag, handle, now, CT_CLASS_CONFIRMED);
     Some(def)
 }
 
@@ -726,7 +723,7 @@ fn icmp_error<const TRACE: bool>(
     if q.proto == PROTO_TCP
         && meta.flags & VIP_F_NO_CONNTRACK == 0
         && let Some(slot) = syns::slot(bucket_index)
-        && let Some(handle) = syns::peek(slot, tag, conntrack::now(), syn_window(cfg))
+        && let Some(handle) = syns::peek(slot, tag, conntrack::now(), cfg.syn_ticks())
         && let Some(def) = backend_of(handle)
         && def.flags & BACKEND_F_USABLE != 0
     {

@@ -726,6 +726,7 @@ async fn start_locked(
     let gateway = GatewayWatch::start(config, resolved);
     let mut settings = datapath_settings(config, resolved.1);
     settings.hash_key = hash_key_of(config)?;
+    settings.kernel_hz = kernel_hz().await;
     reconciler.apply_settings(&settings)?;
     // A trace of an lbd that died mid-trace ends here.
     reconciler.set_trace(None)?;
@@ -764,6 +765,23 @@ async fn start_locked(
         tier,
         _lock: lock,
     })
+}
+
+/// The kernel's HZ, which sizes the datapath's windows (a minute of
+/// protection for a live flow's entry, 10 s for a SYN to stay recent) in
+/// its clock's ticks; logged, or warned about when it cannot be learnt.
+async fn kernel_hz() -> Option<u32> {
+    let found = tokio::task::spawn_blocking(lb::kernel_hz)
+        .await
+        .ok()
+        .flatten();
+    match &found {
+        Some((hz, from)) => info!(hz, from = %from, "kernel tick rate"),
+        None => warn!(
+            "the kernel's HZ is unknown (no /boot/config-<release>, /proc/timer_list unreadable or its jiffies uneven): the datapath keeps a live flow's entry protected for 240 ticks and a SYN recent for 40, 61 s and 10 s at HZ=250 but a quarter of that at HZ=1000"
+        ),
+    }
+    found.map(|(hz, _)| hz)
 }
 
 /// The loop: one event at a time until a second stop signal or the end
