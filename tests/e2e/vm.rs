@@ -266,6 +266,7 @@ fn install() -> Result<Machine> {
 /// The configuration in place, `lbd` in the balancer's namespace by a
 /// drop-in, `systemctl enable --now`, and BIRD learning the VIP.
 fn enable(m: &Machine) -> Result<()> {
+    let since = now();
     std::fs::write("/etc/lb/lb.yaml", &m.config)?;
     std::fs::write("/etc/default/lbd", format!("LB_SOCKET={}\n", m.socket))?;
     write_drop_in(m, "")?;
@@ -273,6 +274,30 @@ fn enable(m: &Machine) -> Result<()> {
     m.wait_active("lbd active and answering", START)?;
     m.rig
         .wait_hops("the VIP announced to BIRD", &[1], Duration::from_secs(120))?;
+    learnt_the_kernels_hz(&journal(since)?)
+}
+
+/// `lbd` learnt the kernel's HZ inside the unit's sandbox (it sizes the
+/// datapath's windows): the value the kernel's build configuration
+/// states, read here with grep, or, where the image has none, one that
+/// Linux offers.
+fn learnt_the_kernels_hz(log: &str) -> Result<()> {
+    let Some(line) = log.lines().find(|l| l.contains("kernel tick rate")) else {
+        bail!("lbd did not learn the kernel's HZ:\n{log}");
+    };
+    let release = sh("uname", &["-r"])?;
+    let config = format!("/boot/config-{}", release.trim());
+    let want = match sh("grep", &["-m1", "^CONFIG_HZ=", &config]) {
+        Ok(out) => vec![out.trim().trim_start_matches("CONFIG_HZ=").to_string()],
+        Err(_) => ["100", "250", "300", "1000"].map(String::from).to_vec(),
+    };
+    let said: String = line
+        .split_once("hz=")
+        .map(|(_, rest)| rest.chars().take_while(char::is_ascii_digit).collect())
+        .unwrap_or_default();
+    if !want.contains(&said) {
+        bail!("lbd says {line:?}; the kernel's HZ is one of {want:?} ({config})");
+    }
     Ok(())
 }
 
