@@ -70,7 +70,7 @@ pub mod trace;
 pub use self::{
     bfd::{BfdTable, KernelBfdTable},
     health::ProbeResult,
-    liveflows::kernel_hz,
+    liveflows::{HZ_UNKNOWN, kernel_hz},
     lock::{DirLock, on_bpffs},
     reconcile::{DatapathSettings, Reconciler},
     revisions::{Revision, RevisionStore},

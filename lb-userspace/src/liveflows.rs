@@ -51,6 +51,10 @@ pub fn jiffies() -> Option<u64> {
         .find_map(|l| l.strip_prefix("jiffies:")?.trim().parse().ok())
 }
 
+/// What `lbd` says (its log at start, `lbctl status`) when it could not
+/// learn the kernel's HZ.
+pub const HZ_UNKNOWN: &str = "the kernel's HZ is unknown (no /boot/config-<release>, /proc/timer_list unreadable or its jiffies uneven): the datapath keeps a live flow's entry protected for 240 ticks and a SYN recent for 40, 61 s and 10 s at HZ=250 but a quarter of that at HZ=1000";
+
 /// The values Linux offers for `CONFIG_HZ`.
 const HZ_CHOICES: [u32; 4] = [100, 250, 300, 1000];
 

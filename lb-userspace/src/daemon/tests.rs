@@ -1970,6 +1970,20 @@ async fn status_shows_what_the_start_found() {
     assert_eq!(s.gateway.unwrap().address, Some(ip("10.0.0.1")));
 }
 
+/// `lbctl status` warns while the datapath's windows are not sized for
+/// the kernel's HZ (the rig's settings know none), and not once they are.
+#[tokio::test]
+async fn status_warns_while_the_kernels_hz_is_unknown() {
+    let mut r = rig(FILE);
+    let hz = |s: &api::Status| s.warnings.iter().any(|w| w == crate::liveflows::HZ_UNKNOWN);
+    let s: api::Status = parse(r.ok(Request::Status).await);
+    assert!(hz(&s), "{:?}", s.warnings);
+    r.daemon.settings.kernel_hz = Some(250);
+    let s: api::Status = parse(r.ok(Request::Status).await);
+    assert!(!hz(&s), "{:?}", s.warnings);
+    assert_eq!(s.warnings.len(), 1, "the file's own warning stays");
+}
+
 /// Backends a restart starts down are said once, at the start; a start
 /// with none, or a reload, says nothing of them.
 #[tokio::test]

@@ -131,7 +131,7 @@ impl<D: Dataplane> Daemon<D> {
             api_changes: !self.overlay.is_empty(),
             overrides: self.overlay.overrides(&self.config.vips).len(),
             last_reload: self.last_reload.clone(),
-            warnings: self.config.warnings.clone(),
+            warnings: self.status_warnings(),
             announce: self.announce_summary(),
             source: self.tier_line(),
             gateway: self.gateway.as_ref().map(|state| api::GatewayInfo {
@@ -154,6 +154,16 @@ impl<D: Dataplane> Daemon<D> {
             auto_reverts: self.auto_reverts,
             trace_active: self.tracing.is_some(),
         }
+    }
+
+    /// The configuration's warnings, and the datapath's clock when its
+    /// windows could not be sized for the kernel's HZ.
+    fn status_warnings(&self) -> Vec<String> {
+        let mut warnings = self.config.warnings.clone();
+        if self.settings.kernel_hz.is_none() {
+            warnings.push(crate::liveflows::HZ_UNKNOWN.to_string());
+        }
+        warnings
     }
 
     /// After a revert: the running configuration is not the file's.

@@ -266,6 +266,19 @@ fn a_small_unlucky_sample_is_chance_and_ejects_nobody() {
     }
     // Counters read apart (more retried than sent) count as all retried.
     assert_eq!(chance(w(10, 12), w(20, 0)), chance(w(10, 10), w(20, 0)));
+    // ln n! by Stirling's series above 255, against the sum of logs: at
+    // 256 its last term is 1.7e-10, so the tolerance tells it apart.
+    for (n, tolerance) in [(256u64, 1e-10), (300, 1e-10), (1000, 1e-9), (5000, 1e-8)] {
+        let summed: f64 = (2..=n).map(|i| (i as f64).ln()).sum();
+        let got = ln_factorial(n);
+        assert!(
+            (got - summed).abs() < tolerance,
+            "ln {n}!: {got} against {summed}"
+        );
+    }
+    assert_eq!(ln_factorial(0), 0.0);
+    assert_eq!(ln_factorial(1), 0.0);
+    assert!((ln_factorial(5) - 120f64.ln()).abs() < 1e-12);
     // A tail far beyond f64's range is 0, not NaN, and cheap.
     assert_eq!(chance(w(1 << 40, 1 << 40), w(1 << 40, 0)), 0.0);
 

@@ -777,9 +777,7 @@ async fn kernel_hz() -> Option<u32> {
         .flatten();
     match &found {
         Some((hz, from)) => info!(hz, from = %from, "kernel tick rate"),
-        None => warn!(
-            "the kernel's HZ is unknown (no /boot/config-<release>, /proc/timer_list unreadable or its jiffies uneven): the datapath keeps a live flow's entry protected for 240 ticks and a SYN recent for 40, 61 s and 10 s at HZ=250 but a quarter of that at HZ=1000"
-        ),
+        None => warn!("{}", lb::HZ_UNKNOWN),
     }
     found.map(|(hz, _)| hz)
 }
