@@ -310,6 +310,15 @@ mod tests {
         );
     }
 
+    /// A clock told HZ at start (what `lbd` learnt for the datapath's
+    /// windows) knows it before any reading; one told nothing learns it.
+    #[test]
+    fn a_clock_told_the_tick_rate_knows_it_at_once() {
+        let c = Clock::knowing(Some(250));
+        assert_eq!((c.hz(), c.window_ticks()), (Some(250), 40));
+        assert_eq!(Clock::knowing(None).hz(), None);
+    }
+
     #[test]
     fn the_tick_rate_is_learnt_from_two_readings() {
         let t0 = Instant::now();
