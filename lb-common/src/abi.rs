@@ -260,23 +260,20 @@ pub struct DatapathConfig {
 impl DatapathConfig {
     /// [`Self::protect_window`] as the datapath reads it: without a
     /// branch (each would multiply the verifier's paths through every
-    /// caller), so `lbd` always writes it, at most [`WINDOW_MAX`].
+    /// caller), so `lbd` always writes it, at most
+    /// [`CT_WINDOW_MAX`](crate::consts::CT_WINDOW_MAX).
     #[inline(always)]
     pub const fn protect_ticks(&self) -> u16 {
-        (self.protect_window & WINDOW_MAX as u32) as u16
+        (self.protect_window & crate::consts::CT_WINDOW_MAX as u32) as u16
     }
 
     /// [`Self::syn_window`] as the datapath reads it (as
     /// [`Self::protect_ticks`]).
     #[inline(always)]
     pub const fn syn_ticks(&self) -> u16 {
-        (self.syn_window & WINDOW_MAX as u32) as u16
+        (self.syn_window & crate::consts::CT_WINDOW_MAX as u32) as u16
     }
 }
-
-/// The longest window the datapath reads: half the stamps' 16,384 ticks
-/// (an age beyond it may be a wrapped one), all ones.
-pub const WINDOW_MAX: u16 = crate::consts::CT_STAMP_TIME >> 1;
 
 pub use crate::consts::VIP_FILTER_WORDS;
 
@@ -810,7 +807,7 @@ mod tests {
             (cfg(960, 160).protect_ticks(), cfg(960, 160).syn_ticks()),
             (960, 160)
         );
-        assert_eq!(WINDOW_MAX, 8191);
+        assert_eq!(crate::consts::CT_WINDOW_MAX, 8191);
         assert_eq!(cfg(8191, 8191).protect_ticks(), 8191);
         // Protected within the window, by the wrapped age.
         let active = 3 << crate::consts::CT_STAMP_CLASS_SHIFT;

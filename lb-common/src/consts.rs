@@ -249,13 +249,17 @@ pub const CT_SYN_WINDOW_MS: u32 = 10_240;
 /// at HZ=1000.
 pub const CT_SYN_WINDOW_DEFAULT: u16 = 40;
 
+/// The longest window the datapath reads: half the stamps' 16,384 ticks
+/// (an age beyond it may be a wrapped one), all ones.
+pub const CT_WINDOW_MAX: u16 = CT_STAMP_TIME >> 1;
+
 /// `ms` milliseconds in stamp ticks of a kernel ticking `hz` times a
-/// second, rounded up, from 1 to [`crate::abi::WINDOW_MAX`] (what `lbd`
+/// second, rounded up, from 1 to [`CT_WINDOW_MAX`] (what `lbd`
 /// writes into [`crate::DatapathConfig`]).
 pub const fn stamp_ticks(ms: u32, hz: u32) -> u32 {
     let jiffies = (ms as u64 * hz as u64).div_ceil(1000);
     let ticks = jiffies.div_ceil(1 << CT_STAMP_TICK_SHIFT);
-    let max = crate::abi::WINDOW_MAX as u64;
+    let max = CT_WINDOW_MAX as u64;
     if ticks == 0 {
         1
     } else if ticks > max {
