@@ -788,7 +788,7 @@ mod tests {
             assert_eq!(stamp_ticks(CT_PROTECT_MS, hz), protect, "HZ={hz}");
             assert_eq!(stamp_ticks(CT_SYN_WINDOW_MS, hz), syn, "HZ={hz}");
         }
-        // Rounded up, never 0 (0 in the config means the default).
+        // Rounded up, never 0 (the datapath reads 0 as no window at all).
         assert_eq!(stamp_ticks(1, 100), 1);
         assert_eq!(stamp_ticks(0, 100), 1);
         assert_eq!(stamp_ticks(641, 100), 2);

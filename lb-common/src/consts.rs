@@ -213,8 +213,12 @@ pub const CT_WAYS: usize = 6;
 /// was last seen (`jiffies >> CT_STAMP_TICK_SHIFT`, see [`CT_STAMP_TIME`]).
 pub const CT_STAMP_CLASS_SHIFT: u32 = 14;
 /// The low 14 bits of a stamp: the tick (16,384 ticks: 70 minutes at
-/// HZ=250, before wrapping; stamps only rank ways, so wrapping is
-/// harmless).
+/// HZ=250, 17.5 at HZ=1000, before wrapping). Stamps rank ways, and the
+/// wrap is not harmless for one thing: an active way idle for a whole
+/// number of wraps, give or take the protection window, reads as
+/// protected again for that window: an idle active way spends 1.5% of
+/// its idle time so at HZ=250 (61 s of 70 minutes), 5.9% at HZ=1000 (61 s
+/// of 17.5 minutes), holding its way and its tuple's SYNs.
 pub const CT_STAMP_TIME: u16 = (1 << CT_STAMP_CLASS_SHIFT) - 1;
 /// Class 0: one packet seen, and no handshake this balancer saw.
 pub const CT_CLASS_NEW: u16 = 0;

@@ -183,7 +183,7 @@ counters! {
     DropBfdTooSoon = 41, "drop_bfd_too_soon", Drop;
     /// Event: a new flow found every way of its connection-table bucket
     /// held by an active flow seen within the last minute (see
-    /// `CT_PROTECT_TICKS`): it went to its Maglev backend and was not
+    /// `DatapathConfig::protect_window`): it went to its Maglev backend and was not
     /// recorded (its next packet tries again). A flood cannot evict such
     /// flows; a table too small for the box's active flows shows here.
     CtInsertRefused = 42, "ct_insert_refused", Event;

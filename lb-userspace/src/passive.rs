@@ -74,9 +74,10 @@ pub struct Window {
 /// backends that differ only by chance (Fisher's test is conservative).
 pub const MAX_CHANCE: f64 = 0.00135;
 
-/// Terms of the exact test's tail summed at most (each a few flops); the
-/// tail has converged long before in any window a VIP can fill.
-const MAX_TERMS: u64 = 100_000;
+/// Terms of the exact test's tail summed at most (each a few flops, some
+/// 0.1 ms in all); past them the rest is bounded from above (samples of
+/// hundreds of millions of SYNs near the threshold need more).
+const MAX_TERMS: u64 = 10_000;
 
 /// How the policy judges a backend's window against its peers' pooled.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -110,32 +111,42 @@ pub fn judge(settings: &PassiveHealth, w: Window, others: Window) -> Judgement {
 /// The chance that `one` would get at least as many of the pooled
 /// retransmits as it did if its SYNs were retried like `others'`: the
 /// one-sided p-value of Fisher's exact test (the hypergeometric tail of
-/// drawing `one.syns` of all the SYNs). 1 when either side has no SYN or
-/// `one` is retried no more than the others.
+/// drawing `one.syns` of all the SYNs). 1 when either side has no SYN,
+/// `one` is retried no more than the others, or the counts overflow.
+/// Where the tail is cut short ([`MAX_TERMS`]) the rest is bounded from
+/// above: the answer may be too high, never too low (it errs toward
+/// keeping the backend).
 pub fn chance(one: Window, others: Window) -> f64 {
     // A window's two counters are read apart: never more retried than sent.
     let (n1, r1) = (one.syns, one.retransmits.min(one.syns));
     let (n0, r0) = (others.syns, others.retransmits.min(others.syns));
+    let (Some(n), Some(k)) = (n1.checked_add(n0), r1.checked_add(r0)) else {
+        return 1.0;
+    };
     if n1 == 0 || n0 == 0 || r1 as f64 / n1 as f64 <= r0 as f64 / n0 as f64 {
         return 1.0;
     }
-    let (n, k) = (n1.saturating_add(n0), r1.saturating_add(r0));
     let ln_choose = |a: u64, b: u64| ln_factorial(a) - ln_factorial(b) - ln_factorial(a - b);
     // P(X = r1), then each next term from the one before. `one`'s ratio
     // is above the pooled mean, so past at most one rising step the terms
-    // fall and the sum converges.
+    // fall, each by a ratio smaller than the one before.
     let mut term = (ln_choose(k, r1) + ln_choose(n - k, n1 - r1) - ln_choose(n, n1)).exp();
-    let (mut sum, mut x) = (0.0, r1);
+    let (mut sum, mut x, mut ratio) = (0.0, r1, 1.0);
     for _ in 0..MAX_TERMS {
         sum += term;
         if x == k.min(n1) || term <= sum * 1e-12 {
-            break;
+            return sum.min(1.0);
         }
         let (xf, kf, nf, n1f) = (x as f64, k as f64, n as f64, n1 as f64);
-        term *= (kf - xf) * (n1f - xf) / ((xf + 1.0) * (nf - kf - n1f + xf + 1.0));
+        ratio = (kf - xf) * (n1f - xf) / ((xf + 1.0) * (nf - kf - n1f + xf + 1.0));
+        term *= ratio;
         x += 1;
     }
-    sum.min(1.0)
+    // Cut short: the terms left sum to at most term / (1 − ratio).
+    if ratio >= 1.0 {
+        return 1.0;
+    }
+    (sum + term / (1.0 - ratio)).min(1.0)
 }
 
 /// ln(n!): summed below 256, Stirling's series above (its first omitted
@@ -298,7 +309,7 @@ pub fn pooled(windows: &[Window], i: usize) -> Window {
         .enumerate()
         .filter(|(j, _)| *j != i)
         .fold((0u64, 0u64), |(s, r), (_, w)| {
-            (s + w.syns, r + w.retransmits)
+            (s.saturating_add(w.syns), r.saturating_add(w.retransmits))
         });
     Window { syns, retransmits }
 }

@@ -138,7 +138,8 @@ pub struct DatapathSettings {
     pub hash_key: Option<[u64; 2]>,
     /// The kernel's HZ (`liveflows::kernel_hz`), which sizes the
     /// datapath's windows in stamp ticks: the same seconds on every
-    /// kernel. `None`: HZ=250's ticks (the same seconds there only).
+    /// kernel. `None`: the windows the maps hold, else HZ=250's ticks
+    /// (the same seconds there only).
     pub kernel_hz: Option<u32>,
 }
 
@@ -575,9 +576,15 @@ impl<D: Dataplane> Reconciler<D> {
         cfg.src_v6_host_mask = host_mask(s.outer_source_v6_host_bits);
         cfg.mtu = s.mtu;
         cfg.gue_port = s.gue_port.to_be();
-        let ticks = |ms, default| s.kernel_hz.map_or(default, |hz| stamp_ticks(ms, hz));
-        cfg.protect_window = ticks(CT_PROTECT_MS, CT_PROTECT_TICKS.into());
-        cfg.syn_window = ticks(CT_SYN_WINDOW_MS, CT_SYN_WINDOW_DEFAULT.into());
+        // HZ unknown: what the maps hold (pins do not outlive a boot, so
+        // an earlier lbd wrote it for this kernel), else HZ=250's ticks.
+        let ticks = |ms, default: u16, held: u32| match s.kernel_hz {
+            Some(hz) => stamp_ticks(ms, hz),
+            None if held != 0 => held,
+            None => default.into(),
+        };
+        cfg.protect_window = ticks(CT_PROTECT_MS, CT_PROTECT_TICKS, old.protect_window);
+        cfg.syn_window = ticks(CT_SYN_WINDOW_MS, CT_SYN_WINDOW_DEFAULT, old.syn_window);
         cfg.flags = self.all_ports_flag(cfg.flags);
         // The key before the flag that makes the datapath read it.
         if let Some(key) = &s.hash_key
@@ -1939,8 +1946,8 @@ mod tests {
     }
 
     /// The datapath's windows are written in ticks of the kernel's HZ
-    /// (the same seconds everywhere), and HZ=250's ticks when HZ is
-    /// unknown: never 0.
+    /// (the same seconds everywhere); when HZ is unknown, what the maps
+    /// hold, else HZ=250's ticks: never 0.
     #[test]
     fn windows_are_written_in_ticks_of_the_kernels_hz() {
         let mut r = Reconciler::adopt(FakeDataplane::new(layout())).unwrap();
@@ -1951,7 +1958,7 @@ mod tests {
         for (hz, want) in [
             (Some(1000), (960, 160)),
             (Some(100), (96, 16)),
-            (None, (240, 40)),
+            (None, (96, 16)),
         ] {
             let s = DatapathSettings {
                 kernel_hz: hz,
@@ -1960,6 +1967,9 @@ mod tests {
             r.apply_settings(&s).unwrap();
             assert_eq!(windows(&r), want, "HZ {hz:?}");
         }
+        let mut fresh = Reconciler::adopt(FakeDataplane::new(layout())).unwrap();
+        fresh.apply_settings(&DatapathSettings::default()).unwrap();
+        assert_eq!(windows(&fresh), (240, 40), "fresh maps, HZ unknown");
     }
 
     #[test]

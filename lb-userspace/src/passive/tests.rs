@@ -279,6 +279,25 @@ fn a_small_unlucky_sample_is_chance_and_ejects_nobody() {
     assert_eq!(ln_factorial(0), 0.0);
     assert_eq!(ln_factorial(1), 0.0);
     assert!((ln_factorial(5) - 120f64.ln()).abs() < 1e-12);
+    // A trillion SYNs each, 2.9 standard errors apart (σ of the draw
+    // 324,037): the tail is cut short after 10,000 terms, 3% of σ, whose
+    // sum alone is about 2e-4 and would eject; the rest is bounded from
+    // above. The tail there is the normal law's (with continuity
+    // correction, worked out in Python): 0.0018658.
+    let (one, others) = (
+        w(1_000_000_000_000, 300_001_879_415),
+        w(1_000_000_000_000, 300_000_000_000),
+    );
+    let p = chance(one, others);
+    assert!((0.0018658 * 0.9..0.0018658 * 3.0).contains(&p), "{p}");
+    let relaxed = PassiveHealth {
+        relative: 1.0,
+        ratio: 0.0,
+        ..settings()
+    };
+    assert_eq!(judge(&relaxed, one, others), Judgement::Chance(p));
+    // Counts whose sum overflows: no judgement, no panic.
+    assert_eq!(chance(w(u64::MAX, u64::MAX), w(2, 0)), 1.0);
     // A tail far beyond f64's range is 0, not NaN, and cheap.
     assert_eq!(chance(w(1 << 40, 1 << 40), w(1 << 40, 0)), 0.0);
 

@@ -45,8 +45,8 @@ use lb_common::{
 };
 
 /// The current tick of the stamps' clock: jiffies >> 6, 256 ms at HZ=250,
-/// 14 bits (wrapping after 70 minutes; stamps only rank ways for eviction,
-/// so wrapping is harmless).
+/// 14 bits (wrapping after 70 minutes, 17.5 at HZ=1000; what the wrap
+/// does to protection: `CT_STAMP_TIME`).
 #[inline(always)]
 pub fn now() -> u16 {
     // SAFETY: helper without arguments.

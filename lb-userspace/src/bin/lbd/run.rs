@@ -456,6 +456,9 @@ async fn start(config_path: PathBuf) -> Result<Started> {
     // socket): one lbd per instance. A second `lbd` started by hand on a
     // running instance must not settle and save its state file first.
     let lock = crate::lock_instance(&file.config)?;
+    // Up to a second where the kernel's build configuration is not
+    // installed: learnt while the program is verified.
+    let hz = tokio::task::spawn_blocking(lb::kernel_hz);
     let (target, file, revisions, desired) = load(&config_path, file)?;
     let config = target.config.clone();
     let first = !KernelDataplane::has_pins(&config.pin_dir());
@@ -466,7 +469,7 @@ async fn start(config_path: PathBuf) -> Result<Started> {
     match start_locked(
         config_path,
         (target, file, revisions, desired),
-        lock,
+        (lock, hz),
         &afresh,
     )
     .await
@@ -712,7 +715,7 @@ fn keep_verifier_log(mut e: anyhow::Error, config: &Config) -> anyhow::Error {
 async fn start_locked(
     config_path: PathBuf,
     (target, file, revisions, desired): (Target, FileRead, RevisionStore, lb::tier::Desired),
-    lock: lb::DirLock,
+    (lock, hz): (lb::DirLock, HzTask),
     afresh: &[String],
 ) -> Result<Started> {
     let config = &target.config;
@@ -726,7 +729,7 @@ async fn start_locked(
     let gateway = GatewayWatch::start(config, resolved);
     let mut settings = datapath_settings(config, resolved.1);
     settings.hash_key = hash_key_of(config)?;
-    settings.kernel_hz = kernel_hz().await;
+    settings.kernel_hz = kernel_hz(hz).await;
     reconciler.apply_settings(&settings)?;
     // A trace of an lbd that died mid-trace ends here.
     reconciler.set_trace(None)?;
@@ -767,14 +770,14 @@ async fn start_locked(
     })
 }
 
+/// [`lb::kernel_hz`] on a blocking thread.
+type HzTask = tokio::task::JoinHandle<Option<(u32, String)>>;
+
 /// The kernel's HZ, which sizes the datapath's windows (a minute of
 /// protection for a live flow's entry, 10 s for a SYN to stay recent) in
 /// its clock's ticks; logged, or warned about when it cannot be learnt.
-async fn kernel_hz() -> Option<u32> {
-    let found = tokio::task::spawn_blocking(lb::kernel_hz)
-        .await
-        .ok()
-        .flatten();
+async fn kernel_hz(task: HzTask) -> Option<u32> {
+    let found = task.await.ok().flatten();
     match &found {
         Some((hz, from)) => info!(hz, from = %from, "kernel tick rate"),
         None => warn!("{}", lb::HZ_UNKNOWN),
