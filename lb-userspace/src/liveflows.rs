@@ -68,9 +68,9 @@ const HZ_MEASURE: std::time::Duration = std::time::Duration::from_secs(1);
 /// Ubuntu and RHEL install it), else measured over [`HZ_MEASURE`] from
 /// two readings of [`jiffies`] and taken if within 8% of one of
 /// [`HZ_CHOICES`]. Over a whole second a reading must lag its clock by
-/// some 20 ms more than the other (a stall on a busy host) to leave the
+/// some 80 ms more than the other (a stall on a busy host) to leave the
 /// band of 250 or 300 (they are 20% apart): then no answer, and only past
-/// 50 ms a wrong one. `None` where neither answers. Blocks for up to
+/// some 100 ms a wrong one. `None` where neither answers. Blocks for up to
 /// [`HZ_MEASURE`]: `lbd` runs it beside the program's verification.
 pub fn kernel_hz() -> Option<(u32, String)> {
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").ok();
@@ -306,8 +306,8 @@ mod tests {
     /// over a whole second.
     #[test]
     fn the_kernel_hz_is_one_linux_offers() {
-        // Three tries: a stall of 20 ms in one second's measurement on a
-        // busy host gives no answer (never a wrong one below 50 ms).
+        // Three tries: a stall of 80 ms in one second's measurement on a
+        // busy host gives no answer (never a wrong one below some 100 ms).
         let Some((hz, from)) = (0..3).find_map(|_| kernel_hz()) else {
             assert!(jiffies().is_none(), "jiffies readable, yet no HZ");
             return;
