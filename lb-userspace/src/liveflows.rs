@@ -73,9 +73,9 @@ const HZ_MEASURE: std::time::Duration = std::time::Duration::from_secs(1);
 /// some 100 ms a wrong one. `None` where neither answers. Blocks for up to
 /// [`HZ_MEASURE`]: `lbd` runs it beside the program's verification.
 pub fn kernel_hz() -> Option<(u32, String)> {
-    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").ok();
-    let config = release.map(|r| format!("/boot/config-{}", r.trim()));
-    if let Some(path) = config
+    let release = crate::dataplane::kernel_release();
+    let path = format!("/boot/config-{release}");
+    if !release.is_empty()
         && let Some(hz) = config_hz(&path)
     {
         return Some((hz, path));
