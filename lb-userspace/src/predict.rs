@@ -162,9 +162,11 @@ fn held_by(
 }
 
 /// A TCP packet without a (usable) connection-table entry whose flow's
-/// SYN is in the recent SYNs goes where that SYN went. (Whether the SYN
-/// is still recent depends on the kernel's clock, which this does not
-/// read: a stale slot predicts its SYN's backend.)
+/// SYN is in the recent SYNs goes where that SYN went, as the datapath's
+/// `syns::take` finds it: the SYN is recent if it came at most the
+/// configured window before now (`DatapathConfig::syn_ticks`, ten
+/// seconds) by the kernel's clock, taken as now where that clock cannot
+/// be read.
 fn handshake(
     dp: &dyn Dataplane,
     flow: &FlowKey,
@@ -182,6 +184,11 @@ fn handshake(
     let (bucket, tag) = ct_position(flow.ct_hash(), cfg.ct_seed);
     let s = dp.syn_slot(bucket)?;
     if s.entry == FlowEntry::EMPTY || s.entry.tag() != tag {
+        return Ok(None);
+    }
+    let now =
+        crate::liveflows::jiffies().map_or(s.stamp & CT_STAMP_TIME, crate::liveflows::tick_of);
+    if now.wrapping_sub(s.stamp) & CT_STAMP_TIME > cfg.syn_ticks() {
         return Ok(None);
     }
     let Some(def) = live_backend(dp, s.entry.handle())? else {

@@ -634,6 +634,70 @@ fn a_live_flow_is_protected_for_the_window_lbd_wrote() {
     assert_eq!(Some(ip(BACKENDS[got])), to, "as predicted");
 }
 
+/// The handshake's ACK goes where its SYN went while the SYN is within
+/// the window `lbd` wrote (`syn_window`, in ticks of the kernel's clock),
+/// and by the table once it is older; `lbctl simulate` agrees.
+#[test]
+fn an_ack_takes_its_syns_backend_within_the_window_lbd_wrote() {
+    let mut rig = Rig::new(1 << 12);
+    let vips = rig.standard_vips();
+    let ports: Vec<u16> = (1024..u16::MAX)
+        .filter(|&sport| {
+            predict(rig.dp(), &tcp_flow(sport), true)
+                .expect("predict")
+                .and_then(|p| p.backend)
+                .and_then(|b| b.ip())
+                == Some(ip(BACKENDS[1]))
+        })
+        .take(2)
+        .collect();
+    for &sport in &ports {
+        let syn = tcp4(TO_LB, "10.0.0.10", 80, sport, true, b"");
+        assert_eq!(forward(&mut rig, &syn), (1, Counter::FwdMaglev));
+    }
+    // The table no longer picks backend 1 (it drains).
+    rig.set_weight(&vips.tcp4, 1, 0);
+
+    for (sport, window, age, held) in [(ports[0], 160, 100, true), (ports[1], 40, 41, false)] {
+        let cfg = rig.dp().config().expect("config");
+        let cfg = DatapathConfig {
+            syn_window: window,
+            ..cfg
+        };
+        rig.r.dataplane_mut().set_config(&cfg).expect("config");
+        let flow = tcp_flow(sport);
+        age_syn(&mut rig, &flow, age);
+        let (via, to) = predicted(&rig, &flow);
+        let (got, counter) = forward(&mut rig, &tcp4(TO_LB, "10.0.0.10", 80, sport, false, b""));
+        let why = format!("a SYN {age} ticks old, a {window}-tick window");
+        if held {
+            assert_eq!(
+                (via, got, counter),
+                (Via::Handshake, 1, Counter::FwdHandshake),
+                "{why}"
+            );
+        } else {
+            assert_eq!(via, Via::Maglev, "{why}");
+            assert_eq!(counter, Counter::FwdMaglev, "{why}");
+            assert_ne!(got, 1, "{why}: the drained backend");
+        }
+        assert_eq!(Some(ip(BACKENDS[got])), to, "{why}: as predicted");
+    }
+}
+
+/// Makes the recent SYN of `flow` `ticks` older.
+fn age_syn(rig: &mut Rig, flow: &FlowKey, ticks: u16) {
+    let cfg = rig.dp().config().expect("config");
+    let (index, _) = lb_common::flow::ct_position(flow.ct_hash(), cfg.ct_seed);
+    let mut slot = rig.dp().syn_slot(index).expect("slot");
+    assert_ne!(slot.entry, lb_common::FlowEntry::EMPTY, "the flow's SYN");
+    slot.stamp = slot.stamp.wrapping_sub(ticks) & CT_STAMP_TIME;
+    rig.r
+        .dataplane_mut()
+        .set_syn_slot(index, &slot)
+        .expect("write slot");
+}
+
 /// Writes `tag → handle` into a free way of bucket `index` (as an older
 /// version's datapath would have), active and seen now.
 fn plant_entry(rig: &mut Rig, index: u32, tag: u32, handle: u32) {

@@ -291,6 +291,12 @@ impl Dataplane for FakeDataplane {
         Ok(self.syns[(bucket_index & (lb_common::consts::SYN_SLOTS - 1)) as usize])
     }
 
+    fn set_syn_slot(&mut self, bucket_index: u32, slot: &lb_common::SynSlot) -> Result<()> {
+        self.write(1)?;
+        self.syns[(bucket_index & (lb_common::consts::SYN_SLOTS - 1)) as usize] = *slot;
+        Ok(())
+    }
+
     fn flow_bucket(&self, index: u32) -> Result<FlowBucket> {
         Ok(self.flows[range("bucket", index, self.flows.len())?])
     }

@@ -915,6 +915,15 @@ impl Dataplane for KernelDataplane {
         Ok(())
     }
 
+    fn set_syn_slot(&mut self, bucket_index: u32, slot: &SynSlot) -> Result<()> {
+        match &mut self.maps.syns {
+            Some(map) => map
+                .set(bucket_index & (SYN_SLOTS - 1), slot, 0)
+                .map_err(map_err(MAP_SYNS)),
+            None => Ok(()),
+        }
+    }
+
     fn set_flow_bucket(&mut self, index: u32, bucket: &FlowBucket) -> Result<()> {
         self.maps
             .flows

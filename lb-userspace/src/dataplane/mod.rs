@@ -371,6 +371,8 @@ pub trait Dataplane {
     /// The recent-SYN slot of the flow at connection-table bucket index
     /// `bucket_index` (before masking by the table's size).
     fn syn_slot(&self, bucket_index: u32) -> Result<lb_common::SynSlot>;
+    /// Writes the recent-SYN slot of `bucket_index` (tests age a SYN).
+    fn set_syn_slot(&mut self, bucket_index: u32, slot: &lb_common::SynSlot) -> Result<()>;
     fn set_flow_bucket(&mut self, index: u32, bucket: &FlowBucket) -> Result<()>;
 
     /// Visits every connection-table bucket once, in index order (a
