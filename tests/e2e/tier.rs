@@ -5,14 +5,17 @@
 //! independent reader of what each balancer publishes.
 //!
 //! What must hold: both balancers apply the desired state written to
-//! etcd, with table digests equal to each other's; a change (a backend
+//! etcd, with table digests equal to each other's (a report deleted by
+//! hand is published again); a change (a backend
 //! added) reaches both and is recorded as a revision naming the etcd
 //! revision, with no stream broken; a desired state that is not one
 //! (not YAML, 1.1 MiB, a wrong field) is refused by both with its name,
 //! and nothing changes; a balancer cut off from etcd keeps serving and
 //! announcing, is flagged by the other, and catches up when the
 //! partition heals; with etcd gone, both keep serving, and a balancer
-//! restarted then serves what it served before.
+//! restarted then serves what it served before; etcd restored from an
+//! earlier snapshot (its revision behind theirs) changes nothing until
+//! the next write, which both apply.
 //!
 //! Staged rollouts (`lbctl tier rollout`), with three balancers, a
 //! three-member etcd cluster and 200 streams: one whose canary cannot
@@ -26,7 +29,10 @@
 //!
 //! Needs root, bird2 and etcd. Tests run one at a time.
 
-use std::time::{Duration, Instant};
+use std::{
+    path::Path,
+    time::{Duration, Instant},
+};
 
 use anyhow::{Context as _, Result, bail};
 use lb_tests::{
@@ -177,6 +183,15 @@ fn follow_change_and_refuse(rig: &EcmpRig, etcd: &Etcd, lbd: &[Lbd; 2]) -> Resul
                     })
             }))
         },
+    )?;
+    // A report deleted by hand (a tired operator cleaning up) comes back:
+    // the tier would count the balancer gone.
+    etcd.ctl(&["del", &format!("{PREFIX}/balancers/lb1")])?;
+    wait_for(
+        "lb1's report published again",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || Ok(report(etcd, "lb1")?.is_some_and(|r| r["applied"] == r1)),
     )?;
     let streams = rig.streams(47_000..47_040, EVERY, PATIENCE)?;
     std::thread::sleep(Duration::from_secs(1));
@@ -354,7 +369,7 @@ fn partition(
 
 /// etcd gone: both keep serving; a balancer restarted then serves what
 /// it served.
-fn etcd_gone(rig: &EcmpRig, etcd: &mut Etcd, lbd: [Lbd; 2]) -> Result<()> {
+fn etcd_gone(rig: &EcmpRig, etcd: &mut Etcd, lbd: [Lbd; 2]) -> Result<[Lbd; 2]> {
     let applied = tier_status(&lbd[0])?["applied"].clone();
     let digest = lbd[1].lbctl_json(&["status"])?["config_digest"].clone();
     let streams = rig.streams(47_200..47_240, EVERY, PATIENCE)?;
@@ -396,6 +411,44 @@ fn etcd_gone(rig: &EcmpRig, etcd: &mut Etcd, lbd: [Lbd; 2]) -> Result<()> {
     }
     let n = none_broken(streams)?;
     eprintln!("etcd gone: {n} streams unbroken, a restarted balancer serves revision {applied}");
+    Ok([lbd1, lbd2])
+}
+
+/// etcd restored from a snapshot taken earlier (`snapshot`): its
+/// revision goes back below what the balancers applied. They keep what
+/// they run, say so, and apply the next write of the desired state,
+/// though its revision is lower than theirs.
+fn restored(rig: &EcmpRig, etcd: &mut Etcd, lbd: &[Lbd; 2], snapshot: &Path) -> Result<()> {
+    let before = tier_status(&lbd[0])?["applied"]
+        .as_i64()
+        .context("applied")?;
+    etcd.restore(&rig.router, snapshot)?;
+    for l in lbd {
+        wait_for(
+            "etcd behind what ran, said",
+            Duration::from_secs(60),
+            Duration::from_millis(100),
+            || {
+                let t = tier_status(l)?;
+                Ok(t["connected"] == true
+                    && t["note"].as_str().is_some_and(|n| n.contains("behind")))
+            },
+        )?;
+        if tier_status(l)?["applied"] != before {
+            bail!(
+                "a restored etcd's older state was applied: {}",
+                tier_status(l)?
+            );
+        }
+    }
+    let (_, desired) = split_config(rig, 1, &[0, 1, 2])?;
+    let (revision, took) = roll_out(etcd, lbd, &desired)?;
+    if revision >= before {
+        bail!("the restored etcd is at revision {revision}, not behind {before}");
+    }
+    eprintln!(
+        "etcd restored from a snapshot: desired revision {revision} (below the {before} applied before) applied by both {took:?} after the write"
+    );
     Ok(())
 }
 
@@ -624,13 +677,24 @@ fn a_tier_follows_etcd_refuses_bad_states_and_fails_static() {
         // A weight changed while lb2 is cut off (no backend leaves: every
         // stream must live).
         let (_, reweighted) = split_weighted(&rig, 1, &[(0, 2), (1, 1), (2, 1)])?;
+        // A backup, taken before the later writes, restored at the end;
+        // 40 writes after it put the desired state written next well
+        // above the revision the store goes back to.
+        let snapshot = rig.dir.join("etcd.snapshot");
         let result = follow_change_and_refuse(&rig, &etcd, &lbd)
+            .and_then(|_| etcd.snapshot(&snapshot))
+            .and_then(|_| {
+                (0..40).try_for_each(|i| etcd.put(&format!("{PREFIX}/attic/pad"), &[i]).map(drop))
+            })
             .and_then(|_| partition(&rig, &etcd, &lbd, (1, &reweighted)))
             .and_then(|_| namesake(&etcd, &lbd));
         if let Err(e) = result {
             bail!("{e:#}\n{}\netcd:\n{}", rig.logs(), etcd.log_text());
         }
-        etcd_gone(&rig, &mut etcd, lbd).map_err(|e| anyhow::anyhow!("{e:#}\n{}", rig.logs()))
+        let lbd = etcd_gone(&rig, &mut etcd, lbd)
+            .map_err(|e| anyhow::anyhow!("{e:#}\n{}", rig.logs()))?;
+        restored(&rig, &mut etcd, &lbd, &snapshot)
+            .map_err(|e| anyhow::anyhow!("{e:#}\n{}\netcd:\n{}", rig.logs(), etcd.log_text()))
     })());
 }
 

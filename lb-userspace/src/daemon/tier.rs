@@ -30,6 +30,10 @@ pub struct TierState {
     pub(super) applied: Option<i64>,
     /// The rollout whose candidate this balancer runs, if it does.
     pub(super) candidate: Option<i64>,
+    /// etcd's history went back below `applied` (restored from a
+    /// snapshot, or a new cluster): the desired revision it was at then.
+    /// A write after it is new, whatever its number.
+    rewound: Option<i64>,
     /// Something the operator should know (the desired key deleted, etcd
     /// behind what was applied).
     note: Option<String>,
@@ -50,6 +54,8 @@ impl<D: Dataplane> Daemon<D> {
             Some((revision, false)) => {
                 self.tier.applied = Some(revision);
                 self.tier.seen = Some(revision);
+                self.metrics.tier_applied.set(revision);
+                self.metrics.tier_seen.set(revision);
             }
             None => {}
         }
@@ -67,24 +73,35 @@ impl<D: Dataplane> Daemon<D> {
     }
 
     /// The etcd task connected (with the cluster's revision) or lost etcd.
+    /// Its time is when the link last went up or down: a failed retry
+    /// while etcd stays away keeps the time it went (the reason is the
+    /// newest).
     pub fn on_tier_link(&mut self, link: std::result::Result<i64, String>) {
-        let was_up = matches!(self.tier.link, Some((Ok(_), _)));
-        if let (Ok(revision), false) = (&link, was_up) {
+        let was = self.tier.link.as_ref().map(|(l, t)| (l.is_ok(), *t));
+        if let Ok(revision) = &link
+            && was.is_none_or(|(up, _)| !up)
+        {
             info!(
                 revision,
                 "etcd: connected; following the tier's desired state"
             );
         }
-        self.tier.link = Some((link, SystemTime::now()));
+        let since = match was {
+            Some((up, t)) if up == link.is_ok() => t,
+            _ => SystemTime::now(),
+        };
+        self.tier.link = Some((link, since));
         self.metrics
             .tier_connected
             .set(i64::from(matches!(self.tier.link, Some((Ok(_), _)))));
     }
 
     /// A desired state seen: `true` if it should be applied (newer than
-    /// the one running). One older than what runs (etcd restored from a
-    /// backup, or rolled back) is not applied: the balancer keeps what it
-    /// runs and says so.
+    /// the one running). One older than what runs means etcd's history
+    /// went back (restored from a snapshot, which keeps the snapshot's
+    /// revision, or a new cluster): what it holds then is not applied,
+    /// the balancer keeps what it runs and says so, and the next write
+    /// is applied, though its revision is below the one applied before.
     pub fn tier_should_apply(&mut self, revision: i64) -> bool {
         self.tier_saw(revision);
         if let Some(candidate) = self.tier.candidate
@@ -96,17 +113,33 @@ impl<D: Dataplane> Daemon<D> {
             return false;
         }
         match self.tier.applied {
-            Some(applied) if revision == applied => false,
+            Some(applied) if revision == applied => {
+                self.tier.rewound = None;
+                false
+            }
+            Some(_) if self.tier.rewound.is_some_and(|r| revision > r) => true,
             Some(applied) if revision < applied => {
-                let note = format!(
-                    "etcd's desired state is at revision {revision}, behind the {applied} this balancer applied (etcd restored or rolled back?): keeping revision {applied} until a newer write"
-                );
-                warn!("{note}");
-                self.tier.note = Some(note);
+                self.tier_rewound(revision, applied);
                 false
             }
             _ => true,
         }
+    }
+
+    /// etcd's desired state is at `revision`, below the `applied` one:
+    /// its history went back. The newest seen is counted from there (a
+    /// rollout's compare-and-swap asks for it).
+    fn tier_rewound(&mut self, revision: i64, applied: i64) {
+        let note = format!(
+            "etcd's desired state is at revision {revision}, behind the {applied} this balancer applied (etcd restored from a snapshot, or a new cluster?): keeping what runs until the next write of the desired state, which applies"
+        );
+        if self.tier.rewound != Some(revision) {
+            warn!("{note}");
+        }
+        self.tier.note = Some(note);
+        self.tier.rewound = Some(revision);
+        self.tier.seen = Some(revision);
+        self.metrics.tier_seen.set(revision);
     }
 
     /// The newest desired revision seen is at least `revision`.
@@ -121,6 +154,7 @@ impl<D: Dataplane> Daemon<D> {
         match result {
             Ok(()) => {
                 self.tier.applied = Some(revision);
+                self.tier.rewound = None;
                 self.tier.candidate = None;
                 self.tier.refused = None;
                 self.tier.note = None;
@@ -153,6 +187,14 @@ impl<D: Dataplane> Daemon<D> {
             warn!("{note}");
         }
         self.tier.note = Some(note);
+        // Absent below what was applied: etcd went back to before the
+        // key was written (a snapshot restored, a new cluster); the next
+        // write is new.
+        if self.tier.applied.is_some_and(|a| revision < a) {
+            self.tier.rewound = Some(revision);
+            self.tier.seen = Some(revision);
+            self.metrics.tier_seen.set(revision);
+        }
     }
 
     /// The tier's members and their reports, as last read.
@@ -246,12 +288,13 @@ impl<D: Dataplane> Daemon<D> {
             }
             None => "connecting".to_string(),
         };
-        let applied = self
-            .tier
-            .applied
-            .map_or("none yet".into(), |a| a.to_string());
+        let applied = match (self.tier.candidate, self.tier.applied) {
+            (Some(c), _) => format!("rollout {c}'s candidate running"),
+            (None, Some(a)) => format!("desired revision {a} applied"),
+            (None, None) => "desired revision none yet applied".into(),
+        };
         format!(
-            "etcd {} ({link}; desired revision {applied} applied{})",
+            "etcd {} ({link}; {applied}{})",
             source.prefix,
             if self.tier.refused.is_some() {
                 "; the newest was REFUSED"

@@ -296,7 +296,13 @@ impl Session<'_> {
                     if response.canceled() {
                         return Err(format!("the watch was cancelled: {}", response.cancel_reason()));
                     }
-                    self.on_watch(response.events()).await?;
+                    if self.on_watch(response.events()).await? {
+                        // This balancer's report deleted by hand (not by
+                        // its lease, which ends the session): published
+                        // again, or the tier would count it gone.
+                        published = None;
+                        reports.mark_changed();
+                    }
                 }
                 _ = renew.tick() => {
                     if last_alive.elapsed() > self.source.lease {
@@ -424,8 +430,11 @@ impl Session<'_> {
         self.send(Event::Members(members)).await
     }
 
-    async fn on_watch(&mut self, events: &[etcd_client::Event]) -> Result<(), String> {
+    /// Takes the watch's `events`; `true` if this balancer's own report
+    /// was deleted.
+    async fn on_watch(&mut self, events: &[etcd_client::Event]) -> Result<bool, String> {
         let (mut members_changed, mut progress_changed) = (false, false);
+        let mut own_report_gone = false;
         for event in events {
             let Some(kv) = event.kv() else { continue };
             let Ok(key) = kv.key_str() else { continue };
@@ -459,6 +468,7 @@ impl Session<'_> {
                     members_changed = true;
                 }
                 (EventType::Delete, Some(TierKey::Balancer(name))) => {
+                    own_report_gone |= name == self.name;
                     if let Some(seen) = self.members.get_mut(name) {
                         *seen = None;
                     }
@@ -477,7 +487,7 @@ impl Session<'_> {
         if progress_changed {
             self.send(Event::Progress(self.progress.clone())).await?;
         }
-        Ok(())
+        Ok(own_report_gone)
     }
 
     /// Ends the session if one of `kvs` is a report under this balancer's

@@ -209,13 +209,15 @@ pub fn origin(source: &EtcdSource, desired: &Desired) -> String {
 }
 
 /// The etcd revision in a revision's origin (see [`origin`]), and
-/// whether it was a rollout's candidate.
-pub fn revision_of_origin(origin: &str) -> Option<(i64, bool)> {
-    let rest = origin.strip_prefix("etcd ")?;
-    if let Some((_, n)) = rest.rsplit_once("/desired@") {
+/// whether it was a rollout's candidate; `None` for another origin, also
+/// for a tier under another prefix than `prefix` (its revisions count in
+/// another history).
+pub fn revision_of_origin(origin: &str, prefix: &str) -> Option<(i64, bool)> {
+    let rest = origin.strip_prefix("etcd ")?.strip_prefix(prefix)?;
+    if let Some(n) = rest.strip_prefix("/desired@") {
         return Some((n.parse().ok()?, false));
     }
-    Some((rest.rsplit_once("/rollout@")?.1.parse().ok()?, true))
+    Some((rest.strip_prefix("/rollout@")?.parse().ok()?, true))
 }
 
 /// The configuration a balancer of the tier runs: its file (`text`,

@@ -121,20 +121,26 @@ fn a_composed_configuration_is_the_file_with_the_desired_vips() {
     );
     let source = composed.config.source.as_ref().unwrap();
     assert_eq!(
-        revision_of_origin(&origin(source, &back)),
+        revision_of_origin(&origin(source, &back), "/lb/t1"),
         Some((42, false))
     );
+    assert_eq!(
+        revision_of_origin(&origin(source, &back), "/lb/t2"),
+        None,
+        "another tier's history"
+    );
+    assert_eq!(revision_of_origin(&origin(source, &back), "/lb"), None);
     let candidate = Desired {
         rollout: true,
         ..back
     };
     assert_eq!(origin(source, &candidate), "etcd /lb/t1/rollout@42");
     assert_eq!(
-        revision_of_origin(&origin(source, &candidate)),
+        revision_of_origin(&origin(source, &candidate), "/lb/t1"),
         Some((42, true))
     );
-    assert_eq!(revision_of_origin("etcd /lb/t1/rollout@x"), None);
-    assert_eq!(revision_of_origin("reload"), None);
+    assert_eq!(revision_of_origin("etcd /lb/t1/rollout@x", "/lb/t1"), None);
+    assert_eq!(revision_of_origin("reload", "/lb/t1"), None);
 }
 
 #[test]

@@ -206,8 +206,8 @@ fn load(
     let store = RevisionStore::open(&file.config.revisions_dir(), file.config.history)?;
     // With the VIPs in etcd: those the last revision ran, until etcd says
     // (the revisions are read only then).
-    let desired = match file.config.source {
-        Some(_) => crate::tier::start_from(&store),
+    let desired = match &file.config.source {
+        Some(source) => crate::tier::start_from(&store, &source.prefix),
         None => crate::tier::nothing(),
     };
     let file = crate::tier::compose(file, Some(&desired))?;

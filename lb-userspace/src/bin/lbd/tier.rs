@@ -85,11 +85,12 @@ pub fn name(config: &Config) -> Result<String> {
 
 /// The desired state to start from: the `vips:` of the newest revision
 /// that ran, with the etcd revision of the newest one that came from
-/// etcd (so a restart while etcd is away serves what it served), or of
-/// the rollout whose candidate it was; revision 0 if no revision from
-/// etcd is left in the history (still what it served: the tier's
-/// desired state replaces it once etcd answers).
-pub fn start_from(store: &RevisionStore) -> Desired {
+/// the tier under `prefix` (so a restart while etcd is away serves what
+/// it served), or of the rollout whose candidate it was; revision 0 if
+/// no revision from that tier is left in the history (still what it
+/// served: the tier's desired state replaces it once etcd answers; a
+/// balancer moved to another prefix takes that tier's at once).
+pub fn start_from(store: &RevisionStore, prefix: &str) -> Desired {
     let Ok(Some(newest)) = store.latest_applied(None) else {
         return nothing();
     };
@@ -100,7 +101,7 @@ pub fn start_from(store: &RevisionStore) -> Desired {
         .rev()
         .filter_map(|n| store.get(*n).ok())
         .filter(|r| r.applied())
-        .find_map(|r| lb::tier::revision_of_origin(&r.source));
+        .find_map(|r| lb::tier::revision_of_origin(&r.source, prefix));
     match newest.config {
         Some(text) => {
             Desired::from_config_text(revision.unwrap_or((0, false)), &text).unwrap_or_else(nothing)
@@ -602,15 +603,19 @@ mod tests {
         store
             .append(&ran(2, "lbctl backend weight", "10.1.0.2"))
             .unwrap();
-        let from = super::start_from(&store);
+        let from = super::start_from(&store, "/lb/t1");
         assert_eq!(from.revision, 42);
         assert!(from.text.contains("10.1.0.2"), "{}", from.text);
+        // Moved to another tier: its revisions are another history.
+        let moved = super::start_from(&store, "/lb/t2");
+        assert_eq!(moved.revision, 0);
+        assert!(moved.text.contains("10.1.0.2"), "{}", moved.text);
         for n in 3..=4 {
             store
                 .append(&ran(n, "lbctl backend weight", "10.1.0.3"))
                 .unwrap();
         }
-        let from = super::start_from(&store);
+        let from = super::start_from(&store, "/lb/t1");
         assert_eq!(from.revision, 0);
         assert!(from.text.contains("10.1.0.3"), "{}", from.text);
         assert!(!from.rollout);

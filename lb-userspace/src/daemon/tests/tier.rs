@@ -105,6 +105,70 @@ async fn a_refused_desired_state_leaves_what_runs_and_is_reported() {
     assert_eq!(r.daemon.tier_report().unwrap().refused, None);
 }
 
+/// etcd restored from a snapshot (which keeps the snapshot's revision)
+/// or replaced by a new cluster: its history restarts below the revision
+/// applied. What it holds then is not applied, and the next write is,
+/// though its number is lower; a rollout's compare-and-swap counts from
+/// the new history.
+#[tokio::test]
+async fn after_etcd_went_back_the_next_write_applies() {
+    let mut r = rig(TIER_FILE);
+    r.daemon.tier_started("lb1".into(), Some((5000, false)));
+    assert!(!apply(&mut r, &desired(5000, VIPS)).await, "what runs");
+    assert!(!apply(&mut r, &desired(300, "vips: []\n")).await);
+    assert!(
+        !apply(&mut r, &desired(300, "vips: []\n")).await,
+        "a reconnection"
+    );
+    let tier: api::TierStatus = parse(r.ok(Request::Tier(api::TierRequest::Status)).await);
+    assert!(tier.note.unwrap().contains("behind the 5000"));
+    assert_eq!((tier.applied, tier.seen), (Some(5000), Some(300)));
+
+    assert!(apply(&mut r, &desired(301, VIPS)).await, "a write after it");
+    assert_eq!(r.in_table(WEB).len(), 2);
+    let tier: api::TierStatus = parse(r.ok(Request::Tier(api::TierRequest::Status)).await);
+    assert_eq!(
+        (tier.applied, tier.seen, tier.note),
+        (Some(301), Some(301), None)
+    );
+    assert!(!apply(&mut r, &desired(300, VIPS)).await, "older again");
+
+    // Restored to before the key was written: absent, then written.
+    r.daemon.tier_desired_absent(40);
+    assert!(apply(&mut r, &desired(41, "vips: []\n")).await);
+    assert_eq!(r.daemon.tier_applied(), Some(41));
+}
+
+/// What the tier's status says is so: etcd gone since it went, not
+/// since the last failed retry; after a restart, the revision running in
+/// the metrics too; a rollout's candidate named as one.
+#[tokio::test]
+async fn the_tiers_status_says_what_is() {
+    let mut r = rig(TIER_FILE);
+    r.daemon.tier_started("lb1".into(), Some((42, false)));
+    assert_eq!(r.daemon.metrics.tier_applied.get(), 42);
+    assert_eq!(r.daemon.metrics.tier_seen.get(), 42);
+    assert!(r.daemon.tier_line().contains("desired revision 42 applied"));
+
+    r.daemon.on_tier_link(Err("connection refused".into()));
+    let gone = r.daemon.tier_status().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1_100));
+    r.daemon.on_tier_link(Err("timed out".into()));
+    let still = r.daemon.tier_status().unwrap();
+    assert_eq!(still.since, gone.since, "gone since it went");
+    assert_eq!(
+        still.error.as_deref(),
+        Some("timed out"),
+        "the newest reason"
+    );
+    r.daemon.on_tier_link(Ok(50));
+    assert_ne!(r.daemon.tier_status().unwrap().since, gone.since);
+
+    r.daemon.tier.candidate = Some(60);
+    let line = r.daemon.tier_line();
+    assert!(line.contains("rollout 60's candidate running"), "{line}");
+}
+
 #[tokio::test]
 async fn without_a_tier_there_is_no_tier_status() {
     let mut r = rig(FILE);
