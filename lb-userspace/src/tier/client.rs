@@ -60,6 +60,16 @@ pub struct Command {
     pub reply: Option<tokio::sync::oneshot::Sender<Result<Option<i64>, String>>>,
 }
 
+impl Command {
+    /// Whoever asked for the write stopped waiting for its answer (`lbd`
+    /// answers `lbctl` that nothing was written when etcd does not take a
+    /// write in time): a command queued while a session ended must not be
+    /// written when etcd comes back, maybe hours later.
+    pub fn abandoned(&self) -> bool {
+        self.reply.as_ref().is_some_and(|r| r.is_closed())
+    }
+}
+
 #[derive(Debug)]
 pub enum Write {
     /// This balancer's progress.
@@ -317,6 +327,10 @@ impl Session<'_> {
                     }
                 }
                 Some(command) = commands.recv() => {
+                    if command.abandoned() {
+                        warn!("etcd: a rollout write its requester stopped waiting for is dropped, not written late");
+                        continue;
+                    }
                     let result = self.write(&mut client, command.write).await;
                     // A write the balancer's role does not allow is
                     // refused, as often as it is asked; the session (the
@@ -794,6 +808,32 @@ mod tests {
             endpoints.join(", ")
         );
         crate::config::Config::parse(&text).unwrap().source.unwrap()
+    }
+
+    /// A write whose requester stopped waiting (`lbd` answered `lbctl`
+    /// that nothing was written) is abandoned; the daemon's own writes
+    /// (no one waits) and awaited ones are not.
+    #[test]
+    fn a_write_no_one_waits_for_any_more_is_abandoned() {
+        let write = || {
+            Write::Progress(crate::tier::rollout::Progress {
+                rollout: 7,
+                phase: Phase::Passed,
+            })
+        };
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let awaited = Command {
+            write: write(),
+            reply: Some(tx),
+        };
+        assert!(!awaited.abandoned());
+        drop(rx);
+        assert!(awaited.abandoned());
+        let own = Command {
+            write: write(),
+            reply: None,
+        };
+        assert!(!own.abandoned());
     }
 
     #[test]

@@ -488,21 +488,46 @@ pub fn rollout_request(
     let (tx, rx) = tokio::sync::oneshot::channel();
     link.send(write, Some(tx));
     tokio::spawn(async move {
-        let answer = match rx.await {
-            Ok(Ok(Some(revision))) => {
-                let mut plan = plan;
-                plan.revision = Some(revision);
-                Response::ok(plan)
-            }
-            Ok(Ok(None)) => refuse(
-                ErrorKind::Conflict,
-                "the rollout record or the desired state changed in etcd since the plan: nothing written; try again",
+        // Within `lbctl`'s own patience (30 s); dropping `rx` tells the
+        // etcd task not to write it later (`Command::abandoned`).
+        let answer = match tokio::time::timeout(ROLLOUT_ANSWER, rx).await {
+            Err(_) => Response::err(
+                ErrorKind::Unavailable,
+                format!(
+                    "etcd did not take the write within {} s: it will not be written later (one already under way may still land: see `lbctl tier status`)",
+                    ROLLOUT_ANSWER.as_secs()
+                ),
             ),
-            Ok(Err(e)) => refuse(ErrorKind::Unavailable, &format!("etcd: {e}")),
-            Err(_) => refuse(ErrorKind::Unavailable, "the etcd task stopped"),
+            Ok(answer) => rollout_answer(answer, plan),
         };
         let _ = reply.send(answer);
     });
+}
+
+/// How long `lbd` waits for the etcd task to write a rollout or its
+/// abort before it answers that nothing was written.
+const ROLLOUT_ANSWER: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// The answer to `lbctl tier rollout` once the etcd task wrote (or did
+/// not write) the record.
+fn rollout_answer(
+    answer: Result<Result<Option<i64>, String>, tokio::sync::oneshot::error::RecvError>,
+    plan: lb::api::RolloutPlan,
+) -> Response {
+    let refuse = |kind, message: &str| Response::err(kind, message.to_string());
+    match answer {
+        Ok(Ok(Some(revision))) => {
+            let mut plan = plan;
+            plan.revision = Some(revision);
+            Response::ok(plan)
+        }
+        Ok(Ok(None)) => refuse(
+            ErrorKind::Conflict,
+            "the rollout record or the desired state changed in etcd since the plan: nothing written; try again",
+        ),
+        Ok(Err(e)) => refuse(ErrorKind::Unavailable, &format!("etcd: {e}")),
+        Err(_) => refuse(ErrorKind::Unavailable, "the etcd task stopped"),
+    }
 }
 
 #[cfg(test)]
