@@ -10,7 +10,8 @@
 //! added) reaches both and is recorded as a revision naming the etcd
 //! revision, with no stream broken; a desired state that is not one
 //! (not YAML, 1.1 MiB, a wrong field) is refused by both with its name,
-//! and nothing changes; a balancer cut off from etcd keeps serving and
+//! and nothing changes; one refused for what a balancer's file lacks
+//! applies once the file is fixed and reloaded; a balancer cut off from etcd keeps serving and
 //! announcing, is flagged by the other, and catches up when the
 //! partition heals; with etcd gone, both keep serving, and a balancer
 //! restarted then serves what it served before; etcd restored from an
@@ -45,6 +46,8 @@ use lb_tests::{
 };
 
 const PREFIX: &str = "/lb/t1";
+/// A second VIP, for a desired state with an IPv6 backend.
+const VIP2: &str = "10.99.0.2";
 /// Streams: a round trip every 50 ms, each may wait this long.
 const EVERY: Duration = Duration::from_millis(50);
 const PATIENCE: Duration = Duration::from_secs(10);
@@ -256,6 +259,43 @@ fn follow_change_and_refuse(rig: &EcmpRig, etcd: &Etcd, lbd: &[Lbd; 2]) -> Resul
     roll_out(etcd, lbd, &desired)?;
     let n = none_broken(streams)?;
     eprintln!("{n} streams unbroken through the changes and refusals");
+    Ok(())
+}
+
+/// A desired state refused for something a balancer's own file lacks (a
+/// VIP with an IPv6 backend, and no IPv6 tunnel source): once the
+/// operator adds it and reloads, the balancer applies that desired state
+/// without another write to etcd. Then the rig's desired state again.
+fn fixed_locally(rig: &EcmpRig, etcd: &Etcd, lbd: &[Lbd; 2]) -> Result<()> {
+    let (_, base) = split_config(rig, 1, &[0, 1, 2])?;
+    let with_v6 = format!(
+        "{base}  - address: {VIP2}\n    port: 8080\n    protocol: tcp\n    backends:\n      - address: fd00:1::1\n"
+    );
+    let r = etcd.put(&format!("{PREFIX}/desired"), with_v6.as_bytes())?;
+    for l in lbd {
+        wait_for(
+            "an IPv6 backend without an IPv6 tunnel source refused",
+            Duration::from_secs(30),
+            Duration::from_millis(50),
+            || {
+                let s = tier_status(l)?;
+                Ok(s["seen"] == r
+                    && s["refused"]
+                        .as_str()
+                        .is_some_and(|w| w.contains("outer_source_v6")))
+            },
+        )?;
+        let mut file = std::fs::read_to_string(&l.config)?;
+        file.push_str("outer_source_v6: fd00:98::1\n");
+        std::fs::write(&l.config, file)?;
+        l.lbctl(&["reload"])?;
+        wait_applied(l, r, Duration::from_secs(30))
+            .context("the refused desired state applied after the file was fixed")?;
+    }
+    let (back, _) = roll_out(etcd, lbd, &base)?;
+    eprintln!(
+        "desired revision {r}, refused for the file, applied once the file was fixed and reloaded; {back} back to the rig's"
+    );
     Ok(())
 }
 
@@ -682,6 +722,7 @@ fn a_tier_follows_etcd_refuses_bad_states_and_fails_static() {
         // above the revision the store goes back to.
         let snapshot = rig.dir.join("etcd.snapshot");
         let result = follow_change_and_refuse(&rig, &etcd, &lbd)
+            .and_then(|_| fixed_locally(&rig, &etcd, &lbd))
             .and_then(|_| etcd.snapshot(&snapshot))
             .and_then(|_| {
                 (0..40).try_for_each(|i| etcd.put(&format!("{PREFIX}/attic/pad"), &[i]).map(drop))
