@@ -149,17 +149,26 @@ impl<D: Dataplane> Daemon<D> {
         self.metrics.tier_seen.set(seen);
     }
 
-    /// The outcome of applying desired revision `revision`.
+    /// This balancer refused desired revision `revision`, the newest it
+    /// saw.
+    pub fn tier_refused(&self, revision: i64) -> bool {
+        self.tier.refused.is_some() && self.tier.seen == Some(revision)
+    }
+
+    /// The outcome of applying desired revision `revision`. A refusal of
+    /// a newer one seen meanwhile stands.
     pub fn tier_outcome(&mut self, revision: i64, result: std::result::Result<(), String>) {
         match result {
             Ok(()) => {
                 self.tier.applied = Some(revision);
                 self.tier.rewound = None;
                 self.tier.candidate = None;
-                self.tier.refused = None;
+                if self.tier.seen.is_none_or(|seen| seen <= revision) {
+                    self.tier.refused = None;
+                    self.metrics.tier_refused.set(0);
+                }
                 self.tier.note = None;
                 self.metrics.tier_applied.set(revision);
-                self.metrics.tier_refused.set(0);
             }
             Err(why) => {
                 warn!(

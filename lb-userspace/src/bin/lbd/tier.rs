@@ -335,7 +335,12 @@ pub fn run_steps(
                 (candidate, Via::Candidate(id))
             }
             Step::Revert { id, say } => {
-                match revert_target(link.latest.as_ref(), link.before_candidate.as_ref()) {
+                let refused = |d: &Desired| daemon.tier_refused(d.revision);
+                match revert_target(
+                    link.latest.as_ref(),
+                    link.before_candidate.as_ref(),
+                    refused,
+                ) {
                     Some(back) => (back, Via::Revert { id, say }),
                     None => {
                         tracing::error!(
@@ -355,10 +360,19 @@ pub fn run_steps(
 }
 
 /// What a revert goes back to: the tier's desired state as last read,
-/// else the one that ran before the candidate; never no VIPs at all (a
-/// revert with neither keeps the candidate: fail static).
-fn revert_target(latest: Option<&Desired>, before: Option<&Desired>) -> Option<Desired> {
-    latest.or(before).cloned()
+/// unless this balancer refused it (going back to it would be refused
+/// again, and the failed candidate stay), else the one that ran before
+/// the candidate; never no VIPs at all (a revert with neither keeps the
+/// candidate: fail static).
+fn revert_target(
+    latest: Option<&Desired>,
+    before: Option<&Desired>,
+    refused: impl Fn(&Desired) -> bool,
+) -> Option<Desired> {
+    match (latest, before) {
+        (Some(l), Some(b)) if refused(l) => Some(b.clone()),
+        _ => latest.or(before).cloned(),
+    }
 }
 
 /// After a reload composed with `desired` (made `via`): what the tier and
@@ -610,8 +624,9 @@ mod tests {
         assert_eq!(stale((None, &r5), &r5, &back), None);
     }
 
-    /// A revert goes back to the tier's desired state, else to what ran
-    /// before the candidate, else nowhere (never to no VIPs).
+    /// A revert goes back to the tier's desired state (unless this
+    /// balancer refused it), else to what ran before the candidate, else
+    /// nowhere (never to no VIPs).
     #[test]
     fn a_revert_goes_back_to_the_tiers_state_or_what_ran_before_never_to_nothing() {
         let d = |revision| lb::tier::Desired {
@@ -619,13 +634,17 @@ mod tests {
             text: format!("vips: [] # {revision}\n").into(),
             rollout: false,
         };
-        let back = |l: Option<i64>, b: Option<i64>| {
+        let back = |l: Option<i64>, b: Option<i64>, refused: Option<i64>| {
             let (l, b) = (l.map(d), b.map(d));
-            super::revert_target(l.as_ref(), b.as_ref()).map(|t| t.revision)
+            super::revert_target(l.as_ref(), b.as_ref(), |d| Some(d.revision) == refused)
+                .map(|t| t.revision)
         };
-        assert_eq!(back(Some(9), Some(5)), Some(9));
-        assert_eq!(back(None, Some(5)), Some(5));
-        assert_eq!(back(None, None), None);
+        assert_eq!(back(Some(9), Some(5), None), Some(9));
+        assert_eq!(back(None, Some(5), None), Some(5));
+        assert_eq!(back(None, None, None), None);
+        // The tier's state refused here: what ran before the candidate.
+        assert_eq!(back(Some(9), Some(5), Some(9)), Some(5));
+        assert_eq!(back(Some(9), None, Some(9)), Some(9), "never to nothing");
     }
 
     /// A restart starts from what ran last, with the etcd revision it

@@ -224,6 +224,11 @@ async fn unreadable_and_absent_desired_states_are_reported() {
     let report = r.daemon.tier_report().unwrap();
     assert_eq!((report.applied, report.seen), (Some(5), Some(6)));
     assert_eq!(report.refused.as_deref(), Some("larger than 1 MiB"));
+    assert!(r.daemon.tier_refused(6) && !r.daemon.tier_refused(5));
+    // Going back to 5 (a rollout's revert) leaves 6's refusal standing.
+    r.daemon.tier_outcome(5, Ok(()));
+    assert!(r.daemon.tier_refused(6));
+    assert_eq!(r.daemon.metrics.tier_refused.get(), 1);
     r.daemon.tier_desired_absent(7);
     let note = r.daemon.tier_status().unwrap().note;
     assert!(
