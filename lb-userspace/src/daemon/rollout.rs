@@ -64,6 +64,9 @@ struct Hold {
     since: u64,
     before: Snapshot,
     change: Change,
+    /// A gate that broke while etcd was away (nothing could be written
+    /// then): the hold fails with it once etcd answers.
+    broke: Option<String>,
 }
 
 /// What `lbd` must do for a rollout step.
@@ -125,7 +128,11 @@ impl<D: Dataplane> Daemon<D> {
             samples.pop_front();
         }
         let connected = matches!(self.tier_link_up(), Some(true));
-        if self.rollout.busy || !connected {
+        if self.rollout.busy {
+            return Vec::new();
+        }
+        if !connected {
+            self.hold_while_away(now);
             return Vec::new();
         }
         if let Some(id) = self.orphaned_candidate() {
@@ -141,6 +148,45 @@ impl<D: Dataplane> Daemon<D> {
             other => format!("{other:?}"),
         };
         self.rollout_act(action, &record, at, now)
+    }
+
+    /// While etcd is away nothing is written, but a hold is judged on: a
+    /// gate that breaks is kept for when etcd answers, and the hold's
+    /// clock starts again, so that a hold passes only after a whole hold
+    /// judged with etcd there to take the outcome.
+    fn hold_while_away(&mut self, now: u64) {
+        let Some(Ok((record, _))) = &self.rollout.record else {
+            return;
+        };
+        let Some(hold) = &self.rollout.hold else {
+            return;
+        };
+        let broke = match &hold.broke {
+            Some(why) => Some(why.clone()),
+            None => {
+                let snapshot = self.rollout_snapshot();
+                gates(
+                    &hold.before,
+                    &snapshot,
+                    &record.expected,
+                    &hold.change,
+                    false,
+                )
+                .err()
+            }
+        };
+        if let Some(hold) = &mut self.rollout.hold {
+            if hold.broke.is_none()
+                && let Some(why) = &broke
+            {
+                warn!(
+                    rollout = hold.id,
+                    "rollout: a gate broke while etcd is away (said when it answers): {why}"
+                );
+            }
+            hold.broke = broke;
+            hold.since = now;
+        }
     }
 
     /// Goes back from the candidate of rollout `id`, which no record
@@ -170,6 +216,9 @@ impl<D: Dataplane> Daemon<D> {
         // The snapshot (every VIP's health and table) only while holding.
         decide(&view, &self.tier.name, &local, now, |ending| {
             match &self.rollout.hold {
+                Some(Hold {
+                    broke: Some(why), ..
+                }) => Err(format!("{why} (while etcd was away)")),
                 Some(h) => {
                     let now = self.rollout_snapshot();
                     gates(&h.before, &now, &record.expected, &h.change, ending)
@@ -195,6 +244,7 @@ impl<D: Dataplane> Daemon<D> {
                     since: now,
                     before,
                     change: Change::default(),
+                    broke: None,
                 });
                 return Vec::new();
             }
@@ -329,6 +379,7 @@ impl<D: Dataplane> Daemon<D> {
                     since: now,
                     before,
                     change,
+                    broke: None,
                 });
                 Vec::new()
             }

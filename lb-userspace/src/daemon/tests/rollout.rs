@@ -422,6 +422,75 @@ async fn an_added_backend_that_passes_its_checks_serves() {
     );
 }
 
+/// lb1 of a tier whose TCP VIP is health-checked, its two backends up,
+/// holding the candidate (its third backend up too) since `T0`.
+async fn holding_checked_member() -> Rig {
+    let mut r = rig(TIER_FILE);
+    r.daemon.tier_started("lb1".into(), None);
+    assert!(apply(&mut r, &desired(5, &checked(VIPS))).await);
+    r.daemon.on_tier_link(Ok(10));
+    both_up(&mut r, 100);
+    let mut record = record(&r);
+    record.desired = checked(&record.desired);
+    r.daemon.on_rollout(Some(Ok((record, ID))));
+    let d = asked_to_apply(&mut r, T0);
+    assert!(take(&mut r, &d, T0).await.is_empty());
+    r.daemon
+        .on_probe((id(WEB), ip("10.1.0.3")), probed_as(true, 100));
+    assert!(r.daemon.rollout_tick(T0 + 1).is_empty(), "holding");
+    r
+}
+
+/// etcd away during the hold: nothing is written, but the gates are
+/// judged on. A backend down and up again while etcd was away fails the
+/// hold when etcd answers, though the hold's time is long over.
+#[tokio::test]
+async fn a_gate_that_broke_while_etcd_was_away_fails_the_hold() {
+    let mut r = holding_checked_member().await;
+    r.daemon.on_tier_link(Err("connection refused".into()));
+    let one = (id(WEB), ip("10.1.0.1"));
+    for _ in 0..2 {
+        r.daemon.on_probe(one.clone(), probed_as(false, 100));
+    }
+    assert!(r.daemon.rollout_tick(T0 + 5).is_empty(), "nothing written");
+    r.daemon.on_probe(one, probed_as(true, 100));
+    assert!(r.daemon.rollout_tick(T0 + 6).is_empty());
+    r.daemon.on_tier_link(Ok(11));
+    let steps = said(&r.daemon.rollout_tick(T0 + HOLD + 10));
+    assert!(
+        steps
+            .first()
+            .is_some_and(|s| s.starts_with("progress 8 Failed")
+                && s.contains("10.1.0.1")
+                && s.contains("while etcd was away")),
+        "{steps:?}"
+    );
+}
+
+/// A hold interrupted by etcd's absence holds again from the start once
+/// it answers: seconds nobody could have written a failure in do not
+/// count.
+#[tokio::test]
+async fn a_hold_passes_only_after_a_whole_hold_with_etcd_there() {
+    let mut r = holding_checked_member().await;
+    r.daemon.on_tier_link(Err("connection refused".into()));
+    let back = T0 + HOLD + 10;
+    assert!(r.daemon.rollout_tick(back).is_empty());
+    r.daemon.on_tier_link(Ok(11));
+    assert!(r.daemon.rollout_tick(back + 1).is_empty(), "holding again");
+    assert!(
+        r.daemon
+            .rollout_view()
+            .unwrap()
+            .step
+            .contains("holding, 1 s of 30 s")
+    );
+    assert_eq!(
+        said(&r.daemon.rollout_tick(back + HOLD)),
+        ["progress 8 Passed"]
+    );
+}
+
 /// [`member`], the tier's one member as it reports itself (so a plan
 /// has a wave).
 async fn reporting_member() -> Rig {
