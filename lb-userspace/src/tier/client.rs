@@ -326,30 +326,7 @@ impl Session<'_> {
                         _ => return Err("the lease expired".into()),
                     }
                 }
-                Some(command) = commands.recv() => {
-                    if command.abandoned() {
-                        warn!("etcd: a rollout write its requester stopped waiting for is dropped, not written late");
-                        continue;
-                    }
-                    let result = self.write(&mut client, command.write).await;
-                    // A write the balancer's role does not allow is
-                    // refused, as often as it is asked; the session (the
-                    // watch, the report) goes on.
-                    let ends = match &result {
-                        Err(Failed { why, denied: true }) => {
-                            warn!("etcd: {why}: this balancer's role may not write there (README, \"A tier in etcd\")");
-                            None
-                        }
-                        Err(Failed { why, .. }) => Some(why.clone()),
-                        Ok(_) => None,
-                    };
-                    if let Some(reply) = command.reply {
-                        let _ = reply.send(result.map_err(|f| f.why));
-                    }
-                    if let Some(e) = ends {
-                        return Err(e);
-                    }
-                }
+                Some(command) = commands.recv() => self.command(&mut client, command).await?,
                 changed = reports.changed() => {
                     changed.map_err(|_| "the daemon stopped")?;
                     let report = reports.borrow_and_update().clone();
@@ -367,6 +344,34 @@ impl Session<'_> {
                 }
             }
         }
+    }
+
+    /// Carries out `command` and answers it; an error ends the session.
+    /// One no one waits for any more is dropped (`Command::abandoned`).
+    async fn command(&mut self, client: &mut Client, command: Command) -> Result<(), String> {
+        if command.abandoned() {
+            warn!(
+                "etcd: a rollout write its requester stopped waiting for is dropped, not written late"
+            );
+            return Ok(());
+        }
+        let result = self.write(client, command.write).await;
+        // A write the balancer's role does not allow is refused, as often
+        // as it is asked; the session (the watch, the report) goes on.
+        let ends = match &result {
+            Err(Failed { why, denied: true }) => {
+                warn!(
+                    "etcd: {why}: this balancer's role may not write there (README, \"A tier in etcd\")"
+                );
+                None
+            }
+            Err(Failed { why, .. }) => Some(why.clone()),
+            Ok(_) => None,
+        };
+        if let Some(reply) = command.reply {
+            let _ = reply.send(result.map_err(|f| f.why));
+        }
+        ends.map_or(Ok(()), Err)
     }
 
     /// Makes a write the daemon asked for: the revision it was made at

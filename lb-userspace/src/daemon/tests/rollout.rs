@@ -450,7 +450,7 @@ async fn a_gate_that_broke_while_etcd_was_away_fails_the_hold() {
     r.daemon.on_tier_link(Err("connection refused".into()));
     let one = (id(WEB), ip("10.1.0.1"));
     for _ in 0..2 {
-        r.daemon.on_probe(one.clone(), probed_as(false, 100));
+        r.daemon.on_probe(one, probed_as(false, 100));
     }
     assert!(r.daemon.rollout_tick(T0 + 5).is_empty(), "nothing written");
     r.daemon.on_probe(one, probed_as(true, 100));
