@@ -151,9 +151,16 @@ impl Rollout {
         Ok(())
     }
 
-    /// The rollout's revision, given the record's modification revision.
+    /// The rollout's revision, given the record's modification revision:
+    /// `revision` only as the outcome's writer sets it (with an outcome,
+    /// and no later than the record's own write). A tool that wrote a
+    /// later one into a record in progress would make every balancer
+    /// holding its candidate ignore the tier's newer desired states.
     pub fn id(&self, mod_revision: i64) -> i64 {
-        self.revision.unwrap_or(mod_revision)
+        match self.revision {
+            Some(r) if self.outcome.is_some() && r <= mod_revision => r,
+            _ => mod_revision,
+        }
     }
 
     /// The wave `name` is in.

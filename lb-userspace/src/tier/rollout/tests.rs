@@ -448,6 +448,22 @@ fn records_that_make_no_sense_are_refused_by_name() {
     refused(" ".repeat(MAX_ROLLOUT_BYTES + 1), "more than");
 }
 
+/// A record's `revision` names the rollout only as the outcome's writer
+/// sets it: with an outcome, no later than the record's own write.
+#[test]
+fn a_records_revision_names_the_rollout_only_as_its_outcome_writes_it() {
+    let record = |extra: &str| {
+        let text = format!(r#"{{"desired": "vips: []", "waves": [["a"]], "hold_secs": 5{extra}}}"#);
+        Rollout::parse(text.as_bytes()).unwrap()
+    };
+    assert_eq!(record("").id(40), 40);
+    let done = r#", "revision": 30, "outcome": "done""#;
+    assert_eq!(record(done).id(40), 30, "marked done at 40, started at 30");
+    assert_eq!(record(r#", "revision": 90"#).id(40), 40, "in progress");
+    let later = r#", "revision": 90, "outcome": "done""#;
+    assert_eq!(record(later).id(40), 40, "a revision after its own write");
+}
+
 fn snapshot() -> Snapshot {
     Snapshot {
         down: BTreeSet::new(),
