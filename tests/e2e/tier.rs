@@ -11,7 +11,8 @@
 //! revision, with no stream broken; a desired state that is not one
 //! (not YAML, 1.1 MiB, a wrong field) is refused by both with its name,
 //! and nothing changes; one refused for what a balancer's file lacks
-//! applies once the file is fixed and reloaded; a balancer cut off from etcd keeps serving and
+//! applies once the file is fixed and reloaded, one refused while a
+//! change awaits confirmation once it is confirmed; a balancer cut off from etcd keeps serving and
 //! announcing, is flagged by the other, and catches up when the
 //! partition heals; with etcd gone, both keep serving, and a balancer
 //! restarted then serves what it served before; etcd restored from an
@@ -295,6 +296,43 @@ fn fixed_locally(rig: &EcmpRig, etcd: &Etcd, lbd: &[Lbd; 2]) -> Result<()> {
     let (back, _) = roll_out(etcd, lbd, &base)?;
     eprintln!(
         "desired revision {r}, refused for the file, applied once the file was fixed and reloaded; {back} back to the rig's"
+    );
+    Ok(())
+}
+
+/// A desired state refused by lb1 while one of its changes awaits
+/// confirmation (`--confirm-within`): `lbctl confirm` applies it, without
+/// another write. The change (a runtime weight) is then cleared.
+fn confirmed(rig: &EcmpRig, etcd: &Etcd, lbd: &[Lbd; 2]) -> Result<()> {
+    let vip = format!("{}:{}/tcp", lb_tests::rig::VIP, lb_tests::rig::TCP_PORT);
+    let backend = rig.backends[0].addr.to_string();
+    lbd[0].lbctl(&[
+        "backend",
+        "weight",
+        &vip,
+        &backend,
+        "2",
+        "--confirm-within",
+        "5m",
+    ])?;
+    let (_, desired) = split_weighted(rig, 1, &[(0, 1), (1, 1), (2, 2)])?;
+    let r = etcd.put(&format!("{PREFIX}/desired"), desired.as_bytes())?;
+    wait_applied(&lbd[1], r, Duration::from_secs(30))?;
+    wait_for(
+        "refused while a change awaits confirmation",
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        || {
+            let s = tier_status(&lbd[0])?;
+            Ok(s["seen"] == r && s["refused"].as_str().is_some_and(|w| w.contains("confirm")))
+        },
+    )?;
+    lbd[0].lbctl(&["confirm"])?;
+    wait_applied(&lbd[0], r, Duration::from_secs(30))
+        .context("the refused desired state applied after `lbctl confirm`")?;
+    lbd[0].lbctl(&["overrides", "clear", "--force"])?;
+    eprintln!(
+        "desired revision {r}, refused while a change awaited confirmation, applied once it was confirmed"
     );
     Ok(())
 }
@@ -723,6 +761,7 @@ fn a_tier_follows_etcd_refuses_bad_states_and_fails_static() {
         let snapshot = rig.dir.join("etcd.snapshot");
         let result = follow_change_and_refuse(&rig, &etcd, &lbd)
             .and_then(|_| fixed_locally(&rig, &etcd, &lbd))
+            .and_then(|_| confirmed(&rig, &etcd, &lbd))
             .and_then(|_| etcd.snapshot(&snapshot))
             .and_then(|_| {
                 (0..40).try_for_each(|i| etcd.put(&format!("{PREFIX}/attic/pad"), &[i]).map(drop))

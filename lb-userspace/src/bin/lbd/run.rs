@@ -1014,7 +1014,18 @@ async fn on_call(
             });
         }
         request => {
-            let _ = reply.send(daemon.handle(request, options).await);
+            let confirm = matches!(request, Request::Confirm);
+            let answer = daemon.handle(request, options).await;
+            // A desired state refused while a change awaited confirmation
+            // is tried again once the change is confirmed.
+            if confirm
+                && answer.ok
+                && let Some(link) = tier.as_mut()
+                && let Some(retry) = crate::tier::retry_newest(daemon, link)
+            {
+                start_reloads(daemon, vec![retry], parsed);
+            }
+            let _ = reply.send(answer);
         }
     }
 }

@@ -417,13 +417,14 @@ pub fn after_reload(
     run_steps(daemon, link, steps)
 }
 
-/// After an operator's reload went through: the tier's newest desired
-/// state, to apply again, if it is not the one running and should be
-/// (`Daemon::tier_should_apply`): it was refused, maybe for something in
-/// the file this reload fixed (an IPv6 tunnel source, say), and no other
-/// write would bring it back. Refused again, it waits for the next write
-/// or reload.
-fn retry_newest(daemon: &mut Daemon<KernelDataplane>, link: &TierLink) -> Option<Reload> {
+/// After an operator's reload or `lbctl confirm` went through: the
+/// tier's newest desired state, to apply again, if it is not the one
+/// running and should be (`Daemon::tier_should_apply`): it was refused,
+/// maybe for something in the file this reload fixed (an IPv6 tunnel
+/// source, say) or for a change awaiting confirmation, and no other write
+/// would bring it back. Refused again, it waits for the next write or
+/// reload.
+pub fn retry_newest(daemon: &mut Daemon<KernelDataplane>, link: &TierLink) -> Option<Reload> {
     let latest = link.latest.as_ref()?;
     (*latest != link.applied && daemon.tier_should_apply(latest.revision))
         .then(|| (latest.clone(), Via::Desired))
