@@ -212,11 +212,20 @@ fn follow_change_and_refuse(rig: &EcmpRig, etcd: &Etcd, lbd: &[Lbd; 2]) -> Resul
     if digests.0 != digests.1 {
         bail!("after the change the balancers' tables differ: {digests:?}");
     }
-    let status = tier_status(&lbd[0])?;
-    if status["flags"] != serde_json::json!([])
-        || status["members"].as_array().map(Vec::len) != Some(2)
-    {
-        bail!("two agreeing balancers expected: {status}");
+    // The tier's view of its members follows the reports (each
+    // published after its balancer applied, the view sent at most every
+    // 250 ms): agreement comes, not at once.
+    let agree = |s: &serde_json::Value| {
+        s["flags"] == serde_json::json!([]) && s["members"].as_array().map(Vec::len) == Some(2)
+    };
+    let waited = wait_for(
+        "two agreeing balancers",
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        || Ok(agree(&tier_status(&lbd[0])?)),
+    );
+    if waited.is_err() {
+        bail!("two agreeing balancers expected: {}", tier_status(&lbd[0])?);
     }
 
     // Not desired states: each refused by both with its name.
@@ -251,8 +260,17 @@ fn follow_change_and_refuse(rig: &EcmpRig, etcd: &Etcd, lbd: &[Lbd; 2]) -> Resul
         }
         eprintln!("{what}: refused by both, revision {r2} runs on");
     }
-    let flags = tier_status(&lbd[0])?["flags"].to_string();
-    if !flags.contains("lb2: refused desired revision") {
+    let flagged = wait_for(
+        "lb1 flags lb2's refusal",
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        || {
+            let flags = tier_status(&lbd[0])?["flags"].to_string();
+            Ok(flags.contains("lb2: refused desired revision"))
+        },
+    );
+    if flagged.is_err() {
+        let flags = tier_status(&lbd[0])?["flags"].to_string();
         bail!("tier status does not flag the refusal: {flags}");
     }
     guarded_and_diffed(rig, etcd, &lbd[0], r2)?;

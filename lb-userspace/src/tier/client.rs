@@ -118,6 +118,7 @@ async fn run(
             instance: &instance,
             events: &events,
             members: BTreeMap::new(),
+            members_changed: false,
             progress: BTreeMap::new(),
         };
         let error = session.run(&mut reports, &mut commands).await;
@@ -207,8 +208,17 @@ struct Session<'s> {
     instance: &'s str,
     events: &'s mpsc::Sender<Event>,
     members: Seen,
+    /// A report or member changed since the members were last sent: they
+    /// go to the daemon at most every [`MEMBERS_EVERY`], not on every
+    /// report a peer puts (each send clones every report).
+    members_changed: bool,
     progress: BTreeMap<String, Progress>,
 }
+
+/// How often at most the tier's members (every balancer's report) are
+/// sent to the daemon. A tier of 256 balancers whose backends flap puts
+/// hundreds of reports a second, each of up to 1 MiB.
+const MEMBERS_EVERY: Duration = Duration::from_millis(250);
 
 impl Session<'_> {
     /// One session, until something fails: what failed.
@@ -296,9 +306,15 @@ impl Session<'_> {
         let mut published: Option<Report> = None;
         reports.mark_changed();
         let mut renew = tokio::time::interval(self.source.lease / 3);
+        let mut members = tokio::time::interval(MEMBERS_EVERY);
+        members.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut last_alive = Instant::now();
         loop {
             tokio::select! {
+                _ = members.tick(), if self.members_changed => {
+                    self.members_changed = false;
+                    self.send_members().await?;
+                }
                 message = watch.message() => {
                     let response = message
                         .map_err(|e| format!("the watch failed: {e}"))?
@@ -500,9 +516,7 @@ impl Session<'_> {
                 _ => {}
             }
         }
-        if members_changed {
-            self.send_members().await?;
-        }
+        self.members_changed |= members_changed;
         if progress_changed {
             self.send(Event::Progress(self.progress.clone())).await?;
         }

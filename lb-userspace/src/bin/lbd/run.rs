@@ -1013,21 +1013,30 @@ async fn on_call(
                 }
             });
         }
-        request => {
-            let confirm = matches!(request, Request::Confirm);
-            let answer = daemon.handle(request, options).await;
-            // A desired state refused while a change awaited confirmation
-            // is tried again once the change is confirmed.
-            if confirm
-                && answer.ok
-                && let Some(link) = tier.as_mut()
-                && let Some(retry) = crate::tier::retry_newest(daemon, link)
-            {
-                start_reloads(daemon, vec![retry], parsed);
-            }
-            let _ = reply.send(answer);
-        }
+        request => answer_here(daemon, (request, options), reply, tier, parsed).await,
     }
+}
+
+/// A request the daemon answers itself. A change on probation confirmed
+/// (`lbctl confirm`): a desired state refused while it awaited
+/// confirmation is tried again.
+async fn answer_here(
+    daemon: &mut Daemon<KernelDataplane>,
+    (request, options): (Request, ChangeOptions),
+    reply: oneshot::Sender<Response>,
+    tier: &mut Option<TierLink>,
+    parsed: &mpsc::Sender<ParsedReload>,
+) {
+    let confirm = matches!(request, Request::Confirm);
+    let answer = daemon.handle(request, options).await;
+    if confirm
+        && answer.ok
+        && let Some(link) = tier.as_mut()
+        && let Some(retry) = crate::tier::retry_newest(daemon, link)
+    {
+        start_reloads(daemon, vec![retry], parsed);
+    }
+    let _ = reply.send(answer);
 }
 
 /// The desired state the running configuration was composed with.
