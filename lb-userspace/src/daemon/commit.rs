@@ -689,6 +689,12 @@ impl<D: Dataplane> Daemon<D> {
     }
 
     /// `lbctl confirm`: the change on probation stays.
+    /// A change is on probation (`--confirm-within`), awaiting `lbctl
+    /// confirm`.
+    pub fn on_probation(&self) -> bool {
+        self.confirm.is_some()
+    }
+
     pub fn confirm(&mut self) -> Result<Committed> {
         let Some(p) = self.confirm.take() else {
             return Err(refused(

@@ -67,6 +67,8 @@ struct Hold {
     /// A gate that broke while etcd was away (nothing could be written
     /// then): the hold fails with it once etcd answers.
     broke: Option<String>,
+    /// etcd away since then: the hold's clock stands still.
+    paused: Option<u64>,
 }
 
 /// What `lbd` must do for a rollout step.
@@ -135,6 +137,11 @@ impl<D: Dataplane> Daemon<D> {
             self.hold_while_away(now);
             return Vec::new();
         }
+        if let Some(hold) = &mut self.rollout.hold
+            && let Some(paused) = hold.paused.take()
+        {
+            hold.since += now.saturating_sub(paused);
+        }
         if let Some(id) = self.orphaned_candidate() {
             return self.revert_orphan(id);
         }
@@ -150,17 +157,23 @@ impl<D: Dataplane> Daemon<D> {
         self.rollout_act(action, &record, at, now)
     }
 
-    /// While etcd is away nothing is written, but a hold is judged on: a
-    /// gate that breaks is kept for when etcd answers, and the hold's
-    /// clock starts again, so that a hold passes only after a whole hold
-    /// judged with etcd there to take the outcome.
+    /// While etcd is away nothing is written, but a hold still being
+    /// judged is judged on: a gate that breaks is kept for when etcd
+    /// answers, and the hold's clock stands still, so that a hold passes
+    /// only after a whole hold of seconds with etcd there to take a
+    /// failure.
     fn hold_while_away(&mut self, now: u64) {
-        let Some(Ok((record, _))) = &self.rollout.record else {
+        let Some(Ok((record, at))) = &self.rollout.record else {
             return;
         };
         let Some(hold) = &self.rollout.hold else {
             return;
         };
+        let judged =
+            (self.rollout.progress.get(&self.tier.name)).is_some_and(|p| p.rollout == hold.id);
+        if record.id(*at) != hold.id || record.outcome.is_some() || judged {
+            return;
+        }
         let broke = match &hold.broke {
             Some(why) => Some(why.clone()),
             None => {
@@ -185,7 +198,7 @@ impl<D: Dataplane> Daemon<D> {
                 );
             }
             hold.broke = broke;
-            hold.since = now;
+            hold.paused.get_or_insert(now);
         }
     }
 
@@ -245,6 +258,7 @@ impl<D: Dataplane> Daemon<D> {
                     before,
                     change: Change::default(),
                     broke: None,
+                    paused: None,
                 });
                 return Vec::new();
             }
@@ -380,6 +394,7 @@ impl<D: Dataplane> Daemon<D> {
                     before,
                     change,
                     broke: None,
+                    paused: None,
                 });
                 Vec::new()
             }

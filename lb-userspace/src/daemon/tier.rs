@@ -113,11 +113,10 @@ impl<D: Dataplane> Daemon<D> {
             return false;
         }
         match self.tier.applied {
-            Some(applied) if revision == applied => {
-                self.tier.rewound = None;
-                false
-            }
+            // First: a write after the rewind may land on any number,
+            // the applied one's too.
             Some(_) if self.tier.rewound.is_some_and(|r| revision > r) => true,
+            Some(applied) if revision == applied => false,
             Some(applied) if revision < applied => {
                 self.tier_rewound(revision, applied);
                 false
@@ -137,9 +136,18 @@ impl<D: Dataplane> Daemon<D> {
             warn!("{note}");
         }
         self.tier.note = Some(note);
+        self.tier_went_back(revision);
+    }
+
+    /// etcd's history went back to `revision`: a write after it is new;
+    /// the newest seen counts from there, and a refusal of the old
+    /// history's newest is over.
+    fn tier_went_back(&mut self, revision: i64) {
         self.tier.rewound = Some(revision);
         self.tier.seen = Some(revision);
+        self.tier.refused = None;
         self.metrics.tier_seen.set(revision);
+        self.metrics.tier_refused.set(0);
     }
 
     /// The newest desired revision seen is at least `revision`.
@@ -182,7 +190,12 @@ impl<D: Dataplane> Daemon<D> {
     }
 
     /// A desired state that is not one (too large, not text).
+    /// Below the applied revision, etcd went back (see
+    /// [`Self::tier_should_apply`]).
     pub fn tier_unreadable(&mut self, revision: i64, why: String) {
+        if self.tier.applied.is_some_and(|a| revision < a) {
+            self.tier_went_back(revision);
+        }
         self.tier_saw(revision);
         self.tier_outcome(revision, Err(why));
     }
@@ -200,9 +213,7 @@ impl<D: Dataplane> Daemon<D> {
         // key was written (a snapshot restored, a new cluster); the next
         // write is new.
         if self.tier.applied.is_some_and(|a| revision < a) {
-            self.tier.rewound = Some(revision);
-            self.tier.seen = Some(revision);
-            self.metrics.tier_seen.set(revision);
+            self.tier_went_back(revision);
         }
     }
 

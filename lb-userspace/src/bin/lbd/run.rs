@@ -929,8 +929,14 @@ async fn serve(
             }
             _ = until(stop_at) => return Ok(()),
         }
-        // A change on probation that came due is reverted now.
-        daemon.settle().await;
+        // A change on probation that came due is reverted now, and a
+        // desired state refused meanwhile tried again.
+        if daemon.on_probation() {
+            daemon.settle().await;
+            if !daemon.on_probation() {
+                retry_tier(daemon, tier, &parsed_tx);
+            }
+        }
         if let Some(link) = tier.as_mut() {
             link.publish(daemon);
         }
@@ -1018,8 +1024,8 @@ async fn on_call(
 }
 
 /// A request the daemon answers itself. A change on probation confirmed
-/// (`lbctl confirm`): a desired state refused while it awaited
-/// confirmation is tried again.
+/// or reverted (`lbctl confirm`, `lbctl revert`): a desired state refused
+/// while it awaited confirmation is tried again.
 async fn answer_here(
     daemon: &mut Daemon<KernelDataplane>,
     (request, options): (Request, ChangeOptions),
@@ -1027,16 +1033,26 @@ async fn answer_here(
     tier: &mut Option<TierLink>,
     parsed: &mpsc::Sender<ParsedReload>,
 ) {
-    let confirm = matches!(request, Request::Confirm);
+    let confirm = matches!(request, Request::Confirm | Request::Revert { .. });
     let answer = daemon.handle(request, options).await;
-    if confirm
-        && answer.ok
-        && let Some(link) = tier.as_mut()
+    if confirm && answer.ok {
+        retry_tier(daemon, tier, parsed);
+    }
+    let _ = reply.send(answer);
+}
+
+/// The tier's newest desired state tried again, if it was refused here
+/// ([`crate::tier::retry_newest`]).
+fn retry_tier(
+    daemon: &mut Daemon<KernelDataplane>,
+    tier: &mut Option<TierLink>,
+    parsed: &mpsc::Sender<ParsedReload>,
+) {
+    if let Some(link) = tier.as_mut()
         && let Some(retry) = crate::tier::retry_newest(daemon, link)
     {
         start_reloads(daemon, vec![retry], parsed);
     }
-    let _ = reply.send(answer);
 }
 
 /// The desired state the running configuration was composed with.
@@ -1093,7 +1109,11 @@ fn on_tier(
         Event::Members(members) => daemon.on_tier_members(members),
         Event::Rollout(record) => daemon.on_rollout(record),
         Event::Progress(progress) => daemon.on_rollout_progress(progress),
-        Event::DesiredDeleted(revision) => daemon.tier_desired_absent(revision),
+        Event::DesiredDeleted(revision) => {
+            // Nothing to retry or compose with: etcd holds none.
+            link.latest = None;
+            daemon.tier_desired_absent(revision);
+        }
         Event::Desired(Err((revision, why))) => daemon.tier_unreadable(revision, why),
         Event::Desired(Ok(desired)) => {
             link.latest = Some(desired.clone());

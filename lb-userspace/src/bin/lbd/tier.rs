@@ -85,11 +85,12 @@ pub fn name(config: &Config) -> Result<String> {
 
 /// The desired state to start from: the `vips:` of the newest revision
 /// that ran, with the etcd revision of the newest one that came from
-/// the tier under `prefix` (so a restart while etcd is away serves what
-/// it served), or of the rollout whose candidate it was; revision 0 if
-/// no revision from that tier is left in the history (still what it
-/// served: the tier's desired state replaces it once etcd answers; a
-/// balancer moved to another prefix takes that tier's at once).
+/// etcd (so a restart while etcd is away serves what it served), or of
+/// the rollout whose candidate it was, if that came from the tier under
+/// `prefix`; revision 0 if none is left in the history or it came from
+/// another tier (still what it served: the tier's desired state replaces
+/// it once etcd answers; a balancer moved to another prefix, or back to
+/// one it left, takes that tier's at once).
 pub fn start_from(store: &RevisionStore, prefix: &str) -> Desired {
     let Ok(Some(newest)) = store.latest_applied(None) else {
         return nothing();
@@ -100,8 +101,8 @@ pub fn start_from(store: &RevisionStore, prefix: &str) -> Desired {
         .iter()
         .rev()
         .filter_map(|n| store.get(*n).ok())
-        .filter(|r| r.applied())
-        .find_map(|r| lb::tier::revision_of_origin(&r.source, prefix));
+        .find(|r| r.applied() && r.source.starts_with("etcd "))
+        .and_then(|r| lb::tier::revision_of_origin(&r.source, prefix));
     match newest.config {
         Some(text) => {
             Desired::from_config_text(revision.unwrap_or((0, false)), &text).unwrap_or_else(nothing)
@@ -253,8 +254,9 @@ pub enum Via {
     /// A rollout's candidate (the rollout's revision).
     Candidate(i64),
     /// Back to the tier's desired state after rollout `id` failed; `say`:
-    /// write "reverted".
-    Revert { id: i64, say: bool },
+    /// write "reverted"; `before`: to what ran before the candidate (the
+    /// tier's newest was refused here, or is unknown), not to the newest.
+    Revert { id: i64, say: bool, before: bool },
 }
 
 /// A reload parsed off the loop whose desired state is out of date by
@@ -294,7 +296,9 @@ pub fn stale(
         Via::Candidate(id) if newer(*id) => Some(Stale::Superseded(*id)),
         // A revert goes back to the tier's newest desired state, also one
         // read while it was parsed.
-        Via::Revert { .. } if newer(desired.revision) => latest.cloned().map(Stale::Again),
+        Via::Revert { before: false, .. } if newer(desired.revision) => {
+            latest.cloned().map(Stale::Again)
+        }
         _ => None,
     }
 }
@@ -341,7 +345,10 @@ pub fn run_steps(
                     link.before_candidate.as_ref(),
                     refused,
                 ) {
-                    Some(back) => (back, Via::Revert { id, say }),
+                    Some(back) => {
+                        let before = link.latest.as_ref() != Some(&back);
+                        (back, Via::Revert { id, say, before })
+                    }
                     None => {
                         tracing::error!(
                             rollout = id,
@@ -404,7 +411,7 @@ pub fn after_reload(
         Via::Candidate(id) => {
             daemon.rollout_applied(id, outcome.map(|_| change.unwrap_or_default()), now)
         }
-        Via::Revert { id, say } => {
+        Via::Revert { id, say, .. } => {
             let ok = outcome.is_ok();
             if ok {
                 daemon.tier_outcome(revision, Ok(()));
@@ -417,17 +424,21 @@ pub fn after_reload(
     run_steps(daemon, link, steps)
 }
 
-/// After an operator's reload or `lbctl confirm` went through: the
-/// tier's newest desired state, to apply again, if it is not the one
-/// running and should be (`Daemon::tier_should_apply`): it was refused,
-/// maybe for something in the file this reload fixed (an IPv6 tunnel
-/// source, say) or for a change awaiting confirmation, and no other write
-/// would bring it back. Refused again, it waits for the next write or
-/// reload.
+/// After an operator's reload, `lbctl confirm` or a revert went through:
+/// the tier's newest desired state, to apply again, if it is the newest
+/// seen, was refused here (maybe for something in the file this reload
+/// fixed, an IPv6 tunnel source, say, or for a change awaiting
+/// confirmation), is not the one running and should be
+/// (`Daemon::tier_should_apply`); not while a change is on probation
+/// (it would be refused again for that). No other write would bring it
+/// back. Refused again, it waits for the next write or reload.
 pub fn retry_newest(daemon: &mut Daemon<KernelDataplane>, link: &TierLink) -> Option<Reload> {
     let latest = link.latest.as_ref()?;
-    (*latest != link.applied && daemon.tier_should_apply(latest.revision))
-        .then(|| (latest.clone(), Via::Desired))
+    let again = *latest != link.applied
+        && !daemon.on_probation()
+        && daemon.tier_refused(latest.revision)
+        && daemon.tier_should_apply(latest.revision);
+    again.then(|| (latest.clone(), Via::Desired))
 }
 
 /// The answer to `--abort`.
@@ -619,10 +630,22 @@ mod tests {
         );
         assert_eq!(stale(at(&r5), &candidate, &Via::Candidate(6)), None);
         assert_eq!(stale((None, &r5), &r5, &Via::Desired), None);
-        let back = Via::Revert { id: 6, say: true };
+        let back = Via::Revert {
+            id: 6,
+            say: true,
+            before: false,
+        };
         assert_eq!(stale(at(&r7), &r5, &back), Some(Stale::Again(r7.clone())));
         assert_eq!(stale(at(&r7), &r7, &back), None);
         assert_eq!(stale((None, &r5), &r5, &back), None);
+        // Back to what ran before the candidate, the newest being refused
+        // here: not sent back to the newest.
+        let before = Via::Revert {
+            id: 6,
+            say: true,
+            before: true,
+        };
+        assert_eq!(stale(at(&r7), &r5, &before), None);
     }
 
     /// A revert goes back to the tier's desired state (unless this
@@ -670,6 +693,16 @@ mod tests {
         let moved = super::start_from(&store, "/lb/t2");
         assert_eq!(moved.revision, 0);
         assert!(moved.text.contains("10.1.0.2"), "{}", moved.text);
+        // Back in t2 after running t1's state: t2's old revision is not
+        // what runs.
+        let dir2 = crate::ScratchDir::new("start-from-back");
+        let back = RevisionStore::open(&dir2.join("r"), 5).unwrap();
+        back.append(&ran(1, "etcd /lb/t2/desired@42", "10.1.0.1"))
+            .unwrap();
+        back.append(&ran(2, "etcd /lb/t1/desired@7", "10.1.0.2"))
+            .unwrap();
+        assert_eq!(super::start_from(&back, "/lb/t2").revision, 0);
+        assert_eq!(super::start_from(&back, "/lb/t1").revision, 7);
         for n in 3..=4 {
             store
                 .append(&ran(n, "lbctl backend weight", "10.1.0.3"))

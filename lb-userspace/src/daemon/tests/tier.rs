@@ -139,6 +139,34 @@ async fn after_etcd_went_back_the_next_write_applies() {
     assert_eq!(r.daemon.tier_applied(), Some(41));
 }
 
+/// The edges of a history gone back: the first write after it may land
+/// on the applied revision's own number; a restored desired state that
+/// cannot be read marks it too; the old history's refusal is over.
+#[tokio::test]
+async fn etcd_gone_back_at_its_edges() {
+    let mut r = rig(TIER_FILE);
+    r.daemon.tier_started("lb1".into(), Some((50, false)));
+    r.daemon.tier_unreadable(60, "not YAML".into());
+    assert!(r.daemon.tier_refused(60));
+    assert!(!apply(&mut r, &desired(45, VIPS)).await, "gone back");
+    let tier = r.daemon.tier_status().unwrap();
+    assert_eq!(
+        (tier.seen, tier.refused),
+        (Some(45), None),
+        "the old refusal is over"
+    );
+    assert!(
+        apply(&mut r, &desired(50, VIPS)).await,
+        "a write after it, at 50"
+    );
+    assert_eq!(r.daemon.tier_applied(), Some(50));
+
+    // Restored to an unreadable state: the next readable write applies.
+    r.daemon.tier_unreadable(30, "not YAML".into());
+    assert!(apply(&mut r, &desired(31, VIPS)).await);
+    assert_eq!(r.daemon.tier_applied(), Some(31));
+}
+
 /// What the tier's status says is so: etcd gone since it went, not
 /// since the last failed retry; after a restart, the revision running in
 /// the metrics too; a rollout's candidate named as one.
