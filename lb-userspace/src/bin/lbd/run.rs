@@ -931,11 +931,10 @@ async fn serve(
         }
         // A change on probation that came due is reverted now, and a
         // desired state refused meanwhile tried again.
-        if daemon.on_probation() {
-            daemon.settle().await;
-            if !daemon.on_probation() {
-                retry_tier(daemon, tier, &parsed_tx);
-            }
+        let probation = daemon.on_probation();
+        daemon.settle().await;
+        if probation && !daemon.on_probation() {
+            retry_tier(daemon, tier, &parsed_tx);
         }
         if let Some(link) = tier.as_mut() {
             link.publish(daemon);
