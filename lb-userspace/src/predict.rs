@@ -152,13 +152,18 @@ fn held_by(
         return Ok(None);
     };
     let stamp = bucket.stamps[way];
-    // Without the kernel's clock, the stamp's own tick stands for now.
-    let now = crate::liveflows::jiffies().map_or(stamp & CT_STAMP_TIME, crate::liveflows::tick_of);
+    let now = kernel_tick_or(stamp);
     if !lb_common::ct_protected(stamp, now, cfg.protect_ticks()) {
         return Ok(None);
     }
     Ok(live_backend(dp, bucket.entries[way].handle())?
         .filter(|def| def.flags & BACKEND_F_USABLE != 0 && def.vip_id == meta.vip_id))
+}
+
+/// The kernel's stamp tick now; without the kernel's clock, `stamp`'s own
+/// tick stands for now.
+fn kernel_tick_or(stamp: u16) -> u16 {
+    crate::liveflows::jiffies().map_or(stamp & CT_STAMP_TIME, crate::liveflows::tick_of)
 }
 
 /// A TCP packet without a (usable) connection-table entry whose flow's
@@ -186,8 +191,7 @@ fn handshake(
     if s.entry == FlowEntry::EMPTY || s.entry.tag() != tag {
         return Ok(None);
     }
-    let now =
-        crate::liveflows::jiffies().map_or(s.stamp & CT_STAMP_TIME, crate::liveflows::tick_of);
+    let now = kernel_tick_or(s.stamp);
     if now.wrapping_sub(s.stamp) & CT_STAMP_TIME > cfg.syn_ticks() {
         return Ok(None);
     }

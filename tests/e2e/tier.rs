@@ -121,6 +121,20 @@ fn wait_applied(lbd: &Lbd, revision: i64, limit: Duration) -> Result<Duration> {
     )
 }
 
+/// Waits until `lbd` saw desired revision `revision` and refused it
+/// saying `says` (`what`: the wait, in words).
+fn wait_refused(lbd: &Lbd, revision: i64, says: &str, what: &str) -> Result<Duration> {
+    wait_for(
+        what,
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        || {
+            let s = tier_status(lbd)?;
+            Ok(s["seen"] == revision && s["refused"].as_str().is_some_and(|w| w.contains(says)))
+        },
+    )
+}
+
 /// Writes `desired` and waits until every balancer runs it: its etcd
 /// revision, and the time from the write.
 fn roll_out(etcd: &Etcd, lbd: &[Lbd], desired: &str) -> Result<(i64, Duration)> {
@@ -245,15 +259,7 @@ fn follow_change_and_refuse(rig: &EcmpRig, etcd: &Etcd, lbd: &[Lbd; 2]) -> Resul
     for (what, value, says) in bad {
         let r = etcd.put(&format!("{PREFIX}/desired"), &value)?;
         for l in lbd {
-            wait_for(
-                &format!("{what} refused"),
-                Duration::from_secs(30),
-                Duration::from_millis(50),
-                || {
-                    let s = tier_status(l)?;
-                    Ok(s["seen"] == r && s["refused"].as_str().is_some_and(|w| w.contains(says)))
-                },
-            )?;
+            wait_refused(l, r, says, &format!("{what} refused"))?;
             if tier_status(l)?["applied"] != r2 {
                 bail!("{what}: the balancer no longer runs revision {r2}");
             }
@@ -292,18 +298,8 @@ fn fixed_locally(rig: &EcmpRig, etcd: &Etcd, lbd: &[Lbd; 2]) -> Result<()> {
     );
     let r = etcd.put(&format!("{PREFIX}/desired"), with_v6.as_bytes())?;
     for l in lbd {
-        wait_for(
-            "an IPv6 backend without an IPv6 tunnel source refused",
-            Duration::from_secs(30),
-            Duration::from_millis(50),
-            || {
-                let s = tier_status(l)?;
-                Ok(s["seen"] == r
-                    && s["refused"]
-                        .as_str()
-                        .is_some_and(|w| w.contains("outer_source_v6")))
-            },
-        )?;
+        let what = "an IPv6 backend without an IPv6 tunnel source refused";
+        wait_refused(l, r, "outer_source_v6", what)?;
         let mut file = std::fs::read_to_string(&l.config)?;
         file.push_str("outer_source_v6: fd00:98::1\n");
         std::fs::write(&l.config, file)?;
@@ -336,15 +332,8 @@ fn confirmed(rig: &EcmpRig, etcd: &Etcd, lbd: &[Lbd; 2]) -> Result<()> {
     let (_, desired) = split_weighted(rig, 1, &[(0, 1), (1, 1), (2, 2)])?;
     let r = etcd.put(&format!("{PREFIX}/desired"), desired.as_bytes())?;
     wait_applied(&lbd[1], r, Duration::from_secs(30))?;
-    wait_for(
-        "refused while a change awaits confirmation",
-        Duration::from_secs(30),
-        Duration::from_millis(50),
-        || {
-            let s = tier_status(&lbd[0])?;
-            Ok(s["seen"] == r && s["refused"].as_str().is_some_and(|w| w.contains("confirm")))
-        },
-    )?;
+    let what = "refused while a change awaits confirmation";
+    wait_refused(&lbd[0], r, "confirm", what)?;
     lbd[0].lbctl(&["confirm"])?;
     wait_applied(&lbd[0], r, Duration::from_secs(30))
         .context("the refused desired state applied after `lbctl confirm`")?;

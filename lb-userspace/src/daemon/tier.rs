@@ -150,6 +150,15 @@ impl<D: Dataplane> Daemon<D> {
         self.metrics.tier_refused.set(0);
     }
 
+    /// etcd reports something at `revision`, below the applied revision:
+    /// its history went back (an unreadable or absent desired state; a
+    /// readable one goes through [`Self::tier_should_apply`]).
+    fn tier_went_back_if_below(&mut self, revision: i64) {
+        if self.tier.applied.is_some_and(|a| revision < a) {
+            self.tier_went_back(revision);
+        }
+    }
+
     /// The newest desired revision seen is at least `revision`.
     fn tier_saw(&mut self, revision: i64) {
         let seen = self.tier.seen.map_or(revision, |s| s.max(revision));
@@ -193,9 +202,7 @@ impl<D: Dataplane> Daemon<D> {
     /// Below the applied revision, etcd went back (see
     /// [`Self::tier_should_apply`]).
     pub fn tier_unreadable(&mut self, revision: i64, why: String) {
-        if self.tier.applied.is_some_and(|a| revision < a) {
-            self.tier_went_back(revision);
-        }
+        self.tier_went_back_if_below(revision);
         self.tier_saw(revision);
         self.tier_outcome(revision, Err(why));
     }
@@ -212,9 +219,7 @@ impl<D: Dataplane> Daemon<D> {
         // Absent below what was applied: etcd went back to before the
         // key was written (a snapshot restored, a new cluster); the next
         // write is new.
-        if self.tier.applied.is_some_and(|a| revision < a) {
-            self.tier_went_back(revision);
-        }
+        self.tier_went_back_if_below(revision);
     }
 
     /// The tier's members and their reports, as last read.
