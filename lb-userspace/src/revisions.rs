@@ -15,6 +15,10 @@
 //! `keep` are kept. Numbers come from the file names, so a corrupt file
 //! never makes a number be used twice: it is listed with the reason and
 //! left in place, and every other revision stays usable.
+//!
+//! Beside them, the small JSON files a restarted `lbd` resumes from: the
+//! probation in force (`probation.json`), the backends found down
+//! (`verdicts.json`) and a rollout's hold (`hold.json`).
 
 use std::{
     os::unix::fs::PermissionsExt as _,
@@ -24,7 +28,12 @@ use std::{
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use crate::{atomic_file, config::VipId, state::Overlay};
+use crate::{
+    atomic_file,
+    config::VipId,
+    state::Overlay,
+    tier::rollout::{Change, Snapshot},
+};
 
 /// Largest revision file read back (a configuration is at most 16 MiB).
 const MAX_REVISION_BYTES: u64 = 40 << 20;
@@ -109,6 +118,23 @@ const VERDICTS: &str = "verdicts.json";
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SavedVerdicts {
     pub down: Vec<(VipId, std::net::IpAddr)>,
+}
+
+/// The rollout hold in force, beside the revisions.
+const HOLD: &str = "hold.json";
+
+/// What a balancer holding a rollout's candidate judges it against
+/// (`hold.json`), so that an `lbd` restarted during the hold compares with
+/// the state before the candidate, not with the candidate's own.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SavedHold {
+    /// The rollout (its record's revision).
+    pub rollout: i64,
+    /// The digest of the candidate's text ([`crate::digest::text`]): a
+    /// rollout id seen again after etcd went back is another rollout.
+    pub candidate: String,
+    pub before: Snapshot,
+    pub change: Change,
 }
 
 /// The revisions of one instance, on disk.
@@ -279,7 +305,41 @@ impl RevisionStore {
 
     /// The probation an `lbd` left (`probation.json`), if any.
     pub fn probation(&self) -> Result<Option<SavedProbation>, RevisionError> {
-        let path = self.dir.join(PROBATION);
+        self.read_side(PROBATION)
+    }
+
+    /// The backends the last `lbd` found down; none if it left no file.
+    pub fn verdicts(&self) -> Result<SavedVerdicts, RevisionError> {
+        Ok(self.read_side(VERDICTS)?.unwrap_or_default())
+    }
+
+    /// Writes the backends found down now.
+    pub fn save_verdicts(&self, saved: &SavedVerdicts) -> Result<(), RevisionError> {
+        self.write_side(VERDICTS, Some(saved))
+    }
+
+    /// Writes the probation (`None`: removes it).
+    pub fn save_probation(&self, saved: Option<&SavedProbation>) -> Result<(), RevisionError> {
+        self.write_side(PROBATION, saved)
+    }
+
+    /// The rollout hold an `lbd` left (`hold.json`), if any.
+    pub fn hold(&self) -> Result<Option<SavedHold>, RevisionError> {
+        self.read_side(HOLD)
+    }
+
+    /// Writes the rollout hold (`None`: removes it).
+    pub fn save_hold(&self, saved: Option<&SavedHold>) -> Result<(), RevisionError> {
+        self.write_side(HOLD, saved)
+    }
+
+    /// A JSON file kept beside the revisions (bounded as they are); `None`
+    /// if there is none.
+    fn read_side<T: serde::de::DeserializeOwned>(
+        &self,
+        name: &str,
+    ) -> Result<Option<T>, RevisionError> {
+        let path = self.dir.join(name);
         match read_bounded(&path) {
             Ok(text) => serde_json::from_str(&text)
                 .map(Some)
@@ -296,44 +356,17 @@ impl RevisionStore {
         }
     }
 
-    /// The backends the last `lbd` found down; none if it left no file.
-    pub fn verdicts(&self) -> Result<SavedVerdicts, RevisionError> {
-        let path = self.dir.join(VERDICTS);
-        match read_bounded(&path) {
-            Ok(text) => serde_json::from_str(&text).map_err(|e| RevisionError::Corrupt {
-                number: 0,
-                path: path.display().to_string(),
-                reason: e.to_string(),
-            }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(SavedVerdicts::default()),
-            Err(source) => Err(RevisionError::Io {
-                path: path.display().to_string(),
-                source,
-            }),
-        }
-    }
-
-    /// Writes the backends found down now.
-    pub fn save_verdicts(&self, saved: &SavedVerdicts) -> Result<(), RevisionError> {
-        let path = self.dir.join(VERDICTS);
-        let io = |source| RevisionError::Io {
-            path: path.display().to_string(),
-            source,
-        };
-        let text = serde_json::to_vec(saved).map_err(|e| io(e.into()))?;
-        atomic_file::write_private(&path, &text).map_err(io)
-    }
-
-    /// Writes the probation (`None`: removes it).
-    pub fn save_probation(&self, saved: Option<&SavedProbation>) -> Result<(), RevisionError> {
-        let path = self.dir.join(PROBATION);
+    /// Writes a JSON file beside the revisions, privately and atomically
+    /// (`None`: removes it).
+    fn write_side<T: Serialize>(&self, name: &str, saved: Option<&T>) -> Result<(), RevisionError> {
+        let path = self.dir.join(name);
         let io = |source| RevisionError::Io {
             path: path.display().to_string(),
             source,
         };
         match saved {
-            Some(p) => {
-                let text = serde_json::to_vec_pretty(p).map_err(|e| io(e.into()))?;
+            Some(saved) => {
+                let text = serde_json::to_vec_pretty(saved).map_err(|e| io(e.into()))?;
                 atomic_file::write_private(&path, &text).map_err(io)
             }
             None => match std::fs::remove_file(&path) {

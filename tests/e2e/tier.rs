@@ -853,6 +853,15 @@ fn three_balancers(rig: &EcmpRig, etcd: &mut Etcd, lbd: &mut Vec<Lbd>) -> Result
         "rollout {id}: promoted and applied on all three {:?} after the write (two holds of 3 s, a leader's death and a restart)",
         started.elapsed()
     );
+    let log = lbd[1].log_text();
+    for says in [
+        "holding the candidate again after a restart, against the state before it",
+        "every peer has its routes again after the restart; the hold starts",
+    ] {
+        if !log.contains(says) {
+            bail!("restarted during its hold, lb2 should log {says:?}:\n{log}");
+        }
+    }
     let digests: Vec<String> = lbd.iter().map(table_digest).collect::<Result<_>>()?;
     if digests.iter().any(|d| *d != digests[0]) {
         bail!("after the rollout the tables differ: {digests:?}");

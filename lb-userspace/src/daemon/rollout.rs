@@ -23,7 +23,7 @@ use crate::{
         client::Write,
         rollout::{
             Action, Change, Expected, Local, Outcome, Phase, Progress, Rollout, Snapshot, View,
-            decide, gates,
+            decide, gates, routes_missing,
         },
     },
 };
@@ -69,6 +69,11 @@ struct Hold {
     broke: Option<String>,
     /// etcd away since then: the hold's clock stands still.
     paused: Option<u64>,
+    /// Taken up again at this time after a restart, with the state
+    /// before the candidate kept on disk, and the peers have not all had
+    /// their routes back since: the hold's clock stands and the routes
+    /// are not judged ([`Daemon::await_routes`]).
+    routes_after: Option<u64>,
 }
 
 /// What `lbd` must do for a rollout step.
@@ -86,6 +91,10 @@ pub enum Step {
 const FORWARD_WINDOW: usize = 10;
 /// A step is not asked again sooner than this.
 const ASK_AGAIN: Duration = Duration::from_secs(3);
+/// How long a hold taken up after a restart waits for the peers' routes
+/// before judging them (seconds): `lbd` connects out at start and, by
+/// default, retries every 30 s at the most (`connect_retry.max`).
+const ROUTES_GRACE: u64 = 60;
 /// The longest a refused revert waits before it is asked again.
 const REVERT_WAIT_MAX: Duration = Duration::from_secs(60);
 
@@ -148,7 +157,9 @@ impl<D: Dataplane> Daemon<D> {
         let Some(Ok((record, at))) = self.rollout.record.clone() else {
             return Vec::new();
         };
+        self.await_routes(now);
         let action = self.rollout_decide(&record, at, now);
+        let action = self.while_routes_return(action, record.id(at), now);
         self.rollout.step = match &action {
             Action::Wait(why) => why.clone(),
             Action::Idle => String::new(),
@@ -176,17 +187,7 @@ impl<D: Dataplane> Daemon<D> {
         }
         let broke = match &hold.broke {
             Some(why) => Some(why.clone()),
-            None => {
-                let snapshot = self.rollout_snapshot();
-                gates(
-                    &hold.before,
-                    &snapshot,
-                    &record.expected,
-                    &hold.change,
-                    false,
-                )
-                .err()
-            }
+            None => self.judge(hold, &record.expected, false).err(),
         };
         if let Some(hold) = &mut self.rollout.hold {
             if hold.broke.is_none()
@@ -232,10 +233,7 @@ impl<D: Dataplane> Daemon<D> {
                 Some(Hold {
                     broke: Some(why), ..
                 }) => Err(format!("{why} (while etcd was away)")),
-                Some(h) => {
-                    let now = self.rollout_snapshot();
-                    gates(&h.before, &now, &record.expected, &h.change, ending)
-                }
+                Some(h) => self.judge(h, &record.expected, ending),
                 None => Ok(()),
             }
         })
@@ -246,20 +244,8 @@ impl<D: Dataplane> Daemon<D> {
         match action {
             Action::Wait(_) | Action::Idle => return Vec::new(),
             Action::StartHold(id) => {
-                info!(
-                    rollout = id,
-                    "rollout: holding the candidate (again, after a restart)"
-                );
                 self.say_unjudged(id);
-                let before = self.rollout_snapshot();
-                self.rollout.hold = Some(Hold {
-                    id,
-                    since: now,
-                    before,
-                    change: Change::default(),
-                    broke: None,
-                    paused: None,
-                });
+                self.rollout.hold = Some(self.resumed_hold(id, record, now));
                 return Vec::new();
             }
             _ => {}
@@ -388,14 +374,19 @@ impl<D: Dataplane> Daemon<D> {
             Ok(change) => {
                 self.say_unjudged(id);
                 self.tier.candidate = Some(id);
-                self.rollout.hold = Some(Hold {
+                let hold = Hold {
                     id,
                     since: now,
                     before,
                     change,
                     broke: None,
                     paused: None,
-                });
+                    routes_after: None,
+                };
+                if let Some(Ok((record, _))) = &self.rollout.record {
+                    self.keep_hold(&hold, record);
+                }
+                self.rollout.hold = Some(hold);
                 Vec::new()
             }
             Err(why) => {
@@ -437,11 +428,159 @@ impl<D: Dataplane> Daemon<D> {
         self.rollout.revert_wait = None;
         self.rollout.hold = None;
         self.tier.candidate = None;
+        self.forget_hold();
         if say {
             vec![progress(id, Phase::Reverted)]
         } else {
             Vec::new()
         }
+    }
+
+    /// The hold of rollout `id`'s candidate, which runs here but is not
+    /// held: `lbd` restarted during the hold. It is judged against the
+    /// state before the candidate that the last `lbd` kept (`hold.json`),
+    /// with the change it explained; without one (an older `lbd`, a file
+    /// lost), against the state now. Its clock starts over.
+    fn resumed_hold(&self, id: i64, record: &Rollout, now: u64) -> Hold {
+        let candidate = crate::digest::text(&record.desired);
+        let saved = match self.revisions.hold() {
+            Ok(Some(saved)) if saved.rollout == id && saved.candidate == candidate => Some(saved),
+            Ok(_) => None,
+            Err(e) => {
+                warn!(rollout = id, "rollout: the kept hold is unreadable: {e}");
+                None
+            }
+        };
+        let (before, change, routes_after) = match saved {
+            Some(saved) => {
+                info!(
+                    rollout = id,
+                    "rollout: holding the candidate again after a restart, against the state before it"
+                );
+                (saved.before, saved.change, Some(now))
+            }
+            None => {
+                warn!(
+                    rollout = id,
+                    "rollout: holding the candidate again after a restart; no state from before it was kept, so the gates compare with the state now"
+                );
+                (self.rollout_snapshot(), Change::default(), None)
+            }
+        };
+        let hold = Hold {
+            id,
+            since: now,
+            before,
+            change,
+            broke: None,
+            paused: None,
+            routes_after,
+        };
+        self.keep_hold(&hold, record);
+        hold
+    }
+
+    /// Keeps `hold` for a restart (`hold.json`). A failure is logged: a
+    /// restart would then judge against the state it finds.
+    fn keep_hold(&self, hold: &Hold, record: &Rollout) {
+        let saved = crate::revisions::SavedHold {
+            rollout: hold.id,
+            candidate: crate::digest::text(&record.desired),
+            before: hold.before.clone(),
+            change: hold.change.clone(),
+        };
+        if let Err(e) = self.revisions.save_hold(Some(&saved)) {
+            warn!(
+                rollout = hold.id,
+                "rollout: keeping the hold for a restart: {e}"
+            );
+        }
+    }
+
+    /// No candidate runs here any more: nothing to hold after a restart.
+    pub(super) fn forget_hold(&self) {
+        if let Err(e) = self.revisions.save_hold(None) {
+            warn!("rollout: removing the kept hold: {e}");
+        }
+    }
+
+    /// The gates of `hold` now (`ending`: at the hold's end), the routes
+    /// aside while it waits for them after a restart.
+    fn judge(
+        &self,
+        hold: &Hold,
+        expected: &BTreeMap<String, Expected>,
+        ending: bool,
+    ) -> std::result::Result<(), String> {
+        let now = self.rollout_snapshot();
+        let before = if hold.routes_after.is_some() {
+            std::borrow::Cow::Owned(Snapshot {
+                announced: BTreeMap::new(),
+                ..hold.before.clone()
+            })
+        } else {
+            std::borrow::Cow::Borrowed(&hold.before)
+        };
+        gates(&before, &now, expected, &hold.change, ending)
+    }
+
+    /// A hold taken up after a restart waits for the BGP sessions, which
+    /// start over with `lbd`: its clock stands until every peer has as
+    /// many routes as before the candidate again (less those the change
+    /// removed), or [`ROUTES_GRACE`] passed; from then on the routes are
+    /// judged like every gate. Otherwise a restart during a rollout would
+    /// fail it for routes the restart, not the candidate, took away.
+    fn await_routes(&mut self, now: u64) {
+        let announced = self.announced_now();
+        let Some(hold) = &mut self.rollout.hold else {
+            return;
+        };
+        let Some(from) = hold.routes_after else {
+            return;
+        };
+        let missing = routes_missing(&hold.before.announced, &announced, &hold.change);
+        hold.since = now;
+        if missing.is_empty() {
+            info!(
+                rollout = hold.id,
+                "rollout: every peer has its routes again after the restart; the hold starts"
+            );
+            hold.routes_after = None;
+        } else if now.saturating_sub(from) >= ROUTES_GRACE {
+            warn!(
+                rollout = hold.id,
+                "rollout: routes still missing {ROUTES_GRACE} s after the restart; judged from now: {}",
+                missing.join("; ")
+            );
+            hold.routes_after = None;
+        }
+    }
+
+    /// `action` for rollout `id` while its hold waits for the peers'
+    /// routes after a restart: it neither passes nor counts seconds.
+    fn while_routes_return(&self, action: Action, id: i64, now: u64) -> Action {
+        let Some(from) = (self.rollout.hold.as_ref())
+            .filter(|h| h.id == id)
+            .and_then(|h| h.routes_after)
+        else {
+            return action;
+        };
+        match action {
+            Action::Pass(_) | Action::Wait(_) => Action::Wait(format!(
+                "holding: waiting for the peers' routes after a restart, {} s of at most {ROUTES_GRACE} s",
+                now.saturating_sub(from)
+            )),
+            other => other,
+        }
+    }
+
+    /// Routes each peer has from this balancer now.
+    fn announced_now(&self) -> BTreeMap<String, usize> {
+        self.announcers
+            .peer_rows()
+            .into_iter()
+            .map(|p| (p.peer.clone(), p.prefixes_announced))
+            .collect()
     }
 
     /// Packets forwarded so far (every CPU, every forwarding outcome).
@@ -491,12 +630,7 @@ impl<D: Dataplane> Daemon<D> {
             let size = sizes.get(&vip).copied().unwrap_or(layout.table_size);
             snapshot.tables.insert(vip, (size, digest.clone()));
         }
-        snapshot.announced = self
-            .announcers
-            .peer_rows()
-            .into_iter()
-            .map(|p| (p.peer.clone(), p.prefixes_announced))
-            .collect();
+        snapshot.announced = self.announced_now();
         let samples = &self.rollout.forwarded;
         snapshot.forwarded = samples.back().copied().unwrap_or(0);
         snapshot.forwarding = samples.front() < samples.back();

@@ -179,7 +179,9 @@ impl<D: Dataplane> Daemon<D> {
             Ok(()) => {
                 self.tier.applied = Some(revision);
                 self.tier.rewound = None;
-                self.tier.candidate = None;
+                if self.tier.candidate.take().is_some() {
+                    self.forget_hold();
+                }
                 if self.tier.seen.is_none_or(|seen| seen <= revision) {
                     self.tier.refused = None;
                     self.metrics.tier_refused.set(0);

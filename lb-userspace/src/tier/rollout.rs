@@ -320,7 +320,7 @@ pub fn decide(
 
 /// What the gates compare: a balancer's state before it took the
 /// candidate, and now.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Snapshot {
     /// Backends down or ejected, as `VIP backend`.
     pub down: BTreeSet<String>,
@@ -383,14 +383,7 @@ pub fn gates(
             problems.push(format!("{added}: added by the change, not serving"));
         }
     }
-    for (peer, had) in &before.announced {
-        let has = now.announced.get(peer).copied().unwrap_or(0);
-        if has + change.removed_routes < *had {
-            problems.push(format!(
-                "peer {peer}: {has} routes, {had} before the change"
-            ));
-        }
-    }
+    problems.extend(routes_missing(&before.announced, &now.announced, change));
     if ending && before.forwarding && now.forwarded == before.forwarded {
         problems.push("no packet forwarded during the hold".into());
     }
@@ -401,9 +394,26 @@ pub fn gates(
     }
 }
 
+/// The peers with fewer routes from this balancer than `before` (routes
+/// per peer), less the VIPs the change removed: each in words.
+pub fn routes_missing(
+    before: &BTreeMap<String, usize>,
+    now: &BTreeMap<String, usize>,
+    change: &Change,
+) -> Vec<String> {
+    before
+        .iter()
+        .filter_map(|(peer, had)| {
+            let has = now.get(peer).copied().unwrap_or(0);
+            (has + change.removed_routes < *had)
+                .then(|| format!("peer {peer}: {has} routes, {had} before the change"))
+        })
+        .collect()
+}
+
 /// What a change explains: the backends it adds (as `VIP backend`), and
 /// the routes of the VIPs it removes.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Change {
     pub added: BTreeSet<String>,
     pub removed_routes: usize,

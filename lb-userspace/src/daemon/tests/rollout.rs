@@ -287,6 +287,17 @@ async fn the_hold_is_judged_against_the_state_before_the_apply() {
 #[tokio::test]
 async fn a_member_restarted_on_the_candidate_holds_it_again() {
     let mut r = rig(TIER_FILE);
+    // A hold kept for another candidate at the same revision (etcd went
+    // back meanwhile): not this one's, so not taken up.
+    let mut before = crate::tier::rollout::Snapshot::default();
+    before.announced.insert("192.0.2.1".into(), 1);
+    let stale = crate::revisions::SavedHold {
+        rollout: ID,
+        candidate: crate::digest::text("another candidate"),
+        before,
+        change: Change::default(),
+    };
+    r.daemon.revisions.save_hold(Some(&stale)).unwrap();
     r.daemon.tier_started("lb1".into(), Some((ID, true)));
     r.daemon.on_tier_link(Ok(10));
     assert!(
@@ -408,9 +419,7 @@ async fn an_added_backend_that_passes_its_checks_serves() {
     r.daemon.tier_started("lb1".into(), None);
     assert!(apply(&mut r, &desired(5, &checked(VIPS))).await);
     r.daemon.on_tier_link(Ok(10));
-    let mut record = record(&r);
-    record.desired = checked(&record.desired);
-    r.daemon.on_rollout(Some(Ok((record, ID))));
+    r.daemon.on_rollout(Some(Ok((checked_record(&r), ID))));
     let d = asked_to_apply(&mut r, T0);
     assert!(take(&mut r, &d, T0).await.is_empty());
     for b in ["10.1.0.1", "10.1.0.2", "10.1.0.3"] {
@@ -430,9 +439,7 @@ async fn holding_checked_member() -> Rig {
     assert!(apply(&mut r, &desired(5, &checked(VIPS))).await);
     r.daemon.on_tier_link(Ok(10));
     both_up(&mut r, 100);
-    let mut record = record(&r);
-    record.desired = checked(&record.desired);
-    r.daemon.on_rollout(Some(Ok((record, ID))));
+    r.daemon.on_rollout(Some(Ok((checked_record(&r), ID))));
     let d = asked_to_apply(&mut r, T0);
     assert!(take(&mut r, &d, T0).await.is_empty());
     r.daemon
@@ -487,6 +494,166 @@ async fn a_hold_passes_only_after_a_whole_hold_with_etcd_there() {
     assert!(r.daemon.rollout_tick(back + HOLD - 6).is_empty());
     assert_eq!(
         said(&r.daemon.rollout_tick(back + HOLD - 5)),
+        ["progress 8 Passed"]
+    );
+}
+
+/// `r`'s `lbd` killed and started again while the candidate `d` runs:
+/// it starts from its newest revision (the candidate's, with the probe
+/// verdicts kept on disk) and knows that it runs a candidate.
+async fn restarted_on(r: Rig, d: &Desired) -> Rig {
+    started_on(restart(r), d).await
+}
+
+/// A restarted `lbd` `r` on its newest revision, the candidate `d`.
+async fn started_on(mut r: Rig, d: &Desired) -> Rig {
+    let read = reparse(&r, TIER_FILE).and_then(|f| f.with_desired(d));
+    r.daemon.reload(read, false, &plain()).await.unwrap();
+    r.daemon
+        .tier_started("lb1".into(), Some((d.revision, true)));
+    r.daemon.on_tier_link(Ok(12));
+    r
+}
+
+/// [`record`] of [`checked_candidate`].
+fn checked_record(r: &Rig) -> Rollout {
+    let mut record = record(r);
+    record.desired = checked(&record.desired);
+    record
+}
+
+/// [`candidate`] with WEB health-checked, as [`holding_checked_member`]
+/// holds it.
+fn checked_candidate() -> Desired {
+    Desired {
+        text: checked(&candidate().text).into(),
+        ..candidate()
+    }
+}
+
+/// The candidate broke a backend, and `lbd` restarted before the hold
+/// judged it: the restarted `lbd` finds the backend down (its kept
+/// verdict) and judges the hold against the state before the candidate,
+/// kept on disk, not against the state the restart found.
+#[tokio::test]
+async fn a_hold_taken_up_after_a_restart_is_judged_against_the_state_before_the_candidate() {
+    let mut r = holding_checked_member().await;
+    let one = (id(WEB), ip("10.1.0.1"));
+    for _ in 0..2 {
+        r.daemon.on_probe(one, probed_as(false, 100));
+    }
+    let record = Some(Ok((checked_record(&r), ID)));
+    let mut r = restarted_on(r, &checked_candidate()).await;
+    r.daemon.on_rollout(record);
+    assert!(r.daemon.rollout_tick(T0 + 10).is_empty(), "held again");
+    let steps = said(&r.daemon.rollout_tick(T0 + 11));
+    assert!(
+        steps
+            .first()
+            .is_some_and(|s| s.starts_with("progress 8 Failed")
+                && s.contains("10.1.0.1: stopped serving after the change")),
+        "{steps:?}"
+    );
+    // Gone back: nothing is kept to hold after another restart.
+    assert!(r.daemon.revisions.hold().unwrap().is_some());
+    assert!(r.daemon.rollout_reverted(ID, false, true).is_empty());
+    assert_eq!(r.daemon.revisions.hold().unwrap(), None);
+}
+
+/// After a restart the BGP sessions start over: a hold taken up again
+/// waits for the peers' routes before its clock runs, and judges them
+/// after at most a minute.
+#[tokio::test]
+async fn a_hold_taken_up_after_a_restart_waits_a_minute_at_most_for_the_routes() {
+    let r = holding_checked_member().await;
+    let mut kept = r
+        .daemon
+        .revisions
+        .hold()
+        .unwrap()
+        .expect("the hold is kept");
+    assert_eq!(kept.rollout, ID);
+    kept.before.announced.insert("192.0.2.1".into(), 1);
+    r.daemon.revisions.save_hold(Some(&kept)).unwrap();
+    let record = Some(Ok((checked_record(&r), ID)));
+    let mut r = restarted_on(r, &checked_candidate()).await;
+    r.daemon.on_rollout(record);
+    let taken_up = T0 + 10;
+    for t in 0..60 {
+        let steps = said(&r.daemon.rollout_tick(taken_up + t));
+        assert!(steps.is_empty(), "at {t} s: {steps:?}");
+    }
+    let step = r.daemon.rollout_view().unwrap().step;
+    assert!(
+        step.contains("waiting for the peers' routes after a restart, 59 s"),
+        "{step}"
+    );
+    let steps = said(&r.daemon.rollout_tick(taken_up + 60));
+    assert!(
+        steps
+            .first()
+            .is_some_and(|s| s.starts_with("progress 8 Failed")
+                && s.contains("peer 192.0.2.1: 0 routes, 1 before the change")),
+        "{steps:?}"
+    );
+}
+
+/// An announcer whose one peer has as many routes as `routes` says.
+struct Routes(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Announcer for Routes {
+    fn set_announced(&mut self, _: &BTreeSet<IpAddr>) -> Result<(), AnnounceError> {
+        Ok(())
+    }
+
+    fn status(&self) -> Vec<PeerStatus> {
+        let mut peer = PeerStatus::new("192.0.2.1:179", crate::announce::SessionState::Established);
+        peer.prefixes_announced = self.0.load(std::sync::atomic::Ordering::Relaxed);
+        vec![peer]
+    }
+
+    fn shutdown(&mut self) -> BoxFuture<'_, Result<(), AnnounceError>> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// A hold taken up after a restart starts its clock when the peer has
+/// its routes again, and passes a whole hold later; without the kept
+/// state a hold is judged against the state after the restart.
+#[tokio::test]
+async fn a_hold_taken_up_after_a_restart_starts_when_the_routes_are_back() {
+    let r = holding_checked_member().await;
+    let mut kept = r
+        .daemon
+        .revisions
+        .hold()
+        .unwrap()
+        .expect("the hold is kept");
+    kept.before.announced.insert("192.0.2.1:179".into(), 1);
+    r.daemon.revisions.save_hold(Some(&kept)).unwrap();
+    let record = Some(Ok((checked_record(&r), ID)));
+    let Rig { daemon, _dir, .. } = r;
+    let text = daemon.text.to_string();
+    drop(daemon);
+    let routes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let peer = routes.clone();
+    let announcers = Announcers::new(Box::new(move |_| {
+        Ok(vec![Box::new(Routes(peer.clone())) as Box<dyn Announcer>])
+    }));
+    let r = rig_in(_dir, &text, Told::default(), announcers);
+    let mut r = started_on(r, &checked_candidate()).await;
+    r.daemon.on_rollout(record);
+    for t in 0..5 {
+        assert!(r.daemon.rollout_tick(T0 + 10 + t).is_empty());
+    }
+    routes.store(1, std::sync::atomic::Ordering::Relaxed);
+    let back = T0 + 15;
+    assert!(r.daemon.rollout_tick(back).is_empty());
+    assert!(r.daemon.rollout_tick(back + HOLD - 1).is_empty());
+    let step = r.daemon.rollout_view().unwrap().step;
+    assert!(step.contains("holding, 29 s of 30 s"), "{step}");
+    assert_eq!(
+        said(&r.daemon.rollout_tick(back + HOLD)),
         ["progress 8 Passed"]
     );
 }
