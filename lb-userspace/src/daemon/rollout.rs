@@ -89,6 +89,8 @@ pub enum Step {
 
 /// Samples of forwarded packets kept (one a second).
 const FORWARD_WINDOW: usize = 10;
+/// What the step says while etcd is away.
+const AWAY: &str = "; etcd away: nothing is written until it answers, and a hold's clock stands";
 /// A step is not asked again sooner than this.
 const ASK_AGAIN: Duration = Duration::from_secs(3);
 /// How long a hold taken up after a restart waits for the peers' routes
@@ -144,6 +146,7 @@ impl<D: Dataplane> Daemon<D> {
         }
         if !connected {
             self.hold_while_away(now);
+            self.say_away();
             return Vec::new();
         }
         if let Some(hold) = &mut self.rollout.hold
@@ -201,6 +204,20 @@ impl<D: Dataplane> Daemon<D> {
             hold.broke = broke;
             hold.paused.get_or_insert(now);
         }
+    }
+
+    /// The step in words while etcd is away: the last one, and that
+    /// nothing moves (with the gate that broke meanwhile, if one did).
+    fn say_away(&mut self) {
+        let base = self.rollout.step.split(AWAY).next().unwrap_or_default();
+        if base.is_empty() {
+            return;
+        }
+        let broke = match self.rollout.hold.as_ref().and_then(|h| h.broke.as_ref()) {
+            Some(why) => format!("; a gate broke, failed when etcd answers: {why}"),
+            None => String::new(),
+        };
+        self.rollout.step = format!("{base}{AWAY}{broke}");
     }
 
     /// Goes back from the candidate of rollout `id`, which no record

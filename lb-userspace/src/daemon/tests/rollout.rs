@@ -462,6 +462,13 @@ async fn a_gate_that_broke_while_etcd_was_away_fails_the_hold() {
     assert!(r.daemon.rollout_tick(T0 + 5).is_empty(), "nothing written");
     r.daemon.on_probe(one, probed_as(true, 100));
     assert!(r.daemon.rollout_tick(T0 + 6).is_empty());
+    let step = r.daemon.rollout_view().unwrap().step;
+    assert!(
+        step.contains("holding, 1 s of 30 s; etcd away")
+            && step.contains("a gate broke, failed when etcd answers: ")
+            && step.contains("10.1.0.1"),
+        "{step}"
+    );
     r.daemon.on_tier_link(Ok(11));
     let steps = said(&r.daemon.rollout_tick(T0 + HOLD + 10));
     assert!(
@@ -485,6 +492,11 @@ async fn a_hold_passes_only_after_a_whole_hold_with_etcd_there() {
     assert!(r.daemon.rollout_tick(T0 + 6).is_empty(), "away from here");
     let back = T0 + HOLD + 10;
     assert!(r.daemon.rollout_tick(back).is_empty());
+    let step = r.daemon.rollout_view().unwrap().step;
+    assert!(
+        step.ends_with("holding, 5 s of 30 s; etcd away: nothing is written until it answers, and a hold's clock stands"),
+        "said once, the seconds held before etcd went: {step}"
+    );
     r.daemon.on_tier_link(Ok(11));
     // Held 6 s (the clock stops at the first tick away), none while
     // away: 6 s held at back + 1.
