@@ -366,7 +366,7 @@ impl RevisionStore {
         };
         match saved {
             Some(saved) => {
-                let text = serde_json::to_vec_pretty(saved).map_err(|e| io(e.into()))?;
+                let text = serde_json::to_vec(saved).map_err(|e| io(e.into()))?;
                 atomic_file::write_private(&path, &text).map_err(io)
             }
             None => match std::fs::remove_file(&path) {

@@ -35,8 +35,9 @@ pub struct RolloutState {
     record: Option<std::result::Result<(Rollout, i64), (i64, String)>>,
     progress: BTreeMap<String, Progress>,
     hold: Option<Hold>,
-    /// Taken just before the candidate of rollout `.0` was applied.
-    before: Option<(i64, Snapshot)>,
+    /// Taken just before the candidate of rollout `.0` was applied, with
+    /// the candidate's digest.
+    before: Option<(i64, Snapshot, String)>,
     /// An apply or a revert is being read off the loop.
     busy: bool,
     /// The last step asked, and when (not asked again for 3 s; a revert
@@ -90,13 +91,15 @@ pub enum Step {
 /// Samples of forwarded packets kept (one a second).
 const FORWARD_WINDOW: usize = 10;
 /// What the step says while etcd is away.
-const AWAY: &str = "; etcd away: nothing is written until it answers, and a hold's clock stands";
+const AWAY: &str = "; etcd away: nothing is written until it answers";
 /// A step is not asked again sooner than this.
 const ASK_AGAIN: Duration = Duration::from_secs(3);
-/// How long a hold taken up after a restart waits for the peers' routes
-/// before judging them (seconds): `lbd` connects out at start and, by
-/// default, retries every 30 s at the most (`connect_retry.max`).
+/// The least a hold taken up after a restart waits for the peers' routes
+/// before judging them (seconds; [`Daemon::routes_grace`]).
 const ROUTES_GRACE: u64 = 60;
+/// Seconds beyond a router's hold timer and `lbd`'s longest connect retry
+/// for a session to come up and carry the routes.
+const ROUTES_MARGIN: u64 = 10;
 /// The longest a refused revert waits before it is asked again.
 const REVERT_WAIT_MAX: Duration = Duration::from_secs(60);
 
@@ -213,11 +216,13 @@ impl<D: Dataplane> Daemon<D> {
         if base.is_empty() {
             return;
         }
-        let broke = match self.rollout.hold.as_ref().and_then(|h| h.broke.as_ref()) {
-            Some(why) => format!("; a gate broke, failed when etcd answers: {why}"),
+        let hold = self.rollout.hold.as_ref().filter(|h| h.paused.is_some());
+        let held = match hold.and_then(|h| h.broke.as_ref()) {
+            Some(why) => format!(", and the hold fails then: a gate broke: {why}"),
+            None if hold.is_some() => ", and the hold's clock stands".into(),
             None => String::new(),
         };
-        self.rollout.step = format!("{base}{AWAY}{broke}");
+        self.rollout.step = format!("{base}{AWAY}{held}");
     }
 
     /// Goes back from the candidate of rollout `id`, which no record
@@ -261,8 +266,11 @@ impl<D: Dataplane> Daemon<D> {
         match action {
             Action::Wait(_) | Action::Idle => return Vec::new(),
             Action::StartHold(id) => {
+                let Some(hold) = self.resumed_hold(id, record, now) else {
+                    return self.revert_orphan(id);
+                };
                 self.say_unjudged(id);
-                self.rollout.hold = Some(self.resumed_hold(id, record, now));
+                self.rollout.hold = Some(hold);
                 return Vec::new();
             }
             _ => {}
@@ -321,7 +329,12 @@ impl<D: Dataplane> Daemon<D> {
                     rollout = id,
                     "rollout: this balancer's wave started; applying the candidate"
                 );
-                self.rollout.before = Some((id, self.rollout_snapshot()));
+                // Kept before the candidate runs: a restart from here on
+                // judges its hold against the state before it.
+                let before = self.rollout_snapshot();
+                let candidate = crate::digest::text(&record.desired);
+                self.keep_hold(id, &candidate, &before, &Change::default());
+                self.rollout.before = Some((id, before, candidate));
                 self.rollout.busy = true;
                 vec![Step::Apply(Desired {
                     revision: id,
@@ -383,15 +396,18 @@ impl<D: Dataplane> Daemon<D> {
         now: u64,
     ) -> Vec<Step> {
         self.rollout.busy = false;
-        let before = match self.rollout.before.take() {
-            Some((at, snapshot)) if at == id => snapshot,
-            _ => self.rollout_snapshot(),
+        let (before, candidate) = match self.rollout.before.take() {
+            Some((at, snapshot, candidate)) if at == id => (snapshot, Some(candidate)),
+            _ => (self.rollout_snapshot(), None),
         };
         match result {
             Ok(change) => {
                 self.say_unjudged(id);
                 self.tier.candidate = Some(id);
-                let hold = Hold {
+                if let Some(candidate) = &candidate {
+                    self.keep_hold(id, candidate, &before, &change);
+                }
+                self.rollout.hold = Some(Hold {
                     id,
                     since: now,
                     before,
@@ -399,14 +415,11 @@ impl<D: Dataplane> Daemon<D> {
                     broke: None,
                     paused: None,
                     routes_after: None,
-                };
-                if let Some(Ok((record, _))) = &self.rollout.record {
-                    self.keep_hold(&hold, record);
-                }
-                self.rollout.hold = Some(hold);
+                });
                 Vec::new()
             }
             Err(why) => {
+                self.forget_hold();
                 let Some(Ok((record, at))) = self.rollout.record.clone() else {
                     return Vec::new();
                 };
@@ -426,6 +439,7 @@ impl<D: Dataplane> Daemon<D> {
         );
         self.rollout.busy = false;
         self.rollout.before = None;
+        self.forget_hold();
     }
 
     /// A revert (to the tier's desired state) ended: the steps that
@@ -456,12 +470,22 @@ impl<D: Dataplane> Daemon<D> {
     /// The hold of rollout `id`'s candidate, which runs here but is not
     /// held: `lbd` restarted during the hold. It is judged against the
     /// state before the candidate that the last `lbd` kept (`hold.json`),
-    /// with the change it explained; without one (an older `lbd`, a file
-    /// lost), against the state now. Its clock starts over.
-    fn resumed_hold(&self, id: i64, record: &Rollout, now: u64) -> Hold {
+    /// with the change it explained, and packets forwarded count from now
+    /// (a reboot starts the counters over); without one (an older `lbd`,
+    /// a file lost), against the state now. Its clock starts over. `None`:
+    /// the kept hold names another candidate under this id (etcd's
+    /// history went back), so the one running here is not this record's.
+    fn resumed_hold(&self, id: i64, record: &Rollout, now: u64) -> Option<Hold> {
         let candidate = crate::digest::text(&record.desired);
         let saved = match self.revisions.hold() {
-            Ok(Some(saved)) if saved.rollout == id && saved.candidate == candidate => Some(saved),
+            Ok(Some(saved)) if saved.rollout == id && saved.candidate != candidate => {
+                warn!(
+                    rollout = id,
+                    "rollout: the candidate running here is not this record's (etcd's history went back?): going back to the tier's desired state"
+                );
+                return None;
+            }
+            Ok(Some(saved)) if saved.rollout == id => Some(saved),
             Ok(_) => None,
             Err(e) => {
                 warn!(rollout = id, "rollout: the kept hold is unreadable: {e}");
@@ -474,7 +498,11 @@ impl<D: Dataplane> Daemon<D> {
                     rollout = id,
                     "rollout: holding the candidate again after a restart, against the state before it"
                 );
-                (saved.before, saved.change, Some(now))
+                let before = Snapshot {
+                    forwarded: self.forwarded_total(),
+                    ..saved.before
+                };
+                (before, saved.change, Some(now))
             }
             None => {
                 warn!(
@@ -484,7 +512,7 @@ impl<D: Dataplane> Daemon<D> {
                 (self.rollout_snapshot(), Change::default(), None)
             }
         };
-        let hold = Hold {
+        Some(Hold {
             id,
             since: now,
             before,
@@ -492,25 +520,22 @@ impl<D: Dataplane> Daemon<D> {
             broke: None,
             paused: None,
             routes_after,
-        };
-        self.keep_hold(&hold, record);
-        hold
+        })
     }
 
-    /// Keeps `hold` for a restart (`hold.json`). A failure is logged: a
-    /// restart would then judge against the state it finds.
-    fn keep_hold(&self, hold: &Hold, record: &Rollout) {
+    /// Keeps the hold of rollout `id` (its candidate's digest, the state
+    /// before it, what the change explains) for a restart (`hold.json`).
+    /// A failure is logged: a restart would then judge against the state
+    /// it finds.
+    fn keep_hold(&self, id: i64, candidate: &str, before: &Snapshot, change: &Change) {
         let saved = crate::revisions::SavedHold {
-            rollout: hold.id,
-            candidate: crate::digest::text(&record.desired),
-            before: hold.before.clone(),
-            change: hold.change.clone(),
+            rollout: id,
+            candidate: candidate.to_string(),
+            before: before.clone(),
+            change: change.clone(),
         };
         if let Err(e) = self.revisions.save_hold(Some(&saved)) {
-            warn!(
-                rollout = hold.id,
-                "rollout: keeping the hold for a restart: {e}"
-            );
+            warn!(rollout = id, "rollout: keeping the hold for a restart: {e}");
         }
     }
 
@@ -544,11 +569,12 @@ impl<D: Dataplane> Daemon<D> {
     /// A hold taken up after a restart waits for the BGP sessions, which
     /// start over with `lbd`: its clock stands until every peer has as
     /// many routes as before the candidate again (less those the change
-    /// removed), or [`ROUTES_GRACE`] passed; from then on the routes are
+    /// removed), or [`Self::routes_grace`] passed; from then on the routes are
     /// judged like every gate. Otherwise a restart during a rollout would
     /// fail it for routes the restart, not the candidate, took away.
     fn await_routes(&mut self, now: u64) {
         let announced = self.announced_now();
+        let grace = self.routes_grace();
         let Some(hold) = &mut self.rollout.hold else {
             return;
         };
@@ -556,20 +582,22 @@ impl<D: Dataplane> Daemon<D> {
             return;
         };
         let missing = routes_missing(&hold.before.announced, &announced, &hold.change);
-        hold.since = now;
         if missing.is_empty() {
             info!(
                 rollout = hold.id,
                 "rollout: every peer has its routes again after the restart; the hold starts"
             );
             hold.routes_after = None;
-        } else if now.saturating_sub(from) >= ROUTES_GRACE {
+        } else if now.saturating_sub(from) >= grace {
             warn!(
                 rollout = hold.id,
-                "rollout: routes still missing {ROUTES_GRACE} s after the restart; judged from now: {}",
+                "rollout: routes still missing {grace} s after the restart; judged from now: {}",
                 missing.join("; ")
             );
             hold.routes_after = None;
+            hold.since = now;
+        } else {
+            hold.since = now;
         }
     }
 
@@ -584,15 +612,30 @@ impl<D: Dataplane> Daemon<D> {
         };
         match action {
             Action::Pass(_) | Action::Wait(_) => Action::Wait(format!(
-                "holding: waiting for the peers' routes after a restart, {} s of at most {ROUTES_GRACE} s",
-                now.saturating_sub(from)
+                "holding: waiting for the peers' routes after a restart, {} s of at most {} s",
+                now.saturating_sub(from),
+                self.routes_grace()
             )),
             other => other,
         }
     }
 
+    /// How long a hold taken up after a restart waits for the peers'
+    /// routes (seconds): a minute, or longer if the BGP settings need it.
+    /// A router keeps the session of a killed `lbd` (no Cease was sent)
+    /// until its hold timer expires and refuses the new one meanwhile;
+    /// `lbd` connects out only, and tries again within
+    /// `connect_retry.max`.
+    pub(super) fn routes_grace(&self) -> u64 {
+        let bgp = self.config.announce.bgp.as_ref();
+        let needs = bgp.map_or(0, |b| {
+            (b.hold_time + b.connect_retry.max).as_secs() + ROUTES_MARGIN
+        });
+        needs.max(ROUTES_GRACE)
+    }
+
     /// Routes each peer has from this balancer now.
-    fn announced_now(&self) -> BTreeMap<String, usize> {
+    pub(super) fn announced_now(&self) -> BTreeMap<String, usize> {
         self.announcers
             .peer_rows()
             .into_iter()

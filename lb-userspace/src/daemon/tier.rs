@@ -243,12 +243,7 @@ impl<D: Dataplane> Daemon<D> {
                     .map(move |b| format!("{} {} {}", v.vip, b.address, b.state.name()))
             })
             .collect();
-        let announced = self
-            .announcers
-            .peer_rows()
-            .into_iter()
-            .map(|p| (p.peer.clone(), p.prefixes_announced))
-            .collect();
+        let announced = self.announced_now();
         Some(Report {
             name,
             version: crate::VERSION.to_string(),

@@ -321,6 +321,7 @@ pub fn decide(
 /// What the gates compare: a balancer's state before it took the
 /// candidate, and now.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Snapshot {
     /// Backends down or ejected, as `VIP backend`.
     pub down: BTreeSet<String>,
@@ -414,6 +415,7 @@ pub fn routes_missing(
 /// What a change explains: the backends it adds (as `VIP backend`), and
 /// the routes of the VIPs it removes.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Change {
     pub added: BTreeSet<String>,
     pub removed_routes: usize,
