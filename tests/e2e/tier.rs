@@ -344,6 +344,48 @@ fn confirmed(rig: &EcmpRig, etcd: &Etcd, lbd: &[Lbd; 2]) -> Result<()> {
     Ok(())
 }
 
+/// `lbctl revert` on lb2 runs its previous revision instead of the newest
+/// desired state: lb2's status and lb1's view of the tier say so, until
+/// the next desired write applies on both.
+fn reverted_here(rig: &EcmpRig, etcd: &Etcd, lbd: &[Lbd; 2]) -> Result<()> {
+    let (_, base) = split_config(rig, 1, &[0, 1, 2])?;
+    let (_, weighted) = split_weighted(rig, 1, &[(0, 3), (1, 1), (2, 1)])?;
+    let (r, _) = roll_out(etcd, lbd, &weighted)?;
+    let reverted = lbd[1].lbctl_json(&["revert"])?["revision"]
+        .as_u64()
+        .context("the revert's revision")?;
+    let status = tier_status(&lbd[1])?;
+    if status["reverted"] != reverted || status["applied"] != r {
+        bail!("lb2 runs revision {reverted} by a revert, not desired revision {r}: {status}");
+    }
+    let says =
+        format!("lb2: runs its revision {reverted}, reverted to there, not desired revision {r}");
+    wait_for(
+        "lb1 sees lb2's revert",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || Ok(tier_status(&lbd[0])?["flags"].to_string().contains(&says)),
+    )?;
+    let (back, _) = roll_out(etcd, lbd, &base)?;
+    wait_for(
+        "lb1 sees lb2 on the desired state again",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || {
+            Ok(!tier_status(&lbd[0])?["flags"]
+                .to_string()
+                .contains("reverted to there"))
+        },
+    )?;
+    if !tier_status(&lbd[1])?["reverted"].is_null() {
+        bail!("desired revision {back} applied on lb2, yet a revert is reported");
+    }
+    eprintln!(
+        "lb2 reverted to its revision {reverted} under desired revision {r}: reported until {back} applied"
+    );
+    Ok(())
+}
+
 /// A desired state the blackhole guard refuses (every backend at weight
 /// 0) is refused, and `lbctl diff` shows what following the tier would
 /// change here.
@@ -769,6 +811,7 @@ fn a_tier_follows_etcd_refuses_bad_states_and_fails_static() {
         let result = follow_change_and_refuse(&rig, &etcd, &lbd)
             .and_then(|_| fixed_locally(&rig, &etcd, &lbd))
             .and_then(|_| confirmed(&rig, &etcd, &lbd))
+            .and_then(|_| reverted_here(&rig, &etcd, &lbd))
             .and_then(|_| etcd.snapshot(&snapshot))
             .and_then(|_| {
                 (0..40).try_for_each(|i| etcd.put(&format!("{PREFIX}/attic/pad"), &[i]).map(drop))

@@ -649,6 +649,10 @@ pub struct TierStatus {
     /// The rollout whose candidate this balancer runs, if it does.
     #[serde(default)]
     pub candidate: Option<i64>,
+    /// The revision a revert brought back here, running instead of the
+    /// desired state `applied` names, if one does.
+    #[serde(default)]
+    pub reverted: Option<u64>,
     /// The staged rollout in progress or last.
     #[serde(default)]
     pub rollout: Option<RolloutView>,

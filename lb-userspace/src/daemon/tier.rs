@@ -37,6 +37,11 @@ pub struct TierState {
     /// Something the operator should know (the desired key deleted, etcd
     /// behind what was applied).
     note: Option<String>,
+    /// The revision a revert brought back here (`lbctl revert`, or a
+    /// probation's automatic one) runs, not the desired state `applied`
+    /// names; until a reload applies the file with the desired state (a
+    /// newer desired write, a changed file).
+    pub(super) reverted: Option<u64>,
     pub(super) members: Vec<Member>,
     /// This balancer's name in the tier (`source.etcd.name`, or the host
     /// name).
@@ -49,6 +54,9 @@ impl<D: Dataplane> Daemon<D> {
     /// came from.
     pub fn tier_started(&mut self, name: String, applied: Option<(i64, bool)>) {
         self.tier.name = name;
+        if self.revision_source.starts_with("revert to ") {
+            self.tier.reverted = Some(self.revision);
+        }
         match applied {
             Some((revision, true)) => self.tier.candidate = Some(revision),
             Some((revision, false)) => {
@@ -249,6 +257,7 @@ impl<D: Dataplane> Daemon<D> {
             version: crate::VERSION.to_string(),
             applied: self.tier.applied,
             candidate: self.tier.candidate,
+            reverted: self.tier.reverted,
             seen: self.tier.seen,
             refused: self.tier.refused.clone(),
             revision: self.revision,
@@ -294,6 +303,7 @@ impl<D: Dataplane> Daemon<D> {
             flags: compare(&self.tier.members),
             members: self.tier.members.clone(),
             candidate: self.tier.candidate,
+            reverted: self.tier.reverted,
             rollout: self.rollout_view(),
         })
     }
@@ -310,10 +320,11 @@ impl<D: Dataplane> Daemon<D> {
             }
             None => "connecting".to_string(),
         };
-        let applied = match (self.tier.candidate, self.tier.applied) {
-            (Some(c), _) => format!("rollout {c}'s candidate running"),
-            (None, Some(a)) => format!("desired revision {a} applied"),
-            (None, None) => "desired revision none yet applied".into(),
+        let applied = match (self.tier.candidate, self.tier.applied, self.tier.reverted) {
+            (Some(c), ..) => format!("rollout {c}'s candidate running"),
+            (None, _, Some(r)) => format!("revision {r} running, reverted to here"),
+            (None, Some(a), None) => format!("desired revision {a} applied"),
+            (None, None, None) => "desired revision none yet applied".into(),
         };
         format!(
             "etcd {} ({link}; {applied}{})",

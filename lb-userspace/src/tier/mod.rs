@@ -286,6 +286,10 @@ pub struct Report {
     /// The rollout whose candidate it runs, if it does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub candidate: Option<i64>,
+    /// The revision (`revision`) a revert brought back here runs instead
+    /// of the desired state `applied` names, if one does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reverted: Option<u64>,
     /// The newest desired state it saw, and why it refused it if it did.
     pub seen: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -416,6 +420,12 @@ pub fn compare(members: &[Member]) -> Vec<String> {
         }
         if let Some(c) = r.candidate {
             flags.push(format!("{}: runs the candidate of rollout {c}", r.name));
+        } else if let Some(n) = r.reverted {
+            flags.push(format!(
+                "{}: runs its revision {n}, reverted to there, not desired revision {} (a newer desired write or a changed file replaces it)",
+                r.name,
+                r.applied.map_or("none".into(), |a| a.to_string())
+            ));
         }
         if newest.is_some() && r.applied != newest {
             flags.push(format!(

@@ -18,27 +18,7 @@ fn or_dash(v: Option<i64>) -> String {
 }
 
 pub fn print_tier_status(s: &TierStatus) {
-    let link = if s.connected {
-        format!("connected since {}", s.since)
-    } else {
-        format!(
-            "NOT CONNECTED since {} ({}): keeping what it applied",
-            s.since,
-            s.error.as_deref().unwrap_or("?")
-        )
-    };
-    println!("tier {} as {}: {link}", s.prefix, s.name);
-    println!(
-        "desired revision applied {}, newest seen {}",
-        or_dash(s.applied),
-        or_dash(s.seen)
-    );
-    if let Some(why) = &s.refused {
-        println!("REFUSED here: {why}");
-    }
-    if let Some(note) = &s.note {
-        println!("note: {note}");
-    }
+    print_link(s);
     println!();
     println!(
         "{:<20} {:>8} {:>8} {:<12} {:>6} {:>5}  STATE",
@@ -58,6 +38,8 @@ pub fn print_tier_status(s: &TierStatus) {
                 r.down.len(),
                 if r.refused.is_some() {
                     "refused newest"
+                } else if r.reverted.is_some() {
+                    "REVERTED here"
                 } else {
                     "reporting"
                 }
@@ -93,6 +75,37 @@ pub fn print_tier_status(s: &TierStatus) {
 }
 
 /// Each VIP's table digest, one column per reporting balancer.
+/// This balancer's link to etcd, what it runs and what it should know.
+fn print_link(s: &TierStatus) {
+    let link = if s.connected {
+        format!("connected since {}", s.since)
+    } else {
+        format!(
+            "NOT CONNECTED since {} ({}): keeping what it applied",
+            s.since,
+            s.error.as_deref().unwrap_or("?")
+        )
+    };
+    println!("tier {} as {}: {link}", s.prefix, s.name);
+    println!(
+        "desired revision applied {}, newest seen {}",
+        or_dash(s.applied),
+        or_dash(s.seen)
+    );
+    if let Some(why) = &s.refused {
+        println!("REFUSED here: {why}");
+    }
+    if let (Some(n), None) = (s.reverted, s.candidate) {
+        println!(
+            "REVERTED here: revision {n} runs, not desired revision {}; a newer desired write or a changed file replaces it",
+            or_dash(s.applied)
+        );
+    }
+    if let Some(note) = &s.note {
+        println!("note: {note}");
+    }
+}
+
 fn print_tables(s: &TierStatus) {
     let reports: Vec<_> = s.members.iter().filter_map(|m| m.report.as_ref()).collect();
     let vips: BTreeSet<&String> = reports.iter().flat_map(|r| r.tables.keys()).collect();

@@ -197,6 +197,66 @@ async fn the_tiers_status_says_what_is() {
     assert!(line.contains("rollout 60's candidate running"), "{line}");
 }
 
+/// `lbctl revert` on a tier member runs an earlier revision instead of
+/// the desired state: the report, the status line, `lbctl tier status`
+/// and the members' comparison say so, also after a restart, until a
+/// newer desired write applies; a reload of the unchanged file keeps the
+/// revert.
+#[tokio::test]
+async fn a_revert_on_a_member_is_reported_until_a_desired_state_applies() {
+    let mut r = rig(TIER_FILE);
+    r.daemon.tier_started("lb1".into(), None);
+    assert!(apply(&mut r, &desired(5, VIPS)).await);
+    let five = r.daemon.revision;
+    let three = format!("{VIPS}      - address: 10.1.0.3\n");
+    assert!(apply(&mut r, &desired(6, &three)).await);
+    assert_eq!(r.daemon.tier_report().unwrap().reverted, None);
+    r.ok(Request::Revert {
+        revision: Some(five),
+        force: false,
+    })
+    .await;
+    assert_eq!(r.in_table(WEB).len(), 2, "revision {five} runs again");
+    let reverted = r.daemon.revision;
+    let says = |r: &mut Rig| {
+        let report = r.daemon.tier_report().unwrap();
+        assert_eq!((report.applied, report.reverted), (Some(6), Some(reverted)));
+        let line = r.daemon.tier_line();
+        assert!(
+            line.contains(&format!("revision {reverted} running, reverted to here")),
+            "{line}"
+        );
+        let flags = crate::tier::compare(&[crate::tier::Member {
+            name: "lb1".into(),
+            report: Some(report),
+            unreadable: None,
+        }]);
+        assert!(
+            flags.iter().any(|f| f.starts_with(&format!(
+                "lb1: runs its revision {reverted}, reverted to there, not desired revision 6"
+            ))),
+            "{flags:?}"
+        );
+    };
+    says(&mut r);
+    let tier: api::TierStatus = parse(r.ok(Request::Tier(api::TierRequest::Status)).await);
+    assert_eq!(tier.reverted, Some(reverted));
+    // The unchanged file reloaded: the revert holds.
+    let read = reparse(&r, TIER_FILE).and_then(|f| f.with_desired(&desired(6, &three)));
+    r.daemon.reload(read, false, &plain()).await.unwrap();
+    says(&mut r);
+    // Restarted on the reverted revision: still said.
+    let mut r = restart(r);
+    r.daemon.tier_started("lb1".into(), Some((6, false)));
+    assert_eq!(r.daemon.revision, reverted);
+    says(&mut r);
+    // A newer desired state applies: no revert runs any more.
+    assert!(apply(&mut r, &desired(7, VIPS)).await);
+    let report = r.daemon.tier_report().unwrap();
+    assert_eq!((report.applied, report.reverted), (Some(7), None));
+    assert!(r.daemon.tier_line().contains("desired revision 7 applied"));
+}
+
 #[tokio::test]
 async fn without_a_tier_there_is_no_tier_status() {
     let mut r = rig(FILE);
