@@ -345,28 +345,47 @@ fn confirmed(rig: &EcmpRig, etcd: &Etcd, lbd: &[Lbd; 2]) -> Result<()> {
 }
 
 /// `lbctl revert` on lb2 runs its previous revision instead of the newest
-/// desired state: lb2's status and lb1's view of the tier say so, until
-/// the next desired write applies on both.
-fn reverted_here(rig: &EcmpRig, etcd: &Etcd, lbd: &[Lbd; 2]) -> Result<()> {
+/// desired state: lb2's status and lb1's view of the tier say so, also
+/// after lb2 is killed and started again and its unchanged file is
+/// reloaded, until the next desired write applies on both.
+fn reverted_here(rig: &EcmpRig, etcd: &Etcd, lbd: &mut [Lbd; 2]) -> Result<()> {
     let (_, base) = split_config(rig, 1, &[0, 1, 2])?;
     let (_, weighted) = split_weighted(rig, 1, &[(0, 3), (1, 1), (2, 1)])?;
-    let (r, _) = roll_out(etcd, lbd, &weighted)?;
+    let (r, _) = roll_out(etcd, &lbd[..], &weighted)?;
+    let weighted_tables = table_digest(&lbd[1])?;
     let reverted = lbd[1].lbctl_json(&["revert"])?["revision"]
         .as_u64()
         .context("the revert's revision")?;
-    let status = tier_status(&lbd[1])?;
-    if status["reverted"] != reverted || status["applied"] != r {
-        bail!("lb2 runs revision {reverted} by a revert, not desired revision {r}: {status}");
-    }
-    let says =
-        format!("lb2: runs its revision {reverted}, reverted to there, not desired revision {r}");
-    wait_for(
-        "lb1 sees lb2's revert",
-        Duration::from_secs(30),
-        Duration::from_millis(100),
-        || Ok(tier_status(&lbd[0])?["flags"].to_string().contains(&says)),
-    )?;
-    let (back, _) = roll_out(etcd, lbd, &base)?;
+    let said = |lbd: &[Lbd; 2]| -> Result<()> {
+        let status = tier_status(&lbd[1])?;
+        if status["reverted"] != reverted || status["applied"] != r {
+            bail!("lb2 runs revision {reverted} by a revert, not desired revision {r}: {status}");
+        }
+        let says = format!(
+            "lb2: runs its revision {reverted}, from a revert there, instead of desired revision {r}"
+        );
+        wait_for(
+            "lb1 sees lb2's revert",
+            Duration::from_secs(30),
+            Duration::from_millis(100),
+            || Ok(tier_status(&lbd[0])?["flags"].to_string().contains(&says)),
+        )?;
+        if table_digest(&lbd[1])? == weighted_tables {
+            bail!("lb2 should run its revert, not desired revision {r}");
+        }
+        Ok(())
+    };
+    said(lbd)?;
+    // Killed and started again, then its unchanged file reloaded: the
+    // revert still runs, and is still said.
+    lbd[1].signal(libc::SIGKILL)?;
+    lbd[1].wait_exit(Duration::from_secs(10))?;
+    let config = lbd[1].config.clone();
+    lbd[1] = Lbd::start_in(&rig.balancer(2).ns, &rig.balancer(2).dir, &config)?;
+    said(lbd).context("after a restart")?;
+    lbd[1].lbctl(&["reload"])?;
+    said(lbd).context("after a reload of the unchanged file")?;
+    let (back, _) = roll_out(etcd, &lbd[..], &base)?;
     wait_for(
         "lb1 sees lb2 on the desired state again",
         Duration::from_secs(30),
@@ -374,14 +393,14 @@ fn reverted_here(rig: &EcmpRig, etcd: &Etcd, lbd: &[Lbd; 2]) -> Result<()> {
         || {
             Ok(!tier_status(&lbd[0])?["flags"]
                 .to_string()
-                .contains("reverted to there"))
+                .contains("from a revert"))
         },
     )?;
     if !tier_status(&lbd[1])?["reverted"].is_null() {
         bail!("desired revision {back} applied on lb2, yet a revert is reported");
     }
     eprintln!(
-        "lb2 reverted to its revision {reverted} under desired revision {r}: reported until {back} applied"
+        "lb2 reverted to its revision {reverted} under desired revision {r}: reported across a restart and a reload until {back} applied"
     );
     Ok(())
 }
@@ -800,7 +819,7 @@ fn a_tier_follows_etcd_refuses_bad_states_and_fails_static() {
         for i in 0..5 {
             etcd.put(&format!("{PREFIX}/attic/{i}"), &[b'x'; 1_000_000])?;
         }
-        let lbd = [start(&rig, 1)?, start(&rig, 2)?];
+        let mut lbd = [start(&rig, 1)?, start(&rig, 2)?];
         // A weight changed while lb2 is cut off (no backend leaves: every
         // stream must live).
         let (_, reweighted) = split_weighted(&rig, 1, &[(0, 2), (1, 1), (2, 1)])?;
@@ -811,7 +830,7 @@ fn a_tier_follows_etcd_refuses_bad_states_and_fails_static() {
         let result = follow_change_and_refuse(&rig, &etcd, &lbd)
             .and_then(|_| fixed_locally(&rig, &etcd, &lbd))
             .and_then(|_| confirmed(&rig, &etcd, &lbd))
-            .and_then(|_| reverted_here(&rig, &etcd, &lbd))
+            .and_then(|_| reverted_here(&rig, &etcd, &mut lbd))
             .and_then(|_| etcd.snapshot(&snapshot))
             .and_then(|_| {
                 (0..40).try_for_each(|i| etcd.put(&format!("{PREFIX}/attic/pad"), &[i]).map(drop))

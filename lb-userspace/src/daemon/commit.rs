@@ -195,7 +195,7 @@ impl<D: Dataplane> Daemon<D> {
             self.save_probation();
             return Err(e);
         }
-        self.applied(number, source, options, kind);
+        self.applied(number, source, options);
         for w in &warnings {
             warn!("{w}");
         }
@@ -208,13 +208,10 @@ impl<D: Dataplane> Daemon<D> {
     }
 
     /// A change applied as revision `number`: it runs, on probation if
-    /// asked; a revert on a tier member runs instead of the desired state.
-    fn applied(&mut self, number: u64, source: &str, options: &ChangeOptions, kind: Kind) {
+    /// asked.
+    fn applied(&mut self, number: u64, source: &str, options: &ChangeOptions) {
         self.revision = number;
         self.revision_source = source.to_string();
-        if kind == Kind::Revert && self.config.source.is_some() {
-            self.tier.reverted = Some(number);
-        }
         if let Some(p) = &mut self.confirm
             && options.confirm_within.is_some()
         {

@@ -147,11 +147,8 @@ impl<D: Dataplane> Daemon<D> {
         let result = self
             .commit(target, source, options, force, Kind::Change)
             .await;
-        match &result {
-            Err(_) => self.file_digest = seen,
-            // The file with the tier's desired state runs: no revert does.
-            Ok(_) if !options.dry_run => self.tier.reverted = None,
-            Ok(_) => {}
+        if result.is_err() {
+            self.file_digest = seen;
         }
         result
     }

@@ -37,11 +37,6 @@ pub struct TierState {
     /// Something the operator should know (the desired key deleted, etcd
     /// behind what was applied).
     note: Option<String>,
-    /// The revision a revert brought back here (`lbctl revert`, or a
-    /// probation's automatic one) runs, not the desired state `applied`
-    /// names; until a reload applies the file with the desired state (a
-    /// newer desired write, a changed file).
-    pub(super) reverted: Option<u64>,
     pub(super) members: Vec<Member>,
     /// This balancer's name in the tier (`source.etcd.name`, or the host
     /// name).
@@ -54,9 +49,6 @@ impl<D: Dataplane> Daemon<D> {
     /// came from.
     pub fn tier_started(&mut self, name: String, applied: Option<(i64, bool)>) {
         self.tier.name = name;
-        if self.revision_source.starts_with("revert to ") {
-            self.tier.reverted = Some(self.revision);
-        }
         match applied {
             Some((revision, true)) => self.tier.candidate = Some(revision),
             Some((revision, false)) => {
@@ -73,6 +65,17 @@ impl<D: Dataplane> Daemon<D> {
     /// word from the task).
     pub fn tier_link_up(&self) -> Option<bool> {
         self.tier.link.as_ref().map(|(l, _)| l.is_ok())
+    }
+
+    /// The revision running here if it is not the file composed with the
+    /// tier's desired state (or a rollout's candidate) as last read: a
+    /// revert (`lbctl revert`, a probation's automatic one, or a restart
+    /// that kept one), with any runtime change on top. It runs until a
+    /// reload composes something else (a newer desired state, a changed
+    /// file).
+    pub fn tier_reverted(&self) -> Option<u64> {
+        self.config.source.as_ref()?;
+        (crate::digest::text(&self.text) != self.file_digest).then_some(self.revision)
     }
 
     /// The desired revision this balancer runs.
@@ -257,7 +260,7 @@ impl<D: Dataplane> Daemon<D> {
             version: crate::VERSION.to_string(),
             applied: self.tier.applied,
             candidate: self.tier.candidate,
-            reverted: self.tier.reverted,
+            reverted: self.tier_reverted(),
             seen: self.tier.seen,
             refused: self.tier.refused.clone(),
             revision: self.revision,
@@ -303,7 +306,7 @@ impl<D: Dataplane> Daemon<D> {
             flags: compare(&self.tier.members),
             members: self.tier.members.clone(),
             candidate: self.tier.candidate,
-            reverted: self.tier.reverted,
+            reverted: self.tier_reverted(),
             rollout: self.rollout_view(),
         })
     }
@@ -320,10 +323,10 @@ impl<D: Dataplane> Daemon<D> {
             }
             None => "connecting".to_string(),
         };
-        let applied = match (self.tier.candidate, self.tier.applied, self.tier.reverted) {
-            (Some(c), ..) => format!("rollout {c}'s candidate running"),
-            (None, _, Some(r)) => format!("revision {r} running, reverted to here"),
-            (None, Some(a), None) => format!("desired revision {a} applied"),
+        let applied = match (self.tier_reverted(), self.tier.candidate, self.tier.applied) {
+            (Some(r), ..) => format!("revision {r} running, from a revert here"),
+            (None, Some(c), _) => format!("rollout {c}'s candidate running"),
+            (None, None, Some(a)) => format!("desired revision {a} applied"),
             (None, None, None) => "desired revision none yet applied".into(),
         };
         format!(

@@ -286,8 +286,8 @@ pub struct Report {
     /// The rollout whose candidate it runs, if it does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub candidate: Option<i64>,
-    /// The revision (`revision`) a revert brought back here runs instead
-    /// of the desired state `applied` names, if one does.
+    /// Its revision (`revision`), if that is not the desired state
+    /// `applied` (or the candidate) names: a revert here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reverted: Option<u64>,
     /// The newest desired state it saw, and why it refused it if it did.
@@ -420,11 +420,18 @@ pub fn compare(members: &[Member]) -> Vec<String> {
         }
         if let Some(c) = r.candidate {
             flags.push(format!("{}: runs the candidate of rollout {c}", r.name));
-        } else if let Some(n) = r.reverted {
+        }
+        if let Some(n) = r.reverted {
+            let instead = match (r.candidate, r.applied) {
+                (Some(c), _) => format!("rollout {c}'s candidate"),
+                (None, a) => format!(
+                    "desired revision {}",
+                    a.map_or("none".into(), |a| a.to_string())
+                ),
+            };
             flags.push(format!(
-                "{}: runs its revision {n}, reverted to there, not desired revision {} (a newer desired write or a changed file replaces it)",
-                r.name,
-                r.applied.map_or("none".into(), |a| a.to_string())
+                "{}: runs its revision {n}, from a revert there, instead of {instead} (until a desired state with other VIPs or a changed file applies)",
+                r.name
             ));
         }
         if newest.is_some() && r.applied != newest {
@@ -445,7 +452,13 @@ pub fn compare(members: &[Member]) -> Vec<String> {
 /// balancer's probes find down is out of that balancer's table only:
 /// that difference is the health checks', and `down` says so).
 fn table_disagreements(reports: &[&Report]) -> Vec<String> {
-    type Side<'r> = ((Option<i64>, Option<i64>), &'r str, Vec<&'r str>);
+    /// Reports are compared within a revision: the desired one, the
+    /// candidate, and a balancer's own after a revert.
+    type Side<'r> = (
+        (Option<i64>, Option<i64>, Option<&'r str>),
+        &'r str,
+        Vec<&'r str>,
+    );
     let mut by_vip: BTreeMap<Side<'_>, BTreeMap<&str, Vec<&str>>> = BTreeMap::new();
     for r in reports {
         for (vip, digest) in &r.tables {
@@ -456,7 +469,11 @@ fn table_disagreements(reports: &[&Report]) -> Vec<String> {
                 .map(String::as_str)
                 .collect();
             by_vip
-                .entry(((r.applied, r.candidate), vip, down))
+                .entry((
+                    (r.applied, r.candidate, r.reverted.map(|_| r.name.as_str())),
+                    vip,
+                    down,
+                ))
                 .or_default()
                 .entry(digest)
                 .or_default()

@@ -236,6 +236,21 @@ fn disagreement_is_named_balancer_by_balancer() {
         !flags.iter().any(|f| f.contains("tables differ")),
         "{flags:?}"
     );
+    // Nor a balancer running a revert of its own: that is said instead.
+    tier[1] = report("b", 5, "d2", &[]);
+    if let Some(r) = &mut tier[1].report {
+        r.reverted = Some(31);
+    }
+    let flags = compare(&tier);
+    assert!(
+        !flags.iter().any(|f| f.contains("tables differ")),
+        "{flags:?}"
+    );
+    assert!(
+        flags.iter().any(|f| f
+            == "b: runs its revision 31, from a revert there, instead of desired revision 5 (until a desired state with other VIPs or a changed file applies)"),
+        "{flags:?}"
+    );
 }
 
 /// An installation's id is made once and kept beside the state file: the

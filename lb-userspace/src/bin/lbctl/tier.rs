@@ -39,7 +39,7 @@ pub fn print_tier_status(s: &TierStatus) {
                 if r.refused.is_some() {
                     "refused newest"
                 } else if r.reverted.is_some() {
-                    "REVERTED here"
+                    "reverted"
                 } else {
                     "reporting"
                 }
@@ -95,10 +95,13 @@ fn print_link(s: &TierStatus) {
     if let Some(why) = &s.refused {
         println!("REFUSED here: {why}");
     }
-    if let (Some(n), None) = (s.reverted, s.candidate) {
+    if let Some(n) = s.reverted {
+        let instead = match s.candidate {
+            Some(c) => format!("rollout {c}'s candidate"),
+            None => format!("desired revision {}", or_dash(s.applied)),
+        };
         println!(
-            "REVERTED here: revision {n} runs, not desired revision {}; a newer desired write or a changed file replaces it",
-            or_dash(s.applied)
+            "REVERTED here: revision {n} runs instead of {instead}, until a desired state with other VIPs or a changed file applies"
         );
     }
     if let Some(note) = &s.note {

@@ -84,31 +84,33 @@ pub fn name(config: &Config) -> Result<String> {
 }
 
 /// The desired state to start from: the `vips:` of the newest revision
-/// that ran, with the etcd revision of the newest one that came from
-/// etcd (so a restart while etcd is away serves what it served), or of
-/// the rollout whose candidate it was, if that came from the tier under
-/// `prefix`; revision 0 if none is left in the history or it came from
+/// that came from etcd, with its etcd revision (or that of the rollout
+/// whose candidate it was), if it came from the tier under `prefix`, so a
+/// restart while etcd is away serves what it served. A revert made since
+/// (`lbctl revert`) is not a desired state: the start keeps it running
+/// (`reverted_revision` in `run.rs`), as the tier's report says. With no
+/// revision from etcd left in the history, the `vips:` of the newest
+/// that ran, at revision 0; and revision 0 also when it came from
 /// another tier (still what it served: the tier's desired state replaces
 /// it once etcd answers; a balancer moved to another prefix, or back to
 /// one it left, takes that tier's at once).
 pub fn start_from(store: &RevisionStore, prefix: &str) -> Desired {
-    let Ok(Some(newest)) = store.latest_applied(None) else {
-        return nothing();
-    };
-    let revision = store
+    let from_etcd = store
         .numbers()
         .unwrap_or_default()
         .iter()
         .rev()
         .filter_map(|n| store.get(*n).ok())
-        .find(|r| r.applied() && r.source.starts_with("etcd "))
-        .and_then(|r| lb::tier::revision_of_origin(&r.source, prefix));
-    match newest.config {
-        Some(text) => {
-            Desired::from_config_text(revision.unwrap_or((0, false)), &text).unwrap_or_else(nothing)
-        }
-        None => nothing(),
-    }
+        .find(|r| r.applied() && r.source.starts_with("etcd "));
+    let (revision, text) = match from_etcd {
+        Some(r) => (lb::tier::revision_of_origin(&r.source, prefix), r.config),
+        None => match store.latest_applied(None) {
+            Ok(Some(newest)) => (None, newest.config),
+            _ => return nothing(),
+        },
+    };
+    text.and_then(|text| Desired::from_config_text(revision.unwrap_or((0, false)), &text))
+        .unwrap_or_else(nothing)
 }
 
 /// The file composed with `desired` when the VIPs come from etcd, the
@@ -671,11 +673,12 @@ mod tests {
         assert_eq!(back(Some(9), None, Some(9)), Some(9), "never to nothing");
     }
 
-    /// A restart starts from what ran last, with the etcd revision it
-    /// came from; once more `lbctl` changes than the history keeps have
-    /// pushed every revision from etcd out, still from what ran last (at
-    /// revision 0, which etcd's desired state replaces), never from no
-    /// VIPs at all.
+    /// A restart starts from the desired state that ran last, with its
+    /// etcd revision (a revert since is kept by `reverted_revision`, not
+    /// taken for a desired state); once more `lbctl` changes than the
+    /// history keeps have pushed every revision from etcd out, from what
+    /// ran last (at revision 0, which etcd's desired state replaces),
+    /// never from no VIPs at all.
     #[test]
     fn a_restart_starts_from_what_ran_even_without_an_etcd_revision_left() {
         let dir = crate::ScratchDir::new("start-from");
@@ -688,11 +691,15 @@ mod tests {
             .unwrap();
         let from = super::start_from(&store, "/lb/t1");
         assert_eq!(from.revision, 42);
-        assert!(from.text.contains("10.1.0.2"), "{}", from.text);
+        assert!(
+            from.text.contains("10.1.0.1") && !from.text.contains("10.1.0.2"),
+            "desired revision 42's VIPs, not a revert's since: {}",
+            from.text
+        );
         // Moved to another tier: its revisions are another history.
         let moved = super::start_from(&store, "/lb/t2");
         assert_eq!(moved.revision, 0);
-        assert!(moved.text.contains("10.1.0.2"), "{}", moved.text);
+        assert!(moved.text.contains("10.1.0.1"), "{}", moved.text);
         // Back in t2 after running t1's state: t2's old revision is not
         // what runs.
         let dir2 = crate::ScratchDir::new("start-from-back");

@@ -199,9 +199,11 @@ async fn the_tiers_status_says_what_is() {
 
 /// `lbctl revert` on a tier member runs an earlier revision instead of
 /// the desired state: the report, the status line, `lbctl tier status`
-/// and the members' comparison say so, also after a restart, until a
-/// newer desired write applies; a reload of the unchanged file keeps the
-/// revert.
+/// and the members' comparison say so (also with a runtime change on
+/// top), until a desired state with other VIPs applies; a reload of the
+/// unchanged file keeps the revert. A revert to what the desired state
+/// composes to is no revert of the tier's. (A restart that keeps the
+/// revert is in `tests/e2e/tier.rs`: it needs `lbd`'s own start.)
 #[tokio::test]
 async fn a_revert_on_a_member_is_reported_until_a_desired_state_applies() {
     let mut r = rig(TIER_FILE);
@@ -210,6 +212,7 @@ async fn a_revert_on_a_member_is_reported_until_a_desired_state_applies() {
     let five = r.daemon.revision;
     let three = format!("{VIPS}      - address: 10.1.0.3\n");
     assert!(apply(&mut r, &desired(6, &three)).await);
+    let six = r.daemon.revision;
     assert_eq!(r.daemon.tier_report().unwrap().reverted, None);
     r.ok(Request::Revert {
         revision: Some(five),
@@ -217,13 +220,13 @@ async fn a_revert_on_a_member_is_reported_until_a_desired_state_applies() {
     })
     .await;
     assert_eq!(r.in_table(WEB).len(), 2, "revision {five} runs again");
-    let reverted = r.daemon.revision;
     let says = |r: &mut Rig| {
+        let running = r.daemon.revision;
         let report = r.daemon.tier_report().unwrap();
-        assert_eq!((report.applied, report.reverted), (Some(6), Some(reverted)));
+        assert_eq!((report.applied, report.reverted), (Some(6), Some(running)));
         let line = r.daemon.tier_line();
         assert!(
-            line.contains(&format!("revision {reverted} running, reverted to here")),
+            line.contains(&format!("revision {running} running, from a revert here")),
             "{line}"
         );
         let flags = crate::tier::compare(&[crate::tier::Member {
@@ -233,24 +236,36 @@ async fn a_revert_on_a_member_is_reported_until_a_desired_state_applies() {
         }]);
         assert!(
             flags.iter().any(|f| f.starts_with(&format!(
-                "lb1: runs its revision {reverted}, reverted to there, not desired revision 6"
+                "lb1: runs its revision {running}, from a revert there, instead of desired revision 6"
             ))),
             "{flags:?}"
         );
     };
     says(&mut r);
     let tier: api::TierStatus = parse(r.ok(Request::Tier(api::TierRequest::Status)).await);
-    assert_eq!(tier.reverted, Some(reverted));
+    assert_eq!(tier.reverted, Some(r.daemon.revision));
     // The unchanged file reloaded: the revert holds.
     let read = reparse(&r, TIER_FILE).and_then(|f| f.with_desired(&desired(6, &three)));
     r.daemon.reload(read, false, &plain()).await.unwrap();
     says(&mut r);
-    // Restarted on the reverted revision: still said.
-    let mut r = restart(r);
-    r.daemon.tier_started("lb1".into(), Some((6, false)));
-    assert_eq!(r.daemon.revision, reverted);
+    // A runtime change on top: the revert's VIPs still run.
+    r.ok(r.drain(WEB, "10.1.0.2", false)).await;
     says(&mut r);
-    // A newer desired state applies: no revert runs any more.
+    // Back to the desired state's own revision: no revert of the tier's.
+    r.ok(Request::Revert {
+        revision: Some(six),
+        force: false,
+    })
+    .await;
+    assert_eq!(r.daemon.tier_report().unwrap().reverted, None);
+    assert!(r.daemon.tier_line().contains("desired revision 6 applied"));
+    // Reverted again; a newer desired state applies over it.
+    r.ok(Request::Revert {
+        revision: Some(five),
+        force: false,
+    })
+    .await;
+    says(&mut r);
     assert!(apply(&mut r, &desired(7, VIPS)).await);
     let report = r.daemon.tier_report().unwrap();
     assert_eq!((report.applied, report.reverted), (Some(7), None));
