@@ -489,6 +489,41 @@ mod tests {
     /// A probation's revision and its fallback outlive refused changes
     /// made while it lasts (each is a revision of its own), so the
     /// automatic revert still finds its way back; after it they go.
+    /// The files a restart resumes from are written, read back and
+    /// removed; removing one that is not there is no fault, and one that
+    /// cannot be read or removed (a directory in its place) is named, not
+    /// taken for no file.
+    #[test]
+    fn side_files_are_kept_and_removed_and_their_faults_named() {
+        let dir = ScratchDir::new("revisions-side");
+        let path = dir.join("r");
+        let store = RevisionStore::open(&path, 3).unwrap();
+        assert_eq!(store.hold().unwrap(), None);
+        store
+            .save_hold(None)
+            .expect("nothing to remove is no fault");
+        let mut before = Snapshot::default();
+        before.announced.insert("192.0.2.1:179".into(), 2);
+        let saved = SavedHold {
+            rollout: 8,
+            candidate: "c".into(),
+            before,
+            change: Change::default(),
+        };
+        store.save_hold(Some(&saved)).unwrap();
+        assert_eq!(store.hold().unwrap(), Some(saved));
+        store.save_hold(None).unwrap();
+        assert_eq!(store.hold().unwrap(), None);
+        std::fs::create_dir(path.join(HOLD)).unwrap();
+        let e = store.hold().unwrap_err();
+        assert!(matches!(e, RevisionError::Io { .. }), "{e}");
+        assert!(store.save_hold(None).is_err(), "a directory is not removed");
+        std::fs::remove_dir(path.join(HOLD)).unwrap();
+        std::fs::write(path.join(HOLD), "{").unwrap();
+        let e = store.hold().unwrap_err();
+        assert!(matches!(e, RevisionError::Corrupt { .. }), "{e}");
+    }
+
     #[test]
     fn a_probations_fallback_outlives_the_refusals_made_during_it() {
         let dir = ScratchDir::new("revisions-probation");

@@ -635,6 +635,26 @@ async fn a_hold_taken_up_after_a_restart_waits_a_minute_at_most_for_the_routes()
     );
 }
 
+/// While etcd is away a balancer with no hold running says so without a
+/// clock: its wave has not started, and nothing stands still.
+#[tokio::test]
+async fn a_balancer_waiting_for_its_wave_says_etcd_is_away_without_a_clock() {
+    let mut r = member().await;
+    let mut record = record(&r);
+    record.waves = vec![vec!["lb0".into()], vec!["lb1".into()]];
+    r.daemon.on_rollout(Some(Ok((record, ID))));
+    assert!(r.daemon.rollout_tick(T0).is_empty());
+    let waiting = r.daemon.rollout_view().unwrap().step;
+    assert!(!waiting.is_empty());
+    r.daemon.on_tier_link(Err("connection refused".into()));
+    assert!(r.daemon.rollout_tick(T0 + 1).is_empty());
+    let step = r.daemon.rollout_view().unwrap().step;
+    assert_eq!(
+        step,
+        format!("{waiting}; etcd away: nothing is written until it answers")
+    );
+}
+
 /// The hold is kept when the candidate is asked for, before its revision
 /// runs (a restart in between judges against the state before it), and
 /// forgotten if the candidate is refused.
