@@ -77,6 +77,28 @@ struct Hold {
     routes_after: Option<u64>,
 }
 
+impl Hold {
+    /// The hold of rollout `id` from `since`, judged against `before`
+    /// with what `change` explains, nothing broken or paused yet.
+    fn new(
+        id: i64,
+        since: u64,
+        before: Snapshot,
+        change: Change,
+        routes_after: Option<u64>,
+    ) -> Self {
+        Self {
+            id,
+            since,
+            before,
+            change,
+            broke: None,
+            paused: None,
+            routes_after,
+        }
+    }
+}
+
 /// What `lbd` must do for a rollout step.
 #[derive(Debug)]
 pub enum Step {
@@ -407,15 +429,7 @@ impl<D: Dataplane> Daemon<D> {
                 if let Some(candidate) = &candidate {
                     self.keep_hold(id, candidate, &before, &change);
                 }
-                self.rollout.hold = Some(Hold {
-                    id,
-                    since: now,
-                    before,
-                    change,
-                    broke: None,
-                    paused: None,
-                    routes_after: None,
-                });
+                self.rollout.hold = Some(Hold::new(id, now, before, change, None));
                 Vec::new()
             }
             Err(why) => {
@@ -512,15 +526,7 @@ impl<D: Dataplane> Daemon<D> {
                 (self.rollout_snapshot(), Change::default(), None)
             }
         };
-        Some(Hold {
-            id,
-            since: now,
-            before,
-            change,
-            broke: None,
-            paused: None,
-            routes_after,
-        })
+        Some(Hold::new(id, now, before, change, routes_after))
     }
 
     /// Keeps the hold of rollout `id` (its candidate's digest, the state

@@ -535,6 +535,20 @@ async fn a_hold_passes_only_after_a_whole_hold_with_etcd_there() {
     );
 }
 
+/// [`holding_checked_member`], its kept hold (`hold.json`) edited.
+async fn holding_with_kept(edit: impl FnOnce(&mut crate::revisions::SavedHold)) -> Rig {
+    let r = holding_checked_member().await;
+    let mut kept = r
+        .daemon
+        .revisions
+        .hold()
+        .unwrap()
+        .expect("the hold is kept");
+    edit(&mut kept);
+    r.daemon.revisions.save_hold(Some(&kept)).unwrap();
+    r
+}
+
 /// `r`'s `lbd` killed and started again while the candidate `d` runs:
 /// it starts from its newest revision (the candidate's, with the probe
 /// verdicts kept on disk) and knows that it runs a candidate.
@@ -602,16 +616,11 @@ async fn a_hold_taken_up_after_a_restart_is_judged_against_the_state_before_the_
 /// after at most a minute.
 #[tokio::test]
 async fn a_hold_taken_up_after_a_restart_waits_a_minute_at_most_for_the_routes() {
-    let r = holding_checked_member().await;
-    let mut kept = r
-        .daemon
-        .revisions
-        .hold()
-        .unwrap()
-        .expect("the hold is kept");
-    assert_eq!(kept.rollout, ID);
-    kept.before.announced.insert("192.0.2.1".into(), 1);
-    r.daemon.revisions.save_hold(Some(&kept)).unwrap();
+    let r = holding_with_kept(|kept| {
+        assert_eq!(kept.rollout, ID);
+        kept.before.announced.insert("192.0.2.1".into(), 1);
+    })
+    .await;
     let record = Some(Ok((checked_record(&r), ID)));
     let mut r = restarted_on(r, &checked_candidate()).await;
     r.daemon.on_rollout(record);
@@ -686,15 +695,10 @@ async fn the_hold_is_kept_before_the_candidate_runs_and_forgotten_if_refused() {
 /// traffic.
 #[tokio::test]
 async fn a_hold_taken_up_after_a_restart_counts_packets_from_then() {
-    let r = holding_checked_member().await;
-    let mut kept = r
-        .daemon
-        .revisions
-        .hold()
-        .unwrap()
-        .expect("the hold is kept");
-    (kept.before.forwarding, kept.before.forwarded) = (true, 300);
-    r.daemon.revisions.save_hold(Some(&kept)).unwrap();
+    let r = holding_with_kept(|kept| {
+        (kept.before.forwarding, kept.before.forwarded) = (true, 300);
+    })
+    .await;
     let record = Some(Ok((checked_record(&r), ID)));
     // Fresh maps: the counters start at 0, and nothing is forwarded.
     let mut r = restarted_on(r, &checked_candidate()).await;
@@ -754,15 +758,10 @@ impl Announcer for Routes {
 /// state a hold is judged against the state after the restart.
 #[tokio::test]
 async fn a_hold_taken_up_after_a_restart_starts_when_the_routes_are_back() {
-    let r = holding_checked_member().await;
-    let mut kept = r
-        .daemon
-        .revisions
-        .hold()
-        .unwrap()
-        .expect("the hold is kept");
-    kept.before.announced.insert("192.0.2.1:179".into(), 1);
-    r.daemon.revisions.save_hold(Some(&kept)).unwrap();
+    let r = holding_with_kept(|kept| {
+        kept.before.announced.insert("192.0.2.1:179".into(), 1);
+    })
+    .await;
     let record = Some(Ok((checked_record(&r), ID)));
     let Rig { daemon, _dir, .. } = r;
     let text = daemon.text.to_string();
