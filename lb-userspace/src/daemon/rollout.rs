@@ -56,6 +56,10 @@ pub struct RolloutState {
     /// The record (or its absence) was read since `lbd` started: before
     /// that, a restarted balancer holding a candidate knows nothing of it.
     record_read: bool,
+    /// Every balancer's progress was read since `lbd` started: before
+    /// that, a restarted balancer cannot tell a hold it must take up from
+    /// one it already passed.
+    progress_read: bool,
 }
 
 /// This balancer holds the candidate of rollout `id` since `since`.
@@ -155,6 +159,7 @@ impl<D: Dataplane> Daemon<D> {
     /// Every balancer's progress, as last read.
     pub fn on_rollout_progress(&mut self, progress: BTreeMap<String, Progress>) {
         self.rollout.progress = progress;
+        self.rollout.progress_read = true;
     }
 
     /// Once a second: the steps this balancer takes in the rollout now.
@@ -287,6 +292,8 @@ impl<D: Dataplane> Daemon<D> {
     fn rollout_act(&mut self, action: Action, record: &Rollout, at: i64, now: u64) -> Vec<Step> {
         match action {
             Action::Wait(_) | Action::Idle => return Vec::new(),
+            // The etcd task reads the progress right after the record.
+            Action::StartHold(_) if !self.rollout.progress_read => return Vec::new(),
             Action::StartHold(id) => {
                 let Some(hold) = self.resumed_hold(id, record, now) else {
                     return self.revert_orphan(id);

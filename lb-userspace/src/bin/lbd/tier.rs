@@ -306,8 +306,9 @@ pub fn stale(
 }
 
 /// A rollout's clock: seconds since the first reading, on the monotonic
-/// clock. Only holds are timed with it, and a hold never outlives the
-/// process (a restart holds again), so a step of the wall clock (NTP
+/// clock. Only holds are timed with it, and a hold's clock never outlives
+/// the process (a restart holds again from the start; only the state
+/// before the candidate is kept, in `hold.json`), so a step of the wall clock (NTP
 /// setting it just after a start) can neither end a hold early nor
 /// stretch it.
 pub fn rollout_now() -> u64 {

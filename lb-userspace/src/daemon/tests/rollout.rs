@@ -305,6 +305,10 @@ async fn a_member_restarted_on_the_candidate_holds_it_again() {
         "the record not read yet: its absence says nothing"
     );
     r.daemon.on_rollout(Some(Ok((record(&r), ID))));
+    assert!(r.daemon.rollout_tick(T0 - 1).is_empty());
+    // The progress not read yet: this balancer may have passed already.
+    // (The hold starts at T0: one second held at T0 + 1.)
+    r.daemon.on_rollout_progress(BTreeMap::new());
     assert!(r.daemon.rollout_tick(T0).is_empty());
     assert!(r.daemon.rollout_tick(T0 + 1).is_empty());
     let view = r.daemon.rollout_view().expect("a rollout");
@@ -337,6 +341,7 @@ async fn a_candidate_kept_under_the_same_id_by_another_history_is_reverted() {
     r.daemon.tier_started("lb1".into(), Some((ID, true)));
     r.daemon.on_tier_link(Ok(10));
     r.daemon.on_rollout(Some(Ok((record(&r), ID))));
+    r.daemon.on_rollout_progress(BTreeMap::new());
     assert_eq!(said(&r.daemon.rollout_tick(T0)), ["revert 8 false"]);
 }
 
@@ -563,6 +568,7 @@ async fn started_on(mut r: Rig, d: &Desired) -> Rig {
     r.daemon
         .tier_started("lb1".into(), Some((d.revision, true)));
     r.daemon.on_tier_link(Ok(12));
+    r.daemon.on_rollout_progress(BTreeMap::new());
     r
 }
 
