@@ -465,6 +465,7 @@ impl<D: Dataplane> Daemon<D> {
         }
         self.settings = settings;
         self.config = target.config;
+        self.text_digest = crate::digest::text(&target.text);
         self.text = target.text;
         // min_healthy may have changed, and new announcers know nothing yet.
         self.announce();

@@ -187,8 +187,11 @@ pub struct Daemon<D: Dataplane> {
     announcers: Announcers,
     /// `gateway_mac: auto`: what the gateway watcher last said.
     gateway: Option<GatewayState>,
-    /// The configuration file's text that runs.
+    /// The configuration file's text that runs, and its digest (made once
+    /// per change: the text may be 16 MiB, and the status and the tier's
+    /// report compare it with `file_digest`).
     text: Arc<str>,
+    text_digest: String,
     /// The digest of the configuration file as last read from disk (it
     /// differs from `text`'s after a revert).
     file_digest: String,
@@ -312,6 +315,7 @@ impl<D: Dataplane> Daemon<D> {
         Self {
             config_path,
             file_digest: crate::digest::text(&target.text),
+            text_digest: crate::digest::text(&target.text),
             text: target.text,
             config: target.config,
             overlay: target.overlay,

@@ -107,7 +107,7 @@ impl<D: Dataplane> Daemon<D> {
                 return Err(e.into());
             }
         };
-        let reverted = digest::text(&self.text) != self.file_digest;
+        let reverted = self.runs_other_than_file();
         if !options.dry_run && reverted && read.digest == self.file_digest {
             return Ok(Committed {
                 revision: Some(self.revision),

@@ -75,7 +75,7 @@ impl<D: Dataplane> Daemon<D> {
     /// file).
     pub fn tier_reverted(&self) -> Option<u64> {
         self.config.source.as_ref()?;
-        (crate::digest::text(&self.text) != self.file_digest).then_some(self.revision)
+        self.runs_other_than_file().then_some(self.revision)
     }
 
     /// The desired revision this balancer runs.

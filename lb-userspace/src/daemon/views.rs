@@ -166,9 +166,14 @@ impl<D: Dataplane> Daemon<D> {
         warnings
     }
 
+    /// The running text is not the file's as last read: a revert runs.
+    pub(super) fn runs_other_than_file(&self) -> bool {
+        self.text_digest != self.file_digest
+    }
+
     /// After a revert: the running configuration is not the file's.
     fn file_differs(&self) -> Option<String> {
-        (crate::digest::text(&self.text) != self.file_digest).then(|| {
+        self.runs_other_than_file().then(|| {
             format!(
                 "the running configuration is revision {}'s ({}), not {} as last read; a reload applies the file once it changes",
                 self.revision,
