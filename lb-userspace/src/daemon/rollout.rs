@@ -567,16 +567,12 @@ impl<D: Dataplane> Daemon<D> {
         expected: &BTreeMap<String, Expected>,
         ending: bool,
     ) -> std::result::Result<(), String> {
-        let now = self.rollout_snapshot();
-        let before = if hold.routes_after.is_some() {
-            std::borrow::Cow::Owned(Snapshot {
-                announced: BTreeMap::new(),
-                ..hold.before.clone()
-            })
-        } else {
-            std::borrow::Cow::Borrowed(&hold.before)
-        };
-        gates(&before, &now, expected, &hold.change, ending)
+        let mut now = self.rollout_snapshot();
+        if hold.routes_after.is_some() {
+            // Routes not judged yet: taken as they were.
+            now.announced.clone_from(&hold.before.announced);
+        }
+        gates(&hold.before, &now, expected, &hold.change, ending)
     }
 
     /// A hold taken up after a restart waits for the BGP sessions, which
@@ -586,6 +582,9 @@ impl<D: Dataplane> Daemon<D> {
     /// judged like every gate. Otherwise a restart during a rollout would
     /// fail it for routes the restart, not the candidate, took away.
     fn await_routes(&mut self, now: u64) {
+        if (self.rollout.hold.as_ref()).is_none_or(|h| h.routes_after.is_none()) {
+            return;
+        }
         let announced = self.announced_now();
         let grace = self.routes_grace();
         let Some(hold) = &mut self.rollout.hold else {
