@@ -286,6 +286,17 @@ pub struct HashKey {
     pub k: [u64; 2],
 }
 
+/// The single element of `LB_CT_KEY`: the box's secret key for the IPv6
+/// connection-table hash ([`crate::flow::ct_hash_v6_keyed`]), one word per
+/// 32-bit word of the tuple it reads. Random when the maps are created
+/// (or adopted from a version without it), then never changed while they
+/// live: every IPv6 flow's entry is where this key put it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CtKey {
+    pub k: [u32; crate::consts::CT_KEY_WORDS],
+}
+
 /// The single element of `LB_VIP_FILTER`: bit [`crate::flow::vip_filter_bit`]
 /// of each VIP key (exact port, or port 0 for all-ports VIPs) is set. A
 /// clear bit proves a packet is no VIP's, so non-VIP traffic passes after
@@ -431,8 +442,23 @@ impl FlowKey {
     }
 
     /// The hash the datapath places this flow in the connection table by
-    /// ([`crate::flow::ct_hash`]), before the table's seed.
-    pub fn ct_hash(&self) -> u64 {
+    /// ([`crate::flow::ct_hash`]) on maps whose key is `key`, before the
+    /// table's seed.
+    pub fn ct_hash(&self, key: &CtKey) -> u64 {
+        crate::flow::ct_hash(
+            self.family,
+            &key.k,
+            &self.src,
+            &self.dst,
+            self.ports_word(),
+            self.proto,
+        )
+    }
+
+    /// The hash the version before the keyed one placed an IPv6 flow by
+    /// ([`crate::flow::ct_hash_v6`]), where the datapath looks for it while
+    /// [`crate::consts::CFG_F_CT_V6_LEGACY`] is set; IPv4's is unchanged.
+    pub fn ct_hash_unkeyed(&self) -> u64 {
         if self.family == FAMILY_V6 {
             crate::flow::ct_hash_v6(&self.src, &self.dst, self.ports_word(), self.proto)
         } else {
@@ -730,6 +756,7 @@ const _: () = {
     assert!(core::mem::size_of::<TraceFilter>() == 60);
     assert!(core::mem::size_of::<TraceEvent>() == 80);
     assert!(core::mem::size_of::<HashKey>() == 16);
+    assert!(core::mem::size_of::<CtKey>() == 40);
     assert!(core::mem::size_of::<SynCounts>() == 16);
     assert!(core::mem::size_of::<BfdKey>() == 20);
     assert!(core::mem::size_of::<BfdConfig>() == 40);
@@ -759,6 +786,7 @@ mod pod {
     unsafe impl aya::Pod for TraceFilter {}
     unsafe impl aya::Pod for TraceEvent {}
     unsafe impl aya::Pod for HashKey {}
+    unsafe impl aya::Pod for CtKey {}
     unsafe impl aya::Pod for SynCounts {}
     unsafe impl aya::Pod for SynSlot {}
     unsafe impl aya::Pod for BfdKey {}

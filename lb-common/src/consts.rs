@@ -177,17 +177,22 @@ pub const CFG_F_TRACE: u32 = 1 << 4;
 /// without the key, nobody can tell which tuples reach which backend.
 pub const CFG_F_HASH_KEY: u32 = 1 << 5;
 /// [`crate::DatapathConfig::flags`]: the connection table's IPv6 flows are
-/// at the positions of [`crate::flow::ct_hash_v6`]. Set with a fresh
-/// table's seed; absent in maps an older version made, whose IPv6 flows
-/// are at the positions of [`crate::flow::hash_v6`] (see
-/// [`CFG_F_CT_V6_LEGACY`]).
+/// not at the positions of [`crate::flow::hash_v6`] (the version that
+/// introduced [`crate::flow::ct_hash_v6`] set it; kept for the versions
+/// before [`CFG_F_CT_V6_KEYED`], which read it).
 pub const CFG_F_CT_V6_SHORT: u32 = 1 << 6;
 /// [`crate::DatapathConfig::flags`]: an IPv6 packet (not a SYN) that misses
-/// the connection table also tries its flow's position under the older
-/// hash, [`crate::flow::hash_v6`], and moves an entry found there to its
-/// own position. `lbd` sets it when it adopts maps without
-/// [`CFG_F_CT_V6_SHORT`] and clears it [`CT_V6_LEGACY_SECS`] later.
+/// the connection table also tries its flow's position under the unkeyed
+/// hash of the version before, [`crate::flow::ct_hash_v6`], and moves an
+/// entry found there to its own position. `lbd` sets it when it adopts
+/// maps without [`CFG_F_CT_V6_KEYED`] and clears it [`CT_V6_LEGACY_SECS`]
+/// later.
 pub const CFG_F_CT_V6_LEGACY: u32 = 1 << 7;
+/// [`crate::DatapathConfig::flags`]: the connection table's IPv6 flows are
+/// at the positions of [`crate::flow::ct_hash_v6_keyed`] under the key in
+/// `LB_CT_KEY`, which `lbd` wrote before it set this bit. Absent in maps
+/// an older version made (see [`CFG_F_CT_V6_LEGACY`]).
+pub const CFG_F_CT_V6_KEYED: u32 = 1 << 8;
 /// Seconds `lbd` keeps [`CFG_F_CT_V6_LEGACY`] after adopting older maps:
 /// an hour, far past the minute after which an idle flow's entry may be
 /// taken by others anyway (`CT_PROTECT_TICKS`); every flow that sends a
@@ -325,9 +330,12 @@ pub const MAP_BFD_STATE: &str = "LB_BFD_STATE";
 pub const MAP_HASH_KEY: &str = "LB_HASH_KEY";
 /// QUIC-LB server IDs: [`crate::quic::QuicServerKey`] → backend handle.
 pub const MAP_QUIC_SERVERS: &str = "LB_QUIC_SERVERS";
+/// The box's secret key of the IPv6 connection-table hash (one
+/// [`crate::CtKey`]).
+pub const MAP_CT_KEY: &str = "LB_CT_KEY";
 
 /// Every map of the balancer object, in a stable order.
-pub const ALL_MAPS: [&str; 19] = [
+pub const ALL_MAPS: [&str; 20] = [
     MAP_CONFIG,
     MAP_VIPS,
     MAP_BACKENDS,
@@ -347,6 +355,7 @@ pub const ALL_MAPS: [&str; 19] = [
     MAP_BFD_STATE,
     MAP_HASH_KEY,
     MAP_QUIC_SERVERS,
+    MAP_CT_KEY,
 ];
 
 /// Name of the balancer's XDP program in the object file.
@@ -386,3 +395,8 @@ pub const PROG_PASS: &str = "lb_pass";
 /// Bits of the VIP filter: 16,384 bits (2 KiB, one map value) keep false
 /// positives under 1% for a few dozen VIPs.
 pub const VIP_FILTER_WORDS: usize = 256;
+
+/// Words of the IPv6 connection-table key ([`crate::CtKey`]): one per
+/// 32-bit word of the 5-tuple [`crate::flow::ct_hash_v6_keyed`] reads
+/// (four per address, the ports, the protocol).
+pub const CT_KEY_WORDS: usize = 10;

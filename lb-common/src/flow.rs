@@ -8,23 +8,26 @@
 //! ([`hash_v4_keyed`]; the key `[0, 0]` is the public, pinned hash) and
 //! may leave fields of the 5-tuple out ([`select_fields`], a VIP's `hash:`
 //! setting, e.g. the source address alone for client affinity). The
-//! connection-table bucket and tag come from the unkeyed 5-tuple hash
-//! ([`ct_hash`]) mixed with a secret per-map seed ([`ct_position`]), so
-//! that outsiders cannot tell which bucket a flow takes, and a change of
-//! key or fields never loses an established flow's entry. The seed comes
-//! after the hash: tuples of equal `ct_hash` share bucket and tag under
-//! any seed, and for IPv6 they can be computed (ARCHITECTURE.md, the
-//! connection table). For IPv4 that is the
-//! pick hash itself; for IPv6 a shorter one ([`ct_hash_v6`]), because an
-//! established packet pays for nothing but it.
+//! connection-table bucket and tag come from the 5-tuple's
+//! connection-table hash ([`ct_hash`]) mixed with a secret per-map seed
+//! ([`ct_position`]), so that outsiders cannot tell which bucket a flow
+//! takes, and a change of the tier's key or a VIP's fields never loses an
+//! established flow's entry. For IPv4 that hash is the pick hash itself:
+//! two IPv4 tuples of equal hash need a spoofed source, and a spoofer can
+//! send the victim's own tuple. For IPv6 it is [`ct_hash_v6_keyed`], keyed
+//! with the box's secret [`crate::CtKey`]: a client owns a /64 and could
+//! otherwise solve for an interface ID whose tuple shares a known flow's
+//! bucket and tag under every seed (ARCHITECTURE.md, the connection
+//! table).
 //!
 //! Inputs are words as the datapath loads them from the packet (see
 //! [`crate::abi`]): addresses as network-order words, the ports as the first
 //! four bytes of the L4 header read little-endian.
 
 use crate::consts::{
-    FAMILY_V4, VIP_F_FRAG_HASH, VIP_F_HASH_FIELDS, VIP_F_HASH_NO_DPORT, VIP_F_HASH_NO_DST,
-    VIP_F_HASH_NO_PROTO, VIP_F_HASH_NO_SPORT, VIP_F_HASH_SRC_V6_64, VIP_FILTER_WORDS,
+    CT_KEY_WORDS, FAMILY_V4, VIP_F_FRAG_HASH, VIP_F_HASH_FIELDS, VIP_F_HASH_NO_DPORT,
+    VIP_F_HASH_NO_DST, VIP_F_HASH_NO_PROTO, VIP_F_HASH_NO_SPORT, VIP_F_HASH_SRC_V6_64,
+    VIP_FILTER_WORDS,
 };
 
 const K_LANE: u64 = 0x9E37_79B9_7F4A_7C15;
@@ -100,8 +103,9 @@ pub const fn hash_v6_keyed(
     fmix64(lane(h, pair(ports, proto as u32)) ^ key[1])
 }
 
-/// The connection-table hash of an IPv6 5-tuple (before the seed, see
-/// [`ct_position`]): five independent lanes, one per address half and one
+/// The unkeyed connection-table hash of an IPv6 5-tuple of the version
+/// before [`ct_hash_v6_keyed`], where the datapath still looks for flows
+/// that version placed (`CFG_F_CT_V6_LEGACY`): five independent lanes, one per address half and one
 /// for the ports and protocol, joined by xor and finalised like
 /// [`hash_v6`]. Each lane is a bijection of its word, so two tuples that
 /// differ in one word never collide; the lanes run side by side, so it
@@ -122,14 +126,61 @@ pub const fn ct_hash_v6(src: &[u32; 4], dst: &[u32; 4], ports: u32, proto: u8) -
     fmix64((a ^ b) ^ (c ^ d) ^ e)
 }
 
-/// The connection-table hash of a 5-tuple in address family `family`:
-/// [`hash_v4`] for IPv4, [`ct_hash_v6`] for IPv6.
+/// One term of [`ct_hash_v6_keyed`]: NH's product of a pair of words, each
+/// added to its key word modulo 2³².
 #[inline(always)]
-pub const fn ct_hash(family: u8, src: &[u32; 4], dst: &[u32; 4], ports: u32, proto: u8) -> u64 {
+const fn nh(a: u32, ka: u32, b: u32, kb: u32) -> u64 {
+    (a.wrapping_add(ka) as u64).wrapping_mul(b.wrapping_add(kb) as u64)
+}
+
+/// The connection-table hash of an IPv6 5-tuple under the box's secret
+/// `key` (before the seed, see [`ct_position`]): NH (Black et al., "UMAC:
+/// Fast and Secure Message Authentication", CRYPTO 1999; RFC 4418 §5),
+/// the sum modulo 2⁶⁴ of `(w[2i] + k[2i]) · (w[2i+1] + k[2i+1])` over the
+/// ten 32-bit words of the tuple, then [`fmix64`] for the bits used
+/// directly (the tag, the GUE source port, the IPv6 flow label). For a
+/// uniformly random key, two different tuples collide with probability
+/// at most 2⁻³² (NH is 2⁻³²-almost-universal), so a tuple that shares
+/// a known flow's bucket and tag can no longer be computed, only guessed.
+/// Five independent multiplications run side by side, about the cost of
+/// [`ct_hash_v6`]'s five lanes. Not a MAC: it keeps collisions from being
+/// computed by someone without the key, not from being learnt by someone
+/// who watches where many flows go.
+#[inline(always)]
+pub const fn ct_hash_v6_keyed(
+    key: &[u32; CT_KEY_WORDS],
+    src: &[u32; 4],
+    dst: &[u32; 4],
+    ports: u32,
+    proto: u8,
+) -> u64 {
+    let a = nh(src[0], key[0], src[1], key[1]);
+    let b = nh(src[2], key[2], src[3], key[3]);
+    let c = nh(dst[0], key[4], dst[1], key[5]);
+    let d = nh(dst[2], key[6], dst[3], key[7]);
+    let e = nh(ports, key[8], proto as u32, key[9]);
+    fmix64(
+        a.wrapping_add(b)
+            .wrapping_add(c.wrapping_add(d))
+            .wrapping_add(e),
+    )
+}
+
+/// The connection-table hash of a 5-tuple in address family `family`:
+/// [`hash_v4`] for IPv4, [`ct_hash_v6_keyed`] under `key` for IPv6.
+#[inline(always)]
+pub const fn ct_hash(
+    family: u8,
+    key: &[u32; CT_KEY_WORDS],
+    src: &[u32; 4],
+    dst: &[u32; 4],
+    ports: u32,
+    proto: u8,
+) -> u64 {
     if family == FAMILY_V4 {
         hash_v4(src[0], dst[0], ports, proto)
     } else {
-        ct_hash_v6(src, dst, ports, proto)
+        ct_hash_v6_keyed(key, src, dst, ports, proto)
     }
 }
 
@@ -266,10 +317,26 @@ mod tests {
         assert_eq!(k.hash(), 0x539e_870f_399b_9551, "got {:#018x}", k.hash());
     }
 
+    /// A key with every word's bits in play: the golden ratio's multiples.
+    const KEY: [u32; CT_KEY_WORDS] = {
+        let mut k = [0u32; CT_KEY_WORDS];
+        let mut i = 0;
+        while i < CT_KEY_WORDS {
+            k[i] = 0x9E37_79B9u32.wrapping_mul(i as u32 + 1);
+            i += 1;
+        }
+        k
+    };
+
+    fn ct(k: &FlowKey, key: &[u32; CT_KEY_WORDS]) -> u64 {
+        k.ct_hash(&crate::CtKey { k: *key })
+    }
+
     #[test]
-    fn ipv6_connection_table_hash_has_its_golden_value() {
-        // Computed from the definition (five seeded lanes, xor, finaliser) by a
-        // separate implementation, which reproduces `ipv6_hash_is_pinned`'s
+    fn ipv6_connection_table_hashes_have_their_golden_values() {
+        // Computed from the definitions by a separate implementation (NH
+        // after RFC 4418 §5, the finaliser after smhasher, the words read
+        // from the packet's bytes), which reproduces `ipv6_hash_is_pinned`'s
         // value too. Not pinned between versions (`CFG_F_CT_V6_LEGACY`
         // moves the entries), but a change must be on purpose.
         let k = FlowKey::new(
@@ -280,43 +347,101 @@ mod tests {
             80,
         );
         assert_eq!(
-            k.ct_hash(),
-            0x06dc_f1f1_504e_7347,
+            ct(&k, &KEY),
+            0x85b6_b227_3881_4de0,
             "got {:#018x}",
-            k.ct_hash()
+            ct(&k, &KEY)
         );
+        let zero = ct(&k, &[0; CT_KEY_WORDS]);
+        assert_eq!(zero, 0x5a63_32a5_7ceb_05d0, "got {zero:#018x}");
+        // The version before's unkeyed hash, where the legacy lookup looks.
+        let unkeyed = k.ct_hash_unkeyed();
+        assert_eq!(unkeyed, 0x06dc_f1f1_504e_7347, "got {unkeyed:#018x}");
         let v4 = key("192.0.2.1", "198.51.100.7", 40000);
-        assert_eq!(v4.ct_hash(), v4.hash(), "IPv4 keeps one hash");
+        assert_eq!(ct(&v4, &KEY), v4.hash(), "IPv4 keeps one hash");
+        assert_eq!(v4.ct_hash_unkeyed(), v4.hash());
+    }
+
+    /// The inverse of an odd number modulo 2⁶⁴ (Newton's iteration).
+    fn inverse(k: u64) -> u64 {
+        let mut x = k;
+        for _ in 0..6 {
+            x = x.wrapping_mul(2u64.wrapping_sub(k.wrapping_mul(x)));
+        }
+        assert_eq!(x.wrapping_mul(k), 1);
+        x
     }
 
     #[test]
-    fn every_word_changes_the_ipv6_connection_table_hash() {
+    fn a_client_cannot_compute_a_tuple_sharing_a_known_flows_position() {
+        // The attack on the unkeyed hash: a client of another /64, knowing
+        // a victim's tuple, solves for the interface ID whose lane makes
+        // the five lanes' xor equal the victim's (each lane is invertible).
+        let victim = key("2001:db8:1:2:3:4:5:6", "2001:db8:ffff::80", 40000);
+        let mut attacker = key("2001:db8:9:9::", "2001:db8:ffff::80", 51234);
+        let lane_of = |seed: u64, hi: u32, lo: u32| lane(seed, pair(hi, lo));
+        let e = |f: &FlowKey| lane_of(SEED_CT_V6[4], f.ports_word(), f.proto as u32);
+        let a = |f: &FlowKey| lane_of(SEED_CT_V6[0], f.src[0], f.src[1]);
+        let b = lane_of(SEED_CT_V6[1], victim.src[2], victim.src[3]);
+        let wanted = a(&victim) ^ b ^ e(&victim) ^ a(&attacker) ^ e(&attacker);
+        let w = (wanted.rotate_right(31).wrapping_mul(inverse(K_LANE))) ^ SEED_CT_V6[1];
+        attacker.src[2] = (w >> 32) as u32;
+        attacker.src[3] = w as u32;
+        assert_eq!(
+            attacker.ct_hash_unkeyed(),
+            victim.ct_hash_unkeyed(),
+            "the construction collides without a key"
+        );
+        // Keyed, the same construction (and the flip of two lanes' top
+        // bits, which cancels in a lane hash whatever its seed) misses
+        // under each of many keys.
+        let mut flipped = victim;
+        flipped.src[2] ^= 1 << 31;
+        flipped.src[3] ^= 1 << 31;
+        let mut key = KEY;
+        for round in 0..64u32 {
+            for (i, k) in key.iter_mut().enumerate() {
+                *k = k.rotate_left(7) ^ (round.wrapping_mul(0x85EB_CA6B) + i as u32);
+            }
+            assert_ne!(ct(&attacker, &key), ct(&victim, &key), "key {key:x?}");
+            assert_ne!(ct(&flipped, &key), ct(&victim, &key), "key {key:x?}");
+        }
+    }
+
+    #[test]
+    fn every_word_and_key_word_changes_the_ipv6_connection_table_hash() {
         let base = key("2001:db8:1:2::3:4", "2001:db8:5:6::7:8", 40000);
+        let h = |k: &FlowKey| ct(k, &KEY);
         for word in 0..4 {
             for bit in [0, 17, 31] {
                 let mut k = base;
                 k.src[word] ^= 1 << bit;
-                assert_ne!(k.ct_hash(), base.ct_hash(), "src word {word} bit {bit}");
+                assert_ne!(h(&k), h(&base), "src word {word} bit {bit}");
                 let mut k = base;
                 k.dst[word] ^= 1 << bit;
-                assert_ne!(k.ct_hash(), base.ct_hash(), "dst word {word} bit {bit}");
+                assert_ne!(h(&k), h(&base), "dst word {word} bit {bit}");
             }
         }
         let mut k = base;
         k.proto = 17;
-        assert_ne!(k.ct_hash(), base.ct_hash());
+        assert_ne!(h(&k), h(&base));
         let mut k = base;
         k.dport = 81u16.to_be();
-        assert_ne!(k.ct_hash(), base.ct_hash());
-        // Each half has its own lane: swapping them, or the two addresses,
-        // is another flow.
+        assert_ne!(h(&k), h(&base));
+        // Each word has its own key word: swapping the halves, or the two
+        // addresses, is another flow.
         let mut k = base;
         k.src.swap(0, 2);
         k.src.swap(1, 3);
-        assert_ne!(k.ct_hash(), base.ct_hash());
+        assert_ne!(h(&k), h(&base));
         let mut k = base;
         (k.src, k.dst) = (base.dst, base.src);
-        assert_ne!(k.ct_hash(), base.ct_hash());
+        assert_ne!(h(&k), h(&base));
+        for i in 0..CT_KEY_WORDS {
+            let mut other = KEY;
+            other[i] ^= 1 << (i * 3);
+            assert_ne!(ct(&base, &other), h(&base), "key word {i}");
+        }
     }
 
     #[test]
@@ -357,6 +482,36 @@ mod tests {
         for (slot, &c) in counts.iter().enumerate() {
             let dev = (c as f64 - mean).abs() / mean;
             assert!(dev < 0.15, "slot {slot}: {c} vs mean {mean:.0}");
+        }
+    }
+
+    #[test]
+    fn ipv6_buckets_and_tags_spread_evenly_under_a_key() {
+        // 100k flows of one /64 (neighbouring interface IDs and ports) over
+        // 128 buckets and 128 tag values: every one within 15% of the mean.
+        const N: usize = 128;
+        let (mut buckets, mut tags) = ([0u32; N], [0u32; N]);
+        for i in 0..100_000u32 {
+            let mut k = key(
+                "2001:db8:1:2::",
+                "2001:db8:ffff::80",
+                1024 + (i % 50_000) as u16,
+            );
+            k.src[3] = (i / 50_000).to_be();
+            let (bucket, tag) = ct_position(ct(&k, &KEY), 0x1234_5678_9abc_def0);
+            buckets[bucket as usize % N] += 1;
+            tags[tag as usize % N] += 1;
+        }
+        let mean = 100_000.0 / N as f64;
+        for (i, (&b, &t)) in buckets.iter().zip(&tags).enumerate() {
+            assert!(
+                (b as f64 - mean).abs() / mean < 0.15,
+                "bucket {i}: {b} vs {mean:.0}"
+            );
+            assert!(
+                (t as f64 - mean).abs() / mean < 0.15,
+                "tag {i}: {t} vs {mean:.0}"
+            );
         }
     }
 

@@ -22,7 +22,7 @@ use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
 };
 
-use lb_common::{FlowEntry, FlowKey, flow::ct_position};
+use lb_common::{CtKey, FlowEntry, FlowKey, flow::ct_position};
 
 use crate::{config::Prefix, dataplane::BucketReader};
 
@@ -31,6 +31,23 @@ use crate::{config::Prefix, dataplane::BucketReader};
 pub const MAX_TUPLES: u64 = 1 << 20;
 /// The most rows a query returns.
 pub const MAX_LIMIT: usize = 10_000;
+
+/// Where the datapath puts a flow: the table's bucket mask and seed, and
+/// the box's IPv6 key (`DatapathConfig::ct_mask`, `ct_seed`, `LB_CT_KEY`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Placement {
+    pub mask: u32,
+    pub seed: u64,
+    pub key: CtKey,
+}
+
+impl Placement {
+    /// `flow`'s bucket and tag.
+    pub fn of(&self, flow: &FlowKey) -> (u32, u32) {
+        let (index, tag) = ct_position(flow.ct_hash(&self.key), self.seed);
+        (index & self.mask, tag)
+    }
+}
 
 /// One connection-table way in use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -109,10 +126,12 @@ pub fn tuples(prefix: &Prefix, targets: usize) -> u64 {
 }
 
 /// The flows from `prefix` (any source port) to `targets` held in the
-/// table whose bucket index mask and seed are `mask` and `seed`.
+/// table whose flows are placed `at`. An IPv6 flow not yet moved from
+/// the unkeyed position an older version gave it (`CFG_F_CT_V6_LEGACY`,
+/// for an hour after an upgrade) is not found.
 pub fn clients(
     read: BucketReader<'_>,
-    (mask, seed): (u32, u64),
+    at: &Placement,
     targets: &[Target],
     prefix: &Prefix,
     limit: usize,
@@ -135,8 +154,7 @@ pub fn clients(
         for client in addresses(prefix) {
             for sport in 0..=u16::MAX {
                 let flow = FlowKey::new(client, target.addr, target.proto, sport, target.port);
-                let (index, tag) = ct_position(flow.ct_hash(), seed);
-                let bucket = index & mask;
+                let (bucket, tag) = at.of(&flow);
                 let b = read(bucket);
                 for (way, (entry, stamp)) in b.entries.iter().zip(b.stamps).enumerate() {
                     if *entry != FlowEntry::EMPTY
@@ -185,8 +203,8 @@ mod tests {
     /// Records the flow as the datapath would: in the first free way of
     /// its bucket (computed here from the hash by hand: fmix64 is the
     /// shared part, checked against its own vectors in lb-common).
-    fn record(t: &mut [FlowBucket], seed: u64, flow: &FlowKey, handle: u32, stamp: u16) {
-        let (index, tag) = ct_position(flow.ct_hash(), seed);
+    fn record(t: &mut [FlowBucket], at: &Placement, flow: &FlowKey, handle: u32, stamp: u16) {
+        let (index, tag) = ct_position(flow.ct_hash(&at.key), at.seed);
         let b = &mut t[(index & (t.len() as u32 - 1)) as usize];
         let way = b
             .entries
@@ -199,6 +217,47 @@ mod tests {
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
+    }
+
+    /// A table of 1,024 buckets with a seed and a key of every word set.
+    fn placement() -> Placement {
+        Placement {
+            mask: 1023,
+            seed: 0x1234_5678_9abc_def0,
+            key: CtKey {
+                k: core::array::from_fn(|i| 0x9E37_79B9u32.wrapping_mul(i as u32 + 1)),
+            },
+        }
+    }
+
+    #[test]
+    fn a_client_query_finds_an_ipv6_flow_under_the_tables_key_only() {
+        let at = placement();
+        let mut t = table(1 << 10);
+        let (client, vip) = (ip("2001:db8:1::7"), ip("2001:db8:ffff::80"));
+        record(
+            &mut t,
+            &at,
+            &FlowKey::new(client, vip, 6, 40_000, 443),
+            1,
+            0,
+        );
+        let target = Target {
+            addr: vip,
+            port: 443,
+            proto: 6,
+            handles: BTreeSet::from([1]),
+        };
+        let prefix: Prefix = "2001:db8:1::4/126".parse().unwrap();
+        let read = |i: u32| t[i as usize];
+        let found = clients(&read, &at, std::slice::from_ref(&target), &prefix, 10).unwrap();
+        let got: Vec<_> = found.ways.iter().filter_map(|w| w.client).collect();
+        assert_eq!(got, [SocketAddr::new(client, 40_000)]);
+        // Under another box's key the same tuple is elsewhere.
+        let mut other = at;
+        other.key.k[3] ^= 1;
+        let found = clients(&read, &other, &[target], &prefix, 10).unwrap();
+        assert_eq!(found.matched, 0);
     }
 
     #[test]
@@ -220,7 +279,7 @@ mod tests {
 
     #[test]
     fn a_client_query_finds_each_flow_of_the_prefix_with_its_port() {
-        let seed = 0x1234_5678_9abc_def0;
+        let at = placement();
         let mut t = table(1 << 10);
         let vip = ip("10.99.0.1");
         let ours = [
@@ -231,7 +290,7 @@ mod tests {
         for (i, (c, p)) in ours.iter().enumerate() {
             record(
                 &mut t,
-                seed,
+                &at,
                 &FlowKey::new(ip(c), vip, 6, *p, 80),
                 1,
                 i as u16,
@@ -241,28 +300,28 @@ mod tests {
         // of ours recorded under another VIP's backend (handle 3).
         record(
             &mut t,
-            seed,
+            &at,
             &FlowKey::new(ip("192.0.2.9"), vip, 6, 5, 80),
             1,
             0,
         );
         record(
             &mut t,
-            seed,
+            &at,
             &FlowKey::new(ip("192.0.2.7"), vip, 6, 6, 443),
             1,
             0,
         );
         record(
             &mut t,
-            seed,
+            &at,
             &FlowKey::new(ip("192.0.2.7"), vip, 17, 7, 80),
             1,
             0,
         );
         record(
             &mut t,
-            seed,
+            &at,
             &FlowKey::new(ip("192.0.2.7"), vip, 6, 8, 80),
             3,
             0,
@@ -275,14 +334,7 @@ mod tests {
             handles: BTreeSet::from([1, 2]),
         };
         let prefix: Prefix = "192.0.2.6/31".parse().unwrap();
-        let found = clients(
-            &read,
-            (1023, seed),
-            std::slice::from_ref(&target),
-            &prefix,
-            10,
-        )
-        .unwrap();
+        let found = clients(&read, &at, std::slice::from_ref(&target), &prefix, 10).unwrap();
         let mut got: Vec<SocketAddr> = found.ways.iter().filter_map(|w| w.client).collect();
         got.sort();
         let mut want: Vec<SocketAddr> = ours
@@ -294,10 +346,10 @@ mod tests {
         assert_eq!(found.matched, 3);
         // Host bits set in the prefix are ignored, as in a route.
         let set: Prefix = "192.0.2.7/31".parse().unwrap();
-        let found = clients(&read, (1023, seed), std::slice::from_ref(&target), &set, 10).unwrap();
+        let found = clients(&read, &at, std::slice::from_ref(&target), &set, 10).unwrap();
         assert_eq!(found.matched, 3);
         let one: Prefix = "192.0.2.7/32".parse().unwrap();
-        let found = clients(&read, (1023, seed), &[target], &one, 1).unwrap();
+        let found = clients(&read, &at, &[target], &one, 1).unwrap();
         assert_eq!((found.matched, found.ways.len()), (2, 1), "the limit");
     }
 
@@ -312,23 +364,48 @@ mod tests {
         let read = |_: u32| FlowBucket::default();
         let ok: Prefix = "192.0.2.0/28".parse().unwrap();
         assert_eq!(tuples(&ok, 1), MAX_TUPLES);
-        assert!(clients(&read, (0, 0), std::slice::from_ref(&target), &ok, 1).is_ok());
+        assert!(
+            clients(
+                &read,
+                &Placement::default(),
+                std::slice::from_ref(&target),
+                &ok,
+                1
+            )
+            .is_ok()
+        );
         let wide: Prefix = "192.0.2.0/27".parse().unwrap();
-        let e = clients(&read, (0, 0), std::slice::from_ref(&target), &wide, 1).unwrap_err();
+        let e = clients(
+            &read,
+            &Placement::default(),
+            std::slice::from_ref(&target),
+            &wide,
+            1,
+        )
+        .unwrap_err();
         assert!(e.contains("/28 or longer"), "{e}");
         let v6 = Target {
             addr: ip("2001:db8::1"),
             ..target.clone()
         };
         let wide6: Prefix = "2001:db8::/120".parse().unwrap();
-        let e = clients(&read, (0, 0), &[v6], &wide6, 1).unwrap_err();
+        let e = clients(&read, &Placement::default(), &[v6], &wide6, 1).unwrap_err();
         assert!(e.contains("/124 or longer"), "{e}");
         let all: Prefix = "::/0".parse().unwrap();
         assert_eq!(tuples(&all, 3), u64::MAX, "no overflow");
         let all4: Prefix = "0.0.0.0/0".parse().unwrap();
-        assert!(clients(&read, (0, 0), std::slice::from_ref(&target), &all4, 1).is_err());
+        assert!(
+            clients(
+                &read,
+                &Placement::default(),
+                std::slice::from_ref(&target),
+                &all4,
+                1
+            )
+            .is_err()
+        );
         // Only the VIPs of the client's family count.
         let v6: Prefix = "2001:db8::/122".parse().unwrap();
-        assert!(clients(&read, (0, 0), &[target], &v6, 1).is_ok());
+        assert!(clients(&read, &Placement::default(), &[target], &v6, 1).is_ok());
     }
 }

@@ -106,16 +106,16 @@ pub fn passes_filter(dp: &dyn Dataplane, flow: &FlowKey) -> Result<bool> {
 
 /// The usable backend of `flow`'s connection-table entry: at its own
 /// position, else (an IPv6 flow on maps adopted from an older version,
-/// `CFG_F_CT_V6_LEGACY`) at its position under the older hash, which the
-/// datapath moves to its own.
+/// `CFG_F_CT_V6_LEGACY`) at its position under the older, unkeyed hash,
+/// which the datapath moves to its own.
 fn tracked_backend(
     dp: &dyn Dataplane,
     cfg: &DatapathConfig,
     flow: &FlowKey,
 ) -> Result<Option<BackendDef>> {
-    let legacy =
-        (flow.family == FAMILY_V6 && cfg.flags & CFG_F_CT_V6_LEGACY != 0).then(|| flow.hash());
-    for hash in std::iter::once(flow.ct_hash()).chain(legacy) {
+    let legacy = (flow.family == FAMILY_V6 && cfg.flags & CFG_F_CT_V6_LEGACY != 0)
+        .then(|| flow.ct_hash_unkeyed());
+    for hash in std::iter::once(flow.ct_hash(&dp.ct_key()?)).chain(legacy) {
         let (bucket, tag) = ct_position(hash, cfg.ct_seed);
         let bucket = dp.flow_bucket(bucket & cfg.ct_mask)?;
         let entry = bucket.entries.iter().find(|e| e.0 != 0 && e.tag() == tag);
@@ -142,7 +142,7 @@ fn held_by(
     if flow.proto != PROTO_TCP || meta.flags & VIP_F_NO_CONNTRACK != 0 {
         return Ok(None);
     }
-    let (index, tag) = ct_position(flow.ct_hash(), cfg.ct_seed);
+    let (index, tag) = ct_position(flow.ct_hash(&dp.ct_key()?), cfg.ct_seed);
     let bucket = dp.flow_bucket(index & cfg.ct_mask)?;
     let Some(way) = bucket
         .entries
@@ -186,7 +186,7 @@ fn handshake(
         return Ok(None);
     }
     let cfg = dp.config()?;
-    let (bucket, tag) = ct_position(flow.ct_hash(), cfg.ct_seed);
+    let (bucket, tag) = ct_position(flow.ct_hash(&dp.ct_key()?), cfg.ct_seed);
     let s = dp.syn_slot(bucket)?;
     if s.entry == FlowEntry::EMPTY || s.entry.tag() != tag {
         return Ok(None);

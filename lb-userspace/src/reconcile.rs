@@ -551,9 +551,9 @@ impl<D: Dataplane> Reconciler<D> {
         &self.pool
     }
 
-    /// Writes the datapath settings; keeps the connection-table seed of
-    /// adopted maps, picks a random one for fresh maps (and marks where
-    /// their IPv6 flows live, see `ct_v6`).
+    /// Writes the datapath settings; keeps the connection-table seed and
+    /// IPv6 key of adopted maps, picks random ones for fresh maps (and
+    /// marks where their IPv6 flows live, see `ct_v6`).
     pub fn apply_settings(&mut self, s: &DatapathSettings) -> Result<bool> {
         let old = self.dp.config()?;
         let mut cfg = old;
@@ -562,7 +562,7 @@ impl<D: Dataplane> Reconciler<D> {
         if fresh {
             cfg.ct_seed = random_seed();
         }
-        self.mark_ct_v6(&mut cfg, fresh, std::time::Instant::now());
+        self.mark_ct_v6(&mut cfg, fresh, std::time::Instant::now())?;
         cfg.gw_mac = s.gateway_mac;
         cfg.src_v4 = s
             .outer_source_v4

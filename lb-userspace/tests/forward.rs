@@ -32,8 +32,8 @@ use common::{
     v4,
     xdp::{
         BACKENDS, CLIENT_MAC, CLIENT_V4, Expect, Fixture, GUE_TEST_PORT, GW_MAC, LB_MAC, M, Rig,
-        TO_LB, V4_BACKENDS, Vips, check_encapsulated, flow_of, forward, port_for_backend,
-        run_table, tunnel_dst, with_settings,
+        TEST_CT_KEY, TO_LB, V4_BACKENDS, Vips, check_encapsulated, flow_of, forward,
+        port_for_backend, run_table, tunnel_dst, with_settings,
     },
 };
 
@@ -268,7 +268,7 @@ fn set_classes(rig: &mut Rig, index: u32, class: u16, ticks_ago: u16) {
 /// packets would have.
 fn activate(rig: &mut Rig, flow: &FlowKey) {
     let cfg = rig.dp().config().expect("config");
-    let (index, tag) = lb_common::flow::ct_position(flow.ct_hash(), cfg.ct_seed);
+    let (index, tag) = lb_common::flow::ct_position(flow.ct_hash(&TEST_CT_KEY), cfg.ct_seed);
     let index = index & cfg.ct_mask;
     let mut bucket = rig.dp().flow_bucket(index).expect("bucket");
     let way = bucket
@@ -288,7 +288,7 @@ fn activate(rig: &mut Rig, flow: &FlowKey) {
 /// stamp ticks ago (as if the flow had been idle), keeping its state.
 fn age_entry(rig: &mut Rig, flow: &FlowKey, ticks: u16) {
     let cfg = rig.dp().config().expect("config");
-    let (index, tag) = lb_common::flow::ct_position(flow.ct_hash(), cfg.ct_seed);
+    let (index, tag) = lb_common::flow::ct_position(flow.ct_hash(&TEST_CT_KEY), cfg.ct_seed);
     let index = index & cfg.ct_mask;
     let mut bucket = rig.dp().flow_bucket(index).expect("bucket");
     let way = bucket
@@ -431,7 +431,7 @@ fn a_handshake_keeps_its_syns_backend_across_a_table_change() {
     // The entry it made is confirmed at once (a handshake was seen).
     let cfg = rig.dp().config().expect("config");
     let flow = tcp_flow(sport);
-    let (index, tag) = lb_common::flow::ct_position(flow.ct_hash(), cfg.ct_seed);
+    let (index, tag) = lb_common::flow::ct_position(flow.ct_hash(&TEST_CT_KEY), cfg.ct_seed);
     let bucket = rig.dp().flow_bucket(index & cfg.ct_mask).expect("bucket");
     let way = bucket
         .entries
@@ -501,7 +501,7 @@ fn a_syn_is_held_only_by_its_own_usable_entry() {
         forward(&mut rig, &tcp4(TO_LB, "10.0.0.10", 80, sport, false, b"x"));
     }
     let cfg = rig.dp().config().expect("config");
-    let (index, tag) = lb_common::flow::ct_position(flow.ct_hash(), cfg.ct_seed);
+    let (index, tag) = lb_common::flow::ct_position(flow.ct_hash(&TEST_CT_KEY), cfg.ct_seed);
     let index = index & cfg.ct_mask;
     let syn = tcp4(TO_LB, "10.0.0.10", 80, sport, true, b"");
     let expect = |rig: &mut Rig, (to, via, counted): (usize, Via, Counter), what: &str| {
@@ -558,7 +558,7 @@ fn a_syn_never_moves_an_entry_to_another_vips_backend() {
     // The tuple's entry names a backend of the GRE VIP (another VIP),
     // idle for over a minute: no longer protected.
     let cfg = rig.dp().config().expect("config");
-    let (index, tag) = lb_common::flow::ct_position(flow.ct_hash(), cfg.ct_seed);
+    let (index, tag) = lb_common::flow::ct_position(flow.ct_hash(&TEST_CT_KEY), cfg.ct_seed);
     let other = rig.handle(&vips.gre4, 2);
     plant_entry(&mut rig, index & cfg.ct_mask, tag, other);
     age_entry(&mut rig, &flow, CT_PROTECT_TICKS + 1);
@@ -688,7 +688,7 @@ fn an_ack_takes_its_syns_backend_within_the_window_lbd_wrote() {
 /// Makes the recent SYN of `flow` `ticks` older.
 fn age_syn(rig: &mut Rig, flow: &FlowKey, ticks: u16) {
     let cfg = rig.dp().config().expect("config");
-    let (index, _) = lb_common::flow::ct_position(flow.ct_hash(), cfg.ct_seed);
+    let (index, _) = lb_common::flow::ct_position(flow.ct_hash(&TEST_CT_KEY), cfg.ct_seed);
     let mut slot = rig.dp().syn_slot(index).expect("slot");
     assert_ne!(slot.entry, lb_common::FlowEntry::EMPTY, "the flow's SYN");
     slot.stamp = slot.stamp.wrapping_sub(ticks) & CT_STAMP_TIME;
@@ -742,9 +742,9 @@ fn an_ipv6_flow_an_older_version_placed_moves_and_keeps_its_backend() {
     let vips = rig.standard_vips();
     let cfg = rig.dp().config().expect("config");
     assert_ne!(
-        cfg.flags & CFG_F_CT_V6_SHORT,
+        cfg.flags & CFG_F_CT_V6_KEYED,
         0,
-        "fresh maps use the short hash"
+        "fresh maps use the keyed hash"
     );
     assert_eq!(cfg.flags & CFG_F_CT_V6_LEGACY, 0);
     let flow_of_port = |sport| {
@@ -756,12 +756,13 @@ fn an_ipv6_flow_an_older_version_placed_moves_and_keeps_its_backend() {
             80,
         )
     };
-    // Two flows an older version placed (at `hash_v6`'s positions), each
-    // on a backend that is not its Maglev pick (as after a table change).
+    // Two flows the version before placed (at the unkeyed `ct_hash_v6`'s
+    // positions), each on a backend that is not its Maglev pick (as after
+    // a table change).
     let mut planted = Vec::new();
     for sport in [41000, 41001] {
         let flow = flow_of_port(sport);
-        assert_ne!(flow.ct_hash(), flow.hash());
+        assert_ne!(flow.ct_hash(&TEST_CT_KEY), flow.ct_hash_unkeyed());
         let pick = predict(rig.dp(), &flow, true)
             .expect("predict")
             .expect("vip");
@@ -770,7 +771,7 @@ fn an_ipv6_flow_an_older_version_placed_moves_and_keeps_its_backend() {
             .position(|&i| pick.backend.and_then(|b| b.ip()) == Some(ip(BACKENDS[i])))
             .expect("a v6 backend");
         let kept = common::xdp::V6_BACKENDS[(pick + 1) % 3];
-        let (index, tag) = lb_common::flow::ct_position(flow.hash(), cfg.ct_seed);
+        let (index, tag) = lb_common::flow::ct_position(flow.ct_hash_unkeyed(), cfg.ct_seed);
         let handle = rig.handle(&vips.tcp6, kept);
         plant_entry(&mut rig, index & cfg.ct_mask, tag, handle);
         planted.push((sport, flow, kept));
@@ -795,7 +796,7 @@ fn an_ipv6_flow_an_older_version_placed_moves_and_keeps_its_backend() {
     assert_eq!(action, XDP_TX);
     assert_eq!(events, vec![Counter::CtMovedV6]);
     assert_eq!(tunnel_dst(&out), kept2);
-    let (index, tag) = lb_common::flow::ct_position(flow2.ct_hash(), cfg.ct_seed);
+    let (index, tag) = lb_common::flow::ct_position(flow2.ct_hash(&TEST_CT_KEY), cfg.ct_seed);
     let bucket = rig.dp().flow_bucket(index & cfg.ct_mask).expect("bucket");
     let moved = bucket.entries.iter().find(|e| e.0 != 0 && e.tag() == tag);
     assert_eq!(
@@ -817,6 +818,112 @@ fn an_ipv6_flow_an_older_version_placed_moves_and_keeps_its_backend() {
     let (action, out, events) = rig.run_counted(&packet(sport), Counter::FwdConntrack);
     assert_eq!((action, tunnel_dst(&out)), (XDP_TX, kept2));
     assert!(events.is_empty(), "{events:?}");
+}
+
+/// The IPv6 connection-table hash of the version before (five seeded
+/// lanes, xor, MurmurHash3's finaliser), written out here from its
+/// definition: the attack below inverts its second lane.
+mod unkeyed {
+    pub const K: u64 = 0x9E37_79B9_7F4A_7C15;
+    pub const SEEDS: [u64; 5] = [
+        0xA409_3822_299F_31D0,
+        0x082E_FA98_EC4E_6C89,
+        0x4528_21E6_38D0_1377,
+        0xBE54_66CF_34E9_0C6C,
+        0xC0AC_29B7_C97C_50DD,
+    ];
+
+    pub fn lane(seed: u64, hi: u32, lo: u32) -> u64 {
+        ((seed ^ (u64::from(hi) << 32 | u64::from(lo))).wrapping_mul(K)).rotate_left(31)
+    }
+
+    /// The multiplicative inverse of [`K`] modulo 2⁶⁴ (Newton's iteration).
+    pub fn k_inverse() -> u64 {
+        let mut x = K;
+        for _ in 0..6 {
+            x = x.wrapping_mul(2u64.wrapping_sub(K.wrapping_mul(x)));
+        }
+        x
+    }
+}
+
+/// A client of another /64 that knows a victim's IPv6 tuple solves for
+/// the interface ID whose tuple has the victim's unkeyed hash, so the
+/// version before took its packets for the victim's flow (its bucket and
+/// tag under every seed). Under the box's key the same tuple is a flow of
+/// its own.
+#[test]
+fn an_ipv6_tuple_solved_against_a_known_flow_does_not_take_its_entry() {
+    use unkeyed::{SEEDS, k_inverse, lane};
+    let mut rig = Rig::new(1 << 12);
+    let vips = rig.standard_vips();
+    let vip = "2001:db8::10";
+    let victim = FlowKey::new(
+        IpAddr::from(common::xdp::CLIENT_V6),
+        ip(vip),
+        PROTO_TCP,
+        41_000,
+        80,
+    );
+    // The victim's flow, recorded on a backend that is not its pick.
+    let pick = predict(rig.dp(), &victim, true)
+        .expect("predict")
+        .expect("vip");
+    let pick = common::xdp::V6_BACKENDS
+        .iter()
+        .position(|&i| pick.backend.and_then(|b| b.ip()) == Some(ip(BACKENDS[i])))
+        .expect("a v6 backend");
+    let kept = common::xdp::V6_BACKENDS[(pick + 1) % 3];
+    let cfg = rig.dp().config().expect("config");
+    let (index, tag) = lb_common::flow::ct_position(victim.ct_hash(&TEST_CT_KEY), cfg.ct_seed);
+    let handle = rig.handle(&vips.tcp6, kept);
+    plant_entry(&mut rig, index & cfg.ct_mask, tag, handle);
+
+    // The attacker: 2001:db8:99:1::/64, another source port.
+    let mut attacker = victim;
+    attacker.src[0] = u32::from_le_bytes([0x20, 0x01, 0x0d, 0xb8]);
+    attacker.src[1] = u32::from_le_bytes([0x00, 0x99, 0x00, 0x01]);
+    attacker.sport = 51_234u16.to_be();
+    let a = |f: &FlowKey| lane(SEEDS[0], f.src[0], f.src[1]);
+    let e = |f: &FlowKey| lane(SEEDS[4], f.ports_word(), u32::from(f.proto));
+    let b = lane(SEEDS[1], victim.src[2], victim.src[3]);
+    let wanted = a(&victim) ^ b ^ e(&victim) ^ a(&attacker) ^ e(&attacker);
+    let w = wanted.rotate_right(31).wrapping_mul(k_inverse()) ^ SEEDS[1];
+    (attacker.src[2], attacker.src[3]) = ((w >> 32) as u32, w as u32);
+    assert_eq!(
+        attacker.ct_hash_unkeyed(),
+        victim.ct_hash_unkeyed(),
+        "the solved tuple collides without a key"
+    );
+    assert_ne!(attacker.src, victim.src);
+
+    let mut client_v6 = [0u8; 16];
+    for (bytes, word) in client_v6.chunks_mut(4).zip(attacker.src) {
+        bytes.copy_from_slice(&word.to_le_bytes());
+    }
+    let from_attacker = common::packets::Link { client_v6, ..TO_LB };
+    let packet = tcp6(from_attacker, vip, 80, 51_234, false, b"data");
+    assert_eq!(
+        flow_of(&packet).0,
+        attacker,
+        "the frame carries the solved tuple"
+    );
+    // Its packet is a new flow, picked by Maglev, not the victim's.
+    let (action, out, _) = rig.run_counted(&packet, Counter::FwdMaglev);
+    assert_eq!(action, XDP_TX);
+    let own = predict(rig.dp(), &attacker, true)
+        .expect("predict")
+        .expect("vip");
+    assert_eq!(
+        Some(ip(BACKENDS[tunnel_dst(&out)])),
+        own.backend.and_then(|b| b.ip())
+    );
+    // And the victim's entry still names the victim's backend.
+    let (action, out, _) = rig.run_counted(
+        &tcp6(TO_LB, vip, 80, 41_000, false, b"more"),
+        Counter::FwdConntrack,
+    );
+    assert_eq!((action, tunnel_dst(&out)), (XDP_TX, kept));
 }
 
 #[test]

@@ -283,11 +283,15 @@ impl<D: Dataplane> Daemon<D> {
                 format!("--client {prefix}: {why}"),
             ));
         }
-        let cfg = self.reconciler.dataplane().config()?;
+        let dp = self.reconciler.dataplane();
+        let cfg = dp.config()?;
+        let at = conns::Placement {
+            mask: cfg.ct_mask,
+            seed: cfg.ct_seed,
+            key: dp.ct_key()?,
+        };
         let found = self
-            .read_flows(|read| {
-                conns::clients(read, (cfg.ct_mask, cfg.ct_seed), &targets, &prefix, limit)
-            })?
+            .read_flows(|read| conns::clients(read, &at, &targets, &prefix, limit))?
             .map_err(|e| refused(ErrorKind::BadRequest, e))?;
         let searched = format!(
             "{} tuples ({prefix}, every source port, to {} VIP(s))",

@@ -563,7 +563,7 @@ async fn conns_lists_entries_by_vip_backend_and_client() {
     // A flow of 192.0.2.7:40000 on be1, where the datapath records it
     // (class 1), and two entries of unknown flows on be2.
     let flow = FlowKey::new(ip("192.0.2.7"), ip("10.99.0.1"), 6, 40_000, 80);
-    let (index, tag) = ct_position(flow.ct_hash(), cfg.ct_seed);
+    let (index, tag) = ct_position(flow.ct_hash(&dp.ct_key().unwrap()), cfg.ct_seed);
     let mut b = FlowBucket::default();
     b.entries[2] = FlowEntry::new(tag, be1);
     b.stamps[2] = 1 << 14;

@@ -16,6 +16,7 @@ pub struct FakeDataplane {
     layout: Layout,
     config: DatapathConfig,
     hash_key: [u64; 2],
+    ct_key: lb_common::CtKey,
     vips: HashMap<VipKey, VipMeta>,
     backends: Vec<BackendDef>,
     quic: HashMap<QuicServerKey, u32>,
@@ -51,6 +52,7 @@ impl FakeDataplane {
             layout,
             config: DatapathConfig::default(),
             hash_key: [0; 2],
+            ct_key: lb_common::CtKey::default(),
             vips: HashMap::new(),
             backends: vec![BackendDef::default(); layout.max_backends as usize],
             quic: HashMap::new(),
@@ -117,6 +119,16 @@ impl Dataplane for FakeDataplane {
     fn set_hash_key(&mut self, key: &[u64; 2]) -> Result<()> {
         self.write(1)?;
         self.hash_key = *key;
+        Ok(())
+    }
+
+    fn ct_key(&self) -> Result<lb_common::CtKey> {
+        Ok(self.ct_key)
+    }
+
+    fn set_ct_key(&mut self, key: &lb_common::CtKey) -> Result<()> {
+        self.write(1)?;
+        self.ct_key = *key;
         Ok(())
     }
 

@@ -26,10 +26,10 @@ use lb_common::{
     bfd::BFD_MAX_SESSIONS,
     consts::{
         ALL_MAPS, MAP_ALTERNATES, MAP_BACKEND_STATS, MAP_BACKEND_SYNS, MAP_BACKENDS, MAP_BFD_PEERS,
-        MAP_BFD_STATE, MAP_CONFIG, MAP_COUNTERS, MAP_FLOWS, MAP_HASH_KEY, MAP_QUIC_SERVERS,
-        MAP_SYNS, MAP_TABLES, MAP_TRACE, MAP_TRACE_EVENTS, MAP_VIP_FILTER, MAP_VIP_RETIRED,
-        MAP_VIP_STATS, MAP_VIPS, PROG_LB, PROG_LB_TRACE, PROG_PROBE_ENCAP, SYN_SLOTS,
-        TABLE_CHUNK_SLOTS, TRACE_RING_BYTES,
+        MAP_BFD_STATE, MAP_CONFIG, MAP_COUNTERS, MAP_CT_KEY, MAP_FLOWS, MAP_HASH_KEY,
+        MAP_QUIC_SERVERS, MAP_SYNS, MAP_TABLES, MAP_TRACE, MAP_TRACE_EVENTS, MAP_VIP_FILTER,
+        MAP_VIP_RETIRED, MAP_VIP_STATS, MAP_VIPS, PROG_LB, PROG_LB_TRACE, PROG_PROBE_ENCAP,
+        SYN_SLOTS, TABLE_CHUNK_SLOTS, TRACE_RING_BYTES,
     },
     counters::COUNTER_SLOTS,
     quic::QuicServerKey,
@@ -82,6 +82,9 @@ struct Maps {
     hash_key: Option<Array<MapData, lb_common::HashKey>>,
     /// Absent in builds before QUIC routing (likewise).
     quic: Option<HashMap<MapData, QuicServerKey, u32>>,
+    /// Absent in builds before the keyed IPv6 connection-table hash
+    /// (likewise).
+    ct_key: Option<Array<MapData, lb_common::CtKey>>,
 }
 
 impl Maps {
@@ -132,6 +135,10 @@ impl Maps {
             },
             quic: match ebpf.map(MAP_QUIC_SERVERS) {
                 Some(_) => Some(typed(ebpf, MAP_QUIC_SERVERS)?),
+                None => None,
+            },
+            ct_key: match ebpf.map(MAP_CT_KEY) {
+                Some(_) => Some(typed(ebpf, MAP_CT_KEY)?),
                 None => None,
             },
         })
@@ -528,7 +535,7 @@ fn per_cpu_sum(map: &Counts, name: &'static str, index: u32) -> Result<CounterVa
 }
 
 /// Sizes of each map for `layout`: (name, max entries, value size).
-fn expected_maps(layout: &Layout) -> [(&'static str, u32, u32); 19] {
+fn expected_maps(layout: &Layout) -> [(&'static str, u32, u32); 20] {
     use std::mem::size_of;
     let v = |n: usize| n as u32;
     [
@@ -583,6 +590,7 @@ fn expected_maps(layout: &Layout) -> [(&'static str, u32, u32); 19] {
         ),
         (MAP_HASH_KEY, 1, v(size_of::<lb_common::HashKey>())),
         (MAP_QUIC_SERVERS, layout.max_backends, v(size_of::<u32>())),
+        (MAP_CT_KEY, 1, v(size_of::<lb_common::CtKey>())),
     ]
 }
 
@@ -634,6 +642,22 @@ impl Dataplane for KernelDataplane {
         };
         map.set(0, lb_common::HashKey { k: *key }, 0)
             .map_err(map_err(MAP_HASH_KEY))
+    }
+
+    fn ct_key(&self) -> Result<lb_common::CtKey> {
+        match &self.maps.ct_key {
+            Some(map) => map.get(&0, 0).map_err(map_err(MAP_CT_KEY)),
+            None => Ok(lb_common::CtKey::default()),
+        }
+    }
+
+    /// A build without `LB_CT_KEY` (a benchmark's baseline object) reads no
+    /// key: nothing to write.
+    fn set_ct_key(&mut self, key: &lb_common::CtKey) -> Result<()> {
+        match &mut self.maps.ct_key {
+            Some(map) => map.set(0, key, 0).map_err(map_err(MAP_CT_KEY)),
+            None => Ok(()),
+        }
     }
 
     fn vips(&self) -> Result<Vec<(VipKey, VipMeta)>> {

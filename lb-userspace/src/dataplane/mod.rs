@@ -287,6 +287,10 @@ pub trait Dataplane {
     /// while `CFG_F_HASH_KEY` is set); `[0, 0]` in a build without it.
     fn hash_key(&self) -> Result<[u64; 2]>;
     fn set_hash_key(&mut self, key: &[u64; 2]) -> Result<()>;
+    /// The box's key of the IPv6 connection-table hash in `LB_CT_KEY`;
+    /// all zero in a build without it.
+    fn ct_key(&self) -> Result<lb_common::CtKey>;
+    fn set_ct_key(&mut self, key: &lb_common::CtKey) -> Result<()>;
 
     fn vips(&self) -> Result<Vec<(VipKey, VipMeta)>>;
     fn vip(&self, key: &VipKey) -> Result<Option<VipMeta>>;

@@ -1,21 +1,26 @@
 //! Where the connection table keeps IPv6 flows, across an upgrade.
 //!
-//! IPv6 flows are placed by [`lb_common::flow::ct_hash_v6`], a shorter
-//! hash than the pinned one that picks backends (an established packet
-//! pays for nothing but it). Maps an older version filled hold IPv6 flows
-//! at the positions of [`lb_common::flow::hash_v6`]; their config lacks
-//! [`CFG_F_CT_V6_SHORT`]. When `lbd` adopts such maps it sets
-//! [`CFG_F_CT_V6_LEGACY`]: a missed IPv6 packet then also tries its old
-//! position and moves the entry it finds there to its own, so no flow loses
-//! its backend. The bit stays for [`CT_V6_LEGACY_SECS`] (again from the
-//! start, if `lbd` restarts before that), then goes, and with it the extra
-//! lookup on a miss.
+//! IPv6 flows are placed by [`lb_common::flow::ct_hash_v6_keyed`] under the
+//! box's secret key in `LB_CT_KEY`, so that a client cannot compute a tuple
+//! of its own /64 that shares a known flow's bucket and tag. `lbd` writes a
+//! random key the first time it meets maps without [`CFG_F_CT_V6_KEYED`],
+//! before it sets the bit, and never changes it while the maps live.
+//! Maps an older version filled hold IPv6 flows at the positions of the
+//! unkeyed [`lb_common::flow::ct_hash_v6`]. When `lbd` adopts such maps it
+//! sets [`CFG_F_CT_V6_LEGACY`] too: a missed IPv6 packet then also tries
+//! its old position and moves the entry it finds there to its own, so no
+//! flow loses its backend. The bit stays for [`CT_V6_LEGACY_SECS`] (again
+//! from the start, if `lbd` restarts before that), then goes, and with it
+//! the extra lookup on a miss. Maps of the versions before the unkeyed
+//! hash (IPv6 flows at [`lb_common::flow::hash_v6`]'s positions) are not
+//! looked up: their established IPv6 flows are picked again once, and
+//! keep their backend if Maglev still picks it.
 
 use std::time::{Duration, Instant};
 
 use lb_common::{
-    DatapathConfig,
-    consts::{CFG_F_CT_V6_LEGACY, CFG_F_CT_V6_SHORT, CT_V6_LEGACY_SECS},
+    CtKey, DatapathConfig,
+    consts::{CFG_F_CT_V6_KEYED, CFG_F_CT_V6_LEGACY, CFG_F_CT_V6_SHORT, CT_V6_LEGACY_SECS},
 };
 use tracing::info;
 
@@ -26,22 +31,35 @@ use crate::dataplane::Dataplane;
 pub(super) const LEGACY: Duration = Duration::from_secs(CT_V6_LEGACY_SECS);
 
 impl<D: Dataplane> Reconciler<D> {
-    /// Marks `cfg` (about to be written) with the IPv6 positions: fresh
-    /// maps (`fresh`: no seed yet) place flows by the short hash from the
-    /// start; maps an older version filled get the legacy lookup, until
-    /// [`LEGACY`] after `now`.
-    pub(super) fn mark_ct_v6(&mut self, cfg: &mut DatapathConfig, fresh: bool, now: Instant) {
-        if fresh {
-            cfg.flags = (cfg.flags | CFG_F_CT_V6_SHORT) & !CFG_F_CT_V6_LEGACY;
-            return;
-        }
-        if cfg.flags & CFG_F_CT_V6_SHORT == 0 {
-            info!("adopted maps place IPv6 flows by the older hash: moving them as they are seen");
-            cfg.flags |= CFG_F_CT_V6_SHORT | CFG_F_CT_V6_LEGACY;
+    /// Keys and marks `cfg` (about to be written) with the IPv6 positions:
+    /// maps without [`CFG_F_CT_V6_KEYED`] get a random key first; fresh
+    /// maps (`fresh`: no seed yet) place flows by it from the start; maps
+    /// an older version filled get the legacy lookup too, until [`LEGACY`]
+    /// after `now`.
+    pub(super) fn mark_ct_v6(
+        &mut self,
+        cfg: &mut DatapathConfig,
+        fresh: bool,
+        now: Instant,
+    ) -> Result<()> {
+        if cfg.flags & CFG_F_CT_V6_KEYED == 0 {
+            // The key before the bit that says flows are placed by it.
+            self.dp.set_ct_key(&random_key())?;
+            if fresh {
+                cfg.flags =
+                    (cfg.flags | CFG_F_CT_V6_SHORT | CFG_F_CT_V6_KEYED) & !CFG_F_CT_V6_LEGACY;
+                return Ok(());
+            }
+            info!(
+                "adopted maps place IPv6 flows by the unkeyed hash of an older version: \
+                 moving them to the keyed positions as they are seen"
+            );
+            cfg.flags |= CFG_F_CT_V6_SHORT | CFG_F_CT_V6_KEYED | CFG_F_CT_V6_LEGACY;
         }
         if cfg.flags & CFG_F_CT_V6_LEGACY != 0 && self.ct_v6_legacy_until.is_none() {
             self.ct_v6_legacy_until = Some(now + LEGACY);
         }
+        Ok(())
     }
 
     /// Clears [`CFG_F_CT_V6_LEGACY`] once its time is up. Returns whether
@@ -60,9 +78,30 @@ impl<D: Dataplane> Reconciler<D> {
     }
 }
 
+/// A key from the kernel's random source: ten independent words, as NH's
+/// bound asks. Without `/dev/urandom`, words spread from
+/// [`super::random_seed`].
+fn random_key() -> CtKey {
+    let mut bytes = [0u8; size_of::<CtKey>()];
+    let read = std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes));
+    let mut key = CtKey::default();
+    let mut state = super::random_seed();
+    for (i, word) in key.k.iter_mut().enumerate() {
+        *word = match read {
+            Ok(()) => u32::from_ne_bytes(bytes[i * 4..i * 4 + 4].try_into().expect("4 bytes")),
+            Err(_) => {
+                state = lb_common::flow::fmix64(state.wrapping_add(0x9E37_79B9_7F4A_7C15));
+                state as u32
+            }
+        };
+    }
+    key
+}
+
 #[cfg(test)]
 mod tests {
-    use lb_common::consts::{CFG_F_CT_V6_LEGACY, CFG_F_CT_V6_SHORT};
+    use lb_common::consts::{CFG_F_CT_V6_KEYED, CFG_F_CT_V6_LEGACY, CFG_F_CT_V6_SHORT};
 
     use super::*;
     use crate::{
@@ -70,41 +109,65 @@ mod tests {
         reconcile::{DatapathSettings, Reconciler, tests::layout},
     };
 
+    const ALL: u32 = CFG_F_CT_V6_SHORT | CFG_F_CT_V6_KEYED | CFG_F_CT_V6_LEGACY;
+
     fn flags(r: &Reconciler<FakeDataplane>) -> u32 {
         r.dataplane().config().unwrap().flags
     }
 
-    #[test]
-    fn fresh_maps_place_ipv6_by_the_short_hash_without_a_legacy_lookup() {
-        let mut r = Reconciler::adopt(FakeDataplane::new(layout())).unwrap();
-        r.apply_settings(&DatapathSettings::default()).unwrap();
-        assert_eq!(
-            flags(&r) & (CFG_F_CT_V6_SHORT | CFG_F_CT_V6_LEGACY),
-            CFG_F_CT_V6_SHORT
-        );
-        assert!(!r.expire_ct_v6_legacy(Instant::now() + LEGACY * 2).unwrap());
+    fn key(r: &Reconciler<FakeDataplane>) -> CtKey {
+        r.dataplane().ct_key().unwrap()
     }
 
     #[test]
-    fn older_maps_get_the_legacy_lookup_for_an_hour_even_across_a_restart() {
-        // Maps an older version made: a seed, and neither bit.
+    fn fresh_maps_place_ipv6_by_a_random_key_without_a_legacy_lookup() {
+        let mut r = Reconciler::adopt(FakeDataplane::new(layout())).unwrap();
+        r.apply_settings(&DatapathSettings::default()).unwrap();
+        assert_eq!(flags(&r) & ALL, CFG_F_CT_V6_SHORT | CFG_F_CT_V6_KEYED);
+        let first = key(&r);
+        assert!(
+            first.k.iter().all(|&w| w != 0),
+            "ten random words: {first:x?}"
+        );
+        assert!(!r.expire_ct_v6_legacy(Instant::now() + LEGACY * 2).unwrap());
+        // Written again, and by a restart: the key stays (every IPv6 flow
+        // is where it put it).
+        r.apply_settings(&DatapathSettings::default()).unwrap();
+        assert_eq!(key(&r), first);
+        let dp = std::mem::replace(r.dataplane_mut(), FakeDataplane::new(layout()));
+        let mut r = Reconciler::adopt(dp).unwrap();
+        r.apply_settings(&DatapathSettings::default()).unwrap();
+        assert_eq!(key(&r), first);
+        assert_eq!(flags(&r) & ALL, CFG_F_CT_V6_SHORT | CFG_F_CT_V6_KEYED);
+        // Another box's maps get another key.
+        let mut other = Reconciler::adopt(FakeDataplane::new(layout())).unwrap();
+        other.apply_settings(&DatapathSettings::default()).unwrap();
+        assert_ne!(key(&other), first);
+    }
+
+    #[test]
+    fn older_maps_get_a_key_and_the_legacy_lookup_for_an_hour_even_across_a_restart() {
+        // Maps the version before made: a seed, the unkeyed IPv6 positions.
         let mut dp = FakeDataplane::new(layout());
         let mut cfg = dp.config().unwrap();
         cfg.ct_seed = 0x1234;
+        cfg.flags = CFG_F_CT_V6_SHORT;
         dp.set_config(&cfg).unwrap();
         let start = Instant::now();
         let mut r = Reconciler::adopt(dp).unwrap();
         r.apply_settings(&DatapathSettings::default()).unwrap();
-        let both = CFG_F_CT_V6_SHORT | CFG_F_CT_V6_LEGACY;
-        assert_eq!(flags(&r) & both, both);
+        assert_eq!(flags(&r) & ALL, ALL);
         assert_eq!(r.dataplane().config().unwrap().ct_seed, 0x1234);
+        let keyed = key(&r);
+        assert_ne!(keyed, CtKey::default());
         assert!(!r.expire_ct_v6_legacy(start).unwrap());
-        // A restart half-way: the bit persists in the maps, and the hour
-        // starts again.
+        // A restart half-way: the bits and the key persist in the maps, and
+        // the hour starts again.
         let dp = std::mem::replace(r.dataplane_mut(), FakeDataplane::new(layout()));
         let mut r = Reconciler::adopt(dp).unwrap();
         r.apply_settings(&DatapathSettings::default()).unwrap();
-        assert_eq!(flags(&r) & both, both);
+        assert_eq!(flags(&r) & ALL, ALL);
+        assert_eq!(key(&r), keyed, "the key is never changed on live maps");
         let until = r.ct_v6_legacy_until.expect("an hour from the restart");
         assert!(until >= start + LEGACY);
         assert!(
@@ -112,10 +175,12 @@ mod tests {
                 .unwrap()
         );
         assert!(r.expire_ct_v6_legacy(until).unwrap());
-        assert_eq!(flags(&r) & both, CFG_F_CT_V6_SHORT);
+        let kept = CFG_F_CT_V6_SHORT | CFG_F_CT_V6_KEYED;
+        assert_eq!(flags(&r) & ALL, kept);
         // Settings written again never bring it back.
         r.apply_settings(&DatapathSettings::default()).unwrap();
-        assert_eq!(flags(&r) & both, CFG_F_CT_V6_SHORT);
+        assert_eq!(flags(&r) & ALL, kept);
+        assert_eq!(key(&r), keyed);
         assert!(!r.expire_ct_v6_legacy(until + LEGACY).unwrap());
     }
 }

@@ -21,7 +21,9 @@ use lb::{
     dataplane::{Dataplane, KernelDataplane, Layout},
     predict::{Via, predict},
 };
-use lb_common::{BackendDef, Counter, CounterValue, FlowKey, VipKey, consts::*, counters::Kind};
+use lb_common::{
+    BackendDef, Counter, CounterValue, CtKey, FlowKey, VipKey, consts::*, counters::Kind,
+};
 
 use super::{
     XDP_DROP, XDP_PASS, XDP_TX, ip,
@@ -125,6 +127,12 @@ impl Rig {
         let mut r = Reconciler::adopt(dp).expect("adopt fresh maps");
         r.apply_settings(&settings(MalformedPolicy::Pass))
             .expect("write config");
+        // The random key `lbd` wrote, replaced by a fixed one before any
+        // flow is placed, so that expected frames can be worked out.
+        assert_ne!(r.dataplane().ct_key().expect("key"), CtKey::default());
+        r.dataplane_mut()
+            .set_ct_key(&TEST_CT_KEY)
+            .expect("write the key");
         Rig {
             r,
             vips: Vec::new(),
@@ -294,9 +302,26 @@ pub fn flow_of(frame: &[u8]) -> (FlowKey, bool) {
     }
 }
 
+/// The key of the IPv6 connection-table hash in every rig: the golden
+/// ratio's multiples, `0x9E3779B9 · (i + 1)` modulo 2³².
+pub const TEST_CT_KEY: CtKey = CtKey {
+    k: [
+        0x9e37_79b9,
+        0x3c6e_f372,
+        0xdaa6_6d2b,
+        0x78dd_e6e4,
+        0x1715_609d,
+        0xb54c_da56,
+        0x5384_540f,
+        0xf1bb_cdc8,
+        0x8ff3_4781,
+        0x2e2a_c13a,
+    ],
+};
+
 /// The GUE source port the balancer picks for `flow`.
 pub fn gue_source_port(flow: &FlowKey) -> u16 {
-    0xc000 | ((flow.ct_hash() >> 32) as u16 & 0x3fff)
+    0xc000 | ((flow.ct_hash(&TEST_CT_KEY) >> 32) as u16 & 0x3fff)
 }
 
 /// Asserts that `out` is `input` encapsulated for `backend` per `encap`.

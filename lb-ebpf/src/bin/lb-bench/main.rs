@@ -25,8 +25,9 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use lb_common::{
-    BENCH_HASH_CHAIN, BENCH_RESTORE_LEN, BenchPacket,
-    flow::{ct_hash_v6, hash_v4, hash_v6},
+    BENCH_HASH_CHAIN, BENCH_RESTORE_LEN, BenchPacket, CtKey,
+    consts::CT_KEY_WORDS,
+    flow::{ct_hash_v6_keyed, hash_v4, hash_v6},
 };
 use lb_ebpf::{access::ptr_at, hdr::EthHdr};
 
@@ -35,6 +36,10 @@ static BENCH_PACKET: Array<BenchPacket> = Array::with_max_entries(1, 0);
 
 #[map]
 static BENCH_SEQ: Array<u32> = Array::with_max_entries(1, 0);
+
+/// The key of `bench_ct_hash_v6` (zero: its words are loaded all the same).
+#[map]
+static BENCH_CT_KEY: Array<CtKey> = Array::with_max_entries(1, 0);
 
 #[map]
 static BENCH_JUMP: ProgramArray = ProgramArray::with_max_entries(1, 0);
@@ -219,12 +224,21 @@ pub fn bench_hash_v6(ctx: XdpContext) -> u32 {
 }
 
 /// The IPv6 connection-table hash (the one an established IPv6 packet
-/// pays), as [`bench_hash_v4`] does the IPv4 flow hash.
+/// pays: keyed, its key loaded from a map once, as the datapath loads
+/// `LB_CT_KEY` once a packet), as [`bench_hash_v4`] does the IPv4 flow
+/// hash.
 #[xdp]
 pub fn bench_ct_hash_v6(ctx: XdpContext) -> u32 {
+    let key = BENCH_CT_KEY.get(0).map_or([0; CT_KEY_WORDS], |k| k.k);
     chain(&ctx, |h| {
         let (lo, hi) = (h as u32, (h >> 32) as u32);
-        ct_hash_v6(&[lo, hi, hi, lo], &[hi, lo, lo, hi], lo ^ 0x5000_0000, 6)
+        ct_hash_v6_keyed(
+            &key,
+            &[lo, hi, hi, lo],
+            &[hi, lo, lo, hi],
+            lo ^ 0x5000_0000,
+            6,
+        )
     })
 }
 

@@ -43,13 +43,16 @@ use lb_common::{
     },
     counters::Kind,
     ct_protected,
-    flow::{ct_hash, ct_position, hash_v4, hash_v6, pick_fields, pick_hash, vip_filter_bit},
+    flow::{
+        ct_hash_v6, ct_hash_v6_keyed, ct_position, hash_v4, hash_v6, pick_fields, pick_hash,
+        vip_filter_bit,
+    },
 };
 use lb_ebpf::{
     hdr::{TCP_ACK, TCP_SYN},
     parse::{Packet, Reject, parse},
 };
-use maps::{LB_BACKENDS, LB_CONFIG, LB_FLOWS, LB_HASH_KEY, LB_VIP_FILTER, LB_VIPS};
+use maps::{LB_BACKENDS, LB_CONFIG, LB_CT_KEY, LB_FLOWS, LB_HASH_KEY, LB_VIP_FILTER, LB_VIPS};
 
 const PASS: u32 = xdp_action::XDP_PASS;
 const DROP: u32 = xdp_action::XDP_DROP;
@@ -125,7 +128,9 @@ fn decide<const TRACE: bool>(
     if !maybe_vip(cfg, pkt) {
         return not_a_vip(ctx, pkt);
     }
-    let hash = ct_hash(pkt.family, &pkt.src, &pkt.dst, pkt.ports, pkt.proto);
+    let Some(hash) = ct_hash(pkt.family, &pkt.src, &pkt.dst, pkt.ports, pkt.proto) else {
+        return not_a_vip(ctx, pkt);
+    };
     let (bucket_index, tag) = ct_position(hash, cfg.ct_seed);
     let syn = pkt.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN;
 
@@ -437,7 +442,7 @@ fn tracked(
 
 /// An IPv6 packet (not a SYN) that missed the connection table, on maps an
 /// older version filled (`CFG_F_CT_V6_LEGACY`): its flow's entry at the
-/// position of the older hash (`hash_v6`), if that names a usable
+/// position of the older, unkeyed hash (`ct_hash_v6`), if that names a usable
 /// backend, written to the flow's own position (`bucket_index`, `tag`;
 /// confirmed, as a flow with history), and that backend. The old way is
 /// left to age out. Costs one more bucket on such a miss, nothing on a hit.
@@ -449,7 +454,7 @@ fn moved_v6(
     tag: u32,
 ) -> Option<&'static BackendDef> {
     let (old_index, old_tag) = ct_position(
-        hash_v6(&pkt.src, &pkt.dst, pkt.ports, pkt.proto),
+        ct_hash_v6(&pkt.src, &pkt.dst, pkt.ports, pkt.proto),
         cfg.ct_seed,
     );
     let old = LB_FLOWS.get_ptr_mut(old_index & cfg.ct_mask)?;
@@ -459,6 +464,19 @@ fn moved_v6(
     let now = (conntrack::now(), cfg.protect_ticks());
     conntrack::insert(bucket, tag, handle, now, CT_CLASS_CONFIRMED);
     Some(def)
+}
+
+/// The connection-table hash of `{src, dst, ports, proto}` in address
+/// family `family` (`lb_common::flow::ct_hash`): IPv4's pinned hash, or
+/// IPv6's under the box's key, whose map is read only for IPv6. `None`
+/// only if `LB_CT_KEY` has no element, which an array never lacks.
+#[inline(always)]
+fn ct_hash(family: u8, src: &[u32; 4], dst: &[u32; 4], ports: u32, proto: u8) -> Option<u64> {
+    if family == FAMILY_V4 {
+        return Some(hash_v4(src[0], dst[0], ports, proto));
+    }
+    let key = LB_CT_KEY.get(0)?;
+    Some(ct_hash_v6_keyed(&key.k, src, dst, ports, proto))
 }
 
 /// The flow hash of `{src, dst, ports, proto}` in address family `family`.
@@ -701,7 +719,9 @@ fn icmp_error<const TRACE: bool>(
     pkt: &Packet,
     q: &icmp::Quoted,
 ) -> (u32, Counter) {
-    let hash = ct_hash(pkt.family, &q.client, &q.vip, q.ports, q.proto);
+    let Some(hash) = ct_hash(pkt.family, &q.client, &q.vip, q.ports, q.proto) else {
+        return (PASS, Counter::PassIcmp);
+    };
     let (bucket_index, tag) = ct_position(hash, cfg.ct_seed);
     if let Some(bucket) = LB_FLOWS.get_ptr_mut(bucket_index & cfg.ct_mask)
         && let Some((_, handle)) = conntrack::find(bucket, tag)

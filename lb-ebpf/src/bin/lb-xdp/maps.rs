@@ -7,8 +7,9 @@ use aya_ebpf::{
     maps::{Array, HashMap, PerCpuArray, RingBuf},
 };
 use lb_common::{
-    AltChunk, BackendDef, BfdConfig, BfdKey, BfdState, CounterValue, DatapathConfig, FlowBucket,
-    HashKey, SynCounts, SynSlot, TableChunk, TraceEvent, TraceFilter, VipFilter, VipKey, VipMeta,
+    AltChunk, BackendDef, BfdConfig, BfdKey, BfdState, CounterValue, CtKey, DatapathConfig,
+    FlowBucket, HashKey, SynCounts, SynSlot, TableChunk, TraceEvent, TraceFilter, VipFilter,
+    VipKey, VipMeta,
     bfd::BFD_MAX_SESSIONS,
     consts::{SYN_SLOTS, TRACE_RING_BYTES},
     counters::COUNTER_SLOTS,
@@ -111,3 +112,8 @@ pub static LB_QUIC_SERVERS: HashMap<QuicServerKey, u32> = HashMap::with_max_entr
 /// The tier's secret hash key (`CFG_F_HASH_KEY`).
 #[map]
 pub static LB_HASH_KEY: Array<HashKey> = Array::with_max_entries(1, 0);
+
+/// The box's secret key of the IPv6 connection-table hash
+/// (`ct_hash_v6_keyed`), written by `lbd` before the program runs.
+#[map]
+pub static LB_CT_KEY: Array<CtKey> = Array::with_max_entries(1, 0);
