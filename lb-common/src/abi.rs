@@ -287,14 +287,19 @@ pub struct HashKey {
 }
 
 /// The single element of `LB_CT_KEY`: the box's secret key for the IPv6
-/// connection-table hash ([`crate::flow::ct_hash_v6_keyed`]), one word per
-/// 32-bit word of the tuple it reads. Random when the maps are created
-/// (or adopted from a version without it), then never changed while they
-/// live: every IPv6 flow's entry is where this key put it.
+/// connection-table hash ([`crate::flow::ct_hash_v6_keyed`]). Random when
+/// the maps are created (or adopted from a version without it), then
+/// never changed while they live: every IPv6 flow's entry is where this
+/// key put it.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CtKey {
     pub k: [u32; crate::consts::CT_KEY_WORDS],
+    /// When `lbd` clears [`crate::consts::CFG_F_CT_V6_LEGACY`]:
+    /// `CLOCK_BOOTTIME` nanoseconds (pins do not outlive a boot), kept
+    /// here so that a restart does not start the hour again; 0: no
+    /// deadline recorded. The datapath never reads it.
+    pub legacy_until: u64,
 }
 
 /// The single element of `LB_VIP_FILTER`: bit [`crate::flow::vip_filter_bit`]
@@ -756,7 +761,7 @@ const _: () = {
     assert!(core::mem::size_of::<TraceFilter>() == 60);
     assert!(core::mem::size_of::<TraceEvent>() == 80);
     assert!(core::mem::size_of::<HashKey>() == 16);
-    assert!(core::mem::size_of::<CtKey>() == 40);
+    assert!(core::mem::size_of::<CtKey>() == 64);
     assert!(core::mem::size_of::<SynCounts>() == 16);
     assert!(core::mem::size_of::<BfdKey>() == 20);
     assert!(core::mem::size_of::<BfdConfig>() == 40);

@@ -398,5 +398,6 @@ pub const VIP_FILTER_WORDS: usize = 256;
 
 /// Words of the IPv6 connection-table key ([`crate::CtKey`]): one per
 /// 32-bit word of the 5-tuple [`crate::flow::ct_hash_v6_keyed`] reads
-/// (four per address, the ports, the protocol).
-pub const CT_KEY_WORDS: usize = 10;
+/// (four per address, the ports, the protocol), and four more for its
+/// second pass over the words a client chooses.
+pub const CT_KEY_WORDS: usize = 14;

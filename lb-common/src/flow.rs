@@ -127,25 +127,43 @@ pub const fn ct_hash_v6(src: &[u32; 4], dst: &[u32; 4], ports: u32, proto: u8) -
 }
 
 /// One term of [`ct_hash_v6_keyed`]: NH's product of a pair of words, each
-/// added to its key word modulo 2³².
+/// added to its key word, the sums not reduced modulo 2³² (33-bit
+/// values, so the datapath needs no mask; see [`ct_hash_v6_keyed`]).
 #[inline(always)]
 const fn nh(a: u32, ka: u32, b: u32, kb: u32) -> u64 {
-    (a.wrapping_add(ka) as u64).wrapping_mul(b.wrapping_add(kb) as u64)
+    (a as u64 + ka as u64).wrapping_mul(b as u64 + kb as u64)
 }
 
 /// The connection-table hash of an IPv6 5-tuple under the box's secret
 /// `key` (before the seed, see [`ct_position`]): NH (Black et al., "UMAC:
 /// Fast and Secure Message Authentication", CRYPTO 1999; RFC 4418 §5),
 /// the sum modulo 2⁶⁴ of `(w[2i] + k[2i]) · (w[2i+1] + k[2i+1])` over the
-/// ten 32-bit words of the tuple, then [`fmix64`] for the bits used
-/// directly (the tag, the GUE source port, the IPv6 flow label). For a
-/// uniformly random key, two different tuples collide with probability
-/// at most 2⁻³² (NH is 2⁻³²-almost-universal), so a tuple that shares
-/// a known flow's bucket and tag can no longer be computed, only guessed.
-/// Five independent multiplications run side by side, about the cost of
-/// [`ct_hash_v6`]'s five lanes. Not a MAC: it keeps collisions from being
-/// computed by someone without the key, not from being learnt by someone
-/// who watches where many flows go.
+/// ten 32-bit words of the tuple (the sums of a word and its key word
+/// taken whole, not modulo 2³² as in UMAC: two tuples that differ in a
+/// term then differ by `Δ₁·(w₂ + k₂) + Δ₂·k₁ + c`, linear in the keys,
+/// which one value of a 32-bit key word at most satisfies, so the bound
+/// below stands), joined with a second NH pass under other
+/// key words over the words a client chooses (its interface ID, its
+/// source port with the protocol beside it), then [`fmix64`] for the bits
+/// used directly (the tag, the GUE source port, the IPv6 flow label).
+///
+/// One pass is 2⁻³²-almost-universal, and a client can reach that bound:
+/// the halves of its interface ID swapped and shifted by the unknown
+/// `k[3] − k[2]` give the same product, so a client of the victim's /64
+/// would find a collision within 2³² tries, each a guess of that
+/// difference. The second pass, added rotated, needs another difference
+/// (`k[11] − k[10]`) at the same time: about 2⁻⁶⁴ for the swap, below the
+/// 2⁻⁵² of a bucket and tag by chance. For other changes of a client's
+/// words the first pass alone bounds a try's chance by 2⁻³² over the key,
+/// and the second, under independent key words, makes a collision need a
+/// second coincidence (an estimate, not a proof). Words a client cannot
+/// choose (its prefix, the VIP) sit in the first pass, where no change of
+/// one word can collide; a spoofed source needs no collision (it can send
+/// the victim's own tuple). So a tuple that shares a known flow's bucket
+/// and tag can no longer be computed, only guessed. Seven multiplications
+/// run side by side. Not a MAC: it keeps collisions from being computed
+/// by someone without the key, not from being learnt by someone who
+/// watches where many flows go.
 #[inline(always)]
 pub const fn ct_hash_v6_keyed(
     key: &[u32; CT_KEY_WORDS],
@@ -159,11 +177,13 @@ pub const fn ct_hash_v6_keyed(
     let c = nh(dst[0], key[4], dst[1], key[5]);
     let d = nh(dst[2], key[6], dst[3], key[7]);
     let e = nh(ports, key[8], proto as u32, key[9]);
-    fmix64(
-        a.wrapping_add(b)
-            .wrapping_add(c.wrapping_add(d))
-            .wrapping_add(e),
-    )
+    let f = nh(src[2], key[10], src[3], key[11]);
+    let g = nh(ports, key[12], proto as u32, key[13]);
+    let first = a
+        .wrapping_add(b)
+        .wrapping_add(c.wrapping_add(d))
+        .wrapping_add(e);
+    fmix64(first.wrapping_add(f.wrapping_add(g).rotate_left(32)))
 }
 
 /// The connection-table hash of a 5-tuple in address family `family`:
@@ -329,13 +349,16 @@ mod tests {
     };
 
     fn ct(k: &FlowKey, key: &[u32; CT_KEY_WORDS]) -> u64 {
-        k.ct_hash(&crate::CtKey { k: *key })
+        k.ct_hash(&crate::CtKey {
+            k: *key,
+            legacy_until: 0,
+        })
     }
 
     #[test]
     fn ipv6_connection_table_hashes_have_their_golden_values() {
         // Computed from the definitions by a separate implementation (NH
-        // after RFC 4418 §5, the finaliser after smhasher, the words read
+        // after RFC 4418 §5, both passes, the finaliser after smhasher, the words read
         // from the packet's bytes), which reproduces `ipv6_hash_is_pinned`'s
         // value too. Not pinned between versions (`CFG_F_CT_V6_LEGACY`
         // moves the entries), but a change must be on purpose.
@@ -348,12 +371,12 @@ mod tests {
         );
         assert_eq!(
             ct(&k, &KEY),
-            0x85b6_b227_3881_4de0,
+            0x730d_a669_b601_70cc,
             "got {:#018x}",
             ct(&k, &KEY)
         );
         let zero = ct(&k, &[0; CT_KEY_WORDS]);
-        assert_eq!(zero, 0x5a63_32a5_7ceb_05d0, "got {zero:#018x}");
+        assert_eq!(zero, 0x3ccb_1820_0857_9bb5, "got {zero:#018x}");
         // The version before's unkeyed hash, where the legacy lookup looks.
         let unkeyed = k.ct_hash_unkeyed();
         assert_eq!(unkeyed, 0x06dc_f1f1_504e_7347, "got {unkeyed:#018x}");
@@ -409,6 +432,40 @@ mod tests {
     }
 
     #[test]
+    fn a_client_of_the_victims_64_cannot_swap_its_words_into_a_collision() {
+        // One NH pass lets a client of the victim's /64 swap the halves of
+        // its interface ID, shifted by `k[3] − k[2]`: the pair's product
+        // commutes, so every key with that difference collides. The second
+        // pass's pair has `k[11] − k[10]` instead.
+        let victim = key("2001:db8:1:2:0:80:0:80", "2001:db8:ffff::80", 40000);
+        let mut key = KEY;
+        let mut swapped_rounds = 0;
+        for round in 0..64u64 {
+            for (i, k) in key.iter_mut().enumerate() {
+                *k = fmix64(round << 8 | i as u64) as u32;
+            }
+            // The swap needs `w + k` equal as integers: rounds whose shift
+            // leaves a word's range are skipped (the victim's words are
+            // 2³¹, so about half of them).
+            let delta = i64::from(key[3]) - i64::from(key[2]);
+            let (Ok(two), Ok(three)) = (
+                u32::try_from(i64::from(victim.src[3]) + delta),
+                u32::try_from(i64::from(victim.src[2]) - delta),
+            ) else {
+                continue;
+            };
+            swapped_rounds += 1;
+            let mut swapped = victim;
+            (swapped.src[2], swapped.src[3]) = (two, three);
+            let pair = |f: &FlowKey, at: usize| nh(f.src[2], key[at], f.src[3], key[at + 1]);
+            assert_eq!(pair(&swapped, 2), pair(&victim, 2), "one pass collides");
+            assert_ne!(pair(&swapped, 10), pair(&victim, 10));
+            assert_ne!(ct(&swapped, &key), ct(&victim, &key), "key {key:x?}");
+        }
+        assert!(swapped_rounds > 10, "{swapped_rounds} rounds tried");
+    }
+
+    #[test]
     fn every_word_and_key_word_changes_the_ipv6_connection_table_hash() {
         let base = key("2001:db8:1:2::3:4", "2001:db8:5:6::7:8", 40000);
         let h = |k: &FlowKey| ct(k, &KEY);
@@ -439,7 +496,7 @@ mod tests {
         assert_ne!(h(&k), h(&base));
         for i in 0..CT_KEY_WORDS {
             let mut other = KEY;
-            other[i] ^= 1 << (i * 3);
+            other[i] ^= 1 << (i * 3 % 32);
             assert_ne!(ct(&base, &other), h(&base), "key word {i}");
         }
     }

@@ -226,6 +226,7 @@ mod tests {
             seed: 0x1234_5678_9abc_def0,
             key: CtKey {
                 k: core::array::from_fn(|i| 0x9E37_79B9u32.wrapping_mul(i as u32 + 1)),
+                legacy_until: 0,
             },
         }
     }

@@ -106,22 +106,26 @@ pub fn passes_filter(dp: &dyn Dataplane, flow: &FlowKey) -> Result<bool> {
 
 /// The usable backend of `flow`'s connection-table entry: at its own
 /// position, else (an IPv6 flow on maps adopted from an older version,
-/// `CFG_F_CT_V6_LEGACY`) at its position under the older, unkeyed hash,
-/// which the datapath moves to its own.
+/// `CFG_F_CT_V6_LEGACY`) at its position under the older, unkeyed hash if
+/// that names a backend of its own VIP (`vip_id`), which the datapath
+/// moves to its own.
 fn tracked_backend(
     dp: &dyn Dataplane,
     cfg: &DatapathConfig,
     flow: &FlowKey,
+    vip_id: Option<u16>,
 ) -> Result<Option<BackendDef>> {
     let legacy = (flow.family == FAMILY_V6 && cfg.flags & CFG_F_CT_V6_LEGACY != 0)
         .then(|| flow.ct_hash_unkeyed());
-    for hash in std::iter::once(flow.ct_hash(&dp.ct_key()?)).chain(legacy) {
+    let own = std::iter::once((flow.ct_hash(&dp.ct_key()?), true));
+    for (hash, at_own) in own.chain(legacy.map(|h| (h, false))) {
         let (bucket, tag) = ct_position(hash, cfg.ct_seed);
         let bucket = dp.flow_bucket(bucket & cfg.ct_mask)?;
         let entry = bucket.entries.iter().find(|e| e.0 != 0 && e.tag() == tag);
         if let Some(e) = entry
             && let Some(def) = live_backend(dp, e.handle())?
             && def.flags & BACKEND_F_USABLE != 0
+            && (at_own || vip_id == Some(def.vip_id))
         {
             return Ok(Some(def));
         }
@@ -279,7 +283,7 @@ pub fn predict_payload(
         alternates: [None; SC_MAX_ALTERNATES],
     };
     if !syn {
-        if let Some(def) = tracked_backend(dp, &cfg, flow)?
+        if let Some(def) = tracked_backend(dp, &cfg, flow, vip.map(|(_, m)| m.vip_id))?
             && let Some((vip, meta)) = vip
         {
             let server = match def.flags & BACKEND_F_QUIC {

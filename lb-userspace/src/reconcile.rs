@@ -103,6 +103,10 @@ pub enum ReconcileError {
         capacity: String,
     },
     #[error(
+        "no random key for the connection table: the kernel's random source failed ({0}); lbd will not place flows where anyone can compute them"
+    )]
+    NoRandomness(std::io::Error),
+    #[error(
         "table region of VIP {vip}: {source} (pinned maps that contradict each other: remove the pin directory, which drops the connection table)"
     )]
     Region {

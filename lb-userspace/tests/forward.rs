@@ -813,6 +813,27 @@ fn an_ipv6_flow_an_older_version_placed_moves_and_keeps_its_backend() {
         (Via::ConnTrack, Some(ip(BACKENDS[to])))
     );
 
+    // The old way was emptied by the move: a tuple solved against the
+    // unkeyed hash takes a flow's old entry once at most.
+    let (old, old_tag) = lb_common::flow::ct_position(flow2.ct_hash_unkeyed(), cfg.ct_seed);
+    let bucket = rig.dp().flow_bucket(old & cfg.ct_mask).expect("bucket");
+    assert!(
+        !bucket
+            .entries
+            .iter()
+            .any(|e| e.0 != 0 && e.tag() == old_tag),
+        "the old entry is gone"
+    );
+    // An old entry naming another VIP's backend is not followed (nor
+    // predicted): the flow is picked for its own VIP.
+    let stray = flow_of_port(41002);
+    let (old, old_tag) = lb_common::flow::ct_position(stray.ct_hash_unkeyed(), cfg.ct_seed);
+    let gre6 = rig.handle(&vips.gre6, common::xdp::V6_BACKENDS[0]);
+    plant_entry(&mut rig, old & cfg.ct_mask, old_tag, gre6);
+    assert_eq!(predicted(&rig, &stray).0, Via::Maglev);
+    let (_, via) = forward(&mut rig, &packet(41002));
+    assert_eq!(via, Counter::FwdMaglev);
+
     // The hour is up: the moved flow keeps its backend from its own entry.
     set_ct_v6_legacy(&mut rig, false);
     let (action, out, events) = rig.run_counted(&packet(sport), Counter::FwdConntrack);

@@ -134,7 +134,7 @@ const GOLDEN: &[Golden] = &[
         filler: None,
         output: &[
             "02 00 00 00 00 03 02 00 00 00 00 02 86 dd", // Ethernet: IPv6
-            "60 0a f0 a4 00 3c 29 40 fd 00 00 ff 00 00 00 00", // outer IPv6 fd00:ff::1 -> fd00:1::1, flow label 0xaf0a4 (connection-table hash under TEST_CT_KEY), next header 41, hop limit 64
+            "60 0c 6a 87 00 3c 29 40 fd 00 00 ff 00 00 00 00", // outer IPv6 fd00:ff::1 -> fd00:1::1, flow label 0xc6a87 (connection-table hash under TEST_CT_KEY), next header 41, hop limit 64
             "00 00 00 00 00 00 00 01 fd 00 00 01 00 00 00 00",
             "00 00 00 00 00 00 00 01",
             "60 01 23 45 00 14 06 40 20 01 0d b8 00 0c 00 00", // inner
@@ -158,7 +158,7 @@ const GOLDEN: &[Golden] = &[
         filler: None,
         output: &[
             "02 00 00 00 00 03 02 00 00 00 00 02 86 dd", // Ethernet
-            "60 01 bb be 00 40 2f 40 fd 00 00 ff 00 00 00 00", // outer IPv6 -> fd00:1::2, flow label 0x1bbbe, next header 47
+            "60 01 a1 07 00 40 2f 40 fd 00 00 ff 00 00 00 00", // outer IPv6 -> fd00:1::2, flow label 0x1a107, next header 47
             "00 00 00 00 00 00 00 01 fd 00 00 01 00 00 00 00",
             "00 00 00 00 00 00 00 02",
             "00 00 86 dd",                                     // GRE: protocol 0x86dd
@@ -182,10 +182,10 @@ const GOLDEN: &[Golden] = &[
         filler: None,
         output: &[
             "02 00 00 00 00 03 02 00 00 00 00 02 86 dd", // Ethernet
-            "60 0c a5 04 00 3d 11 40 fd 00 00 ff 00 00 00 00", // outer IPv6 -> fd00:1::3, flow label 0xca504, next header 17
+            "60 01 ad 96 00 3d 11 40 fd 00 00 ff 00 00 00 00", // outer IPv6 -> fd00:1::3, flow label 0x1ad96, next header 17
             "00 00 00 00 00 00 00 01 fd 00 00 01 00 00 00 00",
             "00 00 00 00 00 00 00 03",
-            "e5 a3 1e 61 00 3d 00 00", // UDP 0xe5a3 (0xc000 | hash bits 32-45) -> 7777, length, checksum 0
+            "e9 57 1e 61 00 3d 00 00", // UDP 0xe957 (0xc000 | hash bits 32-45) -> 7777, length, checksum 0
             "60 00 00 00 00 0d 11 40 20 01 0d b8 00 0c 00 00", // inner
             "00 00 00 00 00 00 00 07 20 01 0d b8 00 00 00 00",
             "00 00 00 00 00 00 00 80 14 e9 00 35 00 0d 3e c9",

@@ -115,6 +115,7 @@ impl DaemonError {
                 }
                 ReconcileError::Dataplane(_)
                 | ReconcileError::NotProgrammed(_)
+                | ReconcileError::NoRandomness(_)
                 | ReconcileError::Region { .. } => ErrorKind::Internal,
             },
             Self::State(e) => match e {

@@ -24,7 +24,7 @@ use lb_common::{
 };
 use tracing::info;
 
-use super::{Reconciler, Result};
+use super::{ReconcileError, Reconciler, Result};
 use crate::dataplane::Dataplane;
 
 /// How long the legacy lookup stays after adoption.
@@ -34,17 +34,23 @@ impl<D: Dataplane> Reconciler<D> {
     /// Keys and marks `cfg` (about to be written) with the IPv6 positions:
     /// maps without [`CFG_F_CT_V6_KEYED`] get a random key first; fresh
     /// maps (`fresh`: no seed yet) place flows by it from the start; maps
-    /// an older version filled get the legacy lookup too, until [`LEGACY`]
-    /// after `now`.
+    /// an older version filled get the legacy lookup too, for [`LEGACY`]
+    /// from their adoption (a restart keeps the deadline, kept in the key's
+    /// map). `now` is the monotonic time the deadline is scheduled in.
     pub(super) fn mark_ct_v6(
         &mut self,
         cfg: &mut DatapathConfig,
         fresh: bool,
         now: Instant,
     ) -> Result<()> {
+        let boot = boottime();
         if cfg.flags & CFG_F_CT_V6_KEYED == 0 {
+            let mut key = random_key().map_err(ReconcileError::NoRandomness)?;
+            if !fresh {
+                key.legacy_until = deadline(boot);
+            }
             // The key before the bit that says flows are placed by it.
-            self.dp.set_ct_key(&random_key())?;
+            self.dp.set_ct_key(&key)?;
             if fresh {
                 cfg.flags =
                     (cfg.flags | CFG_F_CT_V6_SHORT | CFG_F_CT_V6_KEYED) & !CFG_F_CT_V6_LEGACY;
@@ -52,12 +58,19 @@ impl<D: Dataplane> Reconciler<D> {
             }
             info!(
                 "adopted maps place IPv6 flows by the unkeyed hash of an older version: \
-                 moving them to the keyed positions as they are seen"
+                 moving them to the keyed positions as they are seen, for an hour"
             );
             cfg.flags |= CFG_F_CT_V6_SHORT | CFG_F_CT_V6_KEYED | CFG_F_CT_V6_LEGACY;
         }
         if cfg.flags & CFG_F_CT_V6_LEGACY != 0 && self.ct_v6_legacy_until.is_none() {
-            self.ct_v6_legacy_until = Some(now + LEGACY);
+            let mut key = self.dp.ct_key()?;
+            if key.legacy_until == 0 {
+                // Set by a version that kept the hour in memory only.
+                key.legacy_until = deadline(boot);
+                self.dp.set_ct_key(&key)?;
+            }
+            let left = Duration::from_nanos(key.legacy_until.saturating_sub(boot));
+            self.ct_v6_legacy_until = Some(now + left.min(LEGACY));
         }
         Ok(())
     }
@@ -78,25 +91,52 @@ impl<D: Dataplane> Reconciler<D> {
     }
 }
 
-/// A key from the kernel's random source: ten independent words, as NH's
-/// bound asks. Without `/dev/urandom`, words spread from
-/// [`super::random_seed`].
-fn random_key() -> CtKey {
-    let mut bytes = [0u8; size_of::<CtKey>()];
-    let read = std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes));
+/// `CLOCK_BOOTTIME` in nanoseconds: the clock of [`CtKey::legacy_until`],
+/// which pinned maps share with every `lbd` of the same boot.
+#[allow(unsafe_code)]
+fn boottime() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to write into.
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    (ts.tv_sec as u64).saturating_mul(1_000_000_000) + ts.tv_nsec as u64
+}
+
+/// The legacy lookup's deadline for maps adopted at `boot`.
+fn deadline(boot: u64) -> u64 {
+    boot.saturating_add(LEGACY.as_nanos() as u64).max(1)
+}
+
+/// A key from the kernel's random source (`getrandom(2)`, which needs no
+/// `/dev`): independent words, as NH's bound asks. There is no fallback:
+/// a key derived from the time could be found offline from the GUE
+/// source ports and flow labels the tunnels carry.
+#[allow(unsafe_code)]
+fn random_key() -> std::io::Result<CtKey> {
     let mut key = CtKey::default();
-    let mut state = super::random_seed();
-    for (i, word) in key.k.iter_mut().enumerate() {
-        *word = match read {
-            Ok(()) => u32::from_ne_bytes(bytes[i * 4..i * 4 + 4].try_into().expect("4 bytes")),
-            Err(_) => {
-                state = lb_common::flow::fmix64(state.wrapping_add(0x9E37_79B9_7F4A_7C15));
-                state as u32
-            }
+    let bytes = size_of_val(&key.k);
+    let mut filled = 0;
+    while filled < bytes {
+        // SAFETY: writes at most `bytes - filled` bytes inside `key.k`.
+        let n = unsafe {
+            libc::getrandom(
+                key.k.as_mut_ptr().cast::<u8>().add(filled).cast(),
+                bytes - filled,
+                0,
+            )
         };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+            continue;
+        }
+        filled += n as usize;
     }
-    key
+    Ok(key)
 }
 
 #[cfg(test)]
@@ -161,15 +201,25 @@ mod tests {
         let keyed = key(&r);
         assert_ne!(keyed, CtKey::default());
         assert!(!r.expire_ct_v6_legacy(start).unwrap());
-        // A restart half-way: the bits and the key persist in the maps, and
-        // the hour starts again.
-        let dp = std::mem::replace(r.dataplane_mut(), FakeDataplane::new(layout()));
+        let until = r.ct_v6_legacy_until.expect("an hour from the adoption");
+        assert!(until >= start + LEGACY && until <= Instant::now() + LEGACY);
+        // A restart 50 minutes on (the deadline moved back by hand): the
+        // bits and the key persist in the maps, and so does the deadline.
+        let mut dp = std::mem::replace(r.dataplane_mut(), FakeDataplane::new(layout()));
+        let mut moved = dp.ct_key().unwrap();
+        moved.legacy_until -= 50 * 60 * 1_000_000_000;
+        dp.set_ct_key(&moved).unwrap();
+        let restart = Instant::now();
         let mut r = Reconciler::adopt(dp).unwrap();
         r.apply_settings(&DatapathSettings::default()).unwrap();
         assert_eq!(flags(&r) & ALL, ALL);
-        assert_eq!(key(&r), keyed, "the key is never changed on live maps");
-        let until = r.ct_v6_legacy_until.expect("an hour from the restart");
-        assert!(until >= start + LEGACY);
+        assert_eq!(key(&r).k, keyed.k, "the key is never changed on live maps");
+        let until = r.ct_v6_legacy_until.expect("what is left of the hour");
+        let left = until - restart;
+        assert!(
+            left <= Duration::from_secs(600) && left >= Duration::from_secs(590),
+            "{left:?} left, not the hour again"
+        );
         assert!(
             !r.expire_ct_v6_legacy(until - Duration::from_secs(1))
                 .unwrap()
@@ -180,7 +230,28 @@ mod tests {
         // Settings written again never bring it back.
         r.apply_settings(&DatapathSettings::default()).unwrap();
         assert_eq!(flags(&r) & ALL, kept);
-        assert_eq!(key(&r), keyed);
+        assert_eq!(key(&r).k, keyed.k);
         assert!(!r.expire_ct_v6_legacy(until + LEGACY).unwrap());
+    }
+
+    #[test]
+    fn a_legacy_lookup_without_a_recorded_deadline_gets_one_hour() {
+        // Maps whose legacy bit an older version set (it kept the hour in
+        // memory only), already keyed.
+        let mut dp = FakeDataplane::new(layout());
+        let mut cfg = dp.config().unwrap();
+        cfg.ct_seed = 0x1234;
+        cfg.flags = ALL;
+        dp.set_config(&cfg).unwrap();
+        let mut held = CtKey::default();
+        held.k[0] = 7;
+        dp.set_ct_key(&held).unwrap();
+        let start = Instant::now();
+        let mut r = Reconciler::adopt(dp).unwrap();
+        r.apply_settings(&DatapathSettings::default()).unwrap();
+        assert_eq!(key(&r).k, held.k, "a keyed map keeps its key");
+        assert_ne!(key(&r).legacy_until, 0, "the deadline is recorded");
+        let until = r.ct_v6_legacy_until.expect("an hour");
+        assert!(until >= start + LEGACY && until <= Instant::now() + LEGACY);
     }
 }

@@ -316,7 +316,12 @@ pub const TEST_CT_KEY: CtKey = CtKey {
         0xf1bb_cdc8,
         0x8ff3_4781,
         0x2e2a_c13a,
+        0xcc62_3af3,
+        0x6a99_b4ac,
+        0x08d1_2e65,
+        0xa708_a81e,
     ],
+    legacy_until: 0,
 };
 
 /// The GUE source port the balancer picks for `flow`.

@@ -72,6 +72,16 @@ impl Target {
             linear_max: 0,
         };
         t.program(model)?;
+        // The IPv6 key from the seed too (`lbd` wrote a random one), so that
+        // a seed replays every bucket; the maps' legacy deadline is kept.
+        let dp = t.r.dataplane_mut();
+        let mut key = dp.ct_key()?;
+        let mut state = seed;
+        for word in &mut key.k {
+            state = lb_common::flow::fmix64(state.wrapping_add(0x9E37_79B9_7F4A_7C15));
+            *word = state as u32;
+        }
+        dp.set_ct_key(&key)?;
         Ok(t)
     }
 
