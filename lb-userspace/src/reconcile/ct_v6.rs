@@ -3,26 +3,29 @@
 //! IPv6 flows are placed by [`lb_common::flow::ct_hash_v6_keyed`] under the
 //! box's secret key in `LB_CT_KEY`, so that a client cannot compute a tuple
 //! of its own /64 that shares a known flow's bucket and tag. `lbd` writes a
-//! random key the first time it meets maps without [`CFG_F_CT_V6_KEYED`],
-//! before it sets the bit, and never changes it while the maps live.
-//! Maps an older version filled hold IPv6 flows at the positions of the
-//! unkeyed [`lb_common::flow::ct_hash_v6`]. When `lbd` adopts such maps it
-//! sets [`CFG_F_CT_V6_LEGACY`] too: a missed IPv6 packet then also tries
-//! its old position and moves the entry it finds there to its own, so no
-//! flow loses its backend. The bit stays for [`CT_V6_LEGACY_SECS`] (again
-//! from the start, if `lbd` restarts before that), then goes, and with it
-//! the extra lookup on a miss. Maps of the versions before the unkeyed
-//! hash (IPv6 flows at [`lb_common::flow::hash_v6`]'s positions) are not
-//! looked up: their established IPv6 flows are picked again once, and
-//! keep their backend if Maglev still picks it.
+//! random key the first time it meets maps without [`CFG_F_CT_V6_KEYED`]
+//! (before the program that reads it is attached) and never changes it
+//! while the maps live. Maps an older version filled hold IPv6 flows at
+//! the positions of the unkeyed [`lb_common::flow::ct_hash_v6`]. When `lbd`
+//! adopts such maps it sets [`CFG_F_CT_V6_LEGACY`] too: a missed IPv6
+//! packet then also tries its old position and moves the entry it finds
+//! there to its own, so no flow loses its backend. The bit stays for
+//! [`CT_V6_LEGACY_SECS`] from the adoption, a deadline kept beside the key
+//! (a restart does not start the hour again), then goes, and with it the
+//! extra lookup on a miss. Maps of the versions before the unkeyed hash
+//! (IPv6 flows at [`lb_common::flow::hash_v6`]'s positions) are not looked
+//! up: their established IPv6 flows are picked again once, and keep their
+//! backend if Maglev still picks it.
 
 use std::time::{Duration, Instant};
 
 use lb_common::{
     CtKey, DatapathConfig,
-    consts::{CFG_F_CT_V6_KEYED, CFG_F_CT_V6_LEGACY, CFG_F_CT_V6_SHORT, CT_V6_LEGACY_SECS},
+    consts::{
+        CFG_F_CT_V6_KEYED, CFG_F_CT_V6_LEGACY, CFG_F_CT_V6_SHORT, CT_KEY_WORDS, CT_V6_LEGACY_SECS,
+    },
 };
-use tracing::info;
+use tracing::{info, warn};
 
 use super::{ReconcileError, Reconciler, Result};
 use crate::dataplane::Dataplane;
@@ -44,32 +47,38 @@ impl<D: Dataplane> Reconciler<D> {
         now: Instant,
     ) -> Result<()> {
         let boot = boottime();
-        if cfg.flags & CFG_F_CT_V6_KEYED == 0 {
+        let lost = cfg.flags & CFG_F_CT_V6_KEYED != 0 && self.dp.ct_key()?.k == [0; CT_KEY_WORDS];
+        if lost {
+            warn!(
+                "the maps' IPv6 connection-table key is gone (LB_CT_KEY made again?): \
+                 a new one; established IPv6 flows are picked again once"
+            );
+        }
+        if cfg.flags & CFG_F_CT_V6_KEYED == 0 || lost {
             let mut key = random_key().map_err(ReconcileError::NoRandomness)?;
-            if !fresh {
+            let legacy = !fresh && !lost;
+            if legacy {
                 key.legacy_until = deadline(boot);
             }
-            // The key before the bit that says flows are placed by it.
+            // Before `CFG_F_CT_V6_KEYED`, which records that the maps' IPv6
+            // flows are placed by it (the program that reads it is
+            // attached only after these settings are written).
             self.dp.set_ct_key(&key)?;
-            if fresh {
-                cfg.flags =
-                    (cfg.flags | CFG_F_CT_V6_SHORT | CFG_F_CT_V6_KEYED) & !CFG_F_CT_V6_LEGACY;
+            cfg.flags |= CFG_F_CT_V6_SHORT | CFG_F_CT_V6_KEYED;
+            if !legacy {
+                cfg.flags &= !CFG_F_CT_V6_LEGACY;
                 return Ok(());
             }
             info!(
                 "adopted maps place IPv6 flows by the unkeyed hash of an older version: \
                  moving them to the keyed positions as they are seen, for an hour"
             );
-            cfg.flags |= CFG_F_CT_V6_SHORT | CFG_F_CT_V6_KEYED | CFG_F_CT_V6_LEGACY;
+            cfg.flags |= CFG_F_CT_V6_LEGACY;
         }
         if cfg.flags & CFG_F_CT_V6_LEGACY != 0 && self.ct_v6_legacy_until.is_none() {
-            let mut key = self.dp.ct_key()?;
-            if key.legacy_until == 0 {
-                // Set by a version that kept the hour in memory only.
-                key.legacy_until = deadline(boot);
-                self.dp.set_ct_key(&key)?;
-            }
-            let left = Duration::from_nanos(key.legacy_until.saturating_sub(boot));
+            // No deadline recorded (not one of ours): the hour is over.
+            let until = self.dp.ct_key()?.legacy_until;
+            let left = Duration::from_nanos(until.saturating_sub(boot));
             self.ct_v6_legacy_until = Some(now + left.min(LEGACY));
         }
         Ok(())
@@ -165,10 +174,7 @@ mod tests {
         r.apply_settings(&DatapathSettings::default()).unwrap();
         assert_eq!(flags(&r) & ALL, CFG_F_CT_V6_SHORT | CFG_F_CT_V6_KEYED);
         let first = key(&r);
-        assert!(
-            first.k.iter().all(|&w| w != 0),
-            "ten random words: {first:x?}"
-        );
+        assert!(first.k.iter().all(|&w| w != 0), "random words: {first:x?}");
         assert!(!r.expire_ct_v6_legacy(Instant::now() + LEGACY * 2).unwrap());
         // Written again, and by a restart: the key stays (every IPv6 flow
         // is where it put it).
@@ -235,23 +241,21 @@ mod tests {
     }
 
     #[test]
-    fn a_legacy_lookup_without_a_recorded_deadline_gets_one_hour() {
-        // Maps whose legacy bit an older version set (it kept the hour in
-        // memory only), already keyed.
-        let mut dp = FakeDataplane::new(layout());
-        let mut cfg = dp.config().unwrap();
-        cfg.ct_seed = 0x1234;
-        cfg.flags = ALL;
-        dp.set_config(&cfg).unwrap();
-        let mut held = CtKey::default();
-        held.k[0] = 7;
-        dp.set_ct_key(&held).unwrap();
-        let start = Instant::now();
+    fn a_lost_key_is_replaced_loudly_without_a_legacy_lookup() {
+        // Keyed maps whose `LB_CT_KEY` was made again (all zero): a zero key
+        // has collisions anyone can compute, and the flows its loss
+        // scattered are not anywhere a lookup could find.
+        let mut r = Reconciler::adopt(FakeDataplane::new(layout())).unwrap();
+        r.apply_settings(&DatapathSettings::default()).unwrap();
+        let first = key(&r);
+        r.dataplane_mut().set_ct_key(&CtKey::default()).unwrap();
+        let dp = std::mem::replace(r.dataplane_mut(), FakeDataplane::new(layout()));
         let mut r = Reconciler::adopt(dp).unwrap();
         r.apply_settings(&DatapathSettings::default()).unwrap();
-        assert_eq!(key(&r).k, held.k, "a keyed map keeps its key");
-        assert_ne!(key(&r).legacy_until, 0, "the deadline is recorded");
-        let until = r.ct_v6_legacy_until.expect("an hour");
-        assert!(until >= start + LEGACY && until <= Instant::now() + LEGACY);
+        let again = key(&r);
+        assert!(again.k.iter().all(|&w| w != 0), "{again:x?}");
+        assert_ne!(again.k, first.k);
+        assert_eq!(flags(&r) & ALL, CFG_F_CT_V6_SHORT | CFG_F_CT_V6_KEYED);
+        assert!(r.ct_v6_legacy_until.is_none());
     }
 }

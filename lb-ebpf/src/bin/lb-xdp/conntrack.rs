@@ -117,14 +117,6 @@ pub fn set(bucket: *mut FlowBucket, way: usize, tag: u32, handle: u32) {
     unsafe { core::ptr::write_volatile(&mut (*bucket).entries[way], FlowEntry::new(tag, handle)) };
 }
 
-/// Empties `way`.
-#[inline(always)]
-pub fn clear(bucket: *mut FlowBucket, way: usize) {
-    // SAFETY: live map value, `way < CT_WAYS` (from `find`); one aligned
-    // 8-byte store.
-    unsafe { core::ptr::write_volatile(&mut (*bucket).entries[way], FlowEntry::EMPTY) };
-}
-
 /// Eviction rank of a way (higher goes first): a way of the same flow,
 /// then an empty one, then live entries by class (the lowest first) and
 /// age (the stalest first within a class); an active way seen within

@@ -443,13 +443,14 @@ fn tracked(
 /// An IPv6 packet (not a SYN) that missed the connection table, on maps an
 /// older version filled (`CFG_F_CT_V6_LEGACY`): its flow's entry at the
 /// position of the older, unkeyed hash (`ct_hash_v6`), if that names a
-/// usable backend of the packet's own VIP, moved to the flow's own
+/// usable backend of the packet's own VIP, written to the flow's own
 /// position (`bucket_index`, `tag`; confirmed, as a flow with history),
-/// and that backend. The old way is emptied: against the unkeyed hash a
-/// client can solve for a tuple that shares a known flow's old position,
-/// and so it takes that flow's backend once at most, never another VIP's.
-/// Costs one more bucket on such a miss (and the VIP lookup if it finds
-/// one), nothing on a hit.
+/// and that backend. The old way is left to age out: against the unkeyed
+/// hash a client can solve for a tuple that shares a known flow's old
+/// position, and so it may follow that flow to a backend of the same VIP,
+/// never another VIP's, and takes nothing from the flow. Costs one more
+/// bucket on such a miss (and the VIP lookup if it finds one), nothing on
+/// a hit.
 #[inline(always)]
 fn moved_v6(
     cfg: &DatapathConfig,
@@ -462,13 +463,12 @@ fn moved_v6(
         cfg.ct_seed,
     );
     let old = LB_FLOWS.get_ptr_mut(old_index & cfg.ct_mask)?;
-    let (way, handle) = conntrack::find(old, old_tag)?;
+    let (_, handle) = conntrack::find(old, old_tag)?;
     let def = backend_of(handle).filter(|def| def.flags & BACKEND_F_USABLE != 0)?;
     let meta = find_vip(cfg, &pkt.dst, pkt.dport(), pkt.proto, pkt.family)?;
     if meta.vip_id != def.vip_id {
         return None;
     }
-    conntrack::clear(old, way);
     let bucket = LB_FLOWS.get_ptr_mut(bucket_index & cfg.ct_mask)?;
     let now = (conntrack::now(), cfg.protect_ticks());
     conntrack::insert(bucket, tag, handle, now, CT_CLASS_CONFIRMED);
