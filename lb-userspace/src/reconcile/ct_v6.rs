@@ -122,35 +122,48 @@ fn deadline(boot: u64) -> u64 {
 /// `/dev`): independent words, as NH's bound asks. There is no fallback:
 /// a key derived from the time could be found offline from the GUE
 /// source ports and flow labels the tunnels carry.
-#[allow(unsafe_code)]
 fn random_key() -> std::io::Result<CtKey> {
+    let mut bytes = [0u8; CT_KEY_WORDS * 4];
+    fill(&mut bytes, getrandom)?;
     let mut key = CtKey::default();
-    let bytes = size_of_val(&key.k);
-    let mut filled = 0;
-    while filled < bytes {
-        // SAFETY: writes at most `bytes - filled` bytes inside `key.k`.
-        let n = unsafe {
-            libc::getrandom(
-                key.k.as_mut_ptr().cast::<u8>().add(filled).cast(),
-                bytes - filled,
-                0,
-            )
-        };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() != std::io::ErrorKind::Interrupted {
-                return Err(e);
-            }
-            continue;
-        }
-        filled += n as usize;
+    for (word, b) in key.k.iter_mut().zip(bytes.chunks_exact(4)) {
+        *word = u32::from_ne_bytes([b[0], b[1], b[2], b[3]]);
     }
     Ok(key)
 }
 
+/// Fills `buf` from `read` (which returns how many bytes it wrote at the
+/// start of the slice it is given), through short reads and interrupted
+/// calls. A read of nothing is an error, not a loop without end.
+fn fill(
+    buf: &mut [u8],
+    mut read: impl FnMut(&mut [u8]) -> std::io::Result<usize>,
+) -> std::io::Result<()> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match read(&mut buf[filled..]) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// One `getrandom(2)` call into `buf`.
+#[allow(unsafe_code)]
+fn getrandom(buf: &mut [u8]) -> std::io::Result<usize> {
+    // SAFETY: writes at most `buf.len()` bytes into `buf`.
+    let n = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
+    usize::try_from(n).map_err(|_| std::io::Error::last_os_error())
+}
+
 #[cfg(test)]
 mod tests {
-    use lb_common::consts::{CFG_F_CT_V6_KEYED, CFG_F_CT_V6_LEGACY, CFG_F_CT_V6_SHORT};
+    use lb_common::consts::{
+        CFG_F_CT_V6_KEYED, CFG_F_CT_V6_LEGACY, CFG_F_CT_V6_SHORT, CFG_F_TRACE,
+    };
 
     use super::*;
     use crate::{
@@ -241,6 +254,37 @@ mod tests {
     }
 
     #[test]
+    fn a_key_is_read_through_short_reads_and_interruptions_and_errors_named() {
+        use std::io::{Error, ErrorKind};
+        let mut buf = [0u8; 10];
+        let mut calls = 0;
+        let script = |b: &mut [u8]| {
+            calls += 1;
+            match calls {
+                1 => Err(Error::from(ErrorKind::Interrupted)),
+                _ => {
+                    let n = b.len().min(3);
+                    b[..n].fill(calls as u8);
+                    Ok(n)
+                }
+            }
+        };
+        fill(&mut buf, script).unwrap();
+        assert_eq!(buf, [2, 2, 2, 3, 3, 3, 4, 4, 4, 5]);
+        assert_eq!(calls, 5);
+        let e = fill(&mut buf, |_| Err(Error::from_raw_os_error(libc::ENOSYS))).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOSYS));
+        let e = fill(&mut buf, |_| Ok(0)).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::UnexpectedEof);
+        // The kernel's own: ten keys, no two alike, no word all zero.
+        let keys: Vec<CtKey> = (0..10).map(|_| random_key().unwrap()).collect();
+        for (i, k) in keys.iter().enumerate() {
+            assert!(keys[..i].iter().all(|o| o.k != k.k));
+            assert_eq!(k.legacy_until, 0);
+        }
+    }
+
+    #[test]
     fn a_lost_key_is_replaced_loudly_without_a_legacy_lookup() {
         // Keyed maps whose `LB_CT_KEY` was made again (all zero): a zero key
         // has collisions anyone can compute, and the flows its loss
@@ -249,6 +293,10 @@ mod tests {
         r.apply_settings(&DatapathSettings::default()).unwrap();
         let first = key(&r);
         r.dataplane_mut().set_ct_key(&CtKey::default()).unwrap();
+        // A legacy bit left from before goes with the lost key.
+        let mut cfg = r.dataplane().config().unwrap();
+        cfg.flags |= CFG_F_CT_V6_LEGACY;
+        r.dataplane_mut().set_config(&cfg).unwrap();
         let dp = std::mem::replace(r.dataplane_mut(), FakeDataplane::new(layout()));
         let mut r = Reconciler::adopt(dp).unwrap();
         r.apply_settings(&DatapathSettings::default()).unwrap();
@@ -256,6 +304,7 @@ mod tests {
         assert!(again.k.iter().all(|&w| w != 0), "{again:x?}");
         assert_ne!(again.k, first.k);
         assert_eq!(flags(&r) & ALL, CFG_F_CT_V6_SHORT | CFG_F_CT_V6_KEYED);
+        assert_eq!(flags(&r) & CFG_F_TRACE, 0, "no other bit set");
         assert!(r.ct_v6_legacy_until.is_none());
     }
 }
