@@ -781,6 +781,7 @@ fn an_ipv6_flow_an_older_version_placed_moves_and_keeps_its_backend() {
     // Without the legacy lookup the old position is not read: the first
     // flow goes to its Maglev pick (and is recorded there).
     let (sport, flow, kept) = planted[0];
+    assert_eq!(predicted(&rig, &flow).0, Via::Maglev, "nor predicted");
     let (to, via) = forward(&mut rig, &packet(sport));
     assert_eq!(via, Counter::FwdMaglev);
     assert_ne!(to, kept);
