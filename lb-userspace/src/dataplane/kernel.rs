@@ -99,6 +99,16 @@ impl Maps {
                 .ok_or(DataplaneError::MissingMap(name))?;
             M::try_from(map).map_err(map_err(name))
         }
+        /// A map older objects lack (a benchmark's baseline build).
+        fn optional<M: TryFrom<Map, Error = aya::maps::MapError>>(
+            ebpf: &mut Ebpf,
+            name: &'static str,
+        ) -> Result<Option<M>> {
+            match ebpf.map(name) {
+                Some(_) => typed(ebpf, name).map(Some),
+                None => Ok(None),
+            }
+        }
         Ok(Self {
             config: typed(ebpf, MAP_CONFIG)?,
             vips: typed(ebpf, MAP_VIPS)?,
@@ -109,38 +119,14 @@ impl Maps {
             vip_stats: typed(ebpf, MAP_VIP_STATS)?,
             backend_stats: typed(ebpf, MAP_BACKEND_STATS)?,
             vip_filter: typed(ebpf, MAP_VIP_FILTER)?,
-            trace: match ebpf.map(MAP_TRACE) {
-                Some(_) => Some(typed(ebpf, MAP_TRACE)?),
-                None => None,
-            },
-            backend_syns: match ebpf.map(MAP_BACKEND_SYNS) {
-                Some(_) => Some(typed(ebpf, MAP_BACKEND_SYNS)?),
-                None => None,
-            },
-            syns: match ebpf.map(MAP_SYNS) {
-                Some(_) => Some(typed(ebpf, MAP_SYNS)?),
-                None => None,
-            },
-            vip_retired: match ebpf.map(MAP_VIP_RETIRED) {
-                Some(_) => Some(typed(ebpf, MAP_VIP_RETIRED)?),
-                None => None,
-            },
-            alternates: match ebpf.map(MAP_ALTERNATES) {
-                Some(_) => Some(typed(ebpf, MAP_ALTERNATES)?),
-                None => None,
-            },
-            hash_key: match ebpf.map(MAP_HASH_KEY) {
-                Some(_) => Some(typed(ebpf, MAP_HASH_KEY)?),
-                None => None,
-            },
-            quic: match ebpf.map(MAP_QUIC_SERVERS) {
-                Some(_) => Some(typed(ebpf, MAP_QUIC_SERVERS)?),
-                None => None,
-            },
-            ct_key: match ebpf.map(MAP_CT_KEY) {
-                Some(_) => Some(typed(ebpf, MAP_CT_KEY)?),
-                None => None,
-            },
+            trace: optional(ebpf, MAP_TRACE)?,
+            backend_syns: optional(ebpf, MAP_BACKEND_SYNS)?,
+            syns: optional(ebpf, MAP_SYNS)?,
+            vip_retired: optional(ebpf, MAP_VIP_RETIRED)?,
+            alternates: optional(ebpf, MAP_ALTERNATES)?,
+            hash_key: optional(ebpf, MAP_HASH_KEY)?,
+            quic: optional(ebpf, MAP_QUIC_SERVERS)?,
+            ct_key: optional(ebpf, MAP_CT_KEY)?,
         })
     }
 }

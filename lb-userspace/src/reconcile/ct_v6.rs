@@ -47,7 +47,8 @@ impl<D: Dataplane> Reconciler<D> {
         now: Instant,
     ) -> Result<()> {
         let boot = boottime();
-        let lost = cfg.flags & CFG_F_CT_V6_KEYED != 0 && self.dp.ct_key()?.k == [0; CT_KEY_WORDS];
+        let mut key = self.dp.ct_key()?;
+        let lost = cfg.flags & CFG_F_CT_V6_KEYED != 0 && key.k == [0; CT_KEY_WORDS];
         if lost {
             warn!(
                 "the maps' IPv6 connection-table key is gone (LB_CT_KEY made again?): \
@@ -55,7 +56,7 @@ impl<D: Dataplane> Reconciler<D> {
             );
         }
         if cfg.flags & CFG_F_CT_V6_KEYED == 0 || lost {
-            let mut key = random_key().map_err(ReconcileError::NoRandomness)?;
+            key = random_key().map_err(ReconcileError::NoRandomness)?;
             let legacy = !fresh && !lost;
             if legacy {
                 key.legacy_until = deadline(boot);
@@ -77,8 +78,7 @@ impl<D: Dataplane> Reconciler<D> {
         }
         if cfg.flags & CFG_F_CT_V6_LEGACY != 0 && self.ct_v6_legacy_until.is_none() {
             // No deadline recorded (not one of ours): the hour is over.
-            let until = self.dp.ct_key()?.legacy_until;
-            let left = Duration::from_nanos(until.saturating_sub(boot));
+            let left = Duration::from_nanos(key.legacy_until.saturating_sub(boot));
             self.ct_v6_legacy_until = Some(now + left.min(LEGACY));
         }
         Ok(())
