@@ -419,6 +419,9 @@ pub struct Reconciler<D: Dataplane> {
     quic: HashMap<lb_common::quic::QuicServerKey, u32>,
     /// When `CFG_F_CT_V6_LEGACY` goes (see `ct_v6`), if it is set.
     ct_v6_legacy_until: Option<std::time::Instant>,
+    /// Interfaces where an older `lbd`'s program ran on these keyed maps
+    /// (see `ct_v6`), until the next settings write takes them.
+    ct_v6_unkeyed_links: Vec<String>,
 }
 
 /// What a backend's entry says of its VIP besides the tunnel.
@@ -514,6 +517,7 @@ impl<D: Dataplane> Reconciler<D> {
             aux,
             quic: dp.quic_servers()?.into_iter().collect(),
             ct_v6_legacy_until: None,
+            ct_v6_unkeyed_links: Vec::new(),
             dp,
         };
         for defs in by_vip.into_values() {

@@ -23,7 +23,6 @@ use std::{
     net::{IpAddr, UdpSocket},
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
     path::{Path, PathBuf},
-    process::Command,
     time::Duration,
 };
 
@@ -38,7 +37,7 @@ use lb_common::{
 
 use common::{
     decap::DecapRig,
-    ip,
+    in_private_netns, ip, ip_cmd,
     packets::{self, Link, arp, fix_ipv4_checksum, icmp4, l2_len},
     require_root, v4, v6,
 };
@@ -1076,42 +1075,6 @@ fn a_tunnel_behind_ipv6_extension_headers_from_outside_is_dropped() {
 
 // ---------------------------------------------------------------- attached
 
-/// Runs `f` on a new thread in a new network namespace of its own, which
-/// disappears with the thread (and with it every interface made there).
-fn in_private_netns<T: Send>(f: impl FnOnce() -> T + Send) -> T {
-    require_root("decap");
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            // SAFETY: unshare(2) with a flag only changes this thread's
-            // network namespace; children it spawns inherit it.
-            let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
-            assert_eq!(
-                rc,
-                0,
-                "unshare(CLONE_NEWNET): {}",
-                io::Error::last_os_error()
-            );
-            f()
-        })
-        .join()
-        .unwrap_or_else(|e| std::panic::resume_unwind(e))
-    })
-}
-
-/// Runs `ip ARGS` and asserts that it succeeded.
-fn ip_cmd(args: &str) -> String {
-    let out = Command::new("ip")
-        .args(args.split_whitespace())
-        .output()
-        .expect("run ip (iproute2)");
-    assert!(
-        out.status.success(),
-        "ip {args}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// The id of the XDP program attached to `iface`, if any.
 /// The XDP program on `iface` once a detach took effect: the kernel
 /// releases a link with its last reference, and a child another test
@@ -1253,6 +1216,7 @@ fn counter(values: &[CounterValue], c: DecapCounter) -> u64 {
 
 #[test]
 fn attached_program_decapsulates_for_the_stack_and_survives_replacement() {
+    require_root("decap");
     in_private_netns(|| {
         backend_netns_setup();
         let pins = PinDir::new("attach");
@@ -1347,6 +1311,7 @@ fn attached_program_decapsulates_for_the_stack_and_survives_replacement() {
 
 #[test]
 fn attach_errors_leave_nothing_behind() {
+    require_root("decap");
     in_private_netns(|| {
         ip_cmd("link add dcp-a type veth peer name dcp-b");
         let pins = PinDir::new("errors");
@@ -1376,6 +1341,7 @@ fn attach_errors_leave_nothing_behind() {
 
 #[test]
 fn pass_program_is_attached_while_it_lives() {
+    require_root("decap");
     in_private_netns(|| {
         ip_cmd("link add dcp-a type veth peer name dcp-b");
         assert_eq!(xdp_prog_id("dcp-a"), None);
@@ -1388,6 +1354,7 @@ fn pass_program_is_attached_while_it_lives() {
 
 #[test]
 fn a_pinned_link_whose_interface_is_gone_is_replaced() {
+    require_root("decap");
     in_private_netns(|| {
         let pins = PinDir::new("stale");
         let dir = pins.0.as_path();

@@ -8,6 +8,11 @@
 
 mod common;
 
+use aya::programs::{
+    Xdp, XdpMode,
+    links::{FdLink, PinnedLink},
+    xdp::XdpLink,
+};
 use lb::{
     dataplane::{
         Dataplane as _, DataplaneError, KernelDataplane, Layout, Rejection, kernel_release,
@@ -120,6 +125,52 @@ fn lb_xdp_trace_loads() {
     report_verified("lb_xdp_trace");
     dp.select_program(true).expect("the traced build swaps in");
     dp.select_program(false).expect("and out");
+}
+
+/// `lbd` starting on keyed maps asks whether the program attached before
+/// it reads their key (`links_without_ct_key`): an older version's does
+/// not (a downgrade), and placed IPv6 flows by the unkeyed hash.
+#[test]
+fn a_link_whose_program_does_not_read_the_pinned_key_is_named() {
+    common::require_root("datapath");
+    common::in_private_netns(|| {
+        common::ip_cmd("link add ckk-a type veth peer name ckk-b");
+        common::ip_cmd("link set ckk-a up");
+        common::ip_cmd("link set ckk-b up");
+        let pins = Pins(std::path::PathBuf::from(format!(
+            "/sys/fs/bpf/lb-load-test-ct-key-{}",
+            std::process::id()
+        )));
+        let dir = pins.0.as_path();
+        let named = || KernelDataplane::links_without_ct_key(dir);
+        let (mut dp, _) = KernelDataplane::open_pinned(layout(), dir).expect("lb_xdp loads");
+        assert!(named().is_empty(), "no link yet");
+        dp.attach("ckk-a", XdpMode::Skb, dir, false)
+            .expect("attach");
+        assert!(named().is_empty(), "this lbd's program reads the key");
+        // A program with no maps at all, as an older version's reads no
+        // LB_CT_KEY, put into the pinned link.
+        let mut bench = aya::Ebpf::load(lb::objects::LB_BENCH).expect("the bench object");
+        let pass: &mut Xdp = bench
+            .program_mut("bench_pass")
+            .expect("bench_pass")
+            .try_into()
+            .expect("an XDP program");
+        pass.load().expect("bench_pass loads");
+        let link = PinnedLink::from_pin(dir.join("link-ckk-a")).expect("the pinned link");
+        let link = XdpLink::try_from(FdLink::from(link)).expect("an XDP link");
+        pass.attach_to_link(link).expect("replaced in the link");
+        assert_eq!(named(), ["ckk-a"]);
+        // Another balancer's program, on an LB_CT_KEY of its own.
+        let mut other = balancer();
+        other
+            .attach("ckk-a", XdpMode::Skb, dir, false)
+            .expect("replaced in the link");
+        assert_eq!(named(), ["ckk-a"]);
+        dp.attach("ckk-a", XdpMode::Skb, dir, false).expect("back");
+        assert!(named().is_empty());
+        KernelDataplane::detach("ckk-a", dir).expect("detach");
+    });
 }
 
 #[test]

@@ -1067,6 +1067,46 @@ fn a_restart_attaches_afresh_a_link_that_lost_its_interface_or_its_mode() {
     })());
 }
 
+/// An upgrade after a downgrade: the older `lbd`'s program placed IPv6
+/// flows by the unkeyed hash on maps that say keyed. The program of the
+/// maps' own key is not in the link when `lbd` starts (here a program
+/// with no maps stands in for the older version's, put into the pinned
+/// link by hand while `lbd` is stopped), so it turns the legacy lookup on
+/// for an hour, and says so; a plain restart does not.
+#[test]
+fn a_start_after_an_older_program_ran_turns_the_ipv6_legacy_lookup_on() {
+    let _serial = serial();
+    check((|| {
+        const SAID: &str = "an older version's program ran on these maps";
+        let (rig, lbd) = setup(2, &[Some(1), Some(1)])?;
+        let config = lbd.config.clone();
+        stop(lbd)?;
+        let lbd = Lbd::start(&rig, &config).context("a plain restart")?;
+        if lbd.log_text().contains(SAID) {
+            bail!(
+                "a plain restart took its own program for an older one:\n{}",
+                lbd.log_text()
+            );
+        }
+        stop(lbd)?;
+        let mut older = aya::Ebpf::load(lb::objects::LB_BENCH)?;
+        let program: &mut aya::programs::Xdp = older
+            .program_mut("bench_pass")
+            .context("bench_pass")?
+            .try_into()?;
+        program.load()?;
+        let pin = aya::programs::links::PinnedLink::from_pin(rig.pin_dir().join("link-eth0"))?;
+        let link = aya::programs::xdp::XdpLink::try_from(aya::programs::links::FdLink::from(pin))?;
+        program.attach_to_link(link)?;
+        let lbd = Lbd::start(&rig, &config).context("lbd after the older program")?;
+        serves_in_mode(&rig, &lbd, 1, 45_406)?;
+        if !lbd.log_text().contains(SAID) {
+            bail!("lbd said nothing of the older program:\n{}", lbd.log_text());
+        }
+        Ok(())
+    })());
+}
+
 /// Stops `lbd` with SIGTERM (its program stays attached).
 fn stop(mut lbd: Lbd) -> Result<()> {
     lbd.signal(libc::SIGTERM)?;

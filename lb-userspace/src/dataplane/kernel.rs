@@ -54,6 +54,19 @@ pub struct KernelDataplane {
     tracing: bool,
 }
 
+/// The ids of the maps the program in the link pinned at `path` uses.
+fn link_map_ids(path: &Path) -> std::result::Result<Vec<u32>, String> {
+    let id = KernelDataplane::pinned_link_program(path)
+        .ok_or_else(|| format!("{} is not a readable link", path.display()))?;
+    let prog = aya::programs::loaded_programs()
+        .flatten()
+        .find(|p| p.id() == id)
+        .ok_or_else(|| format!("program {id} is gone"))?;
+    prog.map_ids()
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| "the kernel does not list a program's maps".to_string())
+}
+
 /// Per-CPU counters, one [`CounterValue`] per CPU and index.
 type Counts = PerCpuArray<MapData, CounterValue>;
 
@@ -316,6 +329,32 @@ impl KernelDataplane {
     pub fn pinned_link_program(path: &Path) -> Option<u32> {
         let pinned = PinnedLink::from_pin(path).ok()?;
         FdLink::from(pinned).info().ok().map(|i| i.program_id())
+    }
+
+    /// The interfaces whose link pinned under `dir` runs a program that
+    /// does not read the `LB_CT_KEY` pinned there: one an older `lbd`
+    /// attached (a downgrade before this start), which placed IPv6 flows by
+    /// the unkeyed hash while the maps said keyed (`reconcile::ct_v6`).
+    /// Asked before this `lbd` attaches its own. A link whose program or
+    /// maps cannot be read is left out, with a warning; with no key pinned
+    /// there is nothing to ask.
+    pub fn links_without_ct_key(dir: &Path) -> Vec<String> {
+        let Ok(key) = aya::maps::MapInfo::from_pin(dir.join(MAP_CT_KEY)) else {
+            return Vec::new();
+        };
+        let key = key.id();
+        Self::pinned_links(dir)
+            .into_iter()
+            .filter(
+                |iface| match link_map_ids(&dir.join(format!("link-{iface}"))) {
+                    Ok(ids) => !ids.contains(&key),
+                    Err(e) => {
+                        tracing::warn!(iface, "cannot read the maps of the attached program: {e}");
+                        false
+                    }
+                },
+            )
+            .collect()
     }
 
     /// Whether `dir` holds the pins of an earlier `lbd` (its config map).

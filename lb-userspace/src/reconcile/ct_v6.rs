@@ -12,7 +12,12 @@
 //! there to its own, so no flow loses its backend. The bit stays for
 //! [`CT_V6_LEGACY_SECS`] from the adoption, a deadline kept beside the key
 //! (a restart does not start the hour again), then goes, and with it the
-//! extra lookup on a miss. Maps of the versions before the unkeyed hash
+//! extra lookup on a miss. A downgrade leaves `CFG_F_CT_V6_KEYED` set (an
+//! older `lbd` keeps the bits it does not know) while the older program
+//! places IPv6 flows by the unkeyed hash: when `lbd` starts on keyed maps
+//! whose attached program does not read their key
+//! ([`Reconciler::note_unkeyed_links`]), the legacy lookup comes back for
+//! an hour from then, under the same key. Maps of the versions before the unkeyed hash
 //! (IPv6 flows at [`lb_common::flow::hash_v6`]'s positions) are not looked
 //! up: their established IPv6 flows are picked again once, and keep their
 //! backend if Maglev still picks it.
@@ -76,12 +81,33 @@ impl<D: Dataplane> Reconciler<D> {
             );
             cfg.flags |= CFG_F_CT_V6_LEGACY;
         }
+        let links = std::mem::take(&mut self.ct_v6_unkeyed_links);
+        if !links.is_empty() && cfg.flags & CFG_F_CT_V6_KEYED != 0 && !lost {
+            warn!(
+                interfaces = ?links,
+                "an older version's program ran on these maps (a downgrade) and placed IPv6 \
+                 flows by the unkeyed hash: moving them to the keyed positions as they are \
+                 seen, for an hour"
+            );
+            key.legacy_until = deadline(boot);
+            self.dp.set_ct_key(&key)?;
+            cfg.flags |= CFG_F_CT_V6_LEGACY;
+            self.ct_v6_legacy_until = Some(now + LEGACY);
+        }
         if cfg.flags & CFG_F_CT_V6_LEGACY != 0 && self.ct_v6_legacy_until.is_none() {
             // No deadline recorded (not one of ours): the hour is over.
             let left = Duration::from_nanos(key.legacy_until.saturating_sub(boot));
             self.ct_v6_legacy_until = Some(now + left.min(LEGACY));
         }
         Ok(())
+    }
+
+    /// Records that the program attached at `links` (before this `lbd`
+    /// attaches its own) does not read the maps' key: an older version's,
+    /// which placed IPv6 flows unkeyed. The next settings write on keyed
+    /// maps turns the legacy lookup on for [`LEGACY`] from then.
+    pub fn note_unkeyed_links(&mut self, links: Vec<String>) {
+        self.ct_v6_unkeyed_links = links;
     }
 
     /// Clears [`CFG_F_CT_V6_LEGACY`] once its time is up. Returns whether
@@ -251,6 +277,48 @@ mod tests {
         assert_eq!(flags(&r) & ALL, kept);
         assert_eq!(key(&r).k, keyed.k);
         assert!(!r.expire_ct_v6_legacy(until + LEGACY).unwrap());
+    }
+
+    #[test]
+    fn keyed_maps_an_older_program_ran_on_get_the_legacy_lookup_again_under_their_key() {
+        // A keyed box, its hour long over.
+        let mut r = Reconciler::adopt(FakeDataplane::new(layout())).unwrap();
+        r.apply_settings(&DatapathSettings::default()).unwrap();
+        let keyed = key(&r);
+        let kept = CFG_F_CT_V6_SHORT | CFG_F_CT_V6_KEYED;
+        assert_eq!(flags(&r) & ALL, kept);
+        // Downgraded, then upgraded again: the older lbd kept the bits it
+        // did not know, and its program placed IPv6 flows unkeyed.
+        let dp = std::mem::replace(r.dataplane_mut(), FakeDataplane::new(layout()));
+        let mut r = Reconciler::adopt(dp).unwrap();
+        r.note_unkeyed_links(vec!["eth0".into()]);
+        let start = Instant::now();
+        r.apply_settings(&DatapathSettings::default()).unwrap();
+        assert_eq!(flags(&r) & ALL, ALL, "the legacy lookup is back");
+        let now = key(&r);
+        assert_eq!(
+            now.k, keyed.k,
+            "under the same key: keyed flows stay where they are"
+        );
+        assert!(
+            now.legacy_until > boottime(),
+            "a deadline kept for a restart"
+        );
+        let until = r.ct_v6_legacy_until.expect("an hour from this start");
+        assert!(until >= start + LEGACY && until <= Instant::now() + LEGACY);
+        // Noted once: a later write (a reload) leaves the hour as it is.
+        r.apply_settings(&DatapathSettings::default()).unwrap();
+        assert_eq!(r.ct_v6_legacy_until, Some(until));
+        assert_eq!(key(&r), now);
+        assert!(r.expire_ct_v6_legacy(until).unwrap());
+        assert_eq!(flags(&r) & ALL, kept);
+        // A start whose links all read the key changes nothing.
+        let dp = std::mem::replace(r.dataplane_mut(), FakeDataplane::new(layout()));
+        let mut r = Reconciler::adopt(dp).unwrap();
+        r.note_unkeyed_links(Vec::new());
+        r.apply_settings(&DatapathSettings::default()).unwrap();
+        assert_eq!(flags(&r) & ALL, kept);
+        assert!(r.ct_v6_legacy_until.is_none());
     }
 
     #[test]

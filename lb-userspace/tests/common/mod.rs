@@ -22,7 +22,7 @@ pub mod decap;
 pub mod packets;
 pub mod xdp;
 
-use std::{fmt::Debug, net::IpAddr};
+use std::{fmt::Debug, io, net::IpAddr, process::Command};
 
 use lb_common::CounterValue;
 
@@ -101,4 +101,40 @@ pub fn require_root(suite: &str) {
         "{suite} tests load XDP programs and use BPF_PROG_TEST_RUN: they need root \
          (run `cargo xtask test` as root)"
     );
+}
+
+/// Runs `f` on a new thread in a new network namespace of its own, which
+/// disappears with the thread (and with it every interface made there).
+/// The caller checks for root first ([`require_root`]).
+pub fn in_private_netns<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // SAFETY: unshare(2) with a flag only changes this thread's
+            // network namespace; children it spawns inherit it.
+            let rc = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+            assert_eq!(
+                rc,
+                0,
+                "unshare(CLONE_NEWNET): {}",
+                io::Error::last_os_error()
+            );
+            f()
+        })
+        .join()
+        .unwrap_or_else(|e| std::panic::resume_unwind(e))
+    })
+}
+
+/// Runs `ip ARGS` and asserts that it succeeded.
+pub fn ip_cmd(args: &str) -> String {
+    let out = Command::new("ip")
+        .args(args.split_whitespace())
+        .output()
+        .expect("run ip (iproute2)");
+    assert!(
+        out.status.success(),
+        "ip {args}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }

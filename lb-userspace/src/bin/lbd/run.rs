@@ -724,6 +724,10 @@ async fn start_locked(
     let (dp, maps_adopted) = KernelDataplane::open_pinned(config.layout, &pin_dir)
         .with_context(|| format!("loading the XDP program (pins in {})", pin_dir.display()))?;
     let mut reconciler = Reconciler::adopt(dp)?;
+    if maps_adopted {
+        // Before `attach` puts this lbd's program in the links.
+        reconciler.note_unkeyed_links(KernelDataplane::links_without_ct_key(&pin_dir));
+    }
     warn_dropped_vips(&reconciler, &target);
     let resolved = resolve_gateway(config).await?;
     let gateway = GatewayWatch::start(config, resolved);
