@@ -185,7 +185,8 @@ pub const CFG_F_CT_V6_SHORT: u32 = 1 << 6;
 /// the connection table also tries its flow's position under the unkeyed
 /// hash of the version before, [`crate::flow::ct_hash_v6`], and moves an
 /// entry found there to its own position. `lbd` sets it when it adopts
-/// maps without [`CFG_F_CT_V6_KEYED`] and clears it [`CT_V6_LEGACY_SECS`]
+/// maps without [`CFG_F_CT_V6_KEYED`], or keyed maps a program without
+/// the key ran on (a downgrade), and clears it [`CT_V6_LEGACY_SECS`]
 /// later.
 pub const CFG_F_CT_V6_LEGACY: u32 = 1 << 7;
 /// [`crate::DatapathConfig::flags`]: the connection table's IPv6 flows are

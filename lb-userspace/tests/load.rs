@@ -142,7 +142,8 @@ fn a_link_whose_program_does_not_read_the_pinned_key_is_named() {
             std::process::id()
         )));
         let dir = pins.0.as_path();
-        let named = || KernelDataplane::links_without_ct_key(dir);
+        let named =
+            || KernelDataplane::links_without_ct_key(dir).expect("root may list a program's maps");
         let (mut dp, _) = KernelDataplane::open_pinned(layout(), dir).expect("lb_xdp loads");
         assert!(named().is_empty(), "no link yet");
         dp.attach("ckk-a", XdpMode::Skb, dir, false)
@@ -169,8 +170,50 @@ fn a_link_whose_program_does_not_read_the_pinned_key_is_named() {
         assert_eq!(named(), ["ckk-a"]);
         dp.attach("ckk-a", XdpMode::Skb, dir, false).expect("back");
         assert!(named().is_empty());
+        // Without CAP_SYS_ADMIN (as under lbd.service) the kernel lists no
+        // program's maps: no answer, rather than a wrong one.
+        let unprivileged = std::thread::scope(|s| {
+            s.spawn(|| {
+                drop_cap_sys_admin();
+                KernelDataplane::links_without_ct_key(dir)
+            })
+            .join()
+            .expect("the unprivileged thread")
+        });
+        assert_eq!(unprivileged, None);
         KernelDataplane::detach("ckk-a", dir).expect("detach");
     });
+}
+
+/// Takes `CAP_SYS_ADMIN` out of this thread's effective set (capabilities
+/// are per thread: capset(2) changes the caller's only).
+fn drop_cap_sys_admin() {
+    const CAP_SYS_ADMIN: u32 = 21;
+    const VERSION_3: u32 = 0x2008_0522;
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    let mut header = Header {
+        version: VERSION_3,
+        pid: 0,
+    };
+    let mut data = [Data::default(); 2];
+    // SAFETY: a version-3 header and the two data words it reads/writes.
+    let rc = unsafe { libc::syscall(libc::SYS_capget, &raw mut header, data.as_mut_ptr()) };
+    assert_eq!(rc, 0, "capget: {}", std::io::Error::last_os_error());
+    data[0].effective &= !(1 << CAP_SYS_ADMIN);
+    // SAFETY: as above.
+    let rc = unsafe { libc::syscall(libc::SYS_capset, &raw mut header, data.as_ptr()) };
+    assert_eq!(rc, 0, "capset: {}", std::io::Error::last_os_error());
 }
 
 #[test]

@@ -54,17 +54,44 @@ pub struct KernelDataplane {
     tracing: bool,
 }
 
+/// Why the maps of a link's program could not be read.
+enum LinkMaps {
+    /// The kernel refuses to look a program up by its id without
+    /// `CAP_SYS_ADMIN`.
+    NotPermitted,
+    Unreadable(String),
+}
+
 /// The ids of the maps the program in the link pinned at `path` uses.
-fn link_map_ids(path: &Path) -> std::result::Result<Vec<u32>, String> {
+fn link_map_ids(path: &Path) -> std::result::Result<Vec<u32>, LinkMaps> {
+    let unreadable = |e: &dyn std::fmt::Display| LinkMaps::Unreadable(e.to_string());
+    let refused = |e: &aya::programs::ProgramError| match e {
+        aya::programs::ProgramError::SyscallError(s)
+            if s.io_error.raw_os_error() == Some(libc::EPERM) =>
+        {
+            LinkMaps::NotPermitted
+        }
+        other => unreadable(other),
+    };
     let id = KernelDataplane::pinned_link_program(path)
-        .ok_or_else(|| format!("{} is not a readable link", path.display()))?;
-    let prog = aya::programs::loaded_programs()
-        .flatten()
-        .find(|p| p.id() == id)
-        .ok_or_else(|| format!("program {id} is gone"))?;
-    prog.map_ids()
-        .map_err(|e| e.to_string())?
-        .ok_or_else(|| "the kernel does not list a program's maps".to_string())
+        .ok_or_else(|| unreadable(&format!("{} is not a readable link", path.display())))?;
+    // Another program that goes away meanwhile is skipped; a refusal for
+    // want of the capability is a refusal for every program.
+    for prog in aya::programs::loaded_programs() {
+        match prog {
+            Ok(prog) if prog.id() == id => {
+                return prog
+                    .map_ids()
+                    .map_err(|e| refused(&e))?
+                    .ok_or_else(|| unreadable(&"the kernel does not list a program's maps"));
+            }
+            Err(e) if matches!(refused(&e), LinkMaps::NotPermitted) => {
+                return Err(LinkMaps::NotPermitted);
+            }
+            _ => {}
+        }
+    }
+    Err(unreadable(&format!("program {id} is gone")))
 }
 
 /// Per-CPU counters, one [`CounterValue`] per CPU and index.
@@ -332,29 +359,31 @@ impl KernelDataplane {
     }
 
     /// The interfaces whose link pinned under `dir` runs a program that
-    /// does not read the `LB_CT_KEY` pinned there: one an older `lbd`
+    /// does not use the `LB_CT_KEY` pinned there: one an older `lbd`
     /// attached (a downgrade before this start), which placed IPv6 flows by
     /// the unkeyed hash while the maps said keyed (`reconcile::ct_v6`).
-    /// Asked before this `lbd` attaches its own. A link whose program or
-    /// maps cannot be read is left out, with a warning; with no key pinned
-    /// there is nothing to ask.
-    pub fn links_without_ct_key(dir: &Path) -> Vec<String> {
+    /// Asked before this `lbd` attaches its own. `None` if the kernel will
+    /// not say: reading a program's maps by its id needs `CAP_SYS_ADMIN`,
+    /// which `lbd.service` does not grant. A link whose program cannot be
+    /// read otherwise is left out, with a warning; with no key pinned there
+    /// is nothing to ask.
+    pub fn links_without_ct_key(dir: &Path) -> Option<Vec<String>> {
         let Ok(key) = aya::maps::MapInfo::from_pin(dir.join(MAP_CT_KEY)) else {
-            return Vec::new();
+            return Some(Vec::new());
         };
         let key = key.id();
-        Self::pinned_links(dir)
-            .into_iter()
-            .filter(
-                |iface| match link_map_ids(&dir.join(format!("link-{iface}"))) {
-                    Ok(ids) => !ids.contains(&key),
-                    Err(e) => {
-                        tracing::warn!(iface, "cannot read the maps of the attached program: {e}");
-                        false
-                    }
-                },
-            )
-            .collect()
+        let mut named = Vec::new();
+        for iface in Self::pinned_links(dir) {
+            match link_map_ids(&dir.join(format!("link-{iface}"))) {
+                Ok(ids) if !ids.contains(&key) => named.push(iface),
+                Ok(_) => {}
+                Err(LinkMaps::NotPermitted) => return None,
+                Err(LinkMaps::Unreadable(e)) => {
+                    tracing::warn!(iface, "cannot read the maps of the attached program: {e}");
+                }
+            }
+        }
+        Some(named)
     }
 
     /// Whether `dir` holds the pins of an earlier `lbd` (its config map).

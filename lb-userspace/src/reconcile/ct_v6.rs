@@ -44,7 +44,9 @@ impl<D: Dataplane> Reconciler<D> {
     /// maps (`fresh`: no seed yet) place flows by it from the start; maps
     /// an older version filled get the legacy lookup too, for [`LEGACY`]
     /// from their adoption (a restart keeps the deadline, kept in the key's
-    /// map). `now` is the monotonic time the deadline is scheduled in.
+    /// map), and so do keyed maps an older program ran on
+    /// ([`Self::note_unkeyed_links`]), from now. `now` is the monotonic
+    /// time the deadline is scheduled in.
     pub(super) fn mark_ct_v6(
         &mut self,
         cfg: &mut DatapathConfig,
@@ -53,7 +55,12 @@ impl<D: Dataplane> Reconciler<D> {
     ) -> Result<()> {
         let boot = boottime();
         let mut key = self.dp.ct_key()?;
-        let lost = cfg.flags & CFG_F_CT_V6_KEYED != 0 && key.k == [0; CT_KEY_WORDS];
+        let keyed = cfg.flags & CFG_F_CT_V6_KEYED != 0;
+        let lost = keyed && key.k == [0; CT_KEY_WORDS];
+        // An older program ran on keyed maps (a downgrade): its IPv6 flows
+        // are at the unkeyed positions, which no key changes.
+        let older = std::mem::take(&mut self.ct_v6_unkeyed_links);
+        let older_ran = keyed && !older.is_empty();
         if lost {
             warn!(
                 "the maps' IPv6 connection-table key is gone (LB_CT_KEY made again?): \
@@ -62,7 +69,7 @@ impl<D: Dataplane> Reconciler<D> {
         }
         if cfg.flags & CFG_F_CT_V6_KEYED == 0 || lost {
             key = random_key().map_err(ReconcileError::NoRandomness)?;
-            let legacy = !fresh && !lost;
+            let legacy = !fresh && (!lost || older_ran);
             if legacy {
                 key.legacy_until = deadline(boot);
             }
@@ -81,10 +88,9 @@ impl<D: Dataplane> Reconciler<D> {
             );
             cfg.flags |= CFG_F_CT_V6_LEGACY;
         }
-        let links = std::mem::take(&mut self.ct_v6_unkeyed_links);
-        if !links.is_empty() && cfg.flags & CFG_F_CT_V6_KEYED != 0 && !lost {
+        if older_ran && !lost {
             warn!(
-                interfaces = ?links,
+                interfaces = ?older,
                 "an older version's program ran on these maps (a downgrade) and placed IPv6 \
                  flows by the unkeyed hash: moving them to the keyed positions as they are \
                  seen, for an hour"
@@ -319,6 +325,46 @@ mod tests {
         r.apply_settings(&DatapathSettings::default()).unwrap();
         assert_eq!(flags(&r) & ALL, kept);
         assert!(r.ct_v6_legacy_until.is_none());
+    }
+
+    /// What the older program is taken for depends on the maps: on maps
+    /// from before the key (every link runs a program without it) the
+    /// first adoption's legacy hour, said once, not a downgrade; on keyed
+    /// maps whose key was lost, the legacy lookup still (the older
+    /// program's flows are at the unkeyed positions, which need no key).
+    #[test]
+    fn an_older_program_on_unkeyed_or_keyless_maps_is_no_downgrade_but_still_looked_up() {
+        const DOWNGRADE: &str = "an older version's program ran on these maps";
+        crate::test_logs::capture();
+        let mut dp = FakeDataplane::new(layout());
+        let mut cfg = dp.config().unwrap();
+        cfg.ct_seed = 0x1234;
+        cfg.flags = CFG_F_CT_V6_SHORT;
+        dp.set_config(&cfg).unwrap();
+        let mut r = Reconciler::adopt(dp).unwrap();
+        r.note_unkeyed_links(vec!["eth0".into()]);
+        r.apply_settings(&DatapathSettings::default()).unwrap();
+        assert_eq!(flags(&r) & ALL, ALL);
+        assert!(crate::test_logs::lines(DOWNGRADE).is_empty());
+        assert_eq!(
+            crate::test_logs::lines("adopted maps place IPv6 flows").len(),
+            1
+        );
+        // Keyed maps whose key is gone, and an older program in the link.
+        let mut dp = std::mem::replace(r.dataplane_mut(), FakeDataplane::new(layout()));
+        dp.set_ct_key(&CtKey::default()).unwrap();
+        let mut r = Reconciler::adopt(dp).unwrap();
+        r.note_unkeyed_links(vec!["eth0".into()]);
+        let start = Instant::now();
+        r.apply_settings(&DatapathSettings::default()).unwrap();
+        assert_eq!(
+            flags(&r) & ALL,
+            ALL,
+            "the older program's flows are looked up"
+        );
+        assert_ne!(key(&r).k, [0; CT_KEY_WORDS]);
+        let until = r.ct_v6_legacy_until.expect("an hour from this start");
+        assert!(until >= start + LEGACY && until <= Instant::now() + LEGACY);
     }
 
     #[test]

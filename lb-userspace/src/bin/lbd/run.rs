@@ -726,7 +726,14 @@ async fn start_locked(
     let mut reconciler = Reconciler::adopt(dp)?;
     if maps_adopted {
         // Before `attach` puts this lbd's program in the links.
-        reconciler.note_unkeyed_links(KernelDataplane::links_without_ct_key(&pin_dir));
+        match KernelDataplane::links_without_ct_key(&pin_dir) {
+            Some(links) => reconciler.note_unkeyed_links(links),
+            None => info!(
+                "cannot tell whether an older version's program ran on these maps (the kernel \
+                 lists a program's maps only with CAP_SYS_ADMIN): after a downgrade, \
+                 established IPv6 flows are picked again once"
+            ),
+        }
     }
     warn_dropped_vips(&reconciler, &target);
     let resolved = resolve_gateway(config).await?;
