@@ -129,7 +129,9 @@ fn lb_xdp_trace_loads() {
 
 /// `lbd` starting on keyed maps asks whether the program attached before
 /// it reads their key (`links_without_ct_key`): an older version's does
-/// not (a downgrade), and placed IPv6 flows by the unkeyed hash.
+/// not (a downgrade), and placed IPv6 flows by the unkeyed hash. The
+/// programs this version attached are recorded by pins, which answer
+/// without `CAP_SYS_ADMIN`; others' maps are listed only with it.
 #[test]
 fn a_link_whose_program_does_not_read_the_pinned_key_is_named() {
     common::require_root("datapath");
@@ -144,13 +146,29 @@ fn a_link_whose_program_does_not_read_the_pinned_key_is_named() {
         let dir = pins.0.as_path();
         let named =
             || KernelDataplane::links_without_ct_key(dir).expect("root may list a program's maps");
+        // Without CAP_SYS_ADMIN, as under lbd.service.
+        let unprivileged = || {
+            std::thread::scope(|s| {
+                s.spawn(|| {
+                    drop_cap_sys_admin();
+                    KernelDataplane::links_without_ct_key(dir)
+                })
+                .join()
+                .expect("the unprivileged thread")
+            })
+        };
         let (mut dp, _) = KernelDataplane::open_pinned(layout(), dir).expect("lb_xdp loads");
         assert!(named().is_empty(), "no link yet");
         dp.attach("ckk-a", XdpMode::Skb, dir, false)
             .expect("attach");
         assert!(named().is_empty(), "this lbd's program reads the key");
+        assert_eq!(
+            unprivileged(),
+            Some(vec![]),
+            "and is recorded as this version's"
+        );
         // A program with no maps at all, as an older version's reads no
-        // LB_CT_KEY, put into the pinned link.
+        // LB_CT_KEY, put into the pinned link (and not recorded).
         let mut bench = aya::Ebpf::load(lb::objects::LB_BENCH).expect("the bench object");
         let pass: &mut Xdp = bench
             .program_mut("bench_pass")
@@ -158,31 +176,39 @@ fn a_link_whose_program_does_not_read_the_pinned_key_is_named() {
             .try_into()
             .expect("an XDP program");
         pass.load().expect("bench_pass loads");
-        let link = PinnedLink::from_pin(dir.join("link-ckk-a")).expect("the pinned link");
-        let link = XdpLink::try_from(FdLink::from(link)).expect("an XDP link");
-        pass.attach_to_link(link).expect("replaced in the link");
+        pass.attach_to_link(pinned_link(dir))
+            .expect("replaced in the link");
         assert_eq!(named(), ["ckk-a"]);
+        assert_eq!(
+            unprivileged(),
+            Some(vec!["ckk-a".to_string()]),
+            "not recorded"
+        );
         // Another balancer's program, on an LB_CT_KEY of its own.
         let mut other = balancer();
         other
-            .attach("ckk-a", XdpMode::Skb, dir, false)
+            .program()
+            .attach_to_link(pinned_link(dir))
             .expect("replaced in the link");
+        assert_eq!(named(), ["ckk-a"]);
+        // Nothing recorded (the first start of this version): without the
+        // capability, no answer rather than a guess; with it, the maps.
+        for name in ["lb_xdp", "lb_xdp_trace"] {
+            let _ = std::fs::remove_file(dir.join(format!("prog-{name}")));
+        }
+        assert_eq!(unprivileged(), None);
         assert_eq!(named(), ["ckk-a"]);
         dp.attach("ckk-a", XdpMode::Skb, dir, false).expect("back");
         assert!(named().is_empty());
-        // Without CAP_SYS_ADMIN (as under lbd.service) the kernel lists no
-        // program's maps: no answer, rather than a wrong one.
-        let unprivileged = std::thread::scope(|s| {
-            s.spawn(|| {
-                drop_cap_sys_admin();
-                KernelDataplane::links_without_ct_key(dir)
-            })
-            .join()
-            .expect("the unprivileged thread")
-        });
-        assert_eq!(unprivileged, None);
+        assert_eq!(unprivileged(), Some(vec![]));
         KernelDataplane::detach("ckk-a", dir).expect("detach");
     });
+}
+
+/// The XDP link pinned for `ckk-a` under `dir`.
+fn pinned_link(dir: &std::path::Path) -> XdpLink {
+    let link = PinnedLink::from_pin(dir.join("link-ckk-a")).expect("the pinned link");
+    XdpLink::try_from(FdLink::from(link)).expect("an XDP link")
 }
 
 /// Takes `CAP_SYS_ADMIN` out of this thread's effective set (capabilities

@@ -62,8 +62,8 @@ enum LinkMaps {
     Unreadable(String),
 }
 
-/// The ids of the maps the program in the link pinned at `path` uses.
-fn link_map_ids(path: &Path) -> std::result::Result<Vec<u32>, LinkMaps> {
+/// The ids of the maps program `id` uses.
+fn program_map_ids(id: u32) -> std::result::Result<Vec<u32>, LinkMaps> {
     let unreadable = |e: &dyn std::fmt::Display| LinkMaps::Unreadable(e.to_string());
     let refused = |e: &aya::programs::ProgramError| match e {
         aya::programs::ProgramError::SyscallError(s)
@@ -73,8 +73,6 @@ fn link_map_ids(path: &Path) -> std::result::Result<Vec<u32>, LinkMaps> {
         }
         other => unreadable(other),
     };
-    let id = KernelDataplane::pinned_link_program(path)
-        .ok_or_else(|| unreadable(&format!("{} is not a readable link", path.display())))?;
     // Another program that goes away meanwhile is skipped; a refusal for
     // want of the capability is a refusal for every program.
     for prog in aya::programs::loaded_programs() {
@@ -92,6 +90,31 @@ fn link_map_ids(path: &Path) -> std::result::Result<Vec<u32>, LinkMaps> {
         }
     }
     Err(unreadable(&format!("program {id} is gone")))
+}
+
+/// Where [`record_program`] pins program `name` under the pin directory
+/// `dir`.
+fn program_pin(dir: &Path, name: &str) -> std::path::PathBuf {
+    dir.join(format!("prog-{name}"))
+}
+
+/// Records that this version put `prog` (program `name`) in a link pinned
+/// in `dir`: a pin of the program beside the links, replacing an earlier
+/// `lbd`'s ([`KernelDataplane::links_without_ct_key`] reads it at the
+/// next start). A record that cannot be written is only warned about: it
+/// serves that check alone.
+fn record_program(prog: &mut Xdp, name: &str, dir: &Path) {
+    let path = program_pin(dir, name);
+    let pinned = aya::programs::ProgramInfo::from_pin(&path)
+        .ok()
+        .map(|i| i.id());
+    if pinned.is_some() && pinned == prog.info().ok().map(|i| i.id()) {
+        return;
+    }
+    let _ = std::fs::remove_file(&path);
+    if let Err(e) = prog.pin(&path) {
+        tracing::warn!(path = %path.display(), "cannot record the attached program: {e}");
+    }
 }
 
 /// Per-CPU counters, one [`CounterValue`] per CPU and index.
@@ -362,22 +385,43 @@ impl KernelDataplane {
     /// does not use the `LB_CT_KEY` pinned there: one an older `lbd`
     /// attached (a downgrade before this start), which placed IPv6 flows by
     /// the unkeyed hash while the maps said keyed (`reconcile::ct_v6`).
-    /// Asked before this `lbd` attaches its own. `None` if the kernel will
-    /// not say: reading a program's maps by its id needs `CAP_SYS_ADMIN`,
-    /// which `lbd.service` does not grant. A link whose program cannot be
-    /// read otherwise is left out, with a warning; with no key pinned there
-    /// is nothing to ask.
+    /// Asked before this `lbd` attaches its own.
+    ///
+    /// A program this version put in a link is recorded by a pin beside
+    /// it (`prog-<name>`, [`record_program`]), which needs no privilege to
+    /// read. A link running another program is asked for its maps, which
+    /// the kernel lists by a program's id only with `CAP_SYS_ADMIN`
+    /// (`lbd.service` does not grant it): without it, such a link is named
+    /// if this version recorded its programs (so it was not one of them),
+    /// and the answer is `None` (cannot tell) if nothing is recorded (the
+    /// first start of this version). A link that cannot be read otherwise
+    /// is left out, with a warning; with no key pinned there is nothing to
+    /// ask.
     pub fn links_without_ct_key(dir: &Path) -> Option<Vec<String>> {
         let Ok(key) = aya::maps::MapInfo::from_pin(dir.join(MAP_CT_KEY)) else {
             return Some(Vec::new());
         };
         let key = key.id();
+        let recorded: Vec<u32> = [PROG_LB, PROG_LB_TRACE]
+            .iter()
+            .filter_map(|name| aya::programs::ProgramInfo::from_pin(program_pin(dir, name)).ok())
+            .map(|info| info.id())
+            .collect();
         let mut named = Vec::new();
         for iface in Self::pinned_links(dir) {
-            match link_map_ids(&dir.join(format!("link-{iface}"))) {
+            let link = dir.join(format!("link-{iface}"));
+            let Some(id) = Self::pinned_link_program(&link) else {
+                tracing::warn!(iface, "cannot read the program of the pinned link");
+                continue;
+            };
+            if recorded.contains(&id) {
+                continue;
+            }
+            match program_map_ids(id) {
                 Ok(ids) if !ids.contains(&key) => named.push(iface),
                 Ok(_) => {}
-                Err(LinkMaps::NotPermitted) => return None,
+                Err(LinkMaps::NotPermitted) if recorded.is_empty() => return None,
+                Err(LinkMaps::NotPermitted) => named.push(iface),
                 Err(LinkMaps::Unreadable(e)) => {
                     tracing::warn!(iface, "cannot read the maps of the attached program: {e}");
                 }
@@ -406,7 +450,7 @@ impl KernelDataplane {
             Self::detach(iface, dir)?;
         }
         if path.exists() {
-            Self::replace_in_link(self.program(), &path)?;
+            Self::replace_in_link(self.program(), PROG_LB, &path)?;
             self.links.push(path);
             return Ok(true);
         }
@@ -436,12 +480,16 @@ impl KernelDataplane {
                 path.display()
             )))
         })?;
+        if let Some(dir) = path.parent() {
+            record_program(prog, name, dir);
+        }
         Ok(())
     }
 
-    /// Makes the pinned link at `path` run `prog` (atomically: no packet
-    /// goes unprocessed).
-    fn replace_in_link(prog: &mut Xdp, path: &Path) -> Result<()> {
+    /// Makes the pinned link at `path` run `prog` (program `name`),
+    /// atomically: no packet goes unprocessed; and records it
+    /// ([`record_program`]).
+    fn replace_in_link(prog: &mut Xdp, name: &'static str, path: &Path) -> Result<()> {
         let pinned = PinnedLink::from_pin(path).map_err(|e| {
             DataplaneError::Io(std::io::Error::other(format!(
                 "opening pinned link {}: {e}",
@@ -454,7 +502,10 @@ impl KernelDataplane {
                 path.display()
             )))
         })?;
-        prog.attach_to_link(link).map_err(prog_err(PROG_LB))?;
+        prog.attach_to_link(link).map_err(prog_err(name))?;
+        if let Some(dir) = path.parent() {
+            record_program(prog, name, dir);
+        }
         Ok(())
     }
 
@@ -1026,7 +1077,7 @@ impl Dataplane for KernelDataplane {
         let result = loaded_xdp(ebpf, name).and_then(|prog| {
             links
                 .iter()
-                .try_for_each(|p| Self::replace_in_link(prog, p))
+                .try_for_each(|p| Self::replace_in_link(prog, name, p))
         });
         self.links = links;
         if result.is_ok() {

@@ -729,9 +729,10 @@ async fn start_locked(
         match KernelDataplane::links_without_ct_key(&pin_dir) {
             Some(links) => reconciler.note_unkeyed_links(links),
             None => info!(
-                "cannot tell whether an older version's program ran on these maps (the kernel \
-                 lists a program's maps only with CAP_SYS_ADMIN): after a downgrade, \
-                 established IPv6 flows are picked again once"
+                "cannot tell whether an older version's program ran on these maps (no program \
+                 of this version recorded, and the kernel lists another program's maps only \
+                 with CAP_SYS_ADMIN): after a downgrade, established IPv6 flows are picked \
+                 again once"
             ),
         }
     }
