@@ -193,16 +193,56 @@ fn a_link_whose_program_does_not_read_the_pinned_key_is_named() {
         assert_eq!(named(), ["ckk-a"]);
         // Nothing recorded (the first start of this version): without the
         // capability, no answer rather than a guess; with it, the maps.
-        for name in ["lb_xdp", "lb_xdp_trace"] {
-            let _ = std::fs::remove_file(dir.join(format!("prog-{name}")));
+        for record in records(dir) {
+            std::fs::remove_file(record).expect("remove a record");
         }
         assert_eq!(unprivileged(), None);
         assert_eq!(named(), ["ckk-a"]);
         dp.attach("ckk-a", XdpMode::Skb, dir, false).expect("back");
         assert!(named().is_empty());
         assert_eq!(unprivileged(), Some(vec![]));
+        // A restart (another lbd of this version on the same pins) that
+        // gives ckk-a its program and stops before ckk-b: ckk-b's program,
+        // the first lbd's, is still recorded.
+        dp.attach("ckk-b", XdpMode::Skb, dir, false)
+            .expect("attach ckk-b");
+        let (mut restarted, adopted) =
+            KernelDataplane::open_pinned(layout(), dir).expect("lb_xdp loads again");
+        assert!(adopted);
+        restarted
+            .attach("ckk-a", XdpMode::Skb, dir, false)
+            .expect("attach");
+        assert_eq!(records(dir).len(), 2);
+        assert_eq!(unprivileged(), Some(vec![]), "a start that stopped halfway");
+        // Once every link runs the new program, the old record goes.
+        restarted
+            .attach("ckk-b", XdpMode::Skb, dir, false)
+            .expect("attach ckk-b");
+        KernelDataplane::forget_unattached_programs(dir);
+        assert_eq!(records(dir).len(), 1);
+        drop(dp);
+        // A trace swaps the traced build in and records it; a start while
+        // it runs (lbd died mid-trace) sees this version's program.
+        restarted
+            .select_program(true)
+            .expect("the traced build swaps in");
+        assert_eq!(records(dir).len(), 1, "only the traced build runs");
+        assert_eq!(unprivileged(), Some(vec![]));
+        restarted.select_program(false).expect("and out");
+        assert_eq!(unprivileged(), Some(vec![]));
+        KernelDataplane::detach("ckk-b", dir).expect("detach");
         KernelDataplane::detach("ckk-a", dir).expect("detach");
     });
+}
+
+/// The records of attached programs under `dir` (`prog-<name>-<id>`).
+fn records(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(dir)
+        .expect("the pin directory")
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("prog-"))
+        .map(|e| e.path())
+        .collect()
 }
 
 /// The XDP link pinned for `ckk-a` under `dir`.

@@ -92,29 +92,54 @@ fn program_map_ids(id: u32) -> std::result::Result<Vec<u32>, LinkMaps> {
     Err(unreadable(&format!("program {id} is gone")))
 }
 
-/// Where [`record_program`] pins program `name` under the pin directory
-/// `dir`.
-fn program_pin(dir: &Path, name: &str) -> std::path::PathBuf {
-    dir.join(format!("prog-{name}"))
+/// Where [`record_program`] pins program `name` of id `id` under the pin
+/// directory `dir`: one record per program, so that a link still running
+/// an earlier `lbd`'s program of this version (a start that died between
+/// two links) stays recognised.
+fn program_pin(dir: &Path, name: &str, id: u32) -> std::path::PathBuf {
+    dir.join(format!("{PROGRAM_RECORD}{name}-{id}"))
 }
 
-/// Records that this version put `prog` (program `name`) in a link pinned
-/// in `dir`: a pin of the program beside the links, replacing an earlier
-/// `lbd`'s ([`KernelDataplane::links_without_ct_key`] reads it at the
-/// next start). A record that cannot be written is only warned about: it
+/// The prefix of [`program_pin`]'s names.
+const PROGRAM_RECORD: &str = "prog-";
+
+/// Records, before it goes into a link pinned in `dir`, that this version
+/// puts `prog` (program `name`) there: a pin of the program beside the
+/// links ([`KernelDataplane::links_without_ct_key`] reads them at the next
+/// start; [`KernelDataplane::forget_unattached_programs`] removes those no
+/// link runs). A record that cannot be written is only warned about: it
 /// serves that check alone.
 fn record_program(prog: &mut Xdp, name: &str, dir: &Path) {
-    let path = program_pin(dir, name);
-    let pinned = aya::programs::ProgramInfo::from_pin(&path)
-        .ok()
-        .map(|i| i.id());
-    if pinned.is_some() && pinned == prog.info().ok().map(|i| i.id()) {
+    let id = match prog.info() {
+        Ok(info) => info.id(),
+        Err(e) => {
+            tracing::warn!(name, "cannot record the attached program: {e}");
+            return;
+        }
+    };
+    let path = program_pin(dir, name, id);
+    if path.exists() {
         return;
     }
-    let _ = std::fs::remove_file(&path);
     if let Err(e) = prog.pin(&path) {
         tracing::warn!(path = %path.display(), "cannot record the attached program: {e}");
     }
+}
+
+/// The records under `dir` ([`record_program`]): each pin's path and the
+/// id of the program it holds.
+fn program_records(dir: &Path) -> Vec<(std::path::PathBuf, u32)> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(PROGRAM_RECORD))
+        .filter_map(|e| {
+            let info = aya::programs::ProgramInfo::from_pin(e.path()).ok()?;
+            Some((e.path(), info.id()))
+        })
+        .collect()
 }
 
 /// Per-CPU counters, one [`CounterValue`] per CPU and index.
@@ -388,8 +413,8 @@ impl KernelDataplane {
     /// Asked before this `lbd` attaches its own.
     ///
     /// A program this version put in a link is recorded by a pin beside
-    /// it (`prog-<name>`, [`record_program`]), which needs no privilege to
-    /// read. A link running another program is asked for its maps, which
+    /// it (`prog-<name>-<id>`, [`record_program`]), which needs no
+    /// privilege to read. A link running another program is asked for its maps, which
     /// the kernel lists by a program's id only with `CAP_SYS_ADMIN`
     /// (`lbd.service` does not grant it): without it, such a link is named
     /// if this version recorded its programs (so it was not one of them),
@@ -402,11 +427,7 @@ impl KernelDataplane {
             return Some(Vec::new());
         };
         let key = key.id();
-        let recorded: Vec<u32> = [PROG_LB, PROG_LB_TRACE]
-            .iter()
-            .filter_map(|name| aya::programs::ProgramInfo::from_pin(program_pin(dir, name)).ok())
-            .map(|info| info.id())
-            .collect();
+        let recorded: Vec<u32> = program_records(dir).into_iter().map(|(_, id)| id).collect();
         let mut named = Vec::new();
         for iface in Self::pinned_links(dir) {
             let link = dir.join(format!("link-{iface}"));
@@ -428,6 +449,22 @@ impl KernelDataplane {
             }
         }
         Some(named)
+    }
+
+    /// Removes the records ([`record_program`]) of programs that no link
+    /// pinned under `dir` runs: called once every link was given this
+    /// `lbd`'s program (and after a trace swap), so that a record never
+    /// keeps an old program loaded for long.
+    pub fn forget_unattached_programs(dir: &Path) {
+        let running: Vec<u32> = Self::pinned_links(dir)
+            .iter()
+            .filter_map(|iface| Self::pinned_link_program(&dir.join(format!("link-{iface}"))))
+            .collect();
+        for (path, id) in program_records(dir) {
+            if !running.contains(&id) {
+                let _ = std::fs::remove_file(path);
+            }
+        }
     }
 
     /// Whether `dir` holds the pins of an earlier `lbd` (its config map).
@@ -467,6 +504,9 @@ impl KernelDataplane {
             _ => (&mut self.ebpf, PROG_LB),
         };
         let prog = loaded_xdp(ebpf, name)?;
+        if let Some(dir) = path.parent() {
+            record_program(prog, name, dir);
+        }
         let id = prog.attach(iface, mode).map_err(prog_err(name))?;
         let link = prog.take_link(id).map_err(prog_err(name))?;
         let fd_link = FdLink::try_from(link).map_err(|e| {
@@ -480,15 +520,12 @@ impl KernelDataplane {
                 path.display()
             )))
         })?;
-        if let Some(dir) = path.parent() {
-            record_program(prog, name, dir);
-        }
         Ok(())
     }
 
-    /// Makes the pinned link at `path` run `prog` (program `name`),
-    /// atomically: no packet goes unprocessed; and records it
-    /// ([`record_program`]).
+    /// Records `prog` (program `name`, [`record_program`]) and makes the
+    /// pinned link at `path` run it, atomically: no packet goes
+    /// unprocessed.
     fn replace_in_link(prog: &mut Xdp, name: &'static str, path: &Path) -> Result<()> {
         let pinned = PinnedLink::from_pin(path).map_err(|e| {
             DataplaneError::Io(std::io::Error::other(format!(
@@ -502,10 +539,10 @@ impl KernelDataplane {
                 path.display()
             )))
         })?;
-        prog.attach_to_link(link).map_err(prog_err(name))?;
         if let Some(dir) = path.parent() {
             record_program(prog, name, dir);
         }
+        prog.attach_to_link(link).map_err(prog_err(name))?;
         Ok(())
     }
 
@@ -1079,10 +1116,13 @@ impl Dataplane for KernelDataplane {
                 .iter()
                 .try_for_each(|p| Self::replace_in_link(prog, name, p))
         });
-        self.links = links;
         if result.is_ok() {
             self.tracing = trace;
+            if let Some(dir) = links.first().and_then(|l| l.parent()) {
+                Self::forget_unattached_programs(dir);
+            }
         }
+        self.links = links;
         result
     }
 

@@ -364,6 +364,12 @@ fn lbd_serves_reloads_stops_and_restarts_with_only_the_units_capabilities() {
         if status["maps_adopted"] != true || status["interfaces"][0]["adopted"] != true {
             bail!("the restarted lbd did not adopt the pinned maps and link: {status}");
         }
+        // Without CAP_SYS_ADMIN it knows its own program by its record,
+        // and takes it neither for an older one nor for an unknown one.
+        let log = lbd.log_text();
+        if log.contains("an older version's program ran") || log.contains("cannot tell whether") {
+            bail!("the restarted lbd misjudged its own program in the link:\n{log}");
+        }
         connections(&rig, &lbd, 48_000, 40)?;
         Ok(())
     })());

@@ -373,6 +373,8 @@ fn attach(daemon: &mut Daemon<KernelDataplane>, afresh: &[String]) -> Result<()>
             warn!(iface = %gone, "no longer in interfaces: its XDP program is detached");
         }
     }
+    // Every link runs this lbd's program now: earlier records can go.
+    KernelDataplane::forget_unattached_programs(&pin_dir);
     daemon.attached(interfaces);
     Ok(())
 }
