@@ -100,6 +100,9 @@ fn program_pin(dir: &Path, name: &str, id: u32) -> std::path::PathBuf {
     dir.join(format!("{PROGRAM_RECORD}{name}-{id}"))
 }
 
+/// The prefix of [`KernelDataplane::link_pin`]'s names.
+const LINK_PIN: &str = "link-";
+
 /// The prefix of [`program_pin`]'s names.
 const PROGRAM_RECORD: &str = "prog-";
 
@@ -430,8 +433,7 @@ impl KernelDataplane {
         let recorded: Vec<u32> = program_records(dir).into_iter().map(|(_, id)| id).collect();
         let mut named = Vec::new();
         for iface in Self::pinned_links(dir) {
-            let link = dir.join(format!("link-{iface}"));
-            let Some(id) = Self::pinned_link_program(&link) else {
+            let Some(id) = Self::pinned_link_program(&Self::link_pin(dir, &iface)) else {
                 tracing::warn!(iface, "cannot read the program of the pinned link");
                 continue;
             };
@@ -458,7 +460,7 @@ impl KernelDataplane {
     pub fn forget_unattached_programs(dir: &Path) {
         let running: Vec<u32> = Self::pinned_links(dir)
             .iter()
-            .filter_map(|iface| Self::pinned_link_program(&dir.join(format!("link-{iface}"))))
+            .filter_map(|iface| Self::pinned_link_program(&Self::link_pin(dir, iface)))
             .collect();
         for (path, id) in program_records(dir) {
             if !running.contains(&id) {
@@ -479,7 +481,7 @@ impl KernelDataplane {
     /// link is dropped and a new one made (it lost its interface, or is in
     /// the wrong mode). Returns whether the attachment was adopted.
     pub fn attach(&mut self, iface: &str, mode: XdpMode, dir: &Path, afresh: bool) -> Result<bool> {
-        let path = dir.join(format!("link-{iface}"));
+        let path = Self::link_pin(dir, iface);
         // Listed (for trace swaps) only once attached: a link that failed
         // to attach would make every later swap fail at it.
         self.links.retain(|l| *l != path);
@@ -546,6 +548,11 @@ impl KernelDataplane {
         Ok(())
     }
 
+    /// Where the link of `iface` is pinned under the pin directory `dir`.
+    pub fn link_pin(dir: &Path, iface: &str) -> std::path::PathBuf {
+        dir.join(format!("{LINK_PIN}{iface}"))
+    }
+
     /// The interfaces that have a link pinned under `dir`.
     pub fn pinned_links(dir: &Path) -> Vec<String> {
         let Ok(entries) = std::fs::read_dir(dir) else {
@@ -555,7 +562,7 @@ impl KernelDataplane {
             .flatten()
             .filter_map(|e| {
                 let name = e.file_name().into_string().ok()?;
-                name.strip_prefix("link-").map(str::to_string)
+                name.strip_prefix(LINK_PIN).map(str::to_string)
             })
             .collect();
         names.sort();
@@ -565,7 +572,7 @@ impl KernelDataplane {
     /// Detaches from `iface` (at once: [`super::link`]) and removes the
     /// pinned link. Idempotent.
     pub fn detach(iface: &str, dir: &Path) -> Result<()> {
-        let pin = dir.join(format!("link-{iface}"));
+        let pin = Self::link_pin(dir, iface);
         match super::link::detach_pinned(&pin) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 // Not a link, or not ours to open: removing the pin is

@@ -529,7 +529,8 @@ async fn check_attachments(daemon: &mut Daemon<KernelDataplane>, seen: &mut Atta
     let config = daemon.config();
     let pin_dir = config.pin_dir();
     for iface in config.interfaces.clone() {
-        let ours = KernelDataplane::pinned_link_program(&pin_dir.join(format!("link-{iface}")));
+        let ours =
+            KernelDataplane::pinned_link_program(&KernelDataplane::link_pin(&pin_dir, &iface));
         // An interface that is gone right now is looked at next time.
         let Ok((ifindex, attached)) = net::xdp_state(&iface).await else {
             continue;
@@ -636,7 +637,7 @@ fn attach_one(
 async fn interfaces_free(config: &Config, first: bool) -> Result<Vec<String>> {
     let mut afresh = Vec::new();
     for iface in &config.interfaces {
-        let pin = config.pin_dir().join(format!("link-{iface}"));
+        let pin = KernelDataplane::link_pin(&config.pin_dir(), iface);
         // The program in this instance's pinned link, if there is one.
         let ours = (!first && pin.exists()).then(|| KernelDataplane::pinned_link_program(&pin));
         let (_, attached) = net::xdp_state(iface)
@@ -691,7 +692,7 @@ fn mode_fits(mode: net::XdpAttachMode, want: XdpModeSetting) -> bool {
 fn other_instance(iface: &str, id: u32) -> Option<String> {
     let root = std::path::Path::new("/sys/fs/bpf/lb");
     std::fs::read_dir(root).ok()?.flatten().find_map(|dir| {
-        let link = dir.path().join(format!("link-{iface}"));
+        let link = KernelDataplane::link_pin(&dir.path(), iface);
         let prog = KernelDataplane::pinned_link_program(&link)?;
         (prog == id).then(|| dir.file_name().to_string_lossy().into_owned())
     })
