@@ -245,12 +245,12 @@ impl XorShift {
 }
 
 /// A send-only `AF_PACKET` socket bound to one interface.
-struct RawSocket {
+pub struct RawSocket {
     fd: std::os::fd::OwnedFd,
 }
 
 impl RawSocket {
-    fn open(ifname: &str) -> Result<RawSocket> {
+    pub fn open(ifname: &str) -> Result<RawSocket> {
         use std::os::fd::FromRawFd as _;
         let name = std::ffi::CString::new(ifname)?;
         // SAFETY: if_nametoindex reads a NUL-terminated string.
@@ -318,12 +318,12 @@ impl RawSocket {
 
     /// Sends every frame (on the bound interface); returns how many the
     /// kernel took. A full queue (`ENOBUFS`, `EAGAIN`) is not an error.
-    fn send_batch(&self, frames: &[[u8; FRAME_LEN]]) -> Result<usize> {
+    pub fn send_batch<F: AsRef<[u8]>>(&self, frames: &[F]) -> Result<usize> {
         let mut iov: Vec<libc::iovec> = frames
             .iter()
             .map(|f| libc::iovec {
-                iov_base: f.as_ptr() as *mut libc::c_void,
-                iov_len: f.len(),
+                iov_base: f.as_ref().as_ptr() as *mut libc::c_void,
+                iov_len: f.as_ref().len(),
             })
             .collect();
         let mut msgs: Vec<libc::mmsghdr> = iov

@@ -11,6 +11,11 @@
 //!
 //! `bench_gen` is the same restore followed by a redirect into a veth: the
 //! live-frames generator for the forwarding-rate benchmark.
+//! `bench_bounce` is the same restore followed by `XDP_TX`: on a host where
+//! live frames are refused (they need `CAP_SYS_RESOURCE`), a few frames
+//! sent into a veth whose two ends run `bench_bounce` and the program under
+//! test go back and forth between them, and the rate is counted in
+//! `BENCH_BOUNCES` (the ring harness).
 //! `bench_mac_swap` is the floor: swap MACs, `XDP_TX`. `bench_hash_v4` and
 //! `bench_hash_v6` and `bench_ct_hash_v6` time the flow hashes alone, a chain
 //! of them.
@@ -21,7 +26,7 @@ use aya_ebpf::{
     bindings::xdp_action,
     helpers::generated::{bpf_redirect, bpf_xdp_adjust_head},
     macros::{map, xdp},
-    maps::{Array, ProgramArray},
+    maps::{Array, PerCpuArray, ProgramArray},
     programs::XdpContext,
 };
 use lb_common::{
@@ -40,6 +45,14 @@ static BENCH_SEQ: Array<u32> = Array::with_max_entries(1, 0);
 /// The key of `bench_ct_hash_v6` (zero: its words are loaded all the same).
 #[map]
 static BENCH_CT_KEY: Array<CtKey> = Array::with_max_entries(1, 0);
+
+/// Frames `bench_bounce` sent back (per CPU; the ring harness's rate).
+#[map]
+static BENCH_BOUNCES: PerCpuArray<u64> = PerCpuArray::with_max_entries(1, 0);
+
+/// Not 0: `bench_bounce` drops what it receives (ends a ring's round).
+#[map]
+static BENCH_STOP: Array<u32> = Array::with_max_entries(1, 0);
 
 #[map]
 static BENCH_JUMP: ProgramArray = ProgramArray::with_max_entries(1, 0);
@@ -136,6 +149,23 @@ pub fn bench_gen(ctx: XdpContext) -> u32 {
     };
     // SAFETY: helper call with an ifindex and no flags.
     unsafe { bpf_redirect(p.redirect_ifindex, 0) as u32 }
+}
+
+/// The ring harness's other end: restores the frame the program under
+/// test sent back, counts it and sends it back again, until `BENCH_STOP`.
+#[xdp]
+pub fn bench_bounce(ctx: XdpContext) -> u32 {
+    if BENCH_STOP.get(0).is_none_or(|stop| *stop != 0) {
+        return xdp_action::XDP_DROP;
+    }
+    if restore(&ctx).is_none() {
+        return xdp_action::XDP_ABORTED;
+    }
+    if let Some(n) = BENCH_BOUNCES.get_ptr_mut(0) {
+        // SAFETY: this CPU's element.
+        unsafe { *n += 1 };
+    }
+    xdp_action::XDP_TX
 }
 
 /// The measurement loop's own cost: nothing.

@@ -1,6 +1,6 @@
 //! `lb-bench` (run by `cargo xtask bench`, as root): datapath cost per
 //! packet class, the same on a connection table prefilled with millions of
-//! flows (`full.rs`), forwarding rate on a veth with live frames, the
+//! flows (`full.rs`), forwarding rate on a veth (`forwarding.rs`), the
 //! datapath on two CPUs at once (`multicore.rs`), table-write cost, and
 //! memory; `LB_BENCH_ONLY` (any of datapath, full, forwarding, multicore,
 //! decap, table, memory) picks parts. Prints markdown sections; never
@@ -14,6 +14,7 @@
 //! and tail-calls the program under test; the harness's own cost (measured
 //! by tail-calling an empty program in the same run) is subtracted: "net".
 
+mod forwarding;
 mod full;
 mod multicore;
 
@@ -219,6 +220,7 @@ impl Harness {
             "bench_grow",
             "bench_gen",
             "bench_drop",
+            "bench_bounce",
             "bench_hash_v4",
             "bench_hash_v6",
             "bench_ct_hash_v6",
@@ -597,126 +599,6 @@ fn baseline_counter(counter: Counter, stamp: u32) -> Counter {
     }
 }
 
-/// Forwarding rate on a veth pair with native XDP, one core: the
-/// generator and the receiving program share it, as on a real box's queue.
-fn forwarding(baseline: Option<Vec<u8>>) -> Result<Forwarding> {
-    let ns = Netns::new(&unique("lbbench"))?;
-    let peer = Netns::new(&unique("lbbenchp"))?;
-    veth(&ns, "gen0", &peer, "tmp0", 1500)?;
-    // Move the peer end into the same namespace: both ends live in `ns`.
-    peer.ip(&["link", "set", "tmp0", "netns", &ns.name, "name", "lb0"])?;
-    ns.ip(&["link", "set", "lb0", "up"])?;
-    drop(peer);
-    let path = ns.path();
-    let result = std::thread::spawn(move || -> Result<Forwarding> {
-        lb_tests::netns::enter_path(&path)?;
-        pin_to_cpu(0);
-        let mut lb = balancer(1 << 16)?;
-        let mut base = baseline
-            .map(|o| balancer_of(&o, 1 << 16, false))
-            .transpose()?;
-        let mut h = Harness::load()?;
-        let gen_if = ifindex("gen0")?;
-        h.xdp_mut("bench_drop")?.attach("gen0", XdpMode::Driver)?;
-        let frame = tcp4([10, 0, 0, 10], 9000, false);
-        h.set_packet(&frame, 0, gen_if)?;
-        let run = |h: &Harness| -> Result<f64> {
-            let n: u32 = 2_000_000;
-            let start = Instant::now();
-            h.prog("bench_gen")?.test_run(TestRunOptions {
-                data_in: Some(&frame),
-                repeat: n,
-                attrs: TestRunAttrs::new().xdp_live_frames(64),
-                ..TestRunOptions::new()
-            })?;
-            Ok(n as f64 / start.elapsed().as_secs_f64() / 1e6)
-        };
-        // Rounds in which every program takes its turn, the order rotating
-        // from round to round, so that the host's drift (the machines are
-        // shared) and the position in the round hit them all alike. A
-        // balancer's first frame puts the flow into its connection table.
-        let before = counters(&lb)?;
-        let programs = if base.is_some() { 4 } else { 3 };
-        let mut rates = vec![Vec::new(); 4];
-        for round in 0..RUNS {
-            for turn in 0..programs {
-                let i = (round + turn) % programs;
-                let rate = match i {
-                    0 => attach_and_run(&mut lb, &h, &run)?,
-                    3 => attach_and_run(base.as_mut().context("baseline")?, &h, &run)?,
-                    _ => {
-                        let name = if i == 1 {
-                            "bench_mac_swap"
-                        } else {
-                            "bench_grow"
-                        };
-                        let link = h.xdp_mut(name)?.attach("lb0", XdpMode::Driver)?;
-                        let rate = run(&h)?;
-                        h.xdp_mut(name)?.detach(link)?;
-                        rate
-                    }
-                };
-                rates[i].push(rate);
-            }
-        }
-        let after = counters(&lb)?;
-        let forwarded: u64 = [Counter::FwdConntrack, Counter::FwdMaglev]
-            .iter()
-            .map(|c| after[*c as usize].packets - before[*c as usize].packets)
-            .sum();
-        let baseline = rates.pop().filter(|b| !b.is_empty());
-        let [lb, floor, grow] = <[Vec<f64>; 3]>::try_from(rates).expect("three");
-        Ok(Forwarding {
-            lb,
-            floor,
-            grow,
-            baseline,
-            forwarded,
-        })
-    })
-    .join()
-    .map_err(|_| anyhow::anyhow!("forwarding bench panicked"))??;
-    Ok(result)
-}
-
-/// Attaches `r`'s program to `lb0`, runs the generator, detaches.
-fn attach_and_run(
-    r: &mut Reconciler<KernelDataplane>,
-    h: &Harness,
-    run: &dyn Fn(&Harness) -> Result<f64>,
-) -> Result<f64> {
-    let link = r.dataplane_mut().program().attach("lb0", XdpMode::Driver)?;
-    let rate = run(h);
-    r.dataplane_mut().program().detach(link)?;
-    rate
-}
-
-/// Mpps per round of each program on the veth.
-struct Forwarding {
-    lb: Vec<f64>,
-    floor: Vec<f64>,
-    grow: Vec<f64>,
-    /// With `LB_BENCH_BASELINE`: the baseline build of `lb_xdp`.
-    baseline: Option<Vec<f64>>,
-    /// Frames lb counted as forwarded.
-    forwarded: u64,
-}
-
-/// Median over rounds of `a[i] / b[i]`.
-fn ratio(a: &[f64], b: &[f64]) -> f64 {
-    Stat::of(a.iter().zip(b).map(|(a, b)| a / b).collect()).median
-}
-
-fn ifindex(name: &str) -> Result<u32> {
-    let c = std::ffi::CString::new(name)?;
-    // SAFETY: a valid C string.
-    let i = unsafe { libc::if_nametoindex(c.as_ptr()) };
-    if i == 0 {
-        bail!("no interface {name}");
-    }
-    Ok(i)
-}
-
 /// Writing a 65,537-slot table: lb's chunked half (65 map updates) and the
 /// swap that publishes it, against one `bpf_map_update_elem` per slot.
 fn table_write() -> Result<(Stat, Stat, Stat)> {
@@ -866,7 +748,7 @@ fn main() -> Result<()> {
         full::print(small.as_deref())?;
     }
     if wanted("forwarding") {
-        print_forwarding()?;
+        forwarding::print()?;
     }
     if wanted("multicore") {
         multicore::print_multicore()?;
@@ -950,52 +832,6 @@ fn print_datapath() -> Result<Vec<Row>> {
         println!();
     }
     Ok(rows)
-}
-
-fn print_forwarding() -> Result<()> {
-    let baseline = baseline_object()?;
-    let f = forwarding(baseline.as_ref().map(|(_, o)| o.clone()))?;
-    println!("## Forwarding rate on a veth pair, native XDP, one core");
-    println!();
-    println!(
-        "Live frames (`BPF_F_TEST_XDP_LIVE_FRAMES`, batch 64) redirected into a veth; the receiving end runs the program, which sends every frame back (XDP_TX) to a drop program. Mpps, {RUNS} rounds of 2M frames per program, the programs taking turns within each round; the ratio is the median over rounds of the program's rate over the floor's in the same round."
-    );
-    println!();
-    println!("| program | Mpps (median \\| min \\| max) | ratio to the floor |");
-    println!("| --- | --- | --- |");
-    let mut rows = vec![("lb_xdp (established flow)".to_string(), &f.lb)];
-    if let (Some((path, _)), Some(b)) = (&baseline, &f.baseline) {
-        rows.push((format!("baseline `{path}` (established flow)"), b));
-    }
-    rows.push(("MAC swap + XDP_TX (floor)".to_string(), &f.floor));
-    rows.push((
-        "grow the head by 20 bytes + MAC swap + XDP_TX (tunnelling floor)".to_string(),
-        &f.grow,
-    ));
-    for (label, rates) in rows {
-        let s = Stat::of(rates.clone());
-        println!(
-            "| {label} | {:.2} \\| {:.2} \\| {:.2} | {:.2} |",
-            s.median,
-            s.min,
-            s.max,
-            ratio(rates, &f.floor)
-        );
-    }
-    println!();
-    if let Some(b) = &f.baseline {
-        println!(
-            "lb over the baseline, median over rounds: {:.3}.",
-            ratio(&f.lb, b)
-        );
-        println!();
-    }
-    println!(
-        "lb forwarded {} frames in those runs (its counters).",
-        f.forwarded
-    );
-    println!();
-    Ok(())
 }
 
 fn print_table_write() -> Result<()> {
