@@ -63,6 +63,19 @@ const HZ_CHOICES: [u32; 6] = [100, 200, 250, 300, 500, 1000];
 /// configuration does not say.
 const HZ_MEASURE: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// `clock` (`CLOCK_MONOTONIC`: `bpf_ktime_get_ns`'s; `CLOCK_BOOTTIME`)
+/// in nanoseconds.
+#[allow(unsafe_code)]
+pub(crate) fn clock_ns(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid timespec to write into.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    (ts.tv_sec as u64).saturating_mul(1_000_000_000) + ts.tv_nsec as u64
+}
+
 /// The kernel's HZ and where it was learnt: `CONFIG_HZ` in the running
 /// kernel's build configuration (`/boot/config-<release>`, as Debian,
 /// Ubuntu and RHEL install it), else measured over [`HZ_MEASURE`] from

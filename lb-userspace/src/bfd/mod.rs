@@ -148,6 +148,17 @@ pub fn start(table: Arc<dyn BfdTable>, peers: Vec<BfdPeer>) -> Result<BfdSession
     Ok(BfdSessions { links, task })
 }
 
+/// Removes every session from the maps, when no peer asks for BFD any
+/// more: the datapath stops answering the routers' control packets, and
+/// a BFD daemon on the host gets them again. Returns how many there were.
+pub fn remove_all(table: &dyn BfdTable) -> Result<usize, BfdError> {
+    let peers = table.peers()?;
+    for (key, _) in &peers {
+        table.remove_peer(key)?;
+    }
+    Ok(peers.len())
+}
+
 /// A random `u32` (the standard library's randomly keyed hasher).
 fn random_u32() -> u32 {
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
@@ -310,8 +321,10 @@ async fn poll(table: Arc<dyn BfdTable>, mut installed: Vec<Installed>, senders: 
                     s.peer.peer
                 ));
             }
-            up_tx.send_if_modified(|up| std::mem::replace(up, next.up) != next.up);
+            // The status first: a BGP session woken by the bit reads it.
+            let up = next.up;
             *lock(status) = next;
+            up_tx.send_if_modified(|was| std::mem::replace(was, up) != up);
         }
     }
 }
@@ -331,11 +344,27 @@ fn reresolve(table: &dyn BfdTable, installed: &mut [Installed]) {
     }
 }
 
+/// When the session's last packet came, as an [`Instant`]: its
+/// `bpf_ktime_get_ns` stamp is `CLOCK_MONOTONIC`, the clock of `now`.
+/// `now` for a session that received nothing.
+fn received_at(st: &BfdState, now: Instant) -> Instant {
+    if st.rx == 0 || st.last_rx_ns == 0 {
+        return now;
+    }
+    let age = crate::liveflows::clock_ns(libc::CLOCK_MONOTONIC).saturating_sub(st.last_rx_ns);
+    now.checked_sub(Duration::from_nanos(age)).unwrap_or(now)
+}
+
 /// One read of a session: the Detection Time applied (nothing received
 /// for that long: Down), a change logged.
 fn observe(s: &Installed, st: &BfdState, seen: &mut Seen) -> BfdStatus {
     let now = Instant::now();
-    if st.rx != seen.rx {
+    if seen.state.is_none() {
+        // The first read: the count may be an earlier `lbd`'s, so the
+        // last packet's own time says how long the peer has been quiet.
+        seen.rx = st.rx;
+        seen.rx_at = received_at(st, now);
+    } else if st.rx != seen.rx {
         seen.rx = st.rx;
         seen.rx_at = now;
     }

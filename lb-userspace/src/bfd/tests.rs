@@ -73,6 +73,17 @@ fn sessions_get_their_own_slot_discriminator_and_port_and_are_adopted() {
     assert_eq!(table.state(third[1].config.slot).unwrap().rx, 0);
 }
 
+/// With no peer asking for BFD, every session left in the maps goes.
+#[test]
+fn remove_all_empties_the_maps() {
+    let table = FakeBfdTable::default();
+    install(&table, vec![peer("10.98.1.1", 300), peer("10.98.1.2", 300)]).unwrap();
+    assert_eq!(table.peers().unwrap().len(), 2);
+    assert_eq!(remove_all(&table).unwrap(), 2);
+    assert!(table.peers().unwrap().is_empty());
+    assert_eq!(remove_all(&table).unwrap(), 0);
+}
+
 #[test]
 fn more_sessions_than_the_map_holds_are_refused() {
     let table = FakeBfdTable::default();
@@ -126,6 +137,41 @@ fn a_silent_session_is_down_after_its_detection_time() {
         ..up
     };
     assert!(!observe(&s, &down, &mut seen).up);
+}
+
+/// A restarted `lbd`'s first read: the packet count is the earlier
+/// `lbd`'s, so silence is judged from the last packet's time in the map
+/// (`CLOCK_MONOTONIC`, as `bpf_ktime_get_ns`): a session the map still
+/// says is Up but that heard nothing for longer than its detection time
+/// is Down at once, not Up for one more detection time.
+#[test]
+fn the_first_read_judges_silence_by_the_last_packets_time() {
+    let table = FakeBfdTable::default();
+    let s = install(&table, vec![peer("10.98.1.1", 300)])
+        .unwrap()
+        .remove(0);
+    let now_ns = crate::liveflows::clock_ns(libc::CLOCK_MONOTONIC);
+    let read = |last_rx_ago: Duration| {
+        let st = BfdState {
+            state: STATE_UP,
+            rx: 500,
+            last_rx_ns: now_ns - last_rx_ago.as_nanos() as u64,
+            detect_ns: 900_000_000,
+            ..BfdState::default()
+        };
+        let mut seen = Seen {
+            rx: 0,
+            rx_at: Instant::now(),
+            state: None,
+            since: None,
+        };
+        observe(&s, &st, &mut seen)
+    };
+    let quiet = read(Duration::from_secs(5));
+    assert!(!quiet.up, "{quiet:?}");
+    assert_eq!(quiet.diag, diag_name(DIAG_TIME_EXPIRED));
+    let heard = read(Duration::from_millis(100));
+    assert!(heard.up, "{heard:?}");
 }
 
 #[tokio::test]

@@ -90,6 +90,7 @@ impl Announcers {
                     .map_err(|e| AnnounceError::Bfd(e.into()))?;
                 Some(Arc::new(table) as Arc<dyn BfdTable>)
             } else {
+                forget_bfd_sessions(&pin_dir);
                 None
             };
             let (restarted, fresh) = start_kind(first, adopted);
@@ -123,6 +124,23 @@ impl Announcers {
     }
 }
 
+/// No peer asks for BFD: the sessions an earlier configuration (or
+/// `lbd`) left in the pinned maps are removed, or the datapath would go
+/// on answering them, with nobody watching.
+fn forget_bfd_sessions(pin_dir: &std::path::Path) {
+    let Ok(table) = KernelBfdTable::open_pinned(pin_dir) else {
+        return;
+    };
+    match crate::bfd::remove_all(&table) {
+        Ok(0) => {}
+        Ok(n) => info!(
+            sessions = n,
+            "no BGP peer asks for BFD: its sessions are removed and the datapath stops answering them"
+        ),
+        Err(e) => warn!(error = %e, "cannot remove the BFD sessions no peer asks for"),
+    }
+}
+
 /// The announcer kinds an `announce:` section configures.
 fn kinds(a: &AnnounceConfig) -> Vec<String> {
     [
@@ -147,7 +165,12 @@ impl<D: Dataplane> Daemon<D> {
     /// every announcer (they ignore a set they already have).
     pub fn announce_for(&mut self, effective: &[VipConfig]) {
         let counts = self.lifecycle.counts(effective);
-        let settled = counts.iter().all(|c| c.awaiting == 0);
+        // Routes held back after a restart (until the first verdicts) go
+        // out at once when the node stops serving: a drain or a stop must
+        // reach the routers, which still hold the last `lbd`'s routes.
+        let settled = counts.iter().all(|c| c.awaiting == 0)
+            || self.announcers.node != NodeState::Serving
+            || self.announcers.graceful_until.is_some();
         let mut decision = policy::decide(&counts, self.startup.attached, self.announcers.node);
         if self.announcers.graceful_until.is_some() {
             // A graceful shutdown keeps what was announced, with the
@@ -185,6 +208,11 @@ impl<D: Dataplane> Daemon<D> {
     /// Starts the configured announcers (none without `announce:`).
     pub fn start_announcers(&mut self) -> Result<()> {
         self.announcers.running = (self.announcers.start)(&self.config.announce)?;
+        // Announcers started during a graceful shutdown's wait (a reload
+        // that changed `announce:`) carry its community too.
+        if self.announcers.graceful_until.is_some() {
+            self.announcers.set_graceful(true);
+        }
         if !self.announcers.running.is_empty() {
             info!(
                 announcers = %kinds(&self.config.announce).join(","),

@@ -134,15 +134,8 @@ impl<D: Dataplane> Reconciler<D> {
 
 /// `CLOCK_BOOTTIME` in nanoseconds: the clock of [`CtKey::legacy_until`],
 /// which pinned maps share with every `lbd` of the same boot.
-#[allow(unsafe_code)]
 fn boottime() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid timespec to write into.
-    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
-    (ts.tv_sec as u64).saturating_mul(1_000_000_000) + ts.tv_nsec as u64
+    crate::liveflows::clock_ns(libc::CLOCK_BOOTTIME)
 }
 
 /// The legacy lookup's deadline for maps adopted at `boot`.

@@ -315,7 +315,10 @@ mod tests {
     /// counts once it was up in the same session.
     #[tokio::test]
     async fn bfd_down_after_up_ends_the_session_and_only_then() {
-        use lb_common::{BfdState, bfd::STATE_UP};
+        use lb_common::{
+            BfdState,
+            bfd::{STATE_DOWN, STATE_UP},
+        };
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let mut cfg = config(listener.local_addr().unwrap().port(), 30);
         cfg.peers[0].bfd = Some(crate::config::announce::bgp::BfdTimers::default());
@@ -335,7 +338,15 @@ mod tests {
         wait_for_state(&speaker, SessionState::Established).await;
         table.put_state(0, bfd(STATE_UP));
         wait_for(&speaker, "BFD up", |s| s.bfd.as_ref().is_some_and(|b| b.up)).await;
-        table.put_state(0, BfdState::default());
+        // The peer says Down (it stopped hearing us).
+        table.put_state(
+            0,
+            BfdState {
+                state: STATE_DOWN,
+                remote_state: STATE_DOWN,
+                ..bfd(STATE_DOWN)
+            },
+        );
         let next = after_keepalives(&mut sock).await;
         assert_eq!(next, Notification::new(wire::CEASE, 10, []).encode());
         let s = wait_for(&speaker, "the session ended", |s| {
@@ -351,6 +362,60 @@ mod tests {
         assert!(quiet.is_err(), "nothing but silence: {quiet:?}");
         let s = wait_for_state(&speaker, SessionState::Established).await;
         assert_eq!(s.sessions_established, 2);
+        speaker.shutdown().await.expect("clean shutdown");
+    }
+
+    /// RFC 5882 §3.2: the peer taking its BFD session administratively
+    /// down (AdminDown) is no failure of the path: the BGP session stays.
+    /// Once BFD is back up, a real failure (the peer says Down) ends the
+    /// session as before.
+    #[tokio::test]
+    async fn the_peers_bfd_admin_down_keeps_the_session_and_a_failure_after_does_not() {
+        use lb_common::{
+            BfdState,
+            bfd::{DIAG_NEIGHBOR_DOWN, STATE_ADMIN_DOWN, STATE_DOWN, STATE_UP},
+        };
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut cfg = config(listener.local_addr().unwrap().port(), 30);
+        cfg.peers[0].bfd = Some(crate::config::announce::bgp::BfdTimers::default());
+        let table = Arc::new(crate::bfd::FakeBfdTable::default());
+        let ctx = StartContext {
+            bfd: Some(Arc::clone(&table) as Arc<dyn crate::bfd::BfdTable>),
+            ..StartContext::default()
+        };
+        let mut speaker = BgpSpeaker::start_with(cfg, &ctx).expect("starts");
+        let bfd = |state: u8, remote_state: u8| BfdState {
+            state,
+            remote_state,
+            diag: if state == STATE_UP {
+                0
+            } else {
+                DIAG_NEIGHBOR_DOWN
+            },
+            detect_ns: 600_000_000_000,
+            ..BfdState::default()
+        };
+        let (mut sock, _) = open_with_any(&listener, 30).await;
+        wait_for_state(&speaker, SessionState::Established).await;
+        table.put_state(0, bfd(STATE_UP, STATE_UP));
+        wait_for(&speaker, "BFD up", |s| s.bfd.as_ref().is_some_and(|b| b.up)).await;
+        table.put_state(0, bfd(STATE_DOWN, STATE_ADMIN_DOWN));
+        wait_for(&speaker, "BFD down", |s| {
+            s.bfd.as_ref().is_some_and(|b| !b.up)
+        })
+        .await;
+        let quiet = timeout(Duration::from_millis(500), after_keepalives(&mut sock)).await;
+        assert!(quiet.is_err(), "no NOTIFICATION: {quiet:?}");
+        let s = wait_for_state(&speaker, SessionState::Established).await;
+        assert_eq!(s.sessions_established, 1);
+        table.put_state(0, bfd(STATE_UP, STATE_UP));
+        wait_for(&speaker, "BFD up again", |s| {
+            s.bfd.as_ref().is_some_and(|b| b.up)
+        })
+        .await;
+        table.put_state(0, bfd(STATE_DOWN, STATE_DOWN));
+        let next = after_keepalives(&mut sock).await;
+        assert_eq!(next, Notification::new(wire::CEASE, 10, []).encode());
         speaker.shutdown().await.expect("clean shutdown");
     }
 
@@ -1240,6 +1305,32 @@ mod tests {
         let s = wait_for_state(&speaker, SessionState::Established).await;
         let g = s.graceful_restart.expect("graceful restart status");
         assert!(g.restarting && g.deferring, "{g:?}");
+        speaker.shutdown().await.expect("clean shutdown");
+    }
+
+    /// After a restart, a session that closes while its routes are still
+    /// held back (no verdict yet) does not use up Restart State either:
+    /// the next session still offers it and still waits, so no End-of-RIB
+    /// makes the router flush the last `lbd`'s routes before the verdicts.
+    #[tokio::test]
+    async fn restart_state_outlives_a_session_closed_while_routes_were_held_back() {
+        let (listener, mut speaker) = restarted_speaker().await;
+        let vip: IpAddr = "10.99.0.1".parse().unwrap();
+        speaker.set_announced(&[vip].into_iter().collect()).unwrap();
+        let gr = GracefulRestartOffer {
+            restarting: true,
+            restart_time: 30,
+            forwarding: true,
+        };
+        let sock = establish_gr(&listener, gr).await;
+        let s = wait_for_state(&speaker, SessionState::Established).await;
+        assert!(s.graceful_restart.is_some_and(|g| g.deferring));
+        drop(sock);
+        let mut sock = establish_gr(&listener, gr).await;
+        let s = wait_for_state(&speaker, SessionState::Established).await;
+        let g = s.graceful_restart.expect("graceful restart status");
+        assert!(g.restarting && g.deferring && !g.end_of_rib_sent, "{g:?}");
+        assert_eq!(frame(&mut sock).await, keepalive(), "still held back");
         speaker.shutdown().await.expect("clean shutdown");
     }
 

@@ -19,6 +19,7 @@ use std::{
     time::Duration,
 };
 
+use lb_common::bfd::{STATE_ADMIN_DOWN, state_name};
 use netgauze_bgp_pkt::{capabilities::BgpCapability, open::BgpOpenMessage};
 use netgauze_iana::address_family::AddressType;
 use tokio::{
@@ -386,11 +387,12 @@ pub(super) async fn run_peer(
                     forwarding: !(first && local.fresh),
                 });
                 let end = session.run(&mut desired, &mut stop).await;
-                // The restart is over once a session came up: one that
-                // the peer closed before (while it still winds the old
-                // one down) must not use up Restart State, or the next
-                // would send routes before the first verdicts.
-                if session.established_for().is_some() {
+                // The restart is over once a session sent routes: one
+                // that closed before (the peer still winding the old one
+                // down, or closing while they were held back) must not use
+                // up Restart State, or the next would send routes, and
+                // End-of-RIB, before the first verdicts.
+                if session.synced {
                     first = false;
                 }
                 backoff.session_ended(session.established_for());
@@ -467,6 +469,9 @@ struct Session<'a> {
     /// The peer sent the capability: it gets End-of-RIB.
     peer_gr: bool,
     end_of_rib_sent: bool,
+    /// Routes went out in this session: they were not (or no longer)
+    /// held back after a restart.
+    synced: bool,
     /// After a restart, routes and End-of-RIB wait until then at most for
     /// the backends' first verdicts.
     defer_until: Instant,
@@ -507,6 +512,7 @@ impl<'a> Session<'a> {
             gr: None,
             peer_gr: false,
             end_of_rib_sent: false,
+            synced: false,
             defer_until: now,
         }
     }
@@ -600,7 +606,9 @@ impl<'a> Session<'a> {
     }
 
     /// BFD went up or down: down after being up in this session ends it
-    /// (Cease, subcode 10: BFD Down, RFC 9384).
+    /// (Cease, subcode 10: BFD Down, RFC 9384), unless the peer took BFD
+    /// down itself (AdminDown, RFC 5882 §3.2: not a failure of the path;
+    /// the session stays, and BFD counts again once it is back up).
     async fn on_bfd(&mut self, up: bool) -> Result<(), End> {
         if up {
             self.bfd_was_up = true;
@@ -609,11 +617,16 @@ impl<'a> Session<'a> {
         if !self.bfd_was_up {
             return Ok(());
         }
-        let detail = self
-            .bfd
-            .as_ref()
-            .map(|b| b.status().diag)
-            .unwrap_or_default();
+        let status = self.bfd.as_ref().map(BfdLink::status).unwrap_or_default();
+        if status.remote_state == state_name(STATE_ADMIN_DOWN) {
+            self.bfd_was_up = false;
+            info!(
+                peer = %self.addr(),
+                "the peer took its BFD session administratively down: the BGP session stays"
+            );
+            return Ok(());
+        }
+        let detail = status.diag;
         Err(self
             .fail(
                 Notification::new(wire::CEASE, 10, []),
@@ -1004,6 +1017,7 @@ impl<'a> Session<'a> {
         if deferring {
             return Ok(());
         }
+        self.synced = true;
         let shutdown =
             (want.shutdown && self.local.graceful_shutdown).then_some(self.peer.graceful_shutdown);
         if shutdown != self.attrs.shutdown {

@@ -282,6 +282,58 @@ async fn a_drain_with_nothing_announced_starts_no_graceful_shutdown() {
     );
 }
 
+/// Routes held back until the backends' first verdicts (after a restart,
+/// the routers hold the last `lbd`'s) go out at once when the node stops
+/// serving: a drain, and a stop, reach the routers before any verdict.
+#[tokio::test]
+async fn a_drain_or_a_stop_before_the_first_verdicts_is_sent_at_once() {
+    let last_settled = |events: &Arc<Mutex<Vec<String>>>| {
+        events
+            .lock()
+            .unwrap()
+            .iter()
+            .rev()
+            .find(|e| e.starts_with("settled"))
+            .cloned()
+    };
+    for stop in [false, true] {
+        let told = Told::default();
+        let (announcers, events) = graceful(&told);
+        let mut r = rig_with(&checked(FILE), told, announcers);
+        assert_eq!(last_settled(&events).as_deref(), Some("settled false"));
+        if stop {
+            r.daemon.begin_stop("SIGTERM").expect("a first signal");
+        } else {
+            r.daemon.set_drained(true).expect("drains");
+        }
+        assert_eq!(
+            last_settled(&events).as_deref(),
+            Some("settled true"),
+            "stop: {stop}"
+        );
+    }
+}
+
+/// Announcers started again during a graceful shutdown's wait (a reload
+/// that changed `announce:`) announce with its community as well, not at
+/// full preference.
+#[tokio::test]
+async fn announcers_started_during_a_graceful_shutdown_carry_it() {
+    let told = Told::default();
+    let (announcers, events) = graceful(&told);
+    let mut r = rig_with(FILE, told, announcers);
+    r.daemon.set_drained(true).expect("drains");
+    assert!(r.daemon.graceful_deadline().is_some());
+    events.lock().unwrap().clear();
+    r.daemon.start_announcers().expect("started again");
+    let events = events.lock().unwrap().clone();
+    assert_eq!(
+        events.first().map(String::as_str),
+        Some("graceful true"),
+        "{events:?}"
+    );
+}
+
 /// A drain's graceful shutdown ends its wait (3 s) after the drain: the
 /// deadline the serve loop's timer waits for is ahead, not behind.
 #[tokio::test]
