@@ -443,7 +443,11 @@ impl<D: Dataplane> Daemon<D> {
         let mut settings = datapath_settings(new, resolved.1);
         settings.hash_key = hash_key_of(new)?;
         settings.kernel_hz = self.settings.kernel_hz;
-        self.reconciler.apply_settings(&settings)?;
+        if let Err(e) = self.reconciler.apply_settings(&settings) {
+            // A part may be written (the hash key, not the rest).
+            self.restore();
+            return Err(e.into());
+        }
         let effective = target.effective();
         let old_overlay = std::mem::replace(&mut self.overlay, target.overlay.clone());
         if let Err(e) = self.program(&effective, false) {

@@ -389,9 +389,16 @@ impl<D: Dataplane> Daemon<D> {
     /// ones, the reconciler writes what changed, probers follow, and the
     /// routes follow whatever the maps hold now. `initial`: at start-up,
     /// backends seen for the first time are taken as already serving.
+    ///
+    /// Maps that refuse the change (too many backends, a failed write)
+    /// leave the bookkeeping as it was (the health verdicts, drains, slow
+    /// starts and holds of what the change would have removed), and no
+    /// announcer hears of it: the caller puts the running configuration
+    /// back.
     pub fn program(&mut self, effective: &[VipConfig], initial: bool) -> Result<ApplyReport> {
         let now = Instant::now();
         let drained = self.overlay.drained_in(effective);
+        let before = self.lifecycle.clone();
         self.lifecycle.sync(effective, &drained, now, initial);
         if initial && !self.seeded_down.is_empty() {
             let seeded = self
@@ -405,24 +412,24 @@ impl<D: Dataplane> Daemon<D> {
         for event in &plan.events {
             warn!("{event}");
         }
-        self.pending = plan.pending;
         let usable =
             |id: &VipId, addr: &IpAddr| plan.usable.get(&(*id, *addr)).copied().unwrap_or(true);
         let sources = self.alternate_sources(effective);
         self.reconciler.set_alternate_sources(sources);
-        let result = self.reconciler.apply(&plan.vips, &usable);
-        match &result {
-            Ok(report) => {
-                self.probes
-                    .sync(effective, &self.reconciler, &mut self.lifecycle);
-                self.record_builds(report);
-            }
-            Err(_) => {
+        let report = match self.reconciler.apply(&plan.vips, &usable) {
+            Ok(report) => report,
+            Err(e) => {
                 self.metrics.reconcile_errors.inc();
+                self.lifecycle = before;
+                return Err(e.into());
             }
-        }
+        };
+        self.pending = plan.pending;
+        self.probes
+            .sync(effective, &self.reconciler, &mut self.lifecycle);
+        self.record_builds(&report);
         self.announce_for(effective);
-        Ok(result?)
+        Ok(report)
     }
 
     /// Re-plans the running configuration (after a verdict or a timer).

@@ -121,3 +121,41 @@ async fn a_map_write_refused_half_way_is_undone_under_the_same_handles() {
         "no revision claims the refused change ran"
     );
 }
+
+/// Maps that refuse a change leave the rest as it was: the bookkeeping of
+/// a backend the change would have removed (its slow start began when it
+/// joined, not again now), and the routers, who never hear of a VIP the
+/// change would have added.
+#[tokio::test]
+async fn a_change_the_maps_refuse_touches_neither_the_backends_records_nor_the_routes() {
+    let mut r = rig(TWO);
+    let first: VipId = "10.99.0.1:80/tcp".parse().unwrap();
+    let gone: IpAddr = "10.1.0.2".parse().unwrap();
+    let joined = |r: &Rig| {
+        r.daemon.lifecycle.vips[&first]
+            .backends
+            .get(&gone)
+            .map(|b| b.joined)
+    };
+    let before = joined(&r).expect("a record");
+    let told = r.told.lock().unwrap().len();
+    let text = TWO.replace("      - address: 10.1.0.2\n", "")
+        + "  - address: 10.99.0.3\n    port: 80\n    protocol: tcp\n    backends:\n      - address: 10.3.0.1\n";
+    let third: VipId = "10.99.0.3:80/tcp".parse().unwrap();
+    r.daemon.reconciler.dataplane_mut().refuse_vip = Some(third.key());
+    let parsed = reparse(&r, &text);
+    let e = r
+        .daemon
+        .reload(parsed, false, &plain())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("refused by the fake"), "{e}");
+    assert_eq!(joined(&r), Some(before), "the record is the one it had");
+    let third_ip: IpAddr = "10.99.0.3".parse().unwrap();
+    let sets = r.told.lock().unwrap()[told..].to_vec();
+    assert!(
+        sets.iter().all(|s| !s.contains(&third_ip)),
+        "the refused VIP was announced: {sets:?}"
+    );
+}
