@@ -374,8 +374,11 @@ pub struct PendingConfirm {
     pub revision: u64,
     /// The revision it reverts to without a confirmation.
     pub fallback: u64,
-    /// Seconds left.
+    /// Seconds left (after a failed revert: until it is tried again).
     pub secs_left: f64,
+    /// The automatic revert was due and failed: why.
+    #[serde(default)]
+    pub revert_failed: Option<String>,
 }
 
 /// The gateway watcher's state (`gateway_mac: auto`).

@@ -69,7 +69,13 @@ pub struct Pending {
     /// VIPs announced when the probation began that the change touched
     /// ([`Daemon::watched`]): losing one reverts.
     pub announced: BTreeSet<VipId>,
+    /// The automatic revert failed: why it was due, and why it failed. It
+    /// is tried again at `deadline` (now [`REVERT_RETRY`] later).
+    pub revert_failed: Option<(String, String)>,
 }
+
+/// How long after a failed automatic revert it is tried again.
+pub const REVERT_RETRY: std::time::Duration = std::time::Duration::from_secs(30);
 
 pub(super) fn unix_now() -> u64 {
     SystemTime::now()
@@ -185,6 +191,7 @@ impl<D: Dataplane> Daemon<D> {
                 fallback: before.as_ref().map_or(self.revision, |p| p.fallback),
                 deadline: tokio::time::Instant::now() + within.0,
                 announced: self.watched(&target),
+                revert_failed: None,
             });
         } else if kind == Kind::Revert {
             self.confirm = None;
@@ -401,6 +408,7 @@ impl<D: Dataplane> Daemon<D> {
             fallback: saved.fallback,
             deadline: tokio::time::Instant::now() + left,
             announced: saved.announced.into_iter().collect(),
+            revert_failed: None,
         });
         if left.is_zero() {
             self.revert_due = Some(
@@ -602,7 +610,11 @@ impl<D: Dataplane> Daemon<D> {
             && tokio::time::Instant::now() >= p.deadline
             && self.revert_due.is_none()
         {
-            self.revert_due = Some("it was not confirmed in time".into());
+            let reason = match &p.revert_failed {
+                Some((reason, _)) => reason.clone(),
+                None => "it was not confirmed in time".into(),
+            };
+            self.revert_due = Some(reason);
         }
     }
 
@@ -641,7 +653,21 @@ impl<D: Dataplane> Daemon<D> {
         };
         match result {
             Ok(_) => self.auto_reverts += 1,
-            Err(e) => error!("the automatic revert to {} failed: {e}", p.fallback),
+            Err(e) => {
+                // The probation stays, and says so: an unconfirmed change
+                // must not become permanent because its revert failed.
+                error!(
+                    "the automatic revert to {} failed: {e}; revision {} stays on probation and the revert is tried again in {} s (`lbctl confirm` keeps it)",
+                    p.fallback,
+                    p.revision,
+                    REVERT_RETRY.as_secs()
+                );
+                self.confirm = Some(Pending {
+                    deadline: tokio::time::Instant::now() + REVERT_RETRY,
+                    revert_failed: Some((reason, e.to_string())),
+                    ..p
+                });
+            }
         }
         self.save_probation();
     }
@@ -749,6 +775,7 @@ mod tests {
             fallback: 1,
             deadline: tokio::time::Instant::now() + left,
             announced: BTreeSet::new(),
+            revert_failed: None,
         };
         let saved = saved_probation(&p);
         (before, saved.deadline, unix_now())

@@ -75,7 +75,7 @@ use crate::{
 
 pub use self::{
     announce::{Announcers, StartAnnouncers},
-    commit::{Force, Kind, Pending, Target},
+    commit::{Force, Kind, Pending, REVERT_RETRY, Target},
     probes::{BackendKey, Probes, SpawnProber},
     reload::FileRead,
 };

@@ -150,6 +150,7 @@ impl<D: Dataplane> Daemon<D> {
                     .deadline
                     .saturating_duration_since(tokio::time::Instant::now())
                     .as_secs_f64(),
+                revert_failed: p.revert_failed.as_ref().map(|(_, e)| e.clone()),
             }),
             auto_reverts: self.auto_reverts,
             trace_active: self.tracing.is_some(),

@@ -159,12 +159,20 @@ fn print_revision(s: &Status) {
         s.revision, s.revision_source, s.config_digest
     );
     if let Some(p) = &s.pending_confirm {
-        println!(
-            "confirm       revision {} awaits `lbctl confirm`: {} left, then lbd reverts to {}",
-            p.revision,
-            duration(p.secs_left),
-            p.fallback
-        );
+        match &p.revert_failed {
+            None => println!(
+                "confirm       revision {} awaits `lbctl confirm`: {} left, then lbd reverts to {}",
+                p.revision,
+                duration(p.secs_left),
+                p.fallback
+            ),
+            Some(e) => println!(
+                "confirm       REVERT FAILED: revision {} was due to revert to {}: {e}; tried again in {} (`lbctl confirm` keeps it)",
+                p.revision,
+                p.fallback,
+                duration(p.secs_left)
+            ),
+        }
     }
     if let Some(note) = &s.file_differs {
         println!("file          {note}");

@@ -565,6 +565,52 @@ async fn an_unconfirmed_change_is_reverted_when_its_window_ends() {
     );
 }
 
+/// An automatic revert that fails (here its fallback revision is gone
+/// from the disk) does not end the probation: the unconfirmed change
+/// must not become permanent in silence. The status says the revert
+/// failed, and it is tried again, with the reason it was due for.
+#[tokio::test(start_paused = true)]
+async fn a_failed_automatic_revert_keeps_the_probation_and_tries_again() {
+    let mut r = rig(FILE);
+    r.daemon
+        .reload(reparse(&r, &replaced()), false, &within(3))
+        .await
+        .unwrap();
+    let fallback = r.daemon.revisions.dir().join(format!("{:08}.json", 1));
+    let kept = std::fs::read(&fallback).unwrap();
+    std::fs::remove_file(&fallback).unwrap();
+    tokio::time::advance(Duration::from_secs(4)).await;
+    r.daemon.tick();
+    r.daemon.settle().await;
+    assert_eq!(r.daemon.auto_reverts, 0);
+    let status: api::Status = parse(r.ok(Request::Status).await);
+    let pending = status.pending_confirm.expect("still on probation");
+    assert_eq!((pending.revision, pending.fallback), (2, 1));
+    assert!(
+        pending
+            .revert_failed
+            .as_deref()
+            .is_some_and(|e| e.contains('1')),
+        "{pending:?}"
+    );
+    assert!(r.in_table(WEB).contains(&ip("10.1.0.3")), "revision 2 runs");
+    // The revision is back: the next try reverts.
+    std::fs::write(&fallback, kept).unwrap();
+    tokio::time::advance(REVERT_RETRY).await;
+    r.daemon.tick();
+    r.daemon.settle().await;
+    assert_eq!(r.daemon.auto_reverts, 1);
+    assert!(r.daemon.confirm.is_none());
+    assert_eq!(
+        r.in_table(WEB),
+        BTreeSet::from([ip("10.1.0.1"), ip("10.1.0.2")])
+    );
+    assert_eq!(
+        r.daemon.revision_source,
+        "automatic revert of 2 to 1: it was not confirmed in time"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_confirmed_change_stays() {
     let mut r = rig(FILE);
