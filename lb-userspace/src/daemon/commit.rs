@@ -180,7 +180,11 @@ impl<D: Dataplane> Daemon<D> {
             // bad change: it goes on even if the disk takes nothing.
             Err(e) if kind == Kind::Revert => {
                 error!("{e}: reverting all the same");
-                self.revisions.next_number().unwrap_or(self.revision + 1)
+                let number = self.revisions.next_number().unwrap_or(self.revision + 1);
+                warnings.push(format!(
+                    "the revert runs, but nothing of it reached the disk ({e}): `lbctl history` has no revision {number}, and a restart of lbd runs what the state file and the file say, which may be the change this reverts"
+                ));
+                number
             }
             Err(e) => return Err(e),
         };

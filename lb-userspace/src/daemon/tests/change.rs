@@ -323,12 +323,21 @@ async fn a_revert_goes_on_when_its_record_cannot_be_written() {
         .refused(ErrorKind::Internal, del_backend(WEB, "10.1.0.1", true))
         .await;
     assert!(refused.contains("nothing changed"), "{refused}");
-    r.ok(Request::Revert {
-        revision: Some(1),
-        force: false,
-    })
-    .await;
+    let c: Committed = parse(
+        r.ok(Request::Revert {
+            revision: Some(1),
+            force: false,
+        })
+        .await,
+    );
     assert_eq!(r.in_table(WEB).len(), 2, "revision 1 runs again");
+    assert!(
+        c.warnings
+            .iter()
+            .any(|w| w.contains("nothing of it reached the disk")),
+        "the answer says the revert is not on disk: {:?}",
+        c.warnings
+    );
     std::fs::remove_dir(&state).unwrap();
 
     // A store that cannot even be listed has no newest number to follow:
