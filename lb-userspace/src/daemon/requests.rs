@@ -214,10 +214,18 @@ impl<D: Dataplane> Daemon<D> {
                 force,
                 ..
             } => {
-                self.change(source, forced(force), options, |o, base| {
-                    Ok(o.set_drained(base, &vip, address, true)?)
-                })
-                .await
+                let mut done = self
+                    .change(source, forced(force), options, |o, base| {
+                        Ok(o.set_drained(base, &vip, address, true)?)
+                    })
+                    .await?;
+                let untracked = self.effective().iter().any(|v| v.id == vip && !v.conntrack);
+                if untracked {
+                    done.warnings.push(format!(
+                        "VIP {vip} has no connection table (conntrack: false): its flows are neither kept nor seen, so those on {address} moved to other backends at once, and `drained` only means it takes no new ones"
+                    ));
+                }
+                Ok(done)
             }
             BackendRequest::Undrain { vip, address } => {
                 self.change(source, forced(false), options, |o, base| {

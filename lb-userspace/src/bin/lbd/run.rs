@@ -162,21 +162,28 @@ impl ParsedReload {
         reply: Option<oneshot::Sender<Response>>,
         to: &mpsc::Sender<ParsedReload>,
     ) {
+        // Two parses at a time: each may hold a file of up to 16 MiB and
+        // what it parses into, and 64 clients could ask for a diff at once.
+        static PARSES: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(2);
         let (path, to) = (path.to_path_buf(), to.clone());
         let read = READS.fetch_add(1, Ordering::Relaxed) + 1;
-        tokio::task::spawn_blocking(move || {
-            let file =
-                FileRead::load(&path).and_then(|f| crate::tier::compose(f, desired.as_ref()));
-            let _ = to.blocking_send(ParsedReload {
-                path,
-                file,
-                desired,
-                via,
-                force,
-                options,
-                reply,
-                read,
+        tokio::spawn(async move {
+            let _turn = PARSES.acquire().await;
+            let parse = tokio::task::spawn_blocking(move || {
+                let file =
+                    FileRead::load(&path).and_then(|f| crate::tier::compose(f, desired.as_ref()));
+                let _ = to.blocking_send(ParsedReload {
+                    path,
+                    file,
+                    desired,
+                    via,
+                    force,
+                    options,
+                    reply,
+                    read,
+                });
             });
+            let _ = parse.await;
         });
     }
 }

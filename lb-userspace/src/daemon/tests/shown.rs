@@ -313,3 +313,29 @@ async fn a_backend_exactly_at_min_syns_and_ratio_is_judged() {
         )
     );
 }
+
+/// A drain on a VIP without a connection table says what it means there:
+/// the flows moved at once, and "drained" is only "no new flows". With a
+/// table, no such warning.
+#[tokio::test]
+async fn a_drain_without_a_connection_table_says_the_flows_moved_at_once() {
+    const SAID: &str = "has no connection table (conntrack: false)";
+    let untracked = FILE.replace(
+        "    protocol: tcp\n",
+        "    protocol: tcp\n    conntrack: false\n",
+    );
+    let mut r = rig(&untracked);
+    let c: api::Committed = parse(r.ok(r.drain(WEB, "10.1.0.1", false)).await);
+    assert!(
+        c.warnings.iter().any(|w| w.contains(SAID)),
+        "{:?}",
+        c.warnings
+    );
+    let mut r = rig(FILE);
+    let c: api::Committed = parse(r.ok(r.drain(WEB, "10.1.0.1", false)).await);
+    assert!(
+        !c.warnings.iter().any(|w| w.contains(SAID)),
+        "{:?}",
+        c.warnings
+    );
+}
