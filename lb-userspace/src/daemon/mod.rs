@@ -400,6 +400,11 @@ impl<D: Dataplane> Daemon<D> {
         let drained = self.overlay.drained_in(effective);
         let before = self.lifecycle.clone();
         self.lifecycle.sync(effective, &drained, now, initial);
+        if initial {
+            let began = self.overlay.drain_times();
+            self.lifecycle
+                .backdate_drains(&began, now, commit::unix_now());
+        }
         if initial && !self.seeded_down.is_empty() {
             let seeded = self
                 .lifecycle

@@ -143,8 +143,30 @@ fn restart(r: Rig) -> Rig {
     rig_in(_dir, &text, told, announcers)
 }
 
+/// [`restart`], with the runtime changes of the state file, as `lbd`
+/// loads them.
+fn restart_with_state(r: Rig) -> Rig {
+    let Rig { daemon, _dir, .. } = r;
+    let text = daemon.text.to_string();
+    let overlay = Overlay::load(&daemon.config.state_file).expect("the state file");
+    drop(daemon);
+    let told = Told::default();
+    rig_in_with(_dir, &text, overlay, told.clone(), recording(&told))
+}
+
 /// [`rig`] in `dir`, from `text` (which names its state file).
 fn rig_in(dir: ScratchDir, text: &str, told: Told, announcers: Announcers) -> Rig {
+    rig_in_with(dir, text, Overlay::default(), told, announcers)
+}
+
+/// [`rig_in`] with these runtime changes.
+fn rig_in_with(
+    dir: ScratchDir,
+    text: &str,
+    overlay: Overlay,
+    told: Told,
+    announcers: Announcers,
+) -> Rig {
     let text = text.to_string();
     let config = Config::parse(&text).expect("test config parses");
     let revisions = RevisionStore::open(&config.revisions_dir(), config.history).unwrap();
@@ -162,7 +184,7 @@ fn rig_in(dir: ScratchDir, text: &str, told: Told, announcers: Announcers) -> Ri
     let target = Target {
         config,
         text: text.into(),
-        overlay: Overlay::default(),
+        overlay,
     };
     let mut daemon = Daemon::new(
         dir.join("lb.yaml"),

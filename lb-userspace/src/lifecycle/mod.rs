@@ -200,6 +200,30 @@ impl Lifecycle {
         }
     }
 
+    /// At start-up: drains began when the state file says (`began`, seconds
+    /// since the Unix epoch; `unix_now` is the clock's now), not now, so a
+    /// restart neither starts a drain's `drain_timeout` again nor honours
+    /// a cut drain's connection-table entries once more. Returns how many.
+    pub fn backdate_drains(
+        &mut self,
+        began: &BTreeMap<(VipId, IpAddr), u64>,
+        now: Instant,
+        unix_now: u64,
+    ) -> usize {
+        let mut backdated = 0;
+        for ((vip, addr), at) in began {
+            let Some(b) = self.backend_mut(vip, addr) else {
+                continue;
+            };
+            if b.drained_since.is_some() {
+                let age = Duration::from_secs(unix_now.saturating_sub(*at));
+                b.drained_since = Some(now.checked_sub(age).unwrap_or(now));
+                backdated += 1;
+            }
+        }
+        backdated
+    }
+
     /// At start-up: the backends `down` (as the last `lbd` left them) start
     /// down instead of up, so a backend whose check was failing does not
     /// take new connections while the first probes run. Returns how many.

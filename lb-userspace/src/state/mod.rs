@@ -93,6 +93,17 @@ impl Overlay {
             .collect()
     }
 
+    /// When each drain began (seconds since the Unix epoch, as its origin
+    /// says), so that a restarted `lbd` goes on with its `drain_timeout`
+    /// instead of starting it again.
+    pub fn drain_times(&self) -> BTreeMap<(VipId, IpAddr), u64> {
+        self.origins
+            .drained
+            .iter()
+            .flat_map(|(id, m)| m.iter().map(move |(addr, o)| ((*id, *addr), o.time)))
+            .collect()
+    }
+
     /// Drains (or undrains) one backend: it leaves the table, its existing
     /// connections continue until the VIP's `drain_timeout`.
     pub fn set_drained(

@@ -928,3 +928,35 @@ async fn a_reload_of_the_running_file_says_nothing_changed_and_still_warns() {
     let confirmed = format!("revision {} confirmed", revision + 1);
     assert_eq!(c.note.as_deref(), Some(confirmed.as_str()));
 }
+
+/// A drain goes on through a restart of `lbd` from when it began (the
+/// state file's origin), not from the restart: the drain that began a
+/// minute ago is as old after the restart, so its `drain_timeout` is not
+/// started again. (A minute: the monotonic clock cannot go back past the
+/// boot, and a CI machine may be new.)
+#[tokio::test]
+async fn a_drain_keeps_its_start_through_a_restart() {
+    let mut r = rig(FILE);
+    r.ok(r.drain(WEB, "10.1.0.2", false)).await;
+    let since = |r: &Rig| {
+        r.daemon.lifecycle.vips[&id(WEB)].backends[&ip("10.1.0.2")]
+            .drained_since
+            .expect("draining")
+            .elapsed()
+    };
+    assert!(since(&r) < Duration::from_secs(10));
+    // The drain began a minute ago, as the state file now says.
+    let path = r.daemon.config.state_file.clone();
+    let mut state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let origin = &mut state["origins"]["drained"][WEB]["10.1.0.2"]["time"];
+    let began = origin.as_u64().expect("the drain's origin time") - 60;
+    *origin = began.into();
+    std::fs::write(&path, serde_json::to_string(&state).unwrap()).unwrap();
+    let r = restart_with_state(r);
+    let age = since(&r);
+    assert!(
+        age >= Duration::from_secs(59) && age < Duration::from_secs(120),
+        "{age:?}"
+    );
+}
