@@ -910,7 +910,7 @@ async fn serve(
     loop {
         tokio::select! {
             Some((envelope, reply)) = calls.recv() => {
-                on_call(daemon, envelope, reply, tier, &parsed_tx).await
+                fed(watchdog, on_call(daemon, envelope, reply, tier, &parsed_tx)).await
             }
             _ = signals.hup.recv() => {
                 info!("SIGHUP: reloading");
@@ -919,7 +919,8 @@ async fn serve(
                 ParsedReload::start(daemon.config_path(), keep, false, options, None, &parsed_tx);
             }
             Some(parsed) = parsed_rx.recv() => {
-                apply_reload(daemon, tier, parsed, &parsed_tx, &mut newest_read).await
+                let reload = apply_reload(daemon, tier, parsed, &parsed_tx, &mut newest_read);
+                fed(watchdog, reload).await
             }
             feed = TierLink::next(tier) => on_feed(daemon, tier, feed, &parsed_tx),
             Some(first) = probes.recv() => on_probes(daemon, first, &mut probes),
@@ -954,7 +955,7 @@ async fn serve(
         // A change on probation that came due is reverted now, and a
         // desired state refused meanwhile tried again.
         let probation = daemon.on_probation();
-        daemon.settle().await;
+        fed(watchdog, daemon.settle()).await;
         if probation && !daemon.on_probation() {
             retry_tier(daemon, tier, &parsed_tx);
         }
@@ -963,6 +964,29 @@ async fn serve(
         }
         if let Some(resolved) = daemon.take_regateway() {
             *gateway = GatewayWatch::start(daemon.config(), resolved);
+        }
+    }
+}
+
+/// Awaits `step`, a step of the loop that may wait on the world outside
+/// (a change of `announce:` waits for the old announcers' withdrawals:
+/// exec commands up to a minute), telling systemd's watchdog every second
+/// meanwhile that the loop waits and has not stalled. Every such wait is
+/// bounded by its own limit.
+async fn fed<T>(
+    watchdog: Option<std::time::Duration>,
+    step: impl std::future::Future<Output = T>,
+) -> T {
+    if watchdog.is_none() {
+        return step.await;
+    }
+    let mut step = std::pin::pin!(step);
+    let mut beat = tokio::time::interval(std::time::Duration::from_secs(1));
+    beat.tick().await;
+    loop {
+        tokio::select! {
+            out = &mut step => return out,
+            _ = beat.tick() => crate::notify::alive(),
         }
     }
 }
