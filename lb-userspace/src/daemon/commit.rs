@@ -501,10 +501,24 @@ impl<D: Dataplane> Daemon<D> {
             }
         };
         let running = self.running();
-        let revision = match result {
+        let mut revision = match result {
             Ok(()) => self.revision_of(number, source, Ok(&running)),
             Err(e) => self.revision_of(number, source, Err(e)),
         };
+        // The same refusal again (a broken file reloaded every half hour by
+        // a script) takes the place of the last, with its time: refusals
+        // must not push the revisions that ran out of the history.
+        if let Some(last) = number
+            .checked_sub(1)
+            .and_then(|n| self.revisions.get(n).ok())
+            && !revision.applied()
+            && !last.applied()
+            && (&last.source, &last.error, &last.file_digest)
+                == (&revision.source, &revision.error, &revision.file_digest)
+        {
+            revision.number = last.number;
+        }
+        let number = revision.number;
         let applied = revision.applied();
         if let Err(e) = self.revisions.append(&revision) {
             error!("revisions: {e}");

@@ -159,3 +159,32 @@ async fn a_change_the_maps_refuse_touches_neither_the_backends_records_nor_the_r
         "the refused VIP was announced: {sets:?}"
     );
 }
+
+/// The same refusal again takes the place of the last one (with its
+/// time), so a broken change retried by a script does not push the
+/// revisions that ran out of the history; another refusal is a revision
+/// of its own.
+#[tokio::test]
+async fn the_same_refusal_again_replaces_the_last() {
+    let mut r = rig(TWO);
+    let refusals = |r: &Rig| -> Vec<u64> {
+        let listed = r.daemon.revisions.list(50).unwrap();
+        listed
+            .flatten()
+            .filter(|v| !v.applied())
+            .map(|v| v.number)
+            .collect()
+    };
+    let second: VipId = "10.99.0.2:80/tcp".parse().unwrap();
+    r.daemon.reconciler.dataplane_mut().refuse_vip = Some(second.key());
+    let text = TWO.replace("      - address: 10.2.0.1\n", "      - address: 10.2.0.2\n");
+    for _ in 0..3 {
+        let parsed = reparse(&r, &text);
+        r.daemon.reload(parsed, false, &plain()).await.unwrap_err();
+    }
+    assert_eq!(refusals(&r).len(), 1, "one refusal: {:?}", refusals(&r));
+    let other = TWO.replace("      - address: 10.2.0.1\n", "      - address: 10.2.0.3\n");
+    let parsed = reparse(&r, &other);
+    r.daemon.reload(parsed, false, &plain()).await.unwrap_err();
+    assert_eq!(refusals(&r).len(), 2, "{:?}", refusals(&r));
+}
