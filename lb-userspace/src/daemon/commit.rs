@@ -144,6 +144,15 @@ impl<D: Dataplane> Daemon<D> {
         let mut warnings = self.check(&target, force, options.dry_run)?;
         if options.dry_run {
             let mut preview = self.preview(&target)?;
+            if let Some(p) = &self.confirm
+                && kind == Kind::Change
+                && options.confirm_within.is_none()
+            {
+                warnings.push(format!(
+                    "revision {} awaits confirmation: made now, this change would be refused unless made with --confirm-within too",
+                    p.revision
+                ));
+            }
             preview.warnings = warnings;
             return Ok(Committed {
                 preview: Some(preview),

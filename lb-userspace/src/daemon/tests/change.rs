@@ -960,3 +960,34 @@ async fn a_drain_keeps_its_start_through_a_restart() {
         "{age:?}"
     );
 }
+
+/// A dry run during a probation says that the change, made now, would be
+/// refused (it needs --confirm-within too); it still shows the change (a
+/// diff during a probation works).
+#[tokio::test(start_paused = true)]
+async fn a_dry_run_during_a_probation_says_the_change_would_be_refused() {
+    const SAID: &str = "this change would be refused unless made with --confirm-within";
+    let mut r = rig(FILE);
+    let c = r
+        .daemon
+        .reload(reparse(&r, &replaced()), false, &dry())
+        .await
+        .unwrap();
+    let warnings = c.preview.expect("a preview").warnings;
+    assert!(!warnings.iter().any(|w| w.contains(SAID)), "{warnings:?}");
+    r.daemon
+        .reload(reparse(&r, &replaced()), false, &within(30))
+        .await
+        .unwrap();
+    let c = r
+        .daemon
+        .reload(reparse(&r, FILE), false, &dry())
+        .await
+        .unwrap();
+    let preview = c.preview.expect("a preview");
+    assert!(
+        preview.warnings.iter().any(|w| w.contains(SAID)),
+        "{:?}",
+        preview.warnings
+    );
+}
