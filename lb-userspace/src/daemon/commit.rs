@@ -143,21 +143,7 @@ impl<D: Dataplane> Daemon<D> {
     ) -> Result<Committed> {
         let mut warnings = self.check(&target, force, options.dry_run)?;
         if options.dry_run {
-            let mut preview = self.preview(&target)?;
-            if let Some(p) = &self.confirm
-                && kind == Kind::Change
-                && options.confirm_within.is_none()
-            {
-                warnings.push(format!(
-                    "revision {} awaits confirmation: made now, this change would be refused unless made with --confirm-within too",
-                    p.revision
-                ));
-            }
-            preview.warnings = warnings;
-            return Ok(Committed {
-                preview: Some(preview),
-                ..Committed::default()
-            });
+            return self.dry_run(&target, warnings, kind, options);
         }
         if let Some(p) = &self.confirm
             && kind == Kind::Change
@@ -223,6 +209,32 @@ impl<D: Dataplane> Daemon<D> {
             revision: Some(number),
             warnings,
             confirm_within_secs: options.confirm_within.map(|w| w.0.as_secs_f64()),
+            ..Committed::default()
+        })
+    }
+
+    /// A dry run's answer: the preview, with the checks' warnings, and a
+    /// word if the change, made now, would be refused for a probation.
+    fn dry_run(
+        &self,
+        target: &Target,
+        mut warnings: Vec<String>,
+        kind: Kind,
+        options: &ChangeOptions,
+    ) -> Result<Committed> {
+        let mut preview = self.preview(target)?;
+        if let Some(p) = &self.confirm
+            && kind == Kind::Change
+            && options.confirm_within.is_none()
+        {
+            warnings.push(format!(
+                "revision {} awaits confirmation: made now, this change would be refused unless made with --confirm-within too",
+                p.revision
+            ));
+        }
+        preview.warnings = warnings;
+        Ok(Committed {
+            preview: Some(preview),
             ..Committed::default()
         })
     }
