@@ -46,6 +46,10 @@ impl<D: Dataplane> Daemon<D> {
             Request::Vip(r) => self.handle_vip(r, options).await.and_then(json),
             Request::Backend(r) => self.handle_backend(r, options).await.and_then(json),
             Request::Node(r) => self.handle_node(r).and_then(json),
+            Request::Reload { .. } if self.stopping() => Err(refused(
+                ErrorKind::Unavailable,
+                "lbd is shutting down: the next lbd reads the file",
+            )),
             Request::Reload { .. } | Request::Diff { .. } => Err(refused(
                 ErrorKind::BadRequest,
                 "a reload is read from the file off the daemon's loop: send it through lbd's socket",

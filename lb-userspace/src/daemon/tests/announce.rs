@@ -353,6 +353,18 @@ async fn a_graceful_shutdowns_deadline_is_its_wait_after_the_drain() {
     );
 }
 
+/// A reload asked for while `lbd` stops is refused as such, not as a
+/// request sent the wrong way.
+#[tokio::test]
+async fn a_reload_while_stopping_is_refused_as_shutting_down() {
+    let mut r = rig(FILE);
+    r.daemon.begin_stop("SIGTERM").expect("a first signal");
+    let e = r
+        .refused(ErrorKind::Unavailable, Request::Reload { force: false })
+        .await;
+    assert!(e.contains("shutting down"), "{e}");
+}
+
 /// Only a stop signal makes the node stopping: not serving, not a drain.
 #[tokio::test]
 async fn only_a_stop_signal_makes_the_node_stopping() {
