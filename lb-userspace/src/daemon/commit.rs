@@ -135,7 +135,7 @@ impl<D: Dataplane> Daemon<D> {
 
     async fn try_commit(
         &mut self,
-        target: Target,
+        mut target: Target,
         source: &str,
         options: &ChangeOptions,
         force: Force,
@@ -166,21 +166,15 @@ impl<D: Dataplane> Daemon<D> {
             });
         }
         warnings.extend(self.dropped_override_warnings(&target));
+        if kind == Kind::Revert {
+            target.overlay.restamp_drains(&self.overlay, unix_now());
+        }
         // Everything that can fail is done before the first map write:
         // the checks above, then the revision, the state file and the
         // probation.
         let number = match self.persist(&target, source, options) {
             Ok(n) => n,
-            // A revert (an automatic one above all) is the way out of a
-            // bad change: it goes on even if the disk takes nothing.
-            Err(e) if kind == Kind::Revert => {
-                error!("{e}: reverting all the same");
-                let number = self.revisions.next_number().unwrap_or(self.revision + 1);
-                warnings.push(format!(
-                    "the revert runs, but nothing of it reached the disk ({e}): `lbctl history` has no revision {number}, and a restart of lbd runs what the state file and the file say, which may be the change this reverts"
-                ));
-                number
-            }
+            Err(e) if kind == Kind::Revert => self.revert_off_disk(&e, &mut warnings),
             Err(e) => return Err(e),
         };
         let before = self.confirm.clone();
@@ -211,6 +205,18 @@ impl<D: Dataplane> Daemon<D> {
             confirm_within_secs: options.confirm_within.map(|w| w.0.as_secs_f64()),
             ..Committed::default()
         })
+    }
+
+    /// A revert (an automatic one above all) is the way out of a bad
+    /// change: it goes on even if the disk took nothing (`e`), and says so.
+    /// Its number.
+    fn revert_off_disk(&self, e: &super::DaemonError, warnings: &mut Vec<String>) -> u64 {
+        error!("{e}: reverting all the same");
+        let number = self.next_revision().unwrap_or(self.revision + 1);
+        warnings.push(format!(
+            "the revert runs, but nothing of it reached the disk ({e}): `lbctl history` has no revision {number}, and a restart of lbd runs what the state file and the file say, which may be the change this reverts"
+        ));
+        number
     }
 
     /// A dry run's answer: the preview, with the checks' warnings, and a
@@ -349,14 +355,22 @@ impl<D: Dataplane> Daemon<D> {
         Ok(warnings)
     }
 
+    /// The number of the next revision: after the newest on disk, and
+    /// after the one running (a revert the disk took nothing of runs under
+    /// a number no file has: the next change must not take it again).
+    pub(super) fn next_revision(
+        &self,
+    ) -> std::result::Result<u64, crate::revisions::RevisionError> {
+        Ok(self.revisions.next_number()?.max(self.revision + 1))
+    }
+
     /// Writes what a change must leave on disk before it touches the maps:
     /// its revision (as applied) and, if the API's changes differ, the
     /// state file. A failure here refuses the change with nothing written
     /// to the maps; a revision written before a later failure goes again.
     fn persist(&mut self, target: &Target, source: &str, options: &ChangeOptions) -> Result<u64> {
         let number = self
-            .revisions
-            .next_number()
+            .next_revision()
             .map_err(|e| refused(ErrorKind::Internal, format!("{e}; nothing changed")))?;
         let revision = self.revision_of(number, source, Ok(target));
         self.revisions.append(&revision).map_err(|e| {
@@ -514,7 +528,7 @@ impl<D: Dataplane> Daemon<D> {
     /// be written is logged: a refusal is not made worse by it, and a
     /// start-up goes on.
     pub fn record(&mut self, source: &str, result: std::result::Result<(), String>) -> u64 {
-        let number = match self.revisions.next_number() {
+        let number = match self.next_revision() {
             Ok(n) => n,
             Err(e) => {
                 error!("revisions: {e}");
@@ -625,7 +639,12 @@ impl<D: Dataplane> Daemon<D> {
         let Some(p) = &self.confirm else {
             return false;
         };
-        if self.announcers.node != NodeState::Serving || !self.startup.attached {
+        // A revert that failed is tried again at its deadline, not at every
+        // announce; meanwhile the routes follow the change that runs.
+        if p.revert_failed.is_some()
+            || self.announcers.node != NodeState::Serving
+            || !self.startup.attached
+        {
             return false;
         }
         let lost: Vec<String> = decision
@@ -662,7 +681,10 @@ impl<D: Dataplane> Daemon<D> {
         let Some(reason) = self.revert_due.take() else {
             return;
         };
-        let Some(p) = self.confirm.take() else {
+        // Left in place while the revert runs: the revert ends it, a
+        // failure puts it back (and it keeps its fallback from being
+        // pruned from the history meanwhile).
+        let Some(p) = self.confirm.clone() else {
             return;
         };
         let source = format!(
@@ -691,7 +713,10 @@ impl<D: Dataplane> Daemon<D> {
             Err(e) => Err(e),
         };
         match result {
-            Ok(_) => self.auto_reverts += 1,
+            Ok(_) => {
+                self.auto_reverts += 1;
+                self.confirm = None;
+            }
             Err(e) => {
                 // The probation stays, and says so: an unconfirmed change
                 // must not become permanent because its revert failed.

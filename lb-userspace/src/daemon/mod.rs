@@ -403,7 +403,7 @@ impl<D: Dataplane> Daemon<D> {
         if initial {
             let began = self.overlay.drain_times();
             self.lifecycle
-                .backdate_drains(&began, now, commit::unix_now());
+                .backdate_drains(effective, &began, now, commit::unix_now());
         }
         if initial && !self.seeded_down.is_empty() {
             let seeded = self
@@ -442,6 +442,9 @@ impl<D: Dataplane> Daemon<D> {
         let effective = self.effective();
         if let Err(e) = self.program(&effective, false) {
             error!("updating the dataplane failed: {e}");
+            // The routes still follow the backends' health (and an
+            // announcer's refusal is still retried).
+            self.announce();
         }
     }
 

@@ -158,7 +158,9 @@ impl<D: Dataplane> Daemon<D> {
     pub(super) fn restore(&mut self) {
         let _ = self.reconciler.apply_settings(&self.settings);
         let old = self.effective();
-        let _ = self.program(&old, false);
+        if self.program(&old, false).is_err() {
+            self.announce();
+        }
     }
 
     /// The announce section changed: the announcers restart (a short

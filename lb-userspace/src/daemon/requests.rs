@@ -36,6 +36,21 @@ impl<D: Dataplane> Daemon<D> {
         }
     }
 
+    /// Reloads and diffs are read from the file off the daemon's loop
+    /// (`lbd`'s socket does); a reload while `lbd` stops is too late.
+    fn not_here(&self, request: &Request) -> super::DaemonError {
+        if matches!(request, Request::Reload { .. }) && self.stopping() {
+            return refused(
+                ErrorKind::Unavailable,
+                "lbd is shutting down: the next lbd reads the file",
+            );
+        }
+        refused(
+            ErrorKind::BadRequest,
+            "a reload is read from the file off the daemon's loop: send it through lbd's socket",
+        )
+    }
+
     async fn dispatch(
         &mut self,
         request: Request,
@@ -46,14 +61,7 @@ impl<D: Dataplane> Daemon<D> {
             Request::Vip(r) => self.handle_vip(r, options).await.and_then(json),
             Request::Backend(r) => self.handle_backend(r, options).await.and_then(json),
             Request::Node(r) => self.handle_node(r).and_then(json),
-            Request::Reload { .. } if self.stopping() => Err(refused(
-                ErrorKind::Unavailable,
-                "lbd is shutting down: the next lbd reads the file",
-            )),
-            Request::Reload { .. } | Request::Diff { .. } => Err(refused(
-                ErrorKind::BadRequest,
-                "a reload is read from the file off the daemon's loop: send it through lbd's socket",
-            )),
+            Request::Reload { .. } | Request::Diff { .. } => Err(self.not_here(&request)),
             Request::Revert { revision, force } => {
                 self.revert(revision, force, options).await.and_then(json)
             }
@@ -134,7 +142,7 @@ impl<D: Dataplane> Daemon<D> {
         let before = target.overlay.clone();
         edit(&mut target.overlay, &self.config.vips)?;
         let stamp = Stamp {
-            revision: self.revisions.next_number().unwrap_or(self.revision + 1),
+            revision: self.next_revision().unwrap_or(self.revision + 1),
             time: super::commit::unix_now(),
             source: source.clone(),
         };

@@ -203,21 +203,34 @@ impl Lifecycle {
     /// At start-up: drains began when the state file says (`began`, seconds
     /// since the Unix epoch; `unix_now` is the clock's now), not now, so a
     /// restart neither starts a drain's `drain_timeout` again nor honours
-    /// a cut drain's connection-table entries once more. Returns how many.
+    /// a cut drain's connection-table entries once more. A drain whose
+    /// timeout ran out before this start is over: drained (its flows left
+    /// or were cut then), not cut again. Returns how many.
     pub fn backdate_drains(
         &mut self,
+        vips: &[VipConfig],
         began: &BTreeMap<(VipId, IpAddr), u64>,
         now: Instant,
         unix_now: u64,
     ) -> usize {
         let mut backdated = 0;
-        for ((vip, addr), at) in began {
-            let Some(b) = self.backend_mut(vip, addr) else {
-                continue;
-            };
-            if b.drained_since.is_some() {
+        for vip in vips {
+            for b in &vip.backends {
+                let Some(at) = began.get(&(vip.id, b.address)) else {
+                    continue;
+                };
+                let Some(l) = self.backend_mut(&vip.id, &b.address) else {
+                    continue;
+                };
+                if l.drained_since.is_none() {
+                    continue;
+                }
                 let age = Duration::from_secs(unix_now.saturating_sub(*at));
-                b.drained_since = Some(now.checked_sub(age).unwrap_or(now));
+                l.drained_since = Some(now.checked_sub(age).unwrap_or(now));
+                if age >= vip.drain_timeout {
+                    l.state = BackendState::Drained;
+                    l.drain_cut = true;
+                }
                 backdated += 1;
             }
         }

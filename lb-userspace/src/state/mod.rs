@@ -104,6 +104,27 @@ impl Overlay {
             .collect()
     }
 
+    /// The drains `running` does not have begin `now` (a revert brings
+    /// back a drain that an undrain had ended): their origins say so, so
+    /// that a restart counts their `drain_timeout` from the revert.
+    pub fn restamp_drains(&mut self, running: &Overlay, now: u64) {
+        for (id, addrs) in &self.drained {
+            for addr in addrs {
+                if running.drained.get(id).is_some_and(|s| s.contains(addr)) {
+                    continue;
+                }
+                if let Some(o) = self
+                    .origins
+                    .drained
+                    .get_mut(id)
+                    .and_then(|m| m.get_mut(addr))
+                {
+                    o.time = now;
+                }
+            }
+        }
+    }
+
     /// Drains (or undrains) one backend: it leaves the table, its existing
     /// connections continue until the VIP's `drain_timeout`.
     pub fn set_drained(

@@ -968,11 +968,16 @@ async fn serve(
     }
 }
 
+/// The longest [`fed`] tells the watchdog a step is alive: above the
+/// longest bounded wait (an exec announcer's minute of withdrawals).
+const FED_AT_MOST: std::time::Duration = std::time::Duration::from_secs(180);
+
 /// Awaits `step`, a step of the loop that may wait on the world outside
 /// (a change of `announce:` waits for the old announcers' withdrawals:
 /// exec commands up to a minute), telling systemd's watchdog every second
 /// meanwhile that the loop waits and has not stalled. Every such wait is
-/// bounded by its own limit.
+/// bounded by its own limit; past [`FED_AT_MOST`] the watchdog is left to
+/// judge (a step that never ends is a hung loop).
 async fn fed<T>(
     watchdog: Option<std::time::Duration>,
     step: impl std::future::Future<Output = T>,
@@ -983,10 +988,13 @@ async fn fed<T>(
     let mut step = std::pin::pin!(step);
     let mut beat = tokio::time::interval(std::time::Duration::from_secs(1));
     beat.tick().await;
+    let until = tokio::time::Instant::now() + FED_AT_MOST;
     loop {
         tokio::select! {
             out = &mut step => return out,
-            _ = beat.tick() => crate::notify::alive(),
+            at = beat.tick() => if at < until {
+                crate::notify::alive();
+            },
         }
     }
 }

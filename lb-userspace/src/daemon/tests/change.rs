@@ -366,6 +366,10 @@ async fn a_revert_goes_on_when_its_record_cannot_be_written() {
         on_disk,
         "the revert's record was not written"
     );
+    // The next change takes a number after the running one, not the one
+    // no file has: two configurations never share a number.
+    let c: Committed = parse(r.ok(weight(WEB, "10.1.0.1", 3)).await);
+    assert_eq!(c.revision, Some(running + 2));
 }
 
 /// A runtime change is stamped with the revision it runs as, also when
@@ -990,4 +994,118 @@ async fn a_dry_run_during_a_probation_says_the_change_would_be_refused() {
         "{:?}",
         preview.warnings
     );
+}
+
+/// A change that costs an announcement and whose revert fails (its
+/// fallback is gone from the disk): the revert is tried again at its
+/// deadline, not at every announce, and meanwhile the routes follow the
+/// change that runs (the VIP it emptied is withdrawn).
+#[tokio::test(start_paused = true)]
+async fn a_failed_revert_of_a_lost_announcement_waits_for_its_retry() {
+    let mut r = rig(FILE);
+    logs::capture();
+    let attempts = || logs::lines("reverting revision 2 to 1").len();
+    let vip = ip("10.99.0.1");
+    let empty = FILE.replace("weight: 2", "weight: 0").replace(
+        "      - address: 10.1.0.2\n",
+        "      - address: 10.1.0.2\n        weight: 0\n",
+    );
+    std::fs::remove_file(r.daemon.revisions.dir().join(format!("{:08}.json", 1))).unwrap();
+    r.daemon
+        .reload(reparse(&r, &empty), true, &within(60))
+        .await
+        .unwrap();
+    r.daemon.settle().await;
+    assert_eq!(r.daemon.auto_reverts, 0);
+    let failed = |r: &Rig| {
+        r.daemon
+            .confirm
+            .as_ref()
+            .is_some_and(|p| p.revert_failed.is_some())
+    };
+    assert!(failed(&r), "the probation stays, its revert failed");
+    assert_eq!(attempts(), 1);
+    for _ in 0..5 {
+        tokio::time::advance(Duration::from_secs(1)).await;
+        r.daemon.tick();
+        r.daemon.settle().await;
+    }
+    assert_eq!(attempts(), 1, "no attempt before the retry's deadline");
+    assert!(
+        !r.announced().contains(&vip),
+        "the routes follow the change that runs"
+    );
+    tokio::time::advance(REVERT_RETRY).await;
+    r.daemon.tick();
+    r.daemon.settle().await;
+    assert!(failed(&r), "tried again, failed again");
+    assert_eq!(attempts(), 2, "once more at the deadline");
+}
+
+/// A drain whose `drain_timeout` ran out before a restart is over after
+/// it: drained, its connection-table entries not honoured, and no cut
+/// said again (nor a drain that never ends).
+#[tokio::test]
+async fn a_drain_past_its_timeout_before_a_restart_is_drained_after_it() {
+    let text = FILE.replace(
+        "    protocol: tcp\n",
+        "    protocol: tcp\n    drain_timeout: 5s\n",
+    );
+    let mut r = rig(&text);
+    r.ok(r.drain(WEB, "10.1.0.2", false)).await;
+    let path = r.daemon.config.state_file.clone();
+    let mut state: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let origin = &mut state["origins"]["drained"][WEB]["10.1.0.2"]["time"];
+    *origin = (origin.as_u64().unwrap() - 20).into();
+    std::fs::write(&path, serde_json::to_string(&state).unwrap()).unwrap();
+    logs::capture();
+    let r = restart_with_state(r);
+    let b = &r.daemon.lifecycle.vips[&id(WEB)].backends[&ip("10.1.0.2")];
+    assert_eq!(b.state, crate::lifecycle::BackendState::Drained);
+    let health = r.daemon.health();
+    let row = health[0]
+        .backends
+        .iter()
+        .find(|h| h.address == ip("10.1.0.2"))
+        .expect("a row");
+    assert_eq!(row.state, api::BackendState::Drained, "{row:?}");
+    assert_eq!(logs::lines("cut").len(), 0, "{:?}", logs::lines("cut"));
+}
+
+/// A revert that brings back a drain an undrain had ended starts it
+/// again, on disk too: a restart counts its `drain_timeout` from the
+/// revert, not from the drain the revision first recorded.
+#[tokio::test]
+async fn a_drain_a_revert_brings_back_begins_at_the_revert() {
+    let mut r = rig(FILE);
+    let c: Committed = parse(r.ok(r.drain(WEB, "10.1.0.2", false)).await);
+    let drained_at = c.revision.expect("a revision");
+    // The drain's revision says it began long ago.
+    let file = r
+        .daemon
+        .revisions
+        .dir()
+        .join(format!("{drained_at:08}.json"));
+    let mut revision: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    revision["overlay"]["origins"]["drained"][WEB]["10.1.0.2"]["time"] = 1_000_000.into();
+    std::fs::write(&file, serde_json::to_string(&revision).unwrap()).unwrap();
+    r.ok(Request::Backend(BackendRequest::Undrain {
+        vip: id(WEB),
+        address: ip("10.1.0.2"),
+    }))
+    .await;
+    r.ok(Request::Revert {
+        revision: Some(drained_at),
+        force: false,
+    })
+    .await;
+    let began = r.daemon.overlay.drain_times()[&(id(WEB), ip("10.1.0.2"))];
+    assert!(began > 1_000_000, "the drain begins at the revert: {began}");
+    let r = restart_with_state(r);
+    let since = r.daemon.lifecycle.vips[&id(WEB)].backends[&ip("10.1.0.2")]
+        .drained_since
+        .expect("draining");
+    assert!(since.elapsed() < Duration::from_secs(10));
 }
