@@ -200,9 +200,34 @@ fn bfd_takes_a_silent_balancer_out_and_no_connection_breaks() {
             "{n} connections, none broken, {} in all",
             ms(started.elapsed())
         );
+        bfd_taken_off_is_no_longer_answered(rig, &lbd1)?;
         drop((lbd1, lbd2));
         Ok(())
     })());
+}
+
+/// `bfd` taken off lb1's peer and reloaded: its sessions leave the maps,
+/// so lb1's datapath no longer handles BFD control packets from the
+/// router (neither BIRD's nor five of our own): no BFD counter moves.
+/// Before, they stayed in the maps and were answered, with nobody
+/// watching.
+fn bfd_taken_off_is_no_longer_answered(mut rig: EcmpRig, lbd1: &Lbd) -> Result<()> {
+    rig.peer_extra = String::new();
+    std::fs::write(rig.balancer(1).dir.join("lbd.yaml"), config(&rig, 1))?;
+    lbd1.lbctl(&["reload"])?;
+    let handled = || -> Result<u64> {
+        Ok(lbd1.counter("reply_bfd")?
+            + lbd1.counter("drop_bfd_invalid")?
+            + lbd1.counter("drop_bfd_too_soon")?)
+    };
+    let before = handled()?;
+    send_from_router(&rig, &control(1, 0, 24, 0x1234, 0), 5, 49_200)?;
+    std::thread::sleep(Duration::from_secs(2));
+    let after = handled()?;
+    if after != before {
+        bail!("lb1's datapath still handles BFD after `bfd` was taken off: {before} -> {after}");
+    }
+    Ok(())
 }
 
 #[test]
