@@ -93,6 +93,16 @@ fn more_sessions_than_the_map_holds_are_refused() {
     assert!(matches!(install(&table, many), Err(BfdError::TooMany)));
 }
 
+/// What the reader knows of a session before its first read.
+fn unseen() -> Seen {
+    Seen {
+        rx: 0,
+        rx_at: Instant::now(),
+        state: None,
+        since: None,
+    }
+}
+
 #[test]
 fn a_silent_session_is_down_after_its_detection_time() {
     let table = FakeBfdTable::default();
@@ -105,12 +115,7 @@ fn a_silent_session_is_down_after_its_detection_time() {
         detect_ns: 900_000_000,
         ..BfdState::default()
     };
-    let mut seen = Seen {
-        rx: 0,
-        rx_at: Instant::now(),
-        state: None,
-        since: None,
-    };
+    let mut seen = unseen();
     let got = observe(&s, &up, &mut seen);
     assert!(got.up && got.state == "Up", "{got:?}");
     assert_eq!(
@@ -159,12 +164,7 @@ fn the_first_read_judges_silence_by_the_last_packets_time() {
             detect_ns: 900_000_000,
             ..BfdState::default()
         };
-        let mut seen = Seen {
-            rx: 0,
-            rx_at: Instant::now(),
-            state: None,
-            since: None,
-        };
+        let mut seen = unseen();
         observe(&s, &st, &mut seen)
     };
     let quiet = read(Duration::from_secs(5));

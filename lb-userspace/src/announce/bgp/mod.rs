@@ -309,6 +309,22 @@ mod tests {
         assert_ne!(a, b, "one session each");
     }
 
+    /// A speaker whose one peer (hold time 30 s, a fresh loopback
+    /// listener) has BFD, on a fake BFD table: the listener, the table,
+    /// the speaker.
+    async fn speaker_with_bfd() -> (TcpListener, Arc<crate::bfd::FakeBfdTable>, BgpSpeaker) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut cfg = config(listener.local_addr().unwrap().port(), 30);
+        cfg.peers[0].bfd = Some(crate::config::announce::bgp::BfdTimers::default());
+        let table = Arc::new(crate::bfd::FakeBfdTable::default());
+        let ctx = StartContext {
+            bfd: Some(Arc::clone(&table) as Arc<dyn crate::bfd::BfdTable>),
+            ..StartContext::default()
+        };
+        let speaker = BgpSpeaker::start_with(cfg, &ctx).expect("starts");
+        (listener, table, speaker)
+    }
+
     /// BFD (RFC 9384): a session whose BFD session goes down after being
     /// up ends with Cease, subcode 10 (BFD Down). The next session, begun
     /// with BFD still down, is not ended by that old news: BFD down only
@@ -319,15 +335,7 @@ mod tests {
             BfdState,
             bfd::{STATE_DOWN, STATE_UP},
         };
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let mut cfg = config(listener.local_addr().unwrap().port(), 30);
-        cfg.peers[0].bfd = Some(crate::config::announce::bgp::BfdTimers::default());
-        let table = Arc::new(crate::bfd::FakeBfdTable::default());
-        let ctx = StartContext {
-            bfd: Some(Arc::clone(&table) as Arc<dyn crate::bfd::BfdTable>),
-            ..StartContext::default()
-        };
-        let mut speaker = BgpSpeaker::start_with(cfg, &ctx).expect("starts");
+        let (listener, table, mut speaker) = speaker_with_bfd().await;
         let bfd = |state: u8| BfdState {
             state,
             // Never silent for as long as the test runs.
@@ -375,15 +383,7 @@ mod tests {
             BfdState,
             bfd::{DIAG_NEIGHBOR_DOWN, STATE_ADMIN_DOWN, STATE_DOWN, STATE_UP},
         };
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let mut cfg = config(listener.local_addr().unwrap().port(), 30);
-        cfg.peers[0].bfd = Some(crate::config::announce::bgp::BfdTimers::default());
-        let table = Arc::new(crate::bfd::FakeBfdTable::default());
-        let ctx = StartContext {
-            bfd: Some(Arc::clone(&table) as Arc<dyn crate::bfd::BfdTable>),
-            ..StartContext::default()
-        };
-        let mut speaker = BgpSpeaker::start_with(cfg, &ctx).expect("starts");
+        let (listener, table, mut speaker) = speaker_with_bfd().await;
         let bfd = |state: u8, remote_state: u8| BfdState {
             state,
             remote_state,
