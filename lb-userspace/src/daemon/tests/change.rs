@@ -37,6 +37,26 @@ fn web_table(r: &Rig) -> Vec<Option<IpAddr>> {
         .unwrap()
 }
 
+/// `by` later: the tick, then what the loop does after every event.
+async fn later(r: &mut Rig, by: Duration) {
+    tokio::time::advance(by).await;
+    r.daemon.tick();
+    r.daemon.settle().await;
+}
+
+/// Revision 2 (FILE with 10.1.0.2 replaced) was reverted to 1 for want
+/// of a confirmation.
+fn reverted_to_1(r: &Rig) {
+    assert_eq!(
+        r.in_table(WEB),
+        BTreeSet::from([ip("10.1.0.1"), ip("10.1.0.2")])
+    );
+    assert_eq!(
+        r.daemon.revision_source,
+        "automatic revert of 2 to 1: it was not confirmed in time"
+    );
+}
+
 fn dry() -> ChangeOptions {
     ChangeOptions {
         dry_run: true,
@@ -559,23 +579,12 @@ async fn an_unconfirmed_change_is_reverted_when_its_window_ends() {
     r.refused(ErrorKind::Conflict, del_backend(WEB, "10.1.0.3", false))
         .await;
 
-    tokio::time::advance(Duration::from_secs(2)).await;
-    r.daemon.tick();
-    r.daemon.settle().await;
+    later(&mut r, Duration::from_secs(2)).await;
     assert!(r.daemon.confirm.is_some(), "still inside the window");
-    tokio::time::advance(Duration::from_secs(2)).await;
-    r.daemon.tick();
-    r.daemon.settle().await;
+    later(&mut r, Duration::from_secs(2)).await;
     assert!(r.daemon.confirm.is_none());
     assert_eq!(r.daemon.auto_reverts, 1);
-    assert_eq!(
-        r.in_table(WEB),
-        BTreeSet::from([ip("10.1.0.1"), ip("10.1.0.2")])
-    );
-    assert_eq!(
-        r.daemon.revision_source,
-        "automatic revert of 2 to 1: it was not confirmed in time"
-    );
+    reverted_to_1(&r);
 }
 
 /// An automatic revert that fails (here its fallback revision is gone
@@ -592,9 +601,7 @@ async fn a_failed_automatic_revert_keeps_the_probation_and_tries_again() {
     let fallback = r.daemon.revisions.dir().join(format!("{:08}.json", 1));
     let kept = std::fs::read(&fallback).unwrap();
     std::fs::remove_file(&fallback).unwrap();
-    tokio::time::advance(Duration::from_secs(4)).await;
-    r.daemon.tick();
-    r.daemon.settle().await;
+    later(&mut r, Duration::from_secs(4)).await;
     assert_eq!(r.daemon.auto_reverts, 0);
     let status: api::Status = parse(r.ok(Request::Status).await);
     let pending = status.pending_confirm.expect("still on probation");
@@ -609,19 +616,10 @@ async fn a_failed_automatic_revert_keeps_the_probation_and_tries_again() {
     assert!(r.in_table(WEB).contains(&ip("10.1.0.3")), "revision 2 runs");
     // The revision is back: the next try reverts.
     std::fs::write(&fallback, kept).unwrap();
-    tokio::time::advance(REVERT_RETRY).await;
-    r.daemon.tick();
-    r.daemon.settle().await;
+    later(&mut r, REVERT_RETRY).await;
     assert_eq!(r.daemon.auto_reverts, 1);
     assert!(r.daemon.confirm.is_none());
-    assert_eq!(
-        r.in_table(WEB),
-        BTreeSet::from([ip("10.1.0.1"), ip("10.1.0.2")])
-    );
-    assert_eq!(
-        r.daemon.revision_source,
-        "automatic revert of 2 to 1: it was not confirmed in time"
-    );
+    reverted_to_1(&r);
 }
 
 #[tokio::test(start_paused = true)]
@@ -633,9 +631,7 @@ async fn a_confirmed_change_stays() {
         .unwrap();
     let c: Committed = parse(r.ok(Request::Confirm).await);
     assert_eq!(c.revision, Some(2));
-    tokio::time::advance(Duration::from_secs(10)).await;
-    r.daemon.tick();
-    r.daemon.settle().await;
+    later(&mut r, Duration::from_secs(10)).await;
     assert_eq!(r.daemon.auto_reverts, 0);
     assert!(r.in_table(WEB).contains(&ip("10.1.0.3")));
     r.refused(ErrorKind::Conflict, Request::Confirm).await;
@@ -678,9 +674,7 @@ async fn a_revert_ends_a_probation() {
     })
     .await;
     assert!(r.daemon.confirm.is_none());
-    tokio::time::advance(Duration::from_secs(60)).await;
-    r.daemon.tick();
-    r.daemon.settle().await;
+    later(&mut r, Duration::from_secs(60)).await;
     assert_eq!(r.daemon.auto_reverts, 0);
     let weights: BTreeMap<IpAddr, u32> = r.daemon.effective()[0]
         .backends
@@ -774,9 +768,7 @@ async fn an_unconfirmed_forced_change_is_reverted_although_the_revert_needs_forc
         .await
         .unwrap();
     assert_eq!(web_table(&r).len(), 1009);
-    tokio::time::advance(Duration::from_secs(3)).await;
-    r.daemon.tick();
-    r.daemon.settle().await;
+    later(&mut r, Duration::from_secs(3)).await;
     assert!(r.daemon.confirm.is_none());
     assert_eq!(r.daemon.auto_reverts, 1, "the revert ran");
     assert_eq!(web_table(&r), before, "the table is the one before");
@@ -795,13 +787,9 @@ async fn a_probation_survives_a_restart_and_reverts_at_its_deadline() {
     let pending = r.daemon.confirm.clone().expect("the probation resumed");
     assert_eq!((pending.revision, pending.fallback), (2, 1));
     assert!(r.in_table(WEB).contains(&ip("10.1.0.3")));
-    tokio::time::advance(Duration::from_secs(4)).await;
-    r.daemon.tick();
-    r.daemon.settle().await;
+    later(&mut r, Duration::from_secs(4)).await;
     assert!(r.daemon.confirm.is_some(), "time is left");
-    tokio::time::advance(Duration::from_secs(4)).await;
-    r.daemon.tick();
-    r.daemon.settle().await;
+    later(&mut r, Duration::from_secs(4)).await;
     assert!(r.daemon.confirm.is_none());
     assert_eq!(r.daemon.auto_reverts, 1);
     assert_eq!(
@@ -1026,18 +1014,14 @@ async fn a_failed_revert_of_a_lost_announcement_waits_for_its_retry() {
     assert!(failed(&r), "the probation stays, its revert failed");
     assert_eq!(attempts(), 1);
     for _ in 0..5 {
-        tokio::time::advance(Duration::from_secs(1)).await;
-        r.daemon.tick();
-        r.daemon.settle().await;
+        later(&mut r, Duration::from_secs(1)).await;
     }
     assert_eq!(attempts(), 1, "no attempt before the retry's deadline");
     assert!(
         !r.announced().contains(&vip),
         "the routes follow the change that runs"
     );
-    tokio::time::advance(REVERT_RETRY).await;
-    r.daemon.tick();
-    r.daemon.settle().await;
+    later(&mut r, REVERT_RETRY).await;
     assert!(failed(&r), "tried again, failed again");
     assert_eq!(attempts(), 2, "once more at the deadline");
 }

@@ -44,6 +44,17 @@ fn maps(r: &Rig) -> Maps {
     (handles, tables)
 }
 
+/// Reloads `text` while the fake's maps refuse the write of `vip`'s
+/// `LB_VIPS` entry (half-way through the apply): the refusal.
+async fn refused_at(r: &mut Rig, text: &str, vip: &str) {
+    let id: VipId = vip.parse().unwrap();
+    r.daemon.reconciler.dataplane_mut().refuse_vip = Some(id.key());
+    let parsed = reparse(r, text);
+    let e = r.daemon.reload(parsed, false, &plain()).await.unwrap_err();
+    r.daemon.reconciler.dataplane_mut().refuse_vip = None;
+    assert!(e.to_string().contains("refused by the fake"), "{e}");
+}
+
 #[tokio::test]
 async fn a_change_the_disk_cannot_hold_writes_nothing_to_the_maps() {
     let mut r = rig(FILE);
@@ -96,17 +107,7 @@ async fn a_map_write_refused_half_way_is_undone_under_the_same_handles() {
         "      - address: 10.2.0.1\n",
         "      - address: 10.2.0.1\n      - address: 10.2.0.2\n",
     );
-    let second: VipId = "10.99.0.2:80/tcp".parse().unwrap();
-    r.daemon.reconciler.dataplane_mut().refuse_vip = Some(second.key());
-    let parsed = reparse(&r, &text);
-    let e = r
-        .daemon
-        .reload(parsed, false, &plain())
-        .await
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("refused by the fake"), "{e}");
-    r.daemon.reconciler.dataplane_mut().refuse_vip = None;
+    refused_at(&mut r, &text, "10.99.0.2:80/tcp").await;
     // The first VIP's backend was retired before the second VIP's write
     // failed; the undo brought it back under its handle.
     assert_eq!(maps(&r), before);
@@ -141,16 +142,7 @@ async fn a_change_the_maps_refuse_touches_neither_the_backends_records_nor_the_r
     let told = r.told.lock().unwrap().len();
     let text = TWO.replace("      - address: 10.1.0.2\n", "")
         + "  - address: 10.99.0.3\n    port: 80\n    protocol: tcp\n    backends:\n      - address: 10.3.0.1\n";
-    let third: VipId = "10.99.0.3:80/tcp".parse().unwrap();
-    r.daemon.reconciler.dataplane_mut().refuse_vip = Some(third.key());
-    let parsed = reparse(&r, &text);
-    let e = r
-        .daemon
-        .reload(parsed, false, &plain())
-        .await
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("refused by the fake"), "{e}");
+    refused_at(&mut r, &text, "10.99.0.3:80/tcp").await;
     assert_eq!(joined(&r), Some(before), "the record is the one it had");
     let third_ip: IpAddr = "10.99.0.3".parse().unwrap();
     let sets = r.told.lock().unwrap()[told..].to_vec();
@@ -175,16 +167,12 @@ async fn the_same_refusal_again_replaces_the_last() {
             .map(|v| v.number)
             .collect()
     };
-    let second: VipId = "10.99.0.2:80/tcp".parse().unwrap();
-    r.daemon.reconciler.dataplane_mut().refuse_vip = Some(second.key());
     let text = TWO.replace("      - address: 10.2.0.1\n", "      - address: 10.2.0.2\n");
     for _ in 0..3 {
-        let parsed = reparse(&r, &text);
-        r.daemon.reload(parsed, false, &plain()).await.unwrap_err();
+        refused_at(&mut r, &text, "10.99.0.2:80/tcp").await;
     }
     assert_eq!(refusals(&r).len(), 1, "one refusal: {:?}", refusals(&r));
     let other = TWO.replace("      - address: 10.2.0.1\n", "      - address: 10.2.0.3\n");
-    let parsed = reparse(&r, &other);
-    r.daemon.reload(parsed, false, &plain()).await.unwrap_err();
+    refused_at(&mut r, &other, "10.99.0.2:80/tcp").await;
     assert_eq!(refusals(&r).len(), 2, "{:?}", refusals(&r));
 }
