@@ -230,6 +230,56 @@ impl Overlay {
                 }
             }
         }
+        dropped.extend(self.drop_drains_of_absent_backends(base));
+        dropped
+    }
+
+    /// Drains of backends that no longer run (the file removed them): they
+    /// go, so a backend the file adds back later is not drained in
+    /// silence by a drain made for the one before.
+    fn drop_drains_of_absent_backends(&mut self, base: &[VipConfig]) -> Vec<Override> {
+        let effective = self.apply(base);
+        let runs = |id: &VipId, addr: &IpAddr| {
+            effective
+                .iter()
+                .any(|v| v.id == *id && v.backends.iter().any(|b| b.address == *addr))
+        };
+        let gone: Vec<(VipId, IpAddr)> = self
+            .drained
+            .iter()
+            .flat_map(|(id, addrs)| addrs.iter().map(move |addr| (*id, *addr)))
+            .filter(|(id, addr)| !runs(id, addr))
+            .collect();
+        let mut dropped = Vec::new();
+        for (id, addr) in gone {
+            let origin = self
+                .origins
+                .drained
+                .get_mut(&id)
+                .and_then(|m| m.remove(&addr));
+            dropped.push(row(
+                id,
+                Some(addr),
+                "state",
+                "-".into(),
+                "drained".into(),
+                origin.as_ref(),
+            ));
+            if let Some(set) = self.drained.get_mut(&id) {
+                set.remove(&addr);
+                if set.is_empty() {
+                    self.drained.remove(&id);
+                }
+            }
+            if self
+                .origins
+                .drained
+                .get(&id)
+                .is_some_and(BTreeMap::is_empty)
+            {
+                self.origins.drained.remove(&id);
+            }
+        }
         dropped
     }
 
@@ -397,6 +447,32 @@ mod tests {
             .iter()
             .find(|b| b.address == ip(addr))
             .map(|b| b.weight)
+    }
+
+    /// A drain goes with its backend: the file that removes the backend
+    /// drops the drain (said, as the rule's other drops are), so the file
+    /// adding the backend back later does not bring it back drained.
+    #[test]
+    fn a_drain_goes_when_the_file_removes_its_backend() {
+        let base = file();
+        let mut o = Overlay::default();
+        change(&mut o, &base, 3, |o| {
+            o.set_drained(&base, &id(WEB), ip("10.1.0.2"), true)
+                .unwrap()
+        });
+        assert!(o.clone().rebase(&base).is_empty(), "the backend runs: kept");
+        let without = vec![vip(WEB, &[("10.1.0.1", 1)])];
+        let dropped = o.rebase(&without);
+        assert_eq!(dropped.len(), 1, "{dropped:?}");
+        assert_eq!(
+            (dropped[0].backend, dropped[0].field, dropped[0].revision),
+            (Some(ip("10.1.0.2")), "state", 3)
+        );
+        assert!(
+            o.drained_in(&o.apply(&base)).is_empty(),
+            "back in the file: not drained"
+        );
+        assert!(o.origins.drained.is_empty());
     }
 
     #[test]

@@ -339,3 +339,30 @@ async fn a_drain_without_a_connection_table_says_the_flows_moved_at_once() {
         c.warnings
     );
 }
+
+/// A reload whose file removes a drained backend names the drain it
+/// drops, and the backend added back by a later reload is not drained.
+#[tokio::test]
+async fn a_reload_that_removes_a_drained_backend_names_the_drain() {
+    let mut r = rig(FILE);
+    r.ok(r.drain(WEB, "10.1.0.2", false)).await;
+    let without = FILE.replace("      - address: 10.1.0.2\n", "");
+    let c = r
+        .daemon
+        .reload(reparse(&r, &without), true, &ChangeOptions::default())
+        .await
+        .unwrap();
+    assert!(
+        c.warnings
+            .iter()
+            .any(|w| w.contains("backend 10.1.0.2 state")),
+        "{:?}",
+        c.warnings
+    );
+    r.daemon
+        .reload(reparse(&r, FILE), false, &ChangeOptions::default())
+        .await
+        .unwrap();
+    let drained = r.daemon.overlay.drained_in(&r.daemon.effective());
+    assert!(drained.is_empty(), "{drained:?}");
+}
