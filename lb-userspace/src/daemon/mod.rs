@@ -396,9 +396,23 @@ impl<D: Dataplane> Daemon<D> {
     /// announcer hears of it: the caller puts the running configuration
     /// back.
     pub fn program(&mut self, effective: &[VipConfig], initial: bool) -> Result<ApplyReport> {
+        self.program_as(effective, initial, true)
+    }
+
+    /// [`program`](Self::program); `keep`: a copy of the bookkeeping is
+    /// kept to put back if the maps refuse. A re-plan of the running
+    /// configuration has nothing to put back (its sync removes and adds
+    /// nothing) and skips the copy, O(backends), made at every probe
+    /// batch otherwise.
+    fn program_as(
+        &mut self,
+        effective: &[VipConfig],
+        initial: bool,
+        keep: bool,
+    ) -> Result<ApplyReport> {
         let now = Instant::now();
         let drained = self.overlay.drained_in(effective);
-        let before = self.lifecycle.clone();
+        let before = keep.then(|| self.lifecycle.clone());
         self.lifecycle.sync(effective, &drained, now, initial);
         if initial {
             let began = self.overlay.drain_times();
@@ -425,7 +439,9 @@ impl<D: Dataplane> Daemon<D> {
             Ok(report) => report,
             Err(e) => {
                 self.metrics.reconcile_errors.inc();
-                self.lifecycle = before;
+                if let Some(before) = before {
+                    self.lifecycle = before;
+                }
                 return Err(e.into());
             }
         };
@@ -440,7 +456,7 @@ impl<D: Dataplane> Daemon<D> {
     /// Re-plans the running configuration (after a verdict or a timer).
     pub fn replan(&mut self) {
         let effective = self.effective();
-        if let Err(e) = self.program(&effective, false) {
+        if let Err(e) = self.program_as(&effective, false, false) {
             error!("updating the dataplane failed: {e}");
             // The routes still follow the backends' health (and an
             // announcer's refusal is still retried).
