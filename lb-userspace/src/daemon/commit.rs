@@ -543,10 +543,11 @@ impl<D: Dataplane> Daemon<D> {
         // The same refusal again (a broken file reloaded every half hour by
         // a script) takes the place of the last, with its time: refusals
         // must not push the revisions that ran out of the history.
-        if let Some(last) = number
-            .checked_sub(1)
-            .and_then(|n| self.revisions.get(n).ok())
-            && !revision.applied()
+        // (Only a refusal reads the last revision, which may be 16 MiB.)
+        if !revision.applied()
+            && let Some(last) = number
+                .checked_sub(1)
+                .and_then(|n| self.revisions.get(n).ok())
             && !last.applied()
             && (&last.source, &last.error, &last.file_digest)
                 == (&revision.source, &revision.error, &revision.file_digest)
