@@ -432,8 +432,8 @@ impl KernelDataplane {
         let key = key.id();
         let recorded: Vec<u32> = program_records(dir).into_iter().map(|(_, id)| id).collect();
         let mut named = Vec::new();
-        for iface in Self::pinned_links(dir) {
-            let Some(id) = Self::pinned_link_program(&Self::link_pin(dir, &iface)) else {
+        for (iface, id) in Self::linked_programs(dir) {
+            let Some(id) = id else {
                 tracing::warn!(iface, "cannot read the program of the pinned link");
                 continue;
             };
@@ -458,9 +458,9 @@ impl KernelDataplane {
     /// `lbd`'s program (and after a trace swap), so that a record never
     /// keeps an old program loaded for long.
     pub fn forget_unattached_programs(dir: &Path) {
-        let running: Vec<u32> = Self::pinned_links(dir)
-            .iter()
-            .filter_map(|iface| Self::pinned_link_program(&Self::link_pin(dir, iface)))
+        let running: Vec<u32> = Self::linked_programs(dir)
+            .into_iter()
+            .filter_map(|(_, id)| id)
             .collect();
         for (path, id) in program_records(dir) {
             if !running.contains(&id) {
@@ -551,6 +551,18 @@ impl KernelDataplane {
     /// Where the link of `iface` is pinned under the pin directory `dir`.
     pub fn link_pin(dir: &Path, iface: &str) -> std::path::PathBuf {
         dir.join(format!("{LINK_PIN}{iface}"))
+    }
+
+    /// Each link pinned under `dir`: its interface and the id of the
+    /// program it runs (`None`: the link cannot be read).
+    fn linked_programs(dir: &Path) -> Vec<(String, Option<u32>)> {
+        Self::pinned_links(dir)
+            .into_iter()
+            .map(|iface| {
+                let id = Self::pinned_link_program(&Self::link_pin(dir, &iface));
+                (iface, id)
+            })
+            .collect()
     }
 
     /// The interfaces that have a link pinned under `dir`.
