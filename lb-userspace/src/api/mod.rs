@@ -149,6 +149,9 @@ pub enum ClientError {
     NoAnswer(Duration),
     #[error("bad answer from lbd")]
     Decode(#[from] serde_json::Error),
+    /// The answer ran past [`MAX_RESPONSE`]: cut off, not malformed.
+    #[error("lbd's answer is larger than {} MiB, the most lbctl reads", MAX_RESPONSE >> 20)]
+    TooLarge,
     /// `lbd` refused the request: its code (none from an older `lbd`)
     /// and its reason.
     #[error("lbd: {message}")]
@@ -222,6 +225,9 @@ fn exchange(
         }
         _ => e.into(),
     })?;
+    if answer.len() >= MAX_RESPONSE && !answer.ends_with('\n') {
+        return Err(ClientError::TooLarge);
+    }
     let response: Response = serde_json::from_str(&answer)?;
     if response.ok {
         Ok(response.data)
@@ -290,6 +296,27 @@ mod tests {
         assert!(matches!(e, ClientError::NoAnswer(_)), "{e:?}");
         assert!(e.to_string().contains("lbctl history"), "{e}");
         drop(held.join());
+    }
+
+    /// An answer longer than the client reads is reported as too large,
+    /// not as the JSON error its cut-off text would give.
+    #[test]
+    fn an_answer_past_the_limit_says_it_is_too_large() {
+        let dir = crate::scratch::ScratchDir::new("api-large");
+        let path = dir.join("lbd.sock");
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let talker = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut line = String::new();
+            BufReader::new(&s).read_line(&mut line).unwrap();
+            let answer = format!(r#"{{"api":2,"ok":true,"data":"{}"}}"#, "x".repeat(MAX_RESPONSE));
+            // The client stops reading at the limit and closes.
+            let _ = s.write_all(answer.as_bytes());
+        });
+        let e = call_within(&path, &Request::Status, Duration::from_secs(30)).unwrap_err();
+        assert!(matches!(e, ClientError::TooLarge), "{e:?}");
+        assert!(e.to_string().contains("64 MiB"), "{e}");
+        talker.join().unwrap();
     }
 
     /// An answer that cannot be written as JSON is a refusal that says

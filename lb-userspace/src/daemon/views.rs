@@ -346,6 +346,9 @@ impl<D: Dataplane> Daemon<D> {
             .map(|c| c.backends.iter().map(|b| (b.address, b.weight)).collect())
             .unwrap_or_default();
         let addresses = self.reconciler.table_addresses(id)?.unwrap_or_default();
+        if list_slots {
+            listable(id, &addresses)?;
+        }
         Ok(TableInfo {
             digest: crate::digest::table(&addresses),
             slots: list_slots.then_some(addresses),
@@ -727,11 +730,49 @@ impl<D: Dataplane> Daemon<D> {
     }
 }
 
+/// Refuses `--slots` for a table whose list would not fit in an answer
+/// `lbctl` reads ([`crate::api::MAX_RESPONSE`]): a table of millions of
+/// IPv6 slots runs to hundreds of MiB, which the client would cut off
+/// and fail to parse.
+fn listable(id: &VipId, slots: &[Option<IpAddr>]) -> Result<()> {
+    let bytes = listed_bytes(slots);
+    // Room for the rest of the answer (the backends' shares).
+    let budget = crate::api::MAX_RESPONSE as u64 - (1 << 20);
+    if bytes > budget {
+        return Err(refused(
+            ErrorKind::BadRequest,
+            format!(
+                "VIP {id}'s table has {} slots; listing them takes {} MiB, more than an answer may carry ({} MiB); \
+                 compare tables by their digest (`lbctl table {id}` without --slots) instead",
+                slots.len(),
+                bytes >> 20,
+                crate::api::MAX_RESPONSE >> 20
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The bytes `slots` takes in a JSON answer, give or take its brackets:
+/// each slot as `"addr",` or `null,`, counted per distinct backend.
+fn listed_bytes(slots: &[Option<IpAddr>]) -> u64 {
+    let mut per_backend: std::collections::HashMap<Option<IpAddr>, u64> = Default::default();
+    for s in slots {
+        *per_backend.entry(*s).or_default() += 1;
+    }
+    per_backend
+        .iter()
+        .map(|(a, n)| n * a.map_or(5, |a| a.to_string().len() as u64 + 3))
+        .sum()
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::{Duration, UNIX_EPOCH};
 
-    use super::{humantime, humantime_millis};
+    use std::net::IpAddr;
+
+    use super::{humantime, humantime_millis, listable, listed_bytes};
 
     #[test]
     fn times_are_utc_in_iso_8601() {
@@ -742,5 +783,24 @@ mod tests {
         assert_eq!(humantime_millis(t), "2000-03-01T00:00:00.045Z");
         let t = UNIX_EPOCH + Duration::from_millis(951_868_799_999);
         assert_eq!(humantime_millis(t), "2000-02-29T23:59:59.999Z");
+    }
+
+    /// The estimate is what serde writes (checked against serde_json,
+    /// which the answer is written with), and the limit falls between a
+    /// default IPv4 table and the largest IPv6 one.
+    #[test]
+    fn slot_lists_that_an_answer_cannot_carry_are_refused() {
+        let a: IpAddr = "10.1.0.1".parse().unwrap();
+        let b: IpAddr = "2001:db8:ffff:ffff:ffff:ffff:ffff:1".parse().unwrap();
+        let slots = vec![Some(a), None, Some(b), Some(a), None];
+        let written = serde_json::to_string(&slots).unwrap().len() as u64;
+        // Two brackets, one comma fewer.
+        assert_eq!(listed_bytes(&slots), written - 1);
+
+        let vip = "10.99.0.1:80/tcp".parse().unwrap();
+        assert!(listable(&vip, &vec![Some(a); 65_537]).is_ok());
+        let e = listable(&vip, &vec![Some(b); 1 << 24]).unwrap_err();
+        let e = e.to_string();
+        assert!(e.contains("16777216 slots") && e.contains("digest"), "{e}");
     }
 }
