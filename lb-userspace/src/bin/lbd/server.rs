@@ -188,10 +188,16 @@ async fn handle(stream: UnixStream, calls: mpsc::Sender<Call>, id: u64, waiting:
     let mut line = String::new();
     let read = tokio::time::timeout(REQUEST_TIMEOUT, reader.read_line(&mut line)).await;
     // Read (or given up on): no longer one that may make room for others.
-    if let Ok(mut w) = waiting.lock() {
-        w.remove(&id);
-    }
+    // Taking itself off the list decides the race with the accept loop:
+    // one it already took off is being aborted to make room, and must not
+    // hand its request to the daemon (a change made whose answer nobody
+    // would write).
+    let evicted = waiting.lock().is_ok_and(|mut w| w.remove(&id).is_none());
     let response = match read {
+        _ if evicted => Response::err(
+            ErrorKind::Unavailable,
+            "lbd gave this connection's slot to a newer one; try again",
+        ),
         Err(_) => Response::err(ErrorKind::Protocol, "timed out waiting for the request"),
         Ok(Err(e)) => Response::err(ErrorKind::Protocol, format!("reading the request: {e}")),
         Ok(Ok(n)) if !line.ends_with('\n') && n >= MAX_REQUEST => Response::err(
@@ -289,5 +295,35 @@ mod tests {
         write_response(&mut ours, &big).await.unwrap();
         drop(ours);
         assert!(reader.await.unwrap().unwrap() > 4 << 20);
+    }
+
+    /// A connection the accept loop took off the waiting list (to abort it
+    /// for a newcomer) just as its request arrived does not pass the
+    /// request on: the change would be made and its answer never written.
+    #[tokio::test]
+    async fn a_connection_evicted_as_it_reads_sends_nothing_on() {
+        for listed in [false, true] {
+            let (ours, mut theirs) = UnixStream::pair().unwrap();
+            theirs.write_all(b"{\"api\":2,\"op\":\"status\"}\n").await.unwrap();
+            let waiting = Waiting::default();
+            if listed {
+                let idle = tokio::spawn(std::future::pending::<()>());
+                waiting.lock().unwrap().insert(7, idle.abort_handle());
+            }
+            let (calls, mut daemon) = mpsc::channel(1);
+            let answering = tokio::spawn(async move {
+                let (_, reply): Call = daemon.recv().await?;
+                reply.send(Response::ok(1)).ok()
+            });
+            handle(ours, calls, 7, waiting).await;
+            let mut answer = String::new();
+            BufReader::new(theirs).read_line(&mut answer).await.unwrap();
+            let answer: Response = serde_json::from_str(&answer).unwrap();
+            let reached = answering.await.unwrap().is_some();
+            assert_eq!((answer.ok, reached), (listed, listed), "{answer:?}");
+            if !listed {
+                assert_eq!(answer.code, Some(ErrorKind::Unavailable));
+            }
+        }
     }
 }
