@@ -16,6 +16,8 @@
 //!    withdrawal. 0 connections break.
 //! 4. 30% loss on BFD's path (nft numgen), then a hostile sender on the
 //!    link: wrong discriminators, bad lengths, authentication, a flood.
+//! 5. Against FRR's bfdd too: a silent balancer, and bfdd's `shutdown`
+//!    (AdminDown), which must leave the BGP session and the route alone.
 //!
 //! Times are printed (`--nocapture`), asserted only as generous deadlines.
 //! Needs root, bird2 and nftables.
@@ -247,6 +249,8 @@ fn frr_bfdd_takes_a_silent_balancer_out_and_no_connection_breaks() {
         );
         let streams = rig.streams(46_500..46_700, EVERY, PATIENCE)?;
         advance(&streams, 3)?;
+        admin_down_is_maintenance(&rig, &lbd1)?;
+        advance(&streams, 3)?;
         rig.silence(1)?;
         let out = rig.wait_hops("lb1 out of the ECMP route", &[2], Duration::from_secs(10))?;
         let report = rig
@@ -267,6 +271,74 @@ fn frr_bfdd_takes_a_silent_balancer_out_and_no_connection_breaks() {
         drop((lbd1, lbd2));
         Ok(())
     })());
+}
+
+/// `vtysh` against the rig's FRR, one `-c` per line.
+fn vtysh(rig: &EcmpRig, lines: &[&str]) -> Result<String> {
+    let mut cmd = std::process::Command::new(lb_tests::routers::VTYSH);
+    cmd.arg("--vty_socket").arg(rig.dir.join("frr"));
+    for line in lines {
+        cmd.arg("-c").arg(line);
+    }
+    let out = cmd.output()?;
+    if !out.status.success() {
+        bail!("vtysh {lines:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// How many times FRR's session with balancer `i` has been established.
+fn established_count(rig: &EcmpRig, i: usize) -> Result<u64> {
+    let peer = lb_tests::ecmp::balancer_addr(i).to_string();
+    let text = vtysh(rig, &[&format!("show bgp neighbors {peer} json")])?;
+    let v: serde_json::Value = serde_json::from_str(&text).context("show bgp neighbors")?;
+    v[&peer]["connectionsEstablished"]
+        .as_u64()
+        .with_context(|| format!("no connectionsEstablished in {text}"))
+}
+
+/// The router takes BFD down administratively (bfdd `shutdown`, RFC 5880
+/// AdminDown): maintenance, not a path failure (RFC 5882 §3.2), so `lbd`
+/// keeps its BGP session and its routes (it used to send a Cease, and the
+/// router dropped lb1's route); BFD comes back Up after `no shutdown`.
+fn admin_down_is_maintenance(rig: &EcmpRig, lbd1: &Lbd) -> Result<()> {
+    let addr = lb_tests::ecmp::balancer_addr(1).to_string();
+    let before = established_count(rig, 1)?;
+    let session = |how: &str| {
+        vtysh(
+            rig,
+            &["configure terminal", "bfd", &format!("peer {addr}"), how],
+        )
+    };
+    session("shutdown")?;
+    wait_for(
+        "lb1 to see bfdd's AdminDown",
+        Duration::from_secs(10),
+        Duration::from_millis(50),
+        || Ok(peer(lbd1)?["bfd"]["remote_state"] == "AdminDown"),
+    )?;
+    // Three detection times (300 ms × 3) and more: a Cease would have
+    // closed the session well within them.
+    std::thread::sleep(Duration::from_secs(3));
+    let after = established_count(rig, 1)?;
+    let state = peer(lbd1)?;
+    session("no shutdown")?;
+    if after != before || state["state"] != "Established" {
+        bail!(
+            "bfdd's AdminDown reset lb1's BGP session (established {before} -> {after} times); lb1: {state}"
+        );
+    }
+    rig.wait_hops(
+        "lb1 kept in the ECMP route",
+        &[1, 2],
+        Duration::from_secs(1),
+    )?;
+    let up = wait_bfd_up(lbd1, "lb1's BFD session up again after `no shutdown`")?;
+    println!(
+        "FRR bfdd shutdown: lb1 saw AdminDown, kept its session ({after} established) and its route; BFD up again {} after `no shutdown`",
+        ms(up)
+    );
+    Ok(())
 }
 
 #[test]

@@ -309,7 +309,10 @@ mod tests {
             let (mut s, _) = listener.accept().unwrap();
             let mut line = String::new();
             BufReader::new(&s).read_line(&mut line).unwrap();
-            let answer = format!(r#"{{"api":2,"ok":true,"data":"{}"}}"#, "x".repeat(MAX_RESPONSE));
+            let answer = format!(
+                r#"{{"api":2,"ok":true,"data":"{}"}}"#,
+                "x".repeat(MAX_RESPONSE)
+            );
             // The client stops reading at the limit and closes.
             let _ = s.write_all(answer.as_bytes());
         });

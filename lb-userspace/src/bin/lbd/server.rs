@@ -304,7 +304,10 @@ mod tests {
     async fn a_connection_evicted_as_it_reads_sends_nothing_on() {
         for listed in [false, true] {
             let (ours, mut theirs) = UnixStream::pair().unwrap();
-            theirs.write_all(b"{\"api\":2,\"op\":\"status\"}\n").await.unwrap();
+            theirs
+                .write_all(b"{\"api\":2,\"op\":\"status\"}\n")
+                .await
+                .unwrap();
             let waiting = Waiting::default();
             if listed {
                 let idle = tokio::spawn(std::future::pending::<()>());
