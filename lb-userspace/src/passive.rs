@@ -57,8 +57,18 @@ pub struct Passive {
     pub ejections: u32,
     /// When the last ejection ended (for the decay).
     released_at: Option<Instant>,
-    /// Why it is not ejected although it qualifies (the cap), for display.
-    pub held_back: bool,
+    /// Why it is not ejected although it qualifies, for display.
+    pub held_back: Option<Hold>,
+}
+
+/// What keeps a backend that qualifies from being ejected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hold {
+    /// `max_ejection_percent` of the VIP's backends are ejected.
+    Cap,
+    /// One more ejection would put the VIP below `panic_threshold`, where
+    /// the table takes every backend back, those down by probes too.
+    Panic,
 }
 
 /// SYNs and retransmits over the window, and their ratio.
@@ -244,14 +254,19 @@ pub enum Event {
     HeldBack {
         index: usize,
         window: Window,
+        by: Hold,
     },
 }
 
 /// Applies the policy to a VIP's backends (each `(state, candidate)`, a
 /// candidate being one the table may use: weighted, not drained, not down).
+/// `keep` is the fewest candidates that must stay un-ejected: below it the
+/// VIP would panic, and a panicking table holds the backends its probes
+/// found dead as well, which is worse than ejecting nobody.
 pub fn evaluate(
     settings: &PassiveHealth,
     backends: &mut [(&mut Passive, bool)],
+    keep: usize,
     now: Instant,
 ) -> Vec<Event> {
     let mut events = Vec::new();
@@ -268,29 +283,42 @@ pub fn evaluate(
     let windows: Vec<Window> = backends.iter().map(|(p, _)| p.window()).collect();
     let cap = settings.cap(backends.len());
     let mut ejected = backends.iter().filter(|(p, _)| p.is_ejected(now)).count();
+    let mut healthy = backends
+        .iter()
+        .filter(|(p, candidate)| *candidate && !p.is_ejected(now))
+        .count();
     for i in 0..backends.len() {
         let (p, candidate) = &mut backends[i];
         let w = windows[i];
         if !*candidate || p.is_ejected(now) || w.syns < settings.min_syns {
-            p.held_back = false;
+            p.held_back = None;
             continue;
         }
         let pool = pooled(&windows, i);
         let others = pool.ratio();
+        let hold = if ejected >= cap {
+            Some(Hold::Cap)
+        } else if healthy <= keep {
+            Some(Hold::Panic)
+        } else {
+            None
+        };
         if judge(settings, w, pool) != Judgement::Eject {
-            p.held_back = false;
-        } else if ejected >= cap {
-            if !p.held_back {
+            p.held_back = None;
+        } else if let Some(by) = hold {
+            if p.held_back != hold {
                 events.push(Event::HeldBack {
                     index: i,
                     window: w,
+                    by,
                 });
             }
-            p.held_back = true;
+            p.held_back = hold;
         } else {
-            p.held_back = false;
+            p.held_back = None;
             let length = p.eject(settings, now);
             ejected += 1;
+            healthy -= 1;
             events.push(Event::Ejected {
                 index: i,
                 length,

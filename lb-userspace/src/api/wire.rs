@@ -447,7 +447,8 @@ pub struct PassiveInfo {
     pub ejections: u32,
     /// Seconds of ejection left (0: not ejected).
     pub ejected_secs: f64,
-    /// It qualifies but `max_ejection_percent` is reached.
+    /// It qualifies but `max_ejection_percent` is reached, or one more
+    /// ejection would put the VIP below `panic_threshold`.
     pub held_back: bool,
     /// Why it is not ejected although its ratio is high, if so.
     #[serde(default)]

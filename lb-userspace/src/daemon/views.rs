@@ -517,7 +517,7 @@ fn passive_note(
     addr: &IpAddr,
     now: Instant,
 ) -> Option<String> {
-    use crate::passive::Judgement;
+    use crate::passive::{Hold, Judgement};
     let l = life.backends.get(addr)?;
     if l.passive.is_ejected(now) {
         return None;
@@ -547,8 +547,11 @@ fn passive_note(
             1.0 / p,
             1.0 / crate::passive::MAX_CHANCE
         ),
-        Judgement::Eject if l.passive.held_back => {
+        Judgement::Eject if l.passive.held_back == Some(Hold::Cap) => {
             "not ejected: max_ejection_percent of the VIP's backends are".into()
+        }
+        Judgement::Eject if l.passive.held_back == Some(Hold::Panic) => {
+            "not ejected: one more ejection would put the VIP below panic_threshold".into()
         }
         Judgement::Eject => "to be ejected at the next evaluation".into(),
     })
@@ -595,7 +598,7 @@ fn backend_health(
                 ratio: w.ratio(),
                 ejections: l.passive.ejections,
                 ejected_secs: l.passive.left(now).as_secs_f64(),
-                held_back: l.passive.held_back,
+                held_back: l.passive.held_back.is_some(),
                 note: None,
             }
         }),

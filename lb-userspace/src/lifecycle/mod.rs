@@ -959,6 +959,40 @@ mod tests {
         assert_eq!(weights(&p)[1], 50, "half-way through a 10 s slow start");
     }
 
+    /// Ejections stop short of panic: a panicking table takes back the
+    /// backends down by probes too, so ejecting past the threshold would
+    /// send new flows to dead backends (helper-34). Ten backends, two down
+    /// by probes, four retrying: three go, the fourth is held back and
+    /// said so, and the dead two stay out of the table.
+    #[test]
+    fn ejections_stop_short_of_panic_which_would_take_back_the_dead() {
+        let v = passive_vip(10);
+        let t0 = Instant::now();
+        let mut l = started(&v, t0);
+        for i in [1, 2] {
+            for _ in 0..2 {
+                l.record_probe(&v.id, &addr(i), fail(), t0);
+            }
+        }
+        let lines = syn_lines(&mut l, &v, &[3, 4, 5, 6], t0);
+        let now = t0 + Duration::from_secs(1);
+        let p = l.plan(std::slice::from_ref(&v), now);
+        let states: Vec<BackendState> = (1..=10)
+            .map(|i| l.vips[&v.id].backends[&addr(i)].state)
+            .collect();
+        let ejected = states
+            .iter()
+            .filter(|s| **s == BackendState::Ejected)
+            .count();
+        assert_eq!(ejected, 3, "{states:?}\n{lines:#?}");
+        assert!(!l.vips[&v.id].panic, "{lines:#?}");
+        assert_eq!(&weights(&p)[..2], &[0, 0], "the dead stay out");
+        assert!(
+            lines.iter().any(|l| l.contains("below panic_threshold")),
+            "{lines:#?}"
+        );
+    }
+
     #[test]
     fn a_down_backend_is_not_ejected_and_a_lone_backend_never() {
         let v = passive_vip(2);

@@ -8,7 +8,7 @@ use std::{net::IpAddr, time::Instant};
 use super::Lifecycle;
 use crate::{
     config::{VipConfig, VipId},
-    passive::{Event, Passive, evaluate},
+    passive::{Event, Hold, Passive, evaluate},
 };
 
 impl Lifecycle {
@@ -37,16 +37,22 @@ impl Lifecycle {
             };
             let mut order: Vec<IpAddr> = Vec::new();
             let mut refs: Vec<(&mut Passive, bool)> = Vec::new();
+            // Counted as `panic_mode` counts: weighted and not drained,
+            // whether up or not.
+            let mut in_panic_count = 0usize;
             for (addr, l) in life.backends.iter_mut() {
                 let weighted = vip
                     .backends
                     .iter()
                     .any(|b| b.address == *addr && b.weight > 0);
+                in_panic_count += usize::from(weighted && l.drained_since.is_none());
                 let candidate = l.passive_candidate(weighted, now);
                 order.push(*addr);
                 refs.push((&mut l.passive, candidate));
             }
-            let events = evaluate(&vip.passive_health, &mut refs, now);
+            // Panic: healthy × 100 < threshold × candidates.
+            let keep = (vip.panic_threshold as usize * in_panic_count).div_ceil(100);
+            let events = evaluate(&vip.passive_health, &mut refs, keep, now);
             for e in events {
                 lines.push(describe(&vip.id, &order, &e));
                 if let Event::Released { index } = e
@@ -80,9 +86,16 @@ fn describe(vip: &VipId, order: &[IpAddr], e: &Event) -> String {
             "VIP {vip}: backend {} returns after its ejection (slow start)",
             order[*index]
         ),
-        Event::HeldBack { index, window } => format!(
-            "VIP {vip}: backend {} would be ejected ({} of {} SYNs retransmitted) but max_ejection_percent is reached",
-            order[*index], window.retransmits, window.syns
+        Event::HeldBack { index, window, by } => format!(
+            "VIP {vip}: backend {} would be ejected ({} of {} SYNs retransmitted) but {}",
+            order[*index],
+            window.retransmits,
+            window.syns,
+            match by {
+                Hold::Cap => "max_ejection_percent is reached",
+                Hold::Panic =>
+                    "one more ejection would put the VIP below panic_threshold (its table would take back the backends down by probes too)",
+            }
         ),
     }
 }

@@ -56,7 +56,7 @@ impl Series {
         }
         let mut refs: Vec<(&mut Passive, bool)> =
             self.states.iter_mut().map(|p| (p, true)).collect();
-        evaluate(s, &mut refs, now)
+        evaluate(s, &mut refs, 0, now)
     }
 
     fn ejected(&self) -> Vec<bool> {
@@ -313,7 +313,7 @@ fn a_small_unlucky_sample_is_chance_and_ejects_nobody() {
             p.record(now, syns, re, s.window);
         }
         let mut refs: Vec<(&mut Passive, bool)> = states.iter_mut().map(|p| (p, true)).collect();
-        evaluate(&s, &mut refs, now)
+        evaluate(&s, &mut refs, 0, now)
             .into_iter()
             .filter(|e| matches!(e, Event::Ejected { .. }))
             .count()
