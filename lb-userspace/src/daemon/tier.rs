@@ -274,8 +274,10 @@ impl<D: Dataplane> Daemon<D> {
             down,
             overrides: self.override_rows().len(),
             last_error: self.last_reload.clone().filter(|r| r.starts_with("failed")),
-            // The etcd task stamps its installation's id.
+            // The etcd task stamps its installation's id, and bounds it.
             instance: None,
+            down_omitted: 0,
+            tables_omitted: 0,
         })
     }
 

@@ -348,9 +348,17 @@ impl Session<'_> {
                     let report = reports.borrow_and_update().clone();
                     let report = report.map(|mut r| {
                         r.instance = Some(self.instance.to_string());
-                        r
+                        r.bounded()
                     });
                     if let Some(report) = report.filter(|r| published.as_ref() != Some(r)) {
+                        let cut = |r: &Report| r.down_omitted + r.tables_omitted > 0;
+                        if cut(&report) && !published.as_ref().is_some_and(cut) {
+                            warn!(
+                                down_omitted = report.down_omitted,
+                                tables_omitted = report.tables_omitted,
+                                "etcd: this balancer's report is cut to {MAX_REPORT_BYTES} bytes"
+                            );
+                        }
                         let json = serde_json::to_vec(&report).map_err(|e| e.to_string())?;
                         let key = self.keys.balancer(self.name);
                         let put = client.put(key, json, Some(PutOptions::new().with_lease(lease)));

@@ -315,6 +315,48 @@ pub struct Report {
     /// task fills it in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instance: Option<String>,
+    /// Entries of `down` and of `tables` left out to keep the report
+    /// within [`MAX_REPORT_BYTES`] ([`Report::bounded`]).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub down_omitted: usize,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub tables_omitted: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+impl Report {
+    /// The report cut to fit [`MAX_REPORT_BYTES`], what every balancer
+    /// reads of another's (and below etcd's default request limit, 1.5
+    /// MiB): a tier of thousands of VIPs that loses a rack lists tens of
+    /// thousands of backends down, and a report etcd refused, or peers
+    /// could not read, left the balancer unreported. The tail of `down`
+    /// goes first, then tables' digests (a VIP without one is not
+    /// compared), each counted in `*_omitted`.
+    pub fn bounded(mut self) -> Report {
+        let size = |r: &Report| serde_json::to_vec(r).map_or(usize::MAX, |v| v.len());
+        // Room for the counts themselves.
+        let limit = MAX_REPORT_BYTES - 64;
+        let mut over = size(&self).saturating_sub(limit);
+        while over > 0 {
+            // `"entry",` and `"vip":"digest",`: the bytes each one takes.
+            if let Some(gone) = self.down.pop() {
+                self.down_omitted += 1;
+                over = over.saturating_sub(gone.len() + 3);
+            } else if let Some((vip, digest)) = self.tables.pop_last() {
+                self.tables_omitted += 1;
+                over = over.saturating_sub(vip.len() + digest.len() + 6);
+            } else {
+                break;
+            }
+            if over == 0 {
+                over = size(&self).saturating_sub(limit);
+            }
+        }
+        self
+    }
 }
 
 /// The file, beside the state file, that keeps this installation's

@@ -288,3 +288,64 @@ fn a_namesakes_report_is_named() {
     assert_eq!(written_by_another(&with(Some("aa")), "aa"), None);
     assert_eq!(written_by_another(&with(None), "aa"), None);
 }
+
+/// A tier that loses a rack of a thousand VIPs' backends reports more
+/// than a peer reads (1 MiB) or etcd takes (1.5 MiB): the report is cut
+/// to fit, down list first, then tables, and says how much it left out;
+/// a small one is untouched. Sizes by serde_json, as published.
+#[test]
+fn a_report_is_cut_to_what_peers_read() {
+    let digest = "d".repeat(64);
+    let big = Report {
+        name: "lb1".into(),
+        down: (0..30_000)
+            .map(|i| {
+                format!(
+                    "10.99.{}.{}:443/tcp 10.1.{}.{} down",
+                    i / 250,
+                    i % 250,
+                    i / 250,
+                    i % 250
+                )
+            })
+            .collect(),
+        tables: (0..12_000)
+            .map(|i| {
+                (
+                    format!("10.99.{}.{}:443/tcp", i / 250, i % 250),
+                    digest.clone(),
+                )
+            })
+            .collect(),
+        ..Report::default()
+    };
+    let size = |r: &Report| serde_json::to_vec(r).unwrap().len();
+    assert!(size(&big) > 1_500_000, "{}", size(&big));
+    let cut = big.clone().bounded();
+    assert!(size(&cut) <= MAX_REPORT_BYTES, "{}", size(&cut));
+    assert!(
+        size(&cut) > MAX_REPORT_BYTES - 4096,
+        "no more is cut than needed: {}",
+        size(&cut)
+    );
+    assert_eq!(cut.down.len() + cut.down_omitted, 30_000);
+    assert_eq!(cut.tables.len() + cut.tables_omitted, 12_000);
+    assert_eq!(cut.down.len(), 0, "the down list goes first");
+    assert!(
+        cut.tables_omitted > 0 && !cut.tables.is_empty(),
+        "{}",
+        cut.tables_omitted
+    );
+    // A peer reads it back, counts and all.
+    let read: Report = serde_json::from_slice(&serde_json::to_vec(&cut).unwrap()).unwrap();
+    assert_eq!(read, cut);
+    let small = Report {
+        down: big.down[..100].to_vec(),
+        ..big.clone()
+    };
+    let small = Report {
+        tables: BTreeMap::new(),
+        ..small
+    };
+    assert_eq!(small.clone().bounded(), small);
+}

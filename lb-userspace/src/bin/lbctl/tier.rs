@@ -35,7 +35,7 @@ pub fn print_tier_status(s: &TierStatus) {
                 r.announced.values().filter(|n| **n > 0).count().to_string()
                     + "/"
                     + &r.announced.len().to_string(),
-                r.down.len(),
+                r.down.len() + r.down_omitted,
                 if r.refused.is_some() {
                     "refused newest"
                 } else if r.reverted.is_some() {
