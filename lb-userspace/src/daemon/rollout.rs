@@ -387,6 +387,7 @@ impl<D: Dataplane> Daemon<D> {
                 );
                 self.rollout.busy = true;
                 let by = self.tier.name.clone();
+                let why = cut(why);
                 vec![
                     progress(id, Phase::Failed { why: why.clone() }),
                     mark(id, Outcome::Failed { by, why }),
@@ -895,19 +896,22 @@ impl<D: Dataplane> Daemon<D> {
     }
 }
 
-/// `record` (of rollout `id`) with its outcome.
+/// A failure's reason cut to [`OUTCOME_ROOM`] / 8 characters: what a
+/// marked record has room for, and well within a progress entry's 16 KiB
+/// (a longer one every balancer would skip as unreadable).
+pub(super) fn cut(why: String) -> String {
+    let room = OUTCOME_ROOM / 8;
+    match why.char_indices().nth(room) {
+        Some((at, _)) => format!("{}…", &why[..at]),
+        None => why,
+    }
+}
+
 /// The record marked with how rollout `id` ended. A reason is cut to
 /// [`OUTCOME_ROOM`] / 8 characters (each at most 6 bytes in JSON, an
 /// escaped control character), so that the marked record stays within the
 /// room [`Daemon::rollout_plan`] left it.
 pub(super) fn marked(record: &Rollout, id: i64, outcome: Outcome) -> Rollout {
-    let cut = |why: String| -> String {
-        let room = OUTCOME_ROOM / 8;
-        match why.char_indices().nth(room) {
-            Some((at, _)) => format!("{}…", &why[..at]),
-            None => why,
-        }
-    };
     let outcome = match outcome {
         Outcome::Failed { by, why } => Outcome::Failed { by, why: cut(why) },
         Outcome::Aborted { why } => Outcome::Aborted { why: cut(why) },

@@ -5,7 +5,7 @@
 //! tier rollout` may start another. etcd itself is in `tests/e2e/tier.rs`.
 
 use super::{
-    super::rollout::{Step, change, marked, nominal_tables},
+    super::rollout::{Step, change, cut, marked, nominal_tables},
     tier::{TIER_FILE, VIPS, apply, desired},
     *,
 };
@@ -852,6 +852,22 @@ async fn a_rollout_record_too_big_to_read_is_refused_and_reasons_are_cut() {
         "{}",
         size(&failed)
     );
+}
+
+/// A failure's reason goes into the progress entry cut as into the
+/// record: a gate listing hundreds of backends gave an entry over the
+/// 16 KiB every balancer reads, so the failure was skipped everywhere.
+#[test]
+fn a_failures_progress_entry_stays_readable() {
+    let why = cut("\u{1}".repeat(100_000));
+    let entry = Progress {
+        rollout: ID,
+        phase: Phase::Failed { why: why.clone() },
+    };
+    let bytes = serde_json::to_vec(&entry).unwrap();
+    assert!(bytes.len() < 16 << 10, "{}", bytes.len());
+    assert!(why.ends_with('…'));
+    assert_eq!(cut("short".into()), "short");
 }
 
 /// What a change explains to the gates: the backends it adds, and the
