@@ -277,10 +277,19 @@ impl Session<'_> {
         self.send(rollout).await?;
         self.send(Event::Progress(self.progress.clone())).await?;
         self.send_members().await?;
+        // A watcher catching up gets up to 1,000 revisions in one answer:
+        // fragments (etcd splits an answer over its request limit, 1.5
+        // MiB, and each event stands alone, so they are handled as they
+        // come) and a decode limit above one fragment, not gRPC's 4 MiB,
+        // which a burst of reports passed and ended every session.
         let options = WatchOptions::new()
             .with_prefix()
-            .with_start_revision(revision + 1);
-        let watch = bounded(wait, "watching the tier", client.watch(all, Some(options))).await?;
+            .with_start_revision(revision + 1)
+            .with_fragment();
+        let mut watcher = client
+            .watch_client()
+            .max_decoding_message_size(MAX_WATCH_ANSWER);
+        let watch = bounded(wait, "watching the tier", watcher.watch(all, Some(options))).await?;
         Ok(Open {
             client,
             lease,
@@ -727,6 +736,9 @@ async fn bounded_write<T>(
 /// stores (1.5 MiB, its default request limit) stay under the 4 MiB a
 /// gRPC answer may hold.
 const PAGE_KEYS: i64 = 2;
+/// The largest watch answer decoded: a fragment (at most etcd's request
+/// limit, 1.5 MiB by default) and one event of that size beyond it.
+const MAX_WATCH_ANSWER: usize = 16 << 20;
 /// Keys the first read takes at most before it gives up (a prefix that
 /// keeps saying there is more).
 const MAX_PREFIX_KEYS: usize = 100_000;
