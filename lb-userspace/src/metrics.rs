@@ -30,7 +30,7 @@ use prometheus::{
 };
 use tokio::{
     io::{AsyncReadExt as _, AsyncWriteExt as _},
-    net::{TcpListener, TcpStream},
+    net::TcpListener,
     sync::Semaphore,
 };
 use tracing::{debug, warn};
@@ -742,7 +742,10 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
 }
 
 /// Reads one request head (bounded in size and time) and answers it.
-async fn answer(mut stream: TcpStream, metrics: &Metrics) -> std::io::Result<()> {
+async fn answer(
+    mut stream: impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    metrics: &Metrics,
+) -> std::io::Result<()> {
     let mut head = Vec::new();
     let mut buf = [0u8; 1024];
     let read = async {
@@ -782,12 +785,59 @@ async fn answer(mut stream: TcpStream, metrics: &Metrics) -> std::io::Result<()>
         "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
-    stream.write_all(reply.as_bytes()).await?;
-    stream.write_all(body.as_bytes()).await?;
-    stream.shutdown().await
+    // A client that stops reading must not hold one of the few slots for
+    // good: the whole answer gets as long as a scrape may take.
+    let write = async {
+        stream.write_all(reply.as_bytes()).await?;
+        stream.write_all(body.as_bytes()).await?;
+        stream.shutdown().await
+    };
+    tokio::time::timeout(ANSWER_TIMEOUT, write)
+        .await
+        .map_err(|_| std::io::Error::other("the client read no answer in time"))?
 }
+
+/// How long a scraper may take to read its answer (Prometheus's default
+/// scrape timeout is 10 s).
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Binds the metrics listener (a named error if the address is taken).
 pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     TcpListener::bind(addr).await
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    use super::*;
+
+    /// A scraper that sends its request and never reads the answer gives
+    /// up its slot after [`ANSWER_TIMEOUT`] (eight of them used to hold
+    /// every slot for good); one that reads gets the whole answer.
+    #[tokio::test(start_paused = true)]
+    async fn a_scraper_that_reads_nothing_lets_go_of_its_slot() {
+        let metrics = Metrics::new();
+        let (ours, mut theirs) = tokio::io::duplex(64);
+        theirs
+            .write_all(b"GET /metrics HTTP/1.1\r\n\r\n")
+            .await
+            .unwrap();
+        let e = answer(ours, &metrics).await.unwrap_err();
+        assert!(e.to_string().contains("in time"), "{e}");
+        drop(theirs);
+
+        let (ours, mut theirs) = tokio::io::duplex(64);
+        theirs
+            .write_all(b"GET /metrics HTTP/1.1\r\n\r\n")
+            .await
+            .unwrap();
+        let reader = tokio::spawn(async move {
+            let mut all = String::new();
+            theirs.read_to_string(&mut all).await.map(|_| all)
+        });
+        answer(ours, &metrics).await.unwrap();
+        let all = reader.await.unwrap().unwrap();
+        assert!(all.starts_with("HTTP/1.1 200 OK"), "{all}");
+    }
 }
