@@ -49,19 +49,41 @@ pub struct ProbeTarget {
     pub mark: Option<u32>,
 }
 
-async fn connect(target: &ProbeTarget) -> std::io::Result<TcpStream> {
+/// How a probe that failed on this box, not at the backend, begins its
+/// detail: no socket (descriptors or memory used up), no mark (no
+/// `CAP_NET_ADMIN`), no local port or address. It says nothing about the
+/// backend, so the rise/fall count skips it ([`Tracker::record`]).
+pub const COULD_NOT_RUN: &str = "probe could not run here: ";
+
+impl ProbeResult {
+    /// The probe failed on this box ([`COULD_NOT_RUN`]).
+    pub fn could_not_run(&self) -> bool {
+        !self.ok && self.detail.starts_with(COULD_NOT_RUN)
+    }
+}
+
+async fn connect(target: &ProbeTarget) -> Result<TcpStream, String> {
+    let here = |e: std::io::Error| format!("{COULD_NOT_RUN}{e}");
     let domain = if target.addr.is_ipv4() {
         socket2::Domain::IPV4
     } else {
         socket2::Domain::IPV6
     };
-    let s = socket2::Socket::new(domain, socket2::Type::STREAM, Some(socket2::Protocol::TCP))?;
+    let s = socket2::Socket::new(domain, socket2::Type::STREAM, Some(socket2::Protocol::TCP))
+        .map_err(here)?;
     if let Some(mark) = target.mark {
-        s.set_mark(mark)?;
+        s.set_mark(mark).map_err(here)?;
     }
-    s.set_nonblocking(true)?;
+    s.set_nonblocking(true).map_err(here)?;
     let socket = TcpSocket::from_std_stream(s.into());
-    socket.connect(target.addr).await
+    socket.connect(target.addr).await.map_err(|e| {
+        // No local port or address to connect from: this box's lack.
+        if e.raw_os_error() == Some(libc::EADDRNOTAVAIL) {
+            here(e)
+        } else {
+            format!("connect: {e}")
+        }
+    })
 }
 
 /// Reads until `want` bytes, EOF or `MAX_REPLY`.
@@ -83,7 +105,7 @@ async fn exchange(
     target: &ProbeTarget,
     deadline: tokio::time::Instant,
 ) -> Result<String, String> {
-    let mut stream = connect(target).await.map_err(|e| format!("connect: {e}"))?;
+    let mut stream = connect(target).await?;
     if let Some(http) = &check.http {
         let host = http
             .host
@@ -235,8 +257,15 @@ impl Tracker {
         self.verdict
     }
 
-    /// Records a result; returns the new state if it changed.
+    /// Records a result; returns the new state if it changed. One that
+    /// could not run is shown (`last`) but neither counts toward rise or
+    /// fall nor breaks a streak: running out of descriptors here must not
+    /// take healthy backends down.
     pub fn record(&mut self, result: ProbeResult) -> Option<bool> {
+        if result.could_not_run() {
+            self.last = Some(result);
+            return None;
+        }
         self.probes += 1;
         let agrees = result.ok == self.up;
         self.last = Some(result);
@@ -477,6 +506,30 @@ mod tests {
         assert_eq!(t.record(result(true)), None);
         assert_eq!(t.record(result(true)), Some(true));
         assert_eq!(t.probes, 10);
+    }
+
+    /// A probe that could not run here (no descriptor, no mark) is shown
+    /// but judges nothing: healthy backends stay up through any number of
+    /// them, and a streak of real failures is not broken by them.
+    #[test]
+    fn a_probe_that_could_not_run_here_judges_nothing() {
+        let local = ProbeResult {
+            ok: false,
+            latency_us: 0,
+            detail: format!("{COULD_NOT_RUN}Too many open files (os error 24)"),
+        };
+        assert!(local.could_not_run() && !result(false).could_not_run());
+        let mut t = Tracker::new(2, 3);
+        for _ in 0..10 {
+            assert_eq!(t.record(local.clone()), None);
+        }
+        assert!(t.is_up() && !t.has_verdict());
+        assert_eq!(t.last.as_ref(), Some(&local), "shown");
+        assert_eq!(t.record(result(false)), None);
+        assert_eq!(t.record(result(false)), None);
+        assert_eq!(t.record(local.clone()), None);
+        assert_eq!(t.record(result(false)), Some(false), "the streak held");
+        assert_eq!(t.probes, 3);
     }
 
     #[test]

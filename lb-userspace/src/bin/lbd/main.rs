@@ -120,12 +120,43 @@ fn run() -> Result<()> {
         }
         Command::Teardown => teardown(&args.config),
         Command::Generate { what, dir } => generate(what, &dir),
-        Command::Run => tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .context("starting the async runtime")?
-            .block_on(run::run(args.config)),
+        Command::Run => {
+            raise_open_files();
+            run_daemon(args.config)
+        }
+    }
+}
+
+fn run_daemon(config: PathBuf) -> Result<()> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?
+        .block_on(run::run(config))
+}
+
+/// Raises the soft limit on open files to the hard one. Every probe
+/// holds a socket for up to its timeout, and thousands of probed backends
+/// passed the soft limit systemd sets (1,024); probes then failed here and
+/// counted against healthy backends. A failure is a warning, not fatal.
+fn raise_open_files() {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit write and read one rlimit we own.
+    let raised = unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && {
+            limit.rlim_cur = limit.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0
+        }
+    };
+    if !raised {
+        tracing::warn!(
+            error = %std::io::Error::last_os_error(),
+            "could not raise the limit on open files; thousands of probes may run out of descriptors"
+        );
     }
 }
 
@@ -279,5 +310,29 @@ mod tests {
                 "README never shows lbd {c}"
             );
         }
+    }
+
+    /// The soft limit on open files is raised to the hard one: lowered
+    /// here first (this test's process, put back by the call under test).
+    #[test]
+    fn the_open_files_limit_is_raised_to_the_hard_one() {
+        let get = || {
+            let mut l = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            // SAFETY: writes one rlimit we own.
+            assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) }, 0);
+            l
+        };
+        let hard = get().rlim_max;
+        let lowered = libc::rlimit {
+            rlim_cur: 256.min(hard),
+            rlim_max: hard,
+        };
+        // SAFETY: reads one rlimit we own.
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lowered) }, 0);
+        super::raise_open_files();
+        assert_eq!(get().rlim_cur, hard);
     }
 }
