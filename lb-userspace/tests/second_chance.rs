@@ -191,6 +191,17 @@ fn alternates_ride_only_on_tcp_misses_that_are_not_syns() {
     }
     assert!(listed_down > 0, "a backend down here is still an alternate");
 
+    // IPv6 with a destination-options header before TCP: no list (a
+    // backend looks for TCP right after the fixed header, so the list
+    // would cost its bytes and do nothing).
+    let mut frame = tcp6(TO_LB, TCP6, 80, 40_100, false, b"mid-flow");
+    frame[20] = 60;
+    let payload_len = u16::from_be_bytes([frame[18], frame[19]]) + 8;
+    frame[18..20].copy_from_slice(&payload_len.to_be_bytes());
+    frame.splice(54..54, [6u8, 0, 1, 4, 0, 0, 0, 0]);
+    let (action, _, _) = rig.run_counted(&frame, Counter::FwdMaglev);
+    assert_eq!(action, XDP_TX);
+
     // A SYN, then its handshake's ACK (placed here: recorded, no list),
     // then the flow's next packet (an entry): as without second chance.
     let syn = tcp4(TO_LB, TCP4, 80, 41_000, true, b"");
@@ -523,6 +534,41 @@ fn a_list_from_outside_the_given_prefixes_is_dropped_not_handed_on() {
         let out = b.run(src, &input, DecapCounter::FwdScNextHop);
         check_handed_on(&input, &out, BACKEND_V4, OTHER_V4);
     }
+    // From an allowed source, a list naming an address tunnels may not
+    // come from: delivered here, not relayed there (helper-33).
+    let input = listed(&pkt, "10.255.0.1", BACKEND_V4, &[target], 0);
+    b.run("outside --from", &input, DecapCounter::DecapScLastResort);
+}
+
+/// Without `--from`, a list still never names a loopback, multicast,
+/// broadcast or unspecified next hop: such a packet is delivered here.
+#[test]
+fn a_list_naming_no_unicast_address_is_delivered_here() {
+    let mut b = Backend::new(&[BACKEND_V4, BACKEND_V6]);
+    let client: SocketAddr = "192.0.2.7:40000".parse().unwrap();
+    let vip: SocketAddr = "10.0.0.10:80".parse().unwrap();
+    let pkt = inner(client, vip, false);
+    for next in [
+        "127.0.0.1",
+        "224.0.0.5",
+        "255.255.255.255",
+        "0.0.0.0",
+        "0.1.2.3",
+    ] {
+        let input = listed(&pkt, "10.255.0.1", BACKEND_V4, &[next], 0);
+        b.run(next, &input, DecapCounter::DecapScLastResort);
+    }
+    let input = listed(&pkt, "10.255.0.1", BACKEND_V4, &["198.51.100.9"], 0);
+    b.run("unicast", &input, DecapCounter::FwdScNextHop);
+    let client: SocketAddr = "[2001:db8::7]:40000".parse().unwrap();
+    let vip: SocketAddr = "[fd00::10]:80".parse().unwrap();
+    let pkt = inner(client, vip, false);
+    for next in ["::1", "ff02::1", "::"] {
+        let input = listed(&pkt, "fd00:ff::1", BACKEND_V6, &[next], 0);
+        b.run(next, &input, DecapCounter::DecapScLastResort);
+    }
+    let input = listed(&pkt, "fd00:ff::1", BACKEND_V6, &["2001:db8::9"], 0);
+    b.run("unicast v6", &input, DecapCounter::FwdScNextHop);
 }
 
 #[test]

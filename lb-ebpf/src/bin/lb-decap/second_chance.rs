@@ -30,6 +30,7 @@ use aya_ebpf::{
     programs::XdpContext,
 };
 use lb_common::{
+    V4_MAPPED_WORD,
     consts::{ETH_P_IPV6, IPV4_HDR_LEN, IPV6_HDR_LEN, PROTO_TCP, SC_HDR_LEN},
     counters::DecapCounter::{self, DecapScLastResort, DecapScLocal, DecapScNoLookup},
 };
@@ -42,7 +43,7 @@ use lb_ebpf::{
     },
 };
 
-use crate::tunnel::{AltList, Tunnel};
+use crate::tunnel::{AltList, Tunnel, allowed};
 
 /// What to do with a packet that carries alternates.
 pub enum Verdict {
@@ -79,6 +80,7 @@ pub fn decide(ctx: &XdpContext, t: &Tunnel, list: &AltList) -> Verdict {
     if list.next < list.count
         && let Some(next) = next_alternate(ctx, list)
         && Some(next) != outer_daddr(ctx, t, list)
+        && may_hand_on_to(next, list.outer_v6, t.check_source)
     {
         return Verdict::HandOn(next);
     }
@@ -214,6 +216,33 @@ fn outer_daddr(ctx: &XdpContext, t: &Tunnel, list: &AltList) -> Option<[u32; 4]>
     } else {
         Some([At::<Ipv4Hdr>::new(ctx, t.l2_len)?.read().daddr, 0, 0, 0])
     }
+}
+
+/// Whether a packet may be handed on to `next` (word 0 only for IPv4):
+/// a unicast address (not unspecified, loopback, multicast or, for IPv4,
+/// broadcast or 0/8), and one tunnels may come from where this backend
+/// takes them only from `LB_DECAP_FROM` (the other backends are listed
+/// there for second chance). A list is the sender's word: without this a
+/// packet from an allowed source could make this backend relay it from
+/// its own address to any address at all. Otherwise it is delivered here
+/// as the last resort.
+#[inline(always)]
+fn may_hand_on_to(next: [u32; 4], v6: bool, check_source: bool) -> bool {
+    let unicast = if v6 {
+        // Network order in memory: the first byte is the low one.
+        let loopback = next[0] == 0 && next[1] == 0 && next[2] == 0 && next[3] == 1u32.to_be();
+        let unspecified = next[0] | next[1] | next[2] | next[3] == 0;
+        next[0] as u8 != 0xff && !loopback && !unspecified
+    } else {
+        let first = next[0] as u8;
+        first != 0 && first != 127 && first < 224
+    };
+    let key = if v6 {
+        next
+    } else {
+        [0, 0, V4_MAPPED_WORD, next[0]]
+    };
+    unicast && (!check_source || allowed(key, v6))
 }
 
 /// The alternate at `next` (word 0 only for IPv4).

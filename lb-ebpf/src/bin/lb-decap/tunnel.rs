@@ -86,6 +86,9 @@ pub struct Tunnel {
     pub outcome: DecapCounter,
     /// GUE variant 0: lb's second-chance list, checked.
     pub alternates: Option<AltList>,
+    /// The destination takes tunnels only from `LB_DECAP_FROM`; so is a
+    /// packet handed on only to an alternate there.
+    pub check_source: bool,
 }
 
 /// lb's second-chance list in a GUE variant 0 header, checked: `count`
@@ -124,6 +127,8 @@ struct Outer {
     /// destination takes tunnels only from there (other tunnels are
     /// checked at once, [`source_check`]).
     checked_source: Option<AddrWords>,
+    /// The destination takes tunnels only from `LB_DECAP_FROM`.
+    check_source: bool,
 }
 
 #[inline(always)]
@@ -159,7 +164,7 @@ fn local(addr: [u32; 4], family: u8) -> Option<u32> {
 /// `LB_DECAP_FROM`? An IPv6 source (`v6`) inside `::ffff:0:0/96` never is:
 /// it would pass for the IPv4 address it maps.
 #[inline(always)]
-fn allowed(src: AddrWords, v6: bool) -> bool {
+pub fn allowed(src: AddrWords, v6: bool) -> bool {
     let mapped = src[0] == 0 && src[1] == 0 && src[2] == V4_MAPPED_WORD;
     !(v6 && mapped) && LB_DECAP_FROM.get(Key::new(128, src)).is_some()
 }
@@ -233,6 +238,7 @@ pub fn parse(ctx: &XdpContext) -> Result<Tunnel, DecapCounter> {
         inner_ethertype,
         outcome: inner.outcome,
         alternates: inner.alternates,
+        check_source: outer.check_source,
     })
 }
 
@@ -395,6 +401,7 @@ fn outer_ipv4(ctx: &XdpContext, off: usize, room: usize) -> Result<Outer, DecapC
         gue_port: value as u16,
         v6: false,
         checked_source,
+        check_source: value & DECAP_F_CHECK_SOURCE != 0,
     })
 }
 
@@ -427,6 +434,7 @@ fn outer_ipv6(ctx: &XdpContext, off: usize, room: usize) -> Result<Outer, DecapC
         gue_port: value as u16,
         v6: true,
         checked_source,
+        check_source: value & DECAP_F_CHECK_SOURCE != 0,
     })
 }
 

@@ -23,7 +23,8 @@
 use lb_common::{
     BackendDef, DatapathConfig, VipMeta,
     consts::{
-        PROTO_TCP, SC_MAX_ALTERNATES, TABLE_CHUNK_SLOTS, VIP_F_FRAG_HASH, VIP_F_SECOND_CHANCE,
+        FAMILY_V6, IPV6_HDR_LEN, PROTO_TCP, SC_MAX_ALTERNATES, TABLE_CHUNK_SLOTS, VIP_F_FRAG_HASH,
+        VIP_F_SECOND_CHANCE,
     },
     flow::maglev_slot,
 };
@@ -53,9 +54,13 @@ impl Alternates {
 /// gets alternates (the caller has ruled out SYNs): the VIP has second
 /// chance and the packet is TCP. (A VIP that hashes fragments never has
 /// second chance; the test keeps the slot below the one `pick` used.)
+/// An IPv6 packet with extension headers gets none: a backend looks for
+/// the TCP header right after the fixed one, so the list would cost its
+/// bytes and do nothing.
 #[inline(always)]
 pub fn wanted(meta: &VipMeta, pkt: &Packet) -> bool {
     pkt.proto == PROTO_TCP
+        && (pkt.family != FAMILY_V6 || pkt.l4_off == pkt.l2_len + IPV6_HDR_LEN as u32)
         && meta.flags & (VIP_F_SECOND_CHANCE | VIP_F_FRAG_HASH) == VIP_F_SECOND_CHANCE
 }
 
