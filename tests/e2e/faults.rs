@@ -217,7 +217,7 @@ fn concurrent_decap_changes_on_one_interface_are_refused() {
         let dir = be.decap_pin_dir();
         let held = lb::DirLock::acquire(dir, "test", "interface")?;
         for args in [
-            &["decap", "attach", "eth0"][..],
+            &["decap", "attach", "eth0", "--from-any"][..],
             &["decap", "detach", "eth0"],
         ] {
             let out = run_bounded(

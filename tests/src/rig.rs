@@ -358,8 +358,10 @@ fn set_up_backend(b: &Backend) -> Result<()> {
     b.ns.sysctl("net.ipv4.conf.all.rp_filter", "0")?;
     b.ns.sysctl("net.ipv4.conf.eth0.rp_filter", "0")?;
     let lbctl = bin_path("lbctl")?;
-    sh(b.ns.command(&lbctl).args(["decap", "attach", "eth0"]))
-        .with_context(|| format!("lbctl decap attach in {}", b.name))?;
+    sh(b.ns
+        .command(&lbctl)
+        .args(["decap", "attach", "eth0", "--from-any"]))
+    .with_context(|| format!("lbctl decap attach in {}", b.name))?;
     Ok(())
 }
 

@@ -110,7 +110,11 @@ fn state_file(rig: &Rig, b: &Backend) -> PathBuf {
 fn set_up(rig: &Rig) -> Result<()> {
     for b in &rig.backends {
         let state = state_file(rig, b);
-        let said = script_ok(&b.ns, &state, &["--iface", "eth0", &VIP.to_string()])?;
+        let said = script_ok(
+            &b.ns,
+            &state,
+            &["--iface", "eth0", "--from-any", &VIP.to_string()],
+        )?;
         for want in [
             format!("+ ip addr add {VIP}/32 dev lo"),
             "decap attach eth0".to_string(),
@@ -130,7 +134,11 @@ fn set_up(rig: &Rig) -> Result<()> {
             bail!("{}: not set up as it should be: {after:?}\n{said}", b.name);
         }
         let recorded = std::fs::read_to_string(&state)?;
-        let again = script_ok(&b.ns, &state, &["--iface", "eth0", &VIP.to_string()])?;
+        let again = script_ok(
+            &b.ns,
+            &state,
+            &["--iface", "eth0", "--from-any", &VIP.to_string()],
+        )?;
         if again.lines().any(|l| l.starts_with("+ ")) {
             bail!("{}: a second run changed something:\n{again}", b.name);
         }
@@ -287,11 +295,15 @@ fn a_dry_run_and_bad_input_change_nothing() {
         let state = scratch.path("state");
         let before = snapshot(&be)?;
         let vip = "10.99.0.1";
-        let dry = script_ok(&be, &state, &["--dry-run", "--iface", "eth0", vip])?;
+        let dry = script_ok(
+            &be,
+            &state,
+            &["--dry-run", "--iface", "eth0", "--from-any", vip],
+        )?;
         for want in [
             "would run: ip addr add 10.99.0.1/32 dev lo",
             "would set: /proc/sys/net/ipv4/conf/all/arp_ignore 0 -> 1",
-            "decap attach eth0",
+            "decap attach eth0 --mode native --gue-port 6080 --from-any",
             "MTU and MSS on eth0 (MTU 1500)",
             "--set-mss 1440",
         ] {
@@ -315,6 +327,31 @@ fn a_dry_run_and_bad_input_change_nothing() {
             "no interface 'nope0'",
         )?;
         refused(&be, &state, &["--bogus", vip], 2, "unknown option --bogus")?;
+        // lb's decap program takes tunnels from the prefixes given, or
+        // from anywhere only when told so.
+        refused(
+            &be,
+            &state,
+            &["--decap", "lb", "--iface", "eth0", vip],
+            1,
+            "add --from with the balancers' addresses",
+        )?;
+        refused(
+            &be,
+            &state,
+            &[
+                "--decap",
+                "lb",
+                "--from",
+                "10.98.0.0/16",
+                "--from-any",
+                "--iface",
+                "eth0",
+                vip,
+            ],
+            2,
+            "exclude each other",
+        )?;
         let args = [
             "--dry-run",
             "--iface",

@@ -26,9 +26,13 @@ pub enum DecapCommand {
         gue_port: u16,
         /// Take tunnels only from this prefix (repeat it): the balancers'
         /// addresses (or outer_source prefixes) and, with second chance,
-        /// the other backends'. Without it, from any source.
-        #[arg(long = "from")]
+        /// the other backends'. One of --from and --from-any is needed.
+        #[arg(long = "from", required_unless_present = "from_any")]
         from: Vec<ipnet::IpNet>,
+        /// Take tunnels from any source: whoever reaches this host can
+        /// tunnel packets into it (filter tunnels at the edge instead).
+        #[arg(long, conflicts_with = "from")]
+        from_any: bool,
     },
     /// Detach it from IFACE.
     Detach {
@@ -72,6 +76,7 @@ pub fn run(cmd: DecapCommand, json: bool) -> Result<()> {
             local,
             gue_port,
             from,
+            from_any: _,
         } => {
             let mode = match mode {
                 ModeArg::Native => XdpMode::Driver,
@@ -82,7 +87,7 @@ pub fn run(cmd: DecapCommand, json: bool) -> Result<()> {
                 .with_context(|| format!("attaching the decap program to {iface}"))?;
             if from.is_empty() {
                 eprintln!(
-                    "warning: {iface} takes tunnels from any source: whoever reaches this host can tunnel packets into it, and have it hand second-chance lists on; give --from with the balancers' (and, for second chance, the backends') prefixes, or filter tunnels at the edge"
+                    "warning: {iface} takes tunnels from any source (--from-any): whoever reaches this host can tunnel packets into it, and have it hand second-chance lists on; give --from with the balancers' (and, for second chance, the backends') prefixes, or filter tunnels at the edge"
                 );
             }
             if json {

@@ -320,6 +320,20 @@ mod tests {
 
     use super::Args;
 
+    /// `decap attach` says where tunnels may come from: `--from` prefixes,
+    /// or `--from-any` in so many words, never both (helper-33: attaching
+    /// without `--from` took tunnels from anywhere by default, and a re-run
+    /// without it cleared a filter set before).
+    #[test]
+    fn decap_attach_needs_from_or_from_any() {
+        let parse = |line: &str| Args::try_parse_from(line.split_whitespace());
+        let e = parse("lbctl decap attach eth0").err().expect("refused").to_string();
+        assert!(e.contains("--from"), "{e}");
+        assert!(parse("lbctl decap attach eth0 --from 10.98.0.0/16 --from-any").is_err());
+        assert!(parse("lbctl decap attach eth0 --from-any").is_ok());
+        assert!(parse("lbctl decap attach eth0 --from 10.98.0.0/16 --from fd00::/64").is_ok());
+    }
+
     /// `--dry-run` and `--confirm-within` on a command lbctl runs itself
     /// are refused before it acts (`decap detach --dry-run` detached for
     /// real); on lbd's changes they pass.
@@ -331,8 +345,8 @@ mod tests {
         };
         for line in [
             "lbctl decap detach eth0 --dry-run",
-            "lbctl --dry-run decap attach eth0",
-            "lbctl decap attach eth0 --confirm-within 2m",
+            "lbctl --dry-run decap attach eth0 --from-any",
+            "lbctl decap attach eth0 --from-any --confirm-within 2m",
             "lbctl trace --dry-run",
         ] {
             let e = check(line).expect_err(line);
