@@ -77,8 +77,16 @@ impl PassiveHealth {
         if self.window < Duration::from_secs(5) || self.window > Duration::from_secs(3600) {
             out.push(("window", "must be between 5s and 1h".to_string()));
         }
-        if !(0.0..=100.0).contains(&self.ratio) || self.ratio.is_nan() {
-            out.push(("ratio", format!("{} is out of range 0-100", self.ratio)));
+        // A fraction: 30 meant as 30% would never be reached (a backend's
+        // retried SYNs are at most all of them), turning ejection off.
+        if !(0.0..=1.0).contains(&self.ratio) || self.ratio.is_nan() {
+            out.push((
+                "ratio",
+                format!(
+                    "{} is out of range 0-1 (a fraction of the SYNs: 0.3 for 30%)",
+                    self.ratio
+                ),
+            ));
         }
         if !(1.0..=1000.0).contains(&self.relative) {
             out.push((

@@ -419,7 +419,7 @@ fn passive_settings_bounds_are_inclusive() {
             ..settings()
         },
         PassiveHealth {
-            ratio: 100.0,
+            ratio: 1.0,
             ..settings()
         },
         PassiveHealth {
@@ -451,6 +451,13 @@ fn passive_settings_bounds_are_inclusive() {
         (
             PassiveHealth {
                 ratio: 150.0,
+                ..settings()
+            },
+            "ratio",
+        ),
+        (
+            PassiveHealth {
+                ratio: 30.0,
                 ..settings()
             },
             "ratio",
