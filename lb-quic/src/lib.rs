@@ -23,8 +23,11 @@
 //!
 //! - the **config id** (config rotation codepoint), `0..=6`: the top three
 //!   bits of every CID. `0b111` is reserved for unroutable CIDs and is
-//!   refused. A new configuration takes a new id, so CIDs issued under the
-//!   old one stay routable while both are deployed;
+//!   refused. A new configuration takes a new id. lb's balancer routes by
+//!   one id per VIP: once it has the new one, a CID issued under the old
+//!   one is routed like any packet without a CID (the connection table,
+//!   then the 4-tuple), so a client that changes its address in that time
+//!   loses its connection;
 //! - the **server id length**, `1..=15` octets, large enough for every
 //!   server the pool may ever hold; each server gets a distinct id of
 //!   exactly that length;
