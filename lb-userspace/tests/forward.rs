@@ -1424,6 +1424,7 @@ fn run_probe_encap(rig: &mut Rig, frame: &[u8], mark: u32) -> (u32, Vec<u8>) {
 #[test]
 fn probes_with_a_probe_mark_are_tunnelled_to_that_backend() {
     const TC_ACT_OK: u32 = 0;
+    const TC_ACT_SHOT: u32 = 2;
     let mut rig = Rig::new(1 << 4);
     let vips = rig.standard_vips();
     // A probe from the balancer to the VIP, as the kernel hands it to TC
@@ -1436,17 +1437,21 @@ fn probes_with_a_probe_mark_are_tunnelled_to_that_backend() {
     ] {
         let index = rig.handle(&vip, backend) & BACKEND_INDEX_MASK;
         let (action, out) = run_probe_encap(&mut rig, &probe, probe_mark(index, gre));
-        assert_eq!(action, TC_ACT_OK);
         let def = rig.dp().backend(index).expect("backend");
         if def.family == FAMILY_V6 {
             // An IPv6 backend cannot carry an IPv4 probe in a same-family
-            // tunnel: it goes out untouched (and fails, as it should).
-            assert_eq!(out, probe, "backend {backend}: untouched");
+            // tunnel: dropped, so the probe fails (sent plainly to the VIP,
+            // another balancer's backend could have answered it).
+            assert_eq!(action, TC_ACT_SHOT, "backend {backend}: dropped");
             continue;
         }
+        assert_eq!(action, TC_ACT_OK);
         let encap = if gre { ENCAP_GRE } else { ENCAP_IPIP };
         check_encapsulated(&probe, &rewrite_macs(&out, &probe), &def, encap);
     }
+    // A backend index with no entry (retired): dropped too.
+    let (action, _) = run_probe_encap(&mut rig, &probe, probe_mark(BACKEND_INDEX_MASK, false));
+    assert_eq!(action, TC_ACT_SHOT, "no backend at the index");
     // Without the mark nothing happens.
     let (action, out) = run_probe_encap(&mut rig, &probe, 0x1234);
     assert_eq!((action, out), (TC_ACT_OK, probe));

@@ -5,9 +5,12 @@
 //! that backend (same outer header as `lb_xdp` writes: IPIP, GRE or GUE as
 //! the backend's definition says, outer source from `LB_CONFIG`, outer
 //! family = the packet's, DF set) and lets it go. (The mark's GRE bit is
-//! informational: the backend's definition is authoritative.) Anything else, and any packet it cannot wrap, goes out untouched:
-//! a probe that is not tunnelled fails on its own, which is the right
-//! verdict.
+//! informational: the backend's definition is authoritative.) Anything
+//! else goes out untouched. A probe it cannot wrap (its backend's entry
+//! gone or of the other family, the room not grown) is dropped, so the
+//! probe fails, the right verdict: sent plainly to the VIP it could reach
+//! another balancer, through which another backend would answer for the
+//! one probed.
 //!
 //! The backend's reply comes straight back from the VIP (direct server
 //! return) and `lb_xdp` passes it to the stack as non-VIP traffic.
@@ -15,7 +18,7 @@
 use aya_ebpf::{
     bindings::{
         BPF_F_ADJ_ROOM_ENCAP_L3_IPV4, BPF_F_ADJ_ROOM_ENCAP_L3_IPV6, BPF_F_ADJ_ROOM_ENCAP_L4_GRE,
-        BPF_F_ADJ_ROOM_ENCAP_L4_UDP, TC_ACT_OK,
+        BPF_F_ADJ_ROOM_ENCAP_L4_UDP, TC_ACT_OK, TC_ACT_SHOT,
     },
     macros::classifier,
     programs::TcContext,
@@ -39,27 +42,30 @@ const BPF_ADJ_ROOM_MAC: u32 = 1;
 
 #[classifier]
 pub fn lb_probe_encap(ctx: TcContext) -> i32 {
-    let _ = wrap(&ctx);
-    TC_ACT_OK
-}
-
-#[inline(always)]
-fn wrap(ctx: &TcContext) -> Result<(), ()> {
     // SAFETY: the context's skb pointer is valid for the program's run.
     let mark = unsafe { (*ctx.skb.skb).mark };
     if mark & PROBE_MARK_MASK != PROBE_MARK {
-        return Ok(());
+        return TC_ACT_OK;
     }
+    match wrap(&ctx, mark) {
+        Ok(()) => TC_ACT_OK,
+        Err(()) => TC_ACT_SHOT,
+    }
+}
+
+/// Wraps the probe marked `mark` for its backend.
+#[inline(always)]
+fn wrap(ctx: &TcContext, mark: u32) -> Result<(), ()> {
     let backend = LB_BACKENDS.get(mark & BACKEND_INDEX_MASK).ok_or(())?;
     let cfg = LB_CONFIG.get(0).ok_or(())?;
     let ethertype: u16 = ctx.load(12).map_err(|_| ())?;
     let v4 = ethertype == be16(ETH_P_IPV4);
     if !v4 && ethertype != be16(ETH_P_IPV6) {
-        return Ok(());
+        return Err(());
     }
     // Only same-family tunnels: the frame keeps its ethertype.
     if backend.family != if v4 { FAMILY_V4 } else { FAMILY_V6 } {
-        return Ok(());
+        return Err(());
     }
     let tun_len = tunnel_len(backend.encap);
     let ip_len = if v4 { IPV4_HDR_LEN } else { IPV6_HDR_LEN };

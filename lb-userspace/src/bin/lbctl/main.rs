@@ -327,7 +327,10 @@ mod tests {
     #[test]
     fn decap_attach_needs_from_or_from_any() {
         let parse = |line: &str| Args::try_parse_from(line.split_whitespace());
-        let e = parse("lbctl decap attach eth0").err().expect("refused").to_string();
+        let e = parse("lbctl decap attach eth0")
+            .err()
+            .expect("refused")
+            .to_string();
         assert!(e.contains("--from"), "{e}");
         assert!(parse("lbctl decap attach eth0 --from 10.98.0.0/16 --from-any").is_err());
         assert!(parse("lbctl decap attach eth0 --from-any").is_ok());
