@@ -820,7 +820,11 @@ impl<D: Dataplane> Daemon<D> {
             revision: None,
             aborted: false,
         };
-        Ok((plan, record, self.tier.seen, at))
+        // The desired key as it is now (absent: 0); a rollout started
+        // after a deletion compared the newest revision seen, and every
+        // attempt was refused as "changed since the plan".
+        let desired_at = self.tier.desired_key_at.or(self.tier.seen);
+        Ok((plan, record, desired_at, at))
     }
 
     /// A rollout in progress refuses another; an unreadable, ended or

@@ -24,6 +24,10 @@ pub struct TierState {
     link: Option<(Result<i64, String>, SystemTime)>,
     /// The newest desired revision seen, and why it was refused if it was.
     pub(super) seen: Option<i64>,
+    /// The desired key's own revision as last read: 0 once deleted (what
+    /// etcd compares an absent key as), `None` before any word of it. A
+    /// rollout's compare-and-swap asks for it.
+    pub(super) desired_key_at: Option<i64>,
     refused: Option<String>,
     /// The desired revision this balancer runs (or ran before the
     /// candidate).
@@ -172,6 +176,7 @@ impl<D: Dataplane> Daemon<D> {
 
     /// The newest desired revision seen is at least `revision`.
     fn tier_saw(&mut self, revision: i64) {
+        self.tier.desired_key_at = Some(revision);
         let seen = self.tier.seen.map_or(revision, |s| s.max(revision));
         self.tier.seen = Some(seen);
         self.metrics.tier_seen.set(seen);
@@ -222,6 +227,7 @@ impl<D: Dataplane> Daemon<D> {
 
     /// The desired key is absent (deleted, or never written).
     pub fn tier_desired_absent(&mut self, revision: i64) {
+        self.tier.desired_key_at = Some(0);
         let note = format!(
             "etcd has no desired state (key absent at revision {revision}): keeping what runs; an empty tier is written as `vips: []`"
         );

@@ -823,6 +823,20 @@ async fn a_rollout_in_progress_refuses_another_until_a_desired_state_supersedes_
         .expect("an unreadable record may be replaced");
 }
 
+/// The compare-and-swap of a rollout asks for the desired key as it is:
+/// after a deletion, absent (0), not the newest revision seen, which etcd
+/// never matched, so every rollout was refused as changed since its plan.
+#[tokio::test]
+async fn a_rollout_after_the_desired_key_is_deleted_compares_it_absent() {
+    let mut r = reporting_member().await;
+    assert!(r.daemon.tier_should_apply(ID + 1));
+    let (.., desired_at, _) = r.daemon.rollout_plan(VIPS, None, 1, HOLD).expect("plan");
+    assert_eq!(desired_at, Some(ID + 1));
+    r.daemon.tier_desired_absent(ID + 5);
+    let (.., desired_at, _) = r.daemon.rollout_plan(VIPS, None, 1, HOLD).expect("plan");
+    assert_eq!(desired_at, Some(0));
+}
+
 /// A desired state under the size limit whose record, as JSON, is not
 /// (each line break escaped) is refused before anything is written: every
 /// balancer would refuse to read it. A failure's reason is cut so that the
