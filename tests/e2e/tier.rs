@@ -211,6 +211,16 @@ fn follow_change_and_refuse(rig: &EcmpRig, etcd: &Etcd, lbd: &[Lbd; 2]) -> Resul
         Duration::from_millis(100),
         || Ok(report(etcd, "lb1")?.is_some_and(|r| r["applied"] == r1)),
     )?;
+    // So does its member key: peers would ignore its reports and leave it
+    // out of rollout plans.
+    let member = format!("{PREFIX}/members/lb2");
+    etcd.ctl(&["del", &member])?;
+    wait_for(
+        "lb2's member key recorded again",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        || Ok(etcd.get(&member)?.is_some_and(|v| v == "lb2")),
+    )?;
     let streams = rig.streams(47_000..47_040, EVERY, PATIENCE)?;
     std::thread::sleep(Duration::from_secs(1));
 

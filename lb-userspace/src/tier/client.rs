@@ -331,12 +331,22 @@ impl Session<'_> {
                     if response.canceled() {
                         return Err(format!("the watch was cancelled: {}", response.cancel_reason()));
                     }
-                    if self.on_watch(response.events()).await? {
+                    let gone = self.on_watch(response.events()).await?;
+                    if gone.report {
                         // This balancer's report deleted by hand (not by
                         // its lease, which ends the session): published
                         // again, or the tier would count it gone.
                         published = None;
                         reports.mark_changed();
+                    }
+                    if gone.member {
+                        // Its member key deleted while it runs (a cleanup
+                        // aimed at another box): peers would ignore its
+                        // reports and leave it out of rollout plans.
+                        warn!("etcd: this balancer's member key was deleted while it runs: recorded again");
+                        let member = self.keys.member(self.name);
+                        let put = client.put(member, self.name, None);
+                        bounded(wait, "recording the member again", put).await?;
                     }
                 }
                 _ = renew.tick() => {
@@ -482,11 +492,11 @@ impl Session<'_> {
         self.send(Event::Members(members)).await
     }
 
-    /// Takes the watch's `events`; `true` if this balancer's own report
-    /// was deleted.
-    async fn on_watch(&mut self, events: &[etcd_client::Event]) -> Result<bool, String> {
+    /// Takes the watch's `events`; says which of this balancer's own keys
+    /// were deleted.
+    async fn on_watch(&mut self, events: &[etcd_client::Event]) -> Result<OwnKeysGone, String> {
         let (mut members_changed, mut progress_changed) = (false, false);
-        let mut own_report_gone = false;
+        let mut gone = OwnKeysGone::default();
         for event in events {
             let Some(kv) = event.kv() else { continue };
             let Ok(key) = kv.key_str() else { continue };
@@ -520,13 +530,14 @@ impl Session<'_> {
                     members_changed = true;
                 }
                 (EventType::Delete, Some(TierKey::Balancer(name))) => {
-                    own_report_gone |= name == self.name;
+                    gone.report |= name == self.name;
                     if let Some(seen) = self.members.get_mut(name) {
                         *seen = None;
                     }
                     members_changed = true;
                 }
                 (EventType::Delete, Some(TierKey::Member(name))) => {
+                    gone.member |= name == self.name;
                     self.members.remove(name);
                     members_changed = true;
                 }
@@ -537,7 +548,7 @@ impl Session<'_> {
         if progress_changed {
             self.send(Event::Progress(self.progress.clone())).await?;
         }
-        Ok(own_report_gone)
+        Ok(gone)
     }
 
     /// Ends the session if one of `kvs` is a report under this balancer's
@@ -730,6 +741,15 @@ async fn bounded_write<T>(
             denied: false,
         }),
     }
+}
+
+/// This balancer's own keys that a watch answer deleted.
+#[derive(Default)]
+struct OwnKeysGone {
+    /// Its report (by hand: the lease's expiry ends the session).
+    report: bool,
+    /// Its member key.
+    member: bool,
 }
 
 /// Keys one page of the first read takes: two of the largest values etcd
