@@ -929,26 +929,42 @@ pub(super) fn marked(record: &Rollout, id: i64, outcome: Outcome) -> Rollout {
 
 /// The record as written (the text escaped, the plan and the tables
 /// beside it) must leave [`OUTCOME_ROOM`] for its outcome: a record every
-/// balancer refuses as too big would be "written" and never run.
+/// balancer refuses as too big would be "written" and never run. And the
+/// promotion, one transaction writing the desired state and the marked
+/// record (which holds it again), must fit etcd's request limit: refused
+/// there, every wave would pass and the change never be promoted.
 fn check_record_size(record: &Rollout) -> Result<()> {
     let size = serde_json::to_vec(record).map_or(usize::MAX, |j| j.len());
     let most = crate::tier::rollout::MAX_ROLLOUT_BYTES - OUTCOME_ROOM;
-    if size <= most {
-        return Ok(());
+    let vips = record.expected.len();
+    if size > most {
+        return Err(refused(
+            ErrorKind::Capacity,
+            format!(
+                "the rollout record would be {size} bytes (the desired state, its {vips} VIPs' tables, the plan), more than the {most} a balancer reads; write it with etcdctl as the desired state, or in smaller steps"
+            ),
+        ));
     }
-    Err(refused(
-        ErrorKind::Capacity,
-        format!(
-            "the rollout record would be {size} bytes (the desired state, its {} VIPs' tables, the plan), more than the {most} a balancer reads; write it with etcdctl as the desired state, or in smaller steps",
-            record.expected.len()
-        ),
-    ))
+    let promotion = size + OUTCOME_ROOM + record.desired.len();
+    if promotion > ETCD_MAX_REQUEST {
+        return Err(refused(
+            ErrorKind::Capacity,
+            format!(
+                "promoting the rollout would write {promotion} bytes at once (the desired state, and the record that holds it again), more than the {ETCD_MAX_REQUEST} etcd takes in one request by default; write it with etcdctl as the desired state, or in smaller steps"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Bytes a rollout record keeps free for its outcome (and the revision)
 /// when it is written: marked failed with a long reason, a record of the
 /// largest size would be unreadable to every balancer.
 const OUTCOME_ROOM: usize = 8 << 10;
+
+/// etcd's default limit of one request (`--max-request-bytes`, 1.5 MiB),
+/// less room for the transaction's keys and framing.
+const ETCD_MAX_REQUEST: usize = (3 << 19) - (4 << 10);
 
 fn progress(id: i64, phase: Phase) -> Step {
     Step::Write(Write::Progress(Progress { rollout: id, phase }))

@@ -849,6 +849,16 @@ async fn a_rollout_record_too_big_to_read_is_refused_and_reasons_are_cut() {
     let e = r.daemon.rollout_plan(&padded, None, 1, HOLD).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Capacity, "{e}");
     assert!(e.to_string().contains("more than the"), "{e}");
+    // A record a balancer reads whose promotion (the text twice in one
+    // transaction) etcd would refuse: refused now, not after every wave.
+    let padded = format!("{VIPS}{}", "#".repeat(800_000));
+    let e = r.daemon.rollout_plan(&padded, None, 1, HOLD).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Capacity, "{e}");
+    assert!(e.to_string().contains("promoting the rollout"), "{e}");
+    let padded = format!("{VIPS}{}", "#".repeat(600_000));
+    r.daemon
+        .rollout_plan(&padded, None, 1, HOLD)
+        .expect("a promotion within etcd's limit");
     let (_, record, ..) = r.daemon.rollout_plan(VIPS, None, 1, HOLD).expect("small");
     // Control characters, escaped as six bytes each in JSON: the worst.
     let why = "\u{1}".repeat(100_000);
