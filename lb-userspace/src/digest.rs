@@ -26,6 +26,21 @@ fn finish(hasher: Sha256) -> String {
         .collect()
 }
 
+/// A fingerprint of the flow hash's key (`hash_key_file`), which a tier
+/// compares: balancers with different keys send a flow that ECMP moves
+/// between them to different backends, while their tables agree. SHA-256
+/// of the key, so the fingerprint tells nothing of it; `none` unkeyed.
+pub fn hash_key(key: Option<&[u64; 2]>) -> String {
+    let Some(key) = key else {
+        return "none".into();
+    };
+    let mut h = Sha256::new();
+    h.update(b"lb hash key 1\n");
+    h.update(key[0].to_le_bytes());
+    h.update(key[1].to_le_bytes());
+    finish(h)
+}
+
 /// The digest of an effective configuration (see the module docs).
 pub fn config(table_size: u32, vips: &[VipConfig]) -> String {
     let mut sorted: Vec<&VipConfig> = vips.iter().collect();

@@ -282,6 +282,7 @@ impl<D: Dataplane> Daemon<D> {
             last_error: self.last_reload.clone().filter(|r| r.starts_with("failed")),
             // The etcd task stamps its installation's id, and bounds it.
             instance: None,
+            hash_key: Some(crate::digest::hash_key(self.settings.hash_key.as_ref())),
             down_omitted: 0,
             tables_omitted: 0,
         })

@@ -315,6 +315,10 @@ pub struct Report {
     /// task fills it in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instance: Option<String>,
+    /// The fingerprint of its flow hash's key ([`crate::digest::hash_key`];
+    /// absent from an `lbd` before it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hash_key: Option<String>,
     /// Entries of `down` and of `tables` left out to keep the report
     /// within [`MAX_REPORT_BYTES`] ([`Report::bounded`]).
     #[serde(default, skip_serializing_if = "is_zero")]
@@ -486,7 +490,29 @@ pub fn compare(members: &[Member]) -> Vec<String> {
         }
     }
     flags.extend(table_disagreements(&reports));
+    flags.extend(hash_key_disagreement(&reports));
     flags
+}
+
+/// Balancers whose flow hash keys differ, by fingerprint: their tables
+/// agree, yet a flow ECMP moves between them changes backend.
+fn hash_key_disagreement(reports: &[&Report]) -> Option<String> {
+    let mut by_key: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for r in reports {
+        if let Some(key) = &r.hash_key {
+            by_key.entry(key).or_default().push(&r.name);
+        }
+    }
+    (by_key.len() > 1).then(|| {
+        let groups: Vec<String> = by_key
+            .iter()
+            .map(|(key, names)| format!("{} ({key})", names.join(", ")))
+            .collect();
+        format!(
+            "the balancers' flow hash keys (hash_key_file) differ: {}; a flow ECMP moves between them goes to another backend",
+            groups.join(" against ")
+        )
+    })
 }
 
 /// VIPs whose table digest differs between balancers that run one

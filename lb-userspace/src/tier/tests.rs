@@ -349,3 +349,40 @@ fn a_report_is_cut_to_what_peers_read() {
     };
     assert_eq!(small.clone().bounded(), small);
 }
+
+/// Balancers with different flow hash keys are flagged, by fingerprint
+/// (their tables agree, their flows do not); one that reports none (an
+/// older lbd) is left out; agreeing keys raise nothing.
+#[test]
+fn different_hash_keys_are_flagged() {
+    let keyed = |name: &str, key: Option<&str>| {
+        let mut m = report(name, 5, "d1", &[]);
+        if let Some(r) = m.report.as_mut() {
+            r.hash_key = key.map(str::to_string);
+        }
+        m
+    };
+    let a = crate::digest::hash_key(Some(&[1, 2]));
+    let b = crate::digest::hash_key(None);
+    assert_ne!(a, b);
+    assert_eq!(a, crate::digest::hash_key(Some(&[1, 2])));
+    let agree = [
+        keyed("a", Some(&a)),
+        keyed("b", Some(&a)),
+        keyed("old", None),
+    ];
+    assert_eq!(compare(&agree), Vec::<String>::new());
+    let differ = [
+        keyed("a", Some(&a)),
+        keyed("b", Some(&a)),
+        keyed("c", Some(&b)),
+    ];
+    let flags = compare(&differ);
+    assert_eq!(flags.len(), 1, "{flags:?}");
+    assert!(
+        flags[0].contains("hash keys")
+            && flags[0].contains("a, b (")
+            && flags[0].contains("c (none)"),
+        "{flags:?}"
+    );
+}
