@@ -446,8 +446,17 @@ impl<D: Dataplane> Daemon<D> {
             }
         };
         self.pending = plan.pending;
-        self.probes
+        let unprobed = self
+            .probes
             .sync(effective, &self.reconciler, &mut self.lifecycle);
+        for (vip, addr) in unprobed {
+            // Its series goes with it: a backend replaced every hour
+            // would otherwise add twelve series for good.
+            let _ = self
+                .metrics
+                .probe_duration
+                .remove_label_values(&[&vip.to_string(), &addr.to_string()]);
+        }
         self.record_builds(&report);
         self.announce_for(effective);
         Ok(report)

@@ -116,13 +116,13 @@ impl Probes {
     /// Starts, restarts or stops probers so that each probed backend of
     /// `effective` is served by the one prober of its check and target. An
     /// entry that changes prober restarts its probe streaks (its verdict
-    /// stands).
+    /// stands). Returns the entries no longer probed at all.
     pub fn sync<D: Dataplane>(
         &mut self,
         effective: &[VipConfig],
         reconciler: &Reconciler<D>,
         lifecycle: &mut Lifecycle,
-    ) {
+    ) -> Vec<BackendKey> {
         let wanted = wanted(effective, reconciler);
         let stale: Vec<BackendKey> = self
             .by_key
@@ -138,8 +138,12 @@ impl Probes {
             })
             .map(|(k, _)| *k)
             .collect();
+        let mut gone = Vec::new();
         for key in stale {
             self.unsubscribe(&key);
+            if !wanted.contains_key(&key) {
+                gone.push(key);
+            }
         }
         let mut fresh: HashMap<Spec, Vec<(BackendKey, HealthCheck)>> = HashMap::new();
         for (key, (check, target)) in wanted {
@@ -156,6 +160,7 @@ impl Probes {
         for (spec, keys) in fresh {
             self.start(spec, keys);
         }
+        gone
     }
 
     /// A new prober for `keys`.

@@ -2106,6 +2106,21 @@ async fn a_changed_verdict_is_logged_once_and_every_probe_timed() {
     let line =
         r#"lb_backend_probe_duration_seconds_sum{backend="10.1.0.2",vip="10.99.0.1:80/tcp"} 1.5"#;
     assert!(text.lines().any(|l| l == line), "no {line:?} in:\n{text}");
+    // A backend that leaves takes its series along (helper-34: replaced
+    // backends' series piled up until a restart); the other's stays.
+    let without = checked(FILE).replace("      - address: 10.1.0.2\n", "");
+    r.daemon
+        .reload(reparse(&r, &without), false, &plain())
+        .await
+        .expect("applies");
+    let text = r.daemon.metrics.encode().unwrap();
+    let series = |b: &str| {
+        text.lines().any(|l| {
+            l.starts_with("lb_backend_probe_duration") && l.contains(&format!("backend=\"{b}\""))
+        })
+    };
+    assert!(!series("10.1.0.2"), "{text}");
+    assert!(series("10.1.0.1"), "{text}");
 }
 
 /// A reload that changes a backend's check judges it by the new rise and
