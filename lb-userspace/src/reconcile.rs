@@ -382,6 +382,15 @@ fn sync_entries<D, K: Copy + Eq + std::hash::Hash, V: Copy + PartialEq>(
 /// A VIP's counter and each of its backends' counters.
 pub type VipCounters = (CounterValue, Vec<(IpAddr, CounterValue)>);
 
+/// A backend retired by an apply that has not yet succeeded: its handle
+/// and, if its counts went into its VIP's retired total, the VIP id and
+/// the counts.
+#[derive(Clone, Copy, Debug)]
+struct Retired {
+    handle: u32,
+    counted: Option<(u32, CounterValue)>,
+}
+
 /// Owner of the maps behind a [`Dataplane`].
 pub struct Reconciler<D: Dataplane> {
     dp: D,
@@ -407,7 +416,7 @@ pub struct Reconciler<D: Dataplane> {
     /// address: an apply that fails half-way is undone by the next one,
     /// which gives such a backend its old handle back (its index still
     /// free) so that connection-table entries naming it stay good.
-    retired: BTreeMap<(VipId, IpAddr), u32>,
+    retired: BTreeMap<(VipId, IpAddr), Retired>,
     /// The last apply succeeded (what `retired` is kept for).
     clean: bool,
     /// The auxiliary `LB_VIPS` keys as written (read once at adoption):
@@ -870,8 +879,7 @@ impl<D: Dataplane> Reconciler<D> {
         self.pool.release(state.region.base, state.region.chunks());
         self.free_ids.insert(state.meta.id());
         for (addr, b) in &state.backends {
-            self.retired.insert((*id, *addr), b.handle);
-            self.retire_backend(b.handle, None)?;
+            self.retire((*id, *addr), b.handle, None)?;
         }
         info!(vip = %id, "VIP removed");
         Ok(())
@@ -885,12 +893,21 @@ impl<D: Dataplane> Reconciler<D> {
     }
 
     fn new_backend(&mut self, vip: VipId, addr: IpAddr, usable: bool, owner: Owner) -> Result<u32> {
-        if let Some(handle) = self.unretire(vip, addr) {
+        if let Some(Retired { handle, counted }) = self.unretire(vip, addr) {
             // An apply that failed half-way retired it: the same backend
-            // comes back under the same handle, its flows with it.
+            // comes back under the same handle, its flows with it, and its
+            // counts leave the VIP's retired total, which would count them
+            // twice (they are its own again).
             let index = handle & BACKEND_INDEX_MASK;
             self.dp
                 .set_backend(index, &backend_def(addr, handle, usable, owner))?;
+            if let Some((vip_id, counts)) = counted {
+                let minus = CounterValue {
+                    packets: counts.packets.wrapping_neg(),
+                    bytes: counts.bytes.wrapping_neg(),
+                };
+                self.dp.add_vip_retired(vip_id, minus)?;
+            }
             self.slots[index as usize] = (handle, true);
             self.free_retired.remove(&index);
             return Ok(handle);
@@ -918,10 +935,27 @@ impl<D: Dataplane> Reconciler<D> {
 
     /// The handle backend `addr` of `vip` had before an apply that did
     /// not finish retired it, if its index has served no one since.
-    fn unretire(&mut self, vip: VipId, addr: IpAddr) -> Option<u32> {
-        let handle = self.retired.remove(&(vip, addr))?;
-        let index = handle & BACKEND_INDEX_MASK;
-        (self.slots.get(index as usize) == Some(&(handle, false))).then_some(handle)
+    fn unretire(&mut self, vip: VipId, addr: IpAddr) -> Option<Retired> {
+        let r = self.retired.remove(&(vip, addr))?;
+        let index = r.handle & BACKEND_INDEX_MASK;
+        (self.slots.get(index as usize) == Some(&(r.handle, false))).then_some(r)
+    }
+
+    /// Frees a backend's index (see [`Self::retire_backend`]) and keeps
+    /// what an undo needs to give it back as `(vip, addr)`.
+    fn retire(&mut self, key: (VipId, IpAddr), handle: u32, vip_id: Option<u32>) -> Result<()> {
+        self.retired.insert(
+            key,
+            Retired {
+                handle,
+                counted: None,
+            },
+        );
+        let counted = self.retire_backend(handle, vip_id)?;
+        if let Some(r) = self.retired.get_mut(&key) {
+            r.counted = counted;
+        }
+        Ok(())
     }
 
     /// Frees a backend's index. Its handle stays in the map with no flags,
@@ -930,7 +964,11 @@ impl<D: Dataplane> Reconciler<D> {
     /// otherwise drop: the datapath counts forwarded packets per backend
     /// only. (A packet in flight on another CPU as the backend leaves may
     /// be counted after the read, and is lost when the index is reused.)
-    fn retire_backend(&mut self, handle: u32, vip_id: Option<u32>) -> Result<()> {
+    fn retire_backend(
+        &mut self,
+        handle: u32,
+        vip_id: Option<u32>,
+    ) -> Result<Option<(u32, CounterValue)>> {
         let index = handle & BACKEND_INDEX_MASK;
         let def = BackendDef {
             handle,
@@ -941,11 +979,12 @@ impl<D: Dataplane> Reconciler<D> {
             *slot = (handle, false);
             self.free_retired.insert(index);
         }
-        if let Some(vip_id) = vip_id {
-            let counts = self.dp.backend_stats(index)?;
-            self.dp.add_vip_retired(vip_id, counts)?;
-        }
-        Ok(())
+        let Some(vip_id) = vip_id else {
+            return Ok(None);
+        };
+        let counts = self.dp.backend_stats(index)?;
+        self.dp.add_vip_retired(vip_id, counts)?;
+        Ok(Some((vip_id, counts)))
     }
 
     /// Brings one VIP's backends, table and entry to `vip`: new backends
@@ -992,8 +1031,7 @@ impl<D: Dataplane> Reconciler<D> {
         state.built = Some(input);
         let vip_id = Some(state.meta.id());
         for (addr, handle) in retire {
-            self.retired.insert((vip.id, addr), handle);
-            self.retire_backend(handle, vip_id)?;
+            self.retire((vip.id, addr), handle, vip_id)?;
         }
         Ok(())
     }
@@ -1688,6 +1726,38 @@ mod tests {
             r.apply(&[vip("10.0.0.1", 80, &b)], &all),
             Err(ReconcileError::BackendsExhausted(16))
         ));
+    }
+
+    /// A backend retired by an apply that then fails elsewhere, given back
+    /// by the next apply, takes its counts out of its VIP's retired total
+    /// again (helper-34: they were counted twice, there and as its own).
+    #[test]
+    fn an_undone_retirement_counts_the_backend_once() {
+        let mut r = Reconciler::adopt(FakeDataplane::new(layout())).unwrap();
+        let a = vip("10.0.0.1", 80, &[("10.1.0.1", 1), ("10.1.0.2", 1)]);
+        let b = vip("10.0.0.2", 80, &[("10.1.0.3", 1)]);
+        r.apply(&[a.clone(), b.clone()], &all).unwrap();
+        let gone: IpAddr = "10.1.0.2".parse().unwrap();
+        let handle = r.vips()[&a.id].backends[&gone].handle;
+        let index = (handle & BACKEND_INDEX_MASK) as usize;
+        let vip_id = r.vips()[&a.id].meta.id() as usize;
+        let counts = CounterValue {
+            packets: 10,
+            bytes: 1000,
+        };
+        r.dataplane_mut().backend_stats[index] = counts;
+        // A drops the backend (retired, counted into A's total); B's entry
+        // write then fails: the apply stops half-way.
+        let a_less = vip("10.0.0.1", 80, &[("10.1.0.1", 1)]);
+        let b_more = vip("10.0.0.2", 80, &[("10.1.0.3", 1), ("10.1.0.4", 1)]);
+        r.dataplane_mut().refuse_vip = Some(b.id.key());
+        assert!(r.apply(&[a_less, b_more], &all).is_err());
+        assert_eq!(r.dataplane().vip_stats[vip_id], counts, "retired, counted");
+        r.dataplane_mut().refuse_vip = None;
+        r.apply(&[a.clone(), b], &all).unwrap();
+        assert_eq!(r.vips()[&a.id].backends[&gone].handle, handle, "given back");
+        assert_eq!(r.dataplane().backend_stats[index], counts, "its own again");
+        assert_eq!(r.dataplane().vip_stats[vip_id], CounterValue::default());
     }
 
     #[test]
