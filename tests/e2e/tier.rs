@@ -853,8 +853,38 @@ fn a_tier_follows_etcd_refuses_bad_states_and_fails_static() {
         let lbd = etcd_gone(&rig, &mut etcd, lbd)
             .map_err(|e| anyhow::anyhow!("{e:#}\n{}", rig.logs()))?;
         restored(&rig, &mut etcd, &lbd, &snapshot)
+            .and_then(|_| forced_here(&rig, &etcd, &lbd))
             .map_err(|e| anyhow::anyhow!("{e:#}\n{}\netcd:\n{}", rig.logs(), etcd.log_text()))
     })());
+}
+
+/// A desired state that needs `--force` (a serving VIP's table size) is
+/// refused by both, saying so; `lbctl reload --force` on lb1 applies it
+/// there, as the refusal says (it used to compose the file with the state
+/// already running: OK, and nothing changed); lb2 still refuses it.
+fn forced_here(rig: &EcmpRig, etcd: &Etcd, lbd: &[Lbd; 2]) -> Result<()> {
+    let (_, desired) = split_config(rig, 1, &[0, 1, 2])?;
+    let resized = desired.replacen(
+        "    protocol: tcp\n",
+        "    protocol: tcp\n    table_size: 1009\n",
+        1,
+    );
+    if resized == desired {
+        bail!("no TCP VIP to resize in:\n{desired}");
+    }
+    let r = etcd.put(&format!("{PREFIX}/desired"), resized.as_bytes())?;
+    for l in lbd {
+        wait_refused(l, r, "--force", "a table size change refused")?;
+    }
+    lbd[0].lbctl(&["reload", "--force"])?;
+    wait_applied(&lbd[0], r, Duration::from_secs(30))
+        .context("lbctl reload --force applied the refused desired state")?;
+    let other = tier_status(&lbd[1])?;
+    if other["applied"] == r || !other["refused"].is_string() {
+        bail!("lb2 applied what only lb1 was forced to: {other}");
+    }
+    eprintln!("a table size change refused by both; `lbctl reload --force` applied it on lb1 only");
+    Ok(())
 }
 
 /// Balancer `i` of a rig whose tier has an etcd cluster of `members`.

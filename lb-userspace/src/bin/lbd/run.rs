@@ -1013,14 +1013,15 @@ async fn on_call(
     match envelope.request {
         Request::Reload { force } if !daemon.stopping() => {
             let path = daemon.config_path();
-            ParsedReload::start(
-                path,
-                (desired, Via::Operator),
-                force,
-                options,
-                Some(reply),
-                parsed,
-            );
+            let forced = tier
+                .as_ref()
+                .filter(|_| force)
+                .and_then(|link| crate::tier::forced(daemon, link));
+            let (desired, via) = match forced {
+                Some((latest, via)) => (Some(latest), via),
+                None => (desired, Via::Operator),
+            };
+            ParsedReload::start(path, (desired, via), force, options, Some(reply), parsed);
         }
         Request::Tier(lb::api::TierRequest::Rollout { .. }) if options.confirm_within.is_some() => {
             let why = "--confirm-within does not apply to a rollout: its holds and gates take a failed candidate back";

@@ -444,6 +444,19 @@ pub fn retry_newest(daemon: &mut Daemon<KernelDataplane>, link: &TierLink) -> Op
     again.then(|| (latest.clone(), Via::Desired))
 }
 
+/// What `lbctl reload --force` composes the file with: the tier's newest
+/// desired state if this balancer refused it (a change that needs force:
+/// a serving VIP's table size or hash, or one the blackhole guard holds),
+/// so that the force applies it here, as the refusal says; otherwise
+/// `None` (the applied one, as any reload). It used to compose the file
+/// with the applied state: the answer was OK, nothing of the refused
+/// state ran, and a retry refused it again.
+pub fn forced(daemon: &Daemon<KernelDataplane>, link: &TierLink) -> Option<Reload> {
+    let latest = link.latest.as_ref()?;
+    (*latest != link.applied && daemon.tier_refused(latest.revision))
+        .then(|| (latest.clone(), Via::Desired))
+}
+
 /// The answer to `--abort`.
 fn aborted(daemon: &Daemon<KernelDataplane>) -> lb::api::RolloutPlan {
     lb::api::RolloutPlan {
