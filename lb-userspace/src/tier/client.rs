@@ -261,7 +261,6 @@ impl Session<'_> {
             revision,
             lease, "etcd: connected to the tier at {}", self.source.prefix
         );
-        self.send(Event::Link(Ok(revision))).await?;
         let (mut desired, mut rollout) = (None, Event::Rollout(None));
         let mut kvs: Vec<&KeyValue> = kvs.iter().collect();
         self.keys.members_first(&mut kvs, |kv| kv.key_str().ok());
@@ -277,6 +276,11 @@ impl Session<'_> {
         self.send(rollout).await?;
         self.send(Event::Progress(self.progress.clone())).await?;
         self.send_members().await?;
+        // Connected only once this session's view is in: a rollout step,
+        // decided only while connected, decided in between on the last
+        // session's record (a candidate aborted meanwhile applied, then
+        // reverted a second later).
+        self.send(Event::Link(Ok(revision))).await?;
         // A watcher catching up gets up to 1,000 revisions in one answer:
         // fragments (etcd splits an answer over its request limit, 1.5
         // MiB, and each event stands alone, so they are handled as they
