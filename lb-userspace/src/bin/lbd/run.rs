@@ -1265,7 +1265,15 @@ fn current(
     let (Some(link), Some(desired)) = (tier.as_mut(), parsed.desired.as_ref()) else {
         return Some(parsed);
     };
-    let stale = crate::tier::stale((link.latest.as_ref(), &link.applied), desired, &parsed.via);
+    let latest_refused = link
+        .latest
+        .as_ref()
+        .is_some_and(|l| daemon.tier_refused(l.revision));
+    let stale = crate::tier::stale(
+        (link.latest.as_ref(), latest_refused, &link.applied),
+        desired,
+        &parsed.via,
+    );
     match stale {
         None => Some(parsed),
         Some(Stale::Drop) => {

@@ -279,12 +279,12 @@ pub enum Stale {
 }
 
 /// Whether a reload composed with `desired` (made `via`) is out of date,
-/// given the newest desired state read (`latest`) and the one the
-/// running configuration was composed with (`applied`). Applied anyway,
-/// an older state would overwrite a newer one, and nothing would apply
-/// the newer one again.
+/// given the newest desired state read (`latest`, and whether this
+/// balancer refused it) and the one the running configuration was
+/// composed with (`applied`). Applied anyway, an older state would
+/// overwrite a newer one, and nothing would apply the newer one again.
 pub fn stale(
-    (latest, applied): (Option<&Desired>, &Desired),
+    (latest, latest_refused, applied): (Option<&Desired>, bool, &Desired),
     desired: &Desired,
     via: &Via,
 ) -> Option<Stale> {
@@ -297,8 +297,11 @@ pub fn stale(
         }
         Via::Candidate(id) if newer(*id) => Some(Stale::Superseded(*id)),
         // A revert goes back to the tier's newest desired state, also one
-        // read while it was parsed.
-        Via::Revert { before: false, .. } if newer(desired.revision) => {
+        // read while it was parsed; one back to what ran before the
+        // candidate (the newest refused here) goes there instead if a
+        // newer one came that this balancer has not refused, which it
+        // would otherwise overwrite, and nothing apply again.
+        Via::Revert { before, .. } if newer(desired.revision) && !(*before && latest_refused) => {
             latest.cloned().map(Stale::Again)
         }
         _ => None,
@@ -619,8 +622,9 @@ mod tests {
             rollout,
         };
         let (r5, r7) = (d(5, false), d(7, false));
-        fn at(latest: &lb::tier::Desired) -> (Option<&lb::tier::Desired>, &lb::tier::Desired) {
-            (Some(latest), latest)
+        type At<'d> = (Option<&'d lb::tier::Desired>, bool, &'d lb::tier::Desired);
+        fn at(latest: &lb::tier::Desired) -> At<'_> {
+            (Some(latest), false, latest)
         }
         assert_eq!(stale(at(&r7), &r5, &Via::Desired), Some(Stale::Drop));
         assert_eq!(stale(at(&r7), &r7, &Via::Desired), None);
@@ -632,20 +636,20 @@ mod tests {
         assert_eq!(stale(at(&r7), &r7, &Via::Operator), None);
         // A diff composes with the newest desired state, even one refused
         // here (newer than the applied one).
-        assert_eq!(stale((Some(&r7), &r5), &r7, &Via::Diff), None);
-        assert_eq!(stale((Some(&r7), &r5), &r5, &Via::Operator), None);
+        assert_eq!(stale((Some(&r7), false, &r5), &r7, &Via::Diff), None);
+        assert_eq!(stale((Some(&r7), false, &r5), &r5, &Via::Operator), None);
         assert_eq!(
-            stale((Some(&r7), &r5), &r5, &Via::Diff),
+            stale((Some(&r7), false, &r5), &r5, &Via::Diff),
             Some(Stale::Again(r7.clone()))
         );
-        assert_eq!(stale((None, &r5), &r5, &Via::Diff), None);
+        assert_eq!(stale((None, false, &r5), &r5, &Via::Diff), None);
         let candidate = d(6, true);
         assert_eq!(
             stale(at(&r7), &candidate, &Via::Candidate(6)),
             Some(Stale::Superseded(6))
         );
         assert_eq!(stale(at(&r5), &candidate, &Via::Candidate(6)), None);
-        assert_eq!(stale((None, &r5), &r5, &Via::Desired), None);
+        assert_eq!(stale((None, false, &r5), &r5, &Via::Desired), None);
         let back = Via::Revert {
             id: 6,
             say: true,
@@ -653,7 +657,7 @@ mod tests {
         };
         assert_eq!(stale(at(&r7), &r5, &back), Some(Stale::Again(r7.clone())));
         assert_eq!(stale(at(&r7), &r7, &back), None);
-        assert_eq!(stale((None, &r5), &r5, &back), None);
+        assert_eq!(stale((None, false, &r5), &r5, &back), None);
         // Back to what ran before the candidate, the newest being refused
         // here: not sent back to the newest.
         let before = Via::Revert {
@@ -661,7 +665,11 @@ mod tests {
             say: true,
             before: true,
         };
-        assert_eq!(stale(at(&r7), &r5, &before), None);
+        let refused = (Some(&r7), true, &r7);
+        assert_eq!(stale(refused, &r5, &before), None);
+        // A newer one not refused here (the operator fixed it) came while
+        // the revert was parsed: it goes there, not over it (helper-32).
+        assert_eq!(stale(at(&r7), &r5, &before), Some(Stale::Again(r7.clone())));
     }
 
     /// A revert goes back to the tier's desired state (unless this
