@@ -344,13 +344,7 @@ impl Session<'_> {
                         reports.mark_changed();
                     }
                     if gone.member {
-                        // Its member key deleted while it runs (a cleanup
-                        // aimed at another box): peers would ignore its
-                        // reports and leave it out of rollout plans.
-                        warn!("etcd: this balancer's member key was deleted while it runs: recorded again");
-                        let member = self.keys.member(self.name);
-                        let put = client.put(member, self.name, None);
-                        bounded(wait, "recording the member again", put).await?;
+                        self.member_again(&mut client).await?;
                     }
                 }
                 _ = renew.tick() => {
@@ -369,28 +363,55 @@ impl Session<'_> {
                 changed = reports.changed() => {
                     changed.map_err(|_| "the daemon stopped")?;
                     let report = reports.borrow_and_update().clone();
-                    let report = report.map(|mut r| {
-                        r.instance = Some(self.instance.to_string());
-                        r.bounded()
-                    });
-                    if let Some(report) = report.filter(|r| published.as_ref() != Some(r)) {
-                        let cut = |r: &Report| r.down_omitted + r.tables_omitted > 0;
-                        if cut(&report) && !published.as_ref().is_some_and(cut) {
-                            warn!(
-                                down_omitted = report.down_omitted,
-                                tables_omitted = report.tables_omitted,
-                                "etcd: this balancer's report is cut to {MAX_REPORT_BYTES} bytes"
-                            );
-                        }
-                        let json = serde_json::to_vec(&report).map_err(|e| e.to_string())?;
-                        let key = self.keys.balancer(self.name);
-                        let put = client.put(key, json, Some(PutOptions::new().with_lease(lease)));
-                        bounded(wait, "publishing the report", put).await?;
-                        published = Some(report);
-                    }
+                    self.publish(&mut client, lease, report, &mut published).await?;
                 }
             }
         }
+    }
+
+    /// Its member key deleted while it runs (a cleanup aimed at another
+    /// box): recorded again, or peers would ignore its reports and leave
+    /// it out of rollout plans.
+    async fn member_again(&self, client: &mut Client) -> Result<(), String> {
+        warn!("etcd: this balancer's member key was deleted while it runs: recorded again");
+        let put = client.put(self.keys.member(self.name), self.name, None);
+        bounded(self.source.timeout, "recording the member again", put).await?;
+        Ok(())
+    }
+
+    /// Puts `report` (stamped and cut to size) under the lease unless it
+    /// is what was `published` last.
+    async fn publish(
+        &self,
+        client: &mut Client,
+        lease: i64,
+        report: Option<Report>,
+        published: &mut Option<Report>,
+    ) -> Result<(), String> {
+        let report = report.map(|mut r| {
+            r.instance = Some(self.instance.to_string());
+            r.bounded()
+        });
+        let Some(report) = report.filter(|r| published.as_ref() != Some(r)) else {
+            return Ok(());
+        };
+        let cut = |r: &Report| r.down_omitted + r.tables_omitted > 0;
+        if cut(&report) && !published.as_ref().is_some_and(cut) {
+            warn!(
+                down_omitted = report.down_omitted,
+                tables_omitted = report.tables_omitted,
+                "etcd: this balancer's report is cut to {MAX_REPORT_BYTES} bytes"
+            );
+        }
+        let json = serde_json::to_vec(&report).map_err(|e| e.to_string())?;
+        let put = client.put(
+            self.keys.balancer(self.name),
+            json,
+            Some(PutOptions::new().with_lease(lease)),
+        );
+        bounded(self.source.timeout, "publishing the report", put).await?;
+        *published = Some(report);
+        Ok(())
     }
 
     /// Carries out `command` and answers it; an error ends the session.
