@@ -135,6 +135,11 @@ pub struct SavedHold {
     pub candidate: String,
     pub before: Snapshot,
     pub change: Change,
+    /// The desired state that ran before the candidate (its revision and
+    /// text): where a revert goes when this balancer refused the tier's
+    /// newest, also after a restart (absent from an older `lbd`'s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub before_desired: Option<(i64, String)>,
 }
 
 /// The revisions of one instance, on disk.
@@ -509,9 +514,17 @@ mod tests {
             candidate: "c".into(),
             before,
             change: Change::default(),
+            before_desired: Some((5, "vips: []\n".into())),
         };
         store.save_hold(Some(&saved)).unwrap();
         assert_eq!(store.hold().unwrap(), Some(saved));
+        // An older lbd's hold, without the state before: read all the same.
+        std::fs::write(
+            path.join("hold.json"),
+            r#"{"rollout":8,"candidate":"c","before":{},"change":{}}"#,
+        )
+        .unwrap();
+        assert_eq!(store.hold().unwrap().unwrap().before_desired, None);
         store.save_hold(None).unwrap();
         assert_eq!(store.hold().unwrap(), None);
         std::fs::create_dir(path.join(HOLD)).unwrap();

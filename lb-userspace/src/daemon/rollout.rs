@@ -547,10 +547,37 @@ impl<D: Dataplane> Daemon<D> {
             candidate: candidate.to_string(),
             before: before.clone(),
             change: change.clone(),
+            before_desired: None,
         };
         if let Err(e) = self.revisions.save_hold(Some(&saved)) {
             warn!(rollout = id, "rollout: keeping the hold for a restart: {e}");
         }
+    }
+
+    /// Adds the desired state that ran before the candidate (`revision`,
+    /// `text`) to the kept hold, for a revert after a restart. A failure
+    /// is logged: such a revert then goes to the tier's newest.
+    pub fn keep_before_candidate(&self, revision: i64, text: &str) {
+        let kept = match self.revisions.hold() {
+            Ok(Some(mut saved)) => {
+                saved.before_desired = Some((revision, text.to_string()));
+                self.revisions.save_hold(Some(&saved))
+            }
+            Ok(None) => return,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = kept {
+            warn!("rollout: keeping the state before the candidate for a restart: {e}");
+        }
+    }
+
+    /// The desired state that ran before rollout `id`'s candidate, as the
+    /// last `lbd` kept it with its hold.
+    pub fn kept_before_candidate(&self, id: i64) -> Option<(i64, String)> {
+        let saved = self.revisions.hold().ok().flatten()?;
+        (saved.rollout == id)
+            .then_some(saved.before_desired)
+            .flatten()
     }
 
     /// No candidate runs here any more: nothing to hold after a restart.

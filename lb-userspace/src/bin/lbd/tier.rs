@@ -167,13 +167,24 @@ impl TierLink {
         let task = spawn_client(source, (name, instance), tx, rx, from_daemon);
         let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // A restart during a hold: what ran before, as the last lbd kept
+        // it (a revert goes there if the tier's newest is refused here).
+        let before_candidate = applied
+            .rollout
+            .then(|| daemon.kept_before_candidate(applied.revision))
+            .flatten()
+            .map(|(revision, text)| Desired {
+                revision,
+                text: text.into(),
+                rollout: false,
+            });
         Some(TierLink {
             events,
             reports,
             task,
             applied,
             latest: None,
-            before_candidate: None,
+            before_candidate,
             commands,
             tick,
             computed: std::time::Instant::now(),
@@ -415,7 +426,12 @@ pub fn after_reload(
             Vec::new()
         }
         Via::Candidate(id) => {
-            daemon.rollout_applied(id, outcome.map(|_| change.unwrap_or_default()), now)
+            let steps =
+                daemon.rollout_applied(id, outcome.map(|_| change.unwrap_or_default()), now);
+            if let Some(before) = &link.before_candidate {
+                daemon.keep_before_candidate(before.revision, &before.text);
+            }
+            steps
         }
         Via::Revert { id, say, .. } => {
             let ok = outcome.is_ok();

@@ -304,6 +304,7 @@ async fn a_member_restarted_on_the_candidate_holds_it_again() {
             ..Default::default()
         },
         change: Change::default(),
+        before_desired: None,
     };
     r.daemon.revisions.save_hold(Some(&stale)).unwrap();
     r.daemon.tier_started("lb1".into(), Some((ID, true)));
@@ -344,6 +345,7 @@ async fn a_candidate_kept_under_the_same_id_by_another_history_is_reverted() {
         candidate: crate::digest::text("another history's candidate"),
         before: Default::default(),
         change: Change::default(),
+        before_desired: None,
     };
     r.daemon.revisions.save_hold(Some(&other)).unwrap();
     r.daemon.tier_started("lb1".into(), Some((ID, true)));
@@ -351,6 +353,32 @@ async fn a_candidate_kept_under_the_same_id_by_another_history_is_reverted() {
     r.daemon.on_rollout(Some(Ok((record(&r), ID))));
     r.daemon.on_rollout_progress(BTreeMap::new());
     assert_eq!(said(&r.daemon.rollout_tick(T0)), ["revert 8 false"]);
+}
+
+/// What ran before the candidate is kept with the hold, for a revert
+/// after a restart (helper-32: it was kept in memory only, and a restarted
+/// balancer that had refused the tier's newest reverted to it, was
+/// refused, and kept the failed candidate); only for that rollout, and
+/// only beside a hold.
+#[tokio::test]
+async fn what_ran_before_the_candidate_outlives_a_restart() {
+    let r = rig(TIER_FILE);
+    r.daemon.keep_before_candidate(5, "vips: []\n");
+    assert_eq!(r.daemon.revisions.hold().unwrap(), None, "no hold: nothing");
+    let hold = crate::revisions::SavedHold {
+        rollout: ID,
+        candidate: crate::digest::text(&candidate().text),
+        before: Default::default(),
+        change: Change::default(),
+        before_desired: None,
+    };
+    r.daemon.revisions.save_hold(Some(&hold)).unwrap();
+    r.daemon.keep_before_candidate(5, "vips: []\n");
+    assert_eq!(
+        r.daemon.kept_before_candidate(ID),
+        Some((5, "vips: []\n".to_string()))
+    );
+    assert_eq!(r.daemon.kept_before_candidate(ID + 1), None);
 }
 
 /// The backends the candidate adds must serve by the end of the hold:
