@@ -1,10 +1,11 @@
 //! From YAML text to the configuration's raw form, reporting every problem
 //! of a file in one run, within bounds an attacker cannot stretch.
 //!
-//! Bounds first: a file larger than [`MAX_CONFIG_BYTES`] is not read, and
+//! Bounds first: a file larger than [`MAX_CONFIG_BYTES`] is not read,
 //! flow collections (`[...]`, `{...}`) nested deeper than
 //! [`MAX_FLOW_DEPTH`] are refused before the YAML parser sees them (40,000
-//! levels took the parser seven seconds).
+//! levels took the parser seven seconds), and aliases may not expand a
+//! document past one value per byte (`alias_expansion`).
 //!
 //! Then the whole file is deserialized at once: serde_yaml stops at the
 //! first problem, but it knows its line. If it fails, each top-level
@@ -114,7 +115,114 @@ pub fn precheck(text: &str) -> Result<(), String> {
             "brackets or braces nested {depth} deep; a configuration needs a few, at most {MAX_FLOW_DEPTH} are accepted"
         ));
     }
-    Ok(())
+    alias_expansion(text)
+}
+
+/// The most values a document may expand to through its aliases: one per
+/// byte (a document without aliases has fewer), and room for small ones.
+fn max_values(bytes: usize) -> usize {
+    bytes + 100_000
+}
+
+/// Refuses a document whose aliases (`*name`, repeating an `&name`
+/// anchor) expand it past [`max_values`]: the parser charges an alias once
+/// however large what it repeats, so 1 MB of aliases of a long list built
+/// billions of values, and a desired state in etcd did that on every
+/// balancer at once. Counted on the parser's events, building nothing; a
+/// document without an anchor needs no count. Other problems are left to
+/// the parse proper, which names them.
+fn alias_expansion(text: &str) -> Result<(), String> {
+    if !text.contains('&') {
+        return Ok(());
+    }
+    let count = std::cell::Cell::new(0);
+    let max = max_values(text.len());
+    let counted = serde::de::DeserializeSeed::deserialize(
+        NodeCount { count: &count, max },
+        serde_yaml::Deserializer::from_str(text),
+    );
+    match counted {
+        Err(_) if count.get() > max => Err(format!(
+            "its aliases (*name) repeat anchored values (&name) to more than {max} values, more than a file of its size holds; write them out"
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// A visitor that counts the values the parser delivers (aliases
+/// expanded) and fails past `max`, keeping none of them.
+#[derive(Clone, Copy)]
+struct NodeCount<'c> {
+    count: &'c std::cell::Cell<usize>,
+    max: usize,
+}
+
+impl NodeCount<'_> {
+    fn tick<E: serde::de::Error>(self) -> Result<(), E> {
+        self.count.set(self.count.get() + 1);
+        if self.count.get() > self.max {
+            return Err(E::custom("too many values"));
+        }
+        Ok(())
+    }
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for NodeCount<'_> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for NodeCount<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any YAML value")
+    }
+    fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<(), E> {
+        self.tick()
+    }
+    fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<(), E> {
+        self.tick()
+    }
+    fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<(), E> {
+        self.tick()
+    }
+    fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<(), E> {
+        self.tick()
+    }
+    fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<(), E> {
+        self.tick()
+    }
+    fn visit_unit<E: serde::de::Error>(self) -> Result<(), E> {
+        self.tick()
+    }
+    fn visit_none<E: serde::de::Error>(self) -> Result<(), E> {
+        self.tick()
+    }
+    fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        self.tick()?;
+        d.deserialize_any(self)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        self.tick()?;
+        while seq.next_element_seed(self)?.is_some() {}
+        Ok(())
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        self.tick()?;
+        while map.next_key_seed(self)?.is_some() {
+            map.next_value_seed(self)?;
+        }
+        Ok(())
+    }
+    fn visit_enum<A: serde::de::EnumAccess<'de>>(self, data: A) -> Result<(), A::Error> {
+        // A tagged value (`!tag x`): the tag, then the value.
+        use serde::de::VariantAccess as _;
+        self.tick()?;
+        let ((), variant) = data.variant_seed(self)?;
+        variant.newtype_variant_seed(self)
+    }
 }
 
 /// The deepest nesting of `[` and `{` outside quoted scalars and comments.
@@ -389,5 +497,25 @@ mod tests {
         assert_eq!(precheck(&nested(MAX_FLOW_DEPTH)), Ok(()));
         let e = precheck(&nested(MAX_FLOW_DEPTH + 1)).unwrap_err();
         assert!(e.contains("nested 65 deep"), "{e}");
+    }
+
+    /// Aliases that repeat a long anchored list expand a small document
+    /// into more values than its size holds: refused before anything is
+    /// built (helper-37: ~1 MB of them was 4·10¹⁰ values). An anchor used
+    /// a few times, as operators do (one health check for every VIP), is
+    /// fine, and so is an `&` in a string.
+    #[test]
+    fn aliases_that_expand_past_the_files_size_are_refused() {
+        let list = vec!["0"; 20_000].join(",");
+        let uses = vec!["*a"; 200].join(",");
+        let bomb = format!("interfaces: [eth0]\njunk: &a [{list}]\nmore: [{uses}]\n");
+        assert!(bomb.len() < 100_000, "{}", bomb.len());
+        let e = precheck(&bomb).unwrap_err();
+        assert!(e.contains("aliases"), "{e}");
+        let shared = "check: &hc {interval: 2s, timeout: 1s}\nvips:\n".to_string()
+            + &"  - {address: 10.0.0.1, health_check: *hc}\n".repeat(50);
+        assert_eq!(precheck(&shared), Ok(()));
+        assert_eq!(precheck("path: \"/health?a=1&b=2\"\n"), Ok(()));
+        assert_eq!(precheck("not: [yaml\n&"), Ok(()), "left to the parse");
     }
 }
