@@ -244,18 +244,24 @@ impl PeerShared {
         }
         let (peer, hold) = (u.peer, u.hold);
         c.unconfirmed = None;
+        // Under the same lock as the check: released in between, the
+        // session task could set it Active, and this would overwrite that
+        // with Established on a closed session (helper-36).
+        Self::established(&mut c, hold);
         drop(c);
-        self.confirm(peer, hold);
+        info!(peer = %peer, hold_secs = hold, "BGP session established");
     }
 
     fn confirm(&self, peer: SocketAddr, hold: u16) {
-        let mut c = self.lock();
+        Self::established(&mut self.lock(), hold);
+        info!(peer = %peer, hold_secs = hold, "BGP session established");
+    }
+
+    fn established(c: &mut Counters, hold: u16) {
         c.state = SessionState::Established;
         c.established_at = Some(Instant::now());
         c.hold_time = Some(hold);
         c.sessions_established += 1;
-        drop(c);
-        info!(peer = %peer, hold_secs = hold, "BGP session established");
     }
 
     /// The peer has our KEEPALIVE: the shared state says Established
@@ -568,16 +574,12 @@ impl<'a> Session<'a> {
                     SessionState::OpenConfirm | SessionState::Established
                 );
             let established = self.state == SessionState::Established;
-            let deferring = self.deferring(desired);
+            let defer_pending = established && self.defer_pending(desired);
             let result = tokio::select! {
                 biased;
                 _ = stopped(stop) => return self.stop_gracefully().await,
                 _ = sleep_until(self.hold_deadline), if hold_on => {
-                    let detail = format!(
-                        "hold timer expired: nothing from the peer for {} s",
-                        self.hold.as_secs()
-                    );
-                    Err(self.fail(Notification::hold_timer_expired(), detail).await)
+                    self.on_hold_expiry(&mut buf, desired).await
                 }
                 _ = sleep_until(self.keepalive_at), if keepalive_on => {
                     self.send_keepalive().await
@@ -587,7 +589,7 @@ impl<'a> Session<'a> {
                     // The speaker is gone: same as a stop.
                     Err(_) => return self.stop_gracefully().await,
                 },
-                _ = sleep_until(self.defer_until), if deferring => self.sync(desired).await,
+                _ = sleep_until(self.defer_until), if defer_pending => self.sync(desired).await,
                 _ = sleep(CONFIRM_POLL), if established && !self.shared.confirmed() => {
                     self.shared.confirm_if_acknowledged();
                     Ok(())
@@ -602,6 +604,26 @@ impl<'a> Session<'a> {
             if let Err(end) = result {
                 return end;
             }
+        }
+    }
+
+    /// The hold timer ran out. The loop may come back late (a write that
+    /// waited on the peer, a stalled worker) to find the peer's messages
+    /// unread in the socket: those are taken first, and count (helper-36:
+    /// a live session was closed, and every route withdrawn, for a
+    /// KEEPALIVE that had arrived in time). Only silence is a failure.
+    async fn on_hold_expiry(&mut self, buf: &mut [u8], desired: &mut DesiredRx) -> Result<(), End> {
+        match self.stream.try_read(buf) {
+            Ok(0) => Err(End::Failed("the peer closed the connection".into())),
+            Ok(n) => self.on_bytes(&buf[..n], desired).await,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                let detail = format!(
+                    "hold timer expired: nothing from the peer for {} s",
+                    self.hold.as_secs()
+                );
+                Err(self.fail(Notification::hold_timer_expired(), detail).await)
+            }
+            Err(e) => Err(End::Failed(format!("reading: {e}"))),
         }
     }
 
@@ -643,6 +665,19 @@ impl<'a> Session<'a> {
             && !self.end_of_rib_sent
             && !desired.borrow().settled
             && Instant::now() < self.defer_until
+    }
+
+    /// Routes are held back, or were until `defer_until` and no sync has
+    /// run since: the timer's arm stays on until one has (a deadline that
+    /// passed while another arm ran fires at once). Tested on the time
+    /// instead, a deadline passed during a long read of the router's
+    /// table disabled the arm, and nothing sent the routes until the
+    /// desired set changed (helper-36).
+    fn defer_pending(&self, desired: &DesiredRx) -> bool {
+        self.gr.is_some_and(|g| g.restarting)
+            && !self.end_of_rib_sent
+            && !self.synced
+            && !desired.borrow().settled
     }
 
     fn publish_gr(&self, deferring: bool) {
