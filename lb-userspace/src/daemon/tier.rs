@@ -5,7 +5,7 @@
 //! reload ([`Daemon::reload`] with a composed file), so nothing here
 //! touches the maps.
 
-use std::time::SystemTime;
+use std::{collections::BTreeMap, time::SystemTime};
 
 use tracing::{info, warn};
 
@@ -24,6 +24,10 @@ pub struct TierState {
     link: Option<(Result<i64, String>, SystemTime)>,
     /// The newest desired revision seen, and why it was refused if it was.
     pub(super) seen: Option<i64>,
+    /// The desired revisions refused since one applied (the newest 64),
+    /// each with whether `--force` overrides its refusal (a serving VIP's
+    /// table size or hash, the blackhole guard).
+    refusals: BTreeMap<i64, bool>,
     /// The desired key's own revision as last read: 0 once deleted (what
     /// etcd compares an absent key as), `None` before any word of it. A
     /// rollout's compare-and-swap asks for it.
@@ -161,6 +165,7 @@ impl<D: Dataplane> Daemon<D> {
         self.tier.rewound = Some(revision);
         self.tier.seen = Some(revision);
         self.tier.refused = None;
+        self.tier.refusals.clear();
         self.metrics.tier_seen.set(revision);
         self.metrics.tier_refused.set(0);
     }
@@ -182,10 +187,26 @@ impl<D: Dataplane> Daemon<D> {
         self.metrics.tier_seen.set(seen);
     }
 
-    /// This balancer refused desired revision `revision`, the newest it
-    /// saw.
+    /// This balancer refused desired revision `revision` (since it last
+    /// applied one). Not "the newest seen was refused": a newer one read
+    /// but not yet judged is not refused, and one refused before it stays
+    /// so (helper-35).
     pub fn tier_refused(&self, revision: i64) -> bool {
-        self.tier.refused.is_some() && self.tier.seen == Some(revision)
+        self.tier.refusals.contains_key(&revision)
+    }
+
+    /// This balancer refused desired revision `revision` for something
+    /// `--force` overrides.
+    pub fn tier_refused_forceable(&self, revision: i64) -> bool {
+        self.tier.refusals.get(&revision) == Some(&true)
+    }
+
+    /// The refusal of desired revision `revision` is one `--force`
+    /// overrides.
+    pub fn tier_refusal_forceable(&mut self, revision: i64) {
+        if let Some(forceable) = self.tier.refusals.get_mut(&revision) {
+            *forceable = true;
+        }
     }
 
     /// The outcome of applying desired revision `revision`. A refusal of
@@ -202,6 +223,7 @@ impl<D: Dataplane> Daemon<D> {
                     self.tier.refused = None;
                     self.metrics.tier_refused.set(0);
                 }
+                self.tier.refusals.retain(|r, _| *r > revision);
                 self.tier.note = None;
                 self.metrics.tier_applied.set(revision);
             }
@@ -211,6 +233,10 @@ impl<D: Dataplane> Daemon<D> {
                     "etcd: desired state refused, keeping the running one: {why}"
                 );
                 self.tier.refused = Some(why);
+                self.tier.refusals.insert(revision, false);
+                if self.tier.refusals.len() > 64 {
+                    self.tier.refusals.pop_first();
+                }
                 self.metrics.tier_refused.set(1);
             }
         }

@@ -1015,7 +1015,7 @@ async fn on_call(
             let path = daemon.config_path();
             let forced = tier
                 .as_ref()
-                .filter(|_| force)
+                .filter(|_| force && !options.dry_run)
                 .and_then(|link| crate::tier::forced(daemon, link));
             let (desired, via) = match forced {
                 Some((latest, via)) => (Some(latest), via),
@@ -1226,6 +1226,11 @@ async fn apply_reload(
         .reload(parsed.file, parsed.force, &parsed.options)
         .await;
     if let (Some(link), Some(desired)) = (tier.as_mut(), parsed.desired) {
+        let forceable = matches!(&result, Err(e) if matches!(e.kind(), lb::api::ErrorKind::NeedsForce | lb::api::ErrorKind::Blackhole));
+        let refused_here = (
+            desired.revision,
+            matches!(parsed.via, Via::Desired) && !dry_run,
+        );
         let outcome = result.as_ref().map(|_| ()).map_err(|e| e.to_string());
         let reloads = crate::tier::after_reload(
             daemon,
@@ -1233,6 +1238,9 @@ async fn apply_reload(
             (desired, parsed.via, dry_run),
             (outcome, change),
         );
+        if forceable && refused_here.1 {
+            daemon.tier_refusal_forceable(refused_here.0);
+        }
         start_reloads(daemon, reloads, again);
     }
     match (parsed.reply, result) {
@@ -1281,6 +1289,14 @@ fn current(
                 revision = desired.revision,
                 "etcd: a newer desired state was read while this one was parsed; applying that one"
             );
+            if let Some(reply) = parsed.reply {
+                // `lbctl reload --force` of a refused state: said, not
+                // dropped as an internal error.
+                let _ = reply.send(Response::err(
+                    lb::api::ErrorKind::Conflict,
+                    "a newer desired state was read from etcd while this reload was parsed; it is applied instead (lbctl tier status): run it again if that one is refused too",
+                ));
+            }
             None
         }
         Some(Stale::Again(applied)) => {

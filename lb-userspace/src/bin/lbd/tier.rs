@@ -421,6 +421,8 @@ pub fn after_reload(
             return retry_newest(daemon, link).into_iter().collect();
         }
         Via::Operator | Via::Diff => Vec::new(),
+        // A dry run decides nothing (it was taken for a refusal's end).
+        Via::Desired if dry_run => Vec::new(),
         Via::Desired => {
             daemon.tier_outcome(revision, outcome);
             Vec::new()
@@ -464,15 +466,15 @@ pub fn retry_newest(daemon: &mut Daemon<KernelDataplane>, link: &TierLink) -> Op
 }
 
 /// What `lbctl reload --force` composes the file with: the tier's newest
-/// desired state if this balancer refused it (a change that needs force:
-/// a serving VIP's table size or hash, or one the blackhole guard holds),
+/// desired state if this balancer refused it for something force
+/// overrides (a serving VIP's table size or hash, the blackhole guard),
 /// so that the force applies it here, as the refusal says; otherwise
 /// `None` (the applied one, as any reload). It used to compose the file
 /// with the applied state: the answer was OK, nothing of the refused
 /// state ran, and a retry refused it again.
 pub fn forced(daemon: &Daemon<KernelDataplane>, link: &TierLink) -> Option<Reload> {
     let latest = link.latest.as_ref()?;
-    (*latest != link.applied && daemon.tier_refused(latest.revision))
+    (*latest != link.applied && daemon.tier_refused_forceable(latest.revision))
         .then(|| (latest.clone(), Via::Desired))
 }
 

@@ -343,3 +343,29 @@ async fn unreadable_and_absent_desired_states_are_reported() {
     assert!(!r.daemon.tier_should_apply(8), "older than the candidate");
     assert!(r.daemon.tier_should_apply(9), "as new as the candidate");
 }
+
+/// Which revisions were refused, and whether `--force` overrides the
+/// refusal: a newer one read but not yet judged is not refused, one
+/// refused before it stays so (helper-35: "refused" meant "the newest
+/// seen, with a refusal on record", so `lbctl reload --force` could force
+/// a state nobody had judged, and a revert took a refused one for new),
+/// and one applied ends every refusal up to it.
+#[tokio::test]
+async fn refusals_are_kept_by_revision_with_whether_force_overrides_them() {
+    let mut r = rig(TIER_FILE);
+    r.daemon.tier_started("lb1".into(), Some((5, false)));
+    assert!(r.daemon.tier_should_apply(7));
+    r.daemon.tier_outcome(7, Err("needs --force".into()));
+    assert!(r.daemon.tier_refused(7) && !r.daemon.tier_refused_forceable(7));
+    r.daemon.tier_refusal_forceable(7);
+    assert!(r.daemon.tier_refused_forceable(7));
+    assert!(r.daemon.tier_should_apply(8));
+    assert!(!r.daemon.tier_refused(8), "read, not judged");
+    assert!(r.daemon.tier_refused(7), "still refused");
+    r.daemon.tier_unreadable(9, "not YAML".into());
+    assert!(r.daemon.tier_refused(9) && !r.daemon.tier_refused_forceable(9));
+    assert!(r.daemon.tier_refused(7));
+    r.daemon.tier_outcome(8, Ok(()));
+    assert!(!r.daemon.tier_refused(7), "over once a later one applied");
+    assert!(r.daemon.tier_refused(9), "a newer refusal stands");
+}
