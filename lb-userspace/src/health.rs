@@ -57,6 +57,20 @@ pub struct ProbeTarget {
 /// backend, so the rise/fall count skips it ([`Tracker::record`]).
 pub const COULD_NOT_RUN: &str = "probe could not run here: ";
 
+/// Says, at most once a minute for the whole process, that probes could
+/// not run: their results judge nothing, so a backend that dies
+/// meanwhile stays in the table (helper-35: only `lbctl health` showed it).
+fn warn_could_not_run(detail: &str) {
+    static LAST: std::sync::Mutex<Option<Instant>> = std::sync::Mutex::new(None);
+    let mut last = LAST.lock().unwrap_or_else(|e| e.into_inner());
+    if last.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
+        *last = Some(Instant::now());
+        tracing::warn!(
+            "health probes cannot run on this box ({detail}): until they can, no verdict changes, and a backend that dies meanwhile stays in its tables"
+        );
+    }
+}
+
 impl ProbeResult {
     /// The probe failed on this box ([`COULD_NOT_RUN`]).
     pub fn could_not_run(&self) -> bool {
@@ -197,6 +211,9 @@ pub async fn probe(check: &HealthCheck, target: &ProbeTarget) -> ProbeResult {
         .filter(|_| ok)
         .unwrap_or_else(Instant::now);
     let latency_us = end.saturating_duration_since(start).as_micros() as u64;
+    if !ok && detail.starts_with(COULD_NOT_RUN) {
+        warn_could_not_run(&detail);
+    }
     ProbeResult {
         ok,
         latency_us,

@@ -878,6 +878,13 @@ impl<D: Dataplane> Reconciler<D> {
         self.dp.remove_vip(&id.key())?;
         self.pool.release(state.region.base, state.region.chunks());
         self.free_ids.insert(state.meta.id());
+        // Its id may serve another VIP next: counts an earlier retirement
+        // put into its total must not be taken out of that one's.
+        for ((vip, _), r) in self.retired.iter_mut() {
+            if vip == id {
+                r.counted = None;
+            }
+        }
         for (addr, b) in &state.backends {
             self.retire((*id, *addr), b.handle, None)?;
         }
@@ -1754,10 +1761,28 @@ mod tests {
         assert!(r.apply(&[a_less, b_more], &all).is_err());
         assert_eq!(r.dataplane().vip_stats[vip_id], counts, "retired, counted");
         r.dataplane_mut().refuse_vip = None;
-        r.apply(&[a.clone(), b], &all).unwrap();
+        r.apply(&[a.clone(), b.clone()], &all).unwrap();
         assert_eq!(r.vips()[&a.id].backends[&gone].handle, handle, "given back");
         assert_eq!(r.dataplane().backend_stats[index], counts, "its own again");
         assert_eq!(r.dataplane().vip_stats[vip_id], CounterValue::default());
+
+        // Retired and counted again; then a failed apply removes A, whose
+        // id a new VIP takes before A and its backend return: nothing is
+        // taken out of the new VIP's total (helper-35: it wrapped).
+        let a_less = vip("10.0.0.1", 80, &[("10.1.0.1", 1)]);
+        let b_more = vip("10.0.0.2", 80, &[("10.1.0.3", 1), ("10.1.0.4", 1)]);
+        r.dataplane_mut().refuse_vip = Some(b.id.key());
+        assert!(r.apply(&[a_less, b_more.clone()], &all).is_err());
+        assert!(
+            r.apply(&[b_more.clone()], &all).is_err(),
+            "A removed, B refused"
+        );
+        r.dataplane_mut().refuse_vip = None;
+        let c = vip("10.0.0.3", 80, &[("10.1.0.5", 1)]);
+        r.apply(&[c.clone(), a.clone(), b.clone()], &all).unwrap();
+        let c_id = r.vips()[&c.id].meta.id() as usize;
+        assert_eq!(c_id, vip_id, "the new VIP took A's id");
+        assert_eq!(r.dataplane().vip_stats[c_id], CounterValue::default());
     }
 
     #[test]
