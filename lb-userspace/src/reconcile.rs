@@ -1774,7 +1774,7 @@ mod tests {
         r.dataplane_mut().refuse_vip = Some(b.id.key());
         assert!(r.apply(&[a_less, b_more.clone()], &all).is_err());
         assert!(
-            r.apply(&[b_more.clone()], &all).is_err(),
+            r.apply(std::slice::from_ref(&b_more), &all).is_err(),
             "A removed, B refused"
         );
         r.dataplane_mut().refuse_vip = None;
