@@ -296,8 +296,15 @@ impl<D: Dataplane> Daemon<D> {
     }
 
     /// `target` is what runs now (same text, same API changes).
+    /// The target is what runs: the same text, runtime changes and
+    /// configuration, and the same hash key (its file rewritten in place
+    /// changes none of the others: a rotation forced with `--force` was
+    /// answered "nothing changed" and the old key kept, helper-37).
     fn is_running(&self, target: &Target) -> bool {
-        target.text == self.text && target.overlay == self.overlay && target.config == self.config
+        target.text == self.text
+            && target.overlay == self.overlay
+            && target.config == self.config
+            && hash_key_of(&target.config).is_ok_and(|k| k == self.settings.hash_key)
     }
 
     /// The rules a change must pass before anything is written: settings

@@ -1198,6 +1198,28 @@ async fn a_hash_key_added_or_removed_needs_force_and_says_which() {
         .reload(reparse(&r, &keyed), true, &plain())
         .await
         .unwrap();
+    // Rotated in place: the file's text is the same, the key is not; the
+    // force applies it (it was answered "nothing changed").
+    std::fs::write(
+        &key,
+        "ffeeddccbbaa99887766554433221100
+",
+    )
+    .unwrap();
+    let e = r
+        .daemon
+        .reload(reparse(&r, &keyed), false, &plain())
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NeedsForce, "{e}");
+    let done = r
+        .daemon
+        .reload(reparse(&r, &keyed), true, &plain())
+        .await
+        .unwrap();
+    assert_ne!(done.note.as_deref(), Some("nothing changed"));
+    let rotated = crate::config::hash::load_key(&key).unwrap();
+    assert_eq!(r.daemon.reconciler.dataplane().hash_key().unwrap(), rotated);
     let e = r
         .daemon
         .reload(reparse(&r, FILE), false, &plain())
