@@ -350,6 +350,27 @@ fn changes_that_would_blackhole_a_serving_vip_are_refused_unless_forced() {
         if !text.contains("no backend with a weight above 0: it will drop every packet") {
             bail!("lbd check of an all-zero VIP:\n{text}");
         }
+        // A hash key file lbd would not start with (readable by others):
+        // `lbd check` says so, as the start would (it said ok).
+        let key = rig.dir.join("loose.key");
+        std::fs::write(&key, "00112233445566778899aabbccddeeff\n")?;
+        std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
+        let keyed = rig.dir.join("keyed.yaml");
+        std::fs::write(
+            &keyed,
+            format!("{good}\nhash_key_file: {}\n", key.display()),
+        )?;
+        let out = Command::new(bin_path("lbd")?)
+            .args(["check", "--offline"])
+            .arg(&keyed)
+            .output()?;
+        let said = String::from_utf8_lossy(&out.stderr);
+        if out.status.success() || !said.contains("hash_key_file") {
+            bail!(
+                "lbd check of a key file others may read: {}\n{said}",
+                out.status
+            );
+        }
 
         // SIGHUP never forces: refused, the table stays, connections work.
         std::fs::write(&lbd.config, &zero)?;

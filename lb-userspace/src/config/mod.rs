@@ -19,7 +19,7 @@ pub(crate) mod announce;
 pub(crate) mod datapath;
 pub(crate) mod duration;
 pub(crate) mod error;
-pub(crate) mod hash;
+pub mod hash;
 pub(crate) mod health;
 pub(crate) mod parse;
 pub(crate) mod passive;

@@ -25,6 +25,15 @@ use lb::config::Config;
 pub fn check(path: &Path, offline: bool) -> Result<()> {
     let config = Config::load(path)?;
     let mut files = config.announce.check_files();
+    // A start loads it and stops on a fault: so does the check.
+    if let Some(key) = &config.hash_key_file
+        && let Err(e) = lb::config::hash::load_key(key)
+    {
+        files.push(lb::config::ConfigError {
+            field: "hash_key_file".into(),
+            message: e,
+        });
+    }
     if let Some(etcd) = &config.source {
         files.extend(etcd.check_files());
         if !config.vips.is_empty() {
