@@ -132,6 +132,24 @@ impl Prefix {
         let width = if self.addr.is_ipv4() { 32 } else { 128 };
         width - self.len
     }
+
+    /// `addr` is inside the prefix (of its family).
+    pub fn contains(&self, addr: IpAddr) -> bool {
+        let bits = |a: IpAddr| match a {
+            IpAddr::V4(a) => u128::from(u32::from(a)) << 96,
+            IpAddr::V6(a) => u128::from(a),
+        };
+        if addr.is_ipv4() != self.addr.is_ipv4() {
+            return false;
+        }
+        let len = if self.addr.is_ipv4() {
+            self.len
+        } else {
+            self.len.min(128)
+        };
+        let mask = u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0);
+        bits(addr) & mask == bits(self.addr) & mask
+    }
 }
 
 impl FromStr for Prefix {
@@ -192,6 +210,8 @@ pub(crate) struct Sources {
     pub v6: bool,
     /// The configured source addresses (fixed, or the prefixes' own).
     pub own: Vec<IpAddr>,
+    /// The source prefixes, which a tunnel's source may be any address of.
+    pub prefixes: Vec<Prefix>,
 }
 
 impl Sources {
@@ -214,7 +234,26 @@ impl Sources {
             v4: v4.is_some() || v4_prefix.is_some(),
             v6: v6.is_some() || v6_prefix.is_some(),
             own,
+            prefixes: v4_prefix.into_iter().chain(v6_prefix).collect(),
         }
+    }
+
+    /// Why `addr` (a backend's or a VIP's) cannot be where tunnels come
+    /// from, if it is inside a source prefix: a client whose low bits
+    /// match gets it as its tunnels' source, which the backend drops as
+    /// its own address (a martian). `/0`, the client's own address as the
+    /// source, is left alone: no client has a backend's address.
+    pub(crate) fn inside_prefix(&self, addr: IpAddr) -> Option<String> {
+        let p = self
+            .prefixes
+            .iter()
+            .find(|p| p.len > 0 && p.contains(addr))?;
+        Some(format!(
+            "is inside the tunnel source prefix {}/{}: 1 in {} clients would be tunnelled from it, and a backend drops a packet from its own address; take a prefix of addresses nothing else uses",
+            p.addr,
+            p.len,
+            1u128 << p.host_bits().min(127)
+        ))
     }
 }
 

@@ -346,7 +346,7 @@ fn outer_source_prefixes() {
         &GOOD
             .replace(
                 "outer_source_v4: 10.0.0.2",
-                "outer_source_v4_prefix: 10.99.0.0/16",
+                "outer_source_v4_prefix: 10.98.0.0/16",
             )
             .replace(
                 "outer_source_v6: fd00::2",
@@ -355,13 +355,33 @@ fn outer_source_prefixes() {
     )
     .expect("prefixes stand in for fixed sources");
     let p = c.outer_source_v4_prefix.expect("v4 prefix");
-    assert_eq!((p.to_string(), p.host_bits()), ("10.99.0.0/16".into(), 16));
+    assert_eq!((p.to_string(), p.host_bits()), ("10.98.0.0/16".into(), 16));
+    // A prefix around a VIP or a backend: some clients' tunnels would come
+    // from that address, which a backend drops as its own (helper-37).
+    assert_eq!(
+        errors(&GOOD.replace(
+            "outer_source_v4: 10.0.0.2",
+            "outer_source_v4_prefix: 10.99.0.0/16"
+        )),
+        vec![
+            "vips[0].address: 10.99.0.1 is inside the tunnel source prefix 10.99.0.0/16: 1 in 65536 clients would be tunnelled from it, and a backend drops a packet from its own address; take a prefix of addresses nothing else uses"
+        ]
+    );
+    let inside = errors(&GOOD.replace(
+        "outer_source_v4: 10.0.0.2",
+        "outer_source_v4_prefix: 10.1.0.0/24",
+    ));
+    assert_eq!(inside.len(), 2, "{inside:?}");
+    assert!(
+        inside[0].starts_with("vips[0].backends[0].address: 10.1.0.1 is inside the tunnel source prefix 10.1.0.0/24: 1 in 256"),
+        "{inside:?}"
+    );
     assert_eq!(c.outer_source_v6_prefix.expect("v6").host_bits(), 32);
 
     assert_eq!(
         errors(&with(
             "outer_source_v4: 10.0.0.2",
-            "outer_source_v4: 10.0.0.2\nouter_source_v4_prefix: 10.99.0.0/16"
+            "outer_source_v4: 10.0.0.2\nouter_source_v4_prefix: 10.98.0.0/16"
         )),
         vec![
             "outer_source_v4_prefix: set either outer_source_v4 or outer_source_v4_prefix, not both"

@@ -722,6 +722,8 @@ impl VipRules<'_> {
                     vip.id.addr
                 ),
             );
+        } else if let Some(why) = self.sources.inside_prefix(vip.id.addr) {
+            self.err(format!("{at}.address"), format!("{} {why}", vip.id.addr));
         }
         if vip.backends.is_empty() && self.from_file {
             self.err(
@@ -749,7 +751,7 @@ impl VipRules<'_> {
                 "is this balancer's own tunnel source: packets would be tunnelled to itself".into(),
             )
         } else {
-            None
+            self.sources.inside_prefix(b.address)
         };
         if let Some(why) = why {
             self.err(format!("{at}.address"), format!("{} {why}", b.address));
