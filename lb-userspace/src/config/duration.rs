@@ -43,7 +43,16 @@ pub fn parse(s: &str) -> Result<Duration, String> {
     if !(0.0..=86_400.0 * 365.0).contains(&secs) {
         return Err(format!("{} is out of range", super::error::excerpt(s)));
     }
-    Ok(Duration::from_secs_f64(secs))
+    // Whole milliseconds: a finer one was written back (state file, API)
+    // as a whole number of them, 0.5ms as 0s, which then failed its rule.
+    let ms = secs * 1000.0;
+    if (ms - ms.round()).abs() > 1e-6 {
+        return Err(format!(
+            "{} is finer than a millisecond (durations are whole milliseconds)",
+            super::error::excerpt(s)
+        ));
+    }
+    Ok(Duration::from_millis(ms.round() as u64))
 }
 
 pub fn format(d: &Duration) -> String {

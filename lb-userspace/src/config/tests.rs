@@ -889,6 +889,12 @@ fn durations_parse_and_print() {
     assert_eq!(duration::format(&Duration::from_millis(1500)), "1500ms");
     assert_eq!(duration::format(&Duration::from_secs(30)), "30s");
     assert!(duration::parse("soon").is_err());
+    // Finer than a millisecond was written back as 0s (helper-37).
+    for finer in ["0.5ms", "1.0001s"] {
+        let e = duration::parse(finer).unwrap_err();
+        assert!(e.contains("finer than a millisecond"), "{finer}: {e}");
+    }
+    assert_eq!(duration::parse("0.3s"), Ok(Duration::from_millis(300)));
     // A number alone is seconds to some tools and milliseconds to others.
     assert_eq!(
         duration::parse("65536"),
@@ -1772,4 +1778,27 @@ fn size_limits_are_inclusive() {
             "{bad}: {e:?}"
         );
     }
+}
+
+/// A UDP VIP's probes are TCP, to its port unless one is named: said
+/// (helper-37: a service without a TCP listener there was found down on
+/// every backend, silently); with a port named, nothing to say.
+#[test]
+fn a_udp_vips_tcp_probes_are_said() {
+    let dns = "  - address: 10.99.0.2\n    port: 53\n    protocol: udp\n    health_check: {HC}\n    backends:\n      - address: 10.1.0.1\n";
+    let with = |hc: &str| format!("{GOOD}{}", dns.replace("{HC}", hc));
+    let c = Config::parse(&with("{}")).expect("allowed");
+    assert!(
+        c.warnings
+            .iter()
+            .any(|w| w.contains("is UDP and probes are TCP, to port 53")),
+        "{:?}",
+        c.warnings
+    );
+    let c = Config::parse(&with("{port: 8053}")).expect("allowed");
+    assert!(
+        !c.warnings.iter().any(|w| w.contains("probes are TCP")),
+        "{:?}",
+        c.warnings
+    );
 }

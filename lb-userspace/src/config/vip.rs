@@ -492,7 +492,7 @@ vip_settings! {
     panic_threshold: u32 = 50, read "present";
     /// The VIP's address is announced (BGP, ExaBGP, exec) only while at
     /// least this many of its backends are usable (active or in slow
-    /// start). 0 announces it whenever the program is attached.
+    /// start); at least 1.
     min_healthy: u32 = 1, read "present";
     /// Ejecting backends whose clients' SYNs go unanswered.
     passive_health: super::passive::PassiveHealth = Default::default(), read "present";
@@ -817,6 +817,20 @@ impl VipRules<'_> {
                 let field = format!("{at}.backends[{j}].health_check");
                 check_health(h, probed, &field, &mut err);
             }
+        }
+        let udp_port_probed = !probed.tcp
+            && vip
+                .health_check
+                .iter()
+                .chain(vip.backends.iter().filter_map(|b| b.health_check.as_ref()))
+                .any(|h| h.port.is_none());
+        if udp_port_probed {
+            // Probes are TCP: a UDP service without a TCP listener on its
+            // port would be found down on every backend (helper-37).
+            self.warnings.push(format!(
+                "{at}.health_check: VIP {} is UDP and probes are TCP, to port {} unless health_check.port names another: make sure the backends listen on it over TCP",
+                vip.id, vip.id.port
+            ));
         }
     }
 
