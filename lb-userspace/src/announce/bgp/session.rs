@@ -405,7 +405,7 @@ pub(super) async fn run_peer(
                 match end {
                     End::Stopped => break,
                     End::Failed(reason) => {
-                        let reason = if session.unconfirmed() {
+                        let reason = if session.unconfirmed() && silent_end(&reason) {
                             format!("{reason} {UNCONFIRMED}")
                         } else {
                             reason
@@ -1251,5 +1251,40 @@ mod tests {
                 .map(|_| random_unit())
                 .all(|x| (0.0..1.0).contains(&x))
         );
+    }
+}
+
+/// A session that ended in silence (the hold timer, a close, a read that
+/// failed), not in a NOTIFICATION naming a cause: only then may a router
+/// that drops our segments (GTSM, a filter) be why, and the hint say so.
+/// A NOTIFICATION from the peer proves it got them; one of ours other
+/// than the hold timer's names the cause itself (a wrong `remote_as`
+/// was told to look at GTSM, helper-36).
+fn silent_end(reason: &str) -> bool {
+    if reason.starts_with("the peer sent NOTIFICATION") {
+        return false;
+    }
+    !reason.starts_with("sent NOTIFICATION") || reason.starts_with("sent NOTIFICATION 4/")
+}
+
+#[cfg(test)]
+mod silence_tests {
+    use super::*;
+
+    /// The GTSM hint follows silence only, in the reasons as `fail` and
+    /// `on_message` write them.
+    #[test]
+    fn only_a_silent_end_may_be_gtsm() {
+        let sent = |n: Notification| format!("sent NOTIFICATION {n}: x");
+        assert!(silent_end(&sent(Notification::hold_timer_expired())));
+        assert!(silent_end("the peer closed the connection"));
+        assert!(
+            !silent_end(&sent(Notification::new(2, 2, []))),
+            "bad peer AS"
+        );
+        assert!(!silent_end(&format!(
+            "the peer sent NOTIFICATION {}",
+            Notification::new(2, 2, [])
+        )));
     }
 }
