@@ -1200,12 +1200,7 @@ async fn a_hash_key_added_or_removed_needs_force_and_says_which() {
         .unwrap();
     // Rotated in place: the file's text is the same, the key is not; the
     // force applies it (it was answered "nothing changed").
-    std::fs::write(
-        &key,
-        "ffeeddccbbaa99887766554433221100
-",
-    )
-    .unwrap();
+    std::fs::write(&key, "ffeeddccbbaa99887766554433221100\n").unwrap();
     let e = r
         .daemon
         .reload(reparse(&r, &keyed), false, &plain())
