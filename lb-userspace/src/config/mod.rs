@@ -19,7 +19,7 @@ pub(crate) mod announce;
 pub(crate) mod datapath;
 pub(crate) mod duration;
 pub(crate) mod error;
-pub mod hash;
+pub(crate) mod hash;
 pub(crate) mod health;
 pub(crate) mod parse;
 pub(crate) mod passive;
@@ -42,7 +42,7 @@ use self::{announce::AnnounceConfig, error::prefixed};
 pub use self::{
     datapath::{Gateway, Mac, MalformedPolicy, Prefix, TooBigPolicy, XdpModeSetting},
     error::{ConfigError, ConfigErrors, excerpt},
-    hash::HashFields,
+    hash::{HashFields, load_key as load_hash_key},
     health::{HealthCheck, HttpCheck},
     quic::{QuicConfig, ServerId, parse_cid_arg},
     source::{MAX_DESIRED_BYTES, valid_name},

@@ -27,7 +27,7 @@ pub fn check(path: &Path, offline: bool) -> Result<()> {
     let mut files = config.announce.check_files();
     // A start loads it and stops on a fault: so does the check.
     if let Some(key) = &config.hash_key_file
-        && let Err(e) = lb::config::hash::load_key(key)
+        && let Err(e) = lb::config::load_hash_key(key)
     {
         files.push(lb::config::ConfigError {
             field: "hash_key_file".into(),
