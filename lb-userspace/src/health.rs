@@ -211,14 +211,15 @@ pub async fn probe(check: &HealthCheck, target: &ProbeTarget) -> ProbeResult {
         .filter(|_| ok)
         .unwrap_or_else(Instant::now);
     let latency_us = end.saturating_duration_since(start).as_micros() as u64;
-    if !ok && detail.starts_with(COULD_NOT_RUN) {
-        warn_could_not_run(&detail);
-    }
-    ProbeResult {
+    let result = ProbeResult {
         ok,
         latency_us,
         detail,
+    };
+    if result.could_not_run() {
+        warn_could_not_run(&result.detail);
     }
+    result
 }
 
 /// Rise/fall over consecutive probe results.

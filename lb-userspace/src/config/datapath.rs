@@ -135,20 +135,7 @@ impl Prefix {
 
     /// `addr` is inside the prefix (of its family).
     pub fn contains(&self, addr: IpAddr) -> bool {
-        let bits = |a: IpAddr| match a {
-            IpAddr::V4(a) => u128::from(u32::from(a)) << 96,
-            IpAddr::V6(a) => u128::from(a),
-        };
-        if addr.is_ipv4() != self.addr.is_ipv4() {
-            return false;
-        }
-        let len = if self.addr.is_ipv4() {
-            self.len
-        } else {
-            self.len.min(128)
-        };
-        let mask = u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0);
-        bits(addr) & mask == bits(self.addr) & mask
+        ipnet::IpNet::new(self.addr, self.len).is_ok_and(|net| net.contains(&addr))
     }
 }
 
