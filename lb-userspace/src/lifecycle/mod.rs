@@ -386,14 +386,14 @@ fn panic_mode(vip: &VipConfig, life: &mut VipLife, now: Instant, events: &mut Ve
         let Some(l) = life.backends.get(&b.address) else {
             continue;
         };
-        if b.weight > 0 && l.drained_since.is_none() {
+        if counts_for_panic(b.weight > 0, l) {
             candidates += 1;
             if l.up(now) && !l.passive.is_ejected(now) {
                 healthy += 1;
             }
         }
     }
-    let panic = candidates > 0 && healthy * 100 < vip.panic_threshold * candidates;
+    let panic = healthy < panic_floor(vip.panic_threshold, candidates);
     if panic != life.panic {
         life.panic = panic;
         if panic {
@@ -410,6 +410,19 @@ fn panic_mode(vip: &VipConfig, life: &mut VipLife, now: Instant, events: &mut Ve
         }
     }
     panic
+}
+
+/// A backend that counts toward the panic threshold: weighted and not
+/// drained, up or not.
+pub(super) fn counts_for_panic(weighted: bool, l: &BackendLife) -> bool {
+    weighted && l.drained_since.is_none()
+}
+
+/// The fewest healthy backends of `candidates` that keep a VIP out of
+/// panic: `threshold`% of them, rounded up (panic is healthy × 100 <
+/// threshold × candidates; none with no candidate).
+pub(super) fn panic_floor(threshold: u32, candidates: u32) -> u32 {
+    (threshold * candidates).div_ceil(100)
 }
 
 /// One backend's state, effective (scaled) weight and whether its

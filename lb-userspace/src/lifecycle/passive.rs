@@ -37,21 +37,18 @@ impl Lifecycle {
             };
             let mut order: Vec<IpAddr> = Vec::new();
             let mut refs: Vec<(&mut Passive, bool)> = Vec::new();
-            // Counted as `panic_mode` counts: weighted and not drained,
-            // whether up or not.
-            let mut in_panic_count = 0usize;
+            let mut panic_candidates = 0u32;
             for (addr, l) in life.backends.iter_mut() {
                 let weighted = vip
                     .backends
                     .iter()
                     .any(|b| b.address == *addr && b.weight > 0);
-                in_panic_count += usize::from(weighted && l.drained_since.is_none());
+                panic_candidates += u32::from(super::counts_for_panic(weighted, l));
                 let candidate = l.passive_candidate(weighted, now);
                 order.push(*addr);
                 refs.push((&mut l.passive, candidate));
             }
-            // Panic: healthy × 100 < threshold × candidates.
-            let keep = (vip.panic_threshold as usize * in_panic_count).div_ceil(100);
+            let keep = super::panic_floor(vip.panic_threshold, panic_candidates) as usize;
             let events = evaluate(&vip.passive_health, &mut refs, keep, now);
             for e in events {
                 lines.push(describe(&vip.id, &order, &e));
