@@ -22,7 +22,10 @@ use std::{
     collections::BTreeSet,
     net::IpAddr,
     process::Stdio,
-    sync::{Arc, Mutex, MutexGuard},
+    sync::{
+        Arc, Mutex, MutexGuard,
+        atomic::{AtomicU64, Ordering},
+    },
     time::Duration,
 };
 
@@ -35,6 +38,39 @@ use super::{
 };
 use crate::config::ConfigErrors;
 pub use crate::config::announce::ExecConfig;
+
+/// The soft limit on open files commands start with; 0 leaves them
+/// `lbd`'s own. See [`commands_keep_open_files_limit`].
+static COMMAND_OPEN_FILES: AtomicU64 = AtomicU64::new(0);
+
+/// Commands run with `soft` as their soft limit on open files (never above
+/// their hard limit): the one `lbd` started with, before it raised its own
+/// for thousands of probes. A raised limit is no default a command asked
+/// for: programs built on `select()` fail on a descriptor past 1,024, and
+/// some close every descriptor up to the limit before they exec.
+pub fn commands_keep_open_files_limit(soft: u64) {
+    COMMAND_OPEN_FILES.store(soft, Ordering::Relaxed);
+}
+
+/// In the child between fork and exec: lowers the soft limit on open files
+/// to [`COMMAND_OPEN_FILES`]. Only `getrlimit` and `setrlimit`, which are
+/// async-signal-safe; a failure keeps the limit as it is and runs the
+/// command anyway.
+#[allow(unsafe_code)]
+fn restore_open_files(soft: u64) -> std::io::Result<()> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit write and read one rlimit we own.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
+            limit.rlim_cur = soft.min(limit.rlim_max);
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
+    Ok(())
+}
 
 /// The most [`Announcer::shutdown`] waits for the withdraw commands.
 pub const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(60);
@@ -223,6 +259,7 @@ async fn run(config: &ExecConfig, action: &str, vip: IpAddr, status: &Mutex<Peer
     }
 }
 
+#[allow(unsafe_code)] // the `pre_exec` hook, see there
 async fn run_command(
     config: &ExecConfig,
     action: &str,
@@ -233,7 +270,16 @@ async fn run_command(
         .command
         .split_first()
         .ok_or_else(|| "no command configured".to_string())?;
-    let mut child = Command::new(program)
+    let mut command = Command::new(program);
+    let soft = COMMAND_OPEN_FILES.load(Ordering::Relaxed);
+    if soft != 0 {
+        // SAFETY: the hook calls only async-signal-safe functions on
+        // values it owns (see `restore_open_files`).
+        unsafe {
+            command.pre_exec(move || restore_open_files(soft));
+        }
+    }
+    let mut child = command
         .args(args)
         .arg(action)
         .arg(prefix)
@@ -405,6 +451,23 @@ mod tests {
             a.set_announced(&set(&["10.0.0.3"])),
             Err(AnnounceError::ShutDown)
         ));
+    }
+
+    #[tokio::test]
+    async fn commands_start_with_the_open_files_limit_lbd_started_with() {
+        let dir = ScratchDir::new("exec-nofile");
+        let log = dir.join("log");
+        let script = script(&dir, "route", &format!("ulimit -Sn >> '{}'", log.display()));
+        // As `lbd` does at start: keep the limit it had (here, lower than
+        // this process's), then raise its own.
+        commands_keep_open_files_limit(200);
+        let mut a = ExecAnnouncer::start(config(&script, 5000)).expect("starts");
+        a.set_announced(&set(&["10.0.0.1"])).unwrap();
+        eventually("one run", || lines(&log).len() == 1).await;
+        commands_keep_open_files_limit(0);
+        // The shell's own reading, not ours.
+        assert_eq!(lines(&log), ["200"]);
+        a.shutdown().await.expect("withdrawal succeeds");
     }
 
     #[tokio::test]

@@ -39,6 +39,7 @@ pub(crate) mod exec;
 pub(crate) mod policy;
 
 pub use self::bgp::{BgpConfig, BgpSpeaker, ConnectRetry, PeerConfig, wire};
+pub use self::exec::commands_keep_open_files_limit;
 
 use std::{collections::BTreeSet, fmt, net::IpAddr};
 

@@ -140,6 +140,7 @@ fn run_daemon(config: PathBuf) -> Result<()> {
 /// holds a socket for up to its timeout, and thousands of probed backends
 /// passed the soft limit systemd sets (1,024); probes then failed here and
 /// counted against healthy backends. A failure is a warning, not fatal.
+/// Commands an exec announcer runs keep the limit `lbd` started with.
 fn raise_open_files() {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
@@ -148,6 +149,7 @@ fn raise_open_files() {
     // SAFETY: getrlimit and setrlimit write and read one rlimit we own.
     let raised = unsafe {
         libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && {
+            lb::announce::commands_keep_open_files_limit(limit.rlim_cur);
             limit.rlim_cur = limit.rlim_max;
             libc::setrlimit(libc::RLIMIT_NOFILE, &limit) == 0
         }
