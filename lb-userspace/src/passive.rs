@@ -36,7 +36,8 @@
 //! lasts `ejection` × 2^(n−1) for the n-th in a row, at most
 //! `max_ejection`; n decays by one for each `ejection` × 4 without one. At
 //! most `max_ejection_percent` of a VIP's backends (at least one of two or
-//! more) are ejected at once; a backend the cap holds back is named.
+//! more; none at 0) are ejected at once; a backend the cap holds back is
+//! named.
 
 use std::{
     collections::VecDeque,

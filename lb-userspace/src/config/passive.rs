@@ -112,9 +112,11 @@ impl PassiveHealth {
         out
     }
 
-    /// How many of `n` backends may be ejected at once.
+    /// How many of `n` backends may be ejected at once: at least one of
+    /// two or more, unless `max_ejection_percent` is 0, which ejects none
+    /// (the counts and `lbctl health` still show who would be).
     pub fn cap(&self, n: usize) -> usize {
-        if n < 2 {
+        if n < 2 || self.max_ejection_percent == 0 {
             return 0;
         }
         (n * self.max_ejection_percent as usize / 100).max(1)

@@ -271,6 +271,39 @@ fn a_vip_whose_weights_are_all_zero_is_warned_about() {
 }
 
 #[test]
+fn settings_that_undo_themselves_are_warned_about() {
+    let warned = |text: &str, what: &str| {
+        let c = Config::parse(text).expect("still valid");
+        c.warnings.iter().any(|w| w.contains(what))
+    };
+    let panic = "vips[0].panic_threshold: 100% puts VIP 10.99.0.1:80/tcp's backends its probes find dead back";
+    assert!(warned(
+        &with("protocol: tcp", "protocol: tcp\n    panic_threshold: 100"),
+        panic
+    ));
+    assert!(!warned(
+        &with("protocol: tcp", "protocol: tcp\n    panic_threshold: 99"),
+        panic
+    ));
+    let ports = "vips[0].hash: VIP 10.99.0.1:80/tcp has fragments: hash, which hashes every packet of it without ports";
+    let frag = |hash: &str| {
+        with(
+            "protocol: tcp",
+            &format!("protocol: tcp\n    fragments: hash{hash}"),
+        )
+    };
+    assert!(warned(&frag("\n    hash: [src_ip, src_port]"), ports));
+    assert!(warned(
+        &frag("\n    hash: [src_ip, dst_ip, dst_port]"),
+        ports
+    ));
+    // The default (the 5-tuple) and a list without ports say nothing
+    // fragments: hash does not already say.
+    assert!(!warned(&frag(""), ports));
+    assert!(!warned(&frag("\n    hash: [src_ip, dst_ip]"), ports));
+}
+
+#[test]
 fn weight_out_of_range() {
     assert_eq!(
         errors(&with("weight: 2", "weight: 10001")),

@@ -14,7 +14,10 @@ use std::{
 
 use lb_common::{
     VipKey,
-    consts::{ENCAP_GRE, ENCAP_GUE, ENCAP_IPIP, PROTO_TCP, PROTO_UDP},
+    consts::{
+        ENCAP_GRE, ENCAP_GUE, ENCAP_IPIP, PROTO_TCP, PROTO_UDP, VIP_F_HASH_NO_DPORT,
+        VIP_F_HASH_NO_SPORT,
+    },
 };
 use serde::{Deserialize, Deserializer, Serialize, Serializer, de};
 
@@ -844,7 +847,13 @@ impl VipRules<'_> {
                 format!("{at}.panic_threshold"),
                 format!("{}% is out of range 0-100", vip.panic_threshold),
             );
+        } else if vip.panic_threshold == 100 && vip.backends.len() > 1 {
+            self.warnings.push(format!(
+                "{at}.panic_threshold: 100% puts VIP {}'s backends its probes find dead back in the table as soon as one is down (panic is below the threshold); 0 turns panic off",
+                vip.id
+            ));
         }
+        self.fragment_ports(vip, at);
         if vip.slow_start > Duration::from_secs(3600) {
             self.err(format!("{at}.slow_start"), "is longer than an hour".into());
         }
@@ -872,6 +881,20 @@ impl VipRules<'_> {
             } else {
                 self.warnings.push(format!("{at}.min_healthy: {text}"));
             }
+        }
+    }
+
+    /// A warning when `fragments: hash` takes out ports `hash:` names: the
+    /// whole VIP is then hashed without them (fragments carry none), and
+    /// the list would say otherwise.
+    fn fragment_ports(&mut self, vip: &VipConfig, at: &str) {
+        let ports = VIP_F_HASH_NO_SPORT | VIP_F_HASH_NO_DPORT;
+        let named = !vip.hash.is_default() && vip.hash.flags() & ports != ports;
+        if vip.fragments == FragmentPolicy::Hash && named {
+            self.warnings.push(format!(
+                "{at}.hash: VIP {} has fragments: hash, which hashes every packet of it without ports (fragments carry none); its hash {} is used without src_port and dst_port",
+                vip.id, vip.hash
+            ));
         }
     }
 

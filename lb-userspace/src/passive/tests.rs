@@ -181,6 +181,27 @@ fn the_cap_holds_back_all_but_max_ejection_percent_and_says_so() {
     assert_eq!(series.ejected().iter().filter(|e| **e).count(), 1);
     assert_eq!(s.cap(1), 0, "a lone backend has no peers to compare with");
     assert_eq!(s.cap(3), 1);
+    let none = PassiveHealth {
+        max_ejection_percent: 0,
+        ..settings()
+    };
+    assert_eq!(
+        none.cap(6),
+        0,
+        "0% ejects none, not the one a small percent rounds up to"
+    );
+    let mut series = Series::new(6);
+    let mut held = Vec::new();
+    for _ in 0..6 {
+        for e in series.step(&none, &failing) {
+            match e {
+                Event::Ejected { index, .. } => panic!("ejected {index} at 0%"),
+                Event::HeldBack { index, .. } => held.push(index),
+                Event::Released { .. } => {}
+            }
+        }
+    }
+    assert_eq!(held, vec![0, 1], "both are named as held back");
 }
 
 #[test]
