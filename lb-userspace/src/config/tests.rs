@@ -255,6 +255,27 @@ fn the_table_pool_must_hold_every_vips_tables() {
 }
 
 #[test]
+fn alternates_past_16_gib_are_refused_by_name() {
+    // 2,000 regions of 16,384 chunks of 12 KiB: 375 GiB of kernel memory.
+    let text = with(
+        "table_size: 4099",
+        "table_size: 16777213\ntable_pool_mib: 1024\nmax_vips: 2000\nsecond_chance_vips: 2000",
+    );
+    assert_eq!(
+        errors(&text),
+        vec![
+            "invalid layout: second_chance_vips 2000 at table_size 16777213 need 384000 MiB of alternates, more than the maximum, 16384 MiB; lower either"
+        ]
+    );
+    // 2,000 × 12 KiB at the fixture's table size: 23 MiB, taken.
+    let small = with(
+        "table_size: 4099",
+        "table_size: 4099\nmax_vips: 2000\nsecond_chance_vips: 2000",
+    );
+    Config::parse(&small).expect("23 MiB of alternates");
+}
+
+#[test]
 fn a_vip_whose_weights_are_all_zero_is_warned_about() {
     let text = with("weight: 2", "weight: 0").replace(
         "      - address: 10.1.0.2\n",

@@ -133,6 +133,8 @@ impl Default for Layout {
 
 /// Most chunks `LB_TABLES` may have: 16 GiB of tables.
 pub const MAX_POOL_CHUNKS: u32 = 1 << 22;
+/// Most bytes `LB_ALTERNATES` may take: 16 GiB, as the table pool.
+pub const MAX_ALTERNATES_BYTES: u64 = 16 << 30;
 /// Default [`Layout::second_chance_vips`]: 6.3 MB of alternates at the
 /// default table size, whether or not a VIP uses them.
 pub const DEFAULT_SECOND_CHANCE_VIPS: u32 = 8;
@@ -186,7 +188,26 @@ impl Layout {
                 u16::MAX
             ));
         }
+        let alternates = self.alternates_bytes();
+        if alternates > MAX_ALTERNATES_BYTES {
+            return bad(format!(
+                "second_chance_vips {} at table_size {} need {} MiB of alternates, more than the maximum, {} MiB; lower either",
+                self.second_chance_vips,
+                self.table_size,
+                alternates >> 20,
+                MAX_ALTERNATES_BYTES >> 20
+            ));
+        }
         Ok(())
+    }
+
+    /// Bytes of `LB_ALTERNATES` (kernel memory whether or not a VIP uses
+    /// second chance), computed wide: a careless `second_chance_vips` and
+    /// `table_size` ask for terabytes.
+    fn alternates_bytes(&self) -> u64 {
+        self.second_chance_vips as u64
+            * self.table_chunks() as u64
+            * std::mem::size_of::<AltChunk>() as u64
     }
 
     /// Elements of `LB_ALTERNATES`: a region of `table_chunks` per
