@@ -225,6 +225,91 @@ fn frr_session_announce_withdraw_and_cease() {
     check(session_announce_withdraw_and_cease(RouterKind::Frr));
 }
 
+/// A router asks for the routes again (a soft reset inbound, as after an
+/// import-policy change): lb offered route refresh, so the router sends
+/// ROUTE-REFRESH instead of resetting the session, and lb sends its routes
+/// again on the same session.
+fn a_refresh_gets_the_routes_again_on_the_same_session(kind: RouterKind) -> Result<()> {
+    let _serial = serial();
+    let rig = BgpRig::new(1)?;
+    let router = start_router(kind, &rig)?;
+    let mut lb = SpeakerThread::start(&rig.speakers[0], speaker_config(1))?;
+    wait_established(&lb, router.as_ref(), 1, Duration::from_secs(15))?;
+    let (v4, v6): (IpAddr, IpAddr) = (VIP4.into(), VIP6.into());
+    let lb4: IpAddr = BgpRig::speaker_v4(1).into();
+    lb.set(&[v4, v6])?;
+    wait_for(
+        "the IPv4 VIP in the router's kernel",
+        Duration::from_secs(5),
+        POLL,
+        || routed_via(&rig, v4, &[lb4]),
+    )
+    .with_context(|| router.logs())?;
+    let peer = peer_name(1);
+    wait_for(
+        "lb's two updates counted",
+        Duration::from_secs(5),
+        POLL,
+        || {
+            let s = lb.peer(&peer)?;
+            Ok(s.prefixes_announced == 2 && s.updates_sent >= 2)
+        },
+    )?;
+    // Settled: nothing more is sent without a refresh (End-of-RIB and the
+    // like are out), so a later update can only be its answer.
+    let mut before = lb.peer(&peer)?;
+    for _ in 0..10 {
+        std::thread::sleep(Duration::from_secs(1));
+        let now = lb.peer(&peer)?;
+        if now.updates_sent == before.updates_sent {
+            break;
+        }
+        before = now;
+    }
+    let said = router.refresh_in(BgpRig::speaker_v4(1))?;
+    wait_for(
+        "lb's routes sent again",
+        Duration::from_secs(5),
+        POLL,
+        || Ok(lb.peer(&peer)?.updates_sent > before.updates_sent),
+    )
+    .with_context(|| format!("{} said: {said}\n{}", router.name(), router.logs()))?;
+    let after = lb.peer(&peer)?;
+    if after.sessions_established != before.sessions_established
+        || !router.established(BgpRig::speaker_v4(1))?
+    {
+        bail!("the refresh reset the session: {before:?} → {after:?}");
+    }
+    if !router.has_bgp_route(v4)? || !router.has_bgp_route(v6)? {
+        bail!(
+            "{}'s BGP table lost the VIPs after the refresh",
+            router.name()
+        );
+    }
+    eprintln!(
+        "{}: refresh answered with {} update(s) on the same session; it said: {}",
+        router.name(),
+        after.updates_sent - before.updates_sent,
+        said.trim()
+    );
+    lb.shutdown()?;
+    Ok(())
+}
+
+#[test]
+fn bird_refresh_gets_the_routes_again() {
+    check(a_refresh_gets_the_routes_again_on_the_same_session(
+        RouterKind::Bird,
+    ));
+}
+
+#[test]
+fn frr_refresh_gets_the_routes_again() {
+    check(a_refresh_gets_the_routes_again_on_the_same_session(
+        RouterKind::Frr,
+    ));
+}
+
 fn two_speakers_make_one_ecmp_route(kind: RouterKind) -> Result<()> {
     let _serial = serial();
     let rig = BgpRig::new(2)?;

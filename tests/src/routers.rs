@@ -255,6 +255,10 @@ pub trait Router {
     fn session_report(&self, peer: Ipv4Addr) -> Result<String>;
     /// The router's BGP table has a route for `vip` (not just the kernel).
     fn has_bgp_route(&self, vip: IpAddr) -> Result<bool>;
+    /// Asks `peer` for its IPv4 routes again, as an operator who changed
+    /// the import policy does (a soft reset inbound: ROUTE-REFRESH where
+    /// the peer offered it). Returns what the router's command printed.
+    fn refresh_in(&self, peer: Ipv4Addr) -> Result<String>;
     /// Kills the BGP daemon (SIGKILL), as a crash would.
     fn crash(&mut self) -> Result<()>;
     /// Starts the killed daemon again with the same configuration.
@@ -463,6 +467,10 @@ impl Router for Bird {
     fn has_bgp_route(&self, vip: IpAddr) -> Result<bool> {
         let text = self.birdc(&["show", "route", "for", &vip.to_string(), "all"])?;
         Ok(text.contains("BGP.origin"))
+    }
+
+    fn refresh_in(&self, peer: Ipv4Addr) -> Result<String> {
+        self.birdc(&["reload", "in", &self.protocol_name(peer)?])
     }
 
     fn crash(&mut self) -> Result<()> {
@@ -694,6 +702,10 @@ impl Router for Frr {
         };
         let v = self.vtysh_json(&format!("show bgp {family} unicast {vip}/{len} json"))?;
         Ok(v["paths"].as_array().is_some_and(|p| !p.is_empty()))
+    }
+
+    fn refresh_in(&self, peer: Ipv4Addr) -> Result<String> {
+        self.vtysh(&format!("clear bgp ipv4 unicast {peer} soft in"))
     }
 
     fn crash(&mut self) -> Result<()> {

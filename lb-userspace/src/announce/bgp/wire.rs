@@ -307,8 +307,10 @@ pub struct GracefulRestartOffer {
 
 /// Our OPEN: version 4, `local_as` (AS_TRANS in the 2-octet field when it
 /// does not fit), `hold_time`, `router_id`, and one capabilities parameter:
-/// multiprotocol IPv4 unicast, IPv6 unicast (RFC 4760), 4-octet AS
-/// (RFC 6793), and graceful restart (RFC 4724) if offered.
+/// multiprotocol IPv4 unicast, IPv6 unicast (RFC 4760), route refresh
+/// (RFC 2918: a router that changes its import policy asks for our routes
+/// again instead of resetting the session), 4-octet AS (RFC 6793), and
+/// graceful restart (RFC 4724) if offered.
 pub fn open(
     local_as: u32,
     hold_time: u16,
@@ -323,6 +325,7 @@ pub fn open(
         BgpCapability::MultiProtocolExtensions(MultiProtocolExtensionsCapability::new(
             AddressType::Ipv6Unicast,
         )),
+        BgpCapability::RouteRefresh,
         BgpCapability::FourOctetAs(FourOctetAsCapability::new(local_as)),
     ];
     if let Some(gr) = gr {
@@ -878,10 +881,11 @@ mod tests {
             0xfd, 0xe9,             // my AS 65001
             0x00, 0x5a,             // hold time 90
             10, 0, 0, 11,           // BGP identifier
-            20,                     // optional parameters length
-            2, 18,                  // parameter: capabilities, 18 bytes
+            22,                     // optional parameters length
+            2, 20,                  // parameter: capabilities, 20 bytes
             1, 4, 0, 1, 0, 1,       // multiprotocol IPv4 unicast
             1, 4, 0, 2, 0, 1,       // multiprotocol IPv6 unicast
+            2, 0,                   // route refresh (RFC 2918)
             65, 4, 0, 0, 0xfd, 0xe9, // 4-octet AS 65001
         ];
         assert_eq!(got, message(TYPE_OPEN, &body));
@@ -898,10 +902,11 @@ mod tests {
         #[rustfmt::skip]
         let body = [
             4, 0xfd, 0xe9, 0x00, 0x5a, 10, 0, 0, 11,
-            32,                     // optional parameters length
-            2, 30,                  // capabilities, 30 bytes
+            34,                     // optional parameters length
+            2, 32,                  // capabilities, 32 bytes
             1, 4, 0, 1, 0, 1,
             1, 4, 0, 2, 0, 1,
+            2, 0,
             65, 4, 0, 0, 0xfd, 0xe9,
             64, 10,                 // graceful restart, 10 bytes
             0x80, 120,              // R, restart time 120
