@@ -18,7 +18,8 @@
 //!
 //! Beside them, the small JSON files a restarted `lbd` resumes from: the
 //! probation in force (`probation.json`), the backends found down
-//! (`verdicts.json`) and a rollout's hold (`hold.json`).
+//! (`verdicts.json`), a rollout's hold (`hold.json`) and a node drain an
+//! `lbd` that did not stop cleanly leaves (`drain.json`).
 
 use std::{
     os::unix::fs::PermissionsExt as _,
@@ -118,6 +119,19 @@ const VERDICTS: &str = "verdicts.json";
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SavedVerdicts {
     pub down: Vec<(VipId, std::net::IpAddr)>,
+}
+
+/// The node drain in force, beside the revisions.
+const DRAIN: &str = "drain.json";
+
+/// A node drain (`lbctl node drain`), kept until `lbctl node undrain` or a
+/// clean stop (`drain.json`): a balancer that crashed or was killed by its
+/// watchdog while drained for maintenance comes back drained, not
+/// announcing every VIP again on its own.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SavedDrain {
+    /// When the drain began, seconds since the Unix epoch.
+    pub since_unix_secs: u64,
 }
 
 /// The rollout hold in force, beside the revisions.
@@ -326,6 +340,16 @@ impl RevisionStore {
     /// Writes the probation (`None`: removes it).
     pub fn save_probation(&self, saved: Option<&SavedProbation>) -> Result<(), RevisionError> {
         self.write_side(PROBATION, saved)
+    }
+
+    /// The node drain an `lbd` left (`drain.json`), if any.
+    pub fn drain(&self) -> Result<Option<SavedDrain>, RevisionError> {
+        self.read_side(DRAIN)
+    }
+
+    /// Writes the node drain (`None`: removes it).
+    pub fn save_drain(&self, saved: Option<&SavedDrain>) -> Result<(), RevisionError> {
+        self.write_side(DRAIN, saved)
     }
 
     /// The rollout hold an `lbd` left (`hold.json`), if any.

@@ -222,6 +222,25 @@ fn bird_route_follows_health_drain_and_shutdown() {
         lbd.lbctl(&["reload"])?;
         std::thread::sleep(Duration::from_millis(300));
         expect_hops(&rig, &[])?;
+        // And over a crash: killed and started again, lbd comes up
+        // drained and says so; its session is up, its route is not.
+        lbd.kill9()?;
+        lbd = rig.start_lbd(1, &config)?;
+        wait_for(
+            "the session up again",
+            Duration::from_secs(15),
+            Duration::from_millis(50),
+            || Ok(lbd.lbctl_json(&["bgp"])?["peers"][0]["state"] == "Established"),
+        )?;
+        std::thread::sleep(Duration::from_millis(500));
+        expect_hops(&rig, &[])?;
+        let (on, why) = tcp_verdict(&lbd)?;
+        if on || !why.contains("node is drained") {
+            bail!("lbctl bgp says {on} / {why:?} after a crash while drained");
+        }
+        if !lbd.log_text().contains("it starts drained") {
+            bail!("lbd did not say it starts drained:\n{}", lbd.log_text());
+        }
         lbd.lbctl(&["node", "undrain"])?;
         let undrained = rig.wait_hops(
             "the VIP route back on undrain",
@@ -239,7 +258,7 @@ fn bird_route_follows_health_drain_and_shutdown() {
             bail!("the program did not stay attached after a graceful exit");
         }
         eprintln!(
-            "BIRD + lbd: node drain → route gone {}, undrain → back {}; SIGTERM → route gone {}, lbd exited {} (shutdown_grace 2 s), BIRD saw Cease; {n} connections kept flowing throughout, also after lbd exited",
+            "BIRD + lbd: node drain → route gone {}, still gone after a reload and a kill -9, undrain → back {}; SIGTERM → route gone {}, lbd exited {} (shutdown_grace 2 s), BIRD saw Cease; {n} connections kept flowing throughout, also after lbd exited",
             ms(drained),
             ms(undrained),
             ms(gone),

@@ -498,7 +498,8 @@ pub enum TraceRequest {
 #[serde(tag = "action", rename_all = "snake_case", deny_unknown_fields)]
 pub enum NodeRequest {
     /// Withdraw every VIP from the routers; forwarding goes on for what
-    /// still arrives. Lasts until node undrain or a restart of lbd.
+    /// still arrives. Lasts until node undrain or a clean stop of lbd (a
+    /// crash or a watchdog kill keeps it).
     /// Waits out shutdown_grace (the routers moving traffic away) before
     /// returning.
     Drain {

@@ -304,6 +304,7 @@ impl<D: Dataplane> Daemon<D> {
         if changed {
             self.announcers.node = want;
             self.announcers.node_since = Instant::now();
+            self.save_drain(drained);
         }
         let before = self.announcers.decision.addresses.clone();
         self.announce();
@@ -333,13 +334,52 @@ impl<D: Dataplane> Daemon<D> {
         })
     }
 
+    /// Keeps a node drain for a start after a crash (`drain.json`), or
+    /// forgets it. A failure is a warning: the drain holds while `lbd`
+    /// runs.
+    fn save_drain(&self, drained: bool) {
+        let saved = drained.then(|| crate::revisions::SavedDrain {
+            since_unix_secs: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+        });
+        if let Err(e) = self.revisions.save_drain(saved.as_ref()) {
+            warn!("keeping the node drain for a restart after a crash: {e}");
+        }
+    }
+
+    /// Before the first announcement: a node drain the last `lbd` left
+    /// (it crashed, or its watchdog killed it, while drained) holds again,
+    /// said loudly. A clean stop forgets the drain: a balancer restarted on
+    /// purpose is one the operator wants back.
+    pub fn resume_drain(&mut self) {
+        let saved = match self.revisions.drain() {
+            Ok(Some(saved)) => saved,
+            Ok(None) => return,
+            Err(e) => {
+                warn!(
+                    "a node drain the last lbd may have left cannot be read, so the node serves: {e}"
+                );
+                return;
+            }
+        };
+        self.announcers.node = NodeState::Drained;
+        self.announcers.node_since = Instant::now();
+        warn!(
+            since_unix_secs = saved.since_unix_secs,
+            "the node was drained when lbd last stopped without a clean stop (a crash or a kill): it starts drained, every VIP withdrawn; `lbctl node undrain` serves again"
+        );
+    }
+
     /// The first SIGTERM/SIGINT withdraws every VIP and returns how long
     /// to wait before stopping; a second one returns `None`: stop now.
+    /// A node drain is forgotten (see [`Daemon::resume_drain`]).
     pub fn begin_stop(&mut self, signal: &str) -> Option<Duration> {
         if self.announcers.node == NodeState::Stopping {
             info!(signal, "second signal: stopping now");
             return None;
         }
+        self.save_drain(false);
         // A graceful shutdown already under way (a drain) runs on.
         let graceful = self.begin_graceful().or_else(|| {
             self.announcers

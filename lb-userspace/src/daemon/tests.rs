@@ -197,6 +197,7 @@ fn rig_in_with(
     );
     daemon.startup.attached = true;
     daemon.seed_verdicts();
+    daemon.resume_drain();
     let effective = daemon.effective();
     daemon.program(&effective, true).expect("programs");
     daemon.start_announcers().unwrap();

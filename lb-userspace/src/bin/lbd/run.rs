@@ -772,6 +772,7 @@ async fn start_locked(
         gateway.as_ref().map(|g| g.state.borrow().clone()),
     );
     daemon.seed_verdicts();
+    daemon.resume_drain();
     // Maps first, attachment second: the first packet sees the full state.
     let effective = daemon.effective();
     let report = daemon.program(&effective, true)?;

@@ -376,6 +376,37 @@ async fn only_a_stop_signal_makes_the_node_stopping() {
     assert!(r.daemon.stopping());
 }
 
+/// A node drained for maintenance stays drained through a crash (the
+/// daemon started again on its revisions, as after `kill -9` or the
+/// watchdog), said loudly; an undrain or a clean stop forgets it.
+#[tokio::test]
+async fn a_drain_outlives_a_crash_but_not_an_undrain_or_a_clean_stop() {
+    logs::capture();
+    let mut r = rig(FILE);
+    assert_eq!(r.announced(), BTreeSet::from([ip("10.99.0.1")]));
+    r.daemon.set_drained(true).expect("drains");
+    let r = restart(r);
+    assert_eq!(r.daemon.announce_status().node, NodeState::Drained);
+    assert!(r.announced().is_empty(), "{:?}", r.announced());
+    let said = logs::lines("it starts drained");
+    assert_eq!(said.len(), 1, "{said:?}");
+
+    // Undrained: a crash after it starts serving.
+    let mut r = r;
+    r.daemon.set_drained(false).expect("undrains");
+    let mut r = restart(r);
+    assert_eq!(r.daemon.announce_status().node, NodeState::Serving);
+    assert_eq!(r.announced(), BTreeSet::from([ip("10.99.0.1")]));
+
+    // Drained, then stopped cleanly: a restart on purpose serves.
+    r.daemon.set_drained(true).expect("drains");
+    r.daemon.begin_stop("SIGTERM").expect("a first signal");
+    let r = restart(r);
+    assert_eq!(r.daemon.announce_status().node, NodeState::Serving);
+    assert_eq!(r.announced(), BTreeSet::from([ip("10.99.0.1")]));
+    assert_eq!(logs::lines("it starts drained").len(), 1, "said only once");
+}
+
 /// `lbctl bgp` counts the seconds in the node's state only outside
 /// serving: 0 while serving, before a drain and after an undrain.
 #[tokio::test]
