@@ -230,11 +230,15 @@ impl<D: Dataplane> Daemon<D> {
     }
 
     /// Checks that `effective` (with `drained`) leaves every VIP that is
-    /// serving now (announced, with a usable backend) with a backend in
-    /// its table. A VIP left without one would drop all its traffic while
-    /// the routers still send it here: refused, unless `force`, in which
-    /// case the problems come back (the caller logs them when it applies).
-    /// `how` says how to force it.
+    /// serving now (announced, with a usable backend) with a usable backend
+    /// in its table. A VIP left without one would drop all its traffic
+    /// while the routers still send it here: refused, unless `force`, in
+    /// which case the problems come back (the caller logs them when it
+    /// applies). `how` says how to force it. Backends awaiting their first
+    /// probe do not count, as they do not for the announce policy: left
+    /// with only those, the VIP is withdrawn until one passes, for good if
+    /// none ever does, and the connections of the backends it lost are
+    /// cut. Add the new ones first, remove the old once they are up.
     pub fn refuse_blackhole(
         &self,
         effective: &[VipConfig],
@@ -255,14 +259,18 @@ impl<D: Dataplane> Daemon<D> {
             .filter_map(|v| {
                 let vip = effective.iter().find(|c| c.id == v.vip)?;
                 let life = prospect.vips.get(&vip.id);
-                let (usable, awaiting) = lifecycle::usable_backends(vip, life);
-                (usable + awaiting == 0).then(|| {
-                    format!(
+                match lifecycle::usable_backends(vip, life) {
+                    (0, 0) => Some(format!(
                         "VIP {} is announced and would have no usable backend ({})",
                         vip.id,
                         lifecycle::why_unusable(vip, life)
-                    )
-                })
+                    )),
+                    (0, awaiting) => Some(format!(
+                        "VIP {} is announced and would keep only {awaiting} backend(s) awaiting their first probe: it would be withdrawn until one passes (add new backends first, remove the old ones once they are up)",
+                        vip.id
+                    )),
+                    _ => None,
+                }
             })
             .collect();
         if problems.is_empty() {

@@ -1046,11 +1046,13 @@ async fn tunnelled_probes_carry_their_backends_mark() {
     }
 }
 
-/// The blackhole guard counts a backend that awaits its first probe as
-/// one that may serve: replacing an announced VIP's probed backends with
-/// new ones is not refused (the new ones are probed before they serve).
+/// The blackhole guard does not count a backend that awaits its first
+/// probe, as the announce policy does not: replacing an announced VIP's
+/// probed backends with new ones at once would withdraw it until they
+/// pass (for good if they never do), so it is refused unless forced; the
+/// new ones added first, the old ones go without a word.
 #[tokio::test]
-async fn the_blackhole_guard_counts_backends_awaiting_their_first_probe() {
+async fn the_blackhole_guard_does_not_count_backends_awaiting_their_first_probe() {
     let text = checked(FILE);
     let mut r = rig(&text);
     let up = ProbeResult {
@@ -1066,21 +1068,43 @@ async fn the_blackhole_guard_counts_backends_awaiting_their_first_probe() {
         .replace("      - address: 10.1.0.1\n        weight: 2\n", "")
         .replace("      - address: 10.1.0.2\n", "      - address: 10.1.0.5\n");
     assert!(replaced.contains("10.1.0.5") && !replaced.contains("10.1.0.1"));
-    let done = r
+    let e = r
         .daemon
         .reload(reparse(&r, &replaced), false, &plain())
         .await
-        .expect("a backend awaiting its first probe is not a blackhole");
+        .expect_err("only a backend awaiting its first probe would be left");
     assert!(
-        done.warnings
-            .iter()
-            .all(|w| !w.contains("no usable backend")),
+        e.to_string().contains(
+            "VIP 10.99.0.1:80/tcp is announced and would keep only 1 backend(s) awaiting their first probe"
+        ),
+        "{e}"
+    );
+    assert_eq!(
+        r.announced(),
+        BTreeSet::from([ip("10.99.0.1")]),
+        "nothing changed"
+    );
+    // The safe order: add the new backend, wait for its probe, then drop
+    // the old ones.
+    let both = text.replace(
+        "      - address: 10.1.0.2\n",
+        "      - address: 10.1.0.2\n      - address: 10.1.0.5\n",
+    );
+    let added = r.reload_ok(&both).await;
+    assert!(
+        added.warnings.iter().all(|w| !w.contains("awaiting")),
+        "{:?}",
+        added.warnings
+    );
+    r.daemon.on_probe((id(WEB), ip("10.1.0.5")), up);
+    let done = r.reload_ok(&replaced).await;
+    assert!(
+        done.warnings.iter().all(|w| !w.contains("usable")),
         "{:?}",
         done.warnings
     );
-    // Once probed up, it serves.
-    r.daemon.on_probe((id(WEB), ip("10.1.0.5")), up);
     assert_eq!(r.in_table(WEB), BTreeSet::from([ip("10.1.0.5")]));
+    assert_eq!(r.announced(), BTreeSet::from([ip("10.99.0.1")]));
 }
 
 /// A change of the announce section restarts the announcers with it; if
