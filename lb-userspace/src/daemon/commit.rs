@@ -352,6 +352,10 @@ impl<D: Dataplane> Daemon<D> {
         }
         let drained = target.overlay.drained_in(&effective);
         let mut forced = self.refuse_blackhole(&effective, &drained, force.yes, force.how)?;
+        let (gone, _) = self.serving_removed(&effective);
+        warnings.extend(gone.iter().map(|id| {
+            format!("VIP {id} is removed: it serves now; it is withdrawn and its connections end")
+        }));
         forced.extend(remaps);
         if !dry_run {
             for p in &forced {

@@ -19,7 +19,7 @@ use super::{
 use crate::api::ErrorKind;
 use crate::{
     api::{ChangeOptions, Committed},
-    config::{Config, ConfigErrors, VipConfig},
+    config::{Config, ConfigErrors, VipConfig, VipId},
     dataplane::Dataplane,
     digest, lifecycle,
 };
@@ -229,12 +229,33 @@ impl<D: Dataplane> Daemon<D> {
         out
     }
 
+    /// The VIPs serving now (announced, with a usable backend) that
+    /// `effective` no longer has, and how many serve now.
+    pub(super) fn serving_removed(&self, effective: &[VipConfig]) -> (Vec<VipId>, usize) {
+        let serving: Vec<VipId> = self
+            .announcers
+            .decision
+            .vips
+            .iter()
+            .filter(|v| v.announced && v.usable > 0)
+            .map(|v| v.vip)
+            .collect();
+        let gone = serving
+            .iter()
+            .filter(|id| !effective.iter().any(|c| c.id == **id))
+            .copied()
+            .collect();
+        (gone, serving.len())
+    }
+
     /// Checks that `effective` (with `drained`) leaves every VIP that is
     /// serving now (announced, with a usable backend) with a usable backend
     /// in its table. A VIP left without one would drop all its traffic
     /// while the routers still send it here: refused, unless `force`, in
     /// which case the problems come back (the caller logs them when it
-    /// applies). `how` says how to force it. Backends awaiting their first
+    /// applies). `how` says how to force it. A change that removes every
+    /// VIP serving now, leaving none that would serve, is refused alike (a
+    /// truncated file, `vips: []`); `lbctl vip del` forces its own. Backends awaiting their first
     /// probe do not count, as they do not for the announce policy: left
     /// with only those, the VIP is withdrawn until one passes, for good if
     /// none ever does, and the connections of the backends it lost are
@@ -250,7 +271,7 @@ impl<D: Dataplane> Daemon<D> {
         let mut prospect = self.lifecycle.clone();
         prospect.sync(effective, drained, now, false);
         prospect.plan(effective, now);
-        let problems: Vec<String> = self
+        let mut problems: Vec<String> = self
             .announcers
             .decision
             .vips
@@ -273,6 +294,16 @@ impl<D: Dataplane> Daemon<D> {
                 }
             })
             .collect();
+        let (gone, serving) = self.serving_removed(effective);
+        let none_would_serve = effective
+            .iter()
+            .all(|vip| lifecycle::usable_backends(vip, prospect.vips.get(&vip.id)).0 == 0);
+        if !gone.is_empty() && gone.len() == serving && none_would_serve {
+            problems.push(format!(
+                "it removes every VIP this balancer serves ({}) and none would serve after it: each would be withdrawn and its connections cut (a truncated or wrong file?)",
+                gone.iter().map(VipId::to_string).collect::<Vec<_>>().join(", ")
+            ));
+        }
         if problems.is_empty() {
             return Ok(Vec::new());
         }

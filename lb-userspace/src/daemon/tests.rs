@@ -1046,6 +1046,51 @@ async fn tunnelled_probes_carry_their_backends_mark() {
     }
 }
 
+/// A file that would take every serving VIP away with nothing left to
+/// serve (a truncated file, `vips: []`) is refused unless forced; one that
+/// removes some of them says which; `lbctl vip del` needs no force.
+#[tokio::test]
+async fn removing_every_serving_vip_needs_force_and_a_removal_is_said() {
+    let two = FILE.replace(
+        "vips:\n",
+        "vips:\n  - address: 10.99.0.2\n    port: 80\n    protocol: tcp\n    backends:\n      - address: 10.2.0.1\n",
+    );
+    let mut r = rig(&two);
+    assert_eq!(
+        r.announced(),
+        BTreeSet::from([ip("10.99.0.1"), ip("10.99.0.2")])
+    );
+    let empty = two.split("vips:\n").next().unwrap().to_string() + "vips: []\n";
+    let e = r
+        .daemon
+        .reload(reparse(&r, &empty), false, &plain())
+        .await
+        .expect_err("every serving VIP removed");
+    assert!(
+        e.to_string().contains(
+            "it removes every VIP this balancer serves (10.99.0.1:80/tcp, 10.99.0.2:80/tcp) and none would serve after it"
+        ),
+        "{e}"
+    );
+    assert_eq!(r.announced().len(), 2, "nothing changed");
+
+    // One of two removed: applied, and said.
+    let one = FILE.to_string();
+    let done = r.reload_ok(&one).await;
+    assert!(
+        done.warnings.iter().any(|w| w
+            == "VIP 10.99.0.2:80/tcp is removed: it serves now; it is withdrawn and its connections end"),
+        "{:?}",
+        done.warnings
+    );
+    assert_eq!(r.announced(), BTreeSet::from([ip("10.99.0.1")]));
+
+    // The last one, on purpose.
+    r.ok(Request::Vip(api::VipRequest::Del { vip: id(WEB) }))
+        .await;
+    assert!(r.announced().is_empty());
+}
+
 /// The blackhole guard does not count a backend that awaits its first
 /// probe, as the announce policy does not: replacing an announced VIP's
 /// probed backends with new ones at once would withdraw it until they
