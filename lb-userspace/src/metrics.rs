@@ -72,7 +72,9 @@ pub struct VipSample {
     pub panic: bool,
     /// Its address is announced and a router has it (maybe qualified by
     /// another VIP on the same address).
-    pub announced: bool,
+    /// A router has its address; `None` with no announcer configured
+    /// (the routes are set up outside `lbd`): not exported.
+    pub announced: Option<bool>,
     /// Enough of its own backends are usable (`min_healthy`) to announce
     /// its address.
     pub qualifies: bool,
@@ -623,7 +625,9 @@ fn add_vips(f: &mut Families, s: &Snapshot) {
         f.add("lb_vip_packets_total", &vip, v.packets as f64);
         f.add("lb_vip_bytes_total", &vip, v.bytes as f64);
         f.add("lb_vip_panic", &vip, f64::from(u8::from(v.panic)));
-        f.add("lb_vip_announced", &vip, f64::from(u8::from(v.announced)));
+        if let Some(on) = v.announced {
+            f.add("lb_vip_announced", &vip, f64::from(u8::from(on)));
+        }
         f.add("lb_vip_qualifies", &vip, f64::from(u8::from(v.qualifies)));
         let table = [("vip", v.vip.as_str()), ("digest", v.table_digest.as_str())];
         f.add("lb_vip_table_info", &table, 1.0);

@@ -153,7 +153,18 @@ fn a_file_edit_wins_over_an_older_runtime_change_and_lbctl_says_so() {
         {
             bail!("lbctl diff after the file took the API VIP:\n{diff}");
         }
-        let reloaded = lbd.lbctl(&["reload"])?;
+        // Its backends await their first probe, and the VIP is announced:
+        // the guard refuses (it would be withdrawn until they pass);
+        // forced, the file takes over.
+        let refusal = lbd.lbctl_refusal(&["reload"])?;
+        let refused = refusal["error"].as_str().unwrap_or_default();
+        if refusal["code"] != "blackhole"
+            || !refused.contains(&format!(
+            "VIP {API_VIP} is announced and would keep only 2 backend(s) awaiting their first probe"
+        )) {
+            bail!("a reload leaving only unprobed backends said:\n{refusal}");
+        }
+        let reloaded = lbd.lbctl(&["reload", "--force"])?;
         if !reloaded.contains(&format!("runtime change of revision {added}")) {
             bail!("the reload does not say which runtime change it replaced:\n{reloaded}");
         }

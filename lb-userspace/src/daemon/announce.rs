@@ -155,6 +155,12 @@ fn kinds(a: &AnnounceConfig) -> Vec<String> {
 }
 
 impl<D: Dataplane> Daemon<D> {
+    /// Some announcer is configured (or runs): what a router has from
+    /// this box can be known.
+    pub(super) fn has_announcers(&self) -> bool {
+        !kinds(&self.config.announce).is_empty() || !self.announcers.running.is_empty()
+    }
+
     /// Applies the announce policy to the running configuration.
     pub fn announce(&mut self) {
         let effective = self.effective();
@@ -440,14 +446,11 @@ impl<D: Dataplane> Daemon<D> {
         }
     }
 
-    /// The addresses some peer has from us now. With no announcer
-    /// configured, what the policy wants (routes are someone else's
-    /// business then).
+    /// The addresses some peer has from us now: none with no announcer
+    /// configured (routes are then set up outside `lbd`, which cannot
+    /// know whether a router has them).
     pub fn carried_addresses(&self, peers: &[crate::announce::PeerStatus]) -> BTreeSet<IpAddr> {
         let wanted = &self.announcers.decision.addresses;
-        if kinds(&self.config.announce).is_empty() {
-            return wanted.clone();
-        }
         wanted
             .iter()
             .filter(|a| peers.iter().any(|p| p.carries(a, wanted)))
@@ -465,11 +468,16 @@ impl<D: Dataplane> Daemon<D> {
         peers: &[crate::announce::PeerStatus],
     ) -> (bool, String) {
         let set = &self.announcers.decision.addresses;
-        if !wanted
-            || kinds(&self.config.announce).is_empty()
-            || peers.iter().any(|p| p.carries(&addr, set))
-        {
+        if !wanted || peers.iter().any(|p| p.carries(&addr, set)) {
             return (wanted, reason.to_string());
+        }
+        if !self.has_announcers() {
+            return (
+                false,
+                format!(
+                    "not announced: no announcer is configured (`announce:`); the policy would ({reason})"
+                ),
+            );
         }
         let why: Vec<String> = peers
             .iter()

@@ -103,7 +103,7 @@ impl<D: Dataplane> Daemon<D> {
                     packets,
                     bytes,
                     panic: life.is_some_and(|l| l.panic),
-                    announced: announced.contains(&vip.id),
+                    announced: self.has_announcers().then(|| announced.contains(&vip.id)),
                     qualifies: qualifies.contains(&vip.id),
                     table_digest: self
                         .table_digests
@@ -185,7 +185,12 @@ impl<D: Dataplane> Daemon<D> {
             .collect()
     }
 
+    /// Each VIP address and whether a router has it; none without an
+    /// announcer (nothing can be known of the routes then).
     fn address_samples(&self) -> Vec<(String, bool)> {
+        if !self.has_announcers() {
+            return Vec::new();
+        }
         let announced = &self.carried_addresses(&self.announcers.peer_rows());
         let addresses: BTreeSet<_> = self.effective().iter().map(|v| v.id.addr).collect();
         addresses

@@ -425,17 +425,35 @@ async fn the_seconds_in_the_node_state_are_zero_while_serving() {
     assert_eq!(s.node_state_secs, 0.0);
 }
 
-/// Without an announcer configured, routes are someone else's business:
-/// a VIP is announced as the policy wants it, with the policy's reason,
-/// and a drained node's VIP is not announced, with the drain's reason.
+/// Without an announcer configured, routes are set up outside `lbd`,
+/// which cannot know whether a router has them: a VIP the policy wants is
+/// not said to be announced (the reason says why and what the policy
+/// would do), no address counts, and the metrics carry no
+/// `lb_vip_announced` or `lb_address_announced` (an alert on 0 would
+/// fire for every VIP; a 1 would claim routes nobody checked).
 #[tokio::test]
-async fn without_an_announcer_configured_a_vip_is_as_the_policy_says() {
-    let mut r = rig(FILE);
+async fn without_an_announcer_configured_nothing_is_said_announced() {
+    let mut r = rig_with(FILE, Told::default(), none());
     let s = r.daemon.announce_status();
     let v = &s.vips[0];
-    assert_eq!((v.wanted, v.announced), (true, true), "{v:?}");
-    assert_eq!(v.reason, HEALTHY);
-    assert_eq!(s.announced, vec![ip("10.99.0.1")]);
+    assert_eq!((v.wanted, v.announced), (true, false), "{v:?}");
+    assert_eq!(
+        v.reason,
+        format!(
+            "not announced: no announcer is configured (`announce:`); the policy would ({HEALTHY})"
+        )
+    );
+    assert!(s.announced.is_empty(), "{:?}", s.announced);
+    r.daemon.tick();
+    let text = r.daemon.metrics.encode().unwrap();
+    assert!(
+        !text.contains("lb_vip_announced{") && !text.contains("lb_address_announced{"),
+        "{text}"
+    );
+    assert!(
+        text.contains("lb_vip_qualifies{vip=\"10.99.0.1:80/tcp\"} 1"),
+        "{text}"
+    );
     r.daemon.set_drained(true).expect("drains");
     let s = r.daemon.announce_status();
     let v = &s.vips[0];
