@@ -123,6 +123,12 @@ fn set_up(rig: &Rig) -> Result<()> {
                 bail!("{}: the script did not say `{want}`:\n{said}", b.name);
             }
         }
+        // ARP settings before the VIP is on lo: never a moment in which
+        // this host answers ARP for it.
+        let arp = said.find("arp_ignore").context("no arp_ignore line")?;
+        if said.find("ip addr add").is_some_and(|at| at < arp) {
+            bail!("{}: the VIP went on lo before arp_ignore:\n{said}", b.name);
+        }
         let after = snapshot(&b.ns)?;
         let want_rp = if b.name == "be1" { "2" } else { "0" };
         if !after.vip_on_lo
@@ -207,7 +213,40 @@ fn undo_be1(rig: &Rig, before: &Snapshot) -> Result<()> {
     {
         bail!("a dry-run undo should plan and change nothing:\n{dry}");
     }
+    // Without lbctl, the decap program stays (said, kept in the record)
+    // and everything else is undone: the VIP off lo before the ARP
+    // settings go back.
+    let broken = output(
+        be1.ns
+            .command(repo("scripts/lb-backend-setup"))
+            .args(["--state", &state.display().to_string(), "--undo"])
+            .env("LBCTL", "/nonexistent/lbctl"),
+        "lb",
+    )?;
+    let (said, err) = (
+        String::from_utf8_lossy(&broken.stdout).into_owned(),
+        String::from_utf8_lossy(&broken.stderr).into_owned(),
+    );
+    if broken.status.success() || !err.contains("stays on eth0") {
+        bail!("an undo without lbctl should fail and say what stays:\n{said}{err}");
+    }
+    let off_lo = said.find("ip addr del").context("no ip addr del")?;
+    if said.find("arp_ignore").is_some_and(|at| at < off_lo) {
+        bail!("arp_ignore went back before the VIP left lo:\n{said}");
+    }
+    let left = snapshot(&be1.ns)?;
+    if left.vip_on_lo || !left.decap_attached || std::fs::read_to_string(&state)? != "decap eth0\n"
+    {
+        bail!(
+            "after an undo without lbctl: {left:?}, record {:?}",
+            std::fs::read_to_string(&state)
+        );
+    }
+    // Resumed with lbctl: only what was left is done.
     let said = script_ok(&be1.ns, &state, &["--undo"])?;
+    if said.contains("ip addr del") || !said.contains("decap detach eth0") {
+        bail!("a resumed undo should detach only:\n{said}");
+    }
     let after = snapshot(&be1.ns)?;
     if after != *before {
         bail!("--undo should restore {before:?}, left {after:?}:\n{said}");
@@ -318,6 +357,15 @@ fn a_dry_run_and_bad_input_change_nothing() {
             2,
             "not an IP address",
         )?;
+        // A record an older script wrote (the VIP before the ARP
+        // settings): an undo still takes the VIP off lo first.
+        let old = scratch.path("old-state");
+        std::fs::write(&old, "addr 10.99.0.1/32\nsysctl all arp_ignore 0\n")?;
+        let plan = script_ok(&be, &old, &["--undo", "--dry-run"])?;
+        let (vip_at, arp_at) = (plan.find("10.99.0.1/32"), plan.find("arp_ignore -> 0"));
+        if !matches!((vip_at, arp_at), (Some(v), Some(a)) if v < a) {
+            bail!("an undo of an old record should start with the VIP:\n{plan}");
+        }
         refused(&be, &state, &["--iface", "eth0"], 2, "no VIP given")?;
         refused(
             &be,
@@ -424,10 +472,27 @@ fn kernel_decap(be: &Netns, state: &Path) -> Result<()> {
         if !plan.contains("tunl0") {
             bail!("--decap kernel should plan tunl0:\n{plan}");
         }
-        Ok(())
     } else {
-        refused(be, state, &args, 1, "lacks a module")
+        refused(be, state, &args, 1, "lacks a module")?;
     }
+    // Whatever the modules: an IPv4 VIP in IPv6 IP-in-IP cannot be taken
+    // off by the kernel's ip6tnl0.
+    refused(
+        be,
+        state,
+        &[
+            "--dry-run",
+            "--decap",
+            "kernel",
+            "--encap",
+            "ipip6",
+            "--iface",
+            "eth0",
+            "10.99.0.1",
+        ],
+        1,
+        "cannot take an IPv4 VIP in an IPv6 IP-in-IP tunnel",
+    )
 }
 
 #[test]
