@@ -253,14 +253,21 @@ impl Decap {
     /// is never missing, even for a moment. Each accepts GUE on `gue_port`
     /// (host order; 0: no GUE) besides IP-in-IP and GRE, from any source.
     pub fn set_local_addrs(&mut self, addrs: &[IpAddr], gue_port: u16) -> Result<()> {
-        self.set_tunnels(addrs, gue_port, &[])
+        self.set_tunnels(addrs, gue_port, &[]).map(drop)
     }
 
     /// [`set_local_addrs`](Self::set_local_addrs), taking tunnels only
     /// from `from` unless it is empty. The prefixes are replaced around
     /// the addresses (the new ones added before, the stale ones removed
     /// after), so no tunnel from a prefix in both sets is ever dropped.
-    pub fn set_tunnels(&mut self, addrs: &[IpAddr], gue_port: u16, from: &[IpNet]) -> Result<()> {
+    /// Returns the prefixes tunnels were taken from before and no longer
+    /// are, for the caller to say (a re-run that left one out).
+    pub fn set_tunnels(
+        &mut self,
+        addrs: &[IpAddr],
+        gue_port: u16,
+        from: &[IpNet],
+    ) -> Result<Vec<IpNet>> {
         if let Some(net) = from.iter().find(|n| overlaps_mapped(n)) {
             return Err(DecapError::MappedPrefix(*net));
         }
@@ -301,16 +308,18 @@ impl Decap {
             .keys()
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(map_err(MAP_DECAP_FROM))?;
+        let mut dropped = Vec::new();
         for stale in have
             .iter()
             .filter(|k| !want.contains(&(k.prefix_len(), k.data())))
         {
             match trie.remove(stale) {
-                Ok(()) | Err(MapError::KeyNotFound) => {}
+                Ok(()) | Err(MapError::KeyNotFound) => dropped.extend(key_net(stale)),
                 Err(e) => return Err(map_err(MAP_DECAP_FROM)(e)),
             }
         }
-        Ok(())
+        dropped.sort();
+        Ok(dropped)
     }
 
     fn sources_map(&mut self) -> Result<LpmTrie<&mut MapData, AddrWords, u32>> {
@@ -456,6 +465,8 @@ fn key_net(key: &Key<AddrWords>) -> Option<IpNet> {
 /// replaced atomically inside that link (no packet sees no program), the
 /// pinned maps are kept (counters continue) and the address set is replaced;
 /// `mode` then has no effect, as a link keeps the mode it was created with.
+/// Returns the prefixes the replaced program took tunnels from that `from`
+/// leaves out ([`Decap::set_tunnels`]).
 pub fn attach(
     iface: &str,
     mode: XdpMode,
@@ -463,7 +474,7 @@ pub fn attach(
     gue_port: u16,
     from: &[IpNet],
     pin_dir: &Path,
-) -> Result<()> {
+) -> Result<Vec<IpNet>> {
     let info = interface(iface)?;
     let addrs = if local.is_empty() {
         info.addrs
@@ -484,13 +495,14 @@ pub fn attach(
     let result = load_and_attach(iface, mode, (&addrs, gue_port, from), pin_dir, existing);
 
     match &result {
-        Ok(()) => tracing::info!(
+        Ok(dropped) => tracing::info!(
             iface,
             ?mode,
             replaced = replacing,
             addrs = ?addrs,
             gue_port,
             from = ?from,
+            no_longer_from = ?dropped,
             pin_dir = %pin_dir.display(),
             "decap program attached"
         ),
@@ -515,10 +527,10 @@ fn load_and_attach(
     (addrs, gue_port, from): (&[IpAddr], u16, &[IpNet]),
     pin_dir: &Path,
     existing: Option<FdLink>,
-) -> Result<()> {
+) -> Result<Vec<IpNet>> {
     let link_path = pin_dir.join(LINK_PIN);
     let mut decap = Decap::load_with(Some(pin_dir))?;
-    decap.set_tunnels(addrs, gue_port, from)?;
+    let dropped = decap.set_tunnels(addrs, gue_port, from)?;
     let prog = decap.program();
     match existing {
         Some(link) => {
@@ -539,7 +551,7 @@ fn load_and_attach(
     }
     // Dropping `decap` closes our descriptors; the pins keep the link, the
     // program and the maps alive.
-    Ok(())
+    Ok(dropped)
 }
 
 /// The link pinned at `path`, if any and still attached to `iface`. A link
@@ -631,6 +643,23 @@ pub fn detach(pin_dir: &Path) -> Result<()> {
 
 /// The pinned counters under `pin_dir`, summed over CPUs and indexed by
 /// `DecapCounter` id.
+/// The prefixes the program pinned under `pin_dir` takes tunnels from
+/// (empty: from any source).
+pub fn sources_pinned(pin_dir: &Path) -> Result<Vec<IpNet>> {
+    let path = pin_dir.join(MAP_DECAP_FROM);
+    let data = MapData::from_pin(&path).map_err(map_err(MAP_DECAP_FROM))?;
+    let map = Map::from_map_data(data).map_err(map_err(MAP_DECAP_FROM))?;
+    let trie: LpmTrie<_, AddrWords, u32> =
+        LpmTrie::try_from(map).map_err(map_err(MAP_DECAP_FROM))?;
+    let keys = trie
+        .keys()
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(map_err(MAP_DECAP_FROM))?;
+    let mut nets: Vec<IpNet> = keys.iter().filter_map(key_net).collect();
+    nets.sort();
+    Ok(nets)
+}
+
 pub fn counters_pinned(pin_dir: &Path) -> Result<Vec<CounterValue>> {
     let path = pin_dir.join(MAP_DECAP_COUNTERS);
     let data = MapData::from_pin(&path).map_err(map_err(MAP_DECAP_COUNTERS))?;

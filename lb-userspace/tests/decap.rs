@@ -919,10 +919,17 @@ fn tunnels_are_taken_only_from_the_given_prefixes() {
             .collect()
     };
     for third in [200, 201] {
-        rig.decap
+        let dropped = rig
+            .decap
             .set_tunnels(&addrs, GUE_PORT, &full(third))
             .expect("a full set");
         assert_eq!(rig.decap.sources().expect("read").len(), 256);
+        // What the set before had and this one lacks, said to the caller.
+        let gone: Vec<ipnet::IpNet> = match third {
+            200 => want.clone(),
+            _ => full(200),
+        };
+        assert_eq!(dropped, gone, "the prefixes no longer taken");
     }
     let mut one_too_many = full(202);
     one_too_many.push("10.203.0.0/16".parse().unwrap());

@@ -243,6 +243,42 @@ fn concurrent_decap_changes_on_one_interface_are_refused() {
                 String::from_utf8_lossy(&out.stderr)
             );
         }
+        // Attached again with another --from: the prefix left out is said,
+        // and stats list what it takes now.
+        let lbctl = |args: &[&str]| -> Result<(String, String)> {
+            let out = be.ns.command(bin_path("lbctl")?).args(args).output()?;
+            let (o, e) = (
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            );
+            if !out.status.success() {
+                bail!("lbctl {args:?}: {e}");
+            }
+            Ok((o, e))
+        };
+        let both = [
+            "decap",
+            "attach",
+            "eth0",
+            "--from",
+            "10.98.0.0/16",
+            "--from",
+            "192.0.2.0/24",
+        ];
+        lbctl(&both)?;
+        let (_, said) = lbctl(&["decap", "attach", "eth0", "--from", "10.98.0.0/16"])?;
+        if !said.contains("eth0 no longer takes tunnels from 192.0.2.0/24") {
+            bail!("re-attaching without a prefix said: {said}");
+        }
+        let (stats, _) = lbctl(&["decap", "stats", "eth0"])?;
+        if !stats.starts_with("tunnels from: 10.98.0.0/16\n") {
+            bail!("decap stats: {stats}");
+        }
+        let (_, said) = lbctl(&["decap", "attach", "eth0", "--from-any"])?;
+        let (stats, _) = lbctl(&["decap", "stats", "eth0"])?;
+        if said.contains("no longer") || !stats.starts_with("tunnels from: any source\n") {
+            bail!("--from-any after --from said: {said}; stats: {stats}");
+        }
         Ok(())
     })());
 }

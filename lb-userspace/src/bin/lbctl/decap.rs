@@ -83,8 +83,17 @@ pub fn run(cmd: DecapCommand, json: bool) -> Result<()> {
                 ModeArg::Generic => XdpMode::Skb,
                 ModeArg::Auto => XdpMode::Default,
             };
-            lb::decap::attach(&iface, mode, &local, gue_port, &from, &decap_dir(&iface))
-                .with_context(|| format!("attaching the decap program to {iface}"))?;
+            let dropped =
+                lb::decap::attach(&iface, mode, &local, gue_port, &from, &decap_dir(&iface))
+                    .with_context(|| format!("attaching the decap program to {iface}"))?;
+            // From any source takes them all: nothing is left out then.
+            if !dropped.is_empty() && !from.is_empty() {
+                let list: Vec<String> = dropped.iter().map(ToString::to_string).collect();
+                eprintln!(
+                    "warning: {iface} no longer takes tunnels from {} (taken before, not in this --from): their tunnels are dropped from now on",
+                    list.join(", ")
+                );
+            }
             if from.is_empty() {
                 eprintln!(
                     "warning: {iface} takes tunnels from any source (--from-any): whoever reaches this host can tunnel packets into it, and have it hand second-chance lists on; give --from with the balancers' (and, for second chance, the backends') prefixes, or filter tunnels at the edge"
@@ -122,6 +131,14 @@ pub fn run(cmd: DecapCommand, json: bool) -> Result<()> {
                     .collect();
                 println!("{}", serde_json::to_string_pretty(&map)?);
             } else {
+                match lb::decap::sources_pinned(&decap_dir(&iface)) {
+                    Ok(from) if from.is_empty() => println!("tunnels from: any source"),
+                    Ok(from) => {
+                        let list: Vec<String> = from.iter().map(ToString::to_string).collect();
+                        println!("tunnels from: {}", list.join(", "));
+                    }
+                    Err(e) => println!("tunnels from: unknown ({e})"),
+                }
                 print_rows(
                     &["counter", "packets", "bytes"],
                     rows.iter()
