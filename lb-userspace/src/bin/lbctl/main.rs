@@ -136,6 +136,20 @@ fn refuse_local_change_options(args: &Args) -> Result<()> {
     )
 }
 
+/// Why `lbd` cannot read a file `lbctl diff` names that is here: the unit
+/// runs it sandboxed (`PrivateTmp`, `ProtectHome`), so `/tmp`, `/home` and
+/// `/root` are not the ones the operator sees. `None` unless `error` is
+/// lbd's failure to read `path` and this process can read it.
+fn unseen_file_hint(path: &std::path::Path, error: &str) -> Option<String> {
+    let unread = error.contains(&format!("cannot read {}", path.display()));
+    (unread && std::fs::File::open(path).is_ok()).then(|| {
+        format!(
+            "lbd cannot see {}, which is here: its unit runs it with a private /tmp and without /home and /root (PrivateTmp, ProtectHome); put the file where lbd reads, e.g. /etc/lb/",
+            path.display()
+        )
+    })
+}
+
 /// Runs the command; the exit code is 0 but for a `diff` that found
 /// changes (1).
 fn run(args: Args) -> Result<i32> {
@@ -169,7 +183,18 @@ fn run(args: Args) -> Result<i32> {
     {
         *text = Some(tier::read_desired(path)?);
     }
-    let data = api::call_with(&socket, &request, &args.change)?;
+    let data = api::call_with(&socket, &request, &args.change).map_err(|e| {
+        let hint = match &request {
+            Request::Diff {
+                file: Some(path), ..
+            } => unseen_file_hint(path, &e.to_string()),
+            _ => None,
+        };
+        match hint {
+            Some(hint) => anyhow::anyhow!("{e}\n{hint}"),
+            None => e.into(),
+        }
+    })?;
     let lines = matches!(
         request,
         Request::Backend(api::BackendRequest::Drain { wait: true, .. })
@@ -324,6 +349,31 @@ mod tests {
     /// or `--from-any` in so many words, never both (helper-33: attaching
     /// without `--from` took tunnels from anywhere by default, and a re-run
     /// without it cleared a filter set before).
+    /// A file lbctl reads but lbd, sandboxed, does not see gets the
+    /// sandbox named; a file missing here, or another error, does not.
+    #[test]
+    fn a_diff_of_a_file_lbd_cannot_see_names_the_sandbox() {
+        let dir = std::env::temp_dir().join(format!("lbctl-hint-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let here = dir.join("next.yaml");
+        std::fs::write(&here, "vips: []\n").unwrap();
+        let lbd_says = |p: &std::path::Path| {
+            format!(
+                "lbd: cannot read {}: No such file or directory",
+                p.display()
+            )
+        };
+        let hint = super::unseen_file_hint(&here, &lbd_says(&here)).expect("a hint");
+        assert!(hint.contains("PrivateTmp, ProtectHome"), "{hint}");
+        let gone = dir.join("gone.yaml");
+        assert_eq!(super::unseen_file_hint(&gone, &lbd_says(&gone)), None);
+        assert_eq!(
+            super::unseen_file_hint(&here, "lbd: vips[0]: bad port"),
+            None
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn decap_attach_needs_from_or_from_any() {
         let parse = |line: &str| Args::try_parse_from(line.split_whitespace());
