@@ -407,6 +407,22 @@ fn changes_that_would_blackhole_a_serving_vip_are_refused_unless_forced() {
                 out.status
             );
         }
+        // A key that lives on the box the file is for: offline, named and
+        // passed; on this box, a fault (a start would stop on it).
+        std::fs::remove_file(&key)?;
+        let out = Command::new(bin_path("lbd")?)
+            .args(["check", "--offline"])
+            .arg(&keyed)
+            .output()?;
+        let said = String::from_utf8_lossy(&out.stdout);
+        if !out.status.success()
+            || !said.contains("offline: not on this box, so not checked: hash_key_file")
+        {
+            bail!(
+                "lbd check --offline of a key kept elsewhere: {}\n{said}",
+                out.status
+            );
+        }
 
         // SIGHUP never forces: refused, the table stays, connections work.
         std::fs::write(&lbd.config, &zero)?;

@@ -21,11 +21,11 @@ use std::{
 use anyhow::{Context as _, Result, bail};
 use lb::config::Config;
 
-/// Runs `lbd check` on `path`.
-pub fn check(path: &Path, offline: bool) -> Result<()> {
-    let config = Config::load(path)?;
+/// The secrets a start reads (BGP keys, the hash key, etcd's TLS key and
+/// password) and what is wrong with each; a start stops on a fault, and
+/// so does a check on this box.
+fn secret_files(config: &Config) -> Vec<lb::config::ConfigError> {
     let mut files = config.announce.check_files();
-    // A start loads it and stops on a fault: so does the check.
     if let Some(key) = &config.hash_key_file
         && let Err(e) = lb::config::load_hash_key(key)
     {
@@ -36,12 +36,23 @@ pub fn check(path: &Path, offline: bool) -> Result<()> {
     }
     if let Some(etcd) = &config.source {
         files.extend(etcd.check_files());
-        if !config.vips.is_empty() {
-            files.push(lb::config::ConfigError {
-                field: "vips".into(),
-                message: "the VIPs come from etcd (source.etcd): the file lists none".into(),
-            });
-        }
+    }
+    files
+}
+
+/// Runs `lbd check` on `path`. `--offline` (a file for another box) checks
+/// the secret files that are here, and names those that are not: they live
+/// on that box.
+pub fn check(path: &Path, offline: bool) -> Result<()> {
+    let config = Config::load(path)?;
+    let (mut files, elsewhere): (Vec<_>, Vec<_>) = secret_files(&config)
+        .into_iter()
+        .partition(|e| !(offline && e.message.contains("(os error 2)")));
+    if config.source.is_some() && !config.vips.is_empty() {
+        files.push(lb::config::ConfigError {
+            field: "vips".into(),
+            message: "the VIPs come from etcd (source.etcd): the file lists none".into(),
+        });
     }
     if !files.is_empty() {
         return Err(lb::config::ConfigErrors {
@@ -52,6 +63,13 @@ pub fn check(path: &Path, offline: bool) -> Result<()> {
     }
     for w in &config.warnings {
         println!("warning: {w}");
+    }
+    if !elsewhere.is_empty() {
+        let fields: Vec<&str> = elsewhere.iter().map(|e| e.field.as_str()).collect();
+        println!(
+            "offline: not on this box, so not checked: {} (checked where the file runs)",
+            fields.join(", ")
+        );
     }
     if !offline && let Some((pid, socket)) = running_lbd_of(path) {
         return against_running(path, pid, &socket);

@@ -52,7 +52,8 @@ enum Command {
         /// The file to check (default: the one --config names).
         file: Option<PathBuf>,
         /// Leave out what only this box can say (the interfaces, the
-        /// running lbd, pinned maps): for a file meant for another box.
+        /// running lbd, pinned maps, key files that are not here): for a
+        /// file meant for another box.
         #[arg(long)]
         offline: bool,
     },
