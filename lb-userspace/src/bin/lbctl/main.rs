@@ -349,6 +349,27 @@ mod tests {
     /// or `--from-any` in so many words, never both (helper-33: attaching
     /// without `--from` took tunnels from anywhere by default, and a re-run
     /// without it cleared a filter set before).
+    /// A desired state is read up to its limit and no further, whatever
+    /// the file's size says (a pipe says none).
+    #[test]
+    fn a_desired_state_is_read_to_its_limit_only() {
+        let dir = std::env::temp_dir().join(format!("lbctl-desired-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let max = lb::config::MAX_DESIRED_BYTES;
+        let (fits, over) = (dir.join("fits.yaml"), dir.join("over.yaml"));
+        std::fs::write(&fits, "#".repeat(max)).unwrap();
+        std::fs::write(&over, "#".repeat(max + 1)).unwrap();
+        assert_eq!(
+            super::tier::read_desired(&fits)
+                .expect("at the limit")
+                .len(),
+            max
+        );
+        let e = super::tier::read_desired(&over).unwrap_err().to_string();
+        assert!(e.contains("more than the"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     /// A file lbctl reads but lbd, sandboxed, does not see gets the
     /// sandbox named; a file missing here, or another error, does not.
     #[test]

@@ -204,13 +204,19 @@ pub fn print_rollout_plan(p: &RolloutPlan) {
 /// A desired state to roll out, read here (at most the size a balancer
 /// takes).
 pub fn read_desired(path: &std::path::Path) -> Result<String> {
-    let meta = std::fs::metadata(path).with_context(|| path.display().to_string())?;
-    if meta.len() > MAX_DESIRED_BYTES as u64 {
+    use std::io::Read as _;
+    let file = std::fs::File::open(path).with_context(|| path.display().to_string())?;
+    // Read at most one byte past the limit: a pipe or a file that grows
+    // has no size to check first.
+    let mut text = String::new();
+    file.take(MAX_DESIRED_BYTES as u64 + 1)
+        .read_to_string(&mut text)
+        .with_context(|| path.display().to_string())?;
+    if text.len() > MAX_DESIRED_BYTES {
         bail!(
-            "{}: {} bytes, more than the {MAX_DESIRED_BYTES} a balancer takes",
-            path.display(),
-            meta.len()
+            "{}: more than the {MAX_DESIRED_BYTES} bytes a balancer takes",
+            path.display()
         );
     }
-    std::fs::read_to_string(path).with_context(|| path.display().to_string())
+    Ok(text)
 }
