@@ -68,7 +68,6 @@ fn decap_dir(iface: &str) -> PathBuf {
 }
 
 pub fn run(cmd: DecapCommand, json: bool) -> Result<()> {
-    use aya::programs::XdpMode;
     match cmd {
         DecapCommand::Attach {
             iface,
@@ -77,34 +76,7 @@ pub fn run(cmd: DecapCommand, json: bool) -> Result<()> {
             gue_port,
             from,
             from_any: _,
-        } => {
-            let mode = match mode {
-                ModeArg::Native => XdpMode::Driver,
-                ModeArg::Generic => XdpMode::Skb,
-                ModeArg::Auto => XdpMode::Default,
-            };
-            let dropped =
-                lb::decap::attach(&iface, mode, &local, gue_port, &from, &decap_dir(&iface))
-                    .with_context(|| format!("attaching the decap program to {iface}"))?;
-            // From any source takes them all: nothing is left out then.
-            if !dropped.is_empty() && !from.is_empty() {
-                let list: Vec<String> = dropped.iter().map(ToString::to_string).collect();
-                eprintln!(
-                    "warning: {iface} no longer takes tunnels from {} (taken before, not in this --from): their tunnels are dropped from now on",
-                    list.join(", ")
-                );
-            }
-            if from.is_empty() {
-                eprintln!(
-                    "warning: {iface} takes tunnels from any source (--from-any): whoever reaches this host can tunnel packets into it, and have it hand second-chance lists on; give --from with the balancers' (and, for second chance, the backends') prefixes, or filter tunnels at the edge"
-                );
-            }
-            if json {
-                println!("{}", serde_json::json!({ "attached": iface }));
-            } else {
-                println!("decap attached to {iface}");
-            }
-        }
+        } => attach(&iface, mode, &local, gue_port, &from, json),
         DecapCommand::Detach { iface } => {
             lb::decap::detach(&decap_dir(&iface))
                 .with_context(|| format!("detaching from {iface}"))?;
@@ -113,40 +85,84 @@ pub fn run(cmd: DecapCommand, json: bool) -> Result<()> {
             } else {
                 println!("decap detached from {iface}");
             }
+            Ok(())
         }
-        DecapCommand::Stats { iface } => {
-            let counters = lb::decap::counters_pinned(&decap_dir(&iface))
-                .with_context(|| format!("no decap program attached to {iface} by lbctl?"))?;
-            let rows: Vec<(String, u64, u64)> = lb_common::counters::DecapCounter::ALL
-                .iter()
-                .map(|c| {
-                    let v = counters.get(*c as usize).copied().unwrap_or_default();
-                    (c.name().to_string(), v.packets, v.bytes)
-                })
-                .collect();
-            if json {
-                let map: serde_json::Map<String, serde_json::Value> = rows
-                    .iter()
-                    .map(|(n, p, b)| (n.clone(), serde_json::json!({"packets": p, "bytes": b})))
-                    .collect();
-                println!("{}", serde_json::to_string_pretty(&map)?);
-            } else {
-                match lb::decap::sources_pinned(&decap_dir(&iface)) {
-                    Ok(from) if from.is_empty() => println!("tunnels from: any source"),
-                    Ok(from) => {
-                        let list: Vec<String> = from.iter().map(ToString::to_string).collect();
-                        println!("tunnels from: {}", list.join(", "));
-                    }
-                    Err(e) => println!("tunnels from: unknown ({e})"),
-                }
-                print_rows(
-                    &["counter", "packets", "bytes"],
-                    rows.iter()
-                        .map(|(n, p, b)| vec![n.clone(), p.to_string(), b.to_string()])
-                        .collect(),
-                );
-            }
-        }
+        DecapCommand::Stats { iface } => stats(&iface, json),
     }
+}
+
+/// `lbctl decap attach`: attached, with what it means said on stderr (a
+/// prefix left out, tunnels from anywhere).
+fn attach(
+    iface: &str,
+    mode: ModeArg,
+    local: &[std::net::IpAddr],
+    gue_port: u16,
+    from: &[ipnet::IpNet],
+    json: bool,
+) -> Result<()> {
+    use aya::programs::XdpMode;
+    let mode = match mode {
+        ModeArg::Native => XdpMode::Driver,
+        ModeArg::Generic => XdpMode::Skb,
+        ModeArg::Auto => XdpMode::Default,
+    };
+    let dropped = lb::decap::attach(iface, mode, local, gue_port, from, &decap_dir(iface))
+        .with_context(|| format!("attaching the decap program to {iface}"))?;
+    // From any source takes them all: nothing is left out then.
+    if !dropped.is_empty() && !from.is_empty() {
+        let list: Vec<String> = dropped.iter().map(ToString::to_string).collect();
+        eprintln!(
+            "warning: {iface} no longer takes tunnels from {} (taken before, not in this --from): their tunnels are dropped from now on",
+            list.join(", ")
+        );
+    }
+    if from.is_empty() {
+        eprintln!(
+            "warning: {iface} takes tunnels from any source (--from-any): whoever reaches this host can tunnel packets into it, and have it hand second-chance lists on; give --from with the balancers' (and, for second chance, the backends') prefixes, or filter tunnels at the edge"
+        );
+    }
+    if json {
+        println!("{}", serde_json::json!({ "attached": iface }));
+    } else {
+        println!("decap attached to {iface}");
+    }
+    Ok(())
+}
+
+/// `lbctl decap stats`: the prefixes tunnels are taken from (text only)
+/// and the counters.
+fn stats(iface: &str, json: bool) -> Result<()> {
+    let counters = lb::decap::counters_pinned(&decap_dir(iface))
+        .with_context(|| format!("no decap program attached to {iface} by lbctl?"))?;
+    let rows: Vec<(String, u64, u64)> = lb_common::counters::DecapCounter::ALL
+        .iter()
+        .map(|c| {
+            let v = counters.get(*c as usize).copied().unwrap_or_default();
+            (c.name().to_string(), v.packets, v.bytes)
+        })
+        .collect();
+    if json {
+        let map: serde_json::Map<String, serde_json::Value> = rows
+            .iter()
+            .map(|(n, p, b)| (n.clone(), serde_json::json!({"packets": p, "bytes": b})))
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&map)?);
+        return Ok(());
+    }
+    match lb::decap::sources_pinned(&decap_dir(iface)) {
+        Ok(from) if from.is_empty() => println!("tunnels from: any source"),
+        Ok(from) => {
+            let list: Vec<String> = from.iter().map(ToString::to_string).collect();
+            println!("tunnels from: {}", list.join(", "));
+        }
+        Err(e) => println!("tunnels from: unknown ({e})"),
+    }
+    print_rows(
+        &["counter", "packets", "bytes"],
+        rows.iter()
+            .map(|(n, p, b)| vec![n.clone(), p.to_string(), b.to_string()])
+            .collect(),
+    );
     Ok(())
 }
