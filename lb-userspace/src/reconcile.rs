@@ -703,7 +703,8 @@ impl<D: Dataplane> Reconciler<D> {
         if let Some(v) = vips.iter().find(|v| !self.vips.contains_key(&v.id)) {
             return Err(ReconcileError::NotProgrammed(v.id));
         }
-        if self.clean {
+        let was_clean = self.clean;
+        if was_clean {
             self.retired.clear();
             let freed = std::mem::take(&mut self.free_retired);
             self.free_slots.extend(freed);
@@ -712,7 +713,10 @@ impl<D: Dataplane> Reconciler<D> {
         let result = vips
             .iter()
             .try_for_each(|vip| self.apply_vip(vip, usable, &mut report));
-        self.clean = result.is_ok();
+        // Some VIPs brought to what they say leave the others as a failed
+        // apply left them: only a whole apply may forget what it retired
+        // (the backends it must give back under their handles).
+        self.clean = was_clean && result.is_ok();
         result?;
         if !report.is_noop() {
             debug!(?report, "dataplane updated");
@@ -1783,6 +1787,29 @@ mod tests {
         let c_id = r.vips()[&c.id].meta.id() as usize;
         assert_eq!(c_id, vip_id, "the new VIP took A's id");
         assert_eq!(r.dataplane().vip_stats[c_id], CounterValue::default());
+    }
+
+    /// After an apply that failed half-way, a verdict's partial apply of
+    /// another VIP that succeeds does not make the maps clean: the next
+    /// whole apply still gives the retired backend back under its handle
+    /// (helper-41: its flows were re-picked under a new generation).
+    #[test]
+    fn a_partial_apply_after_a_failed_one_keeps_what_it_retired() {
+        let mut r = Reconciler::adopt(FakeDataplane::new(layout())).unwrap();
+        let a = vip("10.0.0.1", 80, &[("10.1.0.1", 1), ("10.1.0.2", 1)]);
+        let b = vip("10.0.0.2", 80, &[("10.1.0.3", 1)]);
+        r.apply(&[a.clone(), b.clone()], &all).unwrap();
+        let gone: IpAddr = "10.1.0.2".parse().unwrap();
+        let handle = r.vips()[&a.id].backends[&gone].handle;
+        let a_less = vip("10.0.0.1", 80, &[("10.1.0.1", 1)]);
+        let b_more = vip("10.0.0.2", 80, &[("10.1.0.3", 1), ("10.1.0.4", 1)]);
+        r.dataplane_mut().refuse_vip = Some(b.id.key());
+        assert!(r.apply(&[a_less, b_more], &all).is_err());
+        r.dataplane_mut().refuse_vip = None;
+        r.apply_some(std::slice::from_ref(&b), &all)
+            .expect("a verdict's apply of B");
+        r.apply(&[a.clone(), b.clone()], &all).unwrap();
+        assert_eq!(r.vips()[&a.id].backends[&gone].handle, handle, "given back");
     }
 
     #[test]
