@@ -84,8 +84,14 @@ pub struct Revision {
     /// The API's changes on top of it.
     pub overlay: Option<Overlay>,
     /// The digest of the configuration file on disk when this revision
-    /// was made (it differs from `config`'s after a revert).
+    /// was made (it differs from `config`'s after a revert; for a refused
+    /// reload, the refused file's).
     pub file_digest: Option<String>,
+    /// A refusal that `--force` overrides (the blackhole guard, flows sent
+    /// to other backends): a start does not apply that file either
+    /// ([`RevisionStore::kept_over_refused`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub forceable: bool,
 }
 
 impl Revision {
@@ -427,6 +433,25 @@ impl RevisionStore {
             .filter(|r| !matches!(r, Err(RevisionError::Missing(_)))))
     }
 
+    /// What a start runs instead of the file whose digest is `file_digest`:
+    /// the newest revision that ran, when the newest revision of all is a
+    /// refusal of that very file that `--force` overrides. A reload refused
+    /// for the blackhole guard or for flows it would move must not be
+    /// applied by the next start (an upgrade, a crash) without the force
+    /// it was refused for.
+    pub fn kept_over_refused(&self, file_digest: &str) -> Option<(Revision, Revision)> {
+        let numbers = self.numbers().ok()?;
+        let newest = self.get(*numbers.last()?).ok()?;
+        if newest.applied()
+            || !newest.forceable
+            || newest.file_digest.as_deref() != Some(file_digest)
+        {
+            return None;
+        }
+        let ran = self.newest_applied(&numbers, Some(newest.number))?;
+        Some((newest, ran))
+    }
+
     /// The newest revision that was applied and is readable, before
     /// `before` (or at all, with `None`).
     pub fn latest_applied(&self, before: Option<u64>) -> Result<Option<Revision>, RevisionError> {
@@ -463,7 +488,43 @@ mod tests {
             config: Some(format!("instance: r{number}\n")),
             overlay: Some(Overlay::default()),
             file_digest: Some("f".into()),
+            forceable: false,
         }
+    }
+
+    /// A start keeps what ran over a file the newest revision refused for
+    /// what `--force` overrides; not over a file refused otherwise, nor
+    /// over a file changed since, nor once something ran after.
+    #[test]
+    fn a_start_keeps_what_ran_over_a_file_refused_for_force() {
+        let dir = ScratchDir::new("revisions-refused");
+        let store = RevisionStore::open(&dir.join("r"), 10).unwrap();
+        store.append(&revision(1, true)).unwrap();
+        assert!(store.kept_over_refused("f").is_none(), "nothing refused");
+        let refused = Revision {
+            forceable: true,
+            ..revision(2, false)
+        };
+        store.append(&refused).unwrap();
+        let (newest, ran) = store.kept_over_refused("f").expect("kept");
+        assert_eq!((newest.number, ran.number), (2, 1));
+        assert!(store.kept_over_refused("g").is_none(), "another file now");
+        store.append(&revision(3, false)).unwrap();
+        assert!(
+            store.kept_over_refused("f").is_none(),
+            "refused, not for force"
+        );
+        store
+            .append(&Revision {
+                forceable: true,
+                ..revision(4, false)
+            })
+            .unwrap();
+        store.append(&revision(5, true)).unwrap();
+        assert!(
+            store.kept_over_refused("f").is_none(),
+            "something ran after"
+        );
     }
 
     #[test]

@@ -369,7 +369,7 @@ fn slots(lbd: &Lbd) -> Result<Vec<(String, u64)>> {
 fn changes_that_would_blackhole_a_serving_vip_are_refused_unless_forced() {
     let _serial = serial();
     check((|| {
-        let (rig, lbd) = setup(3, &[Some(1), Some(1), Some(1)])?;
+        let (rig, mut lbd) = setup(3, &[Some(1), Some(1), Some(1)])?;
         let before = slots(&lbd)?;
         let good = std::fs::read_to_string(&lbd.config)?;
         let zero = rig.config(&[Some(0), Some(0), Some(0)]);
@@ -458,6 +458,28 @@ fn changes_that_would_blackhole_a_serving_vip_are_refused_unless_forced() {
         let refusal = lbd.lbctl_refusal(&["reload"])?;
         if refusal["ok"] != false || refusal["code"] != "blackhole" {
             bail!("lbctl -o json reload printed {refusal}");
+        }
+        // A crash and a start with the refused file on disk: the start
+        // applies no more than the reload did, says so, and keeps serving.
+        let ran = lbd.lbctl_json(&["status"])?["revision"].clone();
+        let config = lbd.config.clone();
+        lbd.kill9()?;
+        lbd = Lbd::start(&rig, &config)?;
+        if slots(&lbd)? != before || lbd.lbctl_json(&["status"])?["revision"] != ran {
+            bail!("a start applied the refused file");
+        }
+        if !lbd.log_text().contains("was refused at revision") {
+            bail!(
+                "the start did not say it kept what ran:\n{}",
+                lbd.log_text()
+            );
+        }
+        rig.client
+            .within(move || lb_tests::traffic::tcp_request(lb_tests::rig::CLIENT, 42_001, vip))?
+            .context("a connection after the start")?;
+        let note = lbd.lbctl(&["reload"])?;
+        if !note.contains("keeps running") || slots(&lbd)? != before {
+            bail!("a reload of the same refused file after the start: {note}");
         }
         lbd.lbctl(&["reload", "--force"])?;
         if slots(&lbd)?.iter().any(|(_, n)| *n > 0) {

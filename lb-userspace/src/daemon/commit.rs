@@ -128,7 +128,8 @@ impl<D: Dataplane> Daemon<D> {
         if let Err(e) = &result
             && !options.dry_run
         {
-            self.record(&source, Err(e.to_string()));
+            let forceable = matches!(e.kind(), ErrorKind::Blackhole | ErrorKind::NeedsForce);
+            self.record_refusal(&source, e.to_string(), forceable);
         }
         result
     }
@@ -390,15 +391,9 @@ impl<D: Dataplane> Daemon<D> {
                 format!("writing revision {number}: {e}; nothing changed"),
             )
         })?;
-        if target.overlay != self.overlay
-            && let Err(e) = target.overlay.save(&target.config.state_file)
-        {
-            self.revisions.remove(number);
-            return Err(refused(
-                ErrorKind::Internal,
-                format!("{e}; nothing changed"),
-            ));
-        }
+        // The probation before the state file: a crash between the two
+        // then leaves a probation of a change that never ran (a start ends
+        // it), never a change that runs unwatched.
         if let Some(within) = &options.confirm_within {
             let saved = SavedProbation {
                 revision: number,
@@ -407,12 +402,24 @@ impl<D: Dataplane> Daemon<D> {
                 announced: self.watched(target).into_iter().collect(),
             };
             if let Err(e) = self.revisions.save_probation(Some(&saved)) {
-                self.unpersist(number);
+                self.revisions.remove(number);
                 return Err(refused(
                     ErrorKind::Internal,
                     format!("{e}; nothing changed"),
                 ));
             }
+        }
+        if target.overlay != self.overlay
+            && let Err(e) = target.overlay.save(&target.config.state_file)
+        {
+            self.revisions.remove(number);
+            if options.confirm_within.is_some() {
+                self.save_probation();
+            }
+            return Err(refused(
+                ErrorKind::Internal,
+                format!("{e}; nothing changed"),
+            ));
         }
         Ok(number)
     }
@@ -539,6 +546,21 @@ impl<D: Dataplane> Daemon<D> {
     /// be written is logged: a refusal is not made worse by it, and a
     /// start-up goes on.
     pub fn record(&mut self, source: &str, result: std::result::Result<(), String>) -> u64 {
+        self.record_as(source, result, false)
+    }
+
+    /// [`record`](Self::record) of a refusal, saying whether `--force`
+    /// overrides it.
+    fn record_refusal(&mut self, source: &str, error: String, forceable: bool) -> u64 {
+        self.record_as(source, Err(error), forceable)
+    }
+
+    fn record_as(
+        &mut self,
+        source: &str,
+        result: std::result::Result<(), String>,
+        forceable: bool,
+    ) -> u64 {
         let number = match self.next_revision() {
             Ok(n) => n,
             Err(e) => {
@@ -551,6 +573,7 @@ impl<D: Dataplane> Daemon<D> {
             Ok(()) => self.revision_of(number, source, Ok(&running)),
             Err(e) => self.revision_of(number, source, Err(e)),
         };
+        revision.forceable = forceable;
         // The same refusal again (a broken file reloaded every half hour by
         // a script) takes the place of the last, with its time: refusals
         // must not push the revisions that ran out of the history.
@@ -600,6 +623,7 @@ impl<D: Dataplane> Daemon<D> {
             config: target.map(|t| t.text.to_string()),
             overlay: target.map(|t| t.overlay.clone()),
             file_digest: Some(self.file_digest.clone()),
+            forceable: false,
         }
     }
 

@@ -108,11 +108,11 @@ impl<D: Dataplane> Daemon<D> {
             }
         };
         let reverted = self.runs_other_than_file();
-        if !options.dry_run && reverted && read.digest == self.file_digest {
+        if !options.dry_run && !force && reverted && read.digest == self.file_digest {
             return Ok(Committed {
                 revision: Some(self.revision),
                 note: Some(format!(
-                    "{} is unchanged since it was last read: revision {} ({}) keeps running; a changed file applies, `lbctl revert N` runs another revision",
+                    "{} is unchanged since it was last read: revision {} ({}) keeps running; a changed file applies, `lbctl revert N` runs another revision, `lbctl reload --force` this file",
                     self.config_path.display(),
                     self.revision,
                     self.revision_source

@@ -202,7 +202,9 @@ async fn until(at: Option<tokio::time::Instant>) {
 /// What to run at start, and the file as read: the file's configuration,
 /// or, when the file is unchanged since the newest revision was made and
 /// that revision is a revert, the revision's (a restart does not undo a
-/// revert); the API's changes on top, checked together.
+/// revert), or, when the newest revision refused the file for what
+/// `--force` overrides, the revision that ran (a restart does not apply a
+/// refused reload); the API's changes on top, checked together.
 fn load(
     config_path: &Path,
     file: FileRead,
@@ -218,17 +220,19 @@ fn load(
         None => crate::tier::nothing(),
     };
     let file = crate::tier::compose(file, Some(&desired))?;
-    let (config, text) = match reverted_revision(&store, &file) {
-        Some((number, config, text)) => {
+    let (config, text) =
+        if let Some((_, config, text)) = kept_over_refused(&store, &file, config_path) {
+            (config, text)
+        } else if let Some((number, config, text)) = reverted_revision(&store, &file) {
             warn!(
                 revision = number,
                 "starting from revision {number}, a revert: {} is unchanged since",
                 config_path.display()
             );
             (config, text)
-        }
-        None => (file.config.clone(), file.text.clone()),
-    };
+        } else {
+            (file.config.clone(), file.text.clone())
+        };
     let overlay = settled_overlay(&config)?;
     config
         .check_vips(&overlay.apply(&config.vips))
@@ -284,6 +288,30 @@ fn settled_overlay(config: &Config) -> Result<Overlay> {
         warn!("keeping the settled runtime changes: {e}");
     }
     Ok(overlay)
+}
+
+/// The newest revision that ran, when the newest of all refused `file`
+/// itself for what `--force` overrides (the blackhole guard, flows sent to
+/// other backends): a start applies no more than the reload did. Said
+/// loudly, with the way to apply the file anyway.
+fn kept_over_refused(
+    store: &RevisionStore,
+    file: &FileRead,
+    config_path: &std::path::Path,
+) -> Option<(u64, Config, std::sync::Arc<str>)> {
+    let (refused, ran) = store.kept_over_refused(&file.digest)?;
+    let text = ran.config?;
+    let config = Config::parse(&text).ok()?;
+    warn!(
+        refused = refused.number,
+        running = ran.number,
+        "{} was refused at revision {} ({}); starting with revision {}, which ran before: fix the file, or apply it with `lbctl reload --force`",
+        config_path.display(),
+        refused.number,
+        refused.error.as_deref().unwrap_or("refused"),
+        ran.number
+    );
+    Some((ran.number, config, text.into()))
 }
 
 /// The newest revision, if it runs another text than `file` while `file`

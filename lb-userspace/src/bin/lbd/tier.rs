@@ -625,6 +625,7 @@ mod tests {
             )),
             overlay: Some(Overlay::default()),
             file_digest: None,
+            forceable: false,
         }
     }
 

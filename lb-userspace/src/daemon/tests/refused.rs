@@ -99,6 +99,28 @@ async fn a_change_the_disk_cannot_hold_writes_nothing_to_the_maps() {
     );
 }
 
+/// A change on probation that the state file refuses leaves no probation
+/// behind (the probation is written first, so that a crash between the two
+/// never leaves a change running unwatched, and taken back).
+#[tokio::test]
+async fn a_probation_the_state_file_refuses_is_taken_back() {
+    let mut r = rig(FILE);
+    let state = r.daemon.config.state_file.clone();
+    std::fs::create_dir_all(&state).unwrap();
+    let options = ChangeOptions {
+        dry_run: false,
+        confirm_within: Some(crate::api::Within(std::time::Duration::from_secs(60))),
+    };
+    let answer = r
+        .daemon
+        .handle(del_backend(WEB, "10.1.0.2", false), options)
+        .await;
+    assert!(!answer.ok, "{answer:?}");
+    assert!(answer.error.unwrap_or_default().contains("nothing changed"));
+    assert_eq!(r.daemon.revisions.probation().unwrap(), None);
+    std::fs::remove_dir_all(&state).unwrap();
+}
+
 #[tokio::test]
 async fn a_map_write_refused_half_way_is_undone_under_the_same_handles() {
     let mut r = rig(TWO);
