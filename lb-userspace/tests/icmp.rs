@@ -252,6 +252,35 @@ fn check_frag_needed(req: &[u8], out: &[u8], mtu: u16, name: &str) {
     );
 }
 
+/// A SYN the tunnel cannot carry (TCP Fast Open data) is answered and
+/// never reaches a backend: no backend counts it, so the client's smaller
+/// retry is a first SYN there, not a retransmission passive health would
+/// hold against a backend that saw neither.
+#[test]
+fn a_syn_too_big_for_the_tunnel_counts_on_no_backend() {
+    let mut rig = Rig::new(1 << 12);
+    rig.standard_vips();
+    with_settings(&mut rig, |s| s.mtu = 1500);
+    let total = |rig: &Rig| {
+        let all = rig.dp().all_backend_syns().expect("SYN counters");
+        all.iter()
+            .fold((0, 0), |(s, r), c| (s + c.syns, r + c.retransmits))
+    };
+    // 1,441 bytes of data: an IP packet of 1,481, one more than IP-in-IP
+    // leaves of 1,500.
+    let mut tfo = tcp4(TO_LB, "10.0.0.10", 80, 41000, true, &vec![0xab; 1441]);
+    tfo[20] |= 0x40;
+    fix_ipv4_checksum(&mut tfo, 14);
+    for _ in 0..2 {
+        rig.run_counted(&tfo, Counter::ReplyFragNeeded);
+    }
+    assert_eq!(total(&rig), (0, 0), "no backend saw them");
+    let syn = tcp4(TO_LB, "10.0.0.10", 80, 41000, true, b"");
+    let (action, _, _) = rig.run_counted(&syn, Counter::FwdMaglev);
+    assert_eq!(action, XDP_TX);
+    assert_eq!(total(&rig), (1, 0), "a first SYN, not a retransmission");
+}
+
 #[test]
 fn too_big_ipv4_is_answered_with_fragmentation_needed() {
     let mut rig = Rig::new(1 << 12);

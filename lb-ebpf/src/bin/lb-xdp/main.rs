@@ -213,7 +213,12 @@ fn new_syn<const TRACE: bool>(
             (def, hashes)
         }
     };
-    let slot = if at.has_syn_slot {
+    // A SYN the tunnel cannot carry (one with TCP Fast Open data, say) is
+    // answered with "fragmentation needed" and never reaches the backend:
+    // it is neither recorded nor counted, or the client's smaller retry
+    // would count as a retransmission against a backend that saw neither.
+    let fits = cfg.mtu == 0 || pkt.ip_len + encap::overhead(def, false) <= cfg.mtu as u32;
+    let slot = if at.has_syn_slot && fits {
         syns::slot(at.bucket_index)
     } else {
         None
