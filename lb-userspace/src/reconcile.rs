@@ -659,6 +659,17 @@ impl<D: Dataplane> Reconciler<D> {
         }
     }
 
+    /// Whether `desired` finds room, as [`apply`](Self::apply) checks before
+    /// it writes anything: every table its room in the pool, every backend
+    /// an index. Callers ask before they change anything else (a revision,
+    /// the state file, the datapath settings), so that a change that does
+    /// not fit is refused with nothing done.
+    pub fn check_room(&self, desired: &[VipConfig]) -> Result<()> {
+        let wanted: BTreeMap<VipId, &VipConfig> = desired.iter().map(|v| (v.id, v)).collect();
+        self.check_pool(desired, &wanted)?;
+        self.check_backends(desired, &wanted)
+    }
+
     /// Makes the maps hold exactly `desired` (the VIPs, their backends and
     /// weights). `usable` says, per VIP and backend address, whether the
     /// backend may receive flows (health, drain state); absent means yes.

@@ -335,6 +335,9 @@ impl<D: Dataplane> Daemon<D> {
         }
         let effective = target.effective();
         let mut warnings = target.config.check_vips(&effective)?;
+        // Room in the maps before anything is written (the revision, the
+        // state file, the settings): the apply would refuse it half-way.
+        self.reconciler.check_room(&effective)?;
         if target.text != self.text {
             let file_only = file_only_warnings(&target.config.warnings, &warnings);
             warnings.extend(file_only);

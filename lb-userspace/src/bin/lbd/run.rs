@@ -775,6 +775,16 @@ async fn start_locked(
         }
     }
     warn_dropped_vips(&reconciler, &target);
+    // Room in the (adopted) maps before the settings are written: a start
+    // that cannot apply must leave the running program as it found it.
+    reconciler
+        .check_room(&target.effective())
+        .with_context(|| {
+            format!(
+                "the configuration does not fit the maps pinned in {}",
+                pin_dir.display()
+            )
+        })?;
     let resolved = resolve_gateway(config).await?;
     let gateway = GatewayWatch::start(config, resolved);
     let mut settings = datapath_settings(config, resolved.1);

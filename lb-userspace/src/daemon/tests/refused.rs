@@ -99,6 +99,42 @@ async fn a_change_the_disk_cannot_hold_writes_nothing_to_the_maps() {
     );
 }
 
+/// A change that fits in all but not on the way (three backends swapped
+/// for three others with room for four: the new need indexes before the
+/// old give theirs back) is refused before anything is written: no
+/// revision that ran, no settings (its MTU), no map write (helper-41: the
+/// settings and the revision went first, and were undone after).
+#[tokio::test]
+async fn a_change_without_room_on_the_way_writes_nothing_not_even_settings() {
+    let three = FILE
+        .replace(
+            "conntrack_buckets: 1024",
+            "conntrack_buckets: 1024\nmax_backends: 4",
+        )
+        .replace(
+            "      - address: 10.1.0.2\n",
+            "      - address: 10.1.0.2\n      - address: 10.1.0.3\n",
+        );
+    let mut r = rig(&three);
+    let writes = r.daemon.reconciler.dataplane().writes;
+    let mtu = r.daemon.reconciler.dataplane().config().unwrap().mtu;
+    let revision = r.daemon.revision;
+    let swapped = three
+        .replace("10.1.0.1", "10.1.0.7")
+        .replace("10.1.0.2", "10.1.0.8")
+        .replace("10.1.0.3", "10.1.0.9")
+        .replace("table_size: 101", "table_size: 101\nmtu: 9000");
+    let e = r
+        .daemon
+        .reload(reparse(&r, &swapped), true, &plain())
+        .await
+        .expect_err("no room on the way");
+    assert_eq!(e.kind(), ErrorKind::Capacity, "{e}");
+    assert_eq!(r.daemon.reconciler.dataplane().writes, writes, "no write");
+    assert_eq!(r.daemon.reconciler.dataplane().config().unwrap().mtu, mtu);
+    assert_eq!(r.daemon.revision, revision);
+}
+
 /// A change on probation that the state file refuses leaves no probation
 /// behind (the probation is written first, so that a crash between the two
 /// never leaves a change running unwatched, and taken back).
