@@ -1050,6 +1050,31 @@ async fn tunnelled_probes_carry_their_backends_mark() {
     }
 }
 
+/// A health check added to a serving VIP keeps it announced: its
+/// backends served unprobed and keep their standing until the check's
+/// probes overturn it (`fall` failures), so the guard has nothing to
+/// refuse and no route flaps while the first probes run.
+#[tokio::test]
+async fn a_check_added_to_a_serving_vip_keeps_it_announced() {
+    let mut r = rig(FILE);
+    assert_eq!(r.announced(), BTreeSet::from([ip("10.99.0.1")]));
+    let done = r.reload_ok(&checked(FILE)).await;
+    assert!(
+        done.warnings.iter().all(|w| !w.contains("usable")),
+        "{:?}",
+        done.warnings
+    );
+    assert_eq!(r.announced(), BTreeSet::from([ip("10.99.0.1")]));
+    assert_eq!(r.in_table(WEB).len(), 2);
+    // A dead one goes at its check's `fall`, not before its first probe.
+    for _ in 0..5 {
+        r.daemon
+            .on_probe((id(WEB), ip("10.1.0.2")), probed_as(false, 0));
+    }
+    assert_eq!(r.in_table(WEB), BTreeSet::from([ip("10.1.0.1")]));
+    assert_eq!(r.announced(), BTreeSet::from([ip("10.99.0.1")]));
+}
+
 /// A file that would take every serving VIP away with nothing left to
 /// serve (a truncated file, `vips: []`) is refused unless forced; one that
 /// removes some of them says which; `lbctl vip del` needs no force.

@@ -161,6 +161,7 @@ impl Lifecycle {
                 .retain(|addr, _| vip.backends.iter().any(|b| b.address == *addr));
             for b in &vip.backends {
                 let check = vip.health_check_of(b);
+                let served = !initial && life.backends.contains_key(&b.address);
                 let entry = life
                     .backends
                     .entry(b.address)
@@ -179,6 +180,14 @@ impl Lifecycle {
                     });
                 match (check, &entry.health) {
                     (None, _) => entry.health = None,
+                    // A backend that served unprobed keeps its standing
+                    // until the new check's probes overturn it (`fall`
+                    // failures), as a changed check's does: adding a check
+                    // must not withdraw a serving VIP until every backend
+                    // has passed it once.
+                    (Some(c), None) if served => {
+                        entry.health = Some(Tracker::continuing(c.rise, c.fall, true, true));
+                    }
                     (Some(c), None) => entry.health = Some(Tracker::new(c.rise, c.fall)),
                     (Some(_), Some(_)) => {}
                 }
