@@ -434,22 +434,31 @@ impl RevisionStore {
     }
 
     /// What a start runs instead of the file whose digest is `file_digest`:
-    /// the newest revision that ran, when the newest revision of all is a
-    /// refusal of that very file that `--force` overrides. A reload refused
-    /// for the blackhole guard or for flows it would move must not be
-    /// applied by the next start (an upgrade, a crash) without the force
-    /// it was refused for.
+    /// the newest revision that ran, when a reload of that very file was
+    /// refused for what `--force` overrides and the file has not run since.
+    /// Newest first, a revision that ran the file's text ends it; what ran
+    /// beside the file without being it (a start that kept what ran, a
+    /// revert, API changes on the old text) and other refusals do not. A
+    /// reload refused for the blackhole guard or for flows it would move
+    /// must not be applied by the next start (an upgrade, a crash) without
+    /// the force it was refused for.
     pub fn kept_over_refused(&self, file_digest: &str) -> Option<(Revision, Revision)> {
         let numbers = self.numbers().ok()?;
-        let newest = self.get(*numbers.last()?).ok()?;
-        if newest.applied()
-            || !newest.forceable
-            || newest.file_digest.as_deref() != Some(file_digest)
-        {
+        let refused = numbers
+            .iter()
+            .rev()
+            .filter_map(|n| self.get(*n).ok())
+            .filter(|r| r.file_digest.as_deref() == Some(file_digest))
+            .find(|r| {
+                let ran_it = r.applied()
+                    && r.config.as_deref().map(crate::digest::text).as_deref() == Some(file_digest);
+                ran_it || r.forceable
+            })?;
+        if !refused.forceable {
             return None;
         }
-        let ran = self.newest_applied(&numbers, Some(newest.number))?;
-        Some((newest, ran))
+        let ran = self.newest_applied(&numbers, None)?;
+        Some((refused, ran))
     }
 
     /// The newest revision that was applied and is readable, before
@@ -499,32 +508,37 @@ mod tests {
     fn a_start_keeps_what_ran_over_a_file_refused_for_force() {
         let dir = ScratchDir::new("revisions-refused");
         let store = RevisionStore::open(&dir.join("r"), 10).unwrap();
-        store.append(&revision(1, true)).unwrap();
-        assert!(store.kept_over_refused("f").is_none(), "nothing refused");
-        let refused = Revision {
-            forceable: true,
-            ..revision(2, false)
+        // File E ran; file F is refused for force.
+        let (e_text, f_text) = ("instance: e\n", "instance: f\n");
+        let (e, f) = (crate::digest::text(e_text), crate::digest::text(f_text));
+        let made = |n: u64, ran: Option<&str>, beside: &str| Revision {
+            config: ran.map(str::to_string),
+            overlay: ran.map(|_| Overlay::default()),
+            error: ran.is_none().then(|| "refused".to_string()),
+            file_digest: Some(beside.into()),
+            ..revision(n, true)
         };
-        store.append(&refused).unwrap();
-        let (newest, ran) = store.kept_over_refused("f").expect("kept");
-        assert_eq!((newest.number, ran.number), (2, 1));
-        assert!(store.kept_over_refused("g").is_none(), "another file now");
-        store.append(&revision(3, false)).unwrap();
-        assert!(
-            store.kept_over_refused("f").is_none(),
-            "refused, not for force"
-        );
+        store.append(&made(1, Some(e_text), &e)).unwrap();
+        assert!(store.kept_over_refused(&f).is_none(), "nothing refused");
         store
             .append(&Revision {
                 forceable: true,
-                ..revision(4, false)
+                ..made(2, None, &f)
             })
             .unwrap();
-        store.append(&revision(5, true)).unwrap();
-        assert!(
-            store.kept_over_refused("f").is_none(),
-            "something ran after"
-        );
+        let (refused, ran) = store.kept_over_refused(&f).expect("kept");
+        assert_eq!((refused.number, ran.number), (2, 1));
+        assert!(store.kept_over_refused(&e).is_none(), "another file now");
+        // What ran beside F without being it: a start that kept E, API
+        // changes on E, an API change refused. The refusal stands, and the
+        // newest that ran is what a start runs.
+        store.append(&made(3, Some(e_text), &f)).unwrap();
+        store.append(&made(4, None, &f)).unwrap();
+        let (refused, ran) = store.kept_over_refused(&f).expect("kept");
+        assert_eq!((refused.number, ran.number), (2, 3));
+        // Forced: F ran.
+        store.append(&made(5, Some(f_text), &f)).unwrap();
+        assert!(store.kept_over_refused(&f).is_none(), "the file ran after");
     }
 
     #[test]

@@ -57,6 +57,9 @@ impl Target {
 pub struct Force {
     pub yes: bool,
     pub how: &'static str,
+    /// A reload of a changed file: its refusal for what `yes` overrides
+    /// holds across a start (`RevisionStore::kept_over_refused`).
+    pub file: bool,
 }
 
 /// A change on probation (`--confirm-within`).
@@ -128,7 +131,8 @@ impl<D: Dataplane> Daemon<D> {
         if let Err(e) = &result
             && !options.dry_run
         {
-            let forceable = matches!(e.kind(), ErrorKind::Blackhole | ErrorKind::NeedsForce);
+            let forceable =
+                force.file && matches!(e.kind(), ErrorKind::Blackhole | ErrorKind::NeedsForce);
             self.record_refusal(&source, e.to_string(), forceable);
         }
         result
@@ -739,6 +743,7 @@ impl<D: Dataplane> Daemon<D> {
                 let force = Force {
                     yes: true,
                     how: "automatic revert",
+                    file: false,
                 };
                 self.commit(
                     target,

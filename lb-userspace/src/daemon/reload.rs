@@ -108,11 +108,15 @@ impl<D: Dataplane> Daemon<D> {
             }
         };
         let reverted = self.runs_other_than_file();
-        if !options.dry_run && !force && reverted && read.digest == self.file_digest {
+        // `--force` applies an unchanged file only over its own forceable
+        // refusal (a start kept what ran); over a revert it keeps it, as
+        // scripts that always force expect.
+        let forcing_refused = force && self.revisions.kept_over_refused(&read.digest).is_some();
+        if !options.dry_run && !forcing_refused && reverted && read.digest == self.file_digest {
             return Ok(Committed {
                 revision: Some(self.revision),
                 note: Some(format!(
-                    "{} is unchanged since it was last read: revision {} ({}) keeps running; a changed file applies, `lbctl revert N` runs another revision, `lbctl reload --force` this file",
+                    "{} is unchanged since it was last read: revision {} ({}) keeps running; a changed file applies, `lbctl revert N` runs another revision",
                     self.config_path.display(),
                     self.revision,
                     self.revision_source
@@ -143,6 +147,9 @@ impl<D: Dataplane> Daemon<D> {
         let force = Force {
             yes: force,
             how: "lbctl reload --force",
+            // The file itself changed (not only a key file it names): its
+            // forceable refusal holds across a start.
+            file: self.file_digest != seen,
         };
         let result = self
             .commit(target, source, options, force, Kind::Change)

@@ -273,6 +273,7 @@ impl<D: Dataplane> Daemon<D> {
         let force = Force {
             yes: force,
             how: "lbctl revert --force",
+            file: false,
         };
         self.commit(
             target,
@@ -368,6 +369,7 @@ fn forced(yes: bool) -> Force {
     Force {
         yes,
         how: "--force",
+        file: false,
     }
 }
 

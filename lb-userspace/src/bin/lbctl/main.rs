@@ -141,7 +141,7 @@ fn refuse_local_change_options(args: &Args) -> Result<()> {
 /// `/root` are not the ones the operator sees. `None` unless `error` is
 /// lbd's failure to read `path` and this process can read it.
 fn unseen_file_hint(path: &std::path::Path, error: &str) -> Option<String> {
-    let unread = error.contains(&format!("cannot read {}", path.display()));
+    let unread = error.contains(&format!("cannot read {}: No such file", path.display()));
     (unread && std::fs::File::open(path).is_ok()).then(|| {
         format!(
             "lbd cannot see {}, which is here: its unit runs it with a private /tmp and without /home and /root (PrivateTmp, ProtectHome); put the file where lbd reads, e.g. /etc/lb/",
@@ -183,16 +183,15 @@ fn run(args: Args) -> Result<i32> {
     {
         *text = Some(tier::read_desired(path)?);
     }
-    let data = api::call_with(&socket, &request, &args.change).map_err(|e| {
-        let hint = match &request {
-            Request::Diff {
-                file: Some(path), ..
-            } => unseen_file_hint(path, &e.to_string()),
-            _ => None,
-        };
-        match hint {
-            Some(hint) => anyhow::anyhow!("{e}\n{hint}"),
-            None => e.into(),
+    let data = api::call_with(&socket, &request, &args.change).inspect_err(|e| {
+        // Said beside the error, which stays lbd's own (its code for -o
+        // json).
+        if let Request::Diff {
+            file: Some(path), ..
+        } = &request
+            && let Some(hint) = unseen_file_hint(path, &e.to_string())
+        {
+            eprintln!("hint: {hint}");
         }
     })?;
     let lines = matches!(
@@ -365,6 +364,10 @@ mod tests {
                 .len(),
             max
         );
+        let e = super::tier::read_desired(&over).unwrap_err().to_string();
+        assert!(e.contains("more than the"), "{e}");
+        // Cut inside a character: still too large, not "invalid UTF-8".
+        std::fs::write(&over, "é".repeat(max / 2 + 1)).unwrap();
         let e = super::tier::read_desired(&over).unwrap_err().to_string();
         assert!(e.contains("more than the"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();

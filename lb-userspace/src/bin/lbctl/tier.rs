@@ -208,15 +208,15 @@ pub fn read_desired(path: &std::path::Path) -> Result<String> {
     let file = std::fs::File::open(path).with_context(|| path.display().to_string())?;
     // Read at most one byte past the limit: a pipe or a file that grows
     // has no size to check first.
-    let mut text = String::new();
+    let mut bytes = Vec::new();
     file.take(MAX_DESIRED_BYTES as u64 + 1)
-        .read_to_string(&mut text)
+        .read_to_end(&mut bytes)
         .with_context(|| path.display().to_string())?;
-    if text.len() > MAX_DESIRED_BYTES {
+    if bytes.len() > MAX_DESIRED_BYTES {
         bail!(
             "{}: more than the {MAX_DESIRED_BYTES} bytes a balancer takes",
             path.display()
         );
     }
-    Ok(text)
+    String::from_utf8(bytes).with_context(|| format!("{}: not UTF-8", path.display()))
 }

@@ -301,7 +301,19 @@ fn kept_over_refused(
 ) -> Option<(u64, Config, std::sync::Arc<str>)> {
     let (refused, ran) = store.kept_over_refused(&file.digest)?;
     let text = ran.config?;
-    let config = Config::parse(&text).ok()?;
+    let config = match Config::parse(&text) {
+        Ok(config) => config,
+        Err(e) => {
+            warn!(
+                refused = refused.number,
+                "{} was refused at revision {}, but revision {}, which ran before, no longer parses: starting with the file: {e}",
+                config_path.display(),
+                refused.number,
+                ran.number
+            );
+            return None;
+        }
+    };
     warn!(
         refused = refused.number,
         running = ran.number,
