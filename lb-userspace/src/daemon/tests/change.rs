@@ -537,6 +537,14 @@ async fn a_revert_runs_an_earlier_revision_until_the_file_changes() {
     assert!(c.note.unwrap().contains("unchanged"));
     assert_eq!(c.revision, Some(3), "names the revision that keeps running");
     assert_eq!(r.in_table(WEB).len(), 2);
+    // Nor does --force undo it (scripts that always force).
+    let forced = r
+        .daemon
+        .reload(reparse(&r, &grown), true, &plain())
+        .await
+        .unwrap();
+    assert!(forced.note.unwrap().contains("unchanged"));
+    assert_eq!(r.in_table(WEB).len(), 2);
     // A changed file applies.
     let edited = grown.replace("weight: 2", "weight: 3");
     r.reload_ok(&edited).await;
