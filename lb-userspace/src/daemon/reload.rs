@@ -111,8 +111,9 @@ impl<D: Dataplane> Daemon<D> {
         // `--force` applies an unchanged file only over its own forceable
         // refusal (a start kept what ran); over a revert it keeps it, as
         // scripts that always force expect.
-        let forcing_refused = force && self.revisions.kept_over_refused(&read.digest).is_some();
-        if !options.dry_run && !forcing_refused && reverted && read.digest == self.file_digest {
+        // (Asked last: it reads revisions.)
+        let forcing_refused = || force && self.revisions.kept_over_refused(&read.digest).is_some();
+        if !options.dry_run && reverted && read.digest == self.file_digest && !forcing_refused() {
             return Ok(Committed {
                 revision: Some(self.revision),
                 note: Some(format!(
