@@ -1750,15 +1750,22 @@ mod tests {
         ));
     }
 
+    /// A reconciler with VIP A (10.1.0.1, 10.1.0.2) and VIP B (10.1.0.3)
+    /// applied, and the two VIPs.
+    fn two_vips() -> (Reconciler<FakeDataplane>, VipConfig, VipConfig) {
+        let mut r = Reconciler::adopt(FakeDataplane::new(layout())).unwrap();
+        let a = vip("10.0.0.1", 80, &[("10.1.0.1", 1), ("10.1.0.2", 1)]);
+        let b = vip("10.0.0.2", 80, &[("10.1.0.3", 1)]);
+        r.apply(&[a.clone(), b.clone()], &all).unwrap();
+        (r, a, b)
+    }
+
     /// A backend retired by an apply that then fails elsewhere, given back
     /// by the next apply, takes its counts out of its VIP's retired total
     /// again (helper-34: they were counted twice, there and as its own).
     #[test]
     fn an_undone_retirement_counts_the_backend_once() {
-        let mut r = Reconciler::adopt(FakeDataplane::new(layout())).unwrap();
-        let a = vip("10.0.0.1", 80, &[("10.1.0.1", 1), ("10.1.0.2", 1)]);
-        let b = vip("10.0.0.2", 80, &[("10.1.0.3", 1)]);
-        r.apply(&[a.clone(), b.clone()], &all).unwrap();
+        let (mut r, a, b) = two_vips();
         let gone: IpAddr = "10.1.0.2".parse().unwrap();
         let handle = r.vips()[&a.id].backends[&gone].handle;
         let index = (handle & BACKEND_INDEX_MASK) as usize;
@@ -1806,10 +1813,7 @@ mod tests {
     /// (helper-41: its flows were re-picked under a new generation).
     #[test]
     fn a_partial_apply_after_a_failed_one_keeps_what_it_retired() {
-        let mut r = Reconciler::adopt(FakeDataplane::new(layout())).unwrap();
-        let a = vip("10.0.0.1", 80, &[("10.1.0.1", 1), ("10.1.0.2", 1)]);
-        let b = vip("10.0.0.2", 80, &[("10.1.0.3", 1)]);
-        r.apply(&[a.clone(), b.clone()], &all).unwrap();
+        let (mut r, a, b) = two_vips();
         let gone: IpAddr = "10.1.0.2".parse().unwrap();
         let handle = r.vips()[&a.id].backends[&gone].handle;
         let a_less = vip("10.0.0.1", 80, &[("10.1.0.1", 1)]);
