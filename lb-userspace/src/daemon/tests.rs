@@ -244,6 +244,16 @@ impl Rig {
         self.daemon.reload(file, false, &plain()).await.unwrap()
     }
 
+    /// Reloads the file `text` (without force), which must be refused
+    /// (`what`: why the test expects it); the refusal.
+    async fn reload_refused(&mut self, text: &str, what: &str) -> DaemonError {
+        let file = reparse(self, text);
+        self.daemon
+            .reload(file, false, &plain())
+            .await
+            .expect_err(what)
+    }
+
     /// Sends `request`, which must be refused with `kind`; the message.
     async fn refused(&mut self, kind: ErrorKind, request: Request) -> String {
         let what = format!("{request:?}");
@@ -900,11 +910,7 @@ async fn a_reload_that_empties_an_announced_vip_needs_force() {
         "      - address: 10.1.0.2\n",
         "      - address: 10.1.0.2\n        weight: 0\n",
     );
-    let e = r
-        .daemon
-        .reload(reparse(&r, &empty), false, &plain())
-        .await
-        .unwrap_err();
+    let e = r.reload_refused(&empty, "refused").await;
     assert_eq!(e.kind(), ErrorKind::Blackhole, "{e}");
     assert!(e.to_string().contains("lbctl reload --force"), "{e}");
     assert_eq!(r.in_table(WEB).len(), 2);
@@ -1090,11 +1096,7 @@ async fn removing_every_serving_vip_needs_force_and_a_removal_is_said() {
         BTreeSet::from([ip("10.99.0.1"), ip("10.99.0.2")])
     );
     let empty = two.split("vips:\n").next().unwrap().to_string() + "vips: []\n";
-    let e = r
-        .daemon
-        .reload(reparse(&r, &empty), false, &plain())
-        .await
-        .expect_err("every serving VIP removed");
+    let e = r.reload_refused(&empty, "every serving VIP removed").await;
     assert!(
         e.to_string().contains(
             "it removes every VIP this balancer serves (10.99.0.1:80/tcp, 10.99.0.2:80/tcp) and none would serve after it"
@@ -1143,10 +1145,11 @@ async fn the_blackhole_guard_does_not_count_backends_awaiting_their_first_probe(
         .replace("      - address: 10.1.0.2\n", "      - address: 10.1.0.5\n");
     assert!(replaced.contains("10.1.0.5") && !replaced.contains("10.1.0.1"));
     let e = r
-        .daemon
-        .reload(reparse(&r, &replaced), false, &plain())
-        .await
-        .expect_err("only a backend awaiting its first probe would be left");
+        .reload_refused(
+            &replaced,
+            "only a backend awaiting its first probe would be left",
+        )
+        .await;
     assert!(
         e.to_string().contains(
             "VIP 10.99.0.1:80/tcp is announced and would keep only 1 backend(s) awaiting their first probe"
@@ -1209,10 +1212,8 @@ async fn a_changed_announce_section_restarts_the_announcers_or_keeps_the_old() {
     assert_eq!(r.announced(), BTreeSet::from([ip("10.99.0.1")]));
 
     let e = r
-        .daemon
-        .reload(reparse(&r, &with("/bin/refused")), false, &plain())
-        .await
-        .expect_err("the new announcers cannot start");
+        .reload_refused(&with("/bin/refused"), "the new announcers cannot start")
+        .await;
     assert_eq!(e.kind(), ErrorKind::Internal, "{e}");
     let seen = started.lock().unwrap().clone();
     assert_eq!(seen.len(), 4, "tried the new, then the old again: {seen:?}");
@@ -1244,11 +1245,7 @@ async fn a_changed_announce_section_restarts_the_announcers_or_keeps_the_old() {
         "{FILE}announce:\n  bgp:\n    local_as: 65001\n    router_id: 10.0.0.11\n    peers:\n      - {{ address: 10.0.0.1, remote_as: 65000, password_file: /nonexistent/peer.key }}\n"
     );
     let tried = started.lock().unwrap().len();
-    let e = r
-        .daemon
-        .reload(reparse(&r, &keyed), false, &plain())
-        .await
-        .expect_err("the key file is missing");
+    let e = r.reload_refused(&keyed, "the key file is missing").await;
     assert_eq!(e.kind(), ErrorKind::InvalidConfig, "{e}");
     assert!(e.to_string().contains("password_file"), "names it: {e}");
     assert_eq!(started.lock().unwrap().len(), tried, "nothing restarted");
@@ -1283,11 +1280,7 @@ async fn a_hash_key_added_or_removed_needs_force_and_says_which() {
     std::fs::write(&key, "00112233445566778899aabbccddeeff\n").unwrap();
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
     let keyed = format!("{FILE}hash_key_file: {}\n", key.display());
-    let e = r
-        .daemon
-        .reload(reparse(&r, &keyed), false, &plain())
-        .await
-        .unwrap_err();
+    let e = r.reload_refused(&keyed, "refused").await;
     assert_eq!(e.kind(), ErrorKind::NeedsForce, "{e}");
     assert!(
         e.to_string().contains("hash key (hash_key_file) added"),
@@ -1300,11 +1293,7 @@ async fn a_hash_key_added_or_removed_needs_force_and_says_which() {
     // Rotated in place: the file's text is the same, the key is not; the
     // force applies it (it was answered "nothing changed").
     std::fs::write(&key, "ffeeddccbbaa99887766554433221100\n").unwrap();
-    let e = r
-        .daemon
-        .reload(reparse(&r, &keyed), false, &plain())
-        .await
-        .unwrap_err();
+    let e = r.reload_refused(&keyed, "refused").await;
     assert_eq!(e.kind(), ErrorKind::NeedsForce, "{e}");
     let done = r
         .daemon
@@ -1314,11 +1303,7 @@ async fn a_hash_key_added_or_removed_needs_force_and_says_which() {
     assert_ne!(done.note.as_deref(), Some("nothing changed"));
     let rotated = crate::config::hash::load_key(&key).unwrap();
     assert_eq!(r.daemon.reconciler.dataplane().hash_key().unwrap(), rotated);
-    let e = r
-        .daemon
-        .reload(reparse(&r, FILE), false, &plain())
-        .await
-        .unwrap_err();
+    let e = r.reload_refused(FILE, "refused").await;
     assert_eq!(e.kind(), ErrorKind::NeedsForce, "{e}");
     assert!(e.to_string().contains("the hash key removed"), "{e}");
 }
@@ -1596,11 +1581,7 @@ async fn a_change_of_hash_fields_is_previewed_and_needs_force() {
         "    protocol: tcp\n",
         "    protocol: tcp\n    hash: [src_ip]\n",
     );
-    let e = r
-        .daemon
-        .reload(reparse(&r, &text), false, &plain())
-        .await
-        .unwrap_err();
+    let e = r.reload_refused(&text, "refused").await;
     assert_eq!(e.kind(), ErrorKind::NeedsForce, "{e}");
     assert!(
         e.to_string().contains("[src_ip]"),

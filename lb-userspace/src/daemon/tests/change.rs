@@ -727,11 +727,7 @@ async fn a_changed_table_size_is_previewed_and_applied_only_when_forced() {
         p.warnings
     );
     // A plain reload (and so SIGHUP) refuses it and keeps the running table.
-    let e = r
-        .daemon
-        .reload(reparse(&r, &text), false, &plain())
-        .await
-        .expect_err("refused without --force");
+    let e = r.reload_refused(&text, "refused without --force").await;
     assert_eq!(e.kind(), ErrorKind::NeedsForce, "{e}");
     assert!(
         e.to_string()
