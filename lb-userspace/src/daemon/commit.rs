@@ -133,7 +133,7 @@ impl<D: Dataplane> Daemon<D> {
         {
             let forceable =
                 force.file && matches!(e.kind(), ErrorKind::Blackhole | ErrorKind::NeedsForce);
-            self.record_refusal(&source, e.to_string(), forceable);
+            self.record_as(&source, Err(e.to_string()), forceable);
         }
         result
     }
@@ -556,12 +556,8 @@ impl<D: Dataplane> Daemon<D> {
         self.record_as(source, result, false)
     }
 
-    /// [`record`](Self::record) of a refusal, saying whether `--force`
-    /// overrides it.
-    fn record_refusal(&mut self, source: &str, error: String, forceable: bool) -> u64 {
-        self.record_as(source, Err(error), forceable)
-    }
-
+    /// [`record`](Self::record), saying of a refusal whether it holds
+    /// across a start (`Revision::forceable`).
     fn record_as(
         &mut self,
         source: &str,
